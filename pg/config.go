@@ -1,0 +1,100 @@
+package pg
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/url"
+	"regexp"
+	"strings"
+	"time"
+)
+
+const (
+	// MaxConnsDefault is the default pool size. A stock PostgreSQL allows max_connections=100
+	// and keeps 3 of them for superusers; 40 lets two jetgres replicas share a stock server
+	// (80 connections) and still leaves room for psql, pg_dump and monitoring. The pool is the
+	// hard ceiling on concurrent work; the flow limiter normally binds well below it.
+	MaxConnsDefault int32 = 40
+
+	// StmtTimeoutDefault bounds one hot-path call (Hot, HotTx) and the wait for its connection.
+	StmtTimeoutDefault = 30 * time.Second
+
+	// BackgroundTimeoutDefault bounds one background call. Retention may drop large chunk
+	// tables and admin calls may scan a stream, so it is longer than the hot-path timeout.
+	BackgroundTimeoutDefault = 5 * time.Minute
+)
+
+// Config configures Open.
+type Config struct {
+	// URL is a PostgreSQL connection string, URL (postgres://…) or keyword/value form, as pgx
+	// and libpq accept it. Required.
+	URL string
+
+	// MaxConns is the most connections the pool opens. It replaces a pool_max_conns given in
+	// URL. Defaults to MaxConnsDefault.
+	MaxConns int32
+
+	// StmtTimeout bounds each Hot or HotTx call, and separately its wait for a connection.
+	// Defaults to StmtTimeoutDefault.
+	StmtTimeout time.Duration
+
+	// BackgroundTimeout bounds each Background or BackgroundTx call, and separately its wait
+	// for a connection. Defaults to BackgroundTimeoutDefault.
+	BackgroundTimeout time.Duration
+
+	// Logger receives pg's records. Defaults to discarding them.
+	Logger *slog.Logger
+}
+
+func (c *Config) applyDefaults() {
+	if c.MaxConns == 0 {
+		c.MaxConns = MaxConnsDefault
+	}
+	if c.StmtTimeout == 0 {
+		c.StmtTimeout = StmtTimeoutDefault
+	}
+	if c.BackgroundTimeout == 0 {
+		c.BackgroundTimeout = BackgroundTimeoutDefault
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+}
+
+func (c *Config) validate() error {
+	var errs []error
+	if strings.TrimSpace(c.URL) == "" {
+		errs = append(errs, errors.New("Config.URL is required"))
+	}
+	if c.MaxConns < 1 {
+		errs = append(errs, fmt.Errorf("Config.MaxConns must be at least 1, got %d", c.MaxConns))
+	}
+	if c.StmtTimeout < 0 {
+		errs = append(errs, fmt.Errorf("Config.StmtTimeout must not be negative, got %s", c.StmtTimeout))
+	}
+	if c.BackgroundTimeout < 0 {
+		errs = append(errs, fmt.Errorf("Config.BackgroundTimeout must not be negative, got %s", c.BackgroundTimeout))
+	}
+	return errors.Join(errs...)
+}
+
+var keywordPassword = regexp.MustCompile(`(?i)(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)`)
+
+// Redact returns a connection string with any password replaced by "xxxxx", for logs and
+// error messages.
+func Redact(connString string) string {
+	if strings.HasPrefix(connString, "postgres://") || strings.HasPrefix(connString, "postgresql://") {
+		u, err := url.Parse(connString)
+		if err != nil {
+			return "(unparsable connection URL)"
+		}
+		q := u.Query()
+		if q.Has("password") {
+			q.Set("password", "xxxxx")
+			u.RawQuery = q.Encode()
+		}
+		return u.Redacted()
+	}
+	return keywordPassword.ReplaceAllString(connString, "${1}xxxxx")
+}

@@ -1,0 +1,168 @@
+package pg
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// ErrTimeout is returned (wrapped) when a call ran past its statement timeout, or waited longer
+// than that for a connection. The statement was cancelled on the server. A timeout during
+// COMMIT leaves the outcome unknown: the transaction may have committed.
+var ErrTimeout = errors.New("pg: statement timeout")
+
+// Querier runs statements on one connection or inside one transaction; both *pgx.Conn and
+// pgx.Tx satisfy it. Begin on a transaction opens a savepoint.
+type Querier interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+	CopyFrom(ctx context.Context, table pgx.Identifier, columns []string, src pgx.CopyFromSource) (int64, error)
+	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
+	Begin(ctx context.Context) (pgx.Tx, error)
+}
+
+// Causes tell our own deadlines from the caller's: context.Cause reports these only when our
+// timer fired first.
+var (
+	errStmtDeadline    = errors.New("statement deadline")
+	errAcquireDeadline = errors.New("connection wait deadline")
+)
+
+// closeTimeout bounds sending Terminate to a connection being destroyed.
+const closeTimeout = time.Second
+
+// Hot runs fn on one pooled connection under the statement timeout. It returns the round trip:
+// the time from having the connection to fn returning, recorded whatever the outcome (waiting
+// for the connection is not included; rtt is zero when no connection was had, and then there
+// is nothing to record). On timeout the statement is cancelled on the server (an out-of-band
+// cancel request) and the connection is destroyed, never returned to the pool; the error wraps
+// ErrTimeout. The wait for a connection is bounded by ctx and, separately, by the statement
+// timeout. fn's own errors are returned unchanged; fn must not keep q or rows past its return.
+func (db *DB) Hot(ctx context.Context, fn func(ctx context.Context, q Querier) error) (rtt time.Duration, err error) {
+	return db.run(ctx, db.cfg.StmtTimeout, func(ctx context.Context, c *pgx.Conn) error { return fn(ctx, c) })
+}
+
+// HotTx is Hot inside BEGIN … COMMIT: the transaction commits if fn returns nil and rolls back
+// otherwise. rtt includes the BEGIN and the COMMIT.
+func (db *DB) HotTx(ctx context.Context, fn func(ctx context.Context, q Querier) error) (rtt time.Duration, err error) {
+	return db.run(ctx, db.cfg.StmtTimeout, func(ctx context.Context, c *pgx.Conn) error { return inTx(ctx, c, fn) })
+}
+
+// Background runs fn like Hot, for work that bypasses the flow limiter (maintenance, admin,
+// metrics), under Config.BackgroundTimeout.
+func (db *DB) Background(ctx context.Context, fn func(ctx context.Context, q Querier) error) error {
+	_, err := db.run(ctx, db.cfg.BackgroundTimeout, func(ctx context.Context, c *pgx.Conn) error { return fn(ctx, c) })
+	return err
+}
+
+// BackgroundTx is Background inside BEGIN … COMMIT, like HotTx.
+func (db *DB) BackgroundTx(ctx context.Context, fn func(ctx context.Context, q Querier) error) error {
+	_, err := db.run(ctx, db.cfg.BackgroundTimeout, func(ctx context.Context, c *pgx.Conn) error { return inTx(ctx, c, fn) })
+	return err
+}
+
+func inTx(ctx context.Context, c *pgx.Conn, fn func(ctx context.Context, q Querier) error) error {
+	tx, err := c.Begin(ctx)
+	if err != nil {
+		return fmt.Errorf("beginning transaction: %w", err)
+	}
+	if err := fn(ctx, tx); err != nil {
+		// Past the deadline a ROLLBACK would fail at once; the connection is destroyed
+		// instead, which ends the transaction on the server.
+		if ctx.Err() == nil {
+			_ = tx.Rollback(ctx)
+		}
+		return err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return fmt.Errorf("committing transaction: %w", err)
+	}
+	return nil
+}
+
+// run is the one path by which pg uses a pooled connection. timeout 0 means no timeout of
+// run's own (Migrate: bounded by ctx only).
+func (db *DB) run(ctx context.Context, timeout time.Duration, fn func(ctx context.Context, c *pgx.Conn) error) (rtt time.Duration, err error) {
+	pc, err := db.acquire(ctx, timeout)
+	if err != nil {
+		return 0, err
+	}
+	stmtCtx, cancel := ctx, context.CancelFunc(func() {})
+	if timeout > 0 {
+		stmtCtx, cancel = context.WithTimeoutCause(ctx, timeout, errStmtDeadline)
+	}
+	defer cancel()
+
+	clean := false
+	defer func() {
+		// A panic in fn leaves clean false: the connection's state is unknown, destroy it.
+		db.release(pc, !clean || stmtCtx.Err() != nil)
+	}()
+	start := time.Now()
+	err = fn(stmtCtx, pc.Conn())
+	rtt = time.Since(start)
+	clean = true
+
+	if err != nil && context.Cause(stmtCtx) == errStmtDeadline {
+		db.timeouts.Add(1)
+		db.log.Debug("statement timeout", "timeout", timeout, "rtt", rtt, "backend_pid", pc.Conn().PgConn().PID(), "err", err)
+		return rtt, fmt.Errorf("%w (%s): %w", ErrTimeout, timeout, err)
+	}
+	return rtt, err
+}
+
+func (db *DB) acquire(ctx context.Context, timeout time.Duration) (*pgxpool.Conn, error) {
+	actx, cancel := ctx, context.CancelFunc(func() {})
+	if timeout > 0 {
+		actx, cancel = context.WithTimeoutCause(ctx, timeout, errAcquireDeadline)
+	}
+	defer cancel()
+	pc, err := db.pool.Acquire(actx)
+	if err == nil {
+		return pc, nil
+	}
+	if context.Cause(actx) == errAcquireDeadline {
+		db.acquireTimeouts.Add(1)
+		return nil, fmt.Errorf("%w (%s) waiting for a connection: %w", ErrTimeout, timeout, err)
+	}
+	return nil, fmt.Errorf("acquiring a connection: %w", err)
+}
+
+// release returns a connection to the pool only if it is certainly reusable: idle, outside a
+// transaction, and never the target of a cancel request.
+func (db *DB) release(pc *pgxpool.Conn, destroy bool) {
+	c := pc.Conn()
+	p := c.PgConn()
+	if destroy || cancelSent(c) || p.IsClosed() || p.IsBusy() || p.TxStatus() != 'I' {
+		db.destroy(pc)
+		return
+	}
+	pc.Release()
+}
+
+// destroy takes the connection out of the pool and closes it, which ends its backend. pgx may
+// still be closing the socket in the background after a failed read; Close waits for that.
+func (db *DB) destroy(pc *pgxpool.Conn) {
+	db.destroyed.Add(1)
+	db.closing.Add(1)
+	c := pc.Hijack()
+	ctx, cancel := context.WithTimeout(context.Background(), closeTimeout)
+	defer cancel()
+	_ = c.Close(ctx)
+	done := c.PgConn().CleanupDone()
+	select {
+	case <-done:
+		db.closing.Done()
+	default:
+		go func() {
+			defer db.closing.Done()
+			<-done
+		}()
+	}
+}

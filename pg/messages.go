@@ -1,0 +1,754 @@
+package pg
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"regexp"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// ChunkRowsDefault is how many messages a chunk table holds before appends move on to a new
+// one. Retention frees space one whole chunk at a time, so this is also the granularity at
+// which a consumed stream gives its disk back.
+const ChunkRowsDefault = 1 << 16
+
+// Message is one stored message.
+type Message struct {
+	Seq     uint64
+	TS      int64 // unix ns
+	Subject string
+	Header  []byte
+	Data    []byte
+
+	cumBefore uint64
+}
+
+// Size is the message's stored size as JetStream accounts it: subject, headers, payload
+// and a fixed per-message overhead.
+func (m *Message) Size() uint64 { return MessageSize(m.Subject, m.Header, m.Data) }
+
+// MessageSize is the stored size of a message with these parts.
+func MessageSize(subject string, hdr, data []byte) uint64 {
+	return uint64(len(subject) + len(hdr) + len(data) + 16)
+}
+
+// AppendMsg is one message to append, with the expectations the publisher set in its
+// Nats-Expected-* headers, which only the stream's row lock can decide.
+type AppendMsg struct {
+	Subject string
+	Header  []byte
+	Data    []byte
+	MsgID   string // Nats-Msg-Id, empty for none
+
+	ExpectLastSeq        *uint64 // Nats-Expected-Last-Sequence
+	ExpectLastSubjSeq    *uint64 // Nats-Expected-Last-Subject-Sequence
+	ExpectLastSubjFilter string  // Nats-Expected-Last-Subject-Sequence-Subject (defaults to Subject)
+	ExpectLastMsgID      string  // Nats-Expected-Last-Msg-Id
+}
+
+// AppendBatch is the messages for one stream in one flush.
+type AppendBatch struct {
+	StreamID  int64
+	DupWindow time.Duration // 0 disables de-duplication
+	ChunkRows int64         // 0 means ChunkRowsDefault
+	Msgs      []AppendMsg
+}
+
+// Outcome is what happened to one AppendMsg. Exactly one of Stored, Duplicate or Err holds.
+type Outcome struct {
+	Seq       uint64 // the stored sequence, or the original's for a duplicate
+	Duplicate bool
+	Err       error // an *ExpectError when an expectation failed
+}
+
+// ExpectError reports a failed Nats-Expected-* check together with the actual value.
+type ExpectError struct {
+	Kind    ExpectKind
+	LastSeq uint64 // for ExpectLastSeqKind and ExpectLastSubjSeqKind
+	LastID  string // for ExpectLastMsgIDKind
+}
+
+// ExpectKind names the expectation that failed.
+type ExpectKind int
+
+const (
+	ExpectLastSeqKind ExpectKind = iota + 1
+	ExpectLastSubjSeqKind
+	ExpectLastMsgIDKind
+)
+
+func (e *ExpectError) Error() string {
+	switch e.Kind {
+	case ExpectLastSeqKind:
+		return fmt.Sprintf("wrong last sequence: %d", e.LastSeq)
+	case ExpectLastSubjSeqKind:
+		return fmt.Sprintf("wrong last sequence: %d", e.LastSeq)
+	default:
+		return fmt.Sprintf("wrong last msg ID: %s", e.LastID)
+	}
+}
+
+// AppendResult is one batch's outcome: per message, and the rows committed (for the tail).
+type AppendResult struct {
+	StreamID int64
+	Outcomes []Outcome
+	Stored   []Message
+	LastSeq  uint64
+}
+
+// copyThreshold is the batch size from which COPY beats a multi-row INSERT.
+const copyThreshold = 64
+
+type lockedState struct {
+	lastSeq, cumBytes uint64
+	lastTS            int64
+	chunk, chunkRows  int64
+	lastMsgID         string
+}
+
+// Append stores the batches of one or more streams in one transaction: lock each stream's
+// state row (in stream id order, so concurrent multi-stream flushes cannot deadlock),
+// decide de-duplication and expectations, allocate dense sequences, insert, commit. ts is
+// the store time given to every message. The returned rtt is the database round trip for
+// the flow limiter, recorded whatever the outcome.
+func (db *DB) Append(ctx context.Context, batches []AppendBatch, ts int64) ([]AppendResult, time.Duration, error) {
+	sort.Slice(batches, func(i, j int) bool { return batches[i].StreamID < batches[j].StreamID })
+	var results []AppendResult
+	rtt, err := db.Hot(ctx, func(ctx context.Context, q Querier) error {
+		var err error
+		results, err = db.appendTx(ctx, q, batches, ts)
+		return err
+	})
+	if err != nil {
+		return nil, rtt, fmt.Errorf("pg: append: %w", err)
+	}
+	return results, rtt, nil
+}
+
+func (db *DB) appendTx(ctx context.Context, q Querier, batches []AppendBatch, ts int64) (res []AppendResult, err error) {
+	ids := make([]int64, len(batches))
+	for i, b := range batches {
+		ids[i] = b.StreamID
+	}
+	committed := false
+	defer func() {
+		// A failed pipeline leaves the transaction aborted; end it so the connection goes
+		// back clean. Past the deadline the connection is destroyed instead.
+		if !committed && ctx.Err() == nil {
+			_, _ = q.Exec(ctx, "ROLLBACK")
+		}
+	}()
+
+	// Round trip 1: open the transaction, lock the state rows, look up message ids.
+	b := &pgx.Batch{}
+	b.Queue("BEGIN")
+	b.Queue(`SELECT stream_id, last_seq, last_ts, cum_bytes, chunk, chunk_rows, last_msg_id
+		FROM jetgres.stream_state WHERE stream_id = ANY($1) ORDER BY stream_id FOR UPDATE`, ids)
+	dupQueries := 0
+	for _, bt := range batches {
+		if msgIDs := batchMsgIDs(bt); len(msgIDs) > 0 && bt.DupWindow > 0 {
+			b.Queue(`SELECT msg_id, seq FROM jetgres.msg_ids WHERE stream_id = $1 AND msg_id = ANY($2) AND ts > $3`,
+				bt.StreamID, msgIDs, ts-bt.DupWindow.Nanoseconds())
+			dupQueries++
+		}
+	}
+	br := q.SendBatch(ctx, b)
+	if _, err := br.Exec(); err != nil {
+		br.Close()
+		return nil, err
+	}
+	states := make(map[int64]*lockedState, len(batches))
+	rows, err := br.Query()
+	if err != nil {
+		br.Close()
+		return nil, err
+	}
+	for rows.Next() {
+		var id int64
+		s := &lockedState{}
+		if err := rows.Scan(&id, &s.lastSeq, &s.lastTS, &s.cumBytes, &s.chunk, &s.chunkRows, &s.lastMsgID); err != nil {
+			rows.Close()
+			br.Close()
+			return nil, err
+		}
+		states[id] = s
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		br.Close()
+		return nil, err
+	}
+	dups := make(map[int64]map[string]uint64)
+	for _, bt := range batches {
+		if len(batchMsgIDs(bt)) == 0 || bt.DupWindow <= 0 {
+			continue
+		}
+		rows, err := br.Query()
+		if err != nil {
+			br.Close()
+			return nil, err
+		}
+		m := make(map[string]uint64)
+		for rows.Next() {
+			var id string
+			var seq uint64
+			if err := rows.Scan(&id, &seq); err != nil {
+				rows.Close()
+				br.Close()
+				return nil, err
+			}
+			m[id] = seq
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			br.Close()
+			return nil, err
+		}
+		dups[bt.StreamID] = m
+	}
+	if err := br.Close(); err != nil {
+		return nil, err
+	}
+
+	// Decide every message in order, then write.
+	res = make([]AppendResult, len(batches))
+	b = &pgx.Batch{}
+	var copies []func() error
+	var opened []openedChunk
+	for i, bt := range batches {
+		st, ok := states[bt.StreamID]
+		if !ok {
+			return nil, fmt.Errorf("stream %d: %w", bt.StreamID, ErrNotFound)
+		}
+		r := &res[i]
+		r.StreamID = bt.StreamID
+		r.Outcomes = make([]Outcome, len(bt.Msgs))
+		seen := dups[bt.StreamID]
+		chunkRows := bt.ChunkRows
+		if chunkRows <= 0 {
+			chunkRows = ChunkRowsDefault
+		}
+		var newIDs []string
+		var newIDSeqs []int64
+		for j := range bt.Msgs {
+			m := &bt.Msgs[j]
+			if m.MsgID != "" && bt.DupWindow > 0 {
+				if seq, dup := seen[m.MsgID]; dup {
+					r.Outcomes[j] = Outcome{Seq: seq, Duplicate: true}
+					continue
+				}
+			}
+			if e, err := db.checkExpect(ctx, q, bt.StreamID, st, r.Stored, m); err != nil {
+				return nil, err
+			} else if e != nil {
+				r.Outcomes[j] = Outcome{Err: e}
+				continue
+			}
+			st.lastSeq++
+			if ts > st.lastTS {
+				st.lastTS = ts
+			}
+			msg := Message{Seq: st.lastSeq, TS: st.lastTS, Subject: m.Subject, Header: m.Header, Data: m.Data, cumBefore: st.cumBytes}
+			st.cumBytes += msg.Size()
+			st.lastMsgID = m.MsgID
+			r.Stored = append(r.Stored, msg)
+			r.Outcomes[j] = Outcome{Seq: msg.Seq}
+			if m.MsgID != "" && bt.DupWindow > 0 {
+				if seen == nil {
+					seen = make(map[string]uint64)
+				}
+				seen[m.MsgID] = msg.Seq
+				newIDs = append(newIDs, m.MsgID)
+				newIDSeqs = append(newIDSeqs, int64(msg.Seq))
+			}
+		}
+		r.LastSeq = st.lastSeq
+		if len(r.Stored) == 0 {
+			continue
+		}
+		// Split the stored rows over chunks, opening new ones as each fills. A new chunk's
+		// table is created at once (rarely: once per ChunkRows messages), because the
+		// pipeline below prepares its statements before running any of them.
+		rest := r.Stored
+		for len(rest) > 0 {
+			if st.chunkRows >= chunkRows {
+				st.chunk++
+				st.chunkRows = 0
+				if err := createChunk(ctx, q, bt.StreamID, st.chunk, rest[0].Seq); err != nil {
+					return nil, err
+				}
+				opened = append(opened, openedChunk{bt.StreamID, chunkInfo{chunk: st.chunk, firstSeq: rest[0].Seq}})
+			}
+			n := min(int64(len(rest)), chunkRows-st.chunkRows)
+			part := rest[:n]
+			rest = rest[n:]
+			st.chunkRows += n
+			if len(part) >= copyThreshold {
+				// COPY cannot ride in the pipeline; it runs before it, in the same transaction.
+				chunk := st.chunk
+				copies = append(copies, func() error {
+					_, err := q.CopyFrom(ctx, pgx.Identifier{"jetgres", chunkName(bt.StreamID, chunk)},
+						[]string{"seq", "ts", "subject", "hdr", "data", "cum_before"}, copyRows(part))
+					return err
+				})
+				continue
+			}
+			queueInsert(b, chunkTable(bt.StreamID, st.chunk), part)
+		}
+		if len(newIDs) > 0 {
+			b.Queue(`INSERT INTO jetgres.msg_ids (stream_id, msg_id, seq, ts)
+				SELECT $1, id, seq, $4 FROM unnest($2::text[], $3::bigint[]) AS u(id, seq)
+				ON CONFLICT (stream_id, msg_id) DO UPDATE SET seq = excluded.seq, ts = excluded.ts`,
+				bt.StreamID, newIDs, newIDSeqs, ts)
+		}
+		b.Queue(`UPDATE jetgres.stream_state SET last_seq = $2, last_ts = $3, cum_bytes = $4, chunk = $5,
+			chunk_rows = $6, last_msg_id = $7 WHERE stream_id = $1`,
+			bt.StreamID, st.lastSeq, st.lastTS, st.cumBytes, st.chunk, st.chunkRows, st.lastMsgID)
+	}
+	for _, c := range copies {
+		if err := c(); err != nil {
+			return nil, err
+		}
+	}
+	b.Queue("COMMIT")
+	// Round trip 2: insert, advance the state rows, commit.
+	if err := q.SendBatch(ctx, b).Close(); err != nil {
+		return nil, err
+	}
+	committed = true
+	for _, o := range opened {
+		db.chunks.add(o.streamID, o.info)
+	}
+	return res, nil
+}
+
+type openedChunk struct {
+	streamID int64
+	info     chunkInfo
+}
+
+func batchMsgIDs(b AppendBatch) []string {
+	var ids []string
+	for _, m := range b.Msgs {
+		if m.MsgID != "" {
+			ids = append(ids, m.MsgID)
+		}
+	}
+	return ids
+}
+
+// checkExpect evaluates a message's Nats-Expected-* headers against the locked state and
+// the messages already accepted earlier in this batch.
+func (db *DB) checkExpect(ctx context.Context, q Querier, streamID int64, st *lockedState, earlier []Message, m *AppendMsg) (*ExpectError, error) {
+	if m.ExpectLastSeq != nil && *m.ExpectLastSeq != st.lastSeq {
+		return &ExpectError{Kind: ExpectLastSeqKind, LastSeq: st.lastSeq}, nil
+	}
+	if m.ExpectLastMsgID != "" && m.ExpectLastMsgID != st.lastMsgID {
+		return &ExpectError{Kind: ExpectLastMsgIDKind, LastID: st.lastMsgID}, nil
+	}
+	if m.ExpectLastSubjSeq == nil {
+		return nil, nil
+	}
+	filter := m.ExpectLastSubjFilter
+	if filter == "" {
+		filter = m.Subject
+	}
+	var last uint64
+	for i := len(earlier) - 1; i >= 0; i-- {
+		if SubjectMatches(filter, earlier[i].Subject) {
+			last = earlier[i].Seq
+			break
+		}
+	}
+	if last == 0 {
+		msg, err := db.lastMatching(ctx, q, streamID, filter, st.lastSeq)
+		if err != nil {
+			return nil, err
+		}
+		if msg != nil {
+			last = msg.Seq
+		}
+	}
+	if last != *m.ExpectLastSubjSeq {
+		return &ExpectError{Kind: ExpectLastSubjSeqKind, LastSeq: last}, nil
+	}
+	return nil, nil
+}
+
+func queueInsert(b *pgx.Batch, table string, msgs []Message) {
+	seqs := make([]int64, len(msgs))
+	tss := make([]int64, len(msgs))
+	subjects := make([]string, len(msgs))
+	hdrs := make([][]byte, len(msgs))
+	datas := make([][]byte, len(msgs))
+	cums := make([]int64, len(msgs))
+	for i, m := range msgs {
+		seqs[i], tss[i], subjects[i], hdrs[i], datas[i], cums[i] = int64(m.Seq), m.TS, m.Subject, m.Header, m.Data, int64(m.cumBefore)
+		if datas[i] == nil {
+			datas[i] = []byte{}
+		}
+	}
+	b.Queue(`INSERT INTO `+table+` (seq, ts, subject, hdr, data, cum_before)
+		SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::text[], $4::bytea[], $5::bytea[], $6::bigint[])`,
+		seqs, tss, subjects, hdrs, datas, cums)
+}
+
+func copyRows(msgs []Message) pgx.CopyFromSource {
+	return pgx.CopyFromSlice(len(msgs), func(i int) ([]any, error) {
+		m := &msgs[i]
+		data := m.Data
+		if data == nil {
+			data = []byte{}
+		}
+		return []any{int64(m.Seq), m.TS, m.Subject, m.Header, data, int64(m.cumBefore)}, nil
+	})
+}
+
+func chunkName(streamID, chunk int64) string { return fmt.Sprintf("msgs_%d_%d", streamID, chunk) }
+
+// chunkTable is the quoted, schema-qualified name of a chunk table. Only numbers go into it.
+func chunkTable(streamID, chunk int64) string {
+	return pgx.Identifier{"jetgres", chunkName(streamID, chunk)}.Sanitize()
+}
+
+func createChunk(ctx context.Context, q Querier, streamID, chunk int64, firstSeq uint64) error {
+	for _, ddl := range chunkDDL(streamID, chunk) {
+		if _, err := q.Exec(ctx, ddl); err != nil {
+			return fmt.Errorf("create chunk %d: %w", chunk, err)
+		}
+	}
+	_, err := q.Exec(ctx, `INSERT INTO jetgres.chunks (stream_id, chunk, first_seq) VALUES ($1, $2, $3)`, streamID, chunk, int64(firstSeq))
+	return err
+}
+
+// chunkDDL creates a chunk table: one statement each, as a pipeline takes them.
+func chunkDDL(streamID, chunk int64) []string {
+	t := chunkTable(streamID, chunk)
+	return []string{`CREATE TABLE ` + t + ` (
+		seq        bigint PRIMARY KEY,
+		ts         bigint NOT NULL,
+		subject    text   NOT NULL,
+		hdr        bytea,
+		data       bytea  NOT NULL,
+		cum_before bigint NOT NULL
+	)`, `CREATE INDEX ON ` + t + ` (subject, seq)`}
+}
+
+// ReadParams selects a range of a stream.
+type ReadParams struct {
+	StreamID int64
+	From     uint64 // first sequence wanted
+	UpTo     uint64 // last committed sequence known to the caller; reading stops there
+	MaxMsgs  int
+	MaxBytes int // 0 for no bound; at least one message is returned
+	Filter   string
+}
+
+// Read returns up to MaxMsgs messages with sequence ≥ From, in order, skipping what
+// retention removed. It runs on the hot path; rtt is for the pop lane.
+func (db *DB) Read(ctx context.Context, p ReadParams) ([]Message, time.Duration, error) {
+	var out []Message
+	rtt, err := db.Hot(ctx, func(ctx context.Context, q Querier) error {
+		var err error
+		out, err = db.readRange(ctx, q, p)
+		return err
+	})
+	if err != nil {
+		return nil, rtt, fmt.Errorf("pg: read: %w", err)
+	}
+	return out, rtt, nil
+}
+
+func (db *DB) readRange(ctx context.Context, q Querier, p ReadParams) ([]Message, error) {
+	chunks, err := db.chunks.list(ctx, q, p.StreamID, p.UpTo)
+	if err != nil {
+		return nil, err
+	}
+	// Start at the newest chunk that begins at or before From.
+	start := sort.Search(len(chunks), func(i int) bool { return chunks[i].firstSeq > p.From }) - 1
+	start = max(start, 0)
+	var out []Message
+	bytes := 0
+	from := p.From
+	for k := start; k < len(chunks) && from <= p.UpTo && len(out) < p.MaxMsgs; k++ {
+		from = max(from, chunks[k].firstSeq)
+		msgs, err := readChunk(ctx, q, p.StreamID, chunks[k].chunk, from, p.UpTo, p.MaxMsgs-len(out), p.Filter)
+		if err != nil {
+			return nil, err
+		}
+		for _, m := range msgs {
+			if p.MaxBytes > 0 && len(out) > 0 && bytes+int(m.Size()) > p.MaxBytes {
+				return out, nil
+			}
+			bytes += int(m.Size())
+			out = append(out, m)
+			from = m.Seq + 1
+		}
+	}
+	return out, nil
+}
+
+func readChunk(ctx context.Context, q Querier, streamID, chunk int64, from, upTo uint64, limit int, filter string) ([]Message, error) {
+	sql := `SELECT seq, ts, subject, hdr, data, cum_before FROM ` + chunkTable(streamID, chunk) + ` m
+		WHERE seq >= $1 AND seq <= $2
+		AND seq >= (SELECT first_seq FROM jetgres.stream_state WHERE stream_id = $4)
+		AND NOT EXISTS (SELECT 1 FROM jetgres.deleted d WHERE d.stream_id = $4 AND d.seq = m.seq)`
+	args := []any{int64(from), int64(upTo), limit, streamID}
+	if filter != "" && filter != ">" {
+		sql += ` AND subject ~ $5`
+		args = append(args, SubjectRegexp(filter))
+	}
+	rows, err := q.Query(ctx, sql+` ORDER BY seq LIMIT $3`, args...)
+	if err != nil {
+		if isUndefinedTable(err) {
+			// Retention dropped the chunk: everything in it is gone.
+			return nil, nil
+		}
+		return nil, err
+	}
+	return pgx.CollectRows(rows, scanMessage)
+}
+
+func scanMessage(r pgx.CollectableRow) (Message, error) {
+	var m Message
+	var seq, cum int64
+	err := r.Scan(&seq, &m.TS, &m.Subject, &m.Header, &m.Data, &cum)
+	m.Seq, m.cumBefore = uint64(seq), uint64(cum)
+	return m, err
+}
+
+// GetMessage returns the message with sequence seq, or ErrNotFound.
+func (db *DB) GetMessage(ctx context.Context, streamID int64, seq uint64) (*Message, error) {
+	var m *Message
+	err := db.Background(ctx, func(ctx context.Context, q Querier) error {
+		var first, last uint64
+		if err := q.QueryRow(ctx, `SELECT first_seq, last_seq FROM jetgres.stream_state WHERE stream_id = $1`, streamID).Scan(&first, &last); err != nil {
+			return err
+		}
+		if seq < first || seq > last {
+			return nil
+		}
+		var err error
+		m, err = db.messageAt(ctx, q, streamID, seq, seq)
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("pg: get message: %w", err)
+	}
+	if m == nil || m.Seq != seq {
+		return nil, ErrNotFound
+	}
+	return m, nil
+}
+
+// LastBySubject returns the newest message whose subject matches filter, or ErrNotFound.
+func (db *DB) LastBySubject(ctx context.Context, streamID int64, filter string) (*Message, error) {
+	var m *Message
+	err := db.Background(ctx, func(ctx context.Context, q Querier) error {
+		var last uint64
+		if err := q.QueryRow(ctx, `SELECT last_seq FROM jetgres.stream_state WHERE stream_id = $1`, streamID).Scan(&last); err != nil {
+			return err
+		}
+		var err error
+		m, err = db.lastMatching(ctx, q, streamID, filter, last)
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("pg: last by subject: %w", err)
+	}
+	if m == nil {
+		return nil, ErrNotFound
+	}
+	return m, nil
+}
+
+// NextBySubject returns the first live message at or after from whose subject matches
+// filter, or ErrNotFound.
+func (db *DB) NextBySubject(ctx context.Context, streamID int64, filter string, from uint64) (*Message, error) {
+	var msgs []Message
+	err := db.Background(ctx, func(ctx context.Context, q Querier) error {
+		var first, last uint64
+		if err := q.QueryRow(ctx, `SELECT first_seq, last_seq FROM jetgres.stream_state WHERE stream_id = $1`, streamID).Scan(&first, &last); err != nil {
+			return err
+		}
+		var err error
+		msgs, err = db.readRange(ctx, q, ReadParams{StreamID: streamID, From: max(from, first), UpTo: last, MaxMsgs: 1, Filter: filter})
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("pg: next by subject: %w", err)
+	}
+	if len(msgs) == 0 {
+		return nil, ErrNotFound
+	}
+	return &msgs[0], nil
+}
+
+// messageAt returns the first live message with sequence in [from, upTo], or nil.
+func (db *DB) messageAt(ctx context.Context, q Querier, streamID int64, from, upTo uint64) (*Message, error) {
+	msgs, err := db.readRange(ctx, q, ReadParams{StreamID: streamID, From: from, UpTo: upTo, MaxMsgs: 1})
+	if err != nil || len(msgs) == 0 {
+		return nil, err
+	}
+	return &msgs[0], nil
+}
+
+// lastMatching scans chunks newest first for the last live message matching filter.
+func (db *DB) lastMatching(ctx context.Context, q Querier, streamID int64, filter string, upTo uint64) (*Message, error) {
+	var first uint64
+	if err := q.QueryRow(ctx, `SELECT first_seq FROM jetgres.stream_state WHERE stream_id = $1`, streamID).Scan(&first); err != nil {
+		return nil, err
+	}
+	chunks, err := db.chunks.list(ctx, q, streamID, upTo)
+	if err != nil {
+		return nil, err
+	}
+	cond, arg := `subject = $1`, any(filter)
+	if strings.ContainsAny(filter, "*>") {
+		cond, arg = `subject ~ $1`, SubjectRegexp(filter)
+	}
+	for i := len(chunks) - 1; i >= 0; i-- {
+		rows, err := q.Query(ctx, `SELECT seq, ts, subject, hdr, data, cum_before FROM `+chunkTable(streamID, chunks[i].chunk)+
+			` m WHERE `+cond+` AND seq >= $2 AND seq <= $3
+			AND NOT EXISTS (SELECT 1 FROM jetgres.deleted d WHERE d.stream_id = $4 AND d.seq = m.seq)
+			ORDER BY seq DESC LIMIT 1`, arg, int64(first), int64(upTo), streamID)
+		if err != nil {
+			if isUndefinedTable(err) {
+				return nil, nil
+			}
+			return nil, err
+		}
+		msgs, err := pgx.CollectRows(rows, scanMessage)
+		if err != nil {
+			return nil, err
+		}
+		if len(msgs) > 0 {
+			return &msgs[0], nil
+		}
+		if chunks[i].firstSeq <= first {
+			break
+		}
+	}
+	return nil, nil
+}
+
+// SubjectRegexp turns a NATS subject filter into an anchored POSIX regular expression.
+func SubjectRegexp(filter string) string {
+	toks := strings.Split(filter, ".")
+	var sb strings.Builder
+	sb.WriteString("^")
+	for i, t := range toks {
+		if i > 0 {
+			sb.WriteString(`\.`)
+		}
+		switch t {
+		case "*":
+			sb.WriteString(`[^.]+`)
+		case ">":
+			sb.WriteString(`.+`)
+		default:
+			sb.WriteString(regexp.QuoteMeta(t))
+		}
+	}
+	sb.WriteString("$")
+	return sb.String()
+}
+
+// SubjectMatches reports whether a literal subject matches a filter with wildcards.
+func SubjectMatches(filter, subject string) bool {
+	if filter == subject || filter == ">" {
+		return true
+	}
+	for {
+		ft, frest, fmore := strings.Cut(filter, ".")
+		st, srest, smore := strings.Cut(subject, ".")
+		switch {
+		case ft == ">":
+			return true
+		case ft != "*" && ft != st:
+			return false
+		}
+		if !fmore || !smore {
+			return fmore == smore
+		}
+		filter, subject = frest, srest
+	}
+}
+
+type chunkInfo struct {
+	chunk    int64
+	firstSeq uint64
+}
+
+// chunkCache remembers each stream's chunk list. Another replica may open a chunk we have
+// not seen; a read that needs sequences beyond what the newest known chunk can explain
+// reloads the list.
+type chunkCache struct {
+	mu     sync.Mutex
+	byID   map[int64][]chunkInfo
+	loaded map[int64]uint64 // the UpTo the list was loaded for
+}
+
+func (c *chunkCache) list(ctx context.Context, q Querier, streamID int64, upTo uint64) ([]chunkInfo, error) {
+	c.mu.Lock()
+	l, ok := c.byID[streamID]
+	at := c.loaded[streamID]
+	c.mu.Unlock()
+	if ok && upTo <= at {
+		return l, nil
+	}
+	rows, err := q.Query(ctx, `SELECT chunk, first_seq FROM jetgres.chunks WHERE stream_id = $1 ORDER BY chunk`, streamID)
+	if err != nil {
+		return nil, err
+	}
+	l, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (chunkInfo, error) {
+		var ci chunkInfo
+		var first int64
+		err := r.Scan(&ci.chunk, &first)
+		ci.firstSeq = uint64(first)
+		return ci, err
+	})
+	if err != nil {
+		return nil, err
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.byID == nil {
+		c.byID, c.loaded = make(map[int64][]chunkInfo), make(map[int64]uint64)
+	}
+	c.byID[streamID] = l
+	c.loaded[streamID] = upTo
+	return l, nil
+}
+
+// add records a chunk this process opened, once its transaction has committed.
+func (c *chunkCache) add(streamID int64, ci chunkInfo) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	l, ok := c.byID[streamID]
+	if !ok {
+		return
+	}
+	if n := len(l); n > 0 && l[n-1].chunk >= ci.chunk {
+		return
+	}
+	c.byID[streamID] = append(l, ci)
+}
+
+func (c *chunkCache) forget(streamID int64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	delete(c.byID, streamID)
+	delete(c.loaded, streamID)
+}
+
+func isUndefinedTable(err error) bool {
+	var pgErr interface{ SQLState() string }
+	return errors.As(err, &pgErr) && pgErr.SQLState() == "42P01"
+}

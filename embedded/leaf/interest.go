@@ -1,0 +1,80 @@
+package leaf
+
+import "sync"
+
+// interest mirrors the subscriptions the server announced with LS+ and
+// LS-. The server keeps its own per-key counts and sends LS+ for a plain
+// subject only when its count leaves zero and LS- when it returns there;
+// for a queue group it sends LS+ with the group's new total weight on every
+// change. So, exactly like the server's own processLeafSub, a repeated LS+
+// for a key is an update, not a second reference, and LS- removes the key.
+// Counting LS+ as references would leave stale interest behind whenever the
+// server re-announces its subscriptions.
+type interest struct {
+	mu sync.RWMutex
+	// keys holds "subject" or "subject queue" per announced subscription.
+	keys map[string]struct{}
+	// patterns counts the keys per subject pattern: a plain subscription
+	// and several queue groups can share one.
+	patterns trie[int]
+}
+
+func interestKey(subject, queue []byte) string {
+	if len(queue) == 0 {
+		return string(subject)
+	}
+	b := make([]byte, 0, len(subject)+1+len(queue))
+	b = append(b, subject...)
+	b = append(b, ' ')
+	b = append(b, queue...)
+	return string(b)
+}
+
+func (in *interest) add(subject, queue []byte) {
+	key := interestKey(subject, queue)
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	if in.keys == nil {
+		in.keys = make(map[string]struct{})
+	}
+	if _, known := in.keys[key]; known {
+		return
+	}
+	in.keys[key] = struct{}{}
+	*in.patterns.put(string(subject))++
+}
+
+func (in *interest) remove(subject, queue []byte) {
+	key := interestKey(subject, queue)
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	if _, ok := in.keys[key]; !ok {
+		return
+	}
+	delete(in.keys, key)
+	s := bytesToString(subject)
+	if n := in.patterns.get(s); n != nil {
+		if *n--; *n <= 0 {
+			in.patterns.delete(s)
+		}
+	}
+}
+
+// has reports whether any announced subscription matches the literal
+// subject.
+func (in *interest) has(subject string) bool {
+	in.mu.RLock()
+	defer in.mu.RUnlock()
+	return !in.patterns.match(subject, stopAtFirst)
+}
+
+// stopAtFirst ends a match at the first pattern found: every pattern in the
+// trie stands for at least one key.
+func stopAtFirst(*int) bool { return false }
+
+// size reports the number of announced keys.
+func (in *interest) size() int {
+	in.mu.RLock()
+	defer in.mu.RUnlock()
+	return len(in.keys)
+}

@@ -1,0 +1,97 @@
+// Package flow decides how many hot-path operations may be at PostgreSQL at once.
+//
+// A connection pool is a poor admission controller: it will put every one of its connections to
+// work even when PostgreSQL can usefully run only a fraction of them, and the surplus turns into
+// lock contention and fatter round trips. So each hot-path operation first takes a Permit from a
+// Lane, and only then a pooled connection. Push and pop have a lane each, with separate state,
+// because their round-trip distributions are unrelated.
+//
+// A lane is a resizable semaphore sized by a TCP Vegas style limiter. Every completion reports its
+// database round trip (Permit.Release), the limiter estimates how many operations are queued at
+// PostgreSQL as limit × (1 − rtt_base / rtt), and it moves the limit to keep that estimate between
+// Alpha and Beta. A statement that timed out is released with its elapsed time too, so a database
+// that has started failing slowly is offered less work. A holder that never reached the database
+// gives its permit back with Permit.Abandon, which records nothing.
+//
+// The pool stays the hard ceiling and the lane is the soft one that normally binds first.
+// Background jobs take connections without a permit. flow exports no metrics itself: whoever
+// publishes them reads Lane.Stats.
+package flow
+
+import (
+	"fmt"
+	"math"
+	"time"
+)
+
+// Defaults for the push and pop lanes, and for the Vegas band both lanes share.
+const (
+	PushInitDefault = 16
+	PushMinDefault  = 4
+	PushMaxDefault  = 64
+
+	PopInitDefault = 16
+	PopMinDefault  = 4
+	PopMaxDefault  = 64
+
+	AlphaDefault = 3.0
+	BetaDefault  = 6.0
+)
+
+// Clock tells a lane the time. It places round trips in the one-second slots of the rtt_base
+// window and measures permit waits; tests substitute a clock they advance by hand so that the
+// 60-second window can be exercised without waiting for it.
+type Clock interface {
+	Now() time.Time
+}
+
+// Options configure a Lane. The numeric fields are taken as given: a zero is invalid, not a
+// request for a default, because push and pop lanes have defaults of their own and a lane should
+// never run with a value nobody chose. Fill them from the exported defaults.
+type Options struct {
+	// Init is the limit the lane starts with, within [Min, Max].
+	// PushInitDefault for the push lane, PopInitDefault for the pop lane.
+	Init int
+	// Min is the lowest the limit may fall; at least 1.
+	// PushMinDefault for the push lane, PopMinDefault for the pop lane.
+	Min int
+	// Max is the highest the limit may rise; at least Min. It is a safety ceiling, not an
+	// operating point. PushMaxDefault for the push lane, PopMaxDefault for the pop lane.
+	Max int
+	// Alpha is the estimated queue depth at or below which the limit grows; finite and at least 0.
+	// AlphaDefault for both lanes.
+	Alpha float64
+	// Beta is the estimated queue depth at or above which the limit shrinks; finite and greater
+	// than Alpha. BetaDefault for both lanes.
+	Beta float64
+	// Clock tells the time. Nil means the system clock.
+	Clock Clock
+}
+
+// Validate reports the first invalid field, naming it.
+func (o Options) Validate() error {
+	if err := o.validate(); err != nil {
+		return fmt.Errorf("flow: %w", err)
+	}
+	return nil
+}
+
+func (o Options) validate() error {
+	switch {
+	case o.Min < 1:
+		return fmt.Errorf("Options.Min is %d, must be at least 1", o.Min)
+	case o.Max < o.Min:
+		return fmt.Errorf("Options.Max is %d, must be at least Options.Min (%d)", o.Max, o.Min)
+	case o.Init < o.Min || o.Init > o.Max:
+		return fmt.Errorf("Options.Init is %d, must be within Options.Min and Options.Max [%d, %d]", o.Init, o.Min, o.Max)
+	case !(o.Alpha >= 0) || math.IsInf(o.Alpha, 1): // written so that NaN fails too
+		return fmt.Errorf("Options.Alpha is %v, must be finite and at least 0", o.Alpha)
+	case !(o.Beta > o.Alpha) || math.IsInf(o.Beta, 1):
+		return fmt.Errorf("Options.Beta is %v, must be finite and greater than Options.Alpha (%v)", o.Beta, o.Alpha)
+	}
+	return nil
+}
+
+type systemClock struct{}
+
+func (systemClock) Now() time.Time { return time.Now() }

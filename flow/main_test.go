@@ -1,0 +1,123 @@
+package flow
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+// fakeClock stands still until advanced, so the 60-second rtt_base window can be walked through
+// without waiting for it.
+type fakeClock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func newFakeClock() *fakeClock {
+	return &fakeClock{now: time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)}
+}
+
+func (c *fakeClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *fakeClock) Advance(d time.Duration) {
+	c.mu.Lock()
+	c.now = c.now.Add(d)
+	c.mu.Unlock()
+}
+
+// pushOptions are the push lane's defaults on clock.
+func pushOptions(clock Clock) Options {
+	return Options{
+		Init: PushInitDefault, Min: PushMinDefault, Max: PushMaxDefault,
+		Alpha: AlphaDefault, Beta: BetaDefault, Clock: clock,
+	}
+}
+
+func newTestLane(t *testing.T, opts Options) *Lane {
+	t.Helper()
+	l, err := NewLane(t.Name(), opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+// waitFor polls cond until it holds, failing the test after a generous deadline.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(100 * time.Microsecond)
+	}
+}
+
+// takeAll takes every free permit of l.
+func takeAll(t *testing.T, l *Lane) []*Permit {
+	t.Helper()
+	var ps []*Permit
+	for {
+		p, ok := l.TryAcquire()
+		if !ok {
+			return ps
+		}
+		ps = append(ps, p)
+	}
+}
+
+// drivenSample saturates l, completes one operation with rtt and gives the other permits back
+// unrecorded: one completion of a fully driven lane. A fake clock moves on by rtt, since the
+// operation took that long: the limiter reacts only to operations that started after its last
+// adjustment.
+func drivenSample(t *testing.T, l *Lane, rtt time.Duration) {
+	t.Helper()
+	ps := takeAll(t, l)
+	if len(ps) == 0 {
+		t.Fatal("no free permit to drive the lane with")
+	}
+	if c, ok := l.clock.(*fakeClock); ok {
+		c.Advance(rtt)
+	}
+	ps[0].Release(rtt)
+	for _, p := range ps[1:] {
+		p.Abandon()
+	}
+}
+
+// idleSample completes one operation on an otherwise idle lane: recorded, never adjusting.
+func idleSample(t *testing.T, l *Lane, rtt time.Duration) {
+	t.Helper()
+	p, ok := l.TryAcquire()
+	if !ok {
+		t.Fatal("lane is not idle")
+	}
+	p.Release(rtt)
+}
+
+type acquireResult struct {
+	p   *Permit
+	err error
+}
+
+// acquireAsync calls l.Acquire on a goroutine of its own.
+func acquireAsync(ctx context.Context, l *Lane) <-chan acquireResult {
+	ch := make(chan acquireResult, 1)
+	go func() {
+		p, err := l.Acquire(ctx)
+		ch <- acquireResult{p, err}
+	}()
+	return ch
+}

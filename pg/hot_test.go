@@ -96,7 +96,8 @@ func TestHotTimeoutCancelsOnServer(t *testing.T) {
 	eventually(t, 2*time.Second, "the timed-out backend exits", func() bool {
 		return count(t, observer, `SELECT count(*) FROM pg_stat_activity WHERE pid = $1`, pid) == 0
 	})
-	if n := count(t, observer, `SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'SELECT pg_sleep(10)%' AND state = 'active'`); n != 0 {
+	if n := count(t, observer, `SELECT count(*) FROM pg_stat_activity
+		WHERE datname = current_database() AND query LIKE 'SELECT pg_sleep(10)%' AND state = 'active'`); n != 0 {
 		t.Errorf("%d backends still run pg_sleep(10)", n)
 	}
 

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -33,9 +34,14 @@ type Message struct {
 // and a fixed per-message overhead.
 func (m *Message) Size() uint64 { return MessageSize(m.Subject, m.Header, m.Data) }
 
-// MessageSize is the stored size of a message with these parts.
+// MessageSize is the stored size of a message with these parts: the size of its record in
+// JetStream's file store (the default storage, and the one streams report), so that bytes
+// and max_bytes mean the same here as there. sqlSize is the same in SQL.
 func MessageSize(subject string, hdr, data []byte) uint64 {
-	return uint64(len(subject) + len(hdr) + len(data) + 16)
+	if len(hdr) == 0 {
+		return uint64(30 + len(subject) + len(data))
+	}
+	return uint64(34 + len(subject) + len(hdr) + len(data))
 }
 
 // AppendMsg is one message to append, with the expectations the publisher set in its
@@ -50,6 +56,10 @@ type AppendMsg struct {
 	ExpectLastSubjSeq    *uint64 // Nats-Expected-Last-Subject-Sequence
 	ExpectLastSubjFilter string  // Nats-Expected-Last-Subject-Sequence-Subject (defaults to Subject)
 	ExpectLastMsgID      string  // Nats-Expected-Last-Msg-Id
+
+	// NoInterest takes a sequence and stores nothing: under interest retention no consumer
+	// wants the message, and JetStream answers such a publish with a sequence all the same.
+	NoInterest bool
 }
 
 // AppendBatch is the messages for one stream in one flush.
@@ -57,6 +67,7 @@ type AppendBatch struct {
 	StreamID  int64
 	DupWindow time.Duration // 0 disables de-duplication
 	ChunkRows int64         // 0 means ChunkRowsDefault
+	Limits    Limits
 	Msgs      []AppendMsg
 }
 
@@ -64,7 +75,7 @@ type AppendBatch struct {
 type Outcome struct {
 	Seq       uint64 // the stored sequence, or the original's for a duplicate
 	Duplicate bool
-	Err       error // an *ExpectError when an expectation failed
+	Err       error // an *ExpectError when an expectation failed, a *LimitError when a limit refused it
 }
 
 // ExpectError reports a failed Nats-Expected-* check together with the actual value.
@@ -94,27 +105,36 @@ func (e *ExpectError) Error() string {
 	}
 }
 
-// AppendResult is one batch's outcome: per message, and the rows committed (for the tail).
+// AppendResult is one batch's outcome: per message, and the rows committed that the stream
+// still holds (for the tail).
 type AppendResult struct {
 	StreamID int64
 	Outcomes []Outcome
 	Stored   []Message
 	LastSeq  uint64
+	FirstSeq uint64
+	// Removed says that limits took messages stored before, below FirstSeq or at the
+	// Tombstoned sequences: a cache of the stream's messages may hold some that are gone.
+	Removed    bool
+	Tombstoned []uint64
 }
 
 // copyThreshold is the batch size from which COPY beats a multi-row INSERT.
 const copyThreshold = 64
 
 type lockedState struct {
-	lastSeq, cumBytes uint64
-	lastTS            int64
-	chunk, chunkRows  int64
-	lastMsgID         string
+	firstSeq, lastSeq, cumBytes uint64
+	msgs, bytes                 uint64
+	lastTS                      int64
+	chunk, chunkRows            int64
+	lastMsgID                   string
 }
 
 // Append stores the batches of one or more streams in one transaction: lock each stream's
 // state row (in stream id order, so concurrent multi-stream flushes cannot deadlock),
-// decide de-duplication and expectations, allocate dense sequences, insert, commit. ts is
+// decide de-duplication, expectations and limits, allocate dense sequences, insert, move the
+// first sequence past what discard-old limits evict and tombstone what per-subject limits
+// replace, commit. ts is
 // the store time given to every message. The returned rtt is the database round trip for
 // the flow limiter, recorded whatever the outcome.
 func (db *DB) Append(ctx context.Context, batches []AppendBatch, ts int64) ([]AppendResult, time.Duration, error) {
@@ -145,74 +165,37 @@ func (db *DB) appendTx(ctx context.Context, q Querier, batches []AppendBatch, ts
 		}
 	}()
 
-	// Round trip 1: open the transaction, lock the state rows, look up message ids.
+	// Round trip 1: open the transaction, lock the state rows, look up message ids, and read
+	// what the streams' limits will need: the live messages of the batch's subjects and the
+	// oldest messages an eviction is predicted to take.
 	b := &pgx.Batch{}
 	b.Queue("BEGIN")
-	b.Queue(`SELECT stream_id, last_seq, last_ts, cum_bytes, chunk, chunk_rows, last_msg_id
+	b.Queue(`SELECT stream_id, first_seq, last_seq, last_ts, cum_bytes, msgs, bytes, chunk, chunk_rows, last_msg_id
 		FROM jetgres.stream_state WHERE stream_id = ANY($1) ORDER BY stream_id FOR UPDATE`, ids)
-	dupQueries := 0
-	for _, bt := range batches {
+	reads := make([]batchReads, len(batches))
+	for i, bt := range batches {
+		rd := &reads[i]
 		if msgIDs := batchMsgIDs(bt); len(msgIDs) > 0 && bt.DupWindow > 0 {
 			b.Queue(`SELECT msg_id, seq FROM jetgres.msg_ids WHERE stream_id = $1 AND msg_id = ANY($2) AND ts > $3`,
 				bt.StreamID, msgIDs, ts-bt.DupWindow.Nanoseconds())
-			dupQueries++
+			rd.dups = true
+		}
+		if subjects := batchSubjects(bt); len(subjects) > 0 && bt.Limits.MaxMsgsPer > 0 {
+			b.Queue(`SELECT subject, seq, size FROM jetgres.subject_live($1, $2)`, bt.StreamID, subjects)
+			rd.subjects = true
+		}
+		last, known := db.chunks.counts(bt.StreamID)
+		n, nbytes := batchSize(bt)
+		if rd.head = prefetch(bt.Limits, last, known, n, nbytes); rd.head > 0 {
+			b.Queue(`SELECT seq, size FROM jetgres.stream_head($1, NULL, $2)`, bt.StreamID, rd.head)
 		}
 	}
 	br := q.SendBatch(ctx, b)
-	if _, err := br.Exec(); err != nil {
-		br.Close()
-		return nil, err
+	states, err := readBatchReads(br, batches, reads)
+	if cerr := br.Close(); err == nil {
+		err = cerr
 	}
-	states := make(map[int64]*lockedState, len(batches))
-	rows, err := br.Query()
 	if err != nil {
-		br.Close()
-		return nil, err
-	}
-	for rows.Next() {
-		var id int64
-		s := &lockedState{}
-		if err := rows.Scan(&id, &s.lastSeq, &s.lastTS, &s.cumBytes, &s.chunk, &s.chunkRows, &s.lastMsgID); err != nil {
-			rows.Close()
-			br.Close()
-			return nil, err
-		}
-		states[id] = s
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		br.Close()
-		return nil, err
-	}
-	dups := make(map[int64]map[string]uint64)
-	for _, bt := range batches {
-		if len(batchMsgIDs(bt)) == 0 || bt.DupWindow <= 0 {
-			continue
-		}
-		rows, err := br.Query()
-		if err != nil {
-			br.Close()
-			return nil, err
-		}
-		m := make(map[string]uint64)
-		for rows.Next() {
-			var id string
-			var seq uint64
-			if err := rows.Scan(&id, &seq); err != nil {
-				rows.Close()
-				br.Close()
-				return nil, err
-			}
-			m[id] = seq
-		}
-		rows.Close()
-		if err := rows.Err(); err != nil {
-			br.Close()
-			return nil, err
-		}
-		dups[bt.StreamID] = m
-	}
-	if err := br.Close(); err != nil {
 		return nil, err
 	}
 
@@ -221,6 +204,7 @@ func (db *DB) appendTx(ctx context.Context, q Querier, batches []AppendBatch, ts
 	b = &pgx.Batch{}
 	var copies []func() error
 	var opened []openedChunk
+	holds := make([]*holdings, len(batches))
 	for i, bt := range batches {
 		st, ok := states[bt.StreamID]
 		if !ok {
@@ -229,11 +213,18 @@ func (db *DB) appendTx(ctx context.Context, q Querier, batches []AppendBatch, ts
 		r := &res[i]
 		r.StreamID = bt.StreamID
 		r.Outcomes = make([]Outcome, len(bt.Msgs))
-		seen := dups[bt.StreamID]
+		seen := reads[i].seen
+		h := newHoldings(db, bt.StreamID, st, bt.Limits)
+		h.head = reads[i].oldest
+		for _, lr := range reads[i].live {
+			h.subjects[lr.subject] = append(h.subjects[lr.subject], lr.row)
+		}
+		holds[i] = h
 		chunkRows := bt.ChunkRows
 		if chunkRows <= 0 {
 			chunkRows = ChunkRowsDefault
 		}
+		lastBefore := st.lastSeq
 		var newIDs []string
 		var newIDSeqs []int64
 		for j := range bt.Msgs {
@@ -250,26 +241,44 @@ func (db *DB) appendTx(ctx context.Context, q Querier, batches []AppendBatch, ts
 				r.Outcomes[j] = Outcome{Err: e}
 				continue
 			}
+			size := MessageSize(m.Subject, m.Header, m.Data)
+			if !m.NoInterest {
+				if e := h.admit(m.Subject, size); e != nil {
+					r.Outcomes[j] = Outcome{Err: e}
+					continue
+				}
+			}
 			st.lastSeq++
 			if ts > st.lastTS {
 				st.lastTS = ts
 			}
-			msg := Message{Seq: st.lastSeq, TS: st.lastTS, Subject: m.Subject, Header: m.Header, Data: m.Data, cumBefore: st.cumBytes}
-			st.cumBytes += msg.Size()
 			st.lastMsgID = m.MsgID
-			r.Stored = append(r.Stored, msg)
-			r.Outcomes[j] = Outcome{Seq: msg.Seq}
+			r.Outcomes[j] = Outcome{Seq: st.lastSeq}
 			if m.MsgID != "" && bt.DupWindow > 0 {
 				if seen == nil {
 					seen = make(map[string]uint64)
 				}
-				seen[m.MsgID] = msg.Seq
+				seen[m.MsgID] = st.lastSeq
 				newIDs = append(newIDs, m.MsgID)
-				newIDSeqs = append(newIDSeqs, int64(msg.Seq))
+				newIDSeqs = append(newIDSeqs, int64(st.lastSeq))
 			}
+			if m.NoInterest {
+				h.skip(st.lastSeq)
+				continue
+			}
+			msg := Message{Seq: st.lastSeq, TS: st.lastTS, Subject: m.Subject, Header: m.Header, Data: m.Data, cumBefore: st.cumBytes}
+			st.cumBytes += size
+			r.Stored = append(r.Stored, msg)
+			h.store(msg.Seq, m.Subject, size)
+		}
+		if err := h.evictOld(ctx, q); err != nil {
+			return nil, err
+		}
+		if err := h.settleFirst(ctx, q); err != nil {
+			return nil, err
 		}
 		r.LastSeq = st.lastSeq
-		if len(r.Stored) == 0 {
+		if st.lastSeq == lastBefore {
 			continue
 		}
 		// Split the stored rows over chunks, opening new ones as each fills. A new chunk's
@@ -307,9 +316,17 @@ func (db *DB) appendTx(ctx context.Context, q Querier, batches []AppendBatch, ts
 				ON CONFLICT (stream_id, msg_id) DO UPDATE SET seq = excluded.seq, ts = excluded.ts`,
 				bt.StreamID, newIDs, newIDSeqs, ts)
 		}
-		b.Queue(`UPDATE jetgres.stream_state SET last_seq = $2, last_ts = $3, cum_bytes = $4, chunk = $5,
-			chunk_rows = $6, last_msg_id = $7 WHERE stream_id = $1`,
-			bt.StreamID, st.lastSeq, st.lastTS, st.cumBytes, st.chunk, st.chunkRows, st.lastMsgID)
+		if len(h.tombs) > 0 {
+			seqs, sizes := make([]int64, len(h.tombs)), make([]int64, len(h.tombs))
+			for k, t := range h.tombs {
+				seqs[k], sizes[k] = int64(t.seq), int64(t.size)
+			}
+			b.Queue(`INSERT INTO jetgres.deleted (stream_id, seq, size)
+				SELECT $1, s, z FROM unnest($2::bigint[], $3::bigint[]) AS t(s, z)`, bt.StreamID, seqs, sizes)
+		}
+		b.Queue(`UPDATE jetgres.stream_state SET first_seq = $2, last_seq = $3, last_ts = $4, cum_bytes = $5,
+			msgs = $6, bytes = $7, chunk = $8, chunk_rows = $9, last_msg_id = $10 WHERE stream_id = $1`,
+			bt.StreamID, st.firstSeq, st.lastSeq, st.lastTS, st.cumBytes, st.msgs, st.bytes, st.chunk, st.chunkRows, st.lastMsgID)
 	}
 	for _, c := range copies {
 		if err := c(); err != nil {
@@ -325,7 +342,132 @@ func (db *DB) appendTx(ctx context.Context, q Querier, batches []AppendBatch, ts
 	for _, o := range opened {
 		db.chunks.add(o.streamID, o.info)
 	}
+	for i := range res {
+		r, h := &res[i], holds[i]
+		r.FirstSeq, r.Removed = h.st.firstSeq, h.removed
+		for _, t := range h.tombs {
+			if t.size > 0 {
+				r.Tombstoned = append(r.Tombstoned, t.seq)
+			}
+		}
+		if h.removed {
+			r.Stored = slices.DeleteFunc(r.Stored, func(m Message) bool { return !h.live(m.Seq) })
+		}
+		db.chunks.setCounts(r.StreamID, streamCounts{msgs: h.st.msgs, bytes: h.st.bytes})
+	}
 	return res, nil
+}
+
+// batchReads is what the first round trip read for one batch.
+type batchReads struct {
+	dups     bool // queued: the batch's message ids
+	subjects bool // queued: the live messages of its subjects
+	head     int  // queued: this many of the stream's oldest messages
+
+	seen   map[string]uint64
+	live   []subjectRow
+	oldest []liveRow
+}
+
+type subjectRow struct {
+	subject string
+	row     liveRow
+}
+
+// readBatchReads reads the first round trip's results in the order they were queued.
+func readBatchReads(br pgx.BatchResults, batches []AppendBatch, reads []batchReads) (map[int64]*lockedState, error) {
+	if _, err := br.Exec(); err != nil {
+		return nil, err
+	}
+	states := make(map[int64]*lockedState, len(batches))
+	rows, err := br.Query()
+	if err != nil {
+		return nil, err
+	}
+	for rows.Next() {
+		var id int64
+		s := &lockedState{}
+		if err := rows.Scan(&id, &s.firstSeq, &s.lastSeq, &s.lastTS, &s.cumBytes, &s.msgs, &s.bytes, &s.chunk, &s.chunkRows, &s.lastMsgID); err != nil {
+			rows.Close()
+			return nil, err
+		}
+		states[id] = s
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	for i := range reads {
+		rd := &reads[i]
+		if rd.dups {
+			rows, err := br.Query()
+			if err != nil {
+				return nil, err
+			}
+			rd.seen = make(map[string]uint64)
+			for rows.Next() {
+				var id string
+				var seq uint64
+				if err := rows.Scan(&id, &seq); err != nil {
+					rows.Close()
+					return nil, err
+				}
+				rd.seen[id] = seq
+			}
+			rows.Close()
+			if err := rows.Err(); err != nil {
+				return nil, err
+			}
+		}
+		if rd.subjects {
+			rows, err := br.Query()
+			if err != nil {
+				return nil, err
+			}
+			rd.live, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (subjectRow, error) {
+				var sr subjectRow
+				err := r.Scan(&sr.subject, &sr.row.seq, &sr.row.size)
+				return sr, err
+			})
+			if err != nil {
+				return nil, err
+			}
+		}
+		if rd.head > 0 {
+			rows, err := br.Query()
+			if err != nil {
+				return nil, err
+			}
+			if rd.oldest, err = pgx.CollectRows(rows, scanLiveRow); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return states, nil
+}
+
+// batchSubjects lists the distinct subjects of the messages a batch may store.
+func batchSubjects(b AppendBatch) []string {
+	seen := make(map[string]bool)
+	var out []string
+	for _, m := range b.Msgs {
+		if !m.NoInterest && !seen[m.Subject] {
+			seen[m.Subject] = true
+			out = append(out, m.Subject)
+		}
+	}
+	return out
+}
+
+// batchSize is how many messages a batch may store and their stored bytes.
+func batchSize(b AppendBatch) (n int, bytes uint64) {
+	for _, m := range b.Msgs {
+		if !m.NoInterest {
+			n++
+			bytes += MessageSize(m.Subject, m.Header, m.Data)
+		}
+	}
+	return n, bytes
 }
 
 type openedChunk struct {
@@ -686,13 +828,21 @@ type chunkInfo struct {
 	firstSeq uint64
 }
 
-// chunkCache remembers each stream's chunk list. Another replica may open a chunk we have
-// not seen; a read that needs sequences beyond what the newest known chunk can explain
+// streamCounts are a stream's message and byte counts as of a commit.
+type streamCounts struct {
+	msgs, bytes uint64
+}
+
+// chunkCache remembers what this process learned of each stream that later statements can
+// use: its chunk list, and its counts as of the last append here, from which the next append
+// predicts how many old messages its limits will evict. Another replica may open a chunk we
+// have not seen; a read that needs sequences beyond what the newest known chunk can explain
 // reloads the list.
 type chunkCache struct {
 	mu     sync.Mutex
 	byID   map[int64][]chunkInfo
 	loaded map[int64]uint64 // the UpTo the list was loaded for
+	last   map[int64]streamCounts
 }
 
 func (c *chunkCache) list(ctx context.Context, q Querier, streamID int64, upTo uint64) ([]chunkInfo, error) {
@@ -741,11 +891,37 @@ func (c *chunkCache) add(streamID int64, ci chunkInfo) {
 	c.byID[streamID] = append(l, ci)
 }
 
+// dropped forgets a chunk the maintainer dropped.
+func (c *chunkCache) dropped(streamID, chunk int64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if l, ok := c.byID[streamID]; ok {
+		c.byID[streamID] = slices.DeleteFunc(slices.Clone(l), func(ci chunkInfo) bool { return ci.chunk == chunk })
+	}
+}
+
+func (c *chunkCache) counts(streamID int64) (streamCounts, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	sc, ok := c.last[streamID]
+	return sc, ok
+}
+
+func (c *chunkCache) setCounts(streamID int64, sc streamCounts) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.last == nil {
+		c.last = make(map[int64]streamCounts)
+	}
+	c.last[streamID] = sc
+}
+
 func (c *chunkCache) forget(streamID int64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	delete(c.byID, streamID)
 	delete(c.loaded, streamID)
+	delete(c.last, streamID)
 }
 
 func isUndefinedTable(err error) bool {

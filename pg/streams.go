@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -150,39 +151,32 @@ func (db *DB) Streams(ctx context.Context) ([]Stream, error) {
 }
 
 const sqlStreamState = `
-SELECT first_seq, last_seq, last_ts, cum_bytes FROM jetgres.stream_state WHERE stream_id = $1`
+SELECT first_seq, last_seq, last_ts, msgs, bytes FROM jetgres.stream_state WHERE stream_id = $1`
 
 // State reads a stream's committed state: sequences, timestamps, message and byte counts.
+// It reads in one snapshot, so that the counts and the first message agree.
 func (db *DB) State(ctx context.Context, id int64) (StreamState, error) {
 	var st StreamState
-	err := db.Background(ctx, func(ctx context.Context, q Querier) error {
-		var cum uint64
-		if err := q.QueryRow(ctx, sqlStreamState, id).Scan(&st.FirstSeq, &st.LastSeq, &st.LastTS, &cum); err != nil {
+	err := db.BackgroundTx(ctx, func(ctx context.Context, q Querier) error {
+		st = StreamState{}
+		if _, err := q.Exec(ctx, `SET TRANSACTION ISOLATION LEVEL REPEATABLE READ`); err != nil {
+			return err
+		}
+		if err := q.QueryRow(ctx, sqlStreamState, id).Scan(&st.FirstSeq, &st.LastSeq, &st.LastTS, &st.Msgs, &st.Bytes); err != nil {
 			if errors.Is(err, pgx.ErrNoRows) {
 				return ErrNotFound
 			}
 			return err
 		}
-		if st.FirstSeq > st.LastSeq {
+		if st.Msgs == 0 {
 			return nil
 		}
-		st.Msgs = st.LastSeq - st.FirstSeq + 1
 		first, err := db.messageAt(ctx, q, id, st.FirstSeq, st.LastSeq)
-		if err != nil {
+		if err != nil || first == nil {
 			return err
-		}
-		if first == nil {
-			return nil
 		}
 		st.FirstSeq, st.FirstTS = first.Seq, first.TS
-		var gone, goneBytes uint64
-		if err := q.QueryRow(ctx, `SELECT count(*), coalesce(sum(size), 0) FROM jetgres.deleted
-			WHERE stream_id = $1 AND seq BETWEEN $2 AND $3`, id, int64(st.FirstSeq), int64(st.LastSeq)).Scan(&gone, &goneBytes); err != nil {
-			return err
-		}
-		st.Msgs = st.LastSeq - st.FirstSeq + 1 - gone
-		st.Bytes = cum - first.cumBefore - goneBytes
-		st.Deleted = gone
+		st.Deleted = st.LastSeq - st.FirstSeq + 1 - st.Msgs
 		return nil
 	})
 	if err != nil && !errors.Is(err, ErrNotFound) {
@@ -198,75 +192,22 @@ type PurgeParams struct {
 	Keep   uint64 // keep this many of the newest (matching) messages
 }
 
-// Purge removes messages from a stream. Without a filter it moves the stream's first
-// sequence (reads skip what is below it, the maintainer drops whole chunks later); with a
-// filter it leaves tombstones. No message row is updated or deleted. It returns how many
-// live messages were removed.
+// Purge removes messages from a stream, as JetStream's purge request does. Without a filter
+// it moves the stream's first sequence (reads skip what is below it, the maintainer drops
+// whole chunks later); with a filter it leaves tombstones. No message row is updated or
+// deleted. It returns how many live messages were removed.
 func (db *DB) Purge(ctx context.Context, id int64, p PurgeParams) (purged uint64, err error) {
-	err = db.Background(ctx, func(ctx context.Context, q Querier) error {
-		tx, err := q.Begin(ctx)
+	err = db.BackgroundTx(ctx, func(ctx context.Context, q Querier) error {
+		st, err := lockState(ctx, q, id)
 		if err != nil {
 			return err
 		}
-		defer tx.Rollback(ctx) //nolint:errcheck // a no-op after Commit
-		var first, last uint64
-		err = tx.QueryRow(ctx, `SELECT first_seq, last_seq FROM jetgres.stream_state WHERE stream_id = $1 FOR UPDATE`, id).Scan(&first, &last)
-		if errors.Is(err, pgx.ErrNoRows) {
-			return ErrNotFound
-		}
-		if err != nil {
+		before := st.msgs
+		if err := db.purge(ctx, q, st, p); err != nil {
 			return err
 		}
-		end := last // inclusive end of the purged range
-		if p.UpTo > 0 {
-			end = min(end, p.UpTo-1)
-		}
-		if p.Filter == "" || p.Filter == ">" {
-			if p.Keep > 0 {
-				if last < p.Keep {
-					return tx.Commit(ctx)
-				}
-				end = min(end, last-p.Keep)
-			}
-			if end < first {
-				return tx.Commit(ctx)
-			}
-			var gone uint64
-			if err := tx.QueryRow(ctx, `SELECT count(*) FROM jetgres.deleted WHERE stream_id = $1 AND seq BETWEEN $2 AND $3`,
-				id, int64(first), int64(end)).Scan(&gone); err != nil {
-				return err
-			}
-			purged = end - first + 1 - gone
-			if err := db.moveFirst(ctx, tx, id, end+1, last); err != nil {
-				return err
-			}
-			return tx.Commit(ctx)
-		}
-		// A filtered purge tombstones each matching message, keeping the newest p.Keep.
-		chunks, err := db.chunks.list(ctx, tx, id, last)
-		if err != nil {
-			return err
-		}
-		for _, c := range chunks {
-			tag, err := tx.Exec(ctx, `INSERT INTO jetgres.deleted (stream_id, seq, size)
-				SELECT $1, seq, octet_length(subject) + coalesce(octet_length(hdr), 0) + octet_length(data) + 16
-				FROM `+chunkTable(id, c.chunk)+` m
-				WHERE seq BETWEEN $2 AND $3 AND subject ~ $4
-				AND NOT EXISTS (SELECT 1 FROM jetgres.deleted d WHERE d.stream_id = $1 AND d.seq = m.seq)
-				AND ($5 = 0 OR seq NOT IN (SELECT seq FROM (
-					SELECT seq FROM `+chunkTable(id, c.chunk)+` k WHERE subject ~ $4
-					AND NOT EXISTS (SELECT 1 FROM jetgres.deleted d WHERE d.stream_id = $1 AND d.seq = k.seq)
-					ORDER BY seq DESC LIMIT $5) newest))`,
-				id, int64(first), int64(end), SubjectRegexp(p.Filter), int64(p.Keep))
-			if err != nil && !isUndefinedTable(err) {
-				return err
-			}
-			purged += uint64(tag.RowsAffected())
-		}
-		if err := db.moveFirst(ctx, tx, id, first, last); err != nil {
-			return err
-		}
-		return tx.Commit(ctx)
+		purged = before - st.msgs
+		return st.save(ctx, q)
 	})
 	if err != nil && !errors.Is(err, ErrNotFound) {
 		return 0, fmt.Errorf("pg: purge stream: %w", err)
@@ -274,59 +215,128 @@ func (db *DB) Purge(ctx context.Context, id int64, p PurgeParams) (purged uint64
 	return purged, err
 }
 
-// moveFirst sets the stream's first sequence to the first live message at or after from.
-func (db *DB) moveFirst(ctx context.Context, q Querier, id int64, from, last uint64) error {
-	next := last + 1
-	if from <= last {
-		m, err := db.messageAt(ctx, q, id, from, last)
-		if err != nil {
+func (db *DB) purge(ctx context.Context, q Querier, st *stateRow, p PurgeParams) error {
+	if p.UpTo == 1 {
+		// Up to, but not including, the first sequence there can be.
+		return nil
+	}
+	all := p.Filter == "" || p.Filter == ">"
+	if all && p.Keep == 0 {
+		switch {
+		case p.UpTo == 0:
+			_, err := db.advanceFirst(ctx, q, st, st.last+1)
+			return err
+		case p.UpTo > st.last+1:
+			// JetStream compacts past the end by restarting the stream there: the next
+			// message stored takes sequence UpTo.
+			if _, err := db.advanceFirst(ctx, q, st, st.last+1); err != nil {
+				return err
+			}
+			st.first, st.last = p.UpTo, p.UpTo-1
+			return nil
+		default:
+			_, err := db.advanceFirst(ctx, q, st, p.UpTo)
 			return err
 		}
-		if m != nil {
-			next = m.Seq
-		}
 	}
-	_, err := q.Exec(ctx, `UPDATE jetgres.stream_state SET first_seq = $2 WHERE stream_id = $1 AND first_seq < $2`, id, int64(next))
-	return err
+	end := st.last
+	if p.UpTo > 0 {
+		end = min(end, p.UpTo-1)
+	}
+	cond, arg := subjectMatch(p.Filter, 4)
+	if p.Keep > 0 {
+		kept, ok, err := db.newestNth(ctx, q, st, cond, arg, p.Keep)
+		if err != nil || !ok {
+			return err
+		}
+		end = min(end, kept-1)
+	}
+	if end < st.first {
+		return nil
+	}
+	if all {
+		_, err := db.advanceFirst(ctx, q, st, end+1)
+		return err
+	}
+	if _, err := db.tombstoneWhere(ctx, q, st, st.first, end, cond, arg); err != nil {
+		return err
+	}
+	return db.settleFirst(ctx, q, st)
+}
+
+// subjectMatch is SQL that a chunk row m's subject matches filter, with its argument as
+// placeholder $n: equality for a literal subject, so that the (subject, seq) index serves
+// it, a regular expression otherwise. An empty or full-wildcard filter matches everything.
+func subjectMatch(filter string, n int) (string, any) {
+	switch {
+	case filter == "" || filter == ">":
+		return fmt.Sprintf(`$%d::text IS NULL`, n), nil
+	case strings.ContainsAny(filter, "*>"):
+		return fmt.Sprintf(`m.subject ~ $%d`, n), SubjectRegexp(filter)
+	default:
+		return fmt.Sprintf(`m.subject = $%d`, n), filter
+	}
+}
+
+// newestNth returns the sequence of the n-th newest live message that cond (built by
+// subjectMatch for placeholder $4) selects; ok is false when there are fewer than n.
+func (db *DB) newestNth(ctx context.Context, q Querier, st *stateRow, cond string, arg any, n uint64) (seq uint64, ok bool, err error) {
+	if st.msgs < n {
+		return 0, false, nil
+	}
+	if arg == nil && st.msgs == st.last-st.first+1 {
+		return st.last - n + 1, true, nil
+	}
+	chunks, err := db.chunks.list(ctx, q, st.id, st.last)
+	if err != nil {
+		return 0, false, err
+	}
+	live := liveChunks(chunks, st.first, st.last)
+	for i := len(live) - 1; i >= 0; i-- {
+		table := chunkTable(st.id, live[i].chunk)
+		var found *int64
+		var count uint64
+		err := q.QueryRow(ctx, `WITH sel AS (
+				SELECT m.seq FROM `+table+` m WHERE m.seq BETWEEN $2 AND $3 AND `+sqlLive+` AND `+cond+`)
+			SELECT (SELECT count(*) FROM sel), (SELECT seq FROM sel ORDER BY seq DESC OFFSET $5 LIMIT 1)`,
+			st.id, int64(st.first), int64(st.last), arg, int64(n-1)).Scan(&count, &found)
+		if err != nil {
+			return 0, false, fmt.Errorf("find the newest messages of stream %d: %w", st.id, err)
+		}
+		if found != nil {
+			return uint64(*found), true, nil
+		}
+		n -= count
+	}
+	return 0, false, nil
 }
 
 // DeleteMessage removes one message by leaving a tombstone that reads skip. Deleting the
 // first message moves the stream's first sequence instead. It returns ErrNotFound when the
 // sequence holds no live message.
 func (db *DB) DeleteMessage(ctx context.Context, id int64, seq uint64) error {
-	err := db.Background(ctx, func(ctx context.Context, q Querier) error {
-		tx, err := q.Begin(ctx)
+	err := db.BackgroundTx(ctx, func(ctx context.Context, q Querier) error {
+		st, err := lockState(ctx, q, id)
 		if err != nil {
 			return err
 		}
-		defer tx.Rollback(ctx) //nolint:errcheck // a no-op after Commit
-		var first, last uint64
-		err = tx.QueryRow(ctx, `SELECT first_seq, last_seq FROM jetgres.stream_state WHERE stream_id = $1 FOR UPDATE`, id).Scan(&first, &last)
-		if errors.Is(err, pgx.ErrNoRows) {
+		if seq < st.first || seq > st.last {
 			return ErrNotFound
 		}
-		if err != nil {
-			return err
-		}
-		if seq < first || seq > last {
-			return ErrNotFound
-		}
-		m, err := db.messageAt(ctx, tx, id, seq, seq)
-		if err != nil {
-			return err
-		}
-		if m == nil {
-			return ErrNotFound
-		}
-		if _, err := tx.Exec(ctx, `INSERT INTO jetgres.deleted (stream_id, seq, size) VALUES ($1, $2, $3)`, id, int64(seq), int64(m.Size())); err != nil {
-			return err
-		}
-		if seq == first {
-			if err := db.moveFirst(ctx, tx, id, seq+1, last); err != nil {
+		if seq == st.first {
+			if _, err := db.advanceFirst(ctx, q, st, seq+1); err != nil {
 				return err
 			}
+			return st.save(ctx, q)
 		}
-		return tx.Commit(ctx)
+		n, err := db.tombstoneWhere(ctx, q, st, seq, seq, `true`)
+		if err != nil {
+			return err
+		}
+		if n == 0 {
+			return ErrNotFound
+		}
+		return st.save(ctx, q)
 	})
 	if err != nil && !errors.Is(err, ErrNotFound) {
 		return fmt.Errorf("pg: delete message: %w", err)

@@ -1,0 +1,274 @@
+package bridge
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+
+	"github.com/jetgres/jetgres/bridge/consumerstate"
+	"github.com/jetgres/jetgres/embedded/leaf"
+	"github.com/jetgres/jetgres/pg"
+)
+
+// Ack bodies, as clients send them.
+var (
+	ackAck      = []byte("+ACK")
+	ackOK       = []byte("+OK")
+	ackNak      = []byte("-NAK")
+	ackProgress = []byte("+WPI")
+	ackNext     = []byte("+NXT")
+	ackTerm     = []byte("+TERM")
+)
+
+// cursorRetry is how long a failed cursor write waits before it is tried again.
+const cursorRetry = 250 * time.Millisecond
+
+// onAck runs on the link's read loop: it routes an ack to its consumer's queue, behind that
+// consumer's earlier pull requests and acks. Acks for consumers another replica serves are
+// that replica's; it received them too.
+func (cs *consumerSide) onAck(m *leaf.Msg) {
+	a, ok := parseAckSubject(m.Subject)
+	if !ok {
+		return
+	}
+	c := cs.find(a.stream, a.consumer)
+	if c == nil {
+		return
+	}
+	if !c.post(event{kind: evAck, subject: m.Subject, reply: m.Reply, data: m.Data}) {
+		cs.m.acksDropped.Inc()
+	}
+}
+
+// handleAck applies one ack to the state. Called on the consumer's goroutine with mu held.
+func (c *consumer) handleAck(ctx context.Context, ev *event, now time.Time) {
+	a, ok := parseAckSubject(ev.subject)
+	if !ok {
+		return
+	}
+	body := ev.data
+	switch {
+	case len(body) == 0, bytes.Equal(body, ackAck), bytes.Equal(body, ackOK):
+		c.ack(a, ev.reply)
+	case bytes.HasPrefix(body, ackNext):
+		c.ack(a, "")
+		if ev.reply != "" {
+			c.addRequest(ev.reply, body[len(ackNext):], now)
+		}
+	case bytes.HasPrefix(body, ackNak):
+		c.st.Nak(a.sseq, a.dseq, nakDelay(body[len(ackNak):]))
+		c.replyAck(ev.reply)
+	case bytes.Equal(body, ackProgress):
+		c.st.Progress(a.sseq)
+		c.replyAck(ev.reply)
+	case bytes.HasPrefix(body, ackTerm):
+		c.ack(a, ev.reply)
+	}
+}
+
+// ack acknowledges a delivery. With a reply (a double ack) the answer waits until the ack
+// floor that covers it is written to PostgreSQL: that is the durable ack. An ack above a
+// floor that did not move is kept in memory only and answered at once.
+func (c *consumer) ack(a ackInfo, reply string) {
+	if !c.st.Ack(a.sseq, a.dseq) {
+		c.replyAck(reply)
+		return
+	}
+	c.cs.m.acks.Inc()
+	c.floorMoved()
+	if reply != "" {
+		c.cw.await(c, a.sseq, reply)
+	}
+}
+
+func (c *consumer) replyAck(reply string) {
+	if reply != "" {
+		_ = c.cs.b.link.Publish(reply, "", nil, nil)
+	}
+}
+
+// nakDelay reads the optional delay of a -NAK: "{"delay":ns}" or a Go duration. Anything
+// else is a plain nak, as in nats-server.
+func nakDelay(arg []byte) time.Duration {
+	arg = bytes.TrimSpace(arg)
+	if len(arg) == 0 {
+		return 0
+	}
+	if arg[0] == '{' {
+		var o server.ConsumerNakOptions
+		if json.Unmarshal(arg, &o) == nil {
+			return o.Delay
+		}
+		return 0
+	}
+	d, err := time.ParseDuration(string(arg))
+	if err != nil {
+		return 0
+	}
+	return d
+}
+
+// cursorWriter persists a consumer's ack floor. Writes are fused: while one is in flight the
+// floor keeps moving in memory, and the next write takes the latest floor. At most one is in
+// flight per consumer.
+type cursorWriter struct {
+	mu       sync.Mutex
+	want     consumerstate.Pair
+	written  consumerstate.Pair
+	inflight bool
+	waiters  []cursorWaiter
+	wg       sync.WaitGroup
+}
+
+type cursorWaiter struct {
+	seq   uint64
+	reply string
+}
+
+// floorMoved schedules a cursor write of the current floor.
+func (c *consumer) floorMoved() {
+	f := c.st.AckFloor()
+	w := &c.cw
+	w.mu.Lock()
+	w.want = f
+	start := !w.inflight && w.want != w.written
+	if start {
+		w.inflight = true
+		w.wg.Add(1)
+	}
+	w.mu.Unlock()
+	if start {
+		c.cs.wg.Go(c.writeCursors)
+	}
+}
+
+// await answers reply once a written floor covers stream sequence seq.
+func (w *cursorWriter) await(c *consumer, seq uint64, reply string) {
+	w.mu.Lock()
+	if w.written.Stream >= seq {
+		w.mu.Unlock()
+		c.replyAck(reply)
+		return
+	}
+	w.waiters = append(w.waiters, cursorWaiter{seq: seq, reply: reply})
+	w.mu.Unlock()
+}
+
+// writeCursors writes the latest floor until what is written is what is wanted. It takes
+// a push lane permit per write: a cursor write commits like a publish does, and its round
+// trip belongs with theirs, not with the cheap reads of the pop lane.
+func (c *consumer) writeCursors() {
+	w := &c.cw
+	defer w.wg.Done()
+	ctx := c.cs.ctx
+	for {
+		w.mu.Lock()
+		f := w.want
+		if f == w.written {
+			w.inflight = false
+			w.mu.Unlock()
+			return
+		}
+		w.mu.Unlock()
+		err := c.writeCursor(ctx, f)
+		if errors.Is(err, pg.ErrLeaseLost) {
+			c.stop(stopLost)
+			w.mu.Lock()
+			w.inflight = false
+			w.mu.Unlock()
+			return
+		}
+		if err != nil {
+			if ctx.Err() != nil {
+				w.mu.Lock()
+				w.inflight = false
+				w.mu.Unlock()
+				return
+			}
+			c.cs.b.log.Warn("cursor write failed", "stream", c.sc.s.name, "consumer", c.name, "err", err)
+			select {
+			case <-ctx.Done():
+			case <-time.After(cursorRetry):
+			}
+			continue
+		}
+		w.mu.Lock()
+		w.written = f
+		var due []cursorWaiter
+		kept := w.waiters[:0]
+		for _, x := range w.waiters {
+			if x.seq <= f.Stream {
+				due = append(due, x)
+			} else {
+				kept = append(kept, x)
+			}
+		}
+		w.waiters = kept
+		w.mu.Unlock()
+		for _, x := range due {
+			c.replyAck(x.reply)
+		}
+	}
+}
+
+func (c *consumer) writeCursor(ctx context.Context, f consumerstate.Pair) error {
+	p, err := c.cs.b.cfg.Push.Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	start := time.Now()
+	rtt, err := c.cs.b.db.WriteCursor(ctx, pg.CursorParams{
+		StreamID: c.sc.s.id, Name: c.name, Owner: c.cs.owner,
+		AckStreamSeq: f.Stream, AckConsumerSeq: f.Consumer,
+	})
+	p.Release(rtt)
+	c.cs.m.cursorWrites.Inc()
+	c.cs.m.cursorLatency.Observe(time.Since(start).Seconds())
+	return err
+}
+
+// flushCursor waits for the write in flight and writes a floor still unwritten, so that a
+// graceful stop loses no ack. ctx bounds it.
+func (c *consumer) flushCursor(ctx context.Context) {
+	done := make(chan struct{})
+	go func() {
+		c.cw.wg.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-ctx.Done():
+		return
+	}
+	c.cw.mu.Lock()
+	f, written := c.cw.want, c.cw.written
+	c.cw.mu.Unlock()
+	if f == written {
+		return
+	}
+	if _, err := c.cs.b.db.WriteCursor(ctx, pg.CursorParams{
+		StreamID: c.sc.s.id, Name: c.name, Owner: c.cs.owner,
+		AckStreamSeq: f.Stream, AckConsumerSeq: f.Consumer,
+	}); err != nil {
+		c.cs.b.log.Warn("final cursor write failed", "stream", c.sc.s.name, "consumer", c.name, "err", err)
+	}
+}
+
+// deleteInactive removes a consumer that passed its inactive threshold.
+func (cs *consumerSide) deleteInactive(c *consumer) {
+	err := cs.b.db.DeleteConsumer(cs.ctx, c.sc.s.id, c.name)
+	if err != nil && !errors.Is(err, pg.ErrNotFound) {
+		cs.b.log.Warn("deleting inactive consumer failed", "stream", c.sc.s.name, "consumer", c.name, "err", err)
+		c.mu.Lock()
+		c.lastActive = time.Now()
+		c.mu.Unlock()
+		return
+	}
+	cs.remove(c)
+	c.stop(stopDeleted)
+}

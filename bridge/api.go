@@ -1,0 +1,119 @@
+package bridge
+
+import (
+	"context"
+	"encoding/json"
+	"strings"
+
+	"github.com/nats-io/nats-server/v2/server"
+
+	"github.com/jetgres/jetgres/embedded/leaf"
+)
+
+const (
+	apiPrefix  = "$JS.API."
+	apiMsgNext = "$JS.API.CONSUMER.MSG.NEXT."
+	// apiLevel is the JetStream API level jetgres reports; clients gate features on it.
+	apiLevel = 1
+)
+
+// onAPI runs on the link's read loop. Pull requests take their cheap in-order path; every
+// other request goes to the bounded worker queue, and a full queue answers 503 at once.
+func (b *Bridge) onAPI(m *leaf.Msg) {
+	if rest, ok := strings.CutPrefix(m.Subject, apiMsgNext); ok {
+		stream, consumer, ok := strings.Cut(rest, ".")
+		if !ok || strings.Contains(consumer, ".") {
+			return
+		}
+		b.handlePullRequest(m, stream, consumer)
+		return
+	}
+	if m.Reply == "" {
+		return
+	}
+	select {
+	case b.apiReqs <- m:
+	default:
+		b.pm.apiReqs.WithLabelValues("overloaded").Inc()
+		_ = b.link.Publish(m.Reply, "", statusHeader(503, "API Overloaded"), nil)
+	}
+}
+
+func (b *Bridge) apiWorker() {
+	for {
+		select {
+		case <-b.ctx.Done():
+			return
+		case m := <-b.apiReqs:
+			b.serveAPI(b.ctx, m)
+		}
+	}
+}
+
+// serveAPI routes one API request by its subject, after the "$JS.API." prefix.
+func (b *Bridge) serveAPI(ctx context.Context, m *leaf.Msg) {
+	rest := strings.TrimPrefix(m.Subject, apiPrefix)
+	tok := strings.Split(rest, ".")
+	var resp any
+	switch {
+	case rest == "INFO":
+		resp = b.apiAccountInfo(ctx)
+	case tok[0] == "STREAM":
+		resp = b.streamAPI(ctx, tok[1:], m.Data)
+	case tok[0] == "CONSUMER":
+		resp = b.handleConsumerAPI(ctx, tok[1:], m)
+	default:
+		resp = errorResp(server.JSApiSystemResponseType, server.NewJSBadRequestError())
+	}
+	if resp == nil {
+		return
+	}
+	b.respond(m.Reply, resp)
+}
+
+// respond marshals an API response and sends it, counting errors.
+func (b *Bridge) respond(reply string, resp any) {
+	data, err := json.Marshal(resp)
+	if err != nil {
+		b.log.Error("encoding API response", "err", err)
+		return
+	}
+	outcome := "ok"
+	if r, ok := resp.(interface{ ToError() error }); ok && r.ToError() != nil {
+		outcome = "error"
+	}
+	b.pm.apiReqs.WithLabelValues(outcome).Inc()
+	_ = b.link.Publish(reply, "", nil, data)
+}
+
+// errorResp is a bare typed error response for API subjects whose response type has no
+// other fields worth sending.
+func errorResp(typ string, e *server.ApiError) *server.ApiResponse {
+	return &server.ApiResponse{Type: typ, Error: e}
+}
+
+// decodeRequest unmarshals an API request body; an empty body is an empty request.
+// Unknown fields are tolerated, as nats-server does.
+func decodeRequest(data []byte, v any) *server.ApiError {
+	if len(strings.TrimSpace(string(data))) == 0 {
+		return nil
+	}
+	if err := json.Unmarshal(data, v); err != nil {
+		return server.NewJSInvalidJSONError(err)
+	}
+	return nil
+}
+
+func (b *Bridge) apiAccountInfo(ctx context.Context) any {
+	var stats server.JetStreamAccountStats
+	stats.API.Level = apiLevel
+	for _, s := range b.streamList() {
+		stats.Streams++
+		stats.Consumers += b.numConsumers(s)
+		if st, err := b.db.State(ctx, s.id); err == nil {
+			stats.Store += st.Bytes
+		}
+	}
+	stats.Limits = server.JetStreamAccountLimits{MaxMemory: -1, MaxStore: -1, MaxStreams: -1, MaxConsumers: -1, MaxAckPending: -1, MemoryMaxStreamBytes: -1, StoreMaxStreamBytes: -1}
+	return &server.JSApiAccountInfoResponse{ApiResponse: apiResponse(server.JSApiAccountInfoResponseType), JetStreamAccountStats: &stats}
+}

@@ -1,0 +1,473 @@
+package bridge
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nuid"
+
+	"github.com/jetgres/jetgres/embedded/leaf"
+	"github.com/jetgres/jetgres/pg"
+)
+
+// handleConsumerAPI serves $JS.API.CONSUMER.* (tok is the subject after "CONSUMER.") on an
+// API worker. MSG.NEXT never comes here: it takes the in-order path of handlePullRequest.
+func (b *Bridge) handleConsumerAPI(ctx context.Context, tok []string, m *leaf.Msg) any {
+	cs := b.cs()
+	switch {
+	case len(tok) >= 2 && tok[0] == "CREATE":
+		return cs.apiCreate(ctx, tok, m.Data)
+	case len(tok) >= 2 && tok[0] == "DURABLE" && tok[1] == "CREATE":
+		return cs.apiCreate(ctx, tok, m.Data)
+	case len(tok) == 3 && tok[0] == "INFO":
+		return cs.apiInfo(ctx, tok[1], tok[2], m.Data)
+	case len(tok) == 3 && tok[0] == "DELETE":
+		return cs.apiDelete(ctx, tok[1], tok[2])
+	case len(tok) == 2 && tok[0] == "NAMES":
+		return cs.apiNames(ctx, tok[1], m.Data)
+	case len(tok) == 2 && tok[0] == "LIST":
+		return cs.apiList(ctx, tok[1], m.Data)
+	}
+	return errorResp(server.JSApiConsumerInfoResponseType,
+		server.NewJSBadRequestError())
+}
+
+// apiCreate serves CONSUMER.CREATE.<stream>[.<consumer>[.<filter>]] and
+// CONSUMER.DURABLE.CREATE.<stream>.<consumer>, with nats-server's rules for names,
+// filters in the subject and the create/update action.
+func (cs *consumerSide) apiCreate(ctx context.Context, tok []string, data []byte) any {
+	resp := &server.JSApiConsumerCreateResponse{ApiResponse: apiResponse(server.JSApiConsumerCreateResponseType)}
+	fail := func(e *server.ApiError) any {
+		resp.Error = e
+		return resp
+	}
+	var req server.CreateConsumerRequest
+	if e := decodeRequest(data, &req); e != nil {
+		return fail(e)
+	}
+	var streamName, name, filter string
+	durableAPI := tok[0] == "DURABLE"
+	legacyEphemeral := false
+	switch {
+	case durableAPI:
+		if len(tok) != 4 {
+			return fail(server.NewJSConsumerDurableNameNotInSubjectError())
+		}
+		streamName, name = tok[2], tok[3]
+	case len(tok) == 2:
+		legacyEphemeral = true
+		streamName, name = tok[1], req.Config.Name
+	default:
+		streamName, name = tok[1], tok[2]
+		if len(tok) > 3 {
+			filter = strings.Join(tok[3:], ".")
+		}
+	}
+	if streamName != req.Stream {
+		return fail(server.NewJSStreamMismatchError())
+	}
+	if strings.ContainsAny(name, `\/`) {
+		return fail(server.NewJSConsumerNameContainsPathSeparatorsError())
+	}
+	switch {
+	case durableAPI:
+		if req.Config.Durable == "" {
+			return fail(server.NewJSConsumerDurableNameNotSetError())
+		}
+		if name != req.Config.Durable {
+			return fail(server.NewJSConsumerDurableNameNotMatchSubjectError())
+		}
+		req.Config.Name = name
+	case legacyEphemeral:
+		if req.Config.Durable != "" {
+			return fail(server.NewJSConsumerEphemeralWithDurableNameError())
+		}
+	default:
+		if req.Config.Durable != "" && name != req.Config.Durable {
+			return fail(server.NewJSConsumerDurableNameNotMatchSubjectError())
+		}
+		req.Config.Name = name
+	}
+	if filter != "" && len(req.Config.FilterSubjects) != 0 {
+		return fail(server.NewJSConsumerMultipleFiltersNotAllowedError())
+	}
+	if filter != "" && req.Config.FilterSubject != filter {
+		return fail(server.NewJSConsumerCreateFilterSubjectMismatchError())
+	}
+	s := cs.b.lookupOrSync(ctx, streamName)
+	if s == nil {
+		return fail(server.NewJSStreamNotFoundError())
+	}
+	scfg := s.config()
+	cfg, e := checkConsumerConfig(req.Config, &scfg)
+	if e != nil {
+		return fail(e)
+	}
+	if cfg.Durable != "" {
+		name = cfg.Durable
+	}
+	if name == "" {
+		name = nuid.Next()
+		cfg.Name = name
+	}
+	if !validName(name) {
+		return fail(server.NewJSConsumerBadDurableNameError())
+	}
+	if cfg.Name == "" {
+		cfg.Name = name
+	}
+
+	c, err := cs.ensure(ctx, streamName, name)
+	switch {
+	case err == nil:
+		info, e := cs.update(ctx, c, cfg, req.Action)
+		if e != nil {
+			return fail(e)
+		}
+		resp.ConsumerInfo = info
+		return resp
+	case errors.Is(err, pg.ErrLeaseHeld):
+		return fail(server.NewJSConsumerCreateError(errors.New("consumer is served by another replica")))
+	case !errors.Is(err, pg.ErrNotFound):
+		cs.b.log.Error("looking up consumer", "stream", streamName, "consumer", name, "err", err)
+		return fail(server.NewJSConsumerCreateError(errors.New("database error")))
+	}
+	if req.Action == server.ActionUpdate {
+		return fail(server.NewJSConsumerDoesNotExistError())
+	}
+	if scfg.MaxConsumers > 0 && cs.b.numConsumers(s) >= scfg.MaxConsumers {
+		return fail(server.NewJSMaximumConsumersLimitError())
+	}
+	c, e = cs.create(ctx, s, name, cfg)
+	if e != nil {
+		return fail(e)
+	}
+	info, err := cs.info(ctx, c)
+	if err != nil {
+		return fail(server.NewJSConsumerCreateError(errors.New("database error")))
+	}
+	resp.ConsumerInfo = info
+	return resp
+}
+
+// update applies a create request to an existing consumer.
+func (cs *consumerSide) update(ctx context.Context, c *consumer, cfg server.ConsumerConfig, action server.ConsumerAction) (*server.ConsumerInfo, *server.ApiError) {
+	c.mu.Lock()
+	old := c.cfg
+	c.mu.Unlock()
+	if action == server.ActionCreate && !sameConsumerConfig(cfg, old) {
+		return nil, server.NewJSConsumerAlreadyExistsError()
+	}
+	if err := checkConsumerUpdate(&old, &cfg); err != nil {
+		return nil, server.NewJSConsumerCreateError(err)
+	}
+	if !sameConsumerConfig(cfg, old) {
+		raw, err := json.Marshal(cfg)
+		if err != nil {
+			return nil, server.NewJSConsumerCreateError(err)
+		}
+		if err := cs.b.db.UpdateConsumerConfig(ctx, c.sc.s.id, c.name, raw); err != nil {
+			cs.b.log.Error("updating consumer", "stream", c.sc.s.name, "consumer", c.name, "err", err)
+			return nil, server.NewJSConsumerCreateError(errors.New("database error"))
+		}
+		c.mu.Lock()
+		c.cfg = cfg
+		c.mu.Unlock()
+		c.post(event{kind: evConfig, cfg: &cfg})
+	}
+	info, err := cs.info(ctx, c)
+	if err != nil {
+		return nil, server.NewJSConsumerCreateError(errors.New("database error"))
+	}
+	return info, nil
+}
+
+// create stores a new consumer at the start position its deliver policy selects and
+// starts serving it.
+func (cs *consumerSide) create(ctx context.Context, s *stream, name string, cfg server.ConsumerConfig) (*consumer, *server.ApiError) {
+	dbErr := server.NewJSConsumerCreateError(errors.New("database error"))
+	start, err := cs.startFor(ctx, s, &cfg)
+	if err != nil {
+		cs.b.log.Error("choosing consumer start", "stream", s.name, "consumer", name, "err", err)
+		return nil, dbErr
+	}
+	raw, err := json.Marshal(cfg)
+	if err != nil {
+		return nil, server.NewJSConsumerCreateError(err)
+	}
+	row, err := cs.b.db.CreateConsumer(ctx, pg.Consumer{StreamID: s.id, Name: name, Config: raw, AckStreamSeq: start.next - 1},
+		cs.owner, consumerLeaseTTL)
+	switch {
+	case errors.Is(err, pg.ErrExists):
+		return nil, server.NewJSConsumerNameExistError()
+	case errors.Is(err, pg.ErrNotFound):
+		return nil, server.NewJSStreamNotFoundError()
+	case err != nil:
+		cs.b.log.Error("creating consumer", "stream", s.name, "consumer", name, "err", err)
+		return nil, dbErr
+	}
+	sc, err := cs.streamLoaded(ctx, s)
+	if err != nil {
+		return nil, dbErr
+	}
+	c, err := cs.activate(ctx, sc, row, start)
+	if err != nil {
+		cs.b.log.Error("starting consumer", "stream", s.name, "consumer", name, "err", err)
+		return nil, dbErr
+	}
+	return c, nil
+}
+
+// startFor decides where a new consumer starts, as nats-server's selectStartingSeqNo does.
+func (cs *consumerSide) startFor(ctx context.Context, s *stream, cfg *server.ConsumerConfig) (*startPos, error) {
+	db := cs.b.db
+	st, err := db.State(ctx, s.id)
+	if err != nil {
+		return nil, err
+	}
+	first, last := st.FirstSeq, st.LastSeq
+	filters := consumerFilters(cfg)
+	var next uint64
+	var pos startPos
+	switch cfg.DeliverPolicy {
+	case server.DeliverAll:
+		next = first
+	case server.DeliverLast:
+		next = last
+		if len(filters) > 0 {
+			next = 0
+			for _, f := range filters {
+				m, err := db.LastBySubject(ctx, s.id, f)
+				if errors.Is(err, pg.ErrNotFound) {
+					continue
+				}
+				if err != nil {
+					return nil, err
+				}
+				next = max(next, m.Seq)
+			}
+			if next == 0 {
+				next = last + 1
+			}
+		}
+	case server.DeliverLastPerSubject:
+		seqs, err := db.LastSeqsPerSubject(ctx, s.id, filters, last)
+		if err != nil {
+			return nil, err
+		}
+		next = last + 1
+		if len(seqs) > 0 {
+			next = seqs[0]
+			pos.skip, pos.resume = seqs, last
+		}
+	case server.DeliverByStartSequence:
+		next = cfg.OptStartSeq
+	case server.DeliverByStartTime:
+		next, err = db.SeqAtTime(ctx, s.id, cfg.OptStartTime.UnixNano())
+		if err != nil {
+			return nil, err
+		}
+	default:
+		next = last + 1
+	}
+	if cfg.OptStartSeq == 0 {
+		switch {
+		case last == 0:
+			next = 1
+		case next > last:
+			next = last + 1
+		}
+	}
+	next = max(next, first, 1)
+	pos.next = next
+	return &pos, nil
+}
+
+// info reports a consumer as ConsumerInfo. num_pending is counted in PostgreSQL.
+func (cs *consumerSide) info(ctx context.Context, c *consumer) (*server.ConsumerInfo, error) {
+	now := time.Now()
+	c.mu.Lock()
+	cfg := c.cfg
+	d, f := c.st.Delivered(), c.st.AckFloor()
+	info := &server.ConsumerInfo{
+		Stream:         c.sc.s.name,
+		Name:           c.name,
+		Created:        c.created.UTC(),
+		Config:         &cfg,
+		Delivered:      server.SequenceInfo{Consumer: d.Consumer, Stream: d.Stream, Last: utcOrNil(c.st.LastDelivered())},
+		AckFloor:       server.SequenceInfo{Consumer: f.Consumer, Stream: f.Stream, Last: utcOrNil(c.st.LastAcked())},
+		NumAckPending:  c.st.NumAckPending(),
+		NumRedelivered: c.st.NumRedelivered(),
+		TimeStamp:      now.UTC(),
+	}
+	for _, wr := range c.waiting {
+		if wr.expires.IsZero() || now.Before(wr.expires) {
+			info.NumWaiting++
+		}
+	}
+	from, extra := c.st.Next(), uint64(0)
+	if c.start != nil {
+		from, extra = c.start.resume+1, uint64(len(c.start.skip))
+	}
+	filters := c.filters
+	c.mu.Unlock()
+	np, err := cs.b.db.CountPending(ctx, pg.PendingParams{StreamID: c.sc.s.id, From: from, UpTo: c.sc.tail.highWater(), Filters: filters})
+	if err != nil {
+		return nil, err
+	}
+	info.NumPending = np + extra
+	return info, nil
+}
+
+// rowInfo reports a consumer this process does not serve, from its stored row.
+func (cs *consumerSide) rowInfo(ctx context.Context, s *stream, row pg.Consumer) (*server.ConsumerInfo, error) {
+	var cfg server.ConsumerConfig
+	if err := json.Unmarshal(row.Config, &cfg); err != nil {
+		return nil, err
+	}
+	hw, err := cs.b.db.HighWater(ctx, []int64{s.id})
+	if err != nil {
+		return nil, err
+	}
+	np, err := cs.b.db.CountPending(ctx, pg.PendingParams{StreamID: s.id, From: row.AckStreamSeq + 1, UpTo: hw[s.id], Filters: consumerFilters(&cfg)})
+	if err != nil {
+		return nil, err
+	}
+	floor := server.SequenceInfo{Consumer: row.AckConsumerSeq, Stream: row.AckStreamSeq}
+	return &server.ConsumerInfo{Stream: s.name, Name: row.Name, Created: row.Created.UTC(), Config: &cfg,
+		Delivered: floor, AckFloor: floor, NumPending: np, TimeStamp: time.Now().UTC()}, nil
+}
+
+func utcOrNil(t time.Time) *time.Time {
+	if t.IsZero() {
+		return nil
+	}
+	u := t.UTC()
+	return &u
+}
+
+func (cs *consumerSide) apiInfo(ctx context.Context, streamName, name string, data []byte) any {
+	resp := &server.JSApiConsumerInfoResponse{ApiResponse: apiResponse(server.JSApiConsumerInfoResponseType)}
+	if len(strings.TrimSpace(string(data))) > 0 && strings.TrimSpace(string(data)) != "{}" {
+		resp.Error = server.NewJSNotEmptyRequestError()
+		return resp
+	}
+	s := cs.b.lookupOrSync(ctx, streamName)
+	if s == nil {
+		resp.Error = server.NewJSStreamNotFoundError()
+		return resp
+	}
+	c, err := cs.ensure(ctx, streamName, name)
+	var info *server.ConsumerInfo
+	switch {
+	case err == nil:
+		info, err = cs.info(ctx, c)
+	case errors.Is(err, pg.ErrNotFound):
+		resp.Error = server.NewJSConsumerNotFoundError()
+		return resp
+	case errors.Is(err, pg.ErrLeaseHeld):
+		var row pg.Consumer
+		if row, err = cs.b.db.GetConsumer(ctx, s.id, name); err == nil {
+			info, err = cs.rowInfo(ctx, s, row)
+		}
+	}
+	if err != nil {
+		cs.b.log.Error("consumer info", "stream", streamName, "consumer", name, "err", err)
+		resp.Error = server.NewJSConsumerNotFoundError()
+		return resp
+	}
+	resp.ConsumerInfo = info
+	return resp
+}
+
+func (cs *consumerSide) apiDelete(ctx context.Context, streamName, name string) any {
+	resp := &server.JSApiConsumerDeleteResponse{ApiResponse: apiResponse(server.JSApiConsumerDeleteResponseType)}
+	s := cs.b.lookupOrSync(ctx, streamName)
+	if s == nil {
+		resp.Error = server.NewJSStreamNotFoundError()
+		return resp
+	}
+	err := cs.b.db.DeleteConsumer(ctx, s.id, name)
+	switch {
+	case errors.Is(err, pg.ErrNotFound):
+		resp.Error = server.NewJSConsumerNotFoundError()
+		return resp
+	case err != nil:
+		cs.b.log.Error("deleting consumer", "stream", streamName, "consumer", name, "err", err)
+		resp.Error = server.NewJSStreamGeneralError(errors.New("database error"))
+		return resp
+	}
+	if c := cs.find(streamName, name); c != nil {
+		cs.remove(c)
+		c.stop(stopDeleted)
+	}
+	resp.Success = true
+	return resp
+}
+
+// pagedConsumers reads a stream's stored consumers and the requested offset.
+func (cs *consumerSide) pagedConsumers(ctx context.Context, streamName string, data []byte) (*stream, []pg.Consumer, int, *server.ApiError) {
+	var req server.JSApiConsumersRequest
+	if e := decodeRequest(data, &req); e != nil {
+		return nil, nil, 0, e
+	}
+	s := cs.b.lookupOrSync(ctx, streamName)
+	if s == nil {
+		return nil, nil, 0, server.NewJSStreamNotFoundError()
+	}
+	rows, err := cs.b.db.Consumers(ctx, s.id)
+	if err != nil {
+		cs.b.log.Error("listing consumers", "stream", streamName, "err", err)
+		return nil, nil, 0, server.NewJSStreamGeneralError(errors.New("database error"))
+	}
+	return s, rows, min(max(req.Offset, 0), len(rows)), nil
+}
+
+func (cs *consumerSide) apiNames(ctx context.Context, streamName string, data []byte) any {
+	resp := &server.JSApiConsumerNamesResponse{ApiResponse: apiResponse(server.JSApiConsumerNamesResponseType), Consumers: []string{}}
+	_, rows, offset, e := cs.pagedConsumers(ctx, streamName, data)
+	if e != nil {
+		resp.Error = e
+		return resp
+	}
+	for _, r := range rows[offset:] {
+		if len(resp.Consumers) >= server.JSApiNamesLimit {
+			break
+		}
+		resp.Consumers = append(resp.Consumers, r.Name)
+	}
+	resp.Total, resp.Offset, resp.Limit = len(rows), offset, server.JSApiNamesLimit
+	return resp
+}
+
+func (cs *consumerSide) apiList(ctx context.Context, streamName string, data []byte) any {
+	resp := &server.JSApiConsumerListResponse{ApiResponse: apiResponse(server.JSApiConsumerListResponseType), Consumers: []*server.ConsumerInfo{}}
+	s, rows, offset, e := cs.pagedConsumers(ctx, streamName, data)
+	if e != nil {
+		resp.Error = e
+		return resp
+	}
+	for _, r := range rows[offset:] {
+		if len(resp.Consumers) >= server.JSApiListLimit {
+			break
+		}
+		var info *server.ConsumerInfo
+		var err error
+		if c := cs.find(streamName, r.Name); c != nil {
+			info, err = cs.info(ctx, c)
+		} else {
+			info, err = cs.rowInfo(ctx, s, r)
+		}
+		if err != nil {
+			resp.Missing = append(resp.Missing, r.Name)
+			continue
+		}
+		resp.Consumers = append(resp.Consumers, info)
+	}
+	resp.Total, resp.Offset, resp.Limit = len(rows), offset, server.JSApiListLimit
+	return resp
+}

@@ -1,0 +1,423 @@
+package bridge
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sort"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+
+	"github.com/jetgres/jetgres/pg"
+)
+
+// streamAPI serves $JS.API.STREAM.*; tok follows "STREAM".
+func (b *Bridge) streamAPI(ctx context.Context, tok []string, body []byte) any {
+	if len(tok) == 0 {
+		return errorResp(server.JSApiSystemResponseType, server.NewJSBadRequestError())
+	}
+	op := tok[0]
+	if op == "NAMES" {
+		return b.apiStreamNames(body)
+	}
+	if op == "LIST" {
+		return b.apiStreamList(ctx, body)
+	}
+	if op == "MSG" && len(tok) == 3 {
+		switch tok[1] {
+		case "GET":
+			return b.apiMsgGet(ctx, tok[2], body)
+		case "DELETE":
+			return b.apiMsgDelete(ctx, tok[2], body)
+		}
+	}
+	if len(tok) != 2 {
+		return errorResp(server.JSApiSystemResponseType, server.NewJSBadRequestError())
+	}
+	name := tok[1]
+	switch op {
+	case "CREATE":
+		return b.apiStreamCreate(ctx, name, body)
+	case "UPDATE":
+		return b.apiStreamUpdate(ctx, name, body)
+	case "INFO":
+		return b.apiStreamInfo(ctx, name)
+	case "DELETE":
+		return b.apiStreamDelete(ctx, name)
+	case "PURGE":
+		return b.apiStreamPurge(ctx, name, body)
+	}
+	return errorResp(server.JSApiSystemResponseType, server.NewJSBadRequestError())
+}
+
+func createErr(e *server.ApiError) any {
+	return &server.JSApiStreamCreateResponse{ApiResponse: server.ApiResponse{Type: server.JSApiStreamCreateResponseType, Error: e}}
+}
+
+func (b *Bridge) apiStreamCreate(ctx context.Context, name string, body []byte) any {
+	var req server.StreamConfig
+	if e := decodeRequest(body, &req); e != nil {
+		return createErr(e)
+	}
+	if req.Name == "" {
+		req.Name = name
+	}
+	if req.Name != name {
+		return createErr(server.NewJSStreamMismatchError())
+	}
+	cfg, e := checkStreamConfig(req, b.cfg.MaxPayload)
+	if e != nil {
+		return createErr(e)
+	}
+	b.adminMu.Lock()
+	defer b.adminMu.Unlock()
+	if cur := b.lookup(name); cur != nil {
+		// Creating an existing stream with the same configuration succeeds, as in JetStream.
+		if sameConfig(cur.config(), cfg) {
+			return b.streamCreateResponse(ctx, cur, false)
+		}
+		return createErr(server.NewJSStreamNameExistError())
+	}
+	if o := b.overlapping(name, cfg.Subjects); o != nil {
+		return createErr(server.NewJSStreamSubjectOverlapError())
+	}
+	raw, err := json.Marshal(cfg)
+	if err != nil {
+		return createErr(server.NewJSStreamCreateError(err))
+	}
+	st, err := b.db.CreateStream(ctx, name, raw)
+	if errors.Is(err, pg.ErrExists) {
+		return createErr(server.NewJSStreamNameExistError())
+	}
+	if err != nil {
+		b.log.Error("create stream", "stream", name, "err", err)
+		return createErr(server.NewJSStreamCreateError(errors.New("database error")))
+	}
+	if err := b.addStream(st, cfg); err != nil {
+		return createErr(server.NewJSStreamCreateError(err))
+	}
+	b.log.Info("stream created", "stream", name, "subjects", cfg.Subjects)
+	s := b.lookup(name)
+	return b.streamCreateResponse(ctx, s, true)
+}
+
+func sameConfig(a, b server.StreamConfig) bool {
+	ja, _ := json.Marshal(a)
+	jb, _ := json.Marshal(b)
+	return string(ja) == string(jb)
+}
+
+func (b *Bridge) streamCreateResponse(ctx context.Context, s *stream, created bool) any {
+	info, e := b.streamInfo(ctx, s)
+	if e != nil {
+		return createErr(e)
+	}
+	return &server.JSApiStreamCreateResponse{ApiResponse: apiResponse(server.JSApiStreamCreateResponseType), StreamInfo: info, DidCreate: created}
+}
+
+func (b *Bridge) streamInfo(ctx context.Context, s *stream) (*server.StreamInfo, *server.ApiError) {
+	// JetStream removes an acknowledged message before it answers the ack; a pass now makes
+	// every ack the consumers applied show, whether or not the maintainer got to it yet.
+	if err := b.settleRetention(ctx, s); err != nil {
+		b.log.Warn("retention pass before stream info failed", "stream", s.name, "err", err)
+	}
+	st, err := b.db.State(ctx, s.id)
+	if errors.Is(err, pg.ErrNotFound) {
+		return nil, server.NewJSStreamNotFoundError()
+	}
+	if err != nil {
+		b.log.Error("stream state", "stream", s.name, "err", err)
+		return nil, server.NewJSStreamStoreFailedError(errors.New("database error"))
+	}
+	state := server.StreamState{
+		Msgs:       st.Msgs,
+		Bytes:      st.Bytes,
+		FirstSeq:   st.FirstSeq,
+		LastSeq:    st.LastSeq,
+		NumDeleted: int(st.Deleted),
+		Consumers:  b.numConsumers(s),
+	}
+	if st.FirstTS > 0 {
+		state.FirstTime = time.Unix(0, st.FirstTS).UTC()
+	}
+	if st.LastTS > 0 {
+		state.LastTime = time.Unix(0, st.LastTS).UTC()
+	}
+	if st.Msgs == 0 {
+		state.FirstSeq = st.LastSeq + 1
+	}
+	return &server.StreamInfo{Config: s.config(), Created: s.created.UTC(), State: state, TimeStamp: time.Now().UTC()}, nil
+}
+
+func (b *Bridge) apiStreamUpdate(ctx context.Context, name string, body []byte) any {
+	fail := func(e *server.ApiError) any {
+		return &server.JSApiStreamUpdateResponse{ApiResponse: server.ApiResponse{Type: server.JSApiStreamUpdateResponseType, Error: e}}
+	}
+	var req server.StreamConfig
+	if e := decodeRequest(body, &req); e != nil {
+		return fail(e)
+	}
+	if req.Name == "" {
+		req.Name = name
+	}
+	if req.Name != name {
+		return fail(server.NewJSStreamMismatchError())
+	}
+	cfg, e := checkStreamConfig(req, b.cfg.MaxPayload)
+	if e != nil {
+		return fail(e)
+	}
+	b.adminMu.Lock()
+	defer b.adminMu.Unlock()
+	s := b.lookup(name)
+	if s == nil {
+		return fail(server.NewJSStreamNotFoundError())
+	}
+	old := s.config()
+	switch {
+	case old.Storage != cfg.Storage:
+		return fail(server.NewJSStreamInvalidConfigError(errors.New("stream configuration update can not change storage type")))
+	case old.Retention != cfg.Retention && (old.Retention == server.WorkQueuePolicy || cfg.Retention == server.WorkQueuePolicy):
+		return fail(server.NewJSStreamInvalidConfigError(errors.New("stream configuration update can not change retention policy to/from workqueue")))
+	case old.DenyDelete && !cfg.DenyDelete:
+		return fail(server.NewJSStreamInvalidConfigError(errors.New("stream configuration update can not cancel deny message deletes")))
+	case old.DenyPurge && !cfg.DenyPurge:
+		return fail(server.NewJSStreamInvalidConfigError(errors.New("stream configuration update can not cancel deny purge")))
+	}
+	if o := b.overlapping(name, cfg.Subjects); o != nil {
+		return fail(server.NewJSStreamSubjectOverlapError())
+	}
+	raw, err := json.Marshal(cfg)
+	if err != nil {
+		return fail(server.NewJSStreamUpdateError(err))
+	}
+	if err := b.db.UpdateStreamConfig(ctx, s.id, raw); err != nil {
+		b.log.Error("update stream", "stream", name, "err", err)
+		return fail(server.NewJSStreamUpdateError(errors.New("database error")))
+	}
+	s.cfgMu.Lock()
+	s.cfg = cfg
+	s.cfgMu.Unlock()
+	if err := b.subscribe(s); err != nil {
+		return fail(server.NewJSStreamUpdateError(err))
+	}
+	if old.Retention != cfg.Retention {
+		b.retentionChanged(s)
+	}
+	if err := b.applyLimits(ctx, s, &cfg); err != nil {
+		b.log.Error("applying updated limits", "stream", name, "err", err)
+		return fail(server.NewJSStreamUpdateError(errors.New("database error")))
+	}
+	info, e := b.streamInfo(ctx, s)
+	if e != nil {
+		return fail(e)
+	}
+	return &server.JSApiStreamUpdateResponse{ApiResponse: apiResponse(server.JSApiStreamUpdateResponseType), StreamInfo: info}
+}
+
+func (b *Bridge) apiStreamInfo(ctx context.Context, name string) any {
+	fail := func(e *server.ApiError) any {
+		return &server.JSApiStreamInfoResponse{ApiResponse: server.ApiResponse{Type: server.JSApiStreamInfoResponseType, Error: e}}
+	}
+	s := b.lookupOrSync(ctx, name)
+	if s == nil {
+		return fail(server.NewJSStreamNotFoundError())
+	}
+	info, e := b.streamInfo(ctx, s)
+	if e != nil {
+		return fail(e)
+	}
+	return &server.JSApiStreamInfoResponse{ApiResponse: apiResponse(server.JSApiStreamInfoResponseType), StreamInfo: info}
+}
+
+func (b *Bridge) apiStreamDelete(ctx context.Context, name string) any {
+	fail := func(e *server.ApiError) any {
+		return &server.JSApiStreamDeleteResponse{ApiResponse: server.ApiResponse{Type: server.JSApiStreamDeleteResponseType, Error: e}}
+	}
+	b.adminMu.Lock()
+	defer b.adminMu.Unlock()
+	s := b.lookup(name)
+	if s == nil {
+		return fail(server.NewJSStreamNotFoundError())
+	}
+	s.unsubscribe()
+	err := b.db.DeleteStream(ctx, s.id)
+	if err != nil && !errors.Is(err, pg.ErrNotFound) {
+		b.log.Error("delete stream", "stream", name, "err", err)
+		_ = b.subscribe(s)
+		return fail(server.NewJSStreamDeleteError(errors.New("database error")))
+	}
+	b.removeStream(s)
+	b.log.Info("stream deleted", "stream", name)
+	return &server.JSApiStreamDeleteResponse{ApiResponse: apiResponse(server.JSApiStreamDeleteResponseType), Success: true}
+}
+
+func (b *Bridge) apiStreamPurge(ctx context.Context, name string, body []byte) any {
+	fail := func(e *server.ApiError) any {
+		return &server.JSApiStreamPurgeResponse{ApiResponse: server.ApiResponse{Type: server.JSApiStreamPurgeResponseType, Error: e}}
+	}
+	var req server.JSApiStreamPurgeRequest
+	if e := decodeRequest(body, &req); e != nil {
+		return fail(e)
+	}
+	s := b.lookupOrSync(ctx, name)
+	if s == nil {
+		return fail(server.NewJSStreamNotFoundError())
+	}
+	if s.config().DenyPurge {
+		return fail(server.NewJSStreamPurgeFailedError(errors.New("stream does not allow purge")))
+	}
+	if req.Sequence > 0 && req.Keep > 0 {
+		return fail(server.NewJSBadRequestError())
+	}
+	purged, err := b.db.Purge(ctx, s.id, pg.PurgeParams{Filter: req.Subject, UpTo: req.Sequence, Keep: req.Keep})
+	if err != nil {
+		b.log.Error("purge stream", "stream", name, "err", err)
+		return fail(server.NewJSStreamPurgeFailedError(errors.New("database error")))
+	}
+	b.streamPurged(s)
+	return &server.JSApiStreamPurgeResponse{ApiResponse: apiResponse(server.JSApiStreamPurgeResponseType), Success: true, Purged: purged}
+}
+
+// pagedNames returns the page of names starting at offset.
+func pagedNames(names []string, offset, limit int) []string {
+	if offset >= len(names) {
+		return []string{}
+	}
+	return names[offset:min(len(names), offset+limit)]
+}
+
+func (b *Bridge) sortedStreams(subject string) []*stream {
+	all := b.streamList()
+	out := all[:0]
+	for _, s := range all {
+		if subject == "" || b.streamCovers(s, subject) {
+			out = append(out, s)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].name < out[j].name })
+	return out
+}
+
+func (b *Bridge) streamCovers(s *stream, subject string) bool {
+	for _, subj := range s.config().Subjects {
+		if server.SubjectsCollide(subj, subject) {
+			return true
+		}
+	}
+	return false
+}
+
+func (b *Bridge) apiStreamNames(body []byte) any {
+	var req server.JSApiStreamNamesRequest
+	if e := decodeRequest(body, &req); e != nil {
+		return &server.JSApiStreamNamesResponse{ApiResponse: server.ApiResponse{Type: server.JSApiStreamNamesResponseType, Error: e}}
+	}
+	streams := b.sortedStreams(req.Subject)
+	names := make([]string, len(streams))
+	for i, s := range streams {
+		names[i] = s.name
+	}
+	offset := max(req.Offset, 0)
+	return &server.JSApiStreamNamesResponse{
+		ApiResponse: apiResponse(server.JSApiStreamNamesResponseType),
+		ApiPaged:    server.ApiPaged{Total: len(names), Offset: offset, Limit: server.JSApiNamesLimit},
+		Streams:     pagedNames(names, offset, server.JSApiNamesLimit),
+	}
+}
+
+func (b *Bridge) apiStreamList(ctx context.Context, body []byte) any {
+	var req server.JSApiStreamListRequest
+	if e := decodeRequest(body, &req); e != nil {
+		return &server.JSApiStreamListResponse{ApiResponse: server.ApiResponse{Type: server.JSApiStreamListResponseType, Error: e}}
+	}
+	streams := b.sortedStreams(req.Subject)
+	offset := max(req.Offset, 0)
+	resp := &server.JSApiStreamListResponse{
+		ApiResponse: apiResponse(server.JSApiStreamListResponseType),
+		ApiPaged:    server.ApiPaged{Total: len(streams), Offset: offset, Limit: server.JSApiListLimit},
+		Streams:     []*server.StreamInfo{},
+	}
+	if offset < len(streams) {
+		for _, s := range streams[offset:min(len(streams), offset+server.JSApiListLimit)] {
+			info, e := b.streamInfo(ctx, s)
+			if e != nil {
+				resp.Missing = append(resp.Missing, s.name)
+				continue
+			}
+			resp.Streams = append(resp.Streams, info)
+		}
+	}
+	return resp
+}
+
+func (b *Bridge) apiMsgGet(ctx context.Context, name string, body []byte) any {
+	fail := func(e *server.ApiError) any {
+		return &server.JSApiMsgGetResponse{ApiResponse: server.ApiResponse{Type: server.JSApiMsgGetResponseType, Error: e}}
+	}
+	var req server.JSApiMsgGetRequest
+	if e := decodeRequest(body, &req); e != nil {
+		return fail(e)
+	}
+	s := b.lookupOrSync(ctx, name)
+	if s == nil {
+		return fail(server.NewJSStreamNotFoundError())
+	}
+	var m *pg.Message
+	var err error
+	switch {
+	case req.Seq > 0 && req.LastFor == "" && req.NextFor == "":
+		m, err = b.db.GetMessage(ctx, s.id, req.Seq)
+	case req.Seq == 0 && req.LastFor != "" && req.NextFor == "":
+		m, err = b.db.LastBySubject(ctx, s.id, req.LastFor)
+	case req.NextFor != "" && req.LastFor == "":
+		m, err = b.db.NextBySubject(ctx, s.id, req.NextFor, max(req.Seq, 1))
+	default:
+		return fail(server.NewJSBadRequestError())
+	}
+	if errors.Is(err, pg.ErrNotFound) {
+		return fail(server.NewJSNoMessageFoundError())
+	}
+	if err != nil {
+		b.log.Error("get message", "stream", name, "err", err)
+		return fail(server.NewJSStreamStoreFailedError(errors.New("database error")))
+	}
+	sm := &server.StoredMsg{Subject: m.Subject, Sequence: m.Seq, Data: m.Data, Time: time.Unix(0, m.TS).UTC()}
+	if !req.NoHeaders {
+		sm.Header = m.Header
+	}
+	return &server.JSApiMsgGetResponse{ApiResponse: apiResponse(server.JSApiMsgGetResponseType), Message: sm}
+}
+
+func (b *Bridge) apiMsgDelete(ctx context.Context, name string, body []byte) any {
+	fail := func(e *server.ApiError) any {
+		return &server.JSApiMsgDeleteResponse{ApiResponse: server.ApiResponse{Type: server.JSApiMsgDeleteResponseType, Error: e}}
+	}
+	var req server.JSApiMsgDeleteRequest
+	if e := decodeRequest(body, &req); e != nil {
+		return fail(e)
+	}
+	s := b.lookupOrSync(ctx, name)
+	if s == nil {
+		return fail(server.NewJSStreamNotFoundError())
+	}
+	if s.config().DenyDelete {
+		return fail(server.NewJSStreamMsgDeleteFailedError(errors.New("message delete not permitted")))
+	}
+	if req.Seq == 0 {
+		return fail(server.NewJSBadRequestError())
+	}
+	err := b.db.DeleteMessage(ctx, s.id, req.Seq)
+	if errors.Is(err, pg.ErrNotFound) {
+		return fail(server.NewJSStreamMsgDeleteFailedError(fmt.Errorf("no message found")))
+	}
+	if err != nil {
+		b.log.Error("delete message", "stream", name, "err", err)
+		return fail(server.NewJSStreamMsgDeleteFailedError(errors.New("database error")))
+	}
+	b.streamPurged(s)
+	b.streamPurged(s)
+	return &server.JSApiMsgDeleteResponse{ApiResponse: apiResponse(server.JSApiMsgDeleteResponseType), Success: true}
+}

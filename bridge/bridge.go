@@ -1,0 +1,230 @@
+package bridge
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/jetgres/jetgres/embedded/leaf"
+	"github.com/jetgres/jetgres/flow"
+	"github.com/jetgres/jetgres/pg"
+)
+
+const (
+	// IntakeBytesDefault bounds each stream's fusion buffer: publishes waiting for the next
+	// push transaction. A publish that does not fit is rejected at once.
+	IntakeBytesDefault = 64 << 20
+	// FlushMaxMsgsDefault caps the messages of one stream that go into one transaction.
+	FlushMaxMsgsDefault = 8192
+	// FlushMaxStreamsDefault caps how many ready streams share one transaction.
+	FlushMaxStreamsDefault = 16
+	// APIQueueDefault bounds API requests waiting for a worker; beyond it the API answers
+	// 503 at once.
+	APIQueueDefault = 1024
+	// APIWorkersDefault is how many API requests are served at once.
+	APIWorkersDefault = 8
+	// StreamSyncPeriodDefault is how often the stream list is re-read from PostgreSQL to
+	// pick up streams that another replica created, changed or deleted.
+	StreamSyncPeriodDefault = 5 * time.Second
+)
+
+// Config configures a Bridge. DB, Link, Push and Pop are required.
+type Config struct {
+	DB     *pg.DB
+	Link   *leaf.Conn
+	Push   *flow.Lane
+	Pop    *flow.Lane
+	Logger *slog.Logger
+	// Registerer receives the bridge's metrics. Nil registers nothing.
+	Registerer prometheus.Registerer
+
+	// IntakeBytes bounds each stream's fusion buffer. Defaults to IntakeBytesDefault.
+	IntakeBytes int
+	// FlushMaxMsgs caps one stream's messages per transaction. Defaults to FlushMaxMsgsDefault.
+	FlushMaxMsgs int
+	// FlushMaxStreams caps the streams that share one transaction. Defaults to FlushMaxStreamsDefault.
+	FlushMaxStreams int
+	// TickPeriod is how often the ticker polls the high-water marks of streams that have
+	// waiting consumers, to see commits made by other replicas. Defaults to TickPeriodDefault.
+	TickPeriod time.Duration
+	// ReplicaName identifies this process in consumer leases: a replica that restarts
+	// under the same name takes its leases back at once, so it must be stable across
+	// restarts and unique among replicas. Defaults to the host name.
+	ReplicaName string
+	// MaxPayload is the largest message the embedded server accepts; streams without a
+	// max_msg_size report it. Defaults to 1 MiB.
+	MaxPayload int32
+}
+
+func (c *Config) setDefaults() error {
+	switch {
+	case c.DB == nil:
+		return errors.New("bridge: Config.DB is required")
+	case c.Link == nil:
+		return errors.New("bridge: Config.Link is required")
+	case c.Push == nil || c.Pop == nil:
+		return errors.New("bridge: Config.Push and Config.Pop are required")
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	if c.IntakeBytes <= 0 {
+		c.IntakeBytes = IntakeBytesDefault
+	}
+	if c.FlushMaxMsgs <= 0 {
+		c.FlushMaxMsgs = FlushMaxMsgsDefault
+	}
+	if c.FlushMaxStreams <= 0 {
+		c.FlushMaxStreams = FlushMaxStreamsDefault
+	}
+	if c.TickPeriod <= 0 {
+		c.TickPeriod = TickPeriodDefault
+	}
+	if c.ReplicaName == "" {
+		c.ReplicaName, _ = os.Hostname()
+		if c.ReplicaName == "" {
+			c.ReplicaName = "jetgres"
+		}
+	}
+	if c.MaxPayload <= 0 {
+		c.MaxPayload = 1 << 20
+	}
+	return nil
+}
+
+// Bridge serves JetStream on top of PostgreSQL through a leafnode link.
+type Bridge struct {
+	cfg  Config
+	db   *pg.DB
+	link *leaf.Conn
+	log  *slog.Logger
+	pm   *pushMetrics
+
+	// ctx lives from Start to the end of Stop; background work derives from it.
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+
+	// adminMu serialises stream create, update and delete, so that overlap checks and the
+	// subject subscriptions agree with what PostgreSQL holds.
+	adminMu sync.Mutex
+	mu      sync.RWMutex
+	streams map[string]*stream
+
+	ready   *readyQueue
+	apiReqs chan *leaf.Msg
+	apiSub  *leaf.Subscription
+
+	cons *consumerSide
+
+	flushes  sync.WaitGroup
+	stopOnce sync.Once
+}
+
+// New checks the configuration and builds a Bridge; Start makes it serve.
+func New(cfg Config) (*Bridge, error) {
+	if err := cfg.setDefaults(); err != nil {
+		return nil, err
+	}
+	b := &Bridge{
+		cfg:     cfg,
+		db:      cfg.DB,
+		link:    cfg.Link,
+		log:     cfg.Logger,
+		pm:      newPushMetrics(cfg.Registerer),
+		streams: make(map[string]*stream),
+		ready:   newReadyQueue(),
+		apiReqs: make(chan *leaf.Msg, APIQueueDefault),
+	}
+	b.initConsumers(cfg.Registerer)
+	return b, nil
+}
+
+// Start loads the streams from PostgreSQL, subscribes their subjects and the JetStream API,
+// and starts the background work. It returns once the bridge serves.
+func (b *Bridge) Start(ctx context.Context) error {
+	b.ctx, b.cancel = context.WithCancel(context.WithoutCancel(ctx))
+	if err := b.syncStreams(ctx); err != nil {
+		b.cancel()
+		return fmt.Errorf("bridge: load streams: %w", err)
+	}
+	for range APIWorkersDefault {
+		b.wg.Go(b.apiWorker)
+	}
+	b.wg.Go(b.dispatchFlushes)
+	b.wg.Go(b.streamSyncLoop)
+	if err := b.startConsumers(b.ctx); err != nil {
+		b.cancel()
+		return fmt.Errorf("bridge: start consumers: %w", err)
+	}
+	b.startRetention()
+	sub, err := b.link.Subscribe("$JS.API.>", "", b.onAPI)
+	if err != nil {
+		b.cancel()
+		return fmt.Errorf("bridge: subscribe $JS.API.>: %w", err)
+	}
+	b.apiSub = sub
+	// Serving means the server has our interest: a client that asks right after Start
+	// returns must not get "no responders".
+	if err := b.link.Flush(ctx); err != nil {
+		return fmt.Errorf("bridge: flush link: %w", err)
+	}
+	return nil
+}
+
+// Stop stops taking new work, lets every flush in flight commit and answer its publishers,
+// and stops the background work. ctx bounds the drain. Stop is safe to call twice.
+func (b *Bridge) Stop(ctx context.Context) error {
+	var err error
+	b.stopOnce.Do(func() {
+		if b.apiSub != nil {
+			_ = b.apiSub.Unsubscribe()
+		}
+		b.mu.RLock()
+		for _, s := range b.streams {
+			s.unsubscribe()
+		}
+		b.mu.RUnlock()
+		// Everything already taken in still gets committed and answered.
+		done := make(chan struct{})
+		go func() {
+			b.drainIntake()
+			b.flushes.Wait()
+			close(done)
+		}()
+		select {
+		case <-done:
+		case <-ctx.Done():
+			err = fmt.Errorf("bridge: drain: %w", ctx.Err())
+		}
+		b.stopConsumers(ctx)
+		if b.cancel != nil {
+			b.cancel()
+		}
+		b.wg.Wait()
+		b.stopRetention()
+	})
+	return err
+}
+
+// streamSyncLoop picks up stream changes that another replica made.
+func (b *Bridge) streamSyncLoop() {
+	t := time.NewTicker(StreamSyncPeriodDefault)
+	defer t.Stop()
+	for {
+		select {
+		case <-b.ctx.Done():
+			return
+		case <-t.C:
+			if err := b.syncStreams(b.ctx); err != nil && b.ctx.Err() == nil {
+				b.log.Warn("re-reading streams failed", "err", err)
+			}
+		}
+	}
+}

@@ -1,0 +1,730 @@
+package bridge
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+
+	"github.com/jetgres/jetgres/bridge/consumerstate"
+	"github.com/jetgres/jetgres/pg"
+)
+
+const (
+	// readAheadMax caps the messages one read of PostgreSQL fetches for a consumer behind
+	// the tail, and readAheadBytes the bytes.
+	readAheadMax   = 1000
+	readAheadMin   = 64
+	readAheadBytes = 8 << 20
+	// interestGrace is how long a request whose inbox the server never announced to the link
+	// counts as having a subscriber anyway. The server announces an inbox before it forwards
+	// a request sent after subscribing to it, so this only covers requests relayed from
+	// elsewhere; a request whose inbox was announced once is dropped as soon as it is not.
+	interestGrace = time.Second
+	// interestSweep bounds how long a request whose inbox went away stays queued (and counts
+	// against max_waiting) when neither its expiry nor a heartbeat comes sooner. Deliveries
+	// do not wait for it: each one checks the inbox first.
+	interestSweep = time.Second
+	// readRetry is how long a consumer waits after a failed read before it tries again.
+	readRetry = 100 * time.Millisecond
+)
+
+type evKind uint8
+
+const (
+	evPull evKind = iota
+	evAck
+	evPurged
+	evConfig
+)
+
+// event is work for a consumer's goroutine, in arrival order.
+type event struct {
+	kind    evKind
+	subject string // ack subject
+	reply   string
+	data    []byte
+	cfg     *server.ConsumerConfig
+}
+
+type stopReason uint8
+
+const (
+	stopNone     stopReason = iota
+	stopShutdown            // the process stops: waiting clients time out and retry elsewhere
+	stopDeleted             // deleted: waiting requests get 409 Consumer Deleted
+	stopLost                // another replica took over: waiting requests get 409 Leadership Change
+)
+
+// startPos is where a consumer created just now starts, decided from its deliver policy.
+type startPos struct {
+	next   uint64
+	skip   []uint64 // deliver last per subject: these first, then resume
+	resume uint64
+}
+
+// consumer is one pull consumer served by this process. One goroutine (run) owns its
+// state: it takes pull requests and acks in arrival order, delivers, expires, and parks.
+// A parked consumer holds no permit and no connection: only its waiting requests.
+type consumer struct {
+	cs      *consumerSide
+	sc      *streamConsumers
+	name    string
+	created time.Time
+	since   time.Time // when this process started serving it
+
+	qmu    sync.Mutex
+	queue  []event
+	wake   chan struct{}
+	stopR  atomic.Uint32
+	done   chan struct{}
+	npcAdd atomic.Int64 // matching commits counted off the goroutine
+	parked atomic.Bool  // waiting requests and nothing to send: the ticker polls for it
+	filter atomic.Pointer[[]string]
+
+	// mu guards what follows. The goroutine holds it while it works, except around database
+	// reads; API requests take it briefly to report.
+	mu         sync.Mutex
+	cfg        server.ConsumerConfig
+	filters    []string
+	st         *consumerstate.State
+	waiting    []*pullRequest
+	start      *startPos
+	ahead      []pg.Message // read from PostgreSQL, not yet delivered
+	aheadUpTo  uint64       // the read-ahead looked through this sequence
+	npc        int64        // num_pending estimate for delivery metadata
+	lastActive time.Time
+	retryAt    time.Time
+
+	cw cursorWriter
+}
+
+func newConsumer(cs *consumerSide, sc *streamConsumers, row pg.Consumer, cfg server.ConsumerConfig, start *startPos) *consumer {
+	floor := consumerstate.Pair{Consumer: row.AckConsumerSeq, Stream: row.AckStreamSeq}
+	next := floor.Stream + 1
+	if start != nil {
+		next = start.next
+		if len(start.skip) == 0 {
+			start = nil
+		}
+	}
+	now := time.Now()
+	c := &consumer{
+		cs:         cs,
+		sc:         sc,
+		name:       row.Name,
+		created:    row.Created,
+		since:      now,
+		wake:       make(chan struct{}, 1),
+		done:       make(chan struct{}),
+		cfg:        cfg,
+		filters:    consumerFilters(&cfg),
+		st:         consumerstate.New(stateConfig(&cfg), floor, next, nil),
+		start:      start,
+		lastActive: now,
+	}
+	c.cw.written = floor
+	c.cw.want = floor
+	c.filter.Store(&c.filters)
+	return c
+}
+
+// post queues an event for the goroutine; false when the queue is full or it stopped.
+func (c *consumer) post(ev event) bool {
+	c.qmu.Lock()
+	if len(c.queue) >= consumerQueueMax || c.stopR.Load() != uint32(stopNone) {
+		c.qmu.Unlock()
+		return false
+	}
+	c.queue = append(c.queue, ev)
+	c.qmu.Unlock()
+	c.signal()
+	return true
+}
+
+func (c *consumer) signal() {
+	select {
+	case c.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (c *consumer) take() []event {
+	c.qmu.Lock()
+	defer c.qmu.Unlock()
+	q := c.queue
+	c.queue = nil
+	return q
+}
+
+// stop asks the goroutine to end; the first reason wins.
+func (c *consumer) stop(r stopReason) {
+	c.stopR.CompareAndSwap(uint32(stopNone), uint32(r))
+	c.signal()
+}
+
+// committed counts freshly committed rows the consumer will want and wakes it if it waits.
+func (c *consumer) committed(msgs []pg.Message) {
+	n := 0
+	for i := range msgs {
+		if c.matchFilters(msgs[i].Subject) {
+			n++
+		}
+	}
+	if n > 0 {
+		c.npcAdd.Add(int64(n))
+		if c.parked.Load() {
+			c.signal()
+		}
+	}
+}
+
+// matchFilters runs on the commit path, off the goroutine, so it reads the filters through
+// an atomic rather than wait for mu.
+func (c *consumer) matchFilters(subject string) bool {
+	return matchAny(*c.filter.Load(), subject)
+}
+
+func matchAny(filters []string, subject string) bool {
+	if len(filters) == 0 {
+		return true
+	}
+	for _, f := range filters {
+		if pg.SubjectMatches(f, subject) {
+			return true
+		}
+	}
+	return false
+}
+
+// run is the consumer's goroutine.
+func (c *consumer) run() {
+	defer close(c.done)
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	ctx := c.cs.ctx
+	for {
+		evs := c.take()
+		c.mu.Lock()
+		now := time.Now()
+		for i := range evs {
+			c.handle(ctx, &evs[i], now)
+		}
+		if r := stopReason(c.stopR.Load()); r != stopNone {
+			c.shutdown(r)
+			c.mu.Unlock()
+			return
+		}
+		if c.inactive(now) {
+			c.mu.Unlock()
+			c.cs.deleteInactive(c)
+			continue
+		}
+		hw := c.sc.tail.highWater()
+		c.pump(ctx)
+		wake := c.nextWake(time.Now())
+		parked := len(c.waiting) > 0
+		wasParked := c.parked.Swap(parked)
+		c.mu.Unlock()
+		if parked {
+			// A commit that raised the high-water mark before it could see parked set has
+			// not signalled: look once more.
+			if c.sc.tail.highWater() > hw {
+				c.signal()
+			}
+			// Only a consumer that starts waiting brings the ticker back to its base period;
+			// one that keeps waiting (heartbeats, sweeps) lets it back off.
+			if !wasParked {
+				c.cs.kickTicker()
+			}
+		}
+		if !wake.IsZero() {
+			timer.Reset(max(time.Until(wake), 0))
+		}
+		select {
+		case <-ctx.Done():
+			c.stop(stopShutdown)
+		case <-c.wake:
+		case <-timer.C:
+		}
+		if !timer.Stop() {
+			select {
+			case <-timer.C:
+			default:
+			}
+		}
+	}
+}
+
+func (c *consumer) handle(ctx context.Context, ev *event, now time.Time) {
+	switch ev.kind {
+	case evPull:
+		c.addRequest(ev.reply, ev.data, now)
+	case evAck:
+		c.handleAck(ctx, ev, now)
+	case evPurged:
+		c.ahead, c.aheadUpTo = nil, 0
+	case evConfig:
+		c.cfg = *ev.cfg
+		c.filters = consumerFilters(&c.cfg)
+		c.filter.Store(&c.filters)
+		c.st.SetConfig(stateConfig(&c.cfg))
+		c.ahead, c.aheadUpTo = nil, 0
+	}
+}
+
+// addRequest queues a pull request, or answers it at once when JetStream would.
+func (c *consumer) addRequest(reply string, body []byte, now time.Time) {
+	link := c.cs.b.link
+	pr, bad := decodePullRequest(body, now)
+	if bad == nil {
+		bad = checkPullLimits(&c.cfg, &pr, now)
+	}
+	if bad != nil {
+		_ = link.Publish(reply, "", statusHeader(bad.code, bad.desc), nil)
+		return
+	}
+	c.lastActive = now
+	if len(c.waiting) >= c.cfg.MaxWaiting {
+		c.processWaiting(now, false)
+	}
+	if len(c.waiting) >= c.cfg.MaxWaiting {
+		// A client with heartbeats retries on its own; answering would make it spin.
+		if pr.hb == 0 {
+			_ = link.Publish(reply, "", statusHeader(409, descMaxWaiting), nil)
+		}
+		return
+	}
+	if pr.noWait {
+		if pr.expires.IsZero() && !c.hasWork() {
+			_ = link.Publish(reply, "", statusHeader(404, descNoMessages), nil)
+			return
+		}
+		// As nats-server does: a one-shot request that the messages there are cannot serve
+		// beyond what the requests already waiting will take is told so at once rather than
+		// left to wait behind them.
+		if pending := c.msgsPending(); pending > 0 {
+			c.processWaiting(now, false)
+			if pending < c.batchPending() {
+				_ = link.Publish(reply, "", statusHeader(408, descRequestsPend), nil)
+				return
+			}
+		}
+	}
+	pr.reply = reply
+	pr.seen = link.HasInterest(reply)
+	c.waiting = append(c.waiting, &pr)
+	c.cs.m.pulls.Inc()
+}
+
+// msgsPending is nats-server's count for no-wait requests: messages never delivered that
+// match, plus those queued for redelivery.
+func (c *consumer) msgsPending() int64 {
+	c.applyCommitted()
+	return max(c.npc, 0) + int64(c.st.NumQueued())
+}
+
+// batchPending is how many messages the waiting requests still want.
+func (c *consumer) batchPending() int64 {
+	var n int64
+	for _, wr := range c.waiting {
+		n += int64(wr.batch)
+	}
+	return n
+}
+
+// hasWork is the cheap in-memory check: is anything deliverable without asking PostgreSQL
+// whether more was committed.
+func (c *consumer) hasWork() bool {
+	return c.st.HasRedeliveries() || len(c.ahead) > 0 || c.start != nil || c.st.Next() <= c.sc.tail.highWater()
+}
+
+// source says where a candidate message came from, so that delivering it consumes it there.
+type source uint8
+
+const (
+	srcRedelivery source = iota
+	srcStart
+	srcAhead
+	srcTail
+)
+
+// pump delivers what it can to the waiting requests, then settles no-wait requests and
+// heartbeats. Called with mu held.
+func (c *consumer) pump(ctx context.Context) {
+	c.applyCommitted()
+	now := time.Now()
+	if _, moved := c.st.Expire(); moved {
+		c.floorMoved()
+	}
+	c.processWaiting(now, false)
+	eos := true
+	for len(c.waiting) > 0 && ctx.Err() == nil {
+		m, dc, src, found := c.next(ctx)
+		if found != nextFound {
+			eos = found == nextEmpty
+			break
+		}
+		hdr, data := m.Header, m.Data
+		if c.cfg.HeadersOnly {
+			hdr, data = headersOnly(m.Header, len(m.Data)), nil
+		}
+		pending := uint64(max(c.npc, 0))
+		if dc == 1 && pending > 0 {
+			pending--
+		}
+		info := ackInfo{stream: c.sc.s.name, consumer: c.name, delivered: dc, sseq: m.Seq, dseq: c.st.Delivered().Consumer + 1, ts: m.TS, pending: pending}
+		reply := appendAckSubject(make([]byte, 0, 96+len(m.Subject)), info)
+		size := len(m.Subject) + len(reply) + len(hdr) + len(data)
+		wr := c.nextWaiting(size, time.Now())
+		if wr == nil {
+			break
+		}
+		reply = append(append(reply, '@'), m.Subject...)
+		if err := c.cs.b.link.Publish(wr.reply, string(reply), hdr, data); err != nil {
+			// Not sent (the link is full or closing), so not delivered: it stays next in
+			// line and is tried again shortly, not after an ack wait.
+			c.cs.b.log.Debug("delivery not sent", "stream", c.sc.s.name, "consumer", c.name, "err", err)
+			c.retryAt = time.Now().Add(readRetry)
+			eos = false
+			break
+		}
+		c.consume(src)
+		if dc == 1 {
+			c.npc = int64(pending)
+		}
+		_, moved := c.st.Deliver(m.Seq, dc)
+		c.delivered(wr, size, m, dc, time.Now())
+		if moved {
+			c.floorMoved()
+		}
+	}
+	c.processWaiting(time.Now(), eos)
+}
+
+// applyCommitted folds commits counted off the goroutine into the pending estimate.
+func (c *consumer) applyCommitted() {
+	if n := c.npcAdd.Swap(0); n != 0 {
+		c.npc += n
+	}
+}
+
+// nextResult says why next stopped.
+type nextResult uint8
+
+const (
+	nextFound   nextResult = iota
+	nextEmpty              // nothing left: the end of the stream for no-wait requests
+	nextStalled            // max_ack_pending holds new messages back
+	nextFailed             // a read failed; it is retried shortly
+)
+
+// next finds the next message to deliver without consuming it: a redelivery first (lowest
+// sequence), then, unless max_ack_pending holds new messages back, the next new one from
+// the read-ahead, the tail cache, or PostgreSQL.
+func (c *consumer) next(ctx context.Context) (m pg.Message, dc uint64, src source, res nextResult) {
+	for {
+		seq, dc, ok := c.st.Redelivery()
+		if !ok {
+			break
+		}
+		m, live, err := c.load(ctx, seq)
+		if err != nil {
+			return m, 0, 0, nextFailed
+		}
+		if !live {
+			if c.st.Gone(seq) {
+				c.floorMoved()
+			}
+			continue
+		}
+		return m, dc, srcRedelivery, nextFound
+	}
+	if c.st.AtMaxAckPending() {
+		return m, 0, 0, nextStalled
+	}
+	for c.start != nil {
+		seq := c.start.skip[0]
+		m, live, err := c.load(ctx, seq)
+		if err != nil {
+			return m, 0, 0, nextFailed
+		}
+		if live {
+			return m, 1, srcStart, nextFound
+		}
+		c.consume(srcStart)
+	}
+	for {
+		from := c.st.Next()
+		hw := c.sc.tail.highWater()
+		if from > hw {
+			return m, 0, 0, nextEmpty
+		}
+		if len(c.ahead) > 0 {
+			return c.ahead[0], 1, srcAhead, nextFound
+		}
+		if c.aheadUpTo >= from {
+			if c.st.Skip(c.aheadUpTo + 1) {
+				c.floorMoved()
+			}
+			continue
+		}
+		msgs, through, hit := c.sc.tail.read(from, 1, c.match)
+		if hit {
+			c.cs.m.tailHits.Inc()
+			if len(msgs) > 0 {
+				return msgs[0], 1, srcTail, nextFound
+			}
+			if c.st.Skip(through + 1) {
+				c.floorMoved()
+			}
+			continue
+		}
+		c.cs.m.tailMisses.Inc()
+		if !c.readAhead(ctx, from, hw) {
+			return m, 0, 0, nextFailed
+		}
+	}
+}
+
+func (c *consumer) match(subject string) bool { return matchAny(c.filters, subject) }
+
+// consume takes a delivered candidate off where it came from.
+func (c *consumer) consume(src source) {
+	switch src {
+	case srcStart:
+		c.start.skip = c.start.skip[1:]
+		if len(c.start.skip) == 0 {
+			if c.st.Skip(c.start.resume + 1) {
+				c.floorMoved()
+			}
+			c.start = nil
+		}
+	case srcAhead:
+		c.ahead = c.ahead[1:]
+		if len(c.ahead) == 0 {
+			c.ahead = nil
+		}
+	}
+}
+
+// readAhead reads the next batch for a consumer behind the tail cache: pop lane permit
+// first, then a connection, and neither is held once it returns. mu is released meanwhile;
+// only this goroutine changes the state, so nothing moves under it.
+func (c *consumer) readAhead(ctx context.Context, from, hw uint64) bool {
+	if time.Now().Before(c.retryAt) {
+		return false
+	}
+	want := 0
+	for _, wr := range c.waiting {
+		want += wr.batch
+	}
+	n := min(max(want, readAheadMin), readAheadMax)
+	filters := c.filters
+	c.mu.Unlock()
+	msgs, through, err := c.cs.readPop(ctx, pg.ReadParams{StreamID: c.sc.s.id, From: from, UpTo: hw, MaxMsgs: n, MaxBytes: readAheadBytes}, filters)
+	c.mu.Lock()
+	if err != nil {
+		if ctx.Err() == nil {
+			c.cs.b.log.Warn("consumer read failed", "stream", c.sc.s.name, "consumer", c.name, "err", err)
+		}
+		c.retryAt = time.Now().Add(readRetry)
+		return false
+	}
+	c.ahead, c.aheadUpTo = msgs, through
+	return true
+}
+
+// load returns the message at seq, from the tail when it holds it. live is false when the
+// message no longer exists.
+func (c *consumer) load(ctx context.Context, seq uint64) (pg.Message, bool, error) {
+	if m, live, covered := c.sc.tail.get(seq); covered {
+		c.cs.m.tailHits.Inc()
+		return m, live, nil
+	}
+	for _, m := range c.ahead {
+		if m.Seq == seq {
+			return m, true, nil
+		}
+	}
+	c.cs.m.tailMisses.Inc()
+	if time.Now().Before(c.retryAt) {
+		return pg.Message{}, false, errRetryLater
+	}
+	c.mu.Unlock()
+	msgs, _, err := c.cs.readPop(ctx, pg.ReadParams{StreamID: c.sc.s.id, From: seq, UpTo: seq, MaxMsgs: 1}, nil)
+	c.mu.Lock()
+	if err != nil {
+		c.retryAt = time.Now().Add(readRetry)
+		return pg.Message{}, false, err
+	}
+	if len(msgs) == 0 {
+		return pg.Message{}, false, nil
+	}
+	return msgs[0], true, nil
+}
+
+var errRetryLater = errors.New("bridge: consumer read backing off")
+
+// nextWaiting returns the request the next message of size bytes goes to, dropping those
+// that expired, cannot take it, or lost their subscriber. The request stays at the head.
+func (c *consumer) nextWaiting(size int, now time.Time) *pullRequest {
+	link := c.cs.b.link
+	for len(c.waiting) > 0 {
+		wr := c.waiting[0]
+		switch {
+		case !wr.expires.IsZero() && !now.Before(wr.expires):
+			_ = link.Publish(wr.reply, "", pendingHeader(408, descRequestTimeout, wr), nil)
+			c.lastActive = now
+		case wr.maxBytes > 0 && size > wr.maxBytes:
+			_ = link.Publish(wr.reply, "", pendingHeader(409, descMaxBytes, wr), nil)
+		case !c.hasInterest(wr, now):
+		default:
+			return wr
+		}
+		c.waiting = c.waiting[1:]
+	}
+	c.waiting = nil
+	return nil
+}
+
+// hasInterest reports whether the request's inbox still has a subscriber (see interestGrace).
+func (c *consumer) hasInterest(wr *pullRequest, now time.Time) bool {
+	if c.cs.b.link.HasInterest(wr.reply) {
+		wr.seen = true
+		return true
+	}
+	return !wr.seen && now.Sub(wr.received) < interestGrace
+}
+
+// delivered counts a message against the request at the head of the queue. A request with
+// more to take moves to the back, so that several clients share a consumer in turn.
+func (c *consumer) delivered(wr *pullRequest, size int, m pg.Message, dc uint64, now time.Time) {
+	if wr.sent == 0 {
+		c.cs.m.subLatency.Observe(now.Sub(wr.received).Seconds())
+	}
+	if dc == 1 {
+		c.cs.m.e2eLatency.Observe(max(float64(now.UnixNano()-m.TS)/1e9, 0))
+	} else {
+		c.cs.m.redeliveries.Inc()
+	}
+	c.cs.m.delivered.Inc()
+	c.lastActive = now
+	wr.sent++
+	wr.batch--
+	if wr.maxBytes > 0 {
+		wr.maxBytes -= size
+		if wr.maxBytes == 0 {
+			wr.batch = 0
+		}
+	}
+	c.waiting = c.waiting[1:]
+	if wr.batch <= 0 {
+		if wr.maxBytes > 0 {
+			_ = c.cs.b.link.Publish(wr.reply, "", pendingHeader(409, descBatchCompleted, wr), nil)
+		}
+		return
+	}
+	if wr.hb > 0 {
+		wr.hbNext = now.Add(wr.hb)
+	}
+	c.waiting = append(c.waiting, wr)
+}
+
+// processWaiting expires requests (408), ends no-wait requests once nothing is left to
+// deliver (eos), drops requests whose inbox went away, and sends due heartbeats.
+func (c *consumer) processWaiting(now time.Time, eos bool) {
+	link := c.cs.b.link
+	kept := c.waiting[:0]
+	for _, wr := range c.waiting {
+		switch {
+		case !wr.expires.IsZero() && !now.Before(wr.expires):
+			_ = link.Publish(wr.reply, "", pendingHeader(408, descRequestTimeout, wr), nil)
+			c.lastActive = now
+			continue
+		case eos && wr.noWait && (wr.expires.IsZero() || wr.sent > 0):
+			_ = link.Publish(wr.reply, "", statusHeader(404, descNoMessages), nil)
+			c.lastActive = now
+			continue
+		case !c.hasInterest(wr, now):
+			continue
+		}
+		if wr.hb > 0 && !now.Before(wr.hbNext) {
+			_ = link.Publish(wr.reply, "", heartbeatHeader(c.st.Delivered()), nil)
+			wr.hbNext = now.Add(wr.hb)
+		}
+		kept = append(kept, wr)
+	}
+	clear(c.waiting[len(kept):])
+	c.waiting = kept
+}
+
+// nextWake is when the goroutine must look again without being signalled: a request
+// expiring, a heartbeat due, an ack wait running out, a retry, an interest sweep, or the
+// inactivity threshold.
+func (c *consumer) nextWake(now time.Time) time.Time {
+	var t time.Time
+	earlier := func(u time.Time) {
+		if !u.IsZero() && (t.IsZero() || u.Before(t)) {
+			t = u
+		}
+	}
+	for _, wr := range c.waiting {
+		earlier(wr.expires)
+		if wr.hb > 0 {
+			earlier(wr.hbNext)
+		}
+	}
+	if len(c.waiting) > 0 {
+		earlier(now.Add(interestSweep))
+		if c.retryAt.After(now) {
+			earlier(c.retryAt)
+		}
+	} else if th := c.cfg.InactiveThreshold; th > 0 {
+		earlier(c.lastActive.Add(th))
+	}
+	earlier(c.st.NextDeadline())
+	return t
+}
+
+// inactive reports whether the consumer passed its inactive threshold with no request.
+func (c *consumer) inactive(now time.Time) bool {
+	th := c.cfg.InactiveThreshold
+	return th > 0 && len(c.waiting) == 0 && now.Sub(c.lastActive) >= th
+}
+
+// shutdown answers the waiting requests as the reason demands. Called with mu held.
+func (c *consumer) shutdown(r stopReason) {
+	var hdr []byte
+	switch r {
+	case stopDeleted:
+		hdr = statusHeader(409, descDeleted)
+	case stopLost:
+		hdr = statusHeader(409, descLeadership)
+	}
+	if hdr != nil {
+		for _, wr := range c.waiting {
+			_ = c.cs.b.link.Publish(wr.reply, "", hdr, nil)
+		}
+	}
+	c.waiting = nil
+	c.parked.Store(false)
+	c.cs.remove(c)
+}
+
+// headersOnly replaces a payload by its size, as JetStream's headers_only does.
+func headersOnly(hdr []byte, size int) []byte {
+	var b []byte
+	if len(hdr) == 0 {
+		b = append(b, hdrLine+"\r\n"...)
+	} else {
+		b = append(b, hdr[:len(hdr)-2]...)
+	}
+	b = append(b, server.JSMsgSize+": "...)
+	b = strconv.AppendInt(b, int64(size), 10)
+	return append(b, "\r\n\r\n"...)
+}

@@ -1,0 +1,456 @@
+package bridge
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+func fetchSeqs(t *testing.T, c jetstream.Consumer, n int, wait time.Duration, ack func(jetstream.Msg)) []uint64 {
+	t.Helper()
+	batch, err := c.Fetch(n, jetstream.FetchMaxWait(wait))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var seqs []uint64
+	for m := range batch.Messages() {
+		md, err := m.Metadata()
+		if err != nil {
+			t.Fatal(err)
+		}
+		seqs = append(seqs, md.Sequence.Stream)
+		if ack != nil {
+			ack(m)
+		}
+	}
+	if err := batch.Error(); err != nil {
+		t.Fatalf("fetch: %v", err)
+	}
+	return seqs
+}
+
+func TestFetchEmptyConsumer(t *testing.T) {
+	t.Parallel()
+	tb := setup(t)
+	ctx := testContext(t)
+	s := newStream(t, ctx, tb, "EMPTY", "empty")
+	c, err := s.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{Durable: "C"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	b, err := c.FetchNoWait(5)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range b.Messages() {
+		t.Fatal("message from an empty stream")
+	}
+	if b.Error() != nil {
+		t.Fatalf("fetch no wait: %v", b.Error())
+	}
+	if time.Since(start) > 2*time.Second {
+		t.Fatalf("no-wait fetch took %v", time.Since(start))
+	}
+	if seqs := fetchSeqs(t, c, 5, 300*time.Millisecond, nil); len(seqs) != 0 {
+		t.Fatalf("got %v", seqs)
+	}
+}
+
+func TestNakTermProgressAndAckWait(t *testing.T) {
+	t.Parallel()
+	tb := setup(t)
+	ctx := testContext(t)
+	s := newStream(t, ctx, tb, "RD", "rd")
+	publishN(t, ctx, tb.js, "rd", 4)
+	c, err := s.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{Durable: "C", AckWait: 500 * time.Millisecond, MaxDeliver: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	batch, err := c.Fetch(4, jetstream.FetchMaxWait(5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var msgs []jetstream.Msg
+	for m := range batch.Messages() {
+		msgs = append(msgs, m)
+	}
+	if len(msgs) != 4 {
+		t.Fatalf("got %d messages", len(msgs))
+	}
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	must(msgs[0].Nak())                     // 1: redelivered at once
+	must(msgs[1].NakWithDelay(time.Second)) // 2: after a second
+	must(msgs[2].Term())                    // 3: never again
+	must(msgs[3].InProgress())              // 4: ack wait restarts; then expires
+	got := fetchSeqs(t, c, 1, 2*time.Second, nil)
+	if !slices.Equal(got, []uint64{1}) {
+		t.Fatalf("after nak got %v, want [1]", got)
+	}
+	// 4 expires after its ack wait, 1 after its second delivery's; 2 after its delay.
+	seen := map[uint64]int{}
+	deadline := time.Now().Add(5 * time.Second)
+	for time.Now().Before(deadline) && (seen[2] == 0 || seen[4] == 0) {
+		for _, q := range fetchSeqs(t, c, 4, 500*time.Millisecond, nil) {
+			seen[q]++
+		}
+	}
+	if seen[2] == 0 || seen[4] == 0 || seen[3] != 0 {
+		t.Fatalf("redeliveries %v", seen)
+	}
+	// MaxDeliver 3: nothing arrives more than three times in all.
+	deadline = time.Now().Add(3 * time.Second)
+	for time.Now().Before(deadline) {
+		for _, q := range fetchSeqs(t, c, 4, 300*time.Millisecond, nil) {
+			seen[q]++
+		}
+	}
+	if seen[1] > 2 || seen[2] > 2 || seen[4] > 2 { // plus the first delivery = 3
+		t.Fatalf("delivered beyond MaxDeliver: %v", seen)
+	}
+	info, err := c.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.NumAckPending != 0 || info.AckFloor.Stream != 4 || info.NumRedelivered == 0 {
+		t.Fatalf("info %+v", info)
+	}
+}
+
+func TestAckAllFloor(t *testing.T) {
+	t.Parallel()
+	tb := setup(t)
+	ctx := testContext(t)
+	s := newStream(t, ctx, tb, "AA", "aa")
+	publishN(t, ctx, tb.js, "aa", 10)
+	c, err := s.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{Durable: "C", AckPolicy: jetstream.AckAllPolicy})
+	if err != nil {
+		t.Fatal(err)
+	}
+	batch, err := c.Fetch(10, jetstream.FetchMaxWait(5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var msgs []jetstream.Msg
+	for m := range batch.Messages() {
+		msgs = append(msgs, m)
+	}
+	if err := msgs[6].DoubleAck(ctx); err != nil {
+		t.Fatal(err)
+	}
+	info, err := c.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.AckFloor.Stream != 7 || info.NumAckPending != 3 {
+		t.Fatalf("after acking 7: floor %+v pending %d", info.AckFloor, info.NumAckPending)
+	}
+}
+
+func TestMaxAckPending(t *testing.T) {
+	t.Parallel()
+	tb := setup(t)
+	ctx := testContext(t)
+	s := newStream(t, ctx, tb, "MAP", "map")
+	publishN(t, ctx, tb.js, "map", 10)
+	c, err := s.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{Durable: "C", MaxAckPending: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var held []jetstream.Msg
+	got := fetchSeqs(t, c, 10, time.Second, func(m jetstream.Msg) { held = append(held, m) })
+	if len(got) != 3 {
+		t.Fatalf("got %v with max ack pending 3", got)
+	}
+	for _, m := range held {
+		_ = m.Ack()
+	}
+	got = fetchSeqs(t, c, 10, time.Second, nil)
+	if !slices.Equal(got, []uint64{4, 5, 6}) {
+		t.Fatalf("after acks got %v", got)
+	}
+}
+
+func TestTwoClientsShareDurable(t *testing.T) {
+	t.Parallel()
+	tb := setup(t)
+	ctx := testContext(t)
+	s := newStream(t, ctx, tb, "SH", "sh")
+	const total = 500
+	c, err := s.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{Durable: "C"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		for i := 1; i <= total; i++ {
+			if _, err := tb.js.Publish(ctx, "sh", nil); err != nil {
+				return
+			}
+		}
+	}()
+	var mu sync.Mutex
+	seen := map[uint64]int{}
+	var wg sync.WaitGroup
+	for range 2 {
+		wg.Go(func() {
+			deadline := time.Now().Add(20 * time.Second)
+			for time.Now().Before(deadline) {
+				mu.Lock()
+				done := len(seen) == total
+				mu.Unlock()
+				if done {
+					return
+				}
+				b, err := c.Fetch(50, jetstream.FetchMaxWait(300*time.Millisecond))
+				if err != nil {
+					return
+				}
+				for m := range b.Messages() {
+					md, _ := m.Metadata()
+					_ = m.Ack()
+					mu.Lock()
+					seen[md.Sequence.Stream]++
+					mu.Unlock()
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if len(seen) != total {
+		t.Fatalf("saw %d distinct of %d", len(seen), total)
+	}
+	for q, n := range seen {
+		if n != 1 {
+			t.Fatalf("sequence %d delivered %d times", q, n)
+		}
+	}
+}
+
+func TestFiltersAndDeliverPolicies(t *testing.T) {
+	t.Parallel()
+	tb := setup(t)
+	ctx := testContext(t)
+	s := newStream(t, ctx, tb, "F", "f.>")
+	// seq 1..6: f.a, f.b, f.a, f.c, f.b, f.a
+	for _, subj := range []string{"f.a", "f.b", "f.a", "f.c", "f.b", "f.a"} {
+		if _, err := tb.js.Publish(ctx, subj, []byte(subj)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mid := time.Now()
+	time.Sleep(5 * time.Millisecond) // the next message's store time must be after mid
+	if _, err := tb.js.Publish(ctx, "f.c", nil); err != nil {
+		t.Fatal(err)
+	}
+	startTime := mid
+	cases := []struct {
+		cfg  jetstream.ConsumerConfig
+		want []uint64
+	}{
+		{jetstream.ConsumerConfig{FilterSubject: "f.a"}, []uint64{1, 3, 6}},
+		{jetstream.ConsumerConfig{FilterSubjects: []string{"f.b", "f.c"}}, []uint64{2, 4, 5, 7}},
+		{jetstream.ConsumerConfig{DeliverPolicy: jetstream.DeliverLastPolicy}, []uint64{7}},
+		{jetstream.ConsumerConfig{DeliverPolicy: jetstream.DeliverLastPolicy, FilterSubject: "f.b"}, []uint64{5}},
+		{jetstream.ConsumerConfig{DeliverPolicy: jetstream.DeliverNewPolicy}, nil},
+		{jetstream.ConsumerConfig{DeliverPolicy: jetstream.DeliverByStartSequencePolicy, OptStartSeq: 5}, []uint64{5, 6, 7}},
+		{jetstream.ConsumerConfig{DeliverPolicy: jetstream.DeliverByStartTimePolicy, OptStartTime: &startTime}, []uint64{7}},
+		{jetstream.ConsumerConfig{DeliverPolicy: jetstream.DeliverLastPerSubjectPolicy, FilterSubject: "f.>"}, []uint64{5, 6, 7}},
+	}
+	for i, tc := range cases {
+		tc.cfg.Durable = fmt.Sprintf("C%d", i)
+		c, err := s.CreateOrUpdateConsumer(ctx, tc.cfg)
+		if err != nil {
+			t.Fatalf("case %d: %v", i, err)
+		}
+		if np := c.CachedInfo().NumPending; np != uint64(len(tc.want)) {
+			t.Errorf("case %d: num_pending %d, want %d", i, np, len(tc.want))
+		}
+		got := fetchSeqs(t, c, 10, 300*time.Millisecond, func(m jetstream.Msg) { _ = m.Ack() })
+		if !slices.Equal(got, tc.want) {
+			t.Errorf("case %d (%+v): got %v, want %v", i, tc.cfg, got, tc.want)
+		}
+	}
+}
+
+func TestConsumerAdmin(t *testing.T) {
+	t.Parallel()
+	tb := setup(t)
+	ctx := testContext(t)
+	s := newStream(t, ctx, tb, "ADMC", "admc")
+	for _, n := range []string{"B", "A", "C"} {
+		if _, err := s.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{Durable: n}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var names []string
+	for n := range s.ConsumerNames(ctx).Name() {
+		names = append(names, n)
+	}
+	if !slices.Equal(names, []string{"A", "B", "C"}) {
+		t.Fatalf("names %v", names)
+	}
+	n := 0
+	for range s.ListConsumers(ctx).Info() {
+		n++
+	}
+	if n != 3 {
+		t.Fatalf("listed %d", n)
+	}
+	if _, err := s.CreateConsumer(ctx, jetstream.ConsumerConfig{Durable: "A", AckWait: time.Minute}); !errors.Is(err, jetstream.ErrConsumerExists) {
+		t.Fatalf("create with a different config: %v", err)
+	}
+	if _, err := s.UpdateConsumer(ctx, jetstream.ConsumerConfig{Durable: "Z"}); !errors.Is(err, jetstream.ErrConsumerDoesNotExist) {
+		t.Fatalf("update of a missing consumer: %v", err)
+	}
+	if c, err := s.UpdateConsumer(ctx, jetstream.ConsumerConfig{Durable: "A", AckWait: time.Minute}); err != nil || c.CachedInfo().Config.AckWait != time.Minute {
+		t.Fatalf("update: %v", err)
+	}
+	if _, err := s.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{Durable: "P", DeliverSubject: "push.here"}); err == nil {
+		t.Fatal("push consumer accepted")
+	}
+	if err := s.DeleteConsumer(ctx, "B"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Consumer(ctx, "B"); !errors.Is(err, jetstream.ErrConsumerNotFound) {
+		t.Fatalf("info after delete: %v", err)
+	}
+	if err := s.DeleteConsumer(ctx, "B"); !errors.Is(err, jetstream.ErrConsumerNotFound) {
+		t.Fatalf("second delete: %v", err)
+	}
+	eph, err := s.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{InactiveThreshold: 300 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	name := eph.CachedInfo().Name
+	waitFor(t, 10*time.Second, func() error {
+		if _, err := s.Consumer(ctx, name); !errors.Is(err, jetstream.ErrConsumerNotFound) {
+			return fmt.Errorf("ephemeral still there: %v", err)
+		}
+		return nil
+	})
+}
+
+func TestParkedPullWokenByPublish(t *testing.T) {
+	t.Parallel()
+	tb := setup(t, setupOpts{config: func(c *Config) { c.TickPeriod = time.Hour }})
+	ctx := testContext(t)
+	s := newStream(t, ctx, tb, "PK", "pk")
+	c, err := s.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{Durable: "C"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan time.Duration, 1)
+	go func() {
+		b, err := c.Fetch(1, jetstream.FetchMaxWait(10*time.Second))
+		if err != nil {
+			done <- -1
+			return
+		}
+		for range b.Messages() {
+		}
+		done <- 0
+	}()
+	waitFor(t, 5*time.Second, func() error {
+		info, err := c.Info(ctx)
+		if err != nil || info.NumWaiting != 1 {
+			return fmt.Errorf("waiting %v %v", info, err)
+		}
+		return nil
+	})
+	start := time.Now()
+	publishN(t, ctx, tb.js, "pk", 1)
+	select {
+	case <-done:
+		if d := time.Since(start); d > time.Second {
+			t.Fatalf("parked pull took %v with an hour-long tick", d)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("parked pull never woke")
+	}
+}
+
+func TestConsumeWithHeartbeats(t *testing.T) {
+	t.Parallel()
+	tb := setup(t)
+	ctx := testContext(t)
+	s := newStream(t, ctx, tb, "CO", "co")
+	c, err := s.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{Durable: "C"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan uint64, 100)
+	errs := make(chan error, 10)
+	cc, err := c.Consume(func(m jetstream.Msg) {
+		md, _ := m.Metadata()
+		_ = m.Ack()
+		got <- md.Sequence.Stream
+	}, jetstream.PullExpiry(2*time.Second), jetstream.PullHeartbeat(500*time.Millisecond),
+		jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) { errs <- err }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Stop()
+	time.Sleep(3 * time.Second) // idle across an expiry and several heartbeats
+	select {
+	case err := <-errs:
+		t.Fatalf("consume error while idle: %v", err)
+	default:
+	}
+	publishN(t, ctx, tb.js, "co", 5)
+	for i := uint64(1); i <= 5; i++ {
+		select {
+		case q := <-got:
+			if q != i {
+				t.Fatalf("got %d, want %d", q, i)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("message %d never came", i)
+		}
+	}
+}
+
+func TestResumeAfterRestart(t *testing.T) {
+	t.Parallel()
+	tb := setup(t)
+	ctx := testContext(t)
+	s := newStream(t, ctx, tb, "RS", "rs")
+	publishN(t, ctx, tb.js, "rs", 10)
+	c, err := s.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{Durable: "C"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fetchSeqs(t, c, 4, 2*time.Second, func(m jetstream.Msg) {
+		if err := m.DoubleAck(ctx); err != nil {
+			t.Fatal(err)
+		}
+	})
+	fetchSeqs(t, c, 2, 2*time.Second, nil) // delivered, never acked
+	db := tb.db
+	tb.stop(t)
+	tb2 := setup(t, setupOpts{db: db})
+	var s2 jetstream.Stream
+	// The bridge's API subscription may reach the server a moment after Start returns.
+	waitFor(t, 5*time.Second, func() error {
+		var err error
+		s2, err = tb2.js.Stream(ctx, "RS")
+		return err
+	})
+	c2, err := s2.Consumer(ctx, "C")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := fetchSeqs(t, c2, 10, time.Second, func(m jetstream.Msg) { _ = m.Ack() })
+	if !slices.Equal(got, []uint64{5, 6, 7, 8, 9, 10}) {
+		t.Fatalf("after restart got %v", got)
+	}
+}

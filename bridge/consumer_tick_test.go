@@ -1,0 +1,72 @@
+package bridge
+
+import (
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// TestTickSeesOtherReplicaCommits runs two bridges on one database: a consumer served by
+// one learns of messages committed by the other only through its ticker, and a parked pull
+// gets them within the ticker's idle back-off.
+func TestTickSeesOtherReplicaCommits(t *testing.T) {
+	t.Parallel()
+	a := setup(t, setupOpts{config: func(c *Config) { c.ReplicaName = "a" }})
+	ctx := testContext(t)
+	s := newStream(t, ctx, a, "TK", "tk")
+	c, err := s.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{Durable: "C"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// b loads the stream at start and takes publishes for it; a keeps the consumer's lease.
+	b := setup(t, setupOpts{db: a.db, config: func(c *Config) { c.ReplicaName = "b" }})
+	waitFor(t, 5*time.Second, func() error {
+		_, err := b.js.Stream(ctx, "TK")
+		return err
+	})
+
+	for round := 1; round <= 2; round++ {
+		got := make(chan []uint64, 1)
+		go func() {
+			var seqs []uint64
+			batch, err := c.Fetch(1, jetstream.FetchMaxWait(10*time.Second))
+			if err == nil {
+				for m := range batch.Messages() {
+					md, _ := m.Metadata()
+					_ = m.Ack()
+					seqs = append(seqs, md.Sequence.Stream)
+				}
+			}
+			got <- seqs
+		}()
+		waitFor(t, 5*time.Second, func() error {
+			info, err := c.Info(ctx)
+			if err != nil || info.NumWaiting != 1 {
+				return fmt.Errorf("info %+v, %v", info, err)
+			}
+			return nil
+		})
+		start := time.Now()
+		if _, err := b.js.Publish(ctx, "tk", nil); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case seqs := <-got:
+			if !slices.Equal(seqs, []uint64{uint64(round)}) {
+				t.Fatalf("round %d: got %v", round, seqs)
+			}
+			d := time.Since(start)
+			t.Logf("round %d: a commit made elsewhere arrived after %v", round, d)
+			// The ticker polls every TickPeriod while parked consumers appear and backs off
+			// to TickIdleMaxDefault while nothing moves.
+			if d > TickIdleMaxDefault+time.Second {
+				t.Fatalf("round %d: a commit made elsewhere took %v to arrive", round, d)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("round %d: the commit made elsewhere never arrived", round)
+		}
+	}
+}

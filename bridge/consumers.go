@@ -1,0 +1,426 @@
+package bridge
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/jetgres/jetgres/embedded/leaf"
+	"github.com/jetgres/jetgres/pg"
+)
+
+const (
+	// TickPeriodDefault is the ticker's polling period while consumers wait. Commits made by
+	// this process reach waiting consumers at once, without a tick; the ticker only finds
+	// commits made by other replicas, so its period bounds their end-to-end latency. 50 ms
+	// keeps that near the time a client takes to notice, and costs one indexed statement per
+	// tick for all streams together.
+	TickPeriodDefault = 50 * time.Millisecond
+	// TickIdleMaxDefault is how far the ticker backs off, doubling its period, while the
+	// high-water marks it polls do not move.
+	TickIdleMaxDefault = time.Second
+
+	// consumerLeaseTTL is how long a replica's claim on a consumer lasts without renewal;
+	// leases are renewed every third of it.
+	consumerLeaseTTL = 30 * time.Second
+	// consumerQueueMax bounds the pull requests and acks waiting for one consumer's
+	// goroutine; beyond it pull requests get 409 and acks are dropped (and redelivered).
+	consumerQueueMax = 1 << 16
+	// activationsMax bounds the consumers being loaded from PostgreSQL at once because a
+	// request named one this process does not serve yet.
+	activationsMax = 16
+)
+
+// consumerSide is the consumer half of the bridge: every pull consumer this process serves,
+// the tails of their streams, the ack subscription, the ticker and the lease keeper.
+type consumerSide struct {
+	b       *Bridge
+	owner   string
+	m       *consumerMetrics
+	ctx     context.Context
+	cancel  context.CancelFunc
+	wg      sync.WaitGroup
+	ackSub  *leaf.Subscription
+	kick    chan struct{}
+	activeN chan struct{} // activation slots
+
+	mu      sync.RWMutex
+	streams map[*stream]*streamConsumers
+}
+
+// streamConsumers is one stream's consumers and its tail cache.
+type streamConsumers struct {
+	s    *stream
+	tail *tail
+
+	mu   sync.RWMutex
+	cons map[string]*consumer
+}
+
+func (sc *streamConsumers) list() []*consumer {
+	sc.mu.RLock()
+	defer sc.mu.RUnlock()
+	out := make([]*consumer, 0, len(sc.cons))
+	for _, c := range sc.cons {
+		out = append(out, c)
+	}
+	return out
+}
+
+func (sc *streamConsumers) get(name string) *consumer {
+	sc.mu.RLock()
+	defer sc.mu.RUnlock()
+	return sc.cons[name]
+}
+
+func (b *Bridge) cs() *consumerSide { return b.cons }
+
+func (b *Bridge) initConsumers(reg prometheus.Registerer) {
+	cs := &consumerSide{
+		b:       b,
+		owner:   b.cfg.ReplicaName,
+		kick:    make(chan struct{}, 1),
+		activeN: make(chan struct{}, activationsMax),
+		streams: make(map[*stream]*streamConsumers),
+	}
+	cs.m = newConsumerMetrics(reg, cs)
+	b.cons = cs
+}
+
+// startConsumers subscribes the ack subjects, takes the leases of every stored consumer it
+// can and starts serving them, the ticker and the lease keeper.
+func (b *Bridge) startConsumers(ctx context.Context) error {
+	cs := b.cs()
+	cs.ctx, cs.cancel = context.WithCancel(ctx)
+	for _, s := range b.streamList() {
+		if err := cs.loadStream(ctx, s); err != nil {
+			cs.cancel()
+			return err
+		}
+	}
+	sub, err := b.link.Subscribe(ackPrefix+">", "", cs.onAck)
+	if err != nil {
+		cs.cancel()
+		return err
+	}
+	cs.ackSub = sub
+	cs.wg.Go(cs.tickLoop)
+	cs.wg.Go(cs.leaseLoop)
+	return nil
+}
+
+// stopConsumers stops every consumer goroutine, lets the cursor writes in flight finish,
+// writes every floor not yet persisted and gives the leases back. ctx bounds the wait.
+func (b *Bridge) stopConsumers(ctx context.Context) {
+	cs := b.cs()
+	if cs == nil || cs.cancel == nil {
+		return
+	}
+	if cs.ackSub != nil {
+		_ = cs.ackSub.Unsubscribe()
+	}
+	var all []*consumer
+	cs.mu.Lock()
+	for _, sc := range cs.streams {
+		all = append(all, sc.list()...)
+	}
+	cs.mu.Unlock()
+	for _, c := range all {
+		c.stop(stopShutdown)
+	}
+	for _, c := range all {
+		select {
+		case <-c.done:
+		case <-ctx.Done():
+		}
+	}
+	for _, c := range all {
+		c.flushCursor(ctx)
+	}
+	cs.cancel()
+	cs.wg.Wait()
+	if err := b.db.ReleaseConsumerLeases(context.WithoutCancel(ctx), cs.owner); err != nil {
+		b.log.Warn("releasing consumer leases failed", "err", err)
+	}
+}
+
+// consumersCommitted takes a stream's freshly committed rows into its tail and wakes the
+// consumers waiting there: the local-commit fast path, no tick needed.
+func (b *Bridge) consumersCommitted(s *stream, msgs []pg.Message) {
+	cs := b.cs()
+	if cs == nil || len(msgs) == 0 {
+		return
+	}
+	sc := cs.streamFor(s, msgs[0].Seq-1)
+	sc.tail.add(msgs, msgs[0].Seq, msgs[len(msgs)-1].Seq)
+	for _, c := range sc.list() {
+		c.committed(msgs)
+	}
+}
+
+// dropConsumers stops serving a deleted stream's consumers; PostgreSQL removed their rows
+// with the stream.
+func (b *Bridge) dropConsumers(s *stream) {
+	cs := b.cs()
+	if cs == nil {
+		return
+	}
+	cs.mu.Lock()
+	sc := cs.streams[s]
+	delete(cs.streams, s)
+	cs.mu.Unlock()
+	if sc == nil {
+		return
+	}
+	for _, c := range sc.list() {
+		c.stop(stopDeleted)
+	}
+}
+
+// streamPurged forgets cached rows that a purge or a message delete may have removed.
+func (b *Bridge) streamPurged(s *stream) {
+	cs := b.cs()
+	if cs == nil {
+		return
+	}
+	cs.mu.RLock()
+	sc := cs.streams[s]
+	cs.mu.RUnlock()
+	if sc == nil {
+		return
+	}
+	sc.tail.clear()
+	for _, c := range sc.list() {
+		c.post(event{kind: evPurged})
+	}
+}
+
+func (b *Bridge) numConsumers(s *stream) int {
+	cs := b.cs()
+	if cs == nil {
+		return 0
+	}
+	cs.mu.RLock()
+	sc := cs.streams[s]
+	cs.mu.RUnlock()
+	if sc == nil {
+		return 0
+	}
+	sc.mu.RLock()
+	defer sc.mu.RUnlock()
+	return len(sc.cons)
+}
+
+// handlePullRequest runs on the link's read loop: it only hands the request to the
+// consumer's goroutine, in arrival order with that consumer's acks.
+func (b *Bridge) handlePullRequest(m *leaf.Msg, streamName, consumerName string) {
+	if m.Reply == "" {
+		return
+	}
+	cs := b.cs()
+	if cs == nil {
+		return
+	}
+	ev := event{kind: evPull, reply: m.Reply, data: m.Data}
+	if c := cs.find(streamName, consumerName); c != nil {
+		if !c.post(ev) {
+			_ = b.link.Publish(m.Reply, "", statusHeader(409, descMaxWaiting), nil)
+		}
+		return
+	}
+	cs.activateLater(streamName, consumerName, ev)
+}
+
+// find returns the consumer if this process serves it.
+func (cs *consumerSide) find(streamName, consumerName string) *consumer {
+	s := cs.b.lookup(streamName)
+	if s == nil {
+		return nil
+	}
+	cs.mu.RLock()
+	sc := cs.streams[s]
+	cs.mu.RUnlock()
+	if sc == nil {
+		return nil
+	}
+	return sc.get(consumerName)
+}
+
+// streamFor returns the stream's consumer registry, creating it with a tail that starts
+// after hw.
+func (cs *consumerSide) streamFor(s *stream, hw uint64) *streamConsumers {
+	cs.mu.RLock()
+	sc := cs.streams[s]
+	cs.mu.RUnlock()
+	if sc != nil {
+		return sc
+	}
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
+	if sc = cs.streams[s]; sc == nil {
+		sc = &streamConsumers{s: s, tail: newTail(TailBytesDefault, hw), cons: make(map[string]*consumer)}
+		cs.streams[s] = sc
+	}
+	return sc
+}
+
+// streamLoaded returns the stream's registry, reading its high-water mark from PostgreSQL
+// the first time.
+func (cs *consumerSide) streamLoaded(ctx context.Context, s *stream) (*streamConsumers, error) {
+	cs.mu.RLock()
+	sc := cs.streams[s]
+	cs.mu.RUnlock()
+	if sc != nil {
+		return sc, nil
+	}
+	hw, err := cs.b.db.HighWater(ctx, []int64{s.id})
+	if err != nil {
+		return nil, err
+	}
+	sc = cs.streamFor(s, hw[s.id])
+	sc.tail.raise(hw[s.id])
+	return sc, nil
+}
+
+// loadStream starts serving every stored consumer of the stream whose lease is free.
+func (cs *consumerSide) loadStream(ctx context.Context, s *stream) error {
+	rows, err := cs.b.db.AcquireConsumers(ctx, s.id, cs.owner, consumerLeaseTTL)
+	if err != nil {
+		return err
+	}
+	if len(rows) == 0 {
+		return nil
+	}
+	sc, err := cs.streamLoaded(ctx, s)
+	if err != nil {
+		return err
+	}
+	for _, row := range rows {
+		if _, err := cs.activate(ctx, sc, row, nil); err != nil {
+			cs.b.log.Error("loading consumer failed", "stream", s.name, "consumer", row.Name, "err", err)
+		}
+	}
+	return nil
+}
+
+// activate starts serving a stored consumer whose lease this process holds. start, for a
+// consumer just created, carries the start position decided at creation.
+func (cs *consumerSide) activate(ctx context.Context, sc *streamConsumers, row pg.Consumer, start *startPos) (*consumer, error) {
+	var cfg server.ConsumerConfig
+	if err := json.Unmarshal(row.Config, &cfg); err != nil {
+		return nil, errors.New("stored consumer config does not decode: " + err.Error())
+	}
+	c := newConsumer(cs, sc, row, cfg, start)
+	npc, err := cs.b.db.CountPending(ctx, pg.PendingParams{StreamID: sc.s.id, From: c.st.Next(), UpTo: sc.tail.highWater(), Filters: c.filters})
+	if err != nil {
+		return nil, err
+	}
+	c.npc = int64(npc)
+	sc.mu.Lock()
+	if old := sc.cons[c.name]; old != nil {
+		sc.mu.Unlock()
+		return old, nil
+	}
+	sc.cons[c.name] = c
+	sc.mu.Unlock()
+	cs.wg.Go(c.run)
+	return c, nil
+}
+
+// remove forgets a consumer that stopped.
+func (cs *consumerSide) remove(c *consumer) {
+	c.sc.mu.Lock()
+	if c.sc.cons[c.name] == c {
+		delete(c.sc.cons, c.name)
+	}
+	c.sc.mu.Unlock()
+}
+
+// activateLater loads a consumer that a request named but this process does not serve yet,
+// off the read loop, and hands it the request. Another replica may have created it, or it
+// may be this process's own consumer whose lease had not expired at start.
+func (cs *consumerSide) activateLater(streamName, consumerName string, ev event) {
+	select {
+	case cs.activeN <- struct{}{}:
+	default:
+		_ = cs.b.link.Publish(ev.reply, "", statusHeader(503, "No Responders"), nil)
+		return
+	}
+	cs.wg.Go(func() {
+		defer func() { <-cs.activeN }()
+		c, err := cs.ensure(cs.ctx, streamName, consumerName)
+		switch {
+		case errors.Is(err, pg.ErrLeaseHeld):
+			// Another replica serves it and received the same request.
+		case err != nil:
+			_ = cs.b.link.Publish(ev.reply, "", statusHeader(503, "No Responders"), nil)
+		case !c.post(ev):
+			_ = cs.b.link.Publish(ev.reply, "", statusHeader(409, descMaxWaiting), nil)
+		}
+	})
+}
+
+// ensure returns the consumer, loading it from PostgreSQL if its lease can be taken.
+func (cs *consumerSide) ensure(ctx context.Context, streamName, consumerName string) (*consumer, error) {
+	if c := cs.find(streamName, consumerName); c != nil {
+		return c, nil
+	}
+	s := cs.b.lookupOrSync(ctx, streamName)
+	if s == nil {
+		return nil, pg.ErrNotFound
+	}
+	row, err := cs.b.db.AcquireConsumer(ctx, pg.LeaseParams{StreamID: s.id, Name: consumerName, Owner: cs.owner, TTL: consumerLeaseTTL})
+	if err != nil {
+		return nil, err
+	}
+	sc, err := cs.streamLoaded(ctx, s)
+	if err != nil {
+		return nil, err
+	}
+	return cs.activate(ctx, sc, row, nil)
+}
+
+// leaseLoop renews this process's consumer leases and stops serving any consumer whose
+// lease it lost (deleted or taken over elsewhere).
+func (cs *consumerSide) leaseLoop() {
+	t := time.NewTicker(consumerLeaseTTL / 3)
+	defer t.Stop()
+	for {
+		select {
+		case <-cs.ctx.Done():
+			return
+		case <-t.C:
+		}
+		renewed := time.Now()
+		held, err := cs.b.db.RenewConsumerLeases(cs.ctx, cs.owner, consumerLeaseTTL)
+		if err != nil {
+			if cs.ctx.Err() == nil {
+				cs.b.log.Warn("renewing consumer leases failed", "err", err)
+			}
+			continue
+		}
+		keep := make(map[pg.ConsumerKey]bool, len(held))
+		for _, k := range held {
+			keep[k] = true
+		}
+		cs.mu.RLock()
+		var lost []*consumer
+		for s, sc := range cs.streams {
+			for _, c := range sc.list() {
+				// One activated while the renewal ran may be missing from its answer.
+				if c.since.Before(renewed) && !keep[pg.ConsumerKey{StreamID: s.id, Name: c.name}] {
+					lost = append(lost, c)
+				}
+			}
+		}
+		cs.mu.RUnlock()
+		for _, c := range lost {
+			c.stop(stopLost)
+		}
+	}
+}

@@ -1,0 +1,438 @@
+// Package consumerstate is the in-memory delivery and acknowledgement state of one pull
+// consumer: which stream sequences are delivered and waiting for an ack, when each of them is
+// due for redelivery, how often each was delivered, and where the ack floor stands.
+//
+// It knows nothing about messages, subjects, NATS or PostgreSQL. Its owner picks the next
+// message to deliver (asking Redelivery first, then reading at Next), reports deliveries and
+// acks, calls Expire when NextDeadline passes, and persists AckFloor when it moves. The rules
+// follow nats-server's consumer (server/consumer.go) with one deliberate difference:
+// redeliveries go out lowest stream sequence first, whatever order they expired or were
+// nak'ed in.
+//
+// A State is not safe for concurrent use; the consumer that owns it serialises access.
+package consumerstate
+
+import (
+	"container/heap"
+	"slices"
+	"time"
+)
+
+// AckPolicy says which acks a consumer expects.
+type AckPolicy int
+
+const (
+	// AckExplicit: every message is acked on its own.
+	AckExplicit AckPolicy = iota
+	// AckAll: an ack covers every message delivered before it.
+	AckAll
+	// AckNone: delivery is the ack; nothing is pending.
+	AckNone
+)
+
+// Clock tells the state the time; tests substitute one they advance by hand.
+type Clock interface {
+	Now() time.Time
+}
+
+type systemClock struct{}
+
+func (systemClock) Now() time.Time { return time.Now() }
+
+// Config is the part of a consumer's configuration that governs acks and redelivery.
+type Config struct {
+	AckPolicy AckPolicy
+	// AckWait is how long a delivery waits for its ack before it is redelivered.
+	AckWait time.Duration
+	// BackOff, when set, replaces AckWait: the n-th delivery of a message waits BackOff[n-1],
+	// the last value repeating.
+	BackOff []time.Duration
+	// MaxDeliver caps how often one message is delivered; 0 or less is no cap.
+	MaxDeliver int
+	// MaxAckPending caps how many messages may wait for their ack; 0 or less is no cap.
+	MaxAckPending int
+}
+
+// Pair is a consumer sequence and the stream sequence it delivered.
+type Pair struct {
+	Consumer uint64
+	Stream   uint64
+}
+
+type pending struct {
+	dseq     uint64 // consumer sequence of the first delivery; acks refer to it
+	deadline int64  // unix ns at which the delivery expires, 0 while queued for redelivery
+}
+
+// State is one consumer's delivery and ack state.
+type State struct {
+	cfg   Config
+	clock Clock
+
+	sseq  uint64 // next stream sequence to consider for a first delivery
+	dseq  uint64 // next consumer sequence
+	floor Pair   // ack floor: everything at or below it is done
+
+	pending  map[uint64]*pending // by stream sequence
+	order    seqHeap             // pending stream sequences, lazily cleaned
+	rdc      map[uint64]uint64   // redeliveries so far, by stream sequence
+	rdq      seqHeap             // queued for redelivery, lazily cleaned
+	queued   map[uint64]struct{} // members of rdq
+	lastDlv  time.Time
+	lastAck  time.Time
+	redelivs uint64 // redeliveries done, for metrics
+}
+
+// New returns the state of a consumer whose ack floor is floor and whose first delivery
+// considers stream sequence next. A consumer resuming after a restart passes its persisted
+// floor and floor.Stream+1: what was delivered but not acked goes out again.
+func New(cfg Config, floor Pair, next uint64, clock Clock) *State {
+	if clock == nil {
+		clock = systemClock{}
+	}
+	if next <= floor.Stream {
+		next = floor.Stream + 1
+	}
+	return &State{
+		cfg:     cfg,
+		clock:   clock,
+		sseq:    next,
+		dseq:    floor.Consumer + 1,
+		floor:   floor,
+		pending: make(map[uint64]*pending),
+		rdc:     make(map[uint64]uint64),
+		queued:  make(map[uint64]struct{}),
+	}
+}
+
+// SetConfig applies an updated configuration. Deadlines already set keep their values.
+func (s *State) SetConfig(cfg Config) { s.cfg = cfg }
+
+// Next is the lowest stream sequence not yet considered for a first delivery.
+func (s *State) Next() uint64 { return s.sseq }
+
+// Skip records that every stream sequence below next was considered and is not for this
+// consumer (filtered out or gone). With nothing pending the ack floor follows, so that a
+// restart does not scan the skipped range again.
+func (s *State) Skip(next uint64) bool {
+	if next <= s.sseq {
+		return false
+	}
+	s.sseq = next
+	return s.settleFloor()
+}
+
+// Delivered is the last consumer sequence handed out and the highest stream sequence
+// considered, as ConsumerInfo reports them.
+func (s *State) Delivered() Pair { return Pair{Consumer: s.dseq - 1, Stream: s.sseq - 1} }
+
+// AckFloor is the pair at or below which everything is acknowledged.
+func (s *State) AckFloor() Pair { return s.floor }
+
+// NumAckPending is how many delivered messages wait for an ack.
+func (s *State) NumAckPending() int { return len(s.pending) }
+
+// NumRedelivered is how many messages were delivered more than once and are still tracked.
+// As in nats-server, a consumer with MaxDeliver 1 reports none.
+func (s *State) NumRedelivered() int {
+	if s.cfg.MaxDeliver == 1 {
+		return 0
+	}
+	return len(s.rdc)
+}
+
+// Redeliveries is the running count of redeliveries, for metrics.
+func (s *State) Redeliveries() uint64 { return s.redelivs }
+
+// LastDelivered and LastAcked are the times of the last delivery and the last ack that moved
+// the state, zero if none.
+func (s *State) LastDelivered() time.Time { return s.lastDlv }
+func (s *State) LastAcked() time.Time     { return s.lastAck }
+
+// AtMaxAckPending reports whether no new message may go out until an ack arrives.
+// Redeliveries are not held back by it.
+func (s *State) AtMaxAckPending() bool {
+	return s.cfg.AckPolicy != AckNone && s.cfg.MaxAckPending > 0 && len(s.pending) >= s.cfg.MaxAckPending
+}
+
+// HasRedeliveries reports whether a message is queued for redelivery.
+func (s *State) HasRedeliveries() bool { return len(s.queued) > 0 }
+
+// NumQueued is how many messages are queued for redelivery, some of which Redelivery may
+// still drop for having reached MaxDeliver.
+func (s *State) NumQueued() int { return len(s.queued) }
+
+// Redelivery returns the lowest stream sequence queued for redelivery and the delivery
+// count it would go out with, without taking it off the queue; Deliver does that. Messages
+// that would exceed MaxDeliver are dropped from the queue and from pending on the way.
+func (s *State) Redelivery() (seq, dc uint64, ok bool) {
+	for s.rdq.Len() > 0 {
+		seq = s.rdq[0]
+		if _, in := s.queued[seq]; !in {
+			heap.Pop(&s.rdq)
+			continue
+		}
+		dc = s.rdc[seq] + 2
+		if s.cfg.MaxDeliver > 0 && dc > uint64(s.cfg.MaxDeliver) {
+			s.unqueue(seq)
+			s.dropPending(seq)
+			continue
+		}
+		return seq, dc, true
+	}
+	return 0, 0, false
+}
+
+// Deliver records that stream sequence seq went out with delivery count dc (1 for a first
+// delivery, as Redelivery returned it otherwise) and returns its consumer sequence. A first
+// delivery moves Next past seq. It reports whether the ack floor moved, which only AckNone
+// does on delivery.
+func (s *State) Deliver(seq, dc uint64) (dseq uint64, floorMoved bool) {
+	now := s.clock.Now()
+	dseq = s.dseq
+	s.dseq++
+	s.lastDlv = now
+	if dc > 1 {
+		s.rdc[seq] = dc - 1
+		s.unqueue(seq)
+		s.redelivs++
+	} else if seq >= s.sseq {
+		s.sseq = seq + 1
+	}
+	if s.cfg.AckPolicy == AckNone {
+		if seq > s.floor.Stream {
+			s.floor = Pair{Consumer: dseq, Stream: seq}
+			return dseq, true
+		}
+		return dseq, false
+	}
+	deadline := now.Add(s.wait(dc)).UnixNano()
+	if p, ok := s.pending[seq]; ok {
+		p.deadline = deadline
+	} else {
+		s.pending[seq] = &pending{dseq: dseq, deadline: deadline}
+		heap.Push(&s.order, seq)
+	}
+	return dseq, false
+}
+
+// wait is how long the dc-th delivery of a message waits for its ack.
+func (s *State) wait(dc uint64) time.Duration {
+	if n := len(s.cfg.BackOff); n > 0 {
+		i := int(min(dc, uint64(n))) - 1
+		return s.cfg.BackOff[max(i, 0)]
+	}
+	return s.cfg.AckWait
+}
+
+// Ack processes +ACK (and TERM, which acks without redelivery) for the delivery of stream
+// sequence seq with consumer sequence dseq. It reports whether the ack floor moved.
+func (s *State) Ack(seq, dseq uint64) bool {
+	if seq >= s.sseq {
+		// Never delivered from here: a stale or forged ack must not move the floor.
+		return false
+	}
+	switch s.cfg.AckPolicy {
+	case AckExplicit:
+		if _, ok := s.pending[seq]; !ok {
+			return false
+		}
+		s.lastAck = s.clock.Now()
+		delete(s.rdc, seq)
+		s.unqueue(seq)
+		delete(s.pending, seq)
+		s.compact()
+		return s.settleFloor()
+	case AckAll:
+		if dseq <= s.floor.Consumer || seq <= s.floor.Stream {
+			return false
+		}
+		s.lastAck = s.clock.Now()
+		if p, ok := s.pending[seq]; ok {
+			dseq = p.dseq
+		}
+		for s.order.Len() > 0 && s.order[0] <= seq {
+			q := heap.Pop(&s.order).(uint64)
+			delete(s.pending, q)
+			delete(s.rdc, q)
+			s.unqueue(q)
+		}
+		s.floor = Pair{Consumer: dseq, Stream: seq}
+		s.settleFloor()
+		return true
+	}
+	return false
+}
+
+// Nak processes -NAK: redeliver now, or after delay when it is positive.
+func (s *State) Nak(seq, dseq uint64, delay time.Duration) {
+	if dseq <= s.floor.Consumer || dseq >= s.dseq {
+		return
+	}
+	p, ok := s.pending[seq]
+	if !ok {
+		return
+	}
+	if delay > 0 {
+		s.unqueue(seq)
+		p.deadline = s.clock.Now().Add(delay).UnixNano()
+		return
+	}
+	s.enqueue(seq)
+}
+
+// Progress processes +WPI: the delivery of seq gets a fresh ack wait.
+func (s *State) Progress(seq uint64) {
+	p, ok := s.pending[seq]
+	if !ok {
+		return
+	}
+	if _, q := s.queued[seq]; q {
+		return
+	}
+	p.deadline = s.clock.Now().Add(s.wait(s.rdc[seq] + 1)).UnixNano()
+}
+
+// Gone removes a pending or queued message that no longer exists in the stream, as if it
+// had been terminated. It reports whether the ack floor moved.
+func (s *State) Gone(seq uint64) bool {
+	s.unqueue(seq)
+	delete(s.rdc, seq)
+	if _, ok := s.pending[seq]; !ok {
+		return false
+	}
+	delete(s.pending, seq)
+	return s.settleFloor()
+}
+
+// Expire queues every delivery whose ack wait has passed for redelivery, and drops those
+// that reached MaxDeliver. It reports whether anything was queued and whether the ack floor
+// moved.
+func (s *State) Expire() (queued, floorMoved bool) {
+	now := s.clock.Now().UnixNano()
+	var drop []uint64
+	for seq, p := range s.pending {
+		if p.deadline == 0 || p.deadline > now {
+			continue
+		}
+		if s.cfg.MaxDeliver > 0 && s.rdc[seq]+1 >= uint64(s.cfg.MaxDeliver) {
+			drop = append(drop, seq)
+			continue
+		}
+		s.enqueue(seq)
+		queued = true
+	}
+	for _, seq := range drop {
+		delete(s.pending, seq)
+	}
+	if len(drop) > 0 {
+		floorMoved = s.settleFloor()
+	}
+	return queued, floorMoved
+}
+
+// NextDeadline is the earliest time at which Expire has work, zero if none.
+func (s *State) NextDeadline() time.Time {
+	var d int64
+	for _, p := range s.pending {
+		if p.deadline != 0 && (d == 0 || p.deadline < d) {
+			d = p.deadline
+		}
+	}
+	if d == 0 {
+		return time.Time{}
+	}
+	return time.Unix(0, d)
+}
+
+// PendingSeqs returns the stream sequences waiting for an ack, lowest first.
+func (s *State) PendingSeqs() []uint64 {
+	out := make([]uint64, 0, len(s.pending))
+	for q := range s.pending {
+		out = append(out, q)
+	}
+	slices.Sort(out)
+	return out
+}
+
+func (s *State) enqueue(seq uint64) {
+	if _, ok := s.queued[seq]; ok {
+		return
+	}
+	s.queued[seq] = struct{}{}
+	heap.Push(&s.rdq, seq)
+	if p, ok := s.pending[seq]; ok {
+		p.deadline = 0
+	}
+}
+
+func (s *State) unqueue(seq uint64) {
+	delete(s.queued, seq)
+	if s.rdq.Len() > 0 && s.rdq[0] == seq {
+		heap.Pop(&s.rdq)
+	}
+}
+
+// dropPending forgets a delivery that exhausted MaxDeliver; its redelivery count stays, so
+// that NumRedelivered still reports it.
+func (s *State) dropPending(seq uint64) {
+	if _, ok := s.pending[seq]; ok {
+		delete(s.pending, seq)
+		s.settleFloor()
+	}
+}
+
+// settleFloor moves the ack floor up to just below the lowest pending delivery, or to what
+// was delivered when nothing is pending. It never moves the floor down.
+func (s *State) settleFloor() bool {
+	for s.order.Len() > 0 {
+		if _, ok := s.pending[s.order[0]]; ok {
+			break
+		}
+		heap.Pop(&s.order)
+	}
+	next := Pair{Consumer: s.dseq - 1, Stream: s.sseq - 1}
+	if s.order.Len() > 0 {
+		low := s.order[0]
+		next = Pair{Consumer: s.pending[low].dseq - 1, Stream: low - 1}
+	}
+	if next.Stream <= s.floor.Stream {
+		return false
+	}
+	s.floor.Stream = next.Stream
+	s.floor.Consumer = max(s.floor.Consumer, next.Consumer)
+	return true
+}
+
+// compact rebuilds the lazily cleaned heaps once stale entries dominate them: a message
+// that stays pending for long would otherwise pin every later ack's entry behind it.
+func (s *State) compact() {
+	if len(s.order) > 2*len(s.pending)+1024 {
+		s.order = s.order[:0]
+		for q := range s.pending {
+			s.order = append(s.order, q)
+		}
+		heap.Init(&s.order)
+	}
+	if len(s.rdq) > 2*len(s.queued)+1024 {
+		s.rdq = s.rdq[:0]
+		for q := range s.queued {
+			s.rdq = append(s.rdq, q)
+		}
+		heap.Init(&s.rdq)
+	}
+}
+
+// seqHeap is a min-heap of stream sequences.
+type seqHeap []uint64
+
+func (h seqHeap) Len() int           { return len(h) }
+func (h seqHeap) Less(i, j int) bool { return h[i] < h[j] }
+func (h seqHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
+func (h *seqHeap) Push(x any)        { *h = append(*h, x.(uint64)) }
+func (h *seqHeap) Pop() any {
+	old := *h
+	x := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return x
+}

@@ -1,0 +1,318 @@
+package consumerstate
+
+import (
+	"slices"
+	"testing"
+	"time"
+)
+
+type fakeClock struct{ t time.Time }
+
+func (c *fakeClock) Now() time.Time          { return c.t }
+func (c *fakeClock) advance(d time.Duration) { c.t = c.t.Add(d) }
+
+func setup(t *testing.T, cfg Config) (*State, *fakeClock) {
+	t.Helper()
+	clk := &fakeClock{t: time.Unix(1_700_000_000, 0)}
+	return New(cfg, Pair{}, 1, clk), clk
+}
+
+// deliverNew delivers stream sequences from..to as first deliveries.
+func deliverNew(s *State, from, to uint64) {
+	for q := from; q <= to; q++ {
+		s.Deliver(q, 1)
+	}
+}
+
+func wantFloor(t *testing.T, s *State, consumer, stream uint64) {
+	t.Helper()
+	if got := s.AckFloor(); got != (Pair{Consumer: consumer, Stream: stream}) {
+		t.Fatalf("ack floor = %+v, want {%d %d}", got, consumer, stream)
+	}
+}
+
+func TestExplicitAckFloor(t *testing.T) {
+	s, _ := setup(t, Config{AckPolicy: AckExplicit, AckWait: time.Second})
+	deliverNew(s, 1, 5)
+	if s.NumAckPending() != 5 {
+		t.Fatalf("pending = %d, want 5", s.NumAckPending())
+	}
+	if moved := s.Ack(2, 2); moved {
+		t.Fatal("acking 2 with 1 pending moved the floor")
+	}
+	wantFloor(t, s, 0, 0)
+	if moved := s.Ack(1, 1); !moved {
+		t.Fatal("acking 1 did not move the floor")
+	}
+	wantFloor(t, s, 2, 2)
+	s.Ack(4, 4)
+	s.Ack(3, 3)
+	wantFloor(t, s, 4, 4)
+	s.Ack(5, 5)
+	wantFloor(t, s, 5, 5)
+	if s.NumAckPending() != 0 {
+		t.Fatalf("pending = %d, want 0", s.NumAckPending())
+	}
+	if d := s.Delivered(); d != (Pair{5, 5}) {
+		t.Fatalf("delivered = %+v", d)
+	}
+}
+
+func TestAckBeyondDeliveredIgnored(t *testing.T) {
+	s, _ := setup(t, Config{AckPolicy: AckAll, AckWait: time.Second})
+	deliverNew(s, 1, 3)
+	if s.Ack(10, 10) {
+		t.Fatal("an ack beyond what was delivered moved the floor")
+	}
+	wantFloor(t, s, 0, 0)
+}
+
+func TestAckAll(t *testing.T) {
+	s, _ := setup(t, Config{AckPolicy: AckAll, AckWait: time.Second})
+	deliverNew(s, 1, 10)
+	if !s.Ack(5, 5) {
+		t.Fatal("ack all of 5 did not move the floor")
+	}
+	wantFloor(t, s, 5, 5)
+	if s.NumAckPending() != 5 {
+		t.Fatalf("pending = %d, want 5", s.NumAckPending())
+	}
+	if s.Ack(3, 3) {
+		t.Fatal("an ack below the floor moved it")
+	}
+	s.Ack(10, 10)
+	wantFloor(t, s, 10, 10)
+	if s.NumAckPending() != 0 {
+		t.Fatalf("pending = %d, want 0", s.NumAckPending())
+	}
+}
+
+func TestAckNoneFloorFollowsDelivery(t *testing.T) {
+	s, _ := setup(t, Config{AckPolicy: AckNone, MaxAckPending: 1})
+	for q := uint64(1); q <= 3; q++ {
+		if _, moved := s.Deliver(q, 1); !moved {
+			t.Fatalf("delivering %d did not move the floor", q)
+		}
+	}
+	wantFloor(t, s, 3, 3)
+	if s.NumAckPending() != 0 || s.AtMaxAckPending() {
+		t.Fatal("ack none keeps pending state")
+	}
+}
+
+func TestAckWaitExpiryRedeliversLowestFirst(t *testing.T) {
+	s, clk := setup(t, Config{AckPolicy: AckExplicit, AckWait: time.Second})
+	deliverNew(s, 1, 3)
+	clk.advance(500 * time.Millisecond)
+	deliverNew(s, 4, 4)
+	if q, _ := s.Expire(); q {
+		t.Fatal("expired before the ack wait")
+	}
+	if want := clk.t.Add(500 * time.Millisecond); !s.NextDeadline().Equal(want) {
+		t.Fatalf("next deadline = %v, want %v", s.NextDeadline(), want)
+	}
+	clk.advance(500 * time.Millisecond)
+	s.Nak(3, 3, 0) // already due; a nak keeps it queued once
+	if q, _ := s.Expire(); !q {
+		t.Fatal("nothing expired after the ack wait")
+	}
+	var got []uint64
+	for {
+		seq, dc, ok := s.Redelivery()
+		if !ok {
+			break
+		}
+		if dc != 2 {
+			t.Fatalf("redelivery of %d has count %d, want 2", seq, dc)
+		}
+		s.Deliver(seq, dc)
+		got = append(got, seq)
+	}
+	if !slices.Equal(got, []uint64{1, 2, 3}) {
+		t.Fatalf("redelivered %v, want [1 2 3]", got)
+	}
+	if s.NumRedelivered() != 3 {
+		t.Fatalf("redelivered count = %d, want 3", s.NumRedelivered())
+	}
+	// Acks name the new consumer sequence; the floor uses the first one.
+	s.Ack(1, 5)
+	wantFloor(t, s, 1, 1)
+}
+
+func TestNakOrderAndDelay(t *testing.T) {
+	s, clk := setup(t, Config{AckPolicy: AckExplicit, AckWait: time.Minute})
+	deliverNew(s, 1, 5)
+	s.Nak(4, 4, 0)
+	s.Nak(2, 2, 0)
+	s.Nak(5, 5, 10*time.Second)
+	// A delayed nak is not queued until its delay passes.
+	if n := s.NumQueued(); n != 2 {
+		t.Fatalf("queued %d, want 2", n)
+	}
+	seq, _, _ := s.Redelivery()
+	if seq != 2 {
+		t.Fatalf("first redelivery %d, want 2", seq)
+	}
+	s.Deliver(2, 2)
+	seq, _, _ = s.Redelivery()
+	if seq != 4 {
+		t.Fatalf("second redelivery %d, want 4", seq)
+	}
+	s.Deliver(4, 2)
+	if _, _, ok := s.Redelivery(); ok {
+		t.Fatal("delayed nak redelivered at once")
+	}
+	clk.advance(10 * time.Second)
+	s.Expire()
+	if seq, dc, ok := s.Redelivery(); !ok || seq != 5 || dc != 2 {
+		t.Fatalf("after the delay got %d/%d/%v, want 5/2/true", seq, dc, ok)
+	}
+}
+
+func TestNakOutOfRangeIgnored(t *testing.T) {
+	s, _ := setup(t, Config{AckPolicy: AckExplicit, AckWait: time.Minute})
+	deliverNew(s, 1, 2)
+	s.Ack(1, 1)
+	s.Nak(1, 1, 0) // below the floor
+	s.Nak(2, 9, 0) // beyond what was delivered
+	if s.HasRedeliveries() {
+		t.Fatal("an out-of-range nak queued a redelivery")
+	}
+}
+
+func TestProgressExtendsAckWait(t *testing.T) {
+	s, clk := setup(t, Config{AckPolicy: AckExplicit, AckWait: time.Second})
+	deliverNew(s, 1, 1)
+	clk.advance(900 * time.Millisecond)
+	s.Progress(1)
+	clk.advance(900 * time.Millisecond)
+	if q, _ := s.Expire(); q {
+		t.Fatal("expired although in progress")
+	}
+	clk.advance(200 * time.Millisecond)
+	if q, _ := s.Expire(); !q {
+		t.Fatal("did not expire a second after progress")
+	}
+}
+
+func TestBackOff(t *testing.T) {
+	s, clk := setup(t, Config{AckPolicy: AckExplicit, AckWait: time.Second,
+		BackOff: []time.Duration{time.Second, 5 * time.Second}})
+	deliverNew(s, 1, 1)
+	waits := []time.Duration{time.Second, 5 * time.Second, 5 * time.Second}
+	for i, w := range waits {
+		clk.advance(w - time.Millisecond)
+		if q, _ := s.Expire(); q {
+			t.Fatalf("delivery %d expired before %v", i+1, w)
+		}
+		clk.advance(time.Millisecond)
+		if q, _ := s.Expire(); !q {
+			t.Fatalf("delivery %d did not expire after %v", i+1, w)
+		}
+		seq, dc, ok := s.Redelivery()
+		if !ok || seq != 1 || dc != uint64(i+2) {
+			t.Fatalf("redelivery %d: %d/%d/%v", i+1, seq, dc, ok)
+		}
+		s.Deliver(seq, dc)
+	}
+}
+
+func TestMaxDeliver(t *testing.T) {
+	s, clk := setup(t, Config{AckPolicy: AckExplicit, AckWait: time.Second, MaxDeliver: 2})
+	deliverNew(s, 1, 2)
+	clk.advance(time.Second)
+	s.Expire()
+	seq, dc, _ := s.Redelivery()
+	s.Deliver(seq, dc)
+	seq, dc, _ = s.Redelivery()
+	s.Deliver(seq, dc)
+	s.Ack(2, 4)
+	clk.advance(time.Second)
+	if _, moved := s.Expire(); !moved {
+		t.Fatal("dropping the exhausted message did not move the floor")
+	}
+	if s.HasRedeliveries() || s.NumAckPending() != 0 {
+		t.Fatal("a message went past MaxDeliver")
+	}
+	wantFloor(t, s, 4, 2)
+	if s.NumRedelivered() != 1 {
+		t.Fatalf("redelivered = %d, want 1", s.NumRedelivered())
+	}
+}
+
+func TestMaxDeliverOnNak(t *testing.T) {
+	s, _ := setup(t, Config{AckPolicy: AckExplicit, AckWait: time.Minute, MaxDeliver: 1})
+	deliverNew(s, 1, 1)
+	s.Nak(1, 1, 0)
+	if _, _, ok := s.Redelivery(); ok {
+		t.Fatal("redelivered beyond MaxDeliver 1")
+	}
+	if s.NumAckPending() != 0 {
+		t.Fatal("exhausted message still pending")
+	}
+	wantFloor(t, s, 1, 1)
+}
+
+func TestMaxAckPending(t *testing.T) {
+	s, _ := setup(t, Config{AckPolicy: AckExplicit, AckWait: time.Minute, MaxAckPending: 2})
+	deliverNew(s, 1, 2)
+	if !s.AtMaxAckPending() {
+		t.Fatal("not at max ack pending with 2 of 2")
+	}
+	s.Ack(2, 2)
+	if s.AtMaxAckPending() {
+		t.Fatal("still at max ack pending after an ack")
+	}
+}
+
+func TestSkipMovesFloorOnlyWhenIdle(t *testing.T) {
+	s, _ := setup(t, Config{AckPolicy: AckExplicit, AckWait: time.Minute})
+	if !s.Skip(100) {
+		t.Fatal("skipping with nothing pending did not move the floor")
+	}
+	wantFloor(t, s, 0, 99)
+	deliverNew(s, 100, 100)
+	if s.Skip(200) {
+		t.Fatal("skipping moved the floor past a pending message")
+	}
+	s.Ack(100, 1)
+	wantFloor(t, s, 1, 199)
+}
+
+func TestResumeFromFloor(t *testing.T) {
+	clk := &fakeClock{t: time.Unix(0, 0)}
+	s := New(Config{AckPolicy: AckExplicit, AckWait: time.Second}, Pair{Consumer: 7, Stream: 40}, 0, clk)
+	if s.Next() != 41 {
+		t.Fatalf("next = %d, want 41", s.Next())
+	}
+	if dseq, _ := s.Deliver(41, 1); dseq != 8 {
+		t.Fatalf("consumer sequence = %d, want 8", dseq)
+	}
+}
+
+func TestTermAndGone(t *testing.T) {
+	s, _ := setup(t, Config{AckPolicy: AckExplicit, AckWait: time.Minute})
+	deliverNew(s, 1, 3)
+	s.Nak(1, 1, 0)
+	if !s.Gone(1) {
+		t.Fatal("a gone first message did not move the floor")
+	}
+	if s.HasRedeliveries() {
+		t.Fatal("a gone message stayed queued")
+	}
+	wantFloor(t, s, 1, 1)
+}
+
+func TestCompactionKeepsStateBounded(t *testing.T) {
+	s, _ := setup(t, Config{AckPolicy: AckExplicit, AckWait: time.Minute})
+	s.Deliver(1, 1) // stays pending and holds the floor down
+	for q := uint64(2); q <= 10_000; q++ {
+		s.Deliver(q, 1)
+		s.Ack(q, q)
+	}
+	if n := len(s.order); n > 2*len(s.pending)+1024 {
+		t.Fatalf("pending heap holds %d entries for %d pending", n, len(s.pending))
+	}
+	s.Ack(1, 1)
+	wantFloor(t, s, 10_000, 10_000)
+}

@@ -1,0 +1,136 @@
+package bridge
+
+import (
+	"context"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/jetgres/jetgres/embedded/leaf"
+	"github.com/jetgres/jetgres/embedded/natsd"
+	"github.com/jetgres/jetgres/flow"
+	"github.com/jetgres/jetgres/pg"
+	"github.com/jetgres/jetgres/pg/pgtest"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+// testBundle is one running bridge on a fresh database, with a client connected to it.
+type testBundle struct {
+	db     *pg.DB
+	nats   *natsd.Server
+	link   *leaf.Conn
+	bridge *Bridge
+	nc     *nats.Conn
+	js     jetstream.JetStream
+	reg    *prometheus.Registry
+}
+
+type setupOpts struct {
+	db     *pg.DB // reuse a database (restart tests); nil opens a fresh one
+	config func(*Config)
+}
+
+// setup starts the real pieces: PostgreSQL (one cluster per test process, a database per
+// test), the embedded NATS server, the leafnode link and the bridge; and a nats.go client.
+func setup(t testing.TB, opts ...setupOpts) *testBundle {
+	t.Helper()
+	var o setupOpts
+	if len(opts) > 0 {
+		o = opts[0]
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	tb := &testBundle{db: o.db, reg: prometheus.NewRegistry()}
+	if tb.db == nil {
+		tb.db = pgtest.Open(t)
+	}
+	logger := slog.New(slog.DiscardHandler)
+	var err error
+	tb.nats, err = natsd.Start(ctx, natsd.Config{Host: "127.0.0.1", Port: -1, Logger: logger})
+	if err != nil {
+		t.Fatalf("start nats: %v", err)
+	}
+	t.Cleanup(tb.nats.Stop)
+	ep := tb.nats.Leaf()
+	tb.link, err = leaf.Dial(ctx, leaf.Config{Addr: ep.Addr, User: ep.User, Password: ep.Password, Name: "bridge-test", Logger: logger})
+	if err != nil {
+		t.Fatalf("dial leaf: %v", err)
+	}
+	t.Cleanup(func() { _ = tb.link.Close() })
+	push, err := flow.NewLane("push", flow.Options{Init: flow.PushInitDefault, Min: flow.PushMinDefault, Max: flow.PushMaxDefault, Alpha: flow.AlphaDefault, Beta: flow.BetaDefault})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pop, err := flow.NewLane("pop", flow.Options{Init: flow.PopInitDefault, Min: flow.PopMinDefault, Max: flow.PopMaxDefault, Alpha: flow.AlphaDefault, Beta: flow.BetaDefault})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := Config{DB: tb.db, Link: tb.link, Push: push, Pop: pop, Logger: logger, Registerer: tb.reg}
+	if o.config != nil {
+		o.config(&cfg)
+	}
+	tb.bridge, err = New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tb.bridge.Start(ctx); err != nil {
+		t.Fatalf("start bridge: %v", err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := tb.bridge.Stop(ctx); err != nil {
+			t.Errorf("stop bridge: %v", err)
+		}
+	})
+	tb.nc, err = nats.Connect(tb.nats.ClientURL())
+	if err != nil {
+		t.Fatalf("connect: %v", err)
+	}
+	t.Cleanup(tb.nc.Close)
+	tb.js, err = jetstream.New(tb.nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tb
+}
+
+// stop stops the bridge and its link early, for tests that restart on the same database.
+func (tb *testBundle) stop(t testing.TB) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := tb.bridge.Stop(ctx); err != nil {
+		t.Fatalf("stop bridge: %v", err)
+	}
+	tb.nc.Close()
+	_ = tb.link.Close()
+	tb.nats.Stop()
+}
+
+func testContext(t testing.TB) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// waitFor polls cond until it holds or the deadline passes.
+func waitFor(t testing.TB, total time.Duration, cond func() error) {
+	t.Helper()
+	deadline := time.Now().Add(total)
+	for {
+		err := cond()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("condition not met within %v: %v", total, err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}

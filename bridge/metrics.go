@@ -1,0 +1,73 @@
+package bridge
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Reject and drop reasons, the label values of jetgres_publish_rejected_total and
+// jetgres_publish_dropped_total.
+const (
+	reasonIntakeFull = "intake_full"
+	reasonTooLarge   = "too_large"
+	reasonExpected   = "expected_header"
+	reasonDatabase   = "database"
+	reasonStopping   = "stopping"
+	reasonDuplicate  = "duplicate"
+)
+
+// pushMetrics are the publish path's instruments.
+type pushMetrics struct {
+	accepted  prometheus.Counter
+	rejected  *prometheus.CounterVec
+	dropped   *prometheus.CounterVec
+	batchMsgs prometheus.Histogram
+	batchTx   prometheus.Histogram
+	commit    prometheus.Histogram
+	pubAck    prometheus.Histogram
+	apiReqs   *prometheus.CounterVec
+}
+
+func newPushMetrics(reg prometheus.Registerer) *pushMetrics {
+	m := &pushMetrics{
+		accepted: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "jetgres_publish_accepted_total",
+			Help: "Publishes stored in a committed transaction (duplicates included).",
+		}),
+		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "jetgres_publish_rejected_total",
+			Help: "Publishes answered with an error, by reason.",
+		}, []string{"reason"}),
+		dropped: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "jetgres_publish_dropped_total",
+			Help: "Publishes without a reply subject that could not be stored, by reason.",
+		}, []string{"reason"}),
+		batchMsgs: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "jetgres_fusion_batch_messages",
+			Help:    "Messages per stream per flush.",
+			Buckets: prometheus.ExponentialBuckets(1, 4, 9),
+		}),
+		batchTx: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "jetgres_fusion_streams_per_transaction",
+			Help:    "Streams that shared one push transaction.",
+			Buckets: []float64{1, 2, 4, 8, 16, 32},
+		}),
+		commit: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "jetgres_fusion_commit_seconds",
+			Help:    "Database round trip of one push transaction, from connection to commit.",
+			Buckets: prometheus.ExponentialBuckets(0.0001, 2, 16),
+		}),
+		pubAck: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "jetgres_publish_ack_seconds",
+			Help:    "Producer latency: publish received to PubAck sent (after commit).",
+			Buckets: prometheus.ExponentialBuckets(0.0001, 2, 16),
+		}),
+		apiReqs: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "jetgres_api_requests_total",
+			Help: "JetStream API requests, by outcome (ok, error, overloaded).",
+		}, []string{"outcome"}),
+	}
+	if reg != nil {
+		reg.MustRegister(m.accepted, m.rejected, m.dropped, m.batchMsgs, m.batchTx, m.commit, m.pubAck, m.apiReqs)
+	}
+	return m
+}

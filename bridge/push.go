@@ -1,0 +1,386 @@
+package bridge
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+
+	"github.com/jetgres/jetgres/embedded/leaf"
+	"github.com/jetgres/jetgres/flow"
+	"github.com/jetgres/jetgres/pg"
+)
+
+// intake is a stream's fusion buffer: publishes taken in and waiting for the stream's next
+// push transaction. It is bounded in bytes. A stream has at most one flush in flight, which
+// together with its row lock in PostgreSQL makes commit order equal sequence order.
+type intake struct {
+	mu       sync.Mutex
+	buf      []publish
+	bytes    int
+	flushing bool // a transaction for this stream is in flight
+	queued   bool // waiting in the ready queue for a push permit
+	closed   bool // the stream is gone; nothing more is taken in
+}
+
+// publish is one message waiting in an intake, with what is needed to answer it.
+type publish struct {
+	msg   pg.AppendMsg
+	reply string
+	recv  time.Time
+	size  int
+}
+
+// onPublish runs on the link's read loop for every message on a stream subject. It never
+// blocks: it validates, appends to the stream's intake, and starts a flush if the stream
+// has none in flight and the push lane has a permit free (fire on idle).
+func (b *Bridge) onPublish(s *stream, m *leaf.Msg) {
+	cfg := s.config()
+	size := int(pg.MessageSize(m.Subject, m.Header, m.Data))
+	if cfg.MaxMsgSize > 0 && len(m.Data)+len(m.Header) > int(cfg.MaxMsgSize) {
+		b.reject(s, m.Reply, reasonTooLarge, server.NewJSStreamMessageExceedsMaximumError())
+		return
+	}
+	p := publish{reply: m.Reply, recv: time.Now(), size: size,
+		msg: pg.AppendMsg{Subject: m.Subject, Header: m.Header, Data: m.Data}}
+	if len(m.Header) > 0 {
+		if e := parseExpectations(s.name, m.Header, &p.msg); e != nil {
+			b.reject(s, m.Reply, reasonExpected, e)
+			return
+		}
+	}
+	in := &s.in
+	in.mu.Lock()
+	if in.closed {
+		in.mu.Unlock()
+		b.reject(s, m.Reply, reasonStopping, server.NewJSStreamNotFoundError())
+		return
+	}
+	if in.bytes+size > b.cfg.IntakeBytes && in.bytes > 0 {
+		in.mu.Unlock()
+		b.reject(s, m.Reply, reasonIntakeFull, errIntakeFull)
+		return
+	}
+	in.buf = append(in.buf, p)
+	in.bytes += size
+	b.kickLocked(s)
+	in.mu.Unlock()
+}
+
+// errIntakeFull answers a publish that found its stream's fusion buffer full: load
+// shedding, so a slow database shows as fast errors instead of unbounded memory. It uses
+// JetStream's "insufficient resources" code (503, err_code 10023) so clients treat it as
+// retryable.
+var errIntakeFull = server.NewJSInsufficientResourcesError()
+
+// parseExpectations reads the Nats-Msg-Id and Nats-Expected-* headers. The stream name is
+// checked here; the rest need the stream's row lock and are decided in the transaction.
+func parseExpectations(stream string, hdr []byte, m *pg.AppendMsg) *server.ApiError {
+	// Features jetgres does not implement are refused, never silently ignored.
+	if headerValue(hdr, server.JSMessageTTL) != "" {
+		return server.NewJSMessageTTLDisabledError()
+	}
+	if headerValue(hdr, server.JSBatchId) != "" {
+		return server.NewJSAtomicPublishDisabledError()
+	}
+	m.MsgID = headerValue(hdr, server.JSMsgId)
+	if v := headerValue(hdr, server.JSExpectedStream); v != "" && v != stream {
+		return server.NewJSStreamNotMatchError()
+	}
+	if v := headerValue(hdr, server.JSExpectedLastSeq); v != "" {
+		n, err := strconv.ParseUint(v, 10, 64)
+		if err != nil {
+			return server.NewJSStreamWrongLastSequenceConstantError()
+		}
+		m.ExpectLastSeq = &n
+	}
+	if v := headerValue(hdr, server.JSExpectedLastSubjSeq); v != "" {
+		n, err := strconv.ParseUint(v, 10, 64)
+		if err != nil {
+			return server.NewJSStreamWrongLastSequenceConstantError()
+		}
+		m.ExpectLastSubjSeq = &n
+		if f := headerValue(hdr, server.JSExpectedLastSubjSeqSubj); f != "" {
+			if !server.IsValidSubject(f) {
+				return server.NewJSStreamExpectedLastSeqPerSubjectInvalidError()
+			}
+			m.ExpectLastSubjFilter = f
+		}
+	}
+	m.ExpectLastMsgID = headerValue(hdr, server.JSExpectedLastMsgId)
+	return nil
+}
+
+// reject answers a publish with a JetStream error, or counts it as dropped when it has no
+// reply subject to answer on.
+func (b *Bridge) reject(s *stream, reply, reason string, e *server.ApiError) {
+	if reply == "" {
+		b.pm.dropped.WithLabelValues(reason).Inc()
+		return
+	}
+	b.pm.rejected.WithLabelValues(reason).Inc()
+	_ = b.link.Publish(reply, "", nil, pubError(s.name, e))
+}
+
+// kickLocked starts or schedules a flush of s. It must be called with s.in.mu held.
+func (b *Bridge) kickLocked(s *stream) {
+	in := &s.in
+	if in.flushing || in.queued || len(in.buf) == 0 {
+		return
+	}
+	if p, ok := b.cfg.Push.TryAcquire(); ok {
+		in.flushing = true
+		b.flushes.Add(1)
+		go b.flush(p, []*stream{s})
+		return
+	}
+	in.queued = true
+	b.ready.push(s)
+}
+
+// dispatchFlushes serves streams that found the push lane busy: it waits for a permit,
+// then flushes the oldest ready stream together with others ready at the same moment.
+func (b *Bridge) dispatchFlushes() {
+	for {
+		s, ok := b.ready.wait(b.ctx)
+		if !ok {
+			return
+		}
+		p, err := b.cfg.Push.Acquire(b.ctx)
+		if err != nil {
+			b.ready.unshift(s)
+			return
+		}
+		group := []*stream{s}
+		for len(group) < b.cfg.FlushMaxStreams {
+			next, ok := b.ready.pop()
+			if !ok {
+				break
+			}
+			group = append(group, next)
+		}
+		for _, g := range group {
+			g.in.mu.Lock()
+			g.in.queued = false
+			g.in.flushing = true
+			g.in.mu.Unlock()
+		}
+		b.flushes.Add(1)
+		go b.flush(p, group)
+	}
+}
+
+// flush commits what the given streams have accumulated in one transaction, answers every
+// publisher after the commit, and hands the committed rows to the consumers.
+func (b *Bridge) flush(p *flow.Permit, group []*stream) {
+	defer b.flushes.Done()
+	batches := make([]pg.AppendBatch, 0, len(group))
+	taken := make(map[int64][]publish, len(group))
+	for _, s := range group {
+		in := &s.in
+		in.mu.Lock()
+		n := min(len(in.buf), b.cfg.FlushMaxMsgs)
+		pubs := in.buf[:n:n]
+		in.buf = in.buf[n:]
+		for _, pb := range pubs {
+			in.bytes -= pb.size
+		}
+		if len(in.buf) == 0 {
+			in.buf = nil
+		}
+		in.mu.Unlock()
+		if n == 0 {
+			continue
+		}
+		cfg := s.config()
+		msgs := make([]pg.AppendMsg, n)
+		for i := range pubs {
+			msgs[i] = pubs[i].msg
+		}
+		if cfg.Retention == server.InterestPolicy {
+			subjects := make([]string, n)
+			for i := range msgs {
+				subjects[i] = msgs[i].Subject
+			}
+			for i, none := range b.noInterest(s, subjects) {
+				msgs[i].NoInterest = none
+			}
+		}
+		taken[s.id] = pubs
+		batches = append(batches, pg.AppendBatch{StreamID: s.id, DupWindow: cfg.Duplicates, ChunkRows: s.chunkRows.Load(),
+			Limits: streamLimits(&cfg), Msgs: msgs})
+		b.pm.batchMsgs.Observe(float64(n))
+	}
+	if len(batches) == 0 {
+		p.Abandon()
+	} else {
+		b.pm.batchTx.Observe(float64(len(batches)))
+		// The flush is not tied to a request: it must finish and answer even while the
+		// bridge stops, so only the statement timeout bounds it.
+		results, rtt, err := b.db.Append(context.WithoutCancel(b.ctx), batches, time.Now().UnixNano())
+		p.Release(rtt)
+		b.pm.commit.Observe(rtt.Seconds())
+		byID := make(map[int64]*stream, len(group))
+		for _, s := range group {
+			byID[s.id] = s
+		}
+		if err != nil {
+			b.log.Warn("push transaction failed", "streams", len(batches), "err", err)
+			for _, bt := range batches {
+				s := byID[bt.StreamID]
+				for _, pb := range taken[bt.StreamID] {
+					b.reject(s, pb.reply, reasonDatabase, storeFailed(err))
+				}
+			}
+		} else {
+			for _, r := range results {
+				s := byID[r.StreamID]
+				b.answer(s, taken[r.StreamID], r)
+				if r.Removed && b.cachedAny(s, r.FirstSeq-1, r.Tombstoned) {
+					b.streamPurged(s)
+				}
+				if len(r.Stored) > 0 {
+					b.consumersCommitted(s, r.Stored)
+				}
+			}
+		}
+	}
+	for _, s := range group {
+		s.in.mu.Lock()
+		s.in.flushing = false
+		b.kickLocked(s)
+		s.in.mu.Unlock()
+	}
+}
+
+func storeFailed(err error) *server.ApiError {
+	if errors.Is(err, pg.ErrTimeout) {
+		return server.NewJSStreamStoreFailedError(errors.New("database timeout"))
+	}
+	return server.NewJSStreamStoreFailedError(errors.New("database unavailable"))
+}
+
+// answer sends each publisher its PubAck (or the error its expectation produced).
+func (b *Bridge) answer(s *stream, pubs []publish, r pg.AppendResult) {
+	now := time.Now()
+	for i, pb := range pubs {
+		o := r.Outcomes[i]
+		if o.Err != nil {
+			var ee *pg.ExpectError
+			var le *pg.LimitError
+			e, reason := server.NewJSStreamStoreFailedError(o.Err), reasonExpected
+			switch {
+			case errors.As(o.Err, &le):
+				e, reason = limitRejected(le), reasonLimit
+			case errors.As(o.Err, &ee) && ee.Kind == pg.ExpectLastMsgIDKind:
+				e = server.NewJSStreamWrongLastMsgIDError(ee.LastID)
+			case errors.As(o.Err, &ee):
+				e = server.NewJSStreamWrongLastSequenceError(ee.LastSeq)
+			}
+			b.reject(s, pb.reply, reason, e)
+			continue
+		}
+		b.pm.accepted.Inc()
+		if o.Duplicate {
+			b.pm.rejected.WithLabelValues(reasonDuplicate).Inc()
+		}
+		if pb.reply == "" {
+			continue
+		}
+		_ = b.link.Publish(pb.reply, "", nil, pubAck(s.ackPfx, o.Seq, o.Duplicate))
+		b.pm.pubAck.Observe(now.Sub(pb.recv).Seconds())
+	}
+}
+
+// drainIntake flushes whatever is still buffered, for Stop: nothing taken in is lost.
+func (b *Bridge) drainIntake() {
+	for _, s := range b.streamList() {
+		s.in.mu.Lock()
+		if len(s.in.buf) > 0 && !s.in.flushing && !s.in.queued {
+			b.kickLocked(s)
+		}
+		s.in.mu.Unlock()
+	}
+	// Streams parked in the ready queue still need a permit; the dispatcher is running
+	// until the bridge context ends, which happens only after this drain.
+	for !b.ready.empty() {
+		select {
+		case <-b.ctx.Done():
+			return
+		case <-time.After(time.Millisecond):
+		}
+	}
+}
+
+// closeIntake answers everything still buffered in s with e and takes no more: the stream
+// is gone.
+func (b *Bridge) closeIntake(s *stream, e *server.ApiError) {
+	in := &s.in
+	in.mu.Lock()
+	pubs := in.buf
+	in.buf, in.bytes, in.closed = nil, 0, true
+	in.mu.Unlock()
+	for _, pb := range pubs {
+		b.reject(s, pb.reply, reasonStopping, e)
+	}
+}
+
+// readyQueue is the FIFO of streams waiting for a push permit. A stream is in it at most
+// once (intake.queued), so its length is bounded by the number of streams.
+type readyQueue struct {
+	mu     sync.Mutex
+	items  []*stream
+	signal chan struct{}
+}
+
+func newReadyQueue() *readyQueue { return &readyQueue{signal: make(chan struct{}, 1)} }
+
+func (q *readyQueue) push(s *stream) {
+	q.mu.Lock()
+	q.items = append(q.items, s)
+	q.mu.Unlock()
+	select {
+	case q.signal <- struct{}{}:
+	default:
+	}
+}
+
+func (q *readyQueue) unshift(s *stream) {
+	q.mu.Lock()
+	q.items = append([]*stream{s}, q.items...)
+	q.mu.Unlock()
+}
+
+func (q *readyQueue) pop() (*stream, bool) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if len(q.items) == 0 {
+		return nil, false
+	}
+	s := q.items[0]
+	q.items[0] = nil
+	q.items = q.items[1:]
+	return s, true
+}
+
+func (q *readyQueue) empty() bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return len(q.items) == 0
+}
+
+func (q *readyQueue) wait(ctx context.Context) (*stream, bool) {
+	for {
+		if s, ok := q.pop(); ok {
+			return s, true
+		}
+		select {
+		case <-ctx.Done():
+			return nil, false
+		case <-q.signal:
+		}
+	}
+}

@@ -1,0 +1,519 @@
+package bridge
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+
+	"github.com/jetgres/jetgres/embedded/leaf"
+	"github.com/jetgres/jetgres/pg"
+)
+
+const (
+	// maintainPeriod is how often the maintainer expires messages past max_age, drops chunk
+	// tables the first sequence has passed, and re-reads the ack floors of interest and
+	// workqueue streams. JetStream expires on a timer of about the same grain.
+	maintainPeriod = time.Second
+	// pruneIDsPeriod is how often de-duplication ids past their window are deleted. A
+	// late prune costs nothing but rows: expired ids no longer match.
+	pruneIDsPeriod = time.Minute
+	// chunkIdleRetire is how long an emptied stream must go without appends before its last
+	// chunk is retired so that it can be dropped too.
+	chunkIdleRetire = 2 * time.Second
+	// retainRetry is how soon a pass looks again at acks the consumer had not yet applied.
+	retainRetry = 20 * time.Millisecond
+)
+
+// reasonLimit labels publishes a discard-new limit refused, beside the reasons in metrics.go.
+const reasonLimit = "limit"
+
+// maintainers maps each Bridge to its maintainer. It stands in for a field of Bridge, which
+// holds only what the bridge's own files own.
+var maintainers sync.Map
+
+// maintainer is the bridge's background retention work: interest and workqueue retention
+// passes, max_age, chunk drops and de-duplication id pruning. It runs on one goroutine and
+// through db.Background, so it never takes a flow-limiter permit, and every transaction it
+// opens is short.
+type maintainer struct {
+	b      *Bridge
+	kick   chan struct{}
+	ackSub *leaf.Subscription
+
+	lastPrune time.Time
+}
+
+func (b *Bridge) maint() *maintainer {
+	v, _ := maintainers.Load(b)
+	m, _ := v.(*maintainer)
+	return m
+}
+
+// startRetention starts the maintainer and watches acks. Without the ack subscription
+// retention still follows the consumers' ack floors; only acks above a floor wait for it.
+func (b *Bridge) startRetention() {
+	m := &maintainer{b: b, kick: make(chan struct{}, 1), lastPrune: time.Now()}
+	maintainers.Store(b, m)
+	sub, err := b.link.Subscribe(ackPrefix+">", "", m.onAck)
+	if err != nil {
+		b.log.Warn("watching acks for retention failed", "err", err)
+	}
+	m.ackSub = sub
+	b.wg.Go(m.run)
+}
+
+// stopRetention stops watching acks; the maintainer's goroutine ends with the bridge's
+// context.
+func (b *Bridge) stopRetention() {
+	if m := b.maint(); m != nil && m.ackSub != nil {
+		_ = m.ackSub.Unsubscribe()
+	}
+	maintainers.Delete(b)
+}
+
+// retained is a stream's interest and workqueue retention state.
+type retained struct {
+	mu     sync.Mutex
+	acked  map[string][]uint64 // acks seen on the link, by consumer, not yet settled
+	dirty  bool
+	remote [][]string // filters of the consumers other replicas serve, as of the last pass
+
+	run     sync.Mutex        // serialises passes
+	applied map[string]uint64 // the floors the last pass applied, by consumer
+	sig     string            // the consumers and filters the last pass saw
+}
+
+// onAck runs on the link's read loop beside the consumers' own ack handler: it notes which
+// messages were acknowledged, for the next retention pass. The consumer decides whether the
+// ack counts; the pass asks it.
+func (m *maintainer) onAck(msg *leaf.Msg) {
+	a, ok := parseAckSubject(msg.Subject)
+	if !ok {
+		return
+	}
+	body := msg.Data
+	if !(len(body) == 0 || bytes.Equal(body, ackAck) || bytes.Equal(body, ackOK) ||
+		bytes.HasPrefix(body, ackNext) || bytes.HasPrefix(body, ackTerm)) {
+		return
+	}
+	s := m.b.lookup(a.stream)
+	if s == nil || s.config().Retention == server.LimitsPolicy {
+		return
+	}
+	rs := &s.ret
+	rs.mu.Lock()
+	if rs.acked == nil {
+		rs.acked = make(map[string][]uint64)
+	}
+	rs.acked[a.consumer] = append(rs.acked[a.consumer], a.sseq)
+	rs.dirty = true
+	rs.mu.Unlock()
+	m.wake()
+}
+
+func (m *maintainer) wake() {
+	select {
+	case m.kick <- struct{}{}:
+	default:
+	}
+}
+
+func (m *maintainer) run() {
+	ctx := m.b.ctx
+	tick := time.NewTicker(maintainPeriod)
+	defer tick.Stop()
+	retry := time.NewTimer(time.Hour)
+	defer retry.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-m.kick:
+			if m.retainAll(ctx, true) {
+				retry.Reset(retainRetry)
+			}
+		case <-retry.C:
+			if m.retainAll(ctx, false) {
+				retry.Reset(retainRetry)
+			}
+		case <-tick.C:
+			m.retainAll(ctx, false)
+			m.expire(ctx)
+			m.dropChunks(ctx)
+			if time.Since(m.lastPrune) >= pruneIDsPeriod {
+				m.pruneIDs(ctx)
+				m.lastPrune = time.Now()
+			}
+		}
+	}
+}
+
+// retainAll runs a retention pass on every interest and workqueue stream (only those with
+// acks seen since the last pass when dirtyOnly). It reports whether acks were left for the
+// consumer to apply.
+func (m *maintainer) retainAll(ctx context.Context, dirtyOnly bool) (again bool) {
+	for _, s := range m.b.streamList() {
+		if s.config().Retention == server.LimitsPolicy {
+			continue
+		}
+		if dirtyOnly {
+			s.ret.mu.Lock()
+			dirty := s.ret.dirty
+			s.ret.mu.Unlock()
+			if !dirty {
+				continue
+			}
+		}
+		waiting, err := m.b.retain(ctx, s)
+		if err != nil && ctx.Err() == nil {
+			m.b.log.Warn("retention pass failed", "stream", s.name, "err", err)
+		}
+		again = again || waiting
+	}
+	return again
+}
+
+// settleRetention runs a retention pass on s now, so that what a client reads next
+// reflects every ack the consumers have applied.
+func (b *Bridge) settleRetention(ctx context.Context, s *stream) error {
+	if s.config().Retention == server.LimitsPolicy || b.maint() == nil {
+		return nil
+	}
+	_, err := b.retain(ctx, s)
+	return err
+}
+
+// retain is one retention pass over s: it gathers each consumer's ack floor and the acks it
+// applied above it (from the consumer itself when this process serves it, from PostgreSQL
+// otherwise) and removes what no consumer needs any more. It reports whether acks seen on
+// the link were not yet applied by their consumer.
+func (b *Bridge) retain(ctx context.Context, s *stream) (waiting bool, err error) {
+	cfg := s.config()
+	rs := &s.ret
+	rs.run.Lock()
+	defer rs.run.Unlock()
+	rows, err := b.db.Consumers(ctx, s.id)
+	if err != nil {
+		return false, err
+	}
+	rs.mu.Lock()
+	seen := make(map[string][]uint64, len(rs.acked))
+	for name, seqs := range rs.acked {
+		seen[name] = slices.Clone(seqs)
+	}
+	rs.dirty = false
+	rs.mu.Unlock()
+
+	p := pg.RetainParams{StreamID: s.id, WorkQueue: cfg.Retention == server.WorkQueuePolicy}
+	floors := make(map[string]uint64, len(rows))
+	// open says which acks seen on the link may still matter after this pass: those the
+	// consumer has yet to apply, and those it applied that some other consumer still needs.
+	open := make(map[string]func(seq uint64) bool, len(rows))
+	var remote [][]string
+	var sig strings.Builder
+	fmt.Fprintf(&sig, "%s;", cfg.Retention)
+	for _, row := range rows {
+		var cc server.ConsumerConfig
+		if err := json.Unmarshal(row.Config, &cc); err != nil {
+			return false, fmt.Errorf("consumer %q: stored config does not decode: %w", row.Name, err)
+		}
+		rc := pg.RetainConsumer{Floor: row.AckStreamSeq, Filters: consumerFilters(&cc)}
+		fmt.Fprintf(&sig, "%s/%d/%s;", row.Name, row.Created.UnixNano(), strings.Join(rc.Filters, ","))
+		c := b.servedConsumer(s, row)
+		if c == nil {
+			remote = append(remote, rc.Filters)
+			p.Consumers = append(p.Consumers, rc)
+			floors[row.Name] = rc.Floor
+			continue
+		}
+		floor, next, pending := c.retentionView()
+		rc.Floor = max(rc.Floor, floor)
+		for _, seq := range seen[row.Name] {
+			_, held := slices.BinarySearch(pending, seq)
+			switch {
+			case seq <= rc.Floor || seq >= next:
+			case held:
+				waiting = true
+			default:
+				rc.Acked = append(rc.Acked, seq)
+			}
+		}
+		slices.Sort(rc.Acked)
+		rc.Acked = slices.Compact(rc.Acked)
+		open[row.Name] = func(seq uint64) bool { return seq > rc.Floor && seq < next }
+		floors[row.Name] = rc.Floor
+		p.Consumers = append(p.Consumers, rc)
+	}
+	if sig.String() != rs.sig {
+		// Consumers came, went or changed filters (or this is the first pass): any message
+		// may have lost the last consumer that needed it.
+		p.Recheck = []pg.SeqRange{{From: 0, To: math.MaxInt64}}
+	} else {
+		for name, f := range floors {
+			if old, ok := rs.applied[name]; ok && f > old {
+				p.Recheck = append(p.Recheck, pg.SeqRange{From: old + 1, To: f})
+			}
+		}
+	}
+	rs.mu.Lock()
+	rs.remote = remote
+	rs.mu.Unlock()
+
+	act := len(p.Recheck) > 0
+	for _, c := range p.Consumers {
+		act = act || len(c.Acked) > 0
+	}
+	var gone map[uint64]bool
+	if act {
+		res, err := b.db.Retain(ctx, p)
+		if err != nil {
+			return waiting, err
+		}
+		gone = make(map[uint64]bool, len(res.Gone))
+		for _, seq := range res.Gone {
+			gone[seq] = true
+		}
+		if res.Tombstoned > 0 {
+			b.streamPurged(s)
+		}
+	}
+	rs.applied, rs.sig = floors, sig.String()
+
+	rs.mu.Lock()
+	for name, seqs := range rs.acked {
+		keep := open[name]
+		if keep == nil {
+			delete(rs.acked, name)
+			continue
+		}
+		if seqs = slices.DeleteFunc(seqs, func(seq uint64) bool { return !keep(seq) || gone[seq] }); len(seqs) > 0 {
+			rs.acked[name] = seqs
+		} else {
+			delete(rs.acked, name)
+		}
+	}
+	rs.mu.Unlock()
+	return waiting, nil
+}
+
+// retentionChanged makes the next pass over s look at every message again: under the
+// policy it had, messages were kept for reasons the new one does not know.
+func (b *Bridge) retentionChanged(s *stream) {
+	s.ret.run.Lock()
+	s.ret.sig = ""
+	s.ret.run.Unlock()
+}
+
+// servedConsumer is the consumer a stored row describes, if this process serves it.
+func (b *Bridge) servedConsumer(s *stream, row pg.Consumer) *consumer {
+	cs := b.cs()
+	if cs == nil {
+		return nil
+	}
+	c := cs.find(s.name, row.Name)
+	if c == nil || c.sc.s != s || !c.created.Equal(row.Created) {
+		return nil
+	}
+	return c
+}
+
+// retentionView is what retention needs of a consumer's state: its ack floor, the next
+// sequence it would consider, and the deliveries still waiting for an ack.
+func (c *consumer) retentionView() (floor, next uint64, pending []uint64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.st.AckFloor().Stream, c.st.Next(), c.st.PendingSeqs()
+}
+
+// noInterest reports, for an interest stream, which of the given subjects no consumer's
+// filter matches: JetStream gives such a publish a sequence and stores nothing. Consumers
+// this process serves are known at once; those other replicas serve, as of the last
+// retention pass.
+func (b *Bridge) noInterest(s *stream, subjects []string) []bool {
+	var local []*consumer
+	if cs := b.cs(); cs != nil {
+		cs.mu.RLock()
+		sc := cs.streams[s]
+		cs.mu.RUnlock()
+		if sc != nil {
+			local = sc.list()
+		}
+	}
+	s.ret.mu.Lock()
+	remote := s.ret.remote
+	s.ret.mu.Unlock()
+	out := make([]bool, len(subjects))
+	for i, subj := range subjects {
+		wanted := false
+		for _, c := range local {
+			if wanted = c.matchFilters(subj); wanted {
+				break
+			}
+		}
+		for _, f := range remote {
+			if wanted = wanted || matchAny(f, subj); wanted {
+				break
+			}
+		}
+		out[i] = !wanted
+	}
+	return out
+}
+
+// cachedAny reports whether the stream's tail cache covers one of the given sequences, so
+// that it must forget what limits just removed. Limits usually remove the oldest messages,
+// long gone from the cache, and clearing it for nothing would send every consumer that
+// keeps up back to PostgreSQL.
+func (b *Bridge) cachedAny(s *stream, below uint64, seqs []uint64) bool {
+	cs := b.cs()
+	if cs == nil {
+		return false
+	}
+	cs.mu.RLock()
+	sc := cs.streams[s]
+	cs.mu.RUnlock()
+	if sc == nil {
+		return false
+	}
+	if _, _, covered := sc.tail.get(below); covered {
+		return true
+	}
+	for _, seq := range seqs {
+		if _, _, covered := sc.tail.get(seq); covered {
+			return true
+		}
+	}
+	return false
+}
+
+// expire applies max_age.
+func (m *maintainer) expire(ctx context.Context) {
+	now := time.Now()
+	for _, s := range m.b.streamList() {
+		cfg := s.config()
+		if cfg.MaxAge <= 0 {
+			continue
+		}
+		n, err := m.b.db.ExpireOlder(ctx, s.id, now.Add(-cfg.MaxAge).UnixNano())
+		switch {
+		case err != nil && !errors.Is(err, pg.ErrNotFound) && ctx.Err() == nil:
+			m.b.log.Warn("expiring messages failed", "stream", s.name, "err", err)
+		case n > 0:
+			m.b.streamPurged(s)
+		}
+	}
+}
+
+// dropChunks gives back the space of chunks that no stream can read any more.
+func (m *maintainer) dropChunks(ctx context.Context) {
+	for _, s := range m.b.streamList() {
+		if _, err := m.b.db.DropChunks(ctx, s.id, chunkIdleRetire); err != nil && !errors.Is(err, pg.ErrNotFound) && ctx.Err() == nil {
+			m.b.log.Warn("dropping chunks failed", "stream", s.name, "err", err)
+		}
+	}
+}
+
+// pruneIDs forgets de-duplication ids that their window has passed.
+func (m *maintainer) pruneIDs(ctx context.Context) {
+	now := time.Now()
+	for _, s := range m.b.streamList() {
+		cfg := s.config()
+		if _, err := m.b.db.PruneMsgIDs(ctx, s.id, now.Add(-cfg.Duplicates).UnixNano()); err != nil && ctx.Err() == nil {
+			m.b.log.Warn("pruning message ids failed", "stream", s.name, "err", err)
+		}
+	}
+}
+
+// applyLimits applies a stream's limits to what it already holds, as JetStream does when
+// an update lowers them.
+func (b *Bridge) applyLimits(ctx context.Context, s *stream, cfg *server.StreamConfig) error {
+	n, err := b.db.EnforceLimits(ctx, s.id, streamLimits(cfg))
+	if err != nil {
+		return err
+	}
+	if cfg.MaxAge > 0 {
+		expired, err := b.db.ExpireOlder(ctx, s.id, time.Now().Add(-cfg.MaxAge).UnixNano())
+		if err != nil {
+			return err
+		}
+		n += expired
+	}
+	if n > 0 {
+		b.streamPurged(s)
+	}
+	return nil
+}
+
+// streamLimits is what the append transaction enforces of a stream's configuration.
+func streamLimits(cfg *server.StreamConfig) pg.Limits {
+	return pg.Limits{
+		MaxMsgs:       cfg.MaxMsgs,
+		MaxBytes:      cfg.MaxBytes,
+		MaxMsgsPer:    cfg.MaxMsgsPer,
+		DiscardNew:    cfg.Discard == server.DiscardNew,
+		DiscardNewPer: cfg.DiscardNewPer,
+	}
+}
+
+// limitRejected is the JetStream error for a publish a discard-new limit refused: a store
+// failure (503, err_code 10077) whose description names the limit, as nats-server sends it.
+func limitRejected(e *pg.LimitError) *server.ApiError {
+	return server.NewJSStreamStoreFailedError(e)
+}
+
+// workQueueConflict is nats-server's check that a consumer on a workqueue stream does not
+// share messages with another: no second unfiltered consumer, and no filter that collides
+// with another consumer's. An existing consumer being updated is only checked for
+// collisions, as nats-server does.
+func (b *Bridge) workQueueConflict(ctx context.Context, s *stream, name string, cfg *server.ConsumerConfig) *server.ApiError {
+	if s.config().Retention != server.WorkQueuePolicy {
+		return nil
+	}
+	rows, err := b.db.Consumers(ctx, s.id)
+	if err != nil {
+		b.log.Error("listing consumers", "stream", s.name, "err", err)
+		return server.NewJSConsumerCreateError(errors.New("database error"))
+	}
+	filters := consumerFilters(cfg)
+	exists := false
+	var others [][]string
+	for _, row := range rows {
+		if row.Name == name {
+			exists = true
+			continue
+		}
+		var oc server.ConsumerConfig
+		if err := json.Unmarshal(row.Config, &oc); err != nil {
+			return server.NewJSConsumerCreateError(fmt.Errorf("consumer %q: stored config does not decode", row.Name))
+		}
+		others = append(others, consumerFilters(&oc))
+	}
+	if len(others) == 0 {
+		return nil
+	}
+	if len(filters) == 0 && !exists {
+		return server.NewJSConsumerWQMultipleUnfilteredError()
+	}
+	for _, f := range filters {
+		for _, of := range others {
+			if len(of) == 0 {
+				return server.NewJSConsumerWQConsumerNotUniqueError()
+			}
+			for _, g := range of {
+				if server.SubjectsCollide(f, g) {
+					return server.NewJSConsumerWQConsumerNotUniqueError()
+				}
+			}
+		}
+	}
+	return nil
+}

@@ -1,0 +1,366 @@
+package bridge
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/jetgres/jetgres/pg"
+	"github.com/jetgres/jetgres/pg/pgtest"
+)
+
+// BenchmarkSoakWorkQueue publishes a backlog of messages to a workqueue stream, consumes and
+// acknowledges all of them, and watches the stream's chunk tables in pg_stat_user_tables:
+// dead tuples and total size, during consumption and after it. In the same database and the
+// same run it does the same to the naive queue table (an INSERT per message; per ack a
+// SELECT … FOR UPDATE SKIP LOCKED and a DELETE), the design retention avoids.
+//
+//	go test -bench Soak -run xxx -benchtime 1x ./bridge/
+//
+// JETGRES_SOAK_MSGS sets the message count (default 1,000,000); JETGRES_SOAK_HOLD_SNAPSHOT=1
+// keeps a REPEATABLE READ transaction open through both consumptions, as a lagging replica
+// or a forgotten session would.
+func BenchmarkSoakWorkQueue(b *testing.B) {
+	n := 1_000_000
+	if v := os.Getenv("JETGRES_SOAK_MSGS"); v != "" {
+		var err error
+		if n, err = strconv.Atoi(v); err != nil || n <= 0 {
+			b.Fatalf("JETGRES_SOAK_MSGS=%q: want a positive number", v)
+		}
+	}
+	hold := os.Getenv("JETGRES_SOAK_HOLD_SNAPSHOT") == "1"
+	for b.Loop() {
+		soak(b, n, hold)
+	}
+}
+
+const (
+	soakPayload   = 128
+	soakChunkRows = 16384
+	soakBatch     = 500
+	naiveWorkers  = 4
+	sampleEvery   = 250 * time.Millisecond
+	// statsSettle is how long after the last write the numbers are read: PostgreSQL 15 and
+	// later flush a busy backend's table statistics within ten seconds of it going idle.
+	statsSettle = 11 * time.Second
+)
+
+// tableStats is pg_stat_user_tables summed over a set of tables.
+type tableStats struct {
+	tables          int
+	live, dead      int64
+	bytes           int64
+	when            time.Duration
+	consumedPercent int
+}
+
+func (s tableStats) short() string {
+	return fmt.Sprintf("%3d%%: %2d tables, live %7d, dead %7d, %6.1f MiB",
+		s.consumedPercent, s.tables, s.live, s.dead, float64(s.bytes)/(1<<20))
+}
+
+func readStats(ctx context.Context, pool *pgxpool.Pool, schema, like string) (tableStats, error) {
+	var s tableStats
+	err := pool.QueryRow(ctx, `SELECT count(*), coalesce(sum(n_live_tup), 0), coalesce(sum(n_dead_tup), 0),
+			coalesce(sum(pg_total_relation_size(relid)), 0)
+		FROM pg_stat_user_tables WHERE schemaname = $1 AND relname LIKE $2`, schema, like).
+		Scan(&s.tables, &s.live, &s.dead, &s.bytes)
+	return s, err
+}
+
+// sampler records table statistics every second while a consumption runs.
+type sampler struct {
+	pool         *pgxpool.Pool
+	schema, like string
+	done         *atomic.Int64
+	total        int
+
+	mu      sync.Mutex
+	samples []tableStats
+}
+
+func (s *sampler) run(ctx context.Context, start time.Time) {
+	t := time.NewTicker(sampleEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		st, err := readStats(ctx, s.pool, s.schema, s.like)
+		if err != nil {
+			continue
+		}
+		st.when = time.Since(start)
+		st.consumedPercent = int(s.done.Load() * 100 / int64(s.total))
+		s.mu.Lock()
+		s.samples = append(s.samples, st)
+		s.mu.Unlock()
+	}
+}
+
+func (s *sampler) peak() tableStats {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var p tableStats
+	for _, st := range s.samples {
+		p.dead = max(p.dead, st.dead)
+		p.bytes = max(p.bytes, st.bytes)
+		p.tables = max(p.tables, st.tables)
+		p.live = max(p.live, st.live)
+	}
+	return p
+}
+
+// during picks a few samples spread over the consumption, for the log.
+func (s *sampler) during() []tableStats {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []tableStats
+	next := 0
+	for _, st := range s.samples {
+		if st.consumedPercent >= next && len(out) < 4 {
+			out = append(out, st)
+			next = st.consumedPercent/25*25 + 25
+		}
+	}
+	return out
+}
+
+func soak(b *testing.B, n int, hold bool) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Hour)
+	defer cancel()
+	url := pgtest.NewDB(b)
+	db, err := pg.Open(ctx, pg.Config{URL: url})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(db.Close)
+	if err := db.Migrate(ctx); err != nil {
+		b.Fatal(err)
+	}
+	tb := setup(b, setupOpts{db: db})
+	pool, err := pgxpool.New(ctx, url)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(pool.Close)
+	var snapshot pgx.Tx
+	if hold {
+		if snapshot, err = pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead}); err != nil {
+			b.Fatal(err)
+		}
+		if _, err := snapshot.Exec(ctx, `SELECT count(*) FROM pg_class`); err != nil {
+			b.Fatal(err)
+		}
+		defer func() { _ = snapshot.Rollback(context.Background()) }()
+	}
+
+	// jetgres.
+	if _, err := tb.js.CreateStream(ctx, jetstream.StreamConfig{Name: "SOAK", Subjects: []string{"soak.>"},
+		Retention: jetstream.WorkQueuePolicy}); err != nil {
+		b.Fatal(err)
+	}
+	s := tb.bridge.lookup("SOAK")
+	s.chunkRows.Store(soakChunkRows)
+	start := time.Now()
+	soakPublish(b, ctx, tb.js, n)
+	pubTime := time.Since(start)
+	jetLike := fmt.Sprintf(`msgs\_%d\_%%`, s.id)
+	before, err := readStats(ctx, pool, "jetgres", jetLike)
+	if err != nil {
+		b.Fatal(err)
+	}
+	var done atomic.Int64
+	jetSamples := &sampler{pool: pool, schema: "jetgres", like: jetLike, done: &done, total: n}
+	sctx, stopSampling := context.WithCancel(ctx)
+	go jetSamples.run(sctx, time.Now())
+	start = time.Now()
+	soakConsume(b, ctx, tb.js, n, &done)
+	jetConsume := time.Since(start)
+	stopSampling()
+	var jetAfter tableStats
+	waitFor(b, time.Minute, func() error {
+		st, err := tb.js.Stream(ctx, "SOAK")
+		if err != nil {
+			return err
+		}
+		if msgs := st.CachedInfo().State.Msgs; msgs != 0 {
+			return fmt.Errorf("%d messages left", msgs)
+		}
+		if jetAfter, err = readStats(ctx, pool, "jetgres", jetLike); err != nil {
+			return err
+		}
+		if jetAfter.tables > 1 || jetAfter.live > 0 {
+			return fmt.Errorf("chunk tables not dropped yet: %s", jetAfter.short())
+		}
+		return nil
+	})
+	time.Sleep(statsSettle)
+	if jetAfter, err = readStats(ctx, pool, "jetgres", jetLike); err != nil {
+		b.Fatal(err)
+	}
+	jetAfter.consumedPercent = 100
+	tombs, err := readStats(ctx, pool, "jetgres", "deleted")
+	if err != nil {
+		b.Fatal(err)
+	}
+
+	// The naive queue.
+	if _, err := pool.Exec(ctx, `CREATE TABLE public.soak_naive (
+		id      bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+		subject text  NOT NULL,
+		data    bytea NOT NULL)`); err != nil {
+		b.Fatal(err)
+	}
+	start = time.Now()
+	naiveInsert(b, ctx, pool, n)
+	naivePub := time.Since(start)
+	var naiveDone atomic.Int64
+	naiveSamples := &sampler{pool: pool, schema: "public", like: "soak\\_naive", done: &naiveDone, total: n}
+	sctx, stopSampling = context.WithCancel(ctx)
+	go naiveSamples.run(sctx, time.Now())
+	start = time.Now()
+	naiveConsume(b, ctx, pool, n, &naiveDone)
+	naiveTime := time.Since(start)
+	stopSampling()
+	time.Sleep(statsSettle)
+	naiveAfter, err := readStats(ctx, pool, "public", "soak\\_naive")
+	if err != nil {
+		b.Fatal(err)
+	}
+
+	naiveAfter.consumedPercent = 100
+
+	// A benchmark keeps ten lines of log: one table, the two queues side by side.
+	b.Logf("%d messages of %d bytes; jetgres chunks of %d rows; snapshot held: %v", n, soakPayload, soakChunkRows, hold)
+	b.Logf("%-12s %-58s | %s", "", "jetgres workqueue stream (chunk tables)", "naive DELETE-on-ack table")
+	b.Logf("%-12s %-58s | %v", "fill", pubTime.Round(time.Millisecond), naivePub.Round(time.Millisecond))
+	b.Logf("%-12s %-58s | %v", "consume+ack", jetConsume.Round(time.Millisecond), naiveTime.Round(time.Millisecond))
+	jd, nd := jetSamples.during(), naiveSamples.during()
+	for i := range max(len(jd), len(nd)) {
+		var l, r string
+		if i < len(jd) {
+			l = jd[i].short()
+		}
+		if i < len(nd) {
+			r = nd[i].short()
+		}
+		b.Logf("%-12s %-58s | %s", "during", l, r)
+	}
+	b.Logf("%-12s %-58s | %s", "after", jetAfter.short()+fmt.Sprintf(" tombstones %d", tombs.live), naiveAfter.short())
+
+	jp, np := jetSamples.peak(), naiveSamples.peak()
+	b.ReportMetric(float64(jp.dead), "jetgres-peak-dead-tup")
+	b.ReportMetric(float64(jetAfter.dead), "jetgres-after-dead-tup")
+	b.ReportMetric(float64(max(jp.bytes, before.bytes))/(1<<20), "jetgres-peak-MiB")
+	b.ReportMetric(float64(jetAfter.bytes)/(1<<20), "jetgres-after-MiB")
+	b.ReportMetric(float64(np.dead), "naive-peak-dead-tup")
+	b.ReportMetric(float64(naiveAfter.dead), "naive-after-dead-tup")
+	b.ReportMetric(float64(np.bytes)/(1<<20), "naive-peak-MiB")
+	b.ReportMetric(float64(naiveAfter.bytes)/(1<<20), "naive-after-MiB")
+}
+
+func soakPublish(b *testing.B, ctx context.Context, js jetstream.JetStream, n int) {
+	payload := make([]byte, soakPayload)
+	for i := range n {
+		if _, err := js.PublishAsync("soak.job", payload, jetstream.WithStallWait(time.Minute)); err != nil {
+			b.Fatalf("publish %d: %v", i, err)
+		}
+	}
+	select {
+	case <-js.PublishAsyncComplete():
+	case <-ctx.Done():
+		b.Fatal(ctx.Err())
+	}
+}
+
+func soakConsume(b *testing.B, ctx context.Context, js jetstream.JetStream, n int, done *atomic.Int64) {
+	c, err := js.CreateOrUpdateConsumer(ctx, "SOAK", jetstream.ConsumerConfig{Durable: "worker",
+		AckPolicy: jetstream.AckExplicitPolicy, MaxAckPending: 4 * soakBatch})
+	if err != nil {
+		b.Fatal(err)
+	}
+	for done.Load() < int64(n) {
+		batch, err := c.Fetch(soakBatch, jetstream.FetchMaxWait(5*time.Second))
+		if err != nil {
+			b.Fatal(err)
+		}
+		for m := range batch.Messages() {
+			if err := m.Ack(); err != nil {
+				b.Fatal(err)
+			}
+			done.Add(1)
+		}
+		if err := batch.Error(); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// naiveInsert fills the naive queue with one INSERT statement per message, pipelined so
+// that filling it does not dominate the run.
+func naiveInsert(b *testing.B, ctx context.Context, pool *pgxpool.Pool, n int) {
+	payload := make([]byte, soakPayload)
+	for done := 0; done < n; {
+		batch := &pgx.Batch{}
+		for range min(1000, n-done) {
+			batch.Queue(`INSERT INTO public.soak_naive (subject, data) VALUES ($1, $2)`, "soak.job", payload)
+			done++
+		}
+		if err := pool.SendBatch(ctx, batch).Close(); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// naiveConsume drains the naive queue as queue libraries built on a table do: each worker
+// locks a batch with SKIP LOCKED and deletes its rows one by one, one DELETE per ack.
+func naiveConsume(b *testing.B, ctx context.Context, pool *pgxpool.Pool, n int, done *atomic.Int64) {
+	var wg sync.WaitGroup
+	errs := make(chan error, naiveWorkers)
+	for range naiveWorkers {
+		wg.Go(func() {
+			for done.Load() < int64(n) {
+				err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+					rows, err := tx.Query(ctx, `SELECT id FROM public.soak_naive ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED`, soakBatch)
+					if err != nil {
+						return err
+					}
+					ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+					if err != nil {
+						return err
+					}
+					batch := &pgx.Batch{}
+					for _, id := range ids {
+						batch.Queue(`DELETE FROM public.soak_naive WHERE id = $1`, id)
+					}
+					if err := tx.SendBatch(ctx, batch).Close(); err != nil {
+						return err
+					}
+					done.Add(int64(len(ids)))
+					return nil
+				})
+				if err != nil {
+					errs <- err
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		b.Fatal(err)
+	}
+}

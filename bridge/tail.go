@@ -1,0 +1,154 @@
+package bridge
+
+import (
+	"sync"
+
+	"github.com/jetgres/jetgres/pg"
+)
+
+// TailBytesDefault bounds each stream's tail cache: the newest committed messages, kept so
+// that consumers that keep up are served from memory and never touch PostgreSQL.
+const TailBytesDefault = 16 << 20
+
+// tail is a stream's byte-bounded cache of its newest committed messages. It covers the
+// sequence range [from, through]: every live message in that range is in msgs, in order.
+// hw, the committed high-water mark this process knows of, may run ahead of through when
+// another replica committed; a shared range read then fills the gap. Messages are shared
+// read-only with every consumer that reads them.
+type tail struct {
+	mu      sync.RWMutex
+	msgs    []pg.Message
+	head    int // msgs[:head] are evicted
+	from    uint64
+	through uint64
+	hw      uint64
+	bytes   int
+	max     int
+}
+
+func newTail(max int, hw uint64) *tail {
+	return &tail{max: max, from: hw + 1, through: hw, hw: hw}
+}
+
+// highWater is the last committed sequence known here.
+func (t *tail) highWater() uint64 {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	return t.hw
+}
+
+// add takes every live message of [from, through], in sequence order. A range that does
+// not continue the covered one restarts the cache at from, since what lies in the gap is
+// not here.
+func (t *tail) add(msgs []pg.Message, from, through uint64) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if from > t.through+1 {
+		t.reset(from)
+	}
+	for _, m := range msgs {
+		if m.Seq <= t.through {
+			continue
+		}
+		t.msgs = append(t.msgs, m)
+		t.bytes += int(m.Size())
+		t.through = m.Seq
+	}
+	t.through = max(t.through, through)
+	t.hw = max(t.hw, t.through)
+	for t.bytes > t.max && t.head < len(t.msgs) {
+		m := &t.msgs[t.head]
+		t.bytes -= int(m.Size())
+		t.from = m.Seq + 1
+		t.msgs[t.head] = pg.Message{}
+		t.head++
+	}
+	// Compact once the evicted prefix dominates, so the backing array does not grow forever.
+	if t.head > 1024 && t.head*2 > len(t.msgs) {
+		t.msgs = append([]pg.Message(nil), t.msgs[t.head:]...)
+		t.head = 0
+	}
+}
+
+// raise records a high-water mark seen in PostgreSQL. It reports whether it moved.
+func (t *tail) raise(hw uint64) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if hw <= t.hw {
+		return false
+	}
+	t.hw = hw
+	return true
+}
+
+// missing is the range a shared read should fetch, [through+1, hw], if any.
+func (t *tail) missing() (from, upTo uint64, ok bool) {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	return t.through + 1, t.hw, t.hw > t.through
+}
+
+// clear drops everything: after a purge or a delete the cached rows may no longer be live.
+func (t *tail) clear() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.reset(t.hw + 1)
+	t.through = t.hw
+}
+
+func (t *tail) reset(from uint64) {
+	t.msgs, t.head, t.bytes, t.from = nil, 0, 0, from
+	t.through = from - 1
+}
+
+// read returns up to max messages with sequence ≥ from that match, and the sequence up to
+// which it looked, so that the caller may skip what did not match. ok is false when from is
+// outside what the cache covers: the caller must read PostgreSQL.
+func (t *tail) read(from uint64, max int, match func(subject string) bool) (out []pg.Message, through uint64, ok bool) {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	if from < t.from || from > t.through {
+		return nil, 0, false
+	}
+	live := t.msgs[t.head:]
+	for i := searchSeq(live, from); i < len(live); i++ {
+		m := &live[i]
+		if !match(m.Subject) {
+			continue
+		}
+		out = append(out, *m)
+		if len(out) == max {
+			return out, m.Seq, true
+		}
+	}
+	return out, t.through, true
+}
+
+// get returns the message with sequence seq if the cache holds it. found is false when
+// seq is outside the covered range; inside it, a missing message is gone.
+func (t *tail) get(seq uint64) (m pg.Message, live, covered bool) {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	if seq < t.from || seq > t.through {
+		return pg.Message{}, false, false
+	}
+	msgs := t.msgs[t.head:]
+	i := searchSeq(msgs, seq)
+	if i < len(msgs) && msgs[i].Seq == seq {
+		return msgs[i], true, true
+	}
+	return pg.Message{}, false, true
+}
+
+func searchSeq(msgs []pg.Message, seq uint64) int {
+	lo, hi := 0, len(msgs)
+	for lo < hi {
+		h := int(uint(lo+hi) >> 1)
+		if msgs[h].Seq < seq {
+			lo = h + 1
+		} else {
+			hi = h
+		}
+	}
+	return lo
+}

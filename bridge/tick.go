@@ -1,0 +1,131 @@
+package bridge
+
+import (
+	"context"
+	"time"
+
+	"github.com/jetgres/jetgres/pg"
+)
+
+// tickReadMax caps the messages of one shared range read; a larger gap is closed over
+// several ticks, or by the consumers themselves reading PostgreSQL.
+const tickReadMax = 4096
+
+// kickTicker brings the ticker back to its base period: a consumer just parked and wants
+// to hear of commits made elsewhere promptly.
+func (cs *consumerSide) kickTicker() {
+	select {
+	case cs.kick <- struct{}{}:
+	default:
+	}
+}
+
+// tickLoop polls the high-water marks of the streams that have parked consumers, every
+// TickPeriod while they move and backing off to TickIdleMaxDefault while they do not. It is
+// how this process learns of commits made by other replicas; its own commits need no tick.
+func (cs *consumerSide) tickLoop() {
+	base := cs.b.cfg.TickPeriod
+	period := base
+	t := time.NewTimer(period)
+	defer t.Stop()
+	for {
+		select {
+		case <-cs.ctx.Done():
+			return
+		case <-cs.kick:
+			if period == base {
+				continue
+			}
+			period = base
+			if !t.Stop() {
+				select {
+				case <-t.C:
+				default:
+				}
+			}
+			t.Reset(period)
+			continue
+		case <-t.C:
+		}
+		if cs.tick(cs.ctx) {
+			period = base
+		} else {
+			period = min(period*2, max(TickIdleMaxDefault, base))
+		}
+		t.Reset(period)
+	}
+}
+
+// tick is one poll: one statement for every stream with parked consumers, then at most one
+// range read per stream whose high-water mark moved, shared by all its consumers through
+// the tail. It reports whether anything moved.
+func (cs *consumerSide) tick(ctx context.Context) bool {
+	cs.mu.RLock()
+	var ids []int64
+	byID := make(map[int64]*streamConsumers)
+	for s, sc := range cs.streams {
+		for _, c := range sc.list() {
+			if c.parked.Load() {
+				ids = append(ids, s.id)
+				byID[s.id] = sc
+				break
+			}
+		}
+	}
+	cs.mu.RUnlock()
+	if len(ids) == 0 {
+		return false
+	}
+	cs.m.ticks.Inc()
+	hw, err := cs.b.db.HighWater(ctx, ids)
+	if err != nil {
+		if ctx.Err() == nil {
+			cs.b.log.Warn("tick failed", "err", err)
+		}
+		return false
+	}
+	moved := false
+	for id, sc := range byID {
+		if !sc.tail.raise(hw[id]) {
+			continue
+		}
+		moved = true
+		cs.fill(ctx, sc)
+		for _, c := range sc.list() {
+			if c.parked.Load() {
+				c.signal()
+			}
+		}
+	}
+	return moved
+}
+
+// fill reads the range the tail is missing, through the pop lane.
+func (cs *consumerSide) fill(ctx context.Context, sc *streamConsumers) {
+	from, upTo, ok := sc.tail.missing()
+	if !ok {
+		return
+	}
+	msgs, through, err := cs.readPop(ctx, pg.ReadParams{StreamID: sc.s.id, From: from, UpTo: upTo, MaxMsgs: tickReadMax, MaxBytes: TailBytesDefault / 2}, nil)
+	if err != nil {
+		if ctx.Err() == nil {
+			cs.b.log.Warn("tick range read failed", "stream", sc.s.name, "err", err)
+		}
+		return
+	}
+	cs.m.tickReads.Inc()
+	sc.tail.add(msgs, from, through)
+}
+
+// readPop is every read of messages behind the tail: a pop lane permit first, then a
+// connection; both are given back before it returns.
+func (cs *consumerSide) readPop(ctx context.Context, p pg.ReadParams, filters []string) ([]pg.Message, uint64, error) {
+	permit, err := cs.b.cfg.Pop.Acquire(ctx)
+	if err != nil {
+		return nil, 0, err
+	}
+	msgs, through, rtt, err := cs.b.db.ReadFiltered(ctx, p, filters)
+	permit.Release(rtt)
+	cs.m.dbReads.Inc()
+	return msgs, through, err
+}

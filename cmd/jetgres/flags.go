@@ -1,0 +1,202 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	"net"
+	"strings"
+	"time"
+
+	"github.com/jetgres/jetgres/bridge"
+	"github.com/jetgres/jetgres/flow"
+	"github.com/jetgres/jetgres/pg"
+)
+
+// config is everything `jetgres serve` can be told.
+type config struct {
+	Listen          string
+	HTTP            string
+	DataDir         string
+	DatabaseURL     string
+	LogFormat       string
+	LogLevel        string
+	PoolSize        int
+	StmtTimeout     time.Duration
+	PushLimitInit   int
+	PushLimitMin    int
+	PushLimitMax    int
+	PopLimitInit    int
+	PopLimitMin     int
+	PopLimitMax     int
+	VegasAlpha      float64
+	VegasBeta       float64
+	TickPeriod      time.Duration
+	IntakeBytes     int
+	ReplicaName     string
+	ReadyFile       string
+	ShutdownTimeout time.Duration
+}
+
+// setting describes one flag. Every setting lives in this one table so that the flag set,
+// the environment, the help text, the README and the compose file can all be checked
+// against the same list.
+type setting struct {
+	name  string
+	env   []string // the first is the setting's own JETGRES_* variable; later ones are aliases
+	usage string
+	ptr   any // *string, *int, *float64 or *time.Duration into a config
+	def   any // of the type ptr points to
+}
+
+func (c *config) settings() []setting {
+	return []setting{
+		{"listen", envOf("listen"), "address for NATS clients (port 0 picks a free one)", &c.Listen, "0.0.0.0:4222"},
+		{"http", envOf("http"), "address for /metrics, /healthz and /readyz (port 0 picks a free one)", &c.HTTP, "127.0.0.1:8080"},
+		{"data-dir", envOf("data-dir"), "directory for local state; the private PostgreSQL cluster lives in <data-dir>/pg", &c.DataDir, "./jetgres-data"},
+		{"database-url", append(envOf("database-url"), "DATABASE_URL"), "PostgreSQL URL or DSN; empty runs a private cluster in <data-dir>/pg", &c.DatabaseURL, ""},
+		{"log-format", envOf("log-format"), "log format: text or json", &c.LogFormat, "text"},
+		{"log-level", envOf("log-level"), "log level: debug, info, warn or error", &c.LogLevel, "info"},
+		{"pool-size", envOf("pool-size"), "maximum PostgreSQL connections", &c.PoolSize, int(pg.MaxConnsDefault)},
+		{"stmt-timeout", envOf("stmt-timeout"), "statement timeout for hot-path SQL", &c.StmtTimeout, pg.StmtTimeoutDefault},
+		{"push-limit-init", envOf("push-limit-init"), "initial Vegas limit of the push (publish) lane", &c.PushLimitInit, flow.PushInitDefault},
+		{"push-limit-min", envOf("push-limit-min"), "minimum Vegas limit of the push lane", &c.PushLimitMin, flow.PushMinDefault},
+		{"push-limit-max", envOf("push-limit-max"), "maximum Vegas limit of the push lane", &c.PushLimitMax, flow.PushMaxDefault},
+		{"pop-limit-init", envOf("pop-limit-init"), "initial Vegas limit of the pop (read) lane", &c.PopLimitInit, flow.PopInitDefault},
+		{"pop-limit-min", envOf("pop-limit-min"), "minimum Vegas limit of the pop lane", &c.PopLimitMin, flow.PopMinDefault},
+		{"pop-limit-max", envOf("pop-limit-max"), "maximum Vegas limit of the pop lane", &c.PopLimitMax, flow.PopMaxDefault},
+		{"vegas-alpha", envOf("vegas-alpha"), "Vegas alpha: grow the limit while the estimated queue is at most this", &c.VegasAlpha, flow.AlphaDefault},
+		{"vegas-beta", envOf("vegas-beta"), "Vegas beta: shrink the limit once the estimated queue is at least this", &c.VegasBeta, flow.BetaDefault},
+		{"tick-period", envOf("tick-period"), "how often streams with waiting consumers are polled for commits made by other replicas (backs off while idle)", &c.TickPeriod, bridge.TickPeriodDefault},
+		{"intake-bytes", envOf("intake-bytes"), "per-stream bound on publishes waiting for their transaction; beyond it publishes are rejected at once", &c.IntakeBytes, bridge.IntakeBytesDefault},
+		{"replica-name", envOf("replica-name"), "this replica's name in consumer leases; stable across restarts, unique among replicas (empty: <host>:<NATS port>)", &c.ReplicaName, ""},
+		{"ready-file", envOf("ready-file"), "once ready, write the bound NATS and HTTP addresses to this file as JSON", &c.ReadyFile, ""},
+		{"shutdown-timeout", envOf("shutdown-timeout"), "how long a graceful shutdown may take before the rest is stopped hard", &c.ShutdownTimeout, 30 * time.Second},
+	}
+}
+
+func envOf(name string) []string {
+	return []string{"JETGRES_" + strings.ToUpper(strings.ReplaceAll(name, "-", "_"))}
+}
+
+// newFlagSet registers every setting on a fresh flag set writing into c, with c's fields set
+// to their defaults.
+func newFlagSet(c *config, output io.Writer) *flag.FlagSet {
+	fs := flag.NewFlagSet("jetgres serve", flag.ContinueOnError)
+	fs.SetOutput(output)
+	for _, s := range c.settings() {
+		switch p := s.ptr.(type) {
+		case *string:
+			fs.StringVar(p, s.name, s.def.(string), s.usage)
+		case *int:
+			fs.IntVar(p, s.name, s.def.(int), s.usage)
+		case *float64:
+			fs.Float64Var(p, s.name, s.def.(float64), s.usage)
+		case *time.Duration:
+			fs.DurationVar(p, s.name, s.def.(time.Duration), s.usage)
+		default:
+			panic(fmt.Sprintf("setting %s: unsupported type %T", s.name, s.ptr))
+		}
+	}
+	fs.Usage = func() { printUsage(fs, c.settings()) }
+	return fs
+}
+
+func printUsage(fs *flag.FlagSet, settings []setting) {
+	w := fs.Output()
+	fmt.Fprint(w, `Usage:
+  jetgres [serve] [flags]   run the gateway (the default command)
+  jetgres bench [flags]     benchmark against JetStream and a naive queue (bench -h)
+  jetgres version           print version and build information
+
+Flags of serve. Each is also read from its environment variable; a flag wins over the
+environment, the environment over the default.
+
+`)
+	for _, s := range settings {
+		f := fs.Lookup(s.name)
+		fmt.Fprintf(w, "  --%-18s %s", s.name, strings.Join(s.env, ", "))
+		if f.DefValue != "" {
+			fmt.Fprintf(w, "  (default %s)", f.DefValue)
+		}
+		fmt.Fprintf(w, "\n        %s\n", s.usage)
+	}
+}
+
+// parseConfig applies defaults, then the environment, then args. lookupEnv is os.LookupEnv
+// outside tests.
+func parseConfig(args []string, lookupEnv func(string) (string, bool), output io.Writer) (config, error) {
+	var c config
+	fs := newFlagSet(&c, output)
+	for _, s := range c.settings() {
+		for _, name := range s.env {
+			v, ok := lookupEnv(name)
+			if !ok || v == "" {
+				continue
+			}
+			if err := fs.Set(s.name, v); err != nil {
+				return config{}, fmt.Errorf("environment variable %s: %w", name, err)
+			}
+			break
+		}
+	}
+	if err := fs.Parse(args); err != nil {
+		return config{}, err
+	}
+	if fs.NArg() > 0 {
+		return config{}, fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	return c, c.validate()
+}
+
+func (c *config) validate() error {
+	var errs []error
+	for _, a := range []struct{ name, addr string }{{"listen", c.Listen}, {"http", c.HTTP}} {
+		if _, _, err := net.SplitHostPort(a.addr); err != nil {
+			errs = append(errs, fmt.Errorf("--%s: %w", a.name, err))
+		}
+	}
+	if c.LogFormat != "text" && c.LogFormat != "json" {
+		errs = append(errs, fmt.Errorf("--log-format: %q is neither text nor json", c.LogFormat))
+	}
+	if _, err := c.logLevel(); err != nil {
+		errs = append(errs, fmt.Errorf("--log-level: %w", err))
+	}
+	if c.DataDir == "" && c.DatabaseURL == "" {
+		errs = append(errs, errors.New("--data-dir: must not be empty when --database-url is empty"))
+	}
+	if c.PoolSize < 1 || c.PoolSize > math.MaxInt32 {
+		errs = append(errs, fmt.Errorf("--pool-size: %d is not between 1 and %d", c.PoolSize, math.MaxInt32))
+	}
+	if c.StmtTimeout <= 0 {
+		errs = append(errs, fmt.Errorf("--stmt-timeout: %v is not positive", c.StmtTimeout))
+	}
+	if c.TickPeriod <= 0 {
+		errs = append(errs, fmt.Errorf("--tick-period: %v is not positive", c.TickPeriod))
+	}
+	if c.IntakeBytes < 1 {
+		errs = append(errs, fmt.Errorf("--intake-bytes: %d is not positive", c.IntakeBytes))
+	}
+	if c.ShutdownTimeout <= 0 {
+		errs = append(errs, fmt.Errorf("--shutdown-timeout: %v is not positive", c.ShutdownTimeout))
+	}
+	// The lane limits themselves are checked by flow.NewLane, which names the field.
+	return errors.Join(errs...)
+}
+
+func (c *config) logLevel() (slog.Level, error) {
+	var l slog.Level
+	err := l.UnmarshalText([]byte(c.LogLevel))
+	return l, err
+}
+
+func (c *config) pushOptions() flow.Options {
+	return flow.Options{Init: c.PushLimitInit, Min: c.PushLimitMin, Max: c.PushLimitMax, Alpha: c.VegasAlpha, Beta: c.VegasBeta}
+}
+
+func (c *config) popOptions() flow.Options {
+	return flow.Options{Init: c.PopLimitInit, Min: c.PopLimitMin, Max: c.PopLimitMax, Alpha: c.VegasAlpha, Beta: c.VegasBeta}
+}

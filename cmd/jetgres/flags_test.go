@@ -1,0 +1,210 @@
+package main
+
+import (
+	"bufio"
+	"io"
+	"os"
+	"strings"
+	"testing"
+	"time"
+)
+
+func envMap(kv ...string) func(string) (string, bool) {
+	m := map[string]string{}
+	for i := 0; i < len(kv); i += 2 {
+		m[kv[i]] = kv[i+1]
+	}
+	return func(k string) (string, bool) {
+		v, ok := m[k]
+		return v, ok
+	}
+}
+
+func TestEverySettingHasItsOwnEnvironmentVariable(t *testing.T) {
+	var c config
+	flags, envs := map[string]bool{}, map[string]bool{}
+	for _, s := range c.settings() {
+		if flags[s.name] {
+			t.Errorf("flag --%s defined twice", s.name)
+		}
+		flags[s.name] = true
+		if len(s.env) == 0 {
+			t.Errorf("--%s has no environment variable", s.name)
+			continue
+		}
+		want := "JETGRES_" + strings.ToUpper(strings.ReplaceAll(s.name, "-", "_"))
+		if s.env[0] != want {
+			t.Errorf("--%s: environment variable %s, want %s", s.name, s.env[0], want)
+		}
+		for _, e := range s.env {
+			if envs[e] {
+				t.Errorf("environment variable %s used twice", e)
+			}
+			envs[e] = true
+		}
+	}
+}
+
+// readmeRow is one row of the README's configuration table.
+type readmeRow struct{ env, def string }
+
+func readmeTable(t *testing.T) map[string]readmeRow {
+	t.Helper()
+	f, err := os.Open("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	rows := map[string]readmeRow{}
+	clean := func(s string) string { return strings.Trim(strings.TrimSpace(s), "`*") }
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		line := sc.Text()
+		if !strings.HasPrefix(line, "| `--") {
+			continue
+		}
+		cells := strings.Split(line, "|")
+		if len(cells) < 5 {
+			t.Fatalf("README row with too few cells: %s", line)
+		}
+		var envs []string
+		for _, e := range strings.Split(cells[2], ",") {
+			envs = append(envs, clean(e))
+		}
+		rows[strings.TrimPrefix(clean(cells[1]), "--")] = readmeRow{env: strings.Join(envs, ", "), def: clean(cells[3])}
+	}
+	if err := sc.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return rows
+}
+
+func TestReadmeConfigurationTableMatchesFlags(t *testing.T) {
+	rows := readmeTable(t)
+	var c config
+	fs := newFlagSet(&c, io.Discard)
+	for _, s := range c.settings() {
+		row, ok := rows[s.name]
+		if !ok {
+			t.Errorf("README configuration table has no row for --%s", s.name)
+			continue
+		}
+		delete(rows, s.name)
+		if want := strings.Join(s.env, ", "); row.env != want {
+			t.Errorf("README --%s: environment %q, want %q", s.name, row.env, want)
+		}
+		want := fs.Lookup(s.name).DefValue
+		if want == "" {
+			want = "(empty)"
+		}
+		if row.def != want {
+			t.Errorf("README --%s: default %q, want %q", s.name, row.def, want)
+		}
+	}
+	for name := range rows {
+		t.Errorf("README lists --%s, which jetgres does not have", name)
+	}
+}
+
+func TestParseConfigPrecedence(t *testing.T) {
+	tests := []struct {
+		name string
+		args []string
+		env  func(string) (string, bool)
+		want func(c config) bool
+	}{
+		{"default", nil, envMap(),
+			func(c config) bool {
+				return c.Listen == "0.0.0.0:4222" && c.StmtTimeout == 30*time.Second && c.DatabaseURL == ""
+			}},
+		{"env over default", nil, envMap("JETGRES_LISTEN", "127.0.0.1:1", "JETGRES_VEGAS_BETA", "7.5"),
+			func(c config) bool { return c.Listen == "127.0.0.1:1" && c.VegasBeta == 7.5 }},
+		{"flag over env", []string{"--listen", "127.0.0.1:2"}, envMap("JETGRES_LISTEN", "127.0.0.1:1"),
+			func(c config) bool { return c.Listen == "127.0.0.1:2" }},
+		{"DATABASE_URL alias", nil, envMap("DATABASE_URL", "postgres://a/b"),
+			func(c config) bool { return c.DatabaseURL == "postgres://a/b" }},
+		{"own variable over alias", nil, envMap("DATABASE_URL", "postgres://a/b", "JETGRES_DATABASE_URL", "postgres://c/d"),
+			func(c config) bool { return c.DatabaseURL == "postgres://c/d" }},
+		{"empty variable counts as unset", nil, envMap("JETGRES_DATABASE_URL", "", "DATABASE_URL", "postgres://a/b"),
+			func(c config) bool { return c.DatabaseURL == "postgres://a/b" }},
+		{"single dash flag", []string{"-stmt-timeout=5s"}, envMap(),
+			func(c config) bool { return c.StmtTimeout == 5*time.Second }},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c, err := parseConfig(tt.args, tt.env, io.Discard)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !tt.want(c) {
+				t.Errorf("unexpected config %+v", c)
+			}
+		})
+	}
+}
+
+func TestParseConfigErrorsNameTheSource(t *testing.T) {
+	tests := []struct {
+		name    string
+		args    []string
+		env     func(string) (string, bool)
+		mention string
+	}{
+		{"bad env value", nil, envMap("JETGRES_POOL_SIZE", "many"), "JETGRES_POOL_SIZE"},
+		{"bad log format", []string{"--log-format", "xml"}, envMap(), "--log-format"},
+		{"bad log level", []string{"--log-level", "loud"}, envMap(), "--log-level"},
+		{"bad listen", []string{"--listen", "4222"}, envMap(), "--listen"},
+		{"zero pool", []string{"--pool-size", "0"}, envMap(), "--pool-size"},
+		{"stray argument", []string{"extra"}, envMap(), "extra"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := parseConfig(tt.args, tt.env, io.Discard)
+			if err == nil || !strings.Contains(err.Error(), tt.mention) {
+				t.Fatalf("error %v does not mention %s", err, tt.mention)
+			}
+		})
+	}
+}
+
+func TestSplitListen(t *testing.T) {
+	tests := []struct {
+		in   string
+		host string
+		port int
+		ok   bool
+	}{
+		{"0.0.0.0:4222", "0.0.0.0", 4222, true},
+		{"127.0.0.1:0", "127.0.0.1", -1, true},
+		{"[::1]:5000", "::1", 5000, true},
+		{":4222", "0.0.0.0", 4222, true},
+		{"localhost", "", 0, false},
+		{"127.0.0.1:70000", "", 0, false},
+	}
+	for _, tt := range tests {
+		host, port, err := splitListen(tt.in)
+		if (err == nil) != tt.ok || host != tt.host || port != tt.port {
+			t.Errorf("splitListen(%q) = %q, %d, %v", tt.in, host, port, err)
+		}
+	}
+}
+
+func TestRunCommands(t *testing.T) {
+	var out, errOut strings.Builder
+	if code := run([]string{"version"}, &out, &errOut); code != 0 || !strings.HasPrefix(out.String(), "jetgres ") {
+		t.Errorf("version: code %d, out %q, err %q", code, out.String(), errOut.String())
+	}
+	out.Reset()
+	if code := run([]string{"help"}, &out, &errOut); code != 0 || !strings.Contains(out.String(), "JETGRES_DATABASE_URL, DATABASE_URL") {
+		t.Errorf("help: code %d, out %q", code, out.String())
+	}
+	if code := run([]string{"serve", "-h"}, &out, io.Discard); code != 0 {
+		t.Errorf("serve -h: code %d", code)
+	}
+	if code := run([]string{"frobnicate"}, &out, io.Discard); code != 2 {
+		t.Errorf("unknown command: code %d, want 2", code)
+	}
+	if code := run([]string{"--log-format", "xml"}, &out, io.Discard); code != 2 {
+		t.Errorf("bad flag on bare jetgres: code %d, want 2", code)
+	}
+}

@@ -1,0 +1,145 @@
+package main
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/jetgres/jetgres/embedded/leaf"
+	"github.com/jetgres/jetgres/flow"
+	"github.com/jetgres/jetgres/pg"
+)
+
+// Components keep plain Stats structs and no Prometheus import; the collectors here read
+// those at scrape time, so a scrape costs the hot path nothing. Each component's collector is
+// registered once it has started.
+
+// newRegistry returns a registry with the metrics of the process itself.
+func newRegistry() *prometheus.Registry {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(
+		collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		buildInfoCollector(readBuildInfo()),
+	)
+	return reg
+}
+
+func laneCollector(l *flow.Lane) prometheus.Collector {
+	return newStatsCollector("jetgres_"+l.Name()+"_", l.Stats, laneMetrics(l.Name()))
+}
+
+func poolCollector(db *pg.DB) prometheus.Collector {
+	return newStatsCollector("jetgres_pg_pool_", db.Stats, poolMetrics)
+}
+
+func leafCollector(c *leaf.Conn) prometheus.Collector {
+	return newStatsCollector("jetgres_leaf_", c.Stats, leafMetrics)
+}
+
+func buildInfoCollector(b buildInfo) prometheus.Collector {
+	g := prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "jetgres_build_info",
+		Help: "Always 1; the labels say which build is running.",
+		ConstLabels: prometheus.Labels{
+			"version":   b.Version,
+			"revision":  b.Revision,
+			"goversion": b.GoVersion,
+		},
+	})
+	g.Set(1)
+	return g
+}
+
+// statMetric is one metric read from a Stats struct of type S.
+type statMetric[S any] struct {
+	name  string // after the collector's prefix
+	help  string
+	kind  prometheus.ValueType
+	value func(S) float64
+}
+
+// statsCollector exports a component's Stats: one Stats call per scrape, however many
+// metrics it feeds.
+type statsCollector[S any] struct {
+	stats   func() S
+	metrics []statMetric[S]
+	descs   []*prometheus.Desc
+}
+
+func newStatsCollector[S any](prefix string, stats func() S, metrics []statMetric[S]) *statsCollector[S] {
+	c := &statsCollector[S]{stats: stats, metrics: metrics}
+	for _, m := range metrics {
+		c.descs = append(c.descs, prometheus.NewDesc(prefix+m.name, m.help, nil, nil))
+	}
+	return c
+}
+
+func (c *statsCollector[S]) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range c.descs {
+		ch <- d
+	}
+}
+
+func (c *statsCollector[S]) Collect(ch chan<- prometheus.Metric) {
+	s := c.stats()
+	for i, m := range c.metrics {
+		ch <- prometheus.MustNewConstMetric(c.descs[i], m.kind, m.value(s))
+	}
+}
+
+func laneMetrics(lane string) []statMetric[flow.Stats] {
+	return []statMetric[flow.Stats]{
+		{"vegas_limit", "Current Vegas limit of the " + lane + " lane: permits that may be out at once.",
+			prometheus.GaugeValue, func(s flow.Stats) float64 { return float64(s.Limit) }},
+		{"vegas_in_flight", "Permits of the " + lane + " lane held right now.",
+			prometheus.GaugeValue, func(s flow.Stats) float64 { return float64(s.InFlight) }},
+		{"vegas_rtt_base_seconds", "Minimum database round trip of the " + lane + " lane over the last minute.",
+			prometheus.GaugeValue, func(s flow.Stats) float64 { return s.RTTBase.Seconds() }},
+		{"permit_waiting", "Callers of the " + lane + " lane waiting for a permit right now.",
+			prometheus.GaugeValue, func(s flow.Stats) float64 { return float64(s.Waiting) }},
+		{"permits_acquired_total", "Permits of the " + lane + " lane handed out.",
+			prometheus.CounterValue, func(s flow.Stats) float64 { return float64(s.Acquired) }},
+		{"permit_try_failed_total", "Non-blocking permit requests of the " + lane + " lane that found none free.",
+			prometheus.CounterValue, func(s flow.Stats) float64 { return float64(s.TryFailed) }},
+		{"permit_wait_seconds_total", "Time callers spent waiting for a permit of the " + lane + " lane.",
+			prometheus.CounterValue, func(s flow.Stats) float64 { return s.WaitTotal.Seconds() }},
+	}
+}
+
+var poolMetrics = []statMetric[pg.Stats]{
+	{"acquired_conns", "Connections in use now.",
+		prometheus.GaugeValue, func(s pg.Stats) float64 { return float64(s.Acquired) }},
+	{"idle_conns", "Connections idle in the pool.",
+		prometheus.GaugeValue, func(s pg.Stats) float64 { return float64(s.Idle) }},
+	{"total_conns", "Open connections, including those being established.",
+		prometheus.GaugeValue, func(s pg.Stats) float64 { return float64(s.Total) }},
+	{"max_conns", "Most connections the pool opens (--pool-size).",
+		prometheus.GaugeValue, func(s pg.Stats) float64 { return float64(s.Max) }},
+	{"acquires_total", "Connections handed out.",
+		prometheus.CounterValue, func(s pg.Stats) float64 { return float64(s.AcquireCount) }},
+	{"empty_acquires_total", "Connections handed out after a wait because none was idle.",
+		prometheus.CounterValue, func(s pg.Stats) float64 { return float64(s.EmptyAcquireCount) }},
+	{"acquire_wait_seconds_total", "Time spent waiting for a connection.",
+		prometheus.CounterValue, func(s pg.Stats) float64 { return s.AcquireWait.Seconds() }},
+	{"statement_timeouts_total", "Calls that ran past their statement timeout.",
+		prometheus.CounterValue, func(s pg.Stats) float64 { return float64(s.Timeouts) }},
+	{"acquire_timeouts_total", "Calls whose wait for a connection ran past the timeout.",
+		prometheus.CounterValue, func(s pg.Stats) float64 { return float64(s.AcquireTimeouts) }},
+	{"destroyed_conns_total", "Connections destroyed after a timeout, a cancellation or a broken state.",
+		prometheus.CounterValue, func(s pg.Stats) float64 { return float64(s.Destroyed) }},
+}
+
+var leafMetrics = []statMetric[leaf.Stats]{
+	{"in_msgs_total", "Messages the bridge received over its leafnode link.",
+		prometheus.CounterValue, func(s leaf.Stats) float64 { return float64(s.InMsgs) }},
+	{"in_bytes_total", "Message bytes, headers included, the bridge received over its leafnode link.",
+		prometheus.CounterValue, func(s leaf.Stats) float64 { return float64(s.InBytes) }},
+	{"out_msgs_total", "Messages the bridge sent over its leafnode link.",
+		prometheus.CounterValue, func(s leaf.Stats) float64 { return float64(s.OutMsgs) }},
+	{"out_bytes_total", "Message bytes, headers included, the bridge sent over its leafnode link.",
+		prometheus.CounterValue, func(s leaf.Stats) float64 { return float64(s.OutBytes) }},
+	{"dropped_msgs_total", "Inbound messages no bridge subscription took.",
+		prometheus.CounterValue, func(s leaf.Stats) float64 { return float64(s.Dropped) }},
+	{"slow_consumer_total", "Publishes refused because the link's write buffer was full.",
+		prometheus.CounterValue, func(s leaf.Stats) float64 { return float64(s.SlowConsumer) }},
+}

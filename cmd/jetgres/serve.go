@@ -1,0 +1,303 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/jetgres/jetgres/bridge"
+	"github.com/jetgres/jetgres/embedded/leaf"
+	"github.com/jetgres/jetgres/embedded/localpg"
+	"github.com/jetgres/jetgres/embedded/natsd"
+	"github.com/jetgres/jetgres/flow"
+	"github.com/jetgres/jetgres/pg"
+)
+
+// privateClusterStopTimeout bounds the stop of the private PostgreSQL on its own, apart from
+// --shutdown-timeout: a slow drain earlier in the shutdown must not leave the cluster
+// running.
+const privateClusterStopTimeout = 20 * time.Second
+
+// node is one running jetgres: every component, in start order.
+type node struct {
+	cfg config
+	log *slog.Logger
+
+	cluster *localpg.Cluster // nil with --database-url
+	db      *pg.DB
+	nats    *natsd.Server
+	link    *leaf.Conn
+	push    *flow.Lane
+	pop     *flow.Lane
+	reg     *prometheus.Registry
+
+	httpServer *http.Server
+	httpAddr   net.Addr
+	httpErr    chan error
+
+	// draining turns /readyz to 503 as soon as shutdown begins, before anything stops.
+	draining atomic.Bool
+
+	// stops undo what start did, run in reverse order.
+	stops []stopStep
+}
+
+type stopStep struct {
+	name string
+	stop func(ctx context.Context) error
+}
+
+// serve runs jetgres until ctx is cancelled or a component fails, then shuts down.
+func serve(ctx context.Context, cfg config, logger *slog.Logger) error {
+	n := &node{cfg: cfg, log: logger, reg: newRegistry(), httpErr: make(chan error, 1)}
+	startErr := n.start(ctx)
+	if startErr != nil && ctx.Err() != nil {
+		// A signal during start-up is a request to stop, not a failure.
+		n.log.Info("start-up interrupted", "err", startErr)
+		startErr = nil
+	} else if startErr == nil {
+		startErr = n.wait(ctx)
+	}
+	if err := errors.Join(startErr, n.stop()); err != nil {
+		return err
+	}
+	n.log.Info("jetgres stopped")
+	return nil
+}
+
+func (n *node) onStop(name string, stop func(ctx context.Context) error) {
+	n.stops = append(n.stops, stopStep{name, stop})
+}
+
+// start brings the components up in dependency order. Whatever started before a failure is
+// left in n.stops for stop to undo.
+func (n *node) start(ctx context.Context) error {
+	cfg := n.cfg
+	var err error
+
+	if n.push, err = flow.NewLane("push", cfg.pushOptions()); err != nil {
+		return fmt.Errorf("push lane: %w", err)
+	}
+	if n.pop, err = flow.NewLane("pop", cfg.popOptions()); err != nil {
+		return fmt.Errorf("pop lane: %w", err)
+	}
+	n.reg.MustRegister(laneCollector(n.push), laneCollector(n.pop))
+
+	dsn := cfg.DatabaseURL
+	if dsn == "" {
+		dir := filepath.Join(cfg.DataDir, "pg")
+		n.log.Info("starting private PostgreSQL", "data_dir", dir)
+		n.cluster, err = localpg.Start(ctx, localpg.Config{DataDir: dir, Logger: n.log})
+		if err != nil {
+			return fmt.Errorf("private PostgreSQL in %s: %w", dir, err)
+		}
+		n.onStop("private PostgreSQL", func(context.Context) error {
+			ctx, cancel := context.WithTimeout(context.Background(), privateClusterStopTimeout)
+			defer cancel()
+			return n.cluster.Stop(ctx)
+		})
+		dsn = n.cluster.DSN()
+	}
+
+	n.db, err = pg.Open(ctx, pg.Config{
+		URL:         dsn,
+		MaxConns:    int32(cfg.PoolSize),
+		StmtTimeout: cfg.StmtTimeout,
+		Logger:      n.log.With("component", "pg"),
+	})
+	if err != nil {
+		return fmt.Errorf("connect to PostgreSQL: %w", err)
+	}
+	n.onStop("database pool", func(context.Context) error { n.db.Close(); return nil })
+	n.reg.MustRegister(poolCollector(n.db))
+	if err := n.db.Migrate(ctx); err != nil {
+		return fmt.Errorf("migrate schema: %w", err)
+	}
+
+	host, port, err := splitListen(cfg.Listen)
+	if err != nil {
+		return err
+	}
+	n.nats, err = natsd.Start(ctx, natsd.Config{Host: host, Port: port, Logger: n.log})
+	if err != nil {
+		return fmt.Errorf("NATS server on %s: %w", cfg.Listen, err)
+	}
+	n.onStop("NATS server", func(context.Context) error { n.nats.Stop(); return nil })
+
+	ep := n.nats.Leaf()
+	n.link, err = leaf.Dial(ctx, leaf.Config{
+		Addr:     ep.Addr,
+		User:     ep.User,
+		Password: ep.Password,
+		Name:     "jetgres-bridge",
+		Logger:   n.log,
+	})
+	if err != nil {
+		return fmt.Errorf("leafnode link to the NATS server: %w", err)
+	}
+	n.onStop("leafnode link", func(context.Context) error { return n.link.Close() })
+	n.reg.MustRegister(leafCollector(n.link))
+
+	replica := cfg.ReplicaName
+	if replica == "" {
+		hostname, _ := os.Hostname()
+		replica = net.JoinHostPort(hostname, strconv.Itoa(n.nats.NATSServer().Addr().(*net.TCPAddr).Port))
+	}
+	br, err := bridge.New(bridge.Config{
+		DB:          n.db,
+		Link:        n.link,
+		Push:        n.push,
+		Pop:         n.pop,
+		Logger:      n.log.With("component", "bridge"),
+		Registerer:  n.reg,
+		IntakeBytes: cfg.IntakeBytes,
+		TickPeriod:  cfg.TickPeriod,
+		ReplicaName: replica,
+		MaxPayload:  n.nats.MaxPayload(),
+	})
+	if err != nil {
+		return err
+	}
+	if err := br.Start(ctx); err != nil {
+		return err
+	}
+	n.onStop("bridge", br.Stop)
+
+	if err := n.startHTTP(); err != nil {
+		return err
+	}
+
+	natsURL := n.nats.ClientURL()
+	if cfg.ReadyFile != "" {
+		if err := writeReadyFile(cfg.ReadyFile, natsURL, n.httpAddr.String()); err != nil {
+			return err
+		}
+		n.onStop("ready file", func(context.Context) error { return os.Remove(cfg.ReadyFile) })
+	}
+	database := "private cluster in " + filepath.Join(cfg.DataDir, "pg")
+	if cfg.DatabaseURL != "" {
+		database = redactDatabaseURL(cfg.DatabaseURL)
+	}
+	n.log.Info("jetgres ready", "nats", natsURL, "http", n.httpAddr.String(), "database", database)
+	return nil
+}
+
+// splitListen turns --listen into the embedded server's host and port. An empty host means
+// every interface, as it does for net.Listen, where natsd would take loopback. Port 0 asks
+// for a free port, which nats-server spells -1 (its 0 means 4222).
+func splitListen(listen string) (string, int, error) {
+	host, p, err := net.SplitHostPort(listen)
+	if err != nil {
+		return "", 0, fmt.Errorf("--listen %q: %w", listen, err)
+	}
+	port, err := strconv.Atoi(p)
+	if err != nil || port < 0 || port > 65535 {
+		return "", 0, fmt.Errorf("--listen %q: bad port", listen)
+	}
+	if port == 0 {
+		port = -1
+	}
+	if host == "" {
+		host = "0.0.0.0"
+	}
+	return host, port, nil
+}
+
+func (n *node) startHTTP() error {
+	ln, err := net.Listen("tcp", n.cfg.HTTP)
+	if err != nil {
+		return fmt.Errorf("HTTP listener on %s: %w", n.cfg.HTTP, err)
+	}
+	n.httpAddr = ln.Addr()
+	n.httpServer = &http.Server{
+		Handler:           n.handler(n.reg),
+		ReadHeaderTimeout: 5 * time.Second,
+		ErrorLog:          slog.NewLogLogger(n.log.With("component", "http").Handler(), slog.LevelWarn),
+	}
+	go func() {
+		if err := n.httpServer.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+			n.httpErr <- err
+		}
+	}()
+	n.onStop("HTTP server", n.httpServer.Shutdown)
+	return nil
+}
+
+// writeReadyFile writes the bound addresses where a supervisor or a test can find them.
+// Writing a temporary file and renaming it means a reader never sees half a file.
+func writeReadyFile(path, natsURL, httpAddr string) error {
+	b, err := json.Marshal(struct {
+		NATS string `json:"nats"`
+		HTTP string `json:"http"`
+	}{natsURL, httpAddr})
+	if err != nil {
+		return err
+	}
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, append(b, '\n'), 0o644); err != nil {
+		return fmt.Errorf("ready file: %w", err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return fmt.Errorf("ready file: %w", err)
+	}
+	return nil
+}
+
+// wait blocks until a signal or until a component that must stay up fails. jetgres cannot
+// serve without any of them, so it exits and leaves the restart to its supervisor.
+func (n *node) wait(ctx context.Context) error {
+	var clusterDone <-chan struct{} // nil, so never ready, with --database-url
+	if n.cluster != nil {
+		clusterDone = n.cluster.Done()
+	}
+	select {
+	case <-ctx.Done():
+		n.log.Info("shutting down", "cause", context.Cause(ctx))
+		return nil
+	case err := <-n.httpErr:
+		return fmt.Errorf("HTTP server: %w", err)
+	case <-n.link.Done():
+		return ended("leafnode link to the NATS server closed", n.link.Err())
+	case <-clusterDone:
+		return ended("private PostgreSQL exited", n.cluster.Err())
+	}
+}
+
+func ended(what string, cause error) error {
+	if cause == nil {
+		return errors.New(what)
+	}
+	return fmt.Errorf("%s: %w", what, cause)
+}
+
+// stop undoes start in reverse order. Every step runs even when an earlier one fails or the
+// deadline has passed, so that nothing, least of all the private PostgreSQL, is left running.
+func (n *node) stop() error {
+	n.draining.Store(true)
+	ctx, cancel := context.WithTimeout(context.Background(), n.cfg.ShutdownTimeout)
+	defer cancel()
+	var errs []error
+	for i := len(n.stops) - 1; i >= 0; i-- {
+		s := n.stops[i]
+		start := time.Now()
+		if err := s.stop(ctx); err != nil {
+			n.log.Warn("stop failed", "component", s.name, "err", err)
+			errs = append(errs, fmt.Errorf("stop %s: %w", s.name, err))
+			continue
+		}
+		n.log.Debug("stopped", "component", s.name, "took", time.Since(start))
+	}
+	n.stops = nil
+	return errors.Join(errs...)
+}

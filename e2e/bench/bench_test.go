@@ -1,0 +1,152 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"image/png"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestQuickRun runs the whole engine in quick mode against the real components (a private
+// PostgreSQL, jetgres in-process, two JetStream servers) and checks that the report has every
+// section with sane numbers and that the files it writes are what BENCHMARKS.md promises.
+// The numbers themselves are not judged: a smoke run on a shared machine says nothing.
+func TestQuickRun(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts PostgreSQL and three NATS servers; skipped with -short")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	rep, err := Run(ctx, Config{Quick: true, Command: "jetgres bench --quick"})
+	if err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	for _, e := range rep.Errors {
+		t.Errorf("measurement failed: %s", e)
+	}
+
+	all := []string{TargetJetgres, TargetJetStream, TargetJetStreamSync, TargetPostgres}
+	natsTargets := all[:3]
+	checkTargets(t, "publish", all, collect(rep.Publish, func(p PubResult) (string, float64) { return p.Target, p.MsgsPerSec }))
+	checkTargets(t, "sync publish", all, collect(rep.Sync, func(s SyncResult) (string, float64) { return s.Target, s.MsgsPerSec }))
+	checkTargets(t, "fetch", []string{TargetJetgres, TargetJetStream}, collect(rep.Fetch, func(f FetchResult) (string, float64) { return f.Target, f.MsgsPerSec }))
+	checkTargets(t, "latency", natsTargets, collect(rep.Latency, func(l LatResult) (string, float64) { return l.Target, l.Achieved }))
+	checkTargets(t, "overload", append([]string{TargetJetgresFixed}, all...), collect(rep.Overload, func(o Overload) (string, float64) { return o.Target, o.Peak }))
+
+	for _, s := range rep.Sync {
+		checkLatency(t, "sync publish on "+s.Target, s.Latency)
+	}
+	for _, l := range rep.Latency {
+		for name, s := range map[string]LatencySummary{"producer": l.Producer, "subscriber": l.Subscriber, "end-to-end": l.EndToEnd} {
+			checkLatency(t, name+" latency on "+l.Target, s)
+		}
+	}
+	for _, o := range rep.Overload {
+		if len(o.Steps) < len(multiplesQuick) {
+			t.Errorf("overload on %s: %d steps, want at least %d", o.Target, len(o.Steps), len(multiplesQuick))
+		}
+		for _, st := range o.Steps {
+			if st.MsgsPerSec <= 0 {
+				t.Errorf("overload on %s at %g×: no throughput", o.Target, st.Multiple)
+			}
+			checkLatency(t, "overload on "+o.Target, st.Latency)
+		}
+	}
+	if len(rep.Goals) == 0 {
+		t.Error("no goal was checked")
+	}
+
+	var js bytes.Buffer
+	if err := rep.WriteJSON(&js); err != nil {
+		t.Fatalf("WriteJSON: %v", err)
+	}
+	var back Report
+	if err := json.Unmarshal(js.Bytes(), &back); err != nil {
+		t.Fatalf("the JSON report does not parse: %v", err)
+	}
+	var text bytes.Buffer
+	if err := rep.WriteText(&text); err != nil {
+		t.Fatalf("WriteText: %v", err)
+	}
+	for _, want := range []string{"async publish", "fetch + ack", "end-to-end p50", "push limit"} {
+		if !strings.Contains(text.String(), want) {
+			t.Errorf("the table has no %q:\n%s", want, text.String())
+		}
+	}
+
+	dir := t.TempDir()
+	if err := rep.WriteFiles(dir); err != nil {
+		t.Fatalf("WriteFiles: %v", err)
+	}
+	md, err := os.ReadFile(filepath.Join(dir, "BENCHMARKS.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"## Machine", "## Results", "## Goals", "## Overload", "## Plots", "jetgres bench --quick"} {
+		if !strings.Contains(string(md), want) {
+			t.Errorf("BENCHMARKS.md has no %q", want)
+		}
+	}
+	if strings.Contains(string(md), os.TempDir()) {
+		t.Error("BENCHMARKS.md mentions a path of this machine")
+	}
+	pngs, _ := filepath.Glob(filepath.Join(dir, PlotDir, "*.png"))
+	if len(pngs) < 5 {
+		t.Errorf("%d plots written, want at least 5: %v", len(pngs), pngs)
+	}
+	for _, p := range pngs {
+		name := filepath.Base(p)
+		if !strings.Contains(string(md), PlotDir+"/"+name) {
+			t.Errorf("BENCHMARKS.md does not show %s", name)
+		}
+		f, err := os.Open(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		img, err := png.Decode(f)
+		f.Close()
+		if err != nil {
+			t.Errorf("%s is not a valid PNG: %v", name, err)
+		} else if b := img.Bounds(); b.Dx() < 100 || b.Dy() < 100 {
+			t.Errorf("%s is only %dx%d", name, b.Dx(), b.Dy())
+		}
+	}
+}
+
+func collect[T any](rs []T, f func(T) (string, float64)) map[string]float64 {
+	m := map[string]float64{}
+	for _, r := range rs {
+		k, v := f(r)
+		m[k] = v
+	}
+	return m
+}
+
+func checkTargets(t *testing.T, section string, want []string, got map[string]float64) {
+	t.Helper()
+	for _, w := range want {
+		v, ok := got[w]
+		switch {
+		case !ok:
+			t.Errorf("%s: no result for %s", section, w)
+		case !(v > 0):
+			t.Errorf("%s on %s: %v, want a positive rate", section, w, v)
+		}
+	}
+}
+
+func checkLatency(t *testing.T, what string, s LatencySummary) {
+	t.Helper()
+	if s.Count == 0 {
+		t.Errorf("%s: nothing recorded", what)
+		return
+	}
+	if !(s.P50us > 0 && s.P50us <= s.P99us && s.P99us <= s.MaxUs) {
+		t.Errorf("%s: p50 %.0f µs, p99 %.0f µs, max %.0f µs are not ordered", what, s.P50us, s.P99us, s.MaxUs)
+	}
+}

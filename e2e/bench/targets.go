@@ -1,0 +1,228 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/jetgres/jetgres/bridge"
+	"github.com/jetgres/jetgres/embedded/leaf"
+	"github.com/jetgres/jetgres/embedded/natsd"
+	"github.com/jetgres/jetgres/flow"
+	"github.com/jetgres/jetgres/pg"
+)
+
+// stopTimeout bounds the stop of each component the bench started.
+const stopTimeout = 30 * time.Second
+
+// target is one system under test. NATS targets have a client URL; the naive baseline has a
+// pool instead, and its "client" calls a function where the others call nats.go.
+type target struct {
+	name  string
+	url   string
+	naive *pgxpool.Pool
+	node  *jetgresNode // in-process jetgres, for its lane statistics; nil otherwise
+}
+
+// jetgresNode is jetgres started in-process the way `jetgres serve` starts it: a pool,
+// the embedded NATS server, the leafnode link and the bridge.
+type jetgresNode struct {
+	db     *pg.DB
+	nats   *natsd.Server
+	link   *leaf.Conn
+	bridge *bridge.Bridge
+	push   *flow.Lane
+	// reg holds the bridge's metrics, from which the report shows where a publish spends
+	// its time inside jetgres.
+	reg *prometheus.Registry
+}
+
+// startJetgres starts a node on dsn whose bridge uses the given lanes.
+func startJetgres(ctx context.Context, dsn string, push, pop *flow.Lane, log *slog.Logger) (_ *jetgresNode, err error) {
+	n := &jetgresNode{push: push, reg: prometheus.NewRegistry()}
+	defer func() {
+		if err != nil {
+			n.stop()
+		}
+	}()
+	n.db, err = pg.Open(ctx, pg.Config{URL: dsn, MaxConns: PoolSize, Logger: log.With("component", "pg")})
+	if err != nil {
+		return nil, fmt.Errorf("jetgres: connect to PostgreSQL: %w", err)
+	}
+	if err := n.db.Migrate(ctx); err != nil {
+		return nil, fmt.Errorf("jetgres: migrate schema: %w", err)
+	}
+	n.nats, err = natsd.Start(ctx, natsd.Config{Host: "127.0.0.1", Port: -1, Logger: log.With("component", "nats")})
+	if err != nil {
+		return nil, fmt.Errorf("jetgres: NATS server: %w", err)
+	}
+	ep := n.nats.Leaf()
+	n.link, err = leaf.Dial(ctx, leaf.Config{Addr: ep.Addr, User: ep.User, Password: ep.Password,
+		Name: "jetgres-bench-bridge", Logger: log.With("component", "leaf")})
+	if err != nil {
+		return nil, fmt.Errorf("jetgres: leafnode link: %w", err)
+	}
+	// Each node has its own registry: two nodes live in this process at once.
+	n.bridge, err = bridge.New(bridge.Config{DB: n.db, Link: n.link, Push: push, Pop: pop,
+		Logger: log.With("component", "bridge"), Registerer: n.reg,
+		MaxPayload: n.nats.MaxPayload()})
+	if err != nil {
+		return nil, fmt.Errorf("jetgres: bridge: %w", err)
+	}
+	if err := n.bridge.Start(ctx); err != nil {
+		n.bridge = nil
+		return nil, fmt.Errorf("jetgres: start bridge: %w", err)
+	}
+	return n, nil
+}
+
+func (n *jetgresNode) url() string { return n.nats.ClientURL() }
+
+// Bridge histograms the report reads: publish receipt → PubAck sent, the push transaction,
+// and the messages per transaction.
+const (
+	metricPubAck = "jetgres_publish_ack_seconds"
+	metricCommit = "jetgres_fusion_commit_seconds"
+	metricBatch  = "jetgres_fusion_batch_messages"
+)
+
+// histSums is the sum and count of each histogram of a registry at one moment.
+type histSums map[string][2]float64
+
+// sums snapshots the target's bridge histograms; empty for a target not run in-process.
+func (t *target) sums() histSums {
+	out := histSums{}
+	if t.node == nil {
+		return out
+	}
+	mfs, err := t.node.reg.Gather()
+	if err != nil {
+		return out // a partial gather still has what it could read; missing means "not shown"
+	}
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			if h := m.GetHistogram(); h != nil {
+				v := out[mf.GetName()]
+				out[mf.GetName()] = [2]float64{v[0] + h.GetSampleSum(), v[1] + float64(h.GetSampleCount())}
+			}
+		}
+	}
+	return out
+}
+
+// inside condenses what the bridge measured between two snapshots.
+func inside(before, after histSums) *Inside {
+	mean := func(name string) float64 {
+		sum, n := after[name][0]-before[name][0], after[name][1]-before[name][1]
+		if n <= 0 {
+			return 0
+		}
+		return sum / n
+	}
+	in := &Inside{PubAckUs: mean(metricPubAck) * 1e6, CommitUs: mean(metricCommit) * 1e6, BatchMsgs: mean(metricBatch)}
+	if in.PubAckUs == 0 && in.CommitUs == 0 {
+		return nil
+	}
+	return in
+}
+
+// stop stops whatever start got to, in reverse order, and reports what failed.
+func (n *jetgresNode) stop() error {
+	ctx, cancel := context.WithTimeout(context.Background(), stopTimeout)
+	defer cancel()
+	var errs []error
+	if n.bridge != nil {
+		if err := n.bridge.Stop(ctx); err != nil {
+			errs = append(errs, fmt.Errorf("stop bridge: %w", err))
+		}
+	}
+	if n.link != nil {
+		if err := n.link.Close(); err != nil {
+			errs = append(errs, fmt.Errorf("close leafnode link: %w", err))
+		}
+	}
+	if n.nats != nil {
+		n.nats.Stop()
+	}
+	if n.db != nil {
+		n.db.Close()
+	}
+	return errors.Join(errs...)
+}
+
+// startJetStream starts a nats-server with JetStream file storage in dir. syncAlways makes
+// the store fsync every message, the durability a PubAck from jetgres promises; without it
+// the store syncs every two minutes (the server default).
+func startJetStream(dir string, syncAlways bool) (*server.Server, error) {
+	opts := &server.Options{
+		Host:       "127.0.0.1",
+		Port:       -1,
+		JetStream:  true,
+		StoreDir:   dir,
+		SyncAlways: syncAlways,
+		NoSigs:     true,
+		NoLog:      true,
+	}
+	s, err := server.NewServer(opts)
+	if err != nil {
+		return nil, fmt.Errorf("JetStream server (sync_always=%t): %w", syncAlways, err)
+	}
+	s.Start()
+	if !s.ReadyForConnections(10 * time.Second) {
+		s.Shutdown()
+		return nil, fmt.Errorf("JetStream server (sync_always=%t): not ready within 10s", syncAlways)
+	}
+	return s, nil
+}
+
+// naiveTable is the baseline's table: what a queue in PostgreSQL looks like with no design
+// at all, one row per publish and one commit per row.
+const naiveTable = "jetgres_bench_naive"
+
+// openNaive connects the naive baseline. It talks to PostgreSQL with pgx directly rather than
+// through package pg, because the baseline must be the bare client round trip with none of
+// jetgres's machinery in it.
+func openNaive(ctx context.Context, dsn string) (*pgxpool.Pool, error) {
+	cfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		return nil, fmt.Errorf("naive baseline: parse database URL: %w", err)
+	}
+	cfg.MaxConns = PoolSize
+	cfg.ConnConfig.RuntimeParams["application_name"] = "jetgres-bench-naive"
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("naive baseline: connect: %w", err)
+	}
+	if err := pool.Ping(ctx); err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("naive baseline: connect: %w", err)
+	}
+	return pool, nil
+}
+
+// resetNaive gives a measurement an empty baseline table, so that every run inserts into the
+// same fresh B-tree the jetgres streams start with.
+func resetNaive(ctx context.Context, pool *pgxpool.Pool) error {
+	if _, err := pool.Exec(ctx, `DROP TABLE IF EXISTS `+naiveTable); err != nil {
+		return fmt.Errorf("naive baseline: drop table %s: %w", naiveTable, err)
+	}
+	_, err := pool.Exec(ctx, `CREATE TABLE `+naiveTable+` (
+	seq     bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+	subject text NOT NULL,
+	data    bytea NOT NULL,
+	stored  timestamptz NOT NULL DEFAULT now()
+)`)
+	if err != nil {
+		return fmt.Errorf("naive baseline: create table %s: %w", naiveTable, err)
+	}
+	return nil
+}
+
+// naiveInsert is one publish of the baseline: one INSERT, committed on its own.
+const naiveInsert = `INSERT INTO ` + naiveTable + ` (subject, data) VALUES ($1, $2)`

@@ -1,0 +1,212 @@
+package e2e
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// TestFoundation runs the README's quick start against a jetgres with its private
+// PostgreSQL, then stops it the way Ctrl-C would.
+func TestFoundation(t *testing.T) {
+	t.Parallel()
+	j := startJetgres(t, options{})
+
+	t.Run("core NATS through the nats CLI", func(t *testing.T) {
+		corePubSub(t, j, "e2e.core.hello", "hello jetgres")
+	})
+
+	t.Run("healthz and readyz", func(t *testing.T) {
+		if code, body := j.mustGet(t, "/healthz"); code != http.StatusOK {
+			t.Errorf("/healthz: %d %q", code, body)
+		}
+		if code, body := j.mustGet(t, "/readyz"); code != http.StatusOK || strings.TrimSpace(body) != "ready" {
+			t.Errorf("/readyz: %d %q", code, body)
+		}
+	})
+
+	t.Run("metrics", func(t *testing.T) {
+		code, body := j.mustGet(t, "/metrics")
+		if code != http.StatusOK {
+			t.Fatalf("/metrics: %d", code)
+		}
+		for _, name := range []string{
+			"jetgres_build_info",
+			"jetgres_push_vegas_limit",
+			"jetgres_pop_vegas_limit",
+			"jetgres_push_vegas_in_flight",
+			"jetgres_pop_vegas_rtt_base_seconds",
+			"jetgres_push_permit_wait_seconds_total",
+			"jetgres_pg_pool_",
+			"jetgres_leaf_",
+			"go_goroutines",
+			"process_resident_memory_bytes",
+		} {
+			if !strings.Contains(body, "\n"+name) {
+				t.Errorf("/metrics has no %s", name)
+			}
+		}
+	})
+
+	t.Run("ready line names the bound addresses", func(t *testing.T) {
+		logs := j.logs.String()
+		if !strings.Contains(logs, `msg="jetgres ready"`) || !strings.Contains(logs, "nats="+j.natsURL) || !strings.Contains(logs, "http="+j.httpAddr) {
+			t.Errorf("no ready line with nats=%s http=%s in:\n%s", j.natsURL, j.httpAddr, logs)
+		}
+	})
+
+	// Proves that requireNoPostgres below can see the processes it looks for.
+	if len(postgresProcesses(t, j.dataDir)) == 0 {
+		t.Fatalf("no postgres process found in %s while jetgres runs", j.dataDir)
+	}
+	j.stop(t)
+	requireNoPostgres(t, j.dataDir)
+	if _, err := os.Stat(j.readyFile); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("ready file still there after shutdown: %v", err)
+	}
+	if logs := j.logs.String(); !strings.Contains(logs, `msg="jetgres stopped"`) {
+		t.Errorf("no clean stop in logs")
+	}
+}
+
+// TestRestartAfterSIGKILL kills jetgres without warning, which can leave its PostgreSQL
+// running, and checks that the next start on the same data directory comes up and that
+// nothing is left once that one stops.
+func TestRestartAfterSIGKILL(t *testing.T) {
+	t.Parallel()
+	dir := newDataDir(t)
+	first := startJetgres(t, options{DataDir: dir})
+	first.kill(t)
+	t.Logf("%d postgres processes outlived the SIGKILL", len(postgresProcesses(t, dir)))
+
+	second := startJetgres(t, options{DataDir: dir})
+	corePubSub(t, second, "e2e.restart", "after SIGKILL")
+	second.stop(t)
+	requireNoPostgres(t, dir)
+}
+
+// TestDatabasePasswordNeverLogged points jetgres at a PostgreSQL that is not there: it must
+// fail to start, say why, and never print the password while doing so.
+func TestDatabasePasswordNeverLogged(t *testing.T) {
+	t.Parallel()
+	const password = "Pa55-w0rd-e2e"
+	tests := []struct {
+		name string
+		o    options
+	}{
+		{"flag URL", options{Args: []string{"--database-url", "postgres://app:" + password + "@127.0.0.1:1/app?connect_timeout=2"}}},
+		{"DATABASE_URL keyword DSN", options{Env: []string{"DATABASE_URL=host=127.0.0.1 port=1 user=app password=" + password + " dbname=app connect_timeout=2"}}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			j := launchJetgres(t, tt.o)
+			err := j.wait(stopTimeout)
+			var exit *exec.ExitError
+			if !errors.As(err, &exit) || exit.ExitCode() != 1 {
+				t.Fatalf("jetgres with an unreachable database: %v, want exit code 1", err)
+			}
+			logs := j.logs.String()
+			if strings.Contains(logs, password) {
+				t.Errorf("logs contain the database password:\n%s", logs)
+			}
+			if !strings.Contains(logs, "PostgreSQL") {
+				t.Errorf("logs do not say PostgreSQL failed:\n%s", logs)
+			}
+		})
+	}
+}
+
+// corePubSub subscribes with `nats sub` and publishes with `nats pub` until the subscriber
+// has the message. Publishing more than once covers the moment before the subscription has
+// reached the server.
+func corePubSub(t *testing.T, j *jetgres, subject, payload string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+
+	sub := j.natsCmd(t, ctx, "sub", subject, "--count", "1", "--raw")
+	var out syncBuffer
+	sub.Stdout, sub.Stderr = &out, &out
+	if err := sub.Start(); err != nil {
+		t.Fatal(err)
+	}
+	subDone := make(chan error, 1)
+	go func() { subDone <- sub.Wait() }()
+
+	for {
+		pub := j.natsCmd(t, ctx, "pub", subject, payload)
+		if b, err := pub.CombinedOutput(); err != nil {
+			t.Fatalf("nats pub: %v\n%s", err, b)
+		}
+		select {
+		case err := <-subDone:
+			if err != nil {
+				t.Fatalf("nats sub: %v\n%s", err, out.String())
+			}
+			if !strings.Contains(out.String(), payload) {
+				t.Fatalf("nats sub printed %q, want %q", out.String(), payload)
+			}
+			return
+		case <-time.After(200 * time.Millisecond):
+		case <-ctx.Done():
+			t.Fatalf("nats sub got nothing: %v\n%s", ctx.Err(), out.String())
+		}
+	}
+}
+
+// TestExitsWhenPrivatePostgresDies kills the private PostgreSQL under a running jetgres:
+// jetgres cannot serve without it, so it must exit with an error, leaving nothing behind.
+func TestExitsWhenPrivatePostgresDies(t *testing.T) {
+	t.Parallel()
+	j := startJetgres(t, options{})
+	pidFile, err := os.ReadFile(filepath.Join(j.dataDir, "pg", "postmaster.pid"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	line, _, _ := strings.Cut(string(pidFile), "\n")
+	pid, err := strconv.Atoi(strings.TrimSpace(line))
+	if err != nil {
+		t.Fatalf("postmaster.pid: %v", err)
+	}
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	err = j.wait(stopTimeout)
+	var exit *exec.ExitError
+	if !errors.As(err, &exit) || exit.ExitCode() != 1 {
+		t.Fatalf("jetgres after its PostgreSQL died: %v, want exit code 1", err)
+	}
+	if logs := j.logs.String(); !strings.Contains(logs, "private PostgreSQL exited") {
+		t.Errorf("logs do not say PostgreSQL exited:\n%s", logs)
+	}
+	requireNoPostgres(t, j.dataDir)
+}
+
+// TestSecondJetgresOnSameDataDir starts a second jetgres on a data directory in use: it must
+// refuse, without disturbing the first one's PostgreSQL.
+func TestSecondJetgresOnSameDataDir(t *testing.T) {
+	t.Parallel()
+	first := startJetgres(t, options{})
+	second := launchJetgres(t, options{DataDir: first.dataDir})
+	err := second.wait(stopTimeout)
+	var exit *exec.ExitError
+	if !errors.As(err, &exit) || exit.ExitCode() != 1 {
+		t.Fatalf("second jetgres on %s: %v, want exit code 1", first.dataDir, err)
+	}
+	if logs := second.logs.String(); !strings.Contains(logs, "in use") {
+		t.Errorf("second jetgres does not say the data directory is in use:\n%s", logs)
+	}
+	if code, body := first.mustGet(t, "/readyz"); code != http.StatusOK {
+		t.Errorf("first jetgres after the second gave up: /readyz %d %q", code, body)
+	}
+	first.stop(t)
+	requireNoPostgres(t, first.dataDir)
+}

@@ -1,0 +1,504 @@
+package pg
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// ErrLeaseHeld is returned when another replica serves the consumer: its lease is live and
+// not ours. ErrLeaseLost is returned by a cursor write after the lease moved on (or the
+// consumer was deleted): the caller must stop serving it.
+var (
+	ErrLeaseHeld = errors.New("pg: consumer is served by another replica")
+	ErrLeaseLost = errors.New("pg: consumer lease lost")
+)
+
+// Consumer is a consumer's stored configuration and its persisted cursor, the ack floor.
+// Config is the JSON the bridge stores; pg does not interpret it.
+type Consumer struct {
+	StreamID       int64
+	Name           string
+	Config         []byte
+	Created        time.Time
+	AckStreamSeq   uint64
+	AckConsumerSeq uint64
+}
+
+// ConsumerKey names one consumer.
+type ConsumerKey struct {
+	StreamID int64
+	Name     string
+}
+
+const sqlConsumerCols = `stream_id, name, config, created, ack_stream_seq, ack_consumer_seq`
+
+func scanConsumer(r pgx.Row) (Consumer, error) {
+	var c Consumer
+	var as, ac int64
+	err := r.Scan(&c.StreamID, &c.Name, &c.Config, &c.Created, &as, &ac)
+	c.AckStreamSeq, c.AckConsumerSeq = uint64(as), uint64(ac)
+	return c, err
+}
+
+// CreateConsumer stores a new consumer with its starting cursor and, when owner is not
+// empty, its lease for ttl. It returns ErrExists when the name is taken and ErrNotFound when
+// the stream is gone.
+func (db *DB) CreateConsumer(ctx context.Context, c Consumer, owner string, ttl time.Duration) (Consumer, error) {
+	var out Consumer
+	err := db.Background(ctx, func(ctx context.Context, q Querier) error {
+		row := q.QueryRow(ctx, `INSERT INTO jetgres.consumers
+			(stream_id, name, config, ack_stream_seq, ack_consumer_seq, owner, lease_until)
+			VALUES ($1, $2, $3, $4, $5, $6, CASE WHEN $6 = '' THEN '-infinity'::timestamptz ELSE now() + $7::interval END)
+			RETURNING `+sqlConsumerCols,
+			c.StreamID, c.Name, c.Config, int64(c.AckStreamSeq), int64(c.AckConsumerSeq), owner, ttl)
+		var err error
+		out, err = scanConsumer(row)
+		return err
+	})
+	var pgErr *pgconn.PgError
+	switch {
+	case errors.As(err, &pgErr) && pgErr.Code == "23505":
+		return Consumer{}, ErrExists
+	case errors.As(err, &pgErr) && pgErr.Code == "23503":
+		return Consumer{}, ErrNotFound
+	case err != nil:
+		return Consumer{}, fmt.Errorf("pg: create consumer: %w", err)
+	}
+	return out, nil
+}
+
+// UpdateConsumerConfig replaces a consumer's stored configuration.
+func (db *DB) UpdateConsumerConfig(ctx context.Context, streamID int64, name string, config []byte) error {
+	err := db.Background(ctx, func(ctx context.Context, q Querier) error {
+		tag, err := q.Exec(ctx, `UPDATE jetgres.consumers SET config = $3 WHERE stream_id = $1 AND name = $2`, streamID, name, config)
+		if err != nil {
+			return err
+		}
+		if tag.RowsAffected() == 0 {
+			return ErrNotFound
+		}
+		return nil
+	})
+	if err != nil && !errors.Is(err, ErrNotFound) {
+		return fmt.Errorf("pg: update consumer: %w", err)
+	}
+	return err
+}
+
+// DeleteConsumer removes a consumer; ErrNotFound if there is none.
+func (db *DB) DeleteConsumer(ctx context.Context, streamID int64, name string) error {
+	err := db.Background(ctx, func(ctx context.Context, q Querier) error {
+		tag, err := q.Exec(ctx, `DELETE FROM jetgres.consumers WHERE stream_id = $1 AND name = $2`, streamID, name)
+		if err != nil {
+			return err
+		}
+		if tag.RowsAffected() == 0 {
+			return ErrNotFound
+		}
+		return nil
+	})
+	if err != nil && !errors.Is(err, ErrNotFound) {
+		return fmt.Errorf("pg: delete consumer: %w", err)
+	}
+	return err
+}
+
+// GetConsumer reads one consumer; ErrNotFound if there is none.
+func (db *DB) GetConsumer(ctx context.Context, streamID int64, name string) (Consumer, error) {
+	var c Consumer
+	err := db.Background(ctx, func(ctx context.Context, q Querier) error {
+		var err error
+		c, err = scanConsumer(q.QueryRow(ctx, `SELECT `+sqlConsumerCols+` FROM jetgres.consumers
+			WHERE stream_id = $1 AND name = $2`, streamID, name))
+		if errors.Is(err, pgx.ErrNoRows) {
+			return ErrNotFound
+		}
+		return err
+	})
+	if err != nil && !errors.Is(err, ErrNotFound) {
+		return Consumer{}, fmt.Errorf("pg: get consumer: %w", err)
+	}
+	return c, err
+}
+
+// Consumers lists a stream's consumers, ordered by name.
+func (db *DB) Consumers(ctx context.Context, streamID int64) ([]Consumer, error) {
+	var out []Consumer
+	err := db.Background(ctx, func(ctx context.Context, q Querier) error {
+		rows, err := q.Query(ctx, `SELECT `+sqlConsumerCols+` FROM jetgres.consumers WHERE stream_id = $1 ORDER BY name`, streamID)
+		if err != nil {
+			return err
+		}
+		out, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (Consumer, error) { return scanConsumer(r) })
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("pg: list consumers: %w", err)
+	}
+	return out, nil
+}
+
+// CursorParams is one cursor write: the new ack floor of a consumer this replica serves.
+type CursorParams struct {
+	StreamID       int64
+	Name           string
+	Owner          string
+	AckStreamSeq   uint64
+	AckConsumerSeq uint64
+}
+
+// WriteCursor persists a consumer's ack floor. It runs on the hot path (a durable ack waits
+// for it); rtt is for the lane the caller holds a permit of. The write only lands while
+// Owner holds the lease, and ErrLeaseLost says it did not.
+func (db *DB) WriteCursor(ctx context.Context, p CursorParams) (time.Duration, error) {
+	rtt, err := db.Hot(ctx, func(ctx context.Context, q Querier) error {
+		tag, err := q.Exec(ctx, `UPDATE jetgres.consumers SET ack_stream_seq = $3, ack_consumer_seq = $4
+			WHERE stream_id = $1 AND name = $2 AND owner = $5`,
+			p.StreamID, p.Name, int64(p.AckStreamSeq), int64(p.AckConsumerSeq), p.Owner)
+		if err != nil {
+			return err
+		}
+		if tag.RowsAffected() == 0 {
+			return ErrLeaseLost
+		}
+		return nil
+	})
+	if err != nil && !errors.Is(err, ErrLeaseLost) {
+		return rtt, fmt.Errorf("pg: write cursor: %w", err)
+	}
+	return rtt, err
+}
+
+// LeaseParams asks for the lease of one consumer.
+type LeaseParams struct {
+	StreamID int64
+	Name     string
+	Owner    string
+	TTL      time.Duration
+}
+
+// AcquireConsumer takes the consumer's lease if it is free, expired or already Owner's,
+// and returns the consumer as stored. ErrLeaseHeld says another replica serves it,
+// ErrNotFound that it does not exist.
+func (db *DB) AcquireConsumer(ctx context.Context, p LeaseParams) (Consumer, error) {
+	var c Consumer
+	err := db.Background(ctx, func(ctx context.Context, q Querier) error {
+		var err error
+		c, err = scanConsumer(q.QueryRow(ctx, `UPDATE jetgres.consumers SET owner = $3, lease_until = now() + $4::interval
+			WHERE stream_id = $1 AND name = $2 AND (owner = $3 OR owner = '' OR lease_until < now())
+			RETURNING `+sqlConsumerCols, p.StreamID, p.Name, p.Owner, p.TTL))
+		if !errors.Is(err, pgx.ErrNoRows) {
+			return err
+		}
+		var one int
+		err = q.QueryRow(ctx, `SELECT 1 FROM jetgres.consumers WHERE stream_id = $1 AND name = $2`, p.StreamID, p.Name).Scan(&one)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return ErrNotFound
+		}
+		if err != nil {
+			return err
+		}
+		return ErrLeaseHeld
+	})
+	if err != nil && !errors.Is(err, ErrNotFound) && !errors.Is(err, ErrLeaseHeld) {
+		return Consumer{}, fmt.Errorf("pg: acquire consumer: %w", err)
+	}
+	return c, err
+}
+
+// AcquireConsumers takes, in one statement, the lease of every consumer of a stream that
+// is free, expired or already owner's, and returns those consumers ordered by name.
+func (db *DB) AcquireConsumers(ctx context.Context, streamID int64, owner string, ttl time.Duration) ([]Consumer, error) {
+	var out []Consumer
+	err := db.Background(ctx, func(ctx context.Context, q Querier) error {
+		rows, err := q.Query(ctx, `UPDATE jetgres.consumers SET owner = $2, lease_until = now() + $3::interval
+			WHERE stream_id = $1 AND (owner = $2 OR owner = '' OR lease_until < now())
+			RETURNING `+sqlConsumerCols, streamID, owner, ttl)
+		if err != nil {
+			return err
+		}
+		out, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (Consumer, error) { return scanConsumer(r) })
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("pg: acquire consumers: %w", err)
+	}
+	slices.SortFunc(out, func(a, b Consumer) int { return strings.Compare(a.Name, b.Name) })
+	return out, nil
+}
+
+// RenewConsumerLeases extends every lease owner holds by ttl, in one statement, and returns
+// the consumers it still holds; a consumer missing from the answer was deleted or taken over.
+func (db *DB) RenewConsumerLeases(ctx context.Context, owner string, ttl time.Duration) ([]ConsumerKey, error) {
+	var out []ConsumerKey
+	err := db.Background(ctx, func(ctx context.Context, q Querier) error {
+		rows, err := q.Query(ctx, `UPDATE jetgres.consumers SET lease_until = now() + $2::interval
+			WHERE owner = $1 RETURNING stream_id, name`, owner, ttl)
+		if err != nil {
+			return err
+		}
+		out, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (ConsumerKey, error) {
+			var k ConsumerKey
+			err := r.Scan(&k.StreamID, &k.Name)
+			return k, err
+		})
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("pg: renew consumer leases: %w", err)
+	}
+	return out, nil
+}
+
+// ReleaseConsumerLeases gives up every lease owner holds, so that another replica can take
+// its consumers at once instead of waiting for the leases to run out.
+func (db *DB) ReleaseConsumerLeases(ctx context.Context, owner string) error {
+	err := db.Background(ctx, func(ctx context.Context, q Querier) error {
+		_, err := q.Exec(ctx, `UPDATE jetgres.consumers SET owner = '', lease_until = '-infinity' WHERE owner = $1`, owner)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("pg: release consumer leases: %w", err)
+	}
+	return nil
+}
+
+// HighWater reads the last committed sequence of each given stream: the ticker's one cheap
+// statement per tick, which tells it whether another replica committed. Streams that no
+// longer exist are missing from the answer.
+func (db *DB) HighWater(ctx context.Context, streamIDs []int64) (map[int64]uint64, error) {
+	out := make(map[int64]uint64, len(streamIDs))
+	err := db.Background(ctx, func(ctx context.Context, q Querier) error {
+		rows, err := q.Query(ctx, `SELECT stream_id, last_seq FROM jetgres.stream_state WHERE stream_id = ANY($1)`, streamIDs)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var id, last int64
+			if err := rows.Scan(&id, &last); err != nil {
+				return err
+			}
+			out[id] = uint64(last)
+		}
+		return rows.Err()
+	})
+	if err != nil {
+		return nil, fmt.Errorf("pg: high water: %w", err)
+	}
+	return out, nil
+}
+
+// subjectCond is the SQL condition (and its argument) that a subject matches any of filters;
+// no filters, or a full wildcard among them, match everything.
+func subjectCond(filters []string, arg int) (string, any) {
+	if len(filters) == 0 || slices.Contains(filters, ">") {
+		return "", nil
+	}
+	res := make([]string, len(filters))
+	for i, f := range filters {
+		res[i] = SubjectRegexp(f)
+	}
+	return fmt.Sprintf(` AND subject ~ ANY($%d::text[])`, arg), res
+}
+
+const liveRows = `seq >= (SELECT first_seq FROM jetgres.stream_state WHERE stream_id = $1)
+	AND NOT EXISTS (SELECT 1 FROM jetgres.deleted d WHERE d.stream_id = $1 AND d.seq = m.seq)`
+
+// ReadFiltered is Read for a consumer: it returns up to p.MaxMsgs live messages from
+// [p.From, p.UpTo] whose subject matches any of filters (all of them when filters is empty;
+// p.Filter is ignored), and the sequence through which it looked: nothing between the
+// returned messages and through matched. It runs on the hot path; rtt is for the pop lane.
+func (db *DB) ReadFiltered(ctx context.Context, p ReadParams, filters []string) (out []Message, through uint64, rtt time.Duration, err error) {
+	through = p.UpTo
+	rtt, err = db.Hot(ctx, func(ctx context.Context, q Querier) error {
+		chunks, err := db.chunks.list(ctx, q, p.StreamID, p.UpTo)
+		if err != nil {
+			return err
+		}
+		start := max(sort.Search(len(chunks), func(i int) bool { return chunks[i].firstSeq > p.From })-1, 0)
+		cond, arg := subjectCond(filters, 5)
+		bytes := 0
+		from := p.From
+		for k := start; k < len(chunks) && from <= p.UpTo && len(out) < p.MaxMsgs; k++ {
+			from = max(from, chunks[k].firstSeq)
+			args := []any{p.StreamID, int64(from), int64(p.UpTo), p.MaxMsgs - len(out)}
+			if arg != nil {
+				args = append(args, arg)
+			}
+			rows, err := q.Query(ctx, `SELECT seq, ts, subject, hdr, data, cum_before FROM `+chunkTable(p.StreamID, chunks[k].chunk)+` m
+				WHERE seq >= $2 AND seq <= $3 AND `+liveRows+cond+` ORDER BY seq LIMIT $4`, args...)
+			if err != nil {
+				if isUndefinedTable(err) {
+					continue
+				}
+				return err
+			}
+			msgs, err := pgx.CollectRows(rows, scanMessage)
+			if err != nil {
+				return err
+			}
+			for _, m := range msgs {
+				if p.MaxBytes > 0 && len(out) > 0 && bytes+int(m.Size()) > p.MaxBytes {
+					through = out[len(out)-1].Seq
+					return nil
+				}
+				bytes += int(m.Size())
+				out = append(out, m)
+				from = m.Seq + 1
+			}
+		}
+		if len(out) == p.MaxMsgs {
+			through = out[len(out)-1].Seq
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, 0, rtt, fmt.Errorf("pg: read for consumer: %w", err)
+	}
+	return out, through, rtt, nil
+}
+
+// PendingParams selects what a consumer has yet to receive.
+type PendingParams struct {
+	StreamID int64
+	From     uint64 // the consumer's next stream sequence
+	UpTo     uint64
+	Filters  []string
+}
+
+// CountPending counts the live messages in [From, UpTo] that match the filters: a
+// consumer's num_pending. It scans, so it is for consumer info and start-up, not per message.
+func (db *DB) CountPending(ctx context.Context, p PendingParams) (uint64, error) {
+	var n uint64
+	if p.From > p.UpTo {
+		return 0, nil
+	}
+	err := db.Background(ctx, func(ctx context.Context, q Querier) error {
+		chunks, err := db.chunks.list(ctx, q, p.StreamID, p.UpTo)
+		if err != nil {
+			return err
+		}
+		start := max(sort.Search(len(chunks), func(i int) bool { return chunks[i].firstSeq > p.From })-1, 0)
+		cond, arg := subjectCond(p.Filters, 4)
+		for k := start; k < len(chunks); k++ {
+			args := []any{p.StreamID, int64(max(p.From, chunks[k].firstSeq)), int64(p.UpTo)}
+			if arg != nil {
+				args = append(args, arg)
+			}
+			var c int64
+			err := q.QueryRow(ctx, `SELECT count(*) FROM `+chunkTable(p.StreamID, chunks[k].chunk)+` m
+				WHERE seq >= $2 AND seq <= $3 AND `+liveRows+cond, args...).Scan(&c)
+			if err != nil {
+				if isUndefinedTable(err) {
+					continue
+				}
+				return err
+			}
+			n += uint64(c)
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, fmt.Errorf("pg: count pending: %w", err)
+	}
+	return n, nil
+}
+
+// LastSeqsPerSubject returns, lowest first, the sequence of the newest live message of each
+// subject matching the filters, up to upTo: where a deliver-last-per-subject consumer starts.
+func (db *DB) LastSeqsPerSubject(ctx context.Context, streamID int64, filters []string, upTo uint64) ([]uint64, error) {
+	last := make(map[string]uint64)
+	err := db.Background(ctx, func(ctx context.Context, q Querier) error {
+		chunks, err := db.chunks.list(ctx, q, streamID, upTo)
+		if err != nil {
+			return err
+		}
+		cond, arg := subjectCond(filters, 3)
+		for _, c := range chunks {
+			args := []any{streamID, int64(upTo)}
+			if arg != nil {
+				args = append(args, arg)
+			}
+			rows, err := q.Query(ctx, `SELECT DISTINCT ON (subject) subject, seq FROM `+chunkTable(streamID, c.chunk)+` m
+				WHERE seq <= $2 AND `+liveRows+cond+` ORDER BY subject, seq DESC`, args...)
+			if err != nil {
+				if isUndefinedTable(err) {
+					continue
+				}
+				return err
+			}
+			for rows.Next() {
+				var subj string
+				var seq int64
+				if err := rows.Scan(&subj, &seq); err != nil {
+					rows.Close()
+					return err
+				}
+				last[subj] = max(last[subj], uint64(seq))
+			}
+			rows.Close()
+			if err := rows.Err(); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("pg: last sequences per subject: %w", err)
+	}
+	out := make([]uint64, 0, len(last))
+	for _, seq := range last {
+		out = append(out, seq)
+	}
+	slices.Sort(out)
+	return out, nil
+}
+
+// SeqAtTime returns the first live sequence stored at or after ts (unix ns), or the last
+// sequence plus one when there is none: where a deliver-by-start-time consumer starts.
+func (db *DB) SeqAtTime(ctx context.Context, streamID int64, ts int64) (uint64, error) {
+	var seq uint64
+	err := db.Background(ctx, func(ctx context.Context, q Querier) error {
+		var lastSeq int64
+		if err := q.QueryRow(ctx, `SELECT last_seq FROM jetgres.stream_state WHERE stream_id = $1`, streamID).Scan(&lastSeq); err != nil {
+			if errors.Is(err, pgx.ErrNoRows) {
+				return ErrNotFound
+			}
+			return err
+		}
+		seq = uint64(lastSeq) + 1
+		chunks, err := db.chunks.list(ctx, q, streamID, uint64(lastSeq))
+		if err != nil {
+			return err
+		}
+		for _, c := range chunks {
+			var found *int64
+			err := q.QueryRow(ctx, `SELECT min(seq) FROM `+chunkTable(streamID, c.chunk)+` m
+				WHERE ts >= $2 AND `+liveRows, streamID, ts).Scan(&found)
+			if err != nil {
+				if isUndefinedTable(err) {
+					continue
+				}
+				return err
+			}
+			if found != nil {
+				seq = uint64(*found)
+				return nil
+			}
+		}
+		return nil
+	})
+	if err != nil && !errors.Is(err, ErrNotFound) {
+		return 0, fmt.Errorf("pg: sequence at time: %w", err)
+	}
+	return seq, err
+}

@@ -31,6 +31,7 @@ type DB struct {
 	closing sync.WaitGroup
 
 	chunks chunkCache // see messages.go
+	tails  tailStates // see append_fast.go
 }
 
 // Open builds the pool and returns once the database has answered a ping, so that a wrong URL

@@ -141,9 +141,21 @@ func (db *DB) Append(ctx context.Context, batches []AppendBatch, ts int64) ([]Ap
 	sort.Slice(batches, func(i, j int) bool { return batches[i].StreamID < batches[j].StreamID })
 	var results []AppendResult
 	rtt, err := db.Hot(ctx, func(ctx context.Context, q Querier) error {
-		var err error
-		results, err = db.appendTx(ctx, q, batches, ts)
-		return err
+		done, rest, err := db.appendFast(ctx, q, batches, ts)
+		if err != nil {
+			// The fast path's implicit transaction rolled back as a whole (a collision
+			// its guards could not see, say); the general path decides afresh.
+			done, rest = nil, batches
+		}
+		if len(rest) > 0 {
+			slow, err := db.appendTx(ctx, q, rest, ts)
+			if err != nil {
+				return err
+			}
+			done = append(done, slow...)
+		}
+		results = done
+		return nil
 	})
 	if err != nil {
 		return nil, rtt, fmt.Errorf("pg: append: %w", err)
@@ -339,6 +351,9 @@ func (db *DB) appendTx(ctx context.Context, q Querier, batches []AppendBatch, ts
 		return nil, err
 	}
 	committed = true
+	for i := range res {
+		db.tails.remember(res[i].StreamID, holds[i].st)
+	}
 	for _, o := range opened {
 		db.chunks.add(o.streamID, o.info)
 	}
@@ -524,21 +539,27 @@ func (db *DB) checkExpect(ctx context.Context, q Querier, streamID int64, st *lo
 }
 
 func queueInsert(b *pgx.Batch, table string, msgs []Message) {
-	seqs := make([]int64, len(msgs))
-	tss := make([]int64, len(msgs))
-	subjects := make([]string, len(msgs))
-	hdrs := make([][]byte, len(msgs))
-	datas := make([][]byte, len(msgs))
-	cums := make([]int64, len(msgs))
+	seqs, tss, subjects, hdrs, datas, cums := insertColumns(msgs)
+	b.Queue(`INSERT INTO `+table+` (seq, ts, subject, hdr, data, cum_before)
+		SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::text[], $4::bytea[], $5::bytea[], $6::bigint[])`,
+		seqs, tss, subjects, hdrs, datas, cums)
+}
+
+// insertColumns lays msgs out as the column arrays an unnest insert takes.
+func insertColumns(msgs []Message) (seqs, tss []int64, subjects []string, hdrs, datas [][]byte, cums []int64) {
+	seqs = make([]int64, len(msgs))
+	tss = make([]int64, len(msgs))
+	subjects = make([]string, len(msgs))
+	hdrs = make([][]byte, len(msgs))
+	datas = make([][]byte, len(msgs))
+	cums = make([]int64, len(msgs))
 	for i, m := range msgs {
 		seqs[i], tss[i], subjects[i], hdrs[i], datas[i], cums[i] = int64(m.Seq), m.TS, m.Subject, m.Header, m.Data, int64(m.cumBefore)
 		if datas[i] == nil {
 			datas[i] = []byte{}
 		}
 	}
-	b.Queue(`INSERT INTO `+table+` (seq, ts, subject, hdr, data, cum_before)
-		SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::text[], $4::bytea[], $5::bytea[], $6::bigint[])`,
-		seqs, tss, subjects, hdrs, datas, cums)
+	return seqs, tss, subjects, hdrs, datas, cums
 }
 
 func copyRows(msgs []Message) pgx.CopyFromSource {

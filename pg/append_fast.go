@@ -1,0 +1,180 @@
+package pg
+
+import (
+	"context"
+	"errors"
+	"sync"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// The common publish carries no message id, no expectation, and goes to a stream without
+// limits. For it the general append (lock the state row, decide, then write and commit: two
+// round trips) is more than needed: this process already knows the stream's state from its
+// own last commit, since a stream has at most one flush in flight. The fast path sends the
+// state update and the inserts in one pipeline, one implicit transaction, one round trip,
+// and lets PostgreSQL check the remembered state.
+//
+// The state row update is guarded by the remembered last sequence and chunk: if another
+// replica, a purge or the maintainer changed them, it matches no row, and the inserts are
+// guarded by the new last sequence being in place, so they insert nothing either. Those
+// batches then take the general path. A collision the guards cannot see (another replica
+// wrote exactly as many messages into the same chunk) fails the primary key, which rolls
+// the whole implicit transaction back; the general path then runs for every batch.
+
+// tailState is what this process last committed for a stream.
+type tailState struct {
+	lastSeq, cumBytes uint64
+	lastTS            int64
+	chunk, chunkRows  int64
+}
+
+// tailStates remembers each stream's tailState; see appendFast.
+type tailStates struct {
+	mu sync.Mutex
+	m  map[int64]tailState
+}
+
+func (t *tailStates) get(id int64) (tailState, bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	s, ok := t.m[id]
+	return s, ok
+}
+
+func (t *tailStates) set(id int64, s tailState) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.m == nil {
+		t.m = make(map[int64]tailState)
+	}
+	t.m[id] = s
+}
+
+func (t *tailStates) forget(id int64) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	delete(t.m, id)
+}
+
+func (t *tailStates) remember(id int64, st *lockedState) {
+	t.set(id, tailState{lastSeq: st.lastSeq, cumBytes: st.cumBytes, lastTS: st.lastTS, chunk: st.chunk, chunkRows: st.chunkRows})
+}
+
+// fastEligible reports whether a batch can take the fast path: nothing in it needs a
+// decision under the row lock, and it fits in the current chunk.
+func fastEligible(bt AppendBatch, st tailState) bool {
+	l := bt.Limits
+	if l.MaxMsgs > 0 || l.MaxBytes > 0 || l.MaxMsgsPer > 0 || len(bt.Msgs) >= copyThreshold {
+		return false
+	}
+	chunkRows := bt.ChunkRows
+	if chunkRows <= 0 {
+		chunkRows = ChunkRowsDefault
+	}
+	if st.chunkRows+int64(len(bt.Msgs)) > chunkRows {
+		return false
+	}
+	for i := range bt.Msgs {
+		m := &bt.Msgs[i]
+		if m.MsgID != "" || m.NoInterest || m.ExpectLastSeq != nil || m.ExpectLastSubjSeq != nil || m.ExpectLastMsgID != "" {
+			return false
+		}
+	}
+	return true
+}
+
+// appendFast appends the batches that are eligible in one round trip and returns their
+// results; rest holds the batches the general path must take. It writes nothing when no
+// batch is eligible.
+func (db *DB) appendFast(ctx context.Context, q Querier, batches []AppendBatch, ts int64) (done []AppendResult, rest []AppendBatch, err error) {
+	type planned struct {
+		bt         AppendBatch
+		prev, next tailState
+		res        AppendResult
+	}
+	var plans []planned
+	for _, bt := range batches {
+		st, ok := db.tails.get(bt.StreamID)
+		if !ok || !fastEligible(bt, st) {
+			rest = append(rest, bt)
+			continue
+		}
+		p := planned{bt: bt, prev: st, next: st}
+		p.next.lastTS = max(st.lastTS, ts)
+		p.res = AppendResult{StreamID: bt.StreamID, Outcomes: make([]Outcome, len(bt.Msgs))}
+		for j, m := range bt.Msgs {
+			p.next.lastSeq++
+			msg := Message{Seq: p.next.lastSeq, TS: p.next.lastTS, Subject: m.Subject, Header: m.Header, Data: m.Data, cumBefore: p.next.cumBytes}
+			p.next.cumBytes += msg.Size()
+			p.res.Stored = append(p.res.Stored, msg)
+			p.res.Outcomes[j] = Outcome{Seq: msg.Seq}
+		}
+		p.next.chunkRows += int64(len(bt.Msgs))
+		p.res.LastSeq = p.next.lastSeq
+		plans = append(plans, p)
+	}
+	if len(plans) == 0 {
+		return nil, rest, nil
+	}
+	b := &pgx.Batch{}
+	for _, p := range plans {
+		n, bytes := int64(len(p.bt.Msgs)), int64(p.next.cumBytes-p.prev.cumBytes)
+		b.Queue(`UPDATE jetgres.stream_state SET last_seq = $2, last_ts = $3, cum_bytes = $4, msgs = msgs + $5,
+			bytes = bytes + $6, chunk_rows = $7, last_msg_id = ''
+			WHERE stream_id = $1 AND last_seq = $8 AND chunk = $9 AND chunk_rows = $10
+			RETURNING first_seq`,
+			p.bt.StreamID, int64(p.next.lastSeq), p.next.lastTS, int64(p.next.cumBytes), n, bytes, p.next.chunkRows,
+			int64(p.prev.lastSeq), p.prev.chunk, p.prev.chunkRows)
+		queueGuardedInsert(b, chunkTable(p.bt.StreamID, p.next.chunk), p.res.Stored, p.bt.StreamID, p.next.lastSeq)
+	}
+	applied, err := readFastResults(q.SendBatch(ctx, b), len(plans), func(i int, first uint64) { plans[i].res.FirstSeq = first })
+	if err != nil {
+		for _, p := range plans {
+			db.tails.forget(p.bt.StreamID)
+		}
+		return nil, nil, err
+	}
+	for i, p := range plans {
+		if !applied[i] {
+			db.tails.forget(p.bt.StreamID)
+			rest = append(rest, p.bt)
+			continue
+		}
+		db.tails.set(p.bt.StreamID, p.next)
+		done = append(done, p.res)
+	}
+	return done, rest, nil
+}
+
+// readFastResults reads, per planned batch, whether its guarded state update matched.
+func readFastResults(br pgx.BatchResults, n int, firstSeq func(i int, first uint64)) ([]bool, error) {
+	applied := make([]bool, n)
+	for i := range n {
+		var first int64
+		switch err := br.QueryRow().Scan(&first); {
+		case err == nil:
+			applied[i] = true
+			firstSeq(i, uint64(first))
+		case errors.Is(err, pgx.ErrNoRows):
+		default:
+			br.Close()
+			return nil, err
+		}
+		if _, err := br.Exec(); err != nil {
+			br.Close()
+			return nil, err
+		}
+	}
+	return applied, br.Close()
+}
+
+// queueGuardedInsert inserts msgs only if the stream's state row shows last sequence
+// lastSeq, that is, only if this pipeline's own state update took effect.
+func queueGuardedInsert(b *pgx.Batch, table string, msgs []Message, streamID int64, lastSeq uint64) {
+	seqs, tss, subjects, hdrs, datas, cums := insertColumns(msgs)
+	b.Queue(`INSERT INTO `+table+` (seq, ts, subject, hdr, data, cum_before)
+		SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::text[], $4::bytea[], $5::bytea[], $6::bigint[])
+		WHERE EXISTS (SELECT 1 FROM jetgres.stream_state WHERE stream_id = $7 AND last_seq = $8)`,
+		seqs, tss, subjects, hdrs, datas, cums, streamID, int64(lastSeq))
+}

@@ -174,7 +174,7 @@ func (m *maintainer) retainAll(ctx context.Context, dirtyOnly bool) (again bool)
 			}
 		}
 		waiting, err := m.b.retain(ctx, s)
-		if err != nil && ctx.Err() == nil {
+		if err != nil && !errors.Is(err, pg.ErrNotFound) && ctx.Err() == nil {
 			m.b.log.Warn("retention pass failed", "stream", s.name, "err", err)
 		}
 		again = again || waiting
@@ -282,7 +282,9 @@ func (b *Bridge) retain(ctx context.Context, s *stream) (waiting bool, err error
 		for _, seq := range res.Gone {
 			gone[seq] = true
 		}
-		if res.Tombstoned > 0 {
+		// A work queue's consumers never share a message, so none can want one that
+		// retention tombstoned; under interest a consumer created since might.
+		if res.Tombstoned > 0 && !p.WorkQueue {
 			b.streamPurged(s)
 		}
 	}

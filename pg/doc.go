@@ -30,9 +30,10 @@
 // dropping one costs the publish path: dropping or detaching a partition takes an ACCESS
 // EXCLUSIVE lock on the parent, which waits behind every running reader and writer of the
 // stream and, while it waits, blocks every append queued behind it (DETACH … CONCURRENTLY
-// avoids that only by running outside a transaction and waiting out every older snapshot).
-// A rotated table no one appends to any more is locked alone, under a short lock_timeout, so
-// only a reader of messages already gone can ever wait for it; and a reader whose chunk
-// disappeared treats it as empty. Planning is cheaper too: a statement names the one or two
-// chunks it needs instead of leaving the planner to prune hundreds of partitions.
+// avoids that only by running outside a transaction block and waiting for every transaction
+// that may still use the partition). A rotated table that no one appends to any more is
+// locked alone, under a short lock_timeout, so only a reader of messages already gone can
+// ever wait for it, and a reader whose chunk disappeared treats it as empty. Planning is
+// cheaper too: a statement names the one or two chunks it needs instead of leaving the
+// planner to prune hundreds of partitions.
 package pg

@@ -739,41 +739,37 @@ func (db *DB) DropChunks(ctx context.Context, id int64, idle time.Duration) (int
 // keeps a stream that empties and refills many times a second from creating and dropping a
 // table each time.
 func (db *DB) retireIdleChunk(ctx context.Context, id int64, idle time.Duration) error {
-	const sqlIdle = `SELECT first_seq > last_seq AND chunk_rows > 0 AND last_ts < $2 FROM jetgres.stream_state WHERE stream_id = $1`
+	const sqlIdle = `SELECT first_seq > last_seq AND chunk_rows > 0 AND last_ts < $2, last_seq, chunk
+		FROM jetgres.stream_state WHERE stream_id = $1`
 	before := time.Now().Add(-idle).UnixNano()
 	var retire bool
+	var last, chunk int64
 	err := db.Background(ctx, func(ctx context.Context, q Querier) error {
-		return q.QueryRow(ctx, sqlIdle, id, before).Scan(&retire)
+		return q.QueryRow(ctx, sqlIdle, id, before).Scan(&retire, &last, &chunk)
 	})
-	if errors.Is(err, pgx.ErrNoRows) {
+	if err == nil && retire {
+		// Check again under the lock: an append may have come in between.
+		err = db.BackgroundTx(ctx, func(ctx context.Context, q Querier) error {
+			if err := q.QueryRow(ctx, sqlIdle+` FOR UPDATE`, id, before).Scan(&retire, &last, &chunk); err != nil || !retire {
+				return err
+			}
+			if err := createChunk(ctx, q, id, chunk+1, uint64(last+1)); err != nil {
+				return err
+			}
+			_, err := q.Exec(ctx, `UPDATE jetgres.stream_state SET chunk = $2, chunk_rows = 0 WHERE stream_id = $1`, id, chunk+1)
+			return err
+		})
+		if err == nil && retire {
+			db.chunks.add(id, chunkInfo{chunk: chunk + 1, firstSeq: uint64(last + 1)})
+		}
+	}
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
 		return ErrNotFound
-	}
-	if err != nil || !retire {
-		return err
-	}
-	var opened *chunkInfo
-	err = db.BackgroundTx(ctx, func(ctx context.Context, q Querier) error {
-		if err := q.QueryRow(ctx, sqlIdle+` FOR UPDATE`, id, before).Scan(&retire); err != nil || !retire {
-			return err
-		}
-		var last, chunk int64
-		if err := q.QueryRow(ctx, `SELECT last_seq, chunk FROM jetgres.stream_state WHERE stream_id = $1`, id).Scan(&last, &chunk); err != nil {
-			return err
-		}
-		if err := createChunk(ctx, q, id, chunk+1, uint64(last+1)); err != nil {
-			return err
-		}
-		opened = &chunkInfo{chunk: chunk + 1, firstSeq: uint64(last + 1)}
-		_, err = q.Exec(ctx, `UPDATE jetgres.stream_state SET chunk = $2, chunk_rows = 0 WHERE stream_id = $1`, id, chunk+1)
-		return err
-	})
-	if err != nil && !errors.Is(err, ErrNotFound) {
+	case err != nil:
 		return fmt.Errorf("pg: retire idle chunk of stream %d: %w", id, err)
 	}
-	if opened != nil {
-		db.chunks.add(id, *opened)
-	}
-	return err
+	return nil
 }
 
 func isLockTimeout(err error) bool {

@@ -226,7 +226,7 @@ func (c *consumer) writeCursor(ctx context.Context, f consumerstate.Pair) error 
 		StreamID: c.sc.s.id, Name: c.name, Owner: c.cs.owner,
 		AckStreamSeq: f.Stream, AckConsumerSeq: f.Consumer,
 	})
-	p.Release(rtt)
+	giveBack(p, rtt, err)
 	c.cs.m.cursorWrites.Inc()
 	c.cs.m.cursorLatency.Observe(time.Since(start).Seconds())
 	return err

@@ -71,6 +71,9 @@ func TestDecodePullRequest(t *testing.T) {
 		{body: `{"batch":1,"idle_heartbeat":1000}`, badStatus: 400},
 		{body: `{"batch":`, badStatus: 400},
 		{body: `{"batch":1,"priority":12}`, badStatus: 400},
+		{body: `{"batch":1,"expires":1000000000,"idle_heartbeat":1}`, badStatus: 400},
+		{body: `{"batch":1,"expires":9223372036854775807,"idle_heartbeat":9223372036854775807}`, badStatus: 400},
+		{body: `{"batch":-4,"max_bytes":-1,"expires":-5}`, batch: 1, expires: -5},
 	}
 	for _, c := range cases {
 		pr, bad := decodePullRequest([]byte(c.body), now)
@@ -85,7 +88,7 @@ func TestDecodePullRequest(t *testing.T) {
 			continue
 		}
 		var exp time.Time
-		if c.expires > 0 {
+		if c.expires != 0 {
 			exp = now.Add(c.expires)
 		}
 		if pr.batch != c.batch || pr.noWait != c.noWait || !pr.expires.Equal(exp) || pr.maxBytes != c.maxBytes || pr.hb != c.hb {

@@ -1,6 +1,7 @@
 package bridge
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"strings"
@@ -22,7 +23,12 @@ const (
 func (b *Bridge) onAPI(m *leaf.Msg) {
 	if rest, ok := strings.CutPrefix(m.Subject, apiMsgNext); ok {
 		stream, consumer, ok := strings.Cut(rest, ".")
-		if !ok || strings.Contains(consumer, ".") {
+		if !ok || stream == "" || consumer == "" || strings.Contains(consumer, ".") {
+			// nats-server has no subscription for such a subject; jetgres listens on all of
+			// $JS.API.>, so it says what is wrong rather than leave the client to time out.
+			if m.Reply != "" {
+				_ = b.link.Publish(m.Reply, "", statusHeader(400, "Bad Request"), nil)
+			}
 			return
 		}
 		b.handlePullRequest(m, stream, consumer)
@@ -90,6 +96,17 @@ func (b *Bridge) respond(reply string, resp any) {
 // other fields worth sending.
 func errorResp(typ string, e *server.ApiError) *server.ApiResponse {
 	return &server.ApiResponse{Type: typ, Error: e}
+}
+
+// isEmptyRequest reports whether a body carries no request, for the API subjects that take
+// none: nothing but white space, or an empty JSON object. Anything else is refused, as
+// nats-server does, so that a stray body never passes for a delete.
+func isEmptyRequest(data []byte) bool {
+	if len(bytes.TrimSpace(data)) == 0 {
+		return true
+	}
+	var v map[string]json.RawMessage
+	return json.Unmarshal(data, &v) == nil && v != nil && len(v) == 0
 }
 
 // decodeRequest unmarshals an API request body; an empty body is an empty request.

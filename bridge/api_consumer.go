@@ -26,7 +26,7 @@ func (b *Bridge) handleConsumerAPI(ctx context.Context, tok []string, m *leaf.Ms
 	case len(tok) == 3 && tok[0] == "INFO":
 		return cs.apiInfo(ctx, tok[1], tok[2], m.Data)
 	case len(tok) == 3 && tok[0] == "DELETE":
-		return cs.apiDelete(ctx, tok[1], tok[2])
+		return cs.apiDelete(ctx, tok[1], tok[2], m.Data)
 	case len(tok) == 2 && tok[0] == "NAMES":
 		return cs.apiNames(ctx, tok[1], m.Data)
 	case len(tok) == 2 && tok[0] == "LIST":
@@ -119,6 +119,9 @@ func (cs *consumerSide) apiCreate(ctx context.Context, tok []string, data []byte
 	}
 	if cfg.Name == "" {
 		cfg.Name = name
+	}
+	if e := cs.b.workQueueConflict(ctx, s, name, &cfg); e != nil {
+		return fail(e)
 	}
 
 	c, err := cs.ensure(ctx, streamName, name)
@@ -352,7 +355,7 @@ func utcOrNil(t time.Time) *time.Time {
 
 func (cs *consumerSide) apiInfo(ctx context.Context, streamName, name string, data []byte) any {
 	resp := &server.JSApiConsumerInfoResponse{ApiResponse: apiResponse(server.JSApiConsumerInfoResponseType)}
-	if len(strings.TrimSpace(string(data))) > 0 && strings.TrimSpace(string(data)) != "{}" {
+	if !isEmptyRequest(data) {
 		resp.Error = server.NewJSNotEmptyRequestError()
 		return resp
 	}
@@ -384,14 +387,21 @@ func (cs *consumerSide) apiInfo(ctx context.Context, streamName, name string, da
 	return resp
 }
 
-func (cs *consumerSide) apiDelete(ctx context.Context, streamName, name string) any {
+func (cs *consumerSide) apiDelete(ctx context.Context, streamName, name string, data []byte) any {
 	resp := &server.JSApiConsumerDeleteResponse{ApiResponse: apiResponse(server.JSApiConsumerDeleteResponseType)}
+	if !isEmptyRequest(data) {
+		resp.Error = server.NewJSNotEmptyRequestError()
+		return resp
+	}
 	s := cs.b.lookupOrSync(ctx, streamName)
 	if s == nil {
 		resp.Error = server.NewJSStreamNotFoundError()
 		return resp
 	}
-	err := cs.b.db.DeleteConsumer(ctx, s.id, name)
+	err := pg.ErrNotFound
+	if validName(name) {
+		err = cs.b.db.DeleteConsumer(ctx, s.id, name)
+	}
 	switch {
 	case errors.Is(err, pg.ErrNotFound):
 		resp.Error = server.NewJSConsumerNotFoundError()

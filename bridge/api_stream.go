@@ -43,9 +43,9 @@ func (b *Bridge) streamAPI(ctx context.Context, tok []string, body []byte) any {
 	case "UPDATE":
 		return b.apiStreamUpdate(ctx, name, body)
 	case "INFO":
-		return b.apiStreamInfo(ctx, name)
+		return b.apiStreamInfo(ctx, name, body)
 	case "DELETE":
-		return b.apiStreamDelete(ctx, name)
+		return b.apiStreamDelete(ctx, name, body)
 	case "PURGE":
 		return b.apiStreamPurge(ctx, name, body)
 	}
@@ -217,9 +217,15 @@ func (b *Bridge) apiStreamUpdate(ctx context.Context, name string, body []byte) 
 	return &server.JSApiStreamUpdateResponse{ApiResponse: apiResponse(server.JSApiStreamUpdateResponseType), StreamInfo: info}
 }
 
-func (b *Bridge) apiStreamInfo(ctx context.Context, name string) any {
+func (b *Bridge) apiStreamInfo(ctx context.Context, name string, body []byte) any {
 	fail := func(e *server.ApiError) any {
 		return &server.JSApiStreamInfoResponse{ApiResponse: server.ApiResponse{Type: server.JSApiStreamInfoResponseType, Error: e}}
+	}
+	// The request's options (deleted details, subject counts) are not served, but a body
+	// that is not one is refused as nats-server refuses it.
+	var req server.JSApiStreamInfoRequest
+	if e := decodeRequest(body, &req); e != nil {
+		return fail(e)
 	}
 	s := b.lookupOrSync(ctx, name)
 	if s == nil {
@@ -232,9 +238,12 @@ func (b *Bridge) apiStreamInfo(ctx context.Context, name string) any {
 	return &server.JSApiStreamInfoResponse{ApiResponse: apiResponse(server.JSApiStreamInfoResponseType), StreamInfo: info}
 }
 
-func (b *Bridge) apiStreamDelete(ctx context.Context, name string) any {
+func (b *Bridge) apiStreamDelete(ctx context.Context, name string, body []byte) any {
 	fail := func(e *server.ApiError) any {
 		return &server.JSApiStreamDeleteResponse{ApiResponse: server.ApiResponse{Type: server.JSApiStreamDeleteResponseType, Error: e}}
+	}
+	if !isEmptyRequest(body) {
+		return fail(server.NewJSNotEmptyRequestError())
 	}
 	b.adminMu.Lock()
 	defer b.adminMu.Unlock()

@@ -20,6 +20,10 @@ const (
 	readAheadMax   = 1000
 	readAheadMin   = 64
 	readAheadBytes = 8 << 20
+	// prefetchBelow is how few read-ahead messages a consumer that is delivering from
+	// PostgreSQL may have left before it reads the next batch in the background, so that
+	// its clients do not wait for that read.
+	prefetchBelow = readAheadMax / 2
 	// interestGrace is how long a request whose inbox the server never announced to the link
 	// counts as having a subscriber anyway. The server announces an inbox before it forwards
 	// a request sent after subscribing to it, so this only covers requests relayed from
@@ -96,6 +100,8 @@ type consumer struct {
 	start      *startPos
 	ahead      []pg.Message // read from PostgreSQL, not yet delivered
 	aheadUpTo  uint64       // the read-ahead looked through this sequence
+	aheadGen   uint64       // bumped whenever the read-ahead is thrown away
+	pf         *prefetch    // the background read of the next batch, if any
 	npc        int64        // num_pending estimate for delivery metadata
 	lastActive time.Time
 	retryAt    time.Time
@@ -129,7 +135,10 @@ func newConsumer(cs *consumerSide, sc *streamConsumers, row pg.Consumer, cfg ser
 	}
 	c.cw.written = floor
 	c.cw.want = floor
-	c.filter.Store(&c.filters)
+	// matchFilters reads through c.filter from the commit path: it gets its own copy, so
+	// that a later reconfiguration never writes what it may be reading.
+	f := c.filters
+	c.filter.Store(&f)
 	return c
 }
 
@@ -267,13 +276,14 @@ func (c *consumer) handle(ctx context.Context, ev *event, now time.Time) {
 	case evAck:
 		c.handleAck(ctx, ev, now)
 	case evPurged:
-		c.ahead, c.aheadUpTo = nil, 0
+		c.dropAhead()
 	case evConfig:
 		c.cfg = *ev.cfg
 		c.filters = consumerFilters(&c.cfg)
-		c.filter.Store(&c.filters)
+		f := c.filters
+		c.filter.Store(&f)
 		c.st.SetConfig(stateConfig(&c.cfg))
-		c.ahead, c.aheadUpTo = nil, 0
+		c.dropAhead()
 	}
 }
 
@@ -363,6 +373,7 @@ func (c *consumer) pump(ctx context.Context) {
 	}
 	c.processWaiting(now, false)
 	eos := true
+	sent := 0
 	for len(c.waiting) > 0 && ctx.Err() == nil {
 		m, dc, src, found := c.next(ctx)
 		if found != nextFound {
@@ -399,11 +410,15 @@ func (c *consumer) pump(ctx context.Context) {
 		}
 		_, moved := c.st.Deliver(m.Seq, dc)
 		c.delivered(wr, size, m, dc, time.Now())
+		sent++
 		if moved {
 			c.floorMoved()
 		}
 	}
 	c.processWaiting(time.Now(), eos)
+	if sent > 0 {
+		c.prefetch(ctx)
+	}
 }
 
 // applyCommitted folds commits counted off the goroutine into the pending estimate.
@@ -466,6 +481,9 @@ func (c *consumer) next(ctx context.Context) (m pg.Message, dc uint64, src sourc
 		}
 		if len(c.ahead) > 0 {
 			return c.ahead[0], 1, srcAhead, nextFound
+		}
+		if c.takePrefetch(ctx) {
+			continue
 		}
 		if c.aheadUpTo >= from {
 			if c.st.Skip(c.aheadUpTo + 1) {
@@ -535,8 +553,88 @@ func (c *consumer) readAhead(ctx context.Context, from, hw uint64) bool {
 		c.retryAt = time.Now().Add(readRetry)
 		return false
 	}
+	c.dropAhead()
 	c.ahead, c.aheadUpTo = msgs, through
 	return true
+}
+
+// prefetch is a read of the batch after the read-ahead, made in the background.
+type prefetch struct {
+	gen  uint64 // the consumer's aheadGen when it started
+	from uint64
+	done chan struct{} // closed once msgs, through and err are set
+
+	msgs    []pg.Message
+	through uint64
+	err     error
+}
+
+// prefetch starts reading the next batch in the background when the consumer delivers
+// from PostgreSQL and its read-ahead runs low; a consumer that keeps up with the tail
+// cache, or waits at the head of the stream, never does. Called with mu held.
+func (c *consumer) prefetch(ctx context.Context) {
+	if c.pf != nil || len(c.ahead) > prefetchBelow || c.aheadUpTo == 0 || time.Now().Before(c.retryAt) {
+		return
+	}
+	from, hw := c.aheadUpTo+1, c.sc.tail.highWater()
+	if from < c.st.Next() || from > hw {
+		return // delivery moved past the read-ahead, or nothing more is committed
+	}
+	if _, _, covered := c.sc.tail.get(from); covered {
+		return
+	}
+	pf := &prefetch{gen: c.aheadGen, from: from, done: make(chan struct{})}
+	c.pf = pf
+	p := pg.ReadParams{StreamID: c.sc.s.id, From: from, UpTo: hw, MaxMsgs: readAheadMax, MaxBytes: readAheadBytes}
+	filters := c.filters
+	c.cs.wg.Go(func() {
+		pf.msgs, pf.through, pf.err = c.cs.readPop(ctx, p, filters)
+		close(pf.done)
+		c.signal()
+	})
+}
+
+// takePrefetch appends the background read to the read-ahead, waiting for it if it is
+// still running: the consumer needs it now. It reports whether the read-ahead grew or moved.
+// Called with mu held; mu is released while it waits.
+func (c *consumer) takePrefetch(ctx context.Context) bool {
+	pf := c.pf
+	if pf == nil {
+		return false
+	}
+	select {
+	case <-pf.done:
+	default:
+		c.mu.Unlock()
+		select {
+		case <-pf.done:
+		case <-ctx.Done():
+		}
+		c.mu.Lock()
+		if ctx.Err() != nil {
+			return false
+		}
+	}
+	c.pf = nil
+	if pf.gen != c.aheadGen || pf.from != c.aheadUpTo+1 {
+		return false // thrown away meanwhile
+	}
+	if pf.err != nil {
+		if ctx.Err() == nil {
+			c.cs.b.log.Warn("consumer read failed", "stream", c.sc.s.name, "consumer", c.name, "err", pf.err)
+		}
+		c.retryAt = time.Now().Add(readRetry)
+		return false
+	}
+	c.ahead = append(c.ahead, pf.msgs...)
+	c.aheadUpTo = pf.through
+	return true
+}
+
+// dropAhead forgets the read-ahead and any background read of what follows it.
+func (c *consumer) dropAhead() {
+	c.ahead, c.aheadUpTo, c.pf = nil, 0, nil
+	c.aheadGen++
 }
 
 // load returns the message at seq, from the tail when it holds it. live is false when the

@@ -49,6 +49,19 @@ func checkConsumerConfig(req server.ConsumerConfig, scfg *server.StreamConfig) (
 		return cfg, server.NewJSConsumerPullWithRateLimitError()
 	}
 
+	// Empty lists are stored as nothing (their JSON is omitempty) and come back nil: make
+	// them nil now, so that a configuration equals itself after a trip through PostgreSQL
+	// and a repeated create of it is not taken for a different one.
+	if len(cfg.BackOff) == 0 {
+		cfg.BackOff = nil
+	}
+	if len(cfg.FilterSubjects) == 0 {
+		cfg.FilterSubjects = nil
+	}
+	if len(cfg.PriorityGroups) == 0 {
+		cfg.PriorityGroups = nil
+	}
+
 	// Defaults, in setConsumerConfigDefaults' order.
 	if cfg.MaxDeliver == 0 || cfg.MaxDeliver < -1 {
 		cfg.MaxDeliver = -1
@@ -173,6 +186,9 @@ func checkConsumerConfig(req server.ConsumerConfig, scfg *server.StreamConfig) (
 		if cfg.DeliverPolicy != server.DeliverAll {
 			return cfg, server.NewJSConsumerWQConsumerNotDeliverAllError()
 		}
+	}
+	if e := checkConfigText(cfg); e != nil {
+		return cfg, e
 	}
 	return cfg, nil
 }

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // TestTickSeesOtherReplicaCommits runs two bridges on one database: a consumer served by
@@ -69,4 +70,72 @@ func TestTickSeesOtherReplicaCommits(t *testing.T) {
 			t.Fatalf("round %d: the commit made elsewhere never arrived", round)
 		}
 	}
+}
+
+// TestReadAheadFromPostgres consumes a backlog that only PostgreSQL holds (the tail cache
+// starts empty after a restart), with a filter, in batches: the read-ahead and the
+// background reads that top it up must hand out every matching message once, in order.
+func TestReadAheadFromPostgres(t *testing.T) {
+	t.Parallel()
+	tb := setup(t)
+	ctx := testContext(t)
+	s := newStream(t, ctx, tb, "RA", "ra.*")
+	const total = 5000
+	for i := 1; i <= total; i++ {
+		subject := "ra.even"
+		if i%2 == 1 {
+			subject = "ra.odd"
+		}
+		if _, err := tb.js.PublishAsync(subject, nil); err != nil {
+			t.Fatal(err)
+		}
+		if i%1000 == 0 {
+			<-tb.js.PublishAsyncComplete()
+		}
+	}
+	if _, err := s.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{Durable: "C", FilterSubject: "ra.odd"}); err != nil {
+		t.Fatal(err)
+	}
+	db := tb.db
+	tb.stop(t)
+
+	tb = setup(t, setupOpts{db: db})
+	var c jetstream.Consumer
+	waitFor(t, 5*time.Second, func() error {
+		var err error
+		c, err = tb.js.Consumer(ctx, "RA", "C")
+		return err
+	})
+	want := uint64(1)
+	for want <= total {
+		got := fetchSeqs(t, c, 300, 5*time.Second, func(m jetstream.Msg) { _ = m.Ack() })
+		if len(got) == 0 {
+			t.Fatalf("nothing from sequence %d on", want)
+		}
+		for _, q := range got {
+			if q != want {
+				t.Fatalf("got sequence %d, want %d", q, want)
+			}
+			want += 2
+		}
+	}
+	if reads := counterValue(t, tb.reg, "jetgres_consumer_db_reads_total"); reads < 3 {
+		t.Fatalf("%v reads of PostgreSQL for a backlog of %d messages", reads, total)
+	}
+}
+
+// counterValue reads a counter without labels from reg.
+func counterValue(t *testing.T, reg *prometheus.Registry, name string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == name && len(mf.GetMetric()) == 1 {
+			return mf.GetMetric()[0].GetCounter().GetValue()
+		}
+	}
+	t.Fatalf("no counter %s", name)
+	return 0
 }

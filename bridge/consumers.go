@@ -370,6 +370,11 @@ func (cs *consumerSide) ensure(ctx context.Context, streamName, consumerName str
 	if c := cs.find(streamName, consumerName); c != nil {
 		return c, nil
 	}
+	// Names come from subject tokens, which can be any bytes; no consumer has an invalid
+	// name, and PostgreSQL would refuse to look one up.
+	if !validName(consumerName) {
+		return nil, pg.ErrNotFound
+	}
 	s := cs.b.lookupOrSync(ctx, streamName)
 	if s == nil {
 		return nil, pg.ErrNotFound

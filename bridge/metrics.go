@@ -9,6 +9,7 @@ import (
 const (
 	reasonIntakeFull = "intake_full"
 	reasonTooLarge   = "too_large"
+	reasonUnstorable = "unstorable"
 	reasonExpected   = "expected_header"
 	reasonDatabase   = "database"
 	reasonStopping   = "stopping"

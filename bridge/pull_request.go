@@ -26,6 +26,11 @@ const (
 	descLeadership     = "Leadership Change"
 )
 
+// minPullHeartbeat is the shortest idle heartbeat a pull request may ask for. nats-server
+// sets none, but each heartbeat is a message to the client, and a request asking for one
+// every nanosecond would keep its consumer busy sending them; clients ask for seconds.
+const minPullHeartbeat = 10 * time.Millisecond
+
 // pullStatus is a status reply to a pull request: "NATS/1.0 <code> <desc>".
 type pullStatus struct {
 	code int
@@ -62,8 +67,12 @@ func decodePullRequest(body []byte, now time.Time) (pullRequest, *pullStatus) {
 		if err := json.Unmarshal(req, &r); err != nil {
 			return pr, &pullStatus{400, "Bad Request - " + err.Error()}
 		}
-		if r.Heartbeat > 0 && r.Heartbeat*2 > r.Expires {
+		// Halving expires rather than doubling the heartbeat cannot overflow.
+		if r.Heartbeat > 0 && r.Heartbeat > r.Expires/2 {
 			return pr, &pullStatus{400, "Bad Request - heartbeat value too large"}
+		}
+		if r.Heartbeat > 0 && r.Heartbeat < minPullHeartbeat {
+			return pr, &pullStatus{400, "Bad Request - heartbeat value too small"}
 		}
 		if r.MinPending != 0 || r.MinAckPending != 0 {
 			return pr, &pullStatus{400, "Bad Request - Not a Overflow Priority consumer"}
@@ -77,7 +86,9 @@ func decodePullRequest(body []byte, now time.Time) (pullRequest, *pullStatus) {
 		pr.batch = max(r.Batch, 1)
 		pr.maxBytes = max(r.MaxBytes, 0)
 		pr.noWait = r.NoWait
-		if r.Expires > 0 {
+		// A negative expiry has passed already: the request times out at once, as in
+		// nats-server, rather than wait forever.
+		if r.Expires != 0 {
 			pr.expires = now.Add(r.Expires)
 		}
 		if r.Heartbeat > 0 {

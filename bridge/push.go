@@ -3,9 +3,12 @@ package bridge
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/nats-io/nats-server/v2/server"
 
@@ -44,11 +47,19 @@ func (b *Bridge) onPublish(s *stream, m *leaf.Msg) {
 		b.reject(s, m.Reply, reasonTooLarge, server.NewJSStreamMessageExceedsMaximumError())
 		return
 	}
+	if e := checkStorable("subject", m.Subject); e != nil {
+		b.reject(s, m.Reply, reasonUnstorable, e)
+		return
+	}
 	p := publish{reply: m.Reply, recv: time.Now(), size: size,
 		msg: pg.AppendMsg{Subject: m.Subject, Header: m.Header, Data: m.Data}}
 	if len(m.Header) > 0 {
 		if e := parseExpectations(s.name, m.Header, &p.msg); e != nil {
-			b.reject(s, m.Reply, reasonExpected, e)
+			reason := reasonExpected
+			if e.ErrCode == badRequestCode {
+				reason = reasonUnstorable
+			}
+			b.reject(s, m.Reply, reason, e)
 			return
 		}
 	}
@@ -76,6 +87,31 @@ func (b *Bridge) onPublish(s *stream, m *leaf.Msg) {
 // retryable.
 var errIntakeFull = server.NewJSInsufficientResourcesError()
 
+// maxStoredText bounds a publish's subject and its Nats-Msg-Id: both are keys of B-tree
+// indexes in PostgreSQL, whose entries must fit in a third of a page (about 2.7 KB).
+const maxStoredText = 2048
+
+var badRequestCode = server.ApiErrors[server.JSBadRequestErr].ErrCode
+
+// checkStorable refuses a subject or header value that PostgreSQL cannot store or look up
+// as text (a NUL byte, invalid UTF-8) or index (too long). Caught here it fails one publish;
+// caught by PostgreSQL it would fail the whole transaction, and with it every publish fused
+// into it. nats-server stores such values, but has no index or encoding to satisfy.
+func checkStorable(what, v string) *server.ApiError {
+	var why string
+	switch {
+	case len(v) > maxStoredText:
+		why = fmt.Sprintf("is longer than %d bytes", maxStoredText)
+	case !utf8.ValidString(v):
+		why = "is not valid UTF-8"
+	case strings.IndexByte(v, 0) >= 0:
+		why = "contains a NUL byte"
+	default:
+		return nil
+	}
+	return &server.ApiError{Code: 400, ErrCode: badRequestCode, Description: "bad request: " + what + " " + why}
+}
+
 // parseExpectations reads the Nats-Msg-Id and Nats-Expected-* headers. The stream name is
 // checked here; the rest need the stream's row lock and are decided in the transaction.
 func parseExpectations(stream string, hdr []byte, m *pg.AppendMsg) *server.ApiError {
@@ -87,6 +123,9 @@ func parseExpectations(stream string, hdr []byte, m *pg.AppendMsg) *server.ApiEr
 		return server.NewJSAtomicPublishDisabledError()
 	}
 	m.MsgID = headerValue(hdr, server.JSMsgId)
+	if e := checkStorable(server.JSMsgId, m.MsgID); e != nil {
+		return e
+	}
 	if v := headerValue(hdr, server.JSExpectedStream); v != "" && v != stream {
 		return server.NewJSStreamNotMatchError()
 	}
@@ -107,11 +146,14 @@ func parseExpectations(stream string, hdr []byte, m *pg.AppendMsg) *server.ApiEr
 			if !server.IsValidSubject(f) {
 				return server.NewJSStreamExpectedLastSeqPerSubjectInvalidError()
 			}
+			if e := checkStorable(server.JSExpectedLastSubjSeqSubj, f); e != nil {
+				return e
+			}
 			m.ExpectLastSubjFilter = f
 		}
 	}
 	m.ExpectLastMsgID = headerValue(hdr, server.JSExpectedLastMsgId)
-	return nil
+	return checkStorable(server.JSExpectedLastMsgId, m.ExpectLastMsgID)
 }
 
 // reject answers a publish with a JetStream error, or counts it as dropped when it has no
@@ -221,7 +263,7 @@ func (b *Bridge) flush(p *flow.Permit, group []*stream) {
 		// The flush is not tied to a request: it must finish and answer even while the
 		// bridge stops, so only the statement timeout bounds it.
 		results, rtt, err := b.db.Append(context.WithoutCancel(b.ctx), batches, time.Now().UnixNano())
-		p.Release(rtt)
+		giveBack(p, rtt, err)
 		b.pm.commit.Observe(rtt.Seconds())
 		byID := make(map[int64]*stream, len(group))
 		for _, s := range group {
@@ -253,6 +295,26 @@ func (b *Bridge) flush(p *flow.Permit, group []*stream) {
 		s.in.flushing = false
 		b.kickLocked(s)
 		s.in.mu.Unlock()
+	}
+}
+
+// giveBack returns a lane permit after a database call and tells the limiter what the call
+// showed. A call the database answered, with a result, an error of its own or a statement
+// timeout, is a round trip. A call that got no answer at all (no connection, or one that broke)
+// measured nothing: recording its near-zero time would drag rtt_base down to a round trip no
+// statement achieves, leaving every real one to read as congestion for a minute after the
+// database is back; it steps the limit down instead. A call its caller gave up on says nothing
+// about the database.
+func giveBack(p *flow.Permit, rtt time.Duration, err error) {
+	switch {
+	case err == nil || errors.Is(err, pg.ErrTimeout):
+		p.Release(rtt)
+	case errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded):
+		p.Abandon()
+	case errors.Is(err, pg.ErrUnavailable) || rtt == 0:
+		p.Fail()
+	default:
+		p.Release(rtt)
 	}
 }
 

@@ -5,10 +5,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"github.com/nats-io/nats-server/v2/server"
 
@@ -176,6 +178,11 @@ func sameSubjects(a, b []string) bool {
 	return true
 }
 
+// maxStreamSubjects bounds the subjects of one stream. nats-server sets no limit, but
+// jetgres checks every pair of a stream's subjects for overlap: without a bound, one
+// request of a megabyte could keep an API worker busy for minutes.
+const maxStreamSubjects = 1000
+
 // checkStreamConfig validates a requested configuration and fills in JetStream's defaults
 // for what the client left out, as nats-server does, so that the stored and reported config
 // is complete. Features jetgres does not implement are refused rather than ignored. The
@@ -266,6 +273,9 @@ func checkStreamConfig(req server.StreamConfig, maxPayload int32) (server.Stream
 	if len(cfg.Subjects) == 0 {
 		cfg.Subjects = []string{cfg.Name}
 	}
+	if len(cfg.Subjects) > maxStreamSubjects {
+		return cfg, server.NewJSStreamInvalidConfigError(fmt.Errorf("a stream may have at most %d subjects", maxStreamSubjects))
+	}
 	seen := make(map[string]bool, len(cfg.Subjects))
 	for i, subj := range cfg.Subjects {
 		if !server.IsValidSubject(subj) {
@@ -289,13 +299,52 @@ func checkStreamConfig(req server.StreamConfig, maxPayload int32) (server.Stream
 			}
 		}
 	}
+	if e := checkConfigText(cfg); e != nil {
+		return cfg, e
+	}
 	return cfg, nil
 }
 
+// checkConfigText refuses a configuration with a NUL character in any string: JSON carries
+// it as \u0000, which PostgreSQL's jsonb refuses to store.
+func checkConfigText(cfg any) *server.ApiError {
+	raw, err := json.Marshal(cfg)
+	if err != nil {
+		return server.NewJSStreamInvalidConfigError(err)
+	}
+	var v any
+	if err := json.Unmarshal(raw, &v); err != nil {
+		return server.NewJSStreamInvalidConfigError(err)
+	}
+	if hasNUL(v) {
+		return server.NewJSStreamInvalidConfigError(errors.New("configuration contains a NUL character"))
+	}
+	return nil
+}
+
+// hasNUL reports whether a decoded JSON value has a NUL in any string or object key.
+func hasNUL(v any) bool {
+	switch v := v.(type) {
+	case string:
+		return strings.IndexByte(v, 0) >= 0
+	case []any:
+		return slices.ContainsFunc(v, hasNUL)
+	case map[string]any:
+		for k, e := range v {
+			if strings.IndexByte(k, 0) >= 0 || hasNUL(e) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
 // validName is JetStream's rule for stream and consumer names: printable, no whitespace,
-// and none of the characters that would make it a subject wildcard or a path.
+// and none of the characters that would make it a subject wildcard or a path. It must also
+// be valid UTF-8, which JetStream does not ask but PostgreSQL text does: a name from a
+// subject token can be any bytes.
 func validName(name string) bool {
-	if name == "" {
+	if name == "" || !utf8.ValidString(name) {
 		return false
 	}
 	for _, r := range name {

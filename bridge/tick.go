@@ -125,7 +125,7 @@ func (cs *consumerSide) readPop(ctx context.Context, p pg.ReadParams, filters []
 		return nil, 0, err
 	}
 	msgs, through, rtt, err := cs.b.db.ReadFiltered(ctx, p, filters)
-	permit.Release(rtt)
+	giveBack(permit, rtt, err)
 	cs.m.dbReads.Inc()
 	return msgs, through, err
 }

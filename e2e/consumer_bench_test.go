@@ -15,8 +15,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 )
 
-// EnvBench turns on TestConsumerBench, which takes about a minute and wants a quiet machine.
-const EnvBench = "JETGRES_BENCH"
+// envBench turns on TestConsumerBench, which takes about a minute and wants a quiet machine.
+const envBench = "JETGRES_BENCH"
 
 // Sizes of the consumer benchmark.
 const (
@@ -41,8 +41,8 @@ const (
 //
 // Run it with: JETGRES_BENCH=1 go test -run TestConsumerBench -v ./e2e/
 func TestConsumerBench(t *testing.T) {
-	if os.Getenv(EnvBench) != "1" {
-		t.Skipf("set %s=1 to run the consumer benchmark", EnvBench)
+	if os.Getenv(envBench) != "1" {
+		t.Skipf("set %s=1 to run the consumer benchmark", envBench)
 	}
 	if raceEnabled() {
 		t.Skip("the race detector would measure itself")
@@ -62,16 +62,15 @@ func TestConsumerBench(t *testing.T) {
 	for i, tg := range targets {
 		lats[i] = endToEndLatency(t, tg.url)
 		t.Logf("%s: end-to-end at %d msg/s: p50 %v p99 %v (%d messages)", tg.name, benchRate,
-			percentile(lats[i], 50), percentile(lats[i], 99), len(lats[i]))
+			benchPercentile(lats[i], 50), benchPercentile(lats[i], 99), len(lats[i]))
 	}
 
 	t.Logf("against JetStream (fetch+ack of %d x %d B with batch %d; end-to-end at %d msg/s):",
 		benchFetchMsgs, benchMsgSize, benchBatch, benchRate)
-	for i, tg := range targets[1:] {
-		i++
-		t.Logf("%s: fetch+ack %.2fx the rate; end-to-end p50 %.1fx, p99 %.1fx the latency", tg.name, rates[i]/rates[0],
-			float64(percentile(lats[i], 50))/float64(percentile(lats[0], 50)),
-			float64(percentile(lats[i], 99))/float64(percentile(lats[0], 99)))
+	for i := 1; i < len(targets); i++ {
+		t.Logf("%s: fetch+ack %.2fx the rate; end-to-end p50 %.1fx, p99 %.1fx the latency", targets[i].name, rates[i]/rates[0],
+			float64(benchPercentile(lats[i], 50))/float64(benchPercentile(lats[0], 50)),
+			float64(benchPercentile(lats[i], 99))/float64(benchPercentile(lats[0], 99)))
 	}
 }
 
@@ -104,7 +103,7 @@ func benchConnect(t *testing.T, ctx context.Context, url, name, subject string) 
 		t.Fatal(err)
 	}
 	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(4096))
+	js, err := jetstream.New(nc)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -123,16 +122,7 @@ func fetchAckRate(t *testing.T, url string) float64 {
 	defer cancel()
 	js, s := benchConnect(t, ctx, url, "FETCHBENCH", "fetchbench")
 	payload := make([]byte, benchMsgSize)
-	for range benchFetchMsgs {
-		if _, err := js.PublishAsync("fetchbench", payload); err != nil {
-			t.Fatal(err)
-		}
-	}
-	select {
-	case <-js.PublishAsyncComplete():
-	case <-ctx.Done():
-		t.Fatal("publish acks did not arrive")
-	}
+	publishAll(t, ctx, js, "fetchbench", benchFetchMsgs, func(int) []byte { return payload })
 	c, err := s.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{Durable: "C", AckPolicy: jetstream.AckExplicitPolicy})
 	if err != nil {
 		t.Fatal(err)
@@ -231,8 +221,8 @@ func endToEndLatency(t *testing.T, url string) []time.Duration {
 	return slices.Clone(lats)
 }
 
-// percentile is the p-th percentile of ds, rounded to a microsecond.
-func percentile(ds []time.Duration, p float64) time.Duration {
+// benchPercentile is the p-th percentile of ds, rounded to a microsecond.
+func benchPercentile(ds []time.Duration, p float64) time.Duration {
 	if len(ds) == 0 {
 		return 0
 	}

@@ -10,8 +10,10 @@
 // database round trip (Permit.Release), the limiter estimates how many operations are queued at
 // PostgreSQL as limit × (1 − rtt_base / rtt), and it moves the limit to keep that estimate between
 // Alpha and Beta. A statement that timed out is released with its elapsed time too, so a database
-// that has started failing slowly is offered less work. A holder that never reached the database
-// gives its permit back with Permit.Abandon, which records nothing.
+// that has started failing slowly is offered less work. An operation the database did not answer
+// at all (no connection, or a broken one) gives its permit back with Permit.Fail, which records no
+// round trip but steps the limit down. A holder that never reached the database because it had
+// nothing to do gives its permit back with Permit.Abandon, which records nothing.
 //
 // The pool stays the hard ceiling and the lane is the soft one that normally binds first.
 // Background jobs take connections without a permit. flow exports no metrics itself: whoever

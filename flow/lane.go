@@ -22,6 +22,7 @@ type Lane struct {
 
 	acquired  atomic.Uint64
 	tryFailed atomic.Uint64
+	failed    atomic.Uint64
 	waitTotal atomic.Int64 // nanoseconds
 }
 
@@ -61,9 +62,10 @@ func (l *Lane) Acquire(ctx context.Context) (*Permit, error) {
 	if err := l.sem.acquire(ctx); err != nil {
 		return nil, fmt.Errorf("flow: lane %q: acquire: %w", l.name, err)
 	}
-	l.waitTotal.Add(int64(l.clock.Now().Sub(start)))
+	now := l.clock.Now()
+	l.waitTotal.Add(int64(now.Sub(start)))
 	l.acquired.Add(1)
-	return &Permit{lane: l}, nil
+	return &Permit{lane: l, start: now}, nil
 }
 
 // TryAcquire takes a permit only if one is free and nobody is waiting for it; it never waits.
@@ -75,7 +77,7 @@ func (l *Lane) TryAcquire() (*Permit, bool) {
 		return nil, false
 	}
 	l.acquired.Add(1)
-	return &Permit{lane: l}, true
+	return &Permit{lane: l, start: l.clock.Now()}, true
 }
 
 // Stats is a snapshot of a lane. Counters are cumulative since NewLane.
@@ -91,6 +93,9 @@ type Stats struct {
 	Acquired uint64
 	// TryFailed counts TryAcquire calls that found the lane contended.
 	TryFailed uint64
+	// Failed counts permits given back with Permit.Fail: operations the database did not
+	// answer at all.
+	Failed uint64
 	// WaitTotal is the time Acquire callers spent waiting for the permits they were granted;
 	// waits that ended in cancellation are not included.
 	WaitTotal time.Duration
@@ -112,6 +117,7 @@ func (l *Lane) Stats() Stats {
 		RTTBase:   base,
 		Acquired:  l.acquired.Load(),
 		TryFailed: l.tryFailed.Load(),
+		Failed:    l.failed.Load(),
 		WaitTotal: time.Duration(l.waitTotal.Load()),
 		Waiting:   waiting,
 	}
@@ -120,8 +126,9 @@ func (l *Lane) Stats() Stats {
 // Permit is one unit of a lane's concurrency. Give it back exactly once, with Release or
 // Abandon; later calls on the same permit do nothing.
 type Permit struct {
-	lane *Lane
-	done atomic.Bool
+	lane  *Lane
+	start time.Time // when it was granted: when the operation could start
+	done  atomic.Bool
 }
 
 // Release records rtt, the operation's database round trip, to the lane's limiter and then
@@ -141,6 +148,29 @@ func (p *Permit) Release(rtt time.Duration) {
 	// Still holding this permit, so in_flight counts the completing operation.
 	_, held, _ := l.sem.state()
 	l.vegas.observe(now, rtt, held)
+	l.sem.resize(l.vegas.size())
+	l.mu.Unlock()
+	l.sem.release()
+}
+
+// Fail returns the permit after an operation that got no answer from the database at all: no
+// connection could be had, or the connection broke under it. There is no round trip to record
+// (the time such a failure takes says nothing about the database's queue, and a refused
+// connection comes back far faster than any statement), but it is congestion at its worst, as a
+// loss is to TCP: the limit steps down, by the step a shrink takes, whether or not the lane is
+// driven. rtt_base is left alone. As with round trips, only an operation that started after the
+// limit last moved carries news about it. So while the database is unreachable the lane falls to
+// its minimum, and once the database answers again the limit grows back from there as round
+// trips show room, instead of offering a database that is just back the concurrency it had.
+func (p *Permit) Fail() {
+	if !p.done.CompareAndSwap(false, true) {
+		return
+	}
+	l := p.lane
+	l.failed.Add(1)
+	now := l.clock.Now()
+	l.mu.Lock()
+	l.vegas.fail(now, p.start)
 	l.sem.resize(l.vegas.size())
 	l.mu.Unlock()
 	l.sem.release()

@@ -403,3 +403,72 @@ func TestWaitTotalCountsGrantedWaits(t *testing.T) {
 		t.Fatalf("Stats = %+v, want WaitTotal 5ms, Acquired 2", st)
 	}
 }
+
+func TestFailShrinksLaneWithoutRecordingRTT(t *testing.T) {
+	clock := newFakeClock()
+	l := newTestLane(t, pushOptions(clock))
+	idleSample(t, l, 2*time.Millisecond)
+	// A lone failure counts although the lane is not driven: a refused connection is news
+	// about the database however little else is in flight.
+	p, ok := l.TryAcquire()
+	if !ok {
+		t.Fatal("lane is not idle")
+	}
+	clock.Advance(100 * time.Microsecond)
+	p.Fail()
+	st := l.Stats()
+	if want := int(math.Ceil(16 - math.Log(16))); st.Limit != want {
+		t.Fatalf("Limit = %d after a failure, want %d", st.Limit, want)
+	}
+	if st.RTTBase != 2*time.Millisecond {
+		t.Fatalf("RTTBase = %v after a failure, want it to stay 2ms", st.RTTBase)
+	}
+	if st.Failed != 1 || st.InFlight != 0 {
+		t.Fatalf("Stats = %+v, want Failed 1 and InFlight 0", st)
+	}
+	p.Fail() // a second call does nothing
+	p.Release(time.Second)
+	if st := l.Stats(); st.Failed != 1 || st.Limit != int(math.Ceil(16-math.Log(16))) {
+		t.Fatalf("Stats = %+v after giving the permit back twice more", st)
+	}
+}
+
+func TestFailStepsOncePerChange(t *testing.T) {
+	clock := newFakeClock()
+	l := newTestLane(t, pushOptions(clock))
+	ps := takeAll(t, l)
+	clock.Advance(time.Millisecond)
+	// Every operation in flight fails at once, as when the database goes away: they all
+	// started under the old limit, so the limit steps down once.
+	for _, p := range ps {
+		p.Fail()
+	}
+	if got, want := l.Stats().Limit, int(math.Ceil(16-math.Log(16))); got != want {
+		t.Fatalf("Limit = %d after %d failures that began together, want %d", got, len(ps), want)
+	}
+}
+
+func TestFailFallsToMinAndGrowsBack(t *testing.T) {
+	clock := newFakeClock()
+	l := newTestLane(t, pushOptions(clock))
+	idleSample(t, l, 2*time.Millisecond)
+	// The database is unreachable: each retry fails at once.
+	for range 50 {
+		p, ok := l.TryAcquire()
+		if !ok {
+			t.Fatal("no permit free")
+		}
+		clock.Advance(100 * time.Microsecond)
+		p.Fail()
+	}
+	if got := l.Stats().Limit; got != PushMinDefault {
+		t.Fatalf("Limit = %d while the database is unreachable, want the minimum %d", got, PushMinDefault)
+	}
+	// It answers again as fast as before: the base was not disturbed, so the lane grows.
+	for range 20 {
+		drivenSample(t, l, 2*time.Millisecond)
+	}
+	if got := l.Stats().Limit; got <= PushInitDefault {
+		t.Fatalf("Limit = %d after the database recovered, want it above the initial %d", got, PushInitDefault)
+	}
+}

@@ -74,6 +74,19 @@ func (v *vegas) observe(now time.Time, rtt time.Duration, inFlight int) {
 	}
 }
 
+// fail takes an operation, started at started, that the database did not answer: the limit
+// steps down unless it already moved since the operation started. No round trip is recorded.
+func (v *vegas) fail(now, started time.Time) {
+	if started.Before(v.adjusted) {
+		return
+	}
+	old := v.limit
+	v.limit = max(v.limit-math.Max(math.Log(v.limit), 1), v.min)
+	if v.limit != old {
+		v.adjusted = now
+	}
+}
+
 // size is the number of permits the limit allows. Rounding up keeps the in-flight guard in
 // observe exactly "in_flight >= size − 1" and cannot leave the range: Min and Max are integers.
 func (v *vegas) size() int {

@@ -16,6 +16,12 @@ import (
 // COMMIT leaves the outcome unknown: the transaction may have committed.
 var ErrTimeout = errors.New("pg: statement timeout")
 
+// ErrUnavailable is returned (wrapped) when the database gave no answer: no connection could be
+// had (the server is down or refuses), or the connection broke during the call (the server went
+// away or terminated the session). The round trip returned with it measures nothing about the
+// database. As with ErrTimeout, a transaction whose COMMIT was in flight may have committed.
+var ErrUnavailable = errors.New("pg: database unavailable")
+
 // Querier runs statements on one connection or inside one transaction; both *pgx.Conn and
 // pgx.Tx satisfy it. Begin on a transaction opens a savepoint.
 type Querier interface {
@@ -114,6 +120,12 @@ func (db *DB) run(ctx context.Context, timeout time.Duration, fn func(ctx contex
 		db.log.Debug("statement timeout", "timeout", timeout, "rtt", rtt, "backend_pid", pc.Conn().PgConn().PID(), "err", err)
 		return rtt, fmt.Errorf("%w (%s): %w", ErrTimeout, timeout, err)
 	}
+	if err != nil && ctx.Err() == nil && pc.Conn().PgConn().IsClosed() {
+		// pgx closes a connection whose socket failed or that the server ended (a FATAL
+		// error, such as a shutdown terminating the session); an error the server answered
+		// on a live session leaves it open.
+		return rtt, fmt.Errorf("%w: %w", ErrUnavailable, err)
+	}
 	return rtt, err
 }
 
@@ -131,7 +143,10 @@ func (db *DB) acquire(ctx context.Context, timeout time.Duration) (*pgxpool.Conn
 		db.acquireTimeouts.Add(1)
 		return nil, fmt.Errorf("%w (%s) waiting for a connection: %w", ErrTimeout, timeout, err)
 	}
-	return nil, fmt.Errorf("acquiring a connection: %w", err)
+	if ctx.Err() != nil {
+		return nil, fmt.Errorf("acquiring a connection: %w", err)
+	}
+	return nil, fmt.Errorf("%w: acquiring a connection: %w", ErrUnavailable, err)
 }
 
 // release returns a connection to the pool only if it is certainly reusable: idle, outside a

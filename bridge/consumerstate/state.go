@@ -248,7 +248,8 @@ func (s *State) Ack(seq, dseq uint64) bool {
 			return false
 		}
 		s.lastAck = s.clock.Now()
-		if p, ok := s.pending[seq]; ok {
+		p, wasPending := s.pending[seq]
+		if wasPending {
 			dseq = p.dseq
 		}
 		for s.order.Len() > 0 && s.order[0] <= seq {
@@ -257,11 +258,29 @@ func (s *State) Ack(seq, dseq uint64) bool {
 			delete(s.rdc, q)
 			s.unqueue(q)
 		}
+		if !wasPending {
+			// The consumer sequence came from the ack subject. A forged one at or past a
+			// delivery still pending would put the floor above it, and its own ack would
+			// then be ignored as stale; nats-server takes it as it comes.
+			dseq = min(dseq, s.lowestPendingDseq()-1)
+		}
 		s.floor = Pair{Consumer: dseq, Stream: seq}
 		s.settleFloor()
 		return true
 	}
 	return false
+}
+
+// lowestPendingDseq is the consumer sequence of the lowest pending delivery, or the next
+// consumer sequence when nothing is pending.
+func (s *State) lowestPendingDseq() uint64 {
+	for s.order.Len() > 0 {
+		if p, ok := s.pending[s.order[0]]; ok {
+			return p.dseq
+		}
+		heap.Pop(&s.order)
+	}
+	return s.dseq
 }
 
 // Nak processes -NAK: redeliver now, or after delay when it is positive.

@@ -87,6 +87,27 @@ func TestAckAll(t *testing.T) {
 	}
 }
 
+// TestAckAllForgedConsumerSeq acks, AckAll, a stream sequence that was skipped (a filtered
+// consumer's) with a consumer sequence made up by the sender: the floor must stay below the
+// deliveries still pending, whose own acks must then count.
+func TestAckAllForgedConsumerSeq(t *testing.T) {
+	s, _ := setup(t, Config{AckPolicy: AckAll, AckWait: time.Second})
+	for _, q := range []uint64{1, 3, 5} { // 2 and 4 are not for this consumer
+		s.Deliver(q, 1)
+	}
+	if !s.Ack(4, 1000) {
+		t.Fatal("ack all of 4 did not move the floor")
+	}
+	wantFloor(t, s, 2, 4)
+	if !s.Ack(5, 3) {
+		t.Fatal("the ack of the delivery above the forged one was ignored")
+	}
+	wantFloor(t, s, 3, 5)
+	if s.NumAckPending() != 0 {
+		t.Fatalf("pending = %d, want 0", s.NumAckPending())
+	}
+}
+
 func TestAckNoneFloorFollowsDelivery(t *testing.T) {
 	s, _ := setup(t, Config{AckPolicy: AckNone, MaxAckPending: 1})
 	for q := uint64(1); q <= 3; q++ {

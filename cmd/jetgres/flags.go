@@ -39,6 +39,15 @@ type config struct {
 	ReplicaName     string
 	ReadyFile       string
 	ShutdownTimeout time.Duration
+
+	// NATS client security.
+	NATSConfig string
+	User       string
+	Password   string
+	TLSCert    string
+	TLSKey     string
+	TLSCA      string
+	TLSVerify  bool
 }
 
 // setting describes one flag. Every setting lives in this one table so that the flag set,
@@ -48,7 +57,7 @@ type setting struct {
 	name  string
 	env   []string // the first is the setting's own JETGRES_* variable; later ones are aliases
 	usage string
-	ptr   any // *string, *int, *float64 or *time.Duration into a config
+	ptr   any // *string, *int, *float64, *time.Duration or *bool into a config
 	def   any // of the type ptr points to
 }
 
@@ -75,6 +84,13 @@ func (c *config) settings() []setting {
 		{"replica-name", envOf("replica-name"), "this replica's name in consumer leases; stable across restarts, unique among replicas (empty: <host>:<NATS port>)", &c.ReplicaName, ""},
 		{"ready-file", envOf("ready-file"), "once ready, write the bound NATS and HTTP addresses to this file as JSON", &c.ReadyFile, ""},
 		{"shutdown-timeout", envOf("shutdown-timeout"), "how long a graceful shutdown may take before the rest is stopped hard", &c.ShutdownTimeout, 30 * time.Second},
+		{"nats-config", envOf("nats-config"), "nats-server configuration file for client security and limits: users, bcrypt passwords, nkeys, per-user permissions, TLS (--listen, JetStream off and the bridge's leafnode listener win over it)", &c.NATSConfig, ""},
+		{"user", envOf("user"), "user name NATS clients must log in with, with every permission (needs --password; added to --nats-config's users)", &c.User, ""},
+		{"password", envOf("password"), "password for --user, plain or a bcrypt hash ($2a$...)", &c.Password, ""},
+		{"tls-cert", envOf("tls-cert"), "PEM certificate (and chain) of the NATS listener; with --tls-key, clients must use TLS", &c.TLSCert, ""},
+		{"tls-key", envOf("tls-key"), "PEM private key of --tls-cert", &c.TLSKey, ""},
+		{"tls-ca", envOf("tls-ca"), "PEM certificate authorities that NATS client certificates must chain to (with --tls-verify; empty: the system's)", &c.TLSCA, ""},
+		{"tls-verify", envOf("tls-verify"), "require every NATS client to present a valid certificate", &c.TLSVerify, false},
 	}
 }
 
@@ -97,6 +113,8 @@ func newFlagSet(c *config, output io.Writer) *flag.FlagSet {
 			fs.Float64Var(p, s.name, s.def.(float64), s.usage)
 		case *time.Duration:
 			fs.DurationVar(p, s.name, s.def.(time.Duration), s.usage)
+		case *bool:
+			fs.BoolVar(p, s.name, s.def.(bool), s.usage)
 		default:
 			panic(fmt.Sprintf("setting %s: unsupported type %T", s.name, s.ptr))
 		}
@@ -182,6 +200,15 @@ func (c *config) validate() error {
 	}
 	if c.ShutdownTimeout <= 0 {
 		errs = append(errs, fmt.Errorf("--shutdown-timeout: %v is not positive", c.ShutdownTimeout))
+	}
+	if (c.User == "") != (c.Password == "") {
+		errs = append(errs, errors.New("--user and --password: set both or neither"))
+	}
+	if (c.TLSCert == "") != (c.TLSKey == "") {
+		errs = append(errs, errors.New("--tls-cert and --tls-key: set both or neither"))
+	}
+	if c.TLSCert == "" && (c.TLSCA != "" || c.TLSVerify) {
+		errs = append(errs, errors.New("--tls-ca and --tls-verify: need --tls-cert and --tls-key"))
 	}
 	// The lane limits themselves are checked by flow.NewLane, which names the field.
 	return errors.Join(errs...)

@@ -129,6 +129,13 @@ func TestParseConfigPrecedence(t *testing.T) {
 			func(c config) bool { return c.DatabaseURL == "postgres://a/b" }},
 		{"single dash flag", []string{"-stmt-timeout=5s"}, envMap(),
 			func(c config) bool { return c.StmtTimeout == 5*time.Second }},
+		{"security from the environment", nil, envMap("JETGRES_USER", "app", "JETGRES_PASSWORD", "$2a$11$x",
+			"JETGRES_TLS_CERT", "c.pem", "JETGRES_TLS_KEY", "k.pem", "JETGRES_TLS_VERIFY", "true", "JETGRES_NATS_CONFIG", "n.conf"),
+			func(c config) bool {
+				return c.User == "app" && c.Password == "$2a$11$x" && c.TLSCert == "c.pem" && c.TLSKey == "k.pem" && c.TLSVerify && c.NATSConfig == "n.conf"
+			}},
+		{"boolean flag over environment", []string{"--tls-cert", "c.pem", "--tls-key", "k.pem", "--tls-verify=false"}, envMap("JETGRES_TLS_VERIFY", "true"),
+			func(c config) bool { return !c.TLSVerify }},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -156,6 +163,12 @@ func TestParseConfigErrorsNameTheSource(t *testing.T) {
 		{"bad listen", []string{"--listen", "4222"}, envMap(), "--listen"},
 		{"zero pool", []string{"--pool-size", "0"}, envMap(), "--pool-size"},
 		{"stray argument", []string{"extra"}, envMap(), "extra"},
+		{"user without password", []string{"--user", "app"}, envMap(), "--password"},
+		{"password without user", nil, envMap("JETGRES_PASSWORD", "secret"), "--user"},
+		{"certificate without key", []string{"--tls-cert", "c.pem"}, envMap(), "--tls-key"},
+		{"verify without certificate", []string{"--tls-verify"}, envMap(), "--tls-cert"},
+		{"CA without certificate", nil, envMap("JETGRES_TLS_CA", "ca.pem"), "--tls-cert"},
+		{"bad boolean", nil, envMap("JETGRES_TLS_VERIFY", "maybe"), "JETGRES_TLS_VERIFY"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

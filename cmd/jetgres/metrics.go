@@ -101,6 +101,8 @@ func laneMetrics(lane string) []statMetric[flow.Stats] {
 			prometheus.CounterValue, func(s flow.Stats) float64 { return float64(s.Acquired) }},
 		{"permit_try_failed_total", "Non-blocking permit requests of the " + lane + " lane that found none free.",
 			prometheus.CounterValue, func(s flow.Stats) float64 { return float64(s.TryFailed) }},
+		{"permits_failed_total", "Operations of the " + lane + " lane the database did not answer at all (no connection, or a broken one); each may step the limit down.",
+			prometheus.CounterValue, func(s flow.Stats) float64 { return float64(s.Failed) }},
 		{"permit_wait_seconds_total", "Time callers spent waiting for a permit of the " + lane + " lane.",
 			prometheus.CounterValue, func(s flow.Stats) float64 { return s.WaitTotal.Seconds() }},
 	}

@@ -86,6 +86,10 @@ func (n *node) start(ctx context.Context) error {
 	cfg := n.cfg
 	var err error
 
+	// A mistake in the NATS security settings is found before the database starts.
+	if err := natsConfig(cfg, "", 0, n.log).Check(); err != nil {
+		return fmt.Errorf("NATS server: %w", err)
+	}
 	if n.push, err = flow.NewLane("push", cfg.pushOptions()); err != nil {
 		return fmt.Errorf("push lane: %w", err)
 	}
@@ -129,7 +133,7 @@ func (n *node) start(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	n.nats, err = natsd.Start(ctx, natsd.Config{Host: host, Port: port, Logger: n.log})
+	n.nats, err = natsd.Start(ctx, natsConfig(cfg, host, port, n.log))
 	if err != nil {
 		return fmt.Errorf("NATS server on %s: %w", cfg.Listen, err)
 	}
@@ -191,6 +195,15 @@ func (n *node) start(ctx context.Context) error {
 	}
 	n.log.Info("jetgres ready", "nats", natsURL, "http", n.httpAddr.String(), "database", database)
 	return nil
+}
+
+// natsConfig is the embedded server's configuration.
+func natsConfig(cfg config, host string, port int, log *slog.Logger) natsd.Config {
+	return natsd.Config{
+		Host: host, Port: port, Logger: log,
+		ConfigFile: cfg.NATSConfig, User: cfg.User, Password: cfg.Password,
+		TLS: natsd.TLSConfig{Cert: cfg.TLSCert, Key: cfg.TLSKey, CA: cfg.TLSCA, Verify: cfg.TLSVerify},
+	}
 }
 
 // splitListen turns --listen into the embedded server's host and port. An empty host means

@@ -1,8 +1,13 @@
 // Package natsd owns the NATS server that jetgres embeds: it starts
 // nats-server in-process with JetStream disabled (jetgres answers the
 // JetStream API itself), opens a loopback-only leafnode listener with
-// credentials generated at start-up for the bridge's link, routes the
-// server's logging into log/slog, and stops it.
+// credentials generated at start-up for the bridge's link, applies the
+// client security the operator asks for (a nats-server configuration file,
+// a user, TLS), routes the server's logging into log/slog, and stops it.
+//
+// Client permissions govern the JetStream API too: the bridge receives an
+// API request only after the server has let the client publish it, and its
+// answer reaches the client only through the client's own subscription.
 package natsd
 
 import (
@@ -14,10 +19,13 @@ import (
 	"log/slog"
 	"net"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
+
+	"github.com/jetgres/jetgres/embedded/leaf"
 )
 
 const (
@@ -37,6 +45,9 @@ const (
 	leafHost = "127.0.0.1"
 	// globalAccount is the account the leaf binds to when no other is set.
 	globalAccount = server.DEFAULT_GLOBAL_ACCOUNT
+	// maxControlLine leaves room for the protocol verb and sizes on a line
+	// of the link.
+	maxControlLine = leaf.MaxControlLine / 2
 )
 
 // Config configures the embedded server. The zero value is usable.
@@ -49,9 +60,30 @@ type Config struct {
 	// Defaults to PortDefault (4222).
 	Port int
 
-	// MaxPayload limits a message's headers plus data, in bytes.
-	// Defaults to MaxPayloadDefault (1 MiB).
+	// MaxPayload limits a message's headers plus data, in bytes. Zero takes
+	// ConfigFile's max_payload. Defaults to MaxPayloadDefault (1 MiB).
 	MaxPayload int32
+
+	// ConfigFile names a configuration file in nats-server's own format,
+	// read with server.ProcessConfigFile: users with passwords (plain or
+	// bcrypt) or nkeys, per-user publish and subscribe permissions, TLS,
+	// limits. What jetgres decides itself wins over it: the client
+	// listener (Host and Port), JetStream (off) and the leafnode listener
+	// (the bridge's). Clients must be in the global account (users under
+	// authorization, not under accounts), where the bridge serves JetStream;
+	// operator (JWT) mode is refused. Defaults to "" (no file).
+	ConfigFile string
+
+	// User and Password, when User is set, admit clients that log in with
+	// them, with every permission. Password may be a bcrypt hash, which the
+	// server compares against. They add to ConfigFile's users.
+	// Defaults to "" (no such user).
+	User     string
+	Password string
+
+	// TLS makes clients connect with TLS when TLS.Cert is set. It cannot be
+	// combined with a tls block in ConfigFile. Defaults to no TLS.
+	TLS TLSConfig
 
 	// Logger receives the server's log lines.
 	// Defaults to slog.Default().
@@ -64,6 +96,19 @@ type Config struct {
 	// NoSigs and the disabled JetStream are re-applied afterwards: the
 	// bridge depends on them. Defaults to nil (no adjustment).
 	ServerOptions func(*server.Options)
+}
+
+// TLSConfig is TLS for client connections, as PEM files.
+type TLSConfig struct {
+	// Cert is the server's certificate, followed by any intermediates.
+	Cert string
+	// Key is Cert's private key.
+	Key string
+	// CA holds the authorities that client certificates must chain to
+	// when Verify is set; empty means the system's.
+	CA string
+	// Verify requires every client to present a valid certificate.
+	Verify bool
 }
 
 // LeafEndpoint is where and how the bridge attaches as a leafnode.
@@ -113,15 +158,15 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 		return nil, fmt.Errorf("natsd: generate leaf password: %w", err)
 	}
 
-	opts := &server.Options{
-		Host:       cfg.Host,
-		Port:       cfg.Port,
-		MaxPayload: cfg.MaxPayload,
+	opts, err := cfg.serverOptions()
+	if err != nil {
+		return nil, err
 	}
 	if cfg.ServerOptions != nil {
 		cfg.ServerOptions(opts)
 	}
-	enforceBridgeOptions(opts, user, pass)
+	enforceBridgeOptions(opts, user, pass, cfg.Logger)
+	logSecurity(opts, cfg.Logger)
 
 	ns, err := server.NewServer(opts)
 	if err != nil {
@@ -150,6 +195,16 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	return s, nil
 }
 
+// Check reads ConfigFile and the TLS files and reports what Start would
+// refuse in them, without starting anything: callers can fail fast, before
+// starting what takes longer.
+func (cfg Config) Check() error {
+	cfg = cfg.withDefaults()
+	cfg.Logger = slog.New(slog.DiscardHandler)
+	_, err := cfg.serverOptions()
+	return err
+}
+
 func (cfg Config) withDefaults() Config {
 	if cfg.Host == "" {
 		cfg.Host = HostDefault
@@ -157,22 +212,147 @@ func (cfg Config) withDefaults() Config {
 	if cfg.Port == 0 {
 		cfg.Port = PortDefault
 	}
-	if cfg.MaxPayload == 0 {
-		cfg.MaxPayload = MaxPayloadDefault
-	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
 	return cfg
 }
 
+// serverOptions builds the server options from ConfigFile, then the
+// listener, the user and TLS that Config names.
+func (cfg Config) serverOptions() (*server.Options, error) {
+	opts := &server.Options{}
+	if cfg.ConfigFile != "" {
+		fo, err := server.ProcessConfigFile(cfg.ConfigFile)
+		if err != nil {
+			// Most of the parser's errors name the file, but not all.
+			if strings.Contains(err.Error(), cfg.ConfigFile) {
+				return nil, fmt.Errorf("natsd: config file: %w", err)
+			}
+			return nil, fmt.Errorf("natsd: config file %s: %w", cfg.ConfigFile, err)
+		}
+		if err := checkFileOptions(fo); err != nil {
+			return nil, fmt.Errorf("natsd: config file %s: %w", cfg.ConfigFile, err)
+		}
+		if fo.Port != 0 && fo.Port != cfg.Port || fo.Host != "" && fo.Host != cfg.Host {
+			cfg.Logger.Warn("the NATS config file's listen address is ignored; jetgres listens where it is told to",
+				"file", cfg.ConfigFile, "host", cfg.Host, "port", cfg.Port)
+		}
+		opts = fo
+	}
+	opts.Host, opts.Port = cfg.Host, cfg.Port
+	if cfg.MaxPayload != 0 {
+		opts.MaxPayload = cfg.MaxPayload
+	}
+	if cfg.User != "" {
+		if err := addUser(opts, cfg.User, cfg.Password); err != nil {
+			return nil, err
+		}
+	}
+	if cfg.TLS.Cert != "" || cfg.TLS.Key != "" {
+		if opts.TLSConfig != nil {
+			return nil, errors.New("natsd: TLS is set both in the config file and in Config.TLS; use one")
+		}
+		tc, err := server.GenTLSConfig(&server.TLSConfigOpts{
+			CertFile: cfg.TLS.Cert, KeyFile: cfg.TLS.Key, CaFile: cfg.TLS.CA, Verify: cfg.TLS.Verify,
+		})
+		if err != nil {
+			return nil, fmt.Errorf("natsd: TLS: %w", err)
+		}
+		opts.TLSConfig, opts.TLSVerify = tc, cfg.TLS.Verify
+		opts.TLSCert, opts.TLSKey, opts.TLSCaCert = cfg.TLS.Cert, cfg.TLS.Key, cfg.TLS.CA
+	} else if cfg.TLS.CA != "" || cfg.TLS.Verify {
+		return nil, errors.New("natsd: TLS.CA and TLS.Verify need TLS.Cert and TLS.Key")
+	}
+	return opts, nil
+}
+
+// checkFileOptions refuses what a config file may say but jetgres cannot
+// serve. The bridge answers JetStream in one account, the global one: a
+// client bound to any other would find no JetStream there.
+func checkFileOptions(o *server.Options) error {
+	if len(o.TrustedOperators) > 0 || len(o.TrustedKeys) > 0 {
+		return errors.New("operator (JWT) mode is not supported; define users under authorization")
+	}
+	for _, a := range o.Accounts {
+		if a.Name != o.SystemAccount && a.Name != globalAccount {
+			return fmt.Errorf("account %q: jetgres serves JetStream to the global account only; define its users under authorization, not under accounts", a.Name)
+		}
+	}
+	if a := o.LeafNode.Account; a != "" && a != globalAccount {
+		return fmt.Errorf("leafnodes account %q: the leafnode listener is the bridge's, in the global account", a)
+	}
+	return nil
+}
+
+// addUser admits one more user with every permission. nats-server takes
+// either a single user or a list, so a single one from the file joins the
+// list.
+func addUser(opts *server.Options, user, pass string) error {
+	if opts.Authorization != "" {
+		return errors.New("natsd: a user cannot be added to token authorization")
+	}
+	if opts.Username != "" {
+		opts.Users = append(opts.Users, &server.User{Username: opts.Username, Password: opts.Password})
+		opts.Username, opts.Password = "", ""
+	}
+	for _, u := range opts.Users {
+		if u.Username == user {
+			return fmt.Errorf("natsd: user %q is also defined in the config file", user)
+		}
+	}
+	opts.Users = append(opts.Users, &server.User{Username: user, Password: pass})
+	return nil
+}
+
+// logSecurity says how clients authenticate, and warns when anyone who can
+// reach the listener is let in.
+func logSecurity(opts *server.Options, l *slog.Logger) {
+	var auth []string
+	if n := len(opts.Users); n > 0 {
+		auth = append(auth, fmt.Sprintf("%d users", n))
+	}
+	if n := len(opts.Nkeys); n > 0 {
+		auth = append(auth, fmt.Sprintf("%d nkeys", n))
+	}
+	if opts.Username != "" {
+		auth = append(auth, "1 user")
+	}
+	if opts.Authorization != "" {
+		auth = append(auth, "token")
+	}
+	if opts.AuthCallout != nil || opts.CustomClientAuthentication != nil {
+		auth = append(auth, "external")
+	}
+	l.Info("NATS client security", "auth", strings.Join(auth, ", "), "tls", opts.TLSConfig != nil, "tls_verify", opts.TLSVerify)
+	loopback := opts.Host == "localhost"
+	if ip := net.ParseIP(opts.Host); ip != nil {
+		loopback = ip.IsLoopback()
+	}
+	if len(auth) == 0 && !loopback {
+		l.Warn("NATS clients need no credentials, and the listener is not on loopback", "host", opts.Host)
+	}
+}
+
 // enforceBridgeOptions applies what the bridge relies on, after any
 // caller adjustment.
-func enforceBridgeOptions(opts *server.Options, user, pass string) {
+func enforceBridgeOptions(opts *server.Options, user, pass string, l *slog.Logger) {
 	opts.NoSigs = true
+	if opts.JetStream {
+		l.Warn("JetStream in the NATS configuration is ignored; jetgres serves JetStream from PostgreSQL")
+	}
 	opts.JetStream = false
 	if opts.MaxPayload == 0 {
 		opts.MaxPayload = MaxPayloadDefault
+	}
+	// Every message to the bridge crosses the link with its subject and
+	// reply on one protocol line, which the link's parser bounds.
+	if opts.MaxControlLine > maxControlLine {
+		l.Warn("max_control_line lowered to what the bridge's link accepts", "asked", opts.MaxControlLine, "max", maxControlLine)
+		opts.MaxControlLine = maxControlLine
+	}
+	if opts.LeafNode.Port != 0 || opts.LeafNode.Host != "" {
+		l.Warn("the leafnode listener in the NATS configuration is ignored; it is the bridge's")
 	}
 
 	opts.LeafNode.Host = leafHost
@@ -181,6 +361,7 @@ func enforceBridgeOptions(opts *server.Options, user, pass string) {
 	opts.LeafNode.Password = pass
 	opts.LeafNode.Users = nil
 	opts.LeafNode.Nkey = ""
+	opts.LeafNode.ProxyRequired = false
 	// The link speaks plain TCP; loopback needs no TLS.
 	opts.LeafNode.TLSConfig = nil
 	opts.LeafNode.TLSHandshakeFirst = false

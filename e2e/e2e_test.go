@@ -23,6 +23,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jetgres/jetgres/internal/syncbuf"
+
 	"go.uber.org/goleak"
 )
 
@@ -169,7 +171,7 @@ type options struct {
 // jetgres is one running (or exited) jetgres process.
 type jetgres struct {
 	cmd       *exec.Cmd
-	logs      *syncBuffer
+	logs      *syncbuf.Buffer
 	exited    chan struct{}
 	waitErr   error
 	dataDir   string
@@ -205,7 +207,7 @@ func launchJetgres(t testing.TB, o options) *jetgres {
 	}, o.Args...)
 	j := &jetgres{
 		cmd:       exec.Command(bin, args...),
-		logs:      &syncBuffer{},
+		logs:      &syncbuf.Buffer{},
 		exited:    make(chan struct{}),
 		dataDir:   o.DataDir,
 		readyFile: readyFile,
@@ -405,24 +407,6 @@ func requireNoPostgres(t testing.TB, dir string) {
 		cmdline, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
 		t.Errorf("postgres process %d still running in %s: %s", pid, dir, bytes.ReplaceAll(cmdline, []byte{0}, []byte{' '}))
 	}
-}
-
-// syncBuffer collects a process's output while tests read it.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }
 
 // eventually retries check every tick until it returns nil or timeout passes, then fails

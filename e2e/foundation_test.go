@@ -12,6 +12,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/jetgres/jetgres/internal/syncbuf"
 )
 
 // TestFoundation runs the README's quick start against a jetgres with its private
@@ -133,7 +135,7 @@ func corePubSub(t *testing.T, j *jetgres, subject, payload string) {
 	defer cancel()
 
 	sub := j.natsCmd(t, ctx, "sub", subject, "--count", "1", "--raw")
-	var out syncBuffer
+	var out syncbuf.Buffer
 	sub.Stdout, sub.Stderr = &out, &out
 	if err := sub.Start(); err != nil {
 		t.Fatal(err)

@@ -17,11 +17,9 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-	"github.com/nats-io/nkeys"
-	"golang.org/x/crypto/bcrypt"
 
 	"github.com/jetgres/jetgres/embedded/leaf"
-	"github.com/jetgres/jetgres/internal/testcerts"
+	"github.com/jetgres/jetgres/internal/testauth"
 )
 
 // TestSecurity starts jetgres with client security from flags and a nats-server
@@ -31,8 +29,8 @@ import (
 // closed to everyone else.
 func TestSecurity(t *testing.T) {
 	t.Parallel()
-	certs := testcerts.Write(t)
-	nkeyPub, nkeyLogin := newNkeyUser(t)
+	certs := testauth.Write(t)
+	nkeyPub, nkeyLogin := testauth.NkeyUser(t)
 	conf := filepath.Join(t.TempDir(), "nats.conf")
 	writeFile(t, conf, fmt.Sprintf(`
 authorization {
@@ -51,10 +49,10 @@ authorization {
     {user: deaf, password: deaf, permissions: {publish: ">", subscribe: {deny: "_INBOX.>"}}}
   ]
 }
-`, bcryptHash(t, "admin-pass"), nkeyPub))
+`, testauth.BcryptHash(t, "admin-pass"), nkeyPub))
 	j := startJetgres(t, options{Args: []string{
 		"--nats-config", conf,
-		"--user", "flaguser", "--password", bcryptHash(t, "flag-pass"),
+		"--user", "flaguser", "--password", testauth.BcryptHash(t, "flag-pass"),
 		"--tls-cert", certs.ServerCert, "--tls-key", certs.ServerKey, "--tls-ca", certs.CA, "--tls-verify",
 	}})
 	if !strings.HasPrefix(j.natsURL, "tls://") {
@@ -105,12 +103,12 @@ authorization {
 			user, pass string
 			ok         bool
 		}{
-			{"admin", "admin-pass", true},        // bcrypt in the file
-			{"flaguser", "flag-pass", true},      // bcrypt in --password
-			{"admin", "wrong", false},            // wrong password
-			{"flaguser", "", false},              // none
-			{"nobody", "admin-pass", false},      // unknown user
-			{"admin", bcryptHash(t, "x"), false}, // a hash is not a password
+			{"admin", "admin-pass", true},                 // bcrypt in the file
+			{"flaguser", "flag-pass", true},               // bcrypt in --password
+			{"admin", "wrong", false},                     // wrong password
+			{"flaguser", "", false},                       // none
+			{"nobody", "admin-pass", false},               // unknown user
+			{"admin", testauth.BcryptHash(t, "x"), false}, // a hash is not a password
 		} {
 			_, err := connect(append(slices.Clone(tlsOK), nats.UserInfo(c.user, c.pass))...)
 			if c.ok && err != nil {
@@ -309,28 +307,6 @@ func writeFile(t *testing.T, path, text string) {
 	if err := os.WriteFile(path, []byte(text), 0o600); err != nil {
 		t.Fatal(err)
 	}
-}
-
-func bcryptHash(t *testing.T, password string) string {
-	t.Helper()
-	h, err := bcrypt.GenerateFromPassword([]byte(password), bcrypt.MinCost)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return string(h)
-}
-
-func newNkeyUser(t *testing.T) (string, nats.Option) {
-	t.Helper()
-	kp, err := nkeys.CreateUser()
-	if err != nil {
-		t.Fatal(err)
-	}
-	pub, err := kp.PublicKey()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return pub, nats.Nkey(pub, kp.Sign)
 }
 
 // leafAddr finds the bridge's leafnode listener from the outside: the one TCP socket the

@@ -22,14 +22,16 @@ import (
 // wrote exactly as many messages into the same chunk) fails the primary key, which rolls
 // the whole implicit transaction back; the general path then runs for every batch.
 
-// tailState is what this process last committed for a stream.
+// tailState is what this process last committed for a stream: the fast path's starting
+// point, and, for streams with limits, what the next append predicts its evictions from.
 type tailState struct {
 	lastSeq, cumBytes uint64
+	msgs, bytes       uint64
 	lastTS            int64
 	chunk, chunkRows  int64
 }
 
-// tailStates remembers each stream's tailState; see appendFast.
+// tailStates remembers each stream's tailState.
 type tailStates struct {
 	mu sync.Mutex
 	m  map[int64]tailState
@@ -58,7 +60,8 @@ func (t *tailStates) forget(id int64) {
 }
 
 func (t *tailStates) remember(id int64, st *lockedState) {
-	t.set(id, tailState{lastSeq: st.lastSeq, cumBytes: st.cumBytes, lastTS: st.lastTS, chunk: st.chunk, chunkRows: st.chunkRows})
+	t.set(id, tailState{lastSeq: st.lastSeq, cumBytes: st.cumBytes, msgs: st.msgs, bytes: st.bytes,
+		lastTS: st.lastTS, chunk: st.chunk, chunkRows: st.chunkRows})
 }
 
 // fastEligible reports whether a batch can take the fast path: nothing in it needs a
@@ -111,6 +114,8 @@ func (db *DB) appendFast(ctx context.Context, q Querier, batches []AppendBatch, 
 			p.res.Outcomes[j] = Outcome{Seq: msg.Seq}
 		}
 		p.next.chunkRows += int64(len(bt.Msgs))
+		p.next.msgs += uint64(len(bt.Msgs))
+		p.next.bytes += p.next.cumBytes - st.cumBytes
 		p.res.LastSeq = p.next.lastSeq
 		plans = append(plans, p)
 	}

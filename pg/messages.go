@@ -196,7 +196,7 @@ func (db *DB) appendTx(ctx context.Context, q Querier, batches []AppendBatch, ts
 			b.Queue(`SELECT subject, seq, size FROM jetgres.subject_live($1, $2)`, bt.StreamID, subjects)
 			rd.subjects = true
 		}
-		last, known := db.chunks.counts(bt.StreamID)
+		last, known := db.tails.get(bt.StreamID)
 		n, nbytes := batchSize(bt)
 		if rd.head = prefetch(bt.Limits, last, known, n, nbytes); rd.head > 0 {
 			b.Queue(`SELECT seq, size FROM jetgres.stream_head($1, NULL, $2)`, bt.StreamID, rd.head)
@@ -368,7 +368,6 @@ func (db *DB) appendTx(ctx context.Context, q Querier, batches []AppendBatch, ts
 		if h.removed {
 			r.Stored = slices.DeleteFunc(r.Stored, func(m Message) bool { return !h.live(m.Seq) })
 		}
-		db.chunks.setCounts(r.StreamID, streamCounts{msgs: h.st.msgs, bytes: h.st.bytes})
 	}
 	return res, nil
 }
@@ -849,21 +848,13 @@ type chunkInfo struct {
 	firstSeq uint64
 }
 
-// streamCounts are a stream's message and byte counts as of a commit.
-type streamCounts struct {
-	msgs, bytes uint64
-}
-
-// chunkCache remembers what this process learned of each stream that later statements can
-// use: its chunk list, and its counts as of the last append here, from which the next append
-// predicts how many old messages its limits will evict. Another replica may open a chunk we
-// have not seen; a read that needs sequences beyond what the newest known chunk can explain
+// chunkCache remembers each stream's chunk list. Another replica may open a chunk we have
+// not seen; a read that needs sequences beyond what the newest known chunk can explain
 // reloads the list.
 type chunkCache struct {
 	mu     sync.Mutex
 	byID   map[int64][]chunkInfo
 	loaded map[int64]uint64 // the UpTo the list was loaded for
-	last   map[int64]streamCounts
 }
 
 func (c *chunkCache) list(ctx context.Context, q Querier, streamID int64, upTo uint64) ([]chunkInfo, error) {
@@ -921,28 +912,11 @@ func (c *chunkCache) dropped(streamID, chunk int64) {
 	}
 }
 
-func (c *chunkCache) counts(streamID int64) (streamCounts, bool) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	sc, ok := c.last[streamID]
-	return sc, ok
-}
-
-func (c *chunkCache) setCounts(streamID int64, sc streamCounts) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.last == nil {
-		c.last = make(map[int64]streamCounts)
-	}
-	c.last[streamID] = sc
-}
-
 func (c *chunkCache) forget(streamID int64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	delete(c.byID, streamID)
 	delete(c.loaded, streamID)
-	delete(c.last, streamID)
 }
 
 func isUndefinedTable(err error) bool {

@@ -91,7 +91,7 @@ func newHoldings(db *DB, streamID int64, st *lockedState, lim Limits) *holdings 
 // messages of nbytes: the evictions the previous commit's counts predict, and for per-subject
 // limits the few rows that replacing the first message needs. Too few only costs an extra
 // round trip; too many costs reading rows that stay.
-func prefetch(lim Limits, last streamCounts, known bool, n int, nbytes uint64) int {
+func prefetch(lim Limits, last tailState, known bool, n int, nbytes uint64) int {
 	want := 0
 	if lim.MaxMsgsPer > 0 {
 		want = 2

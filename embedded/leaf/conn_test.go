@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jetgres/jetgres/internal/syncbuf"
+
 	"github.com/nats-io/nats.go"
 
 	"github.com/jetgres/jetgres/embedded/leaf"
@@ -594,7 +596,7 @@ func TestSlowConsumerBoundsBuffer(t *testing.T) {
 
 func TestCredentialsStayOutOfLogs(t *testing.T) {
 	t.Parallel()
-	logs := &syncBuffer{}
+	logs := &syncbuf.Buffer{}
 	logger := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	srv := startServer(t, logger)
 	ep := srv.Leaf()

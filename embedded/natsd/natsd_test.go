@@ -1,7 +1,6 @@
 package natsd_test
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"log/slog"
@@ -12,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jetgres/jetgres/internal/syncbuf"
+
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"go.uber.org/goleak"
@@ -21,24 +22,6 @@ import (
 
 func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m)
-}
-
-// syncBuffer collects log output written from the server's goroutines.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }
 
 func start(t *testing.T, cfg natsd.Config) *natsd.Server {
@@ -173,7 +156,7 @@ func TestStartFailsOnBusyPort(t *testing.T) {
 	defer l.Close()
 	port := l.Addr().(*net.TCPAddr).Port
 
-	logs := &syncBuffer{}
+	logs := &syncbuf.Buffer{}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	began := time.Now()
@@ -235,7 +218,7 @@ func TestServerOptionsHook(t *testing.T) {
 
 func TestServerLogsReachSlog(t *testing.T) {
 	t.Parallel()
-	logs := &syncBuffer{}
+	logs := &syncbuf.Buffer{}
 	s := start(t, natsd.Config{Logger: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))})
 	s.Stop()
 	out := logs.String()

@@ -11,14 +11,15 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jetgres/jetgres/internal/syncbuf"
+
 	"github.com/nats-io/jwt/v2"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nkeys"
-	"golang.org/x/crypto/bcrypt"
 
 	"github.com/jetgres/jetgres/embedded/leaf"
 	"github.com/jetgres/jetgres/embedded/natsd"
-	"github.com/jetgres/jetgres/internal/testcerts"
+	"github.com/jetgres/jetgres/internal/testauth"
 )
 
 // writeConfig writes a nats-server configuration file for one test.
@@ -29,29 +30,6 @@ func writeConfig(t *testing.T, text string) string {
 		t.Fatal(err)
 	}
 	return path
-}
-
-func bcryptHash(t *testing.T, password string) string {
-	t.Helper()
-	h, err := bcrypt.GenerateFromPassword([]byte(password), bcrypt.MinCost)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return string(h)
-}
-
-// nkeyUser creates a user nkey and the option that signs in with it.
-func nkeyUser(t *testing.T) (string, nats.Option) {
-	t.Helper()
-	kp, err := nkeys.CreateUser()
-	if err != nil {
-		t.Fatal(err)
-	}
-	pub, err := kp.PublicKey()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return pub, nats.Nkey(pub, kp.Sign)
 }
 
 // leafStillWorks dials the bridge's link the way jetgres does: client security must not
@@ -70,7 +48,7 @@ func leafStillWorks(t *testing.T, s *natsd.Server) {
 
 func TestConfigFileAuthentication(t *testing.T) {
 	t.Parallel()
-	nkeyPub, nkeyOpt := nkeyUser(t)
+	nkeyPub, nkeyOpt := testauth.NkeyUser(t)
 	conf := writeConfig(t, fmt.Sprintf(`
 listen: 0.0.0.0:4999 # ignored: jetgres decides the listener
 max_payload: 2MB
@@ -81,8 +59,8 @@ authorization {
     {nkey: %s}
   ]
 }
-`, bcryptHash(t, "bcrypt-pass"), nkeyPub))
-	logs := &syncBuffer{}
+`, testauth.BcryptHash(t, "bcrypt-pass"), nkeyPub))
+	logs := &syncbuf.Buffer{}
 	s := start(t, natsd.Config{ConfigFile: conf, Logger: slog.New(slog.NewTextHandler(logs, nil))})
 	if !strings.HasPrefix(s.ClientURL(), "nats://127.0.0.1:") || strings.HasSuffix(s.ClientURL(), ":4999") {
 		t.Errorf("client URL %s: the file's listen address was not overridden", s.ClientURL())
@@ -96,7 +74,7 @@ authorization {
 		ok   bool
 	}{
 		{"bcrypt user", nats.UserInfo("hashed", "bcrypt-pass"), true},
-		{"bcrypt user, the hash as password", nats.UserInfo("hashed", bcryptHash(t, "bcrypt-pass")), false},
+		{"bcrypt user, the hash as password", nats.UserInfo("hashed", testauth.BcryptHash(t, "bcrypt-pass")), false},
 		{"plain user", nats.UserInfo("plain", "plain-pass"), true},
 		{"wrong password", nats.UserInfo("plain", "wrong"), false},
 		{"unknown user", nats.UserInfo("nobody", "plain-pass"), false},
@@ -123,7 +101,7 @@ authorization {
 func TestUserAddsToConfigFile(t *testing.T) {
 	t.Parallel()
 	conf := writeConfig(t, `authorization { user: fileuser, password: filepass }`)
-	s := start(t, natsd.Config{ConfigFile: conf, User: "flaguser", Password: bcryptHash(t, "flagpass")})
+	s := start(t, natsd.Config{ConfigFile: conf, User: "flaguser", Password: testauth.BcryptHash(t, "flagpass")})
 	for _, u := range [][2]string{{"fileuser", "filepass"}, {"flaguser", "flagpass"}} {
 		nc, err := nats.Connect(s.ClientURL(), nats.UserInfo(u[0], u[1]))
 		if err != nil {
@@ -238,7 +216,7 @@ authorization {
 
 func TestTLS(t *testing.T) {
 	t.Parallel()
-	certs := testcerts.Write(t)
+	certs := testauth.Write(t)
 	t.Run("server certificate", func(t *testing.T) {
 		t.Parallel()
 		s := start(t, natsd.Config{TLS: natsd.TLSConfig{Cert: certs.ServerCert, Key: certs.ServerKey}})

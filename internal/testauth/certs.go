@@ -1,7 +1,7 @@
-// Package testcerts writes a throwaway certificate authority, a server certificate for
-// localhost and a client certificate into a test's temporary directory, so that TLS tests
-// need no certificate files in the repository.
-package testcerts
+// Package testauth makes credentials for tests: a throwaway certificate authority with server
+// and client certificates written to a test's temporary directory (so that TLS tests need no
+// certificate files in the repository), bcrypt password hashes and nkey users.
+package testauth
 
 import (
 	"crypto/ecdsa"

@@ -179,8 +179,15 @@ func TestNatsCLIStreamsAndConsumers(t *testing.T) {
 	wantAll(t, "stream add", out, "Stream ORDERS was created", "orders.>")
 	j.nats(t, "pub", "orders.new", "hi {{Count}}", "--count", "10")
 
-	out = j.nats(t, "stream", "info", "ORDERS")
-	wantMatch(t, "stream info", out, `Messages: 10\b`)
+	// A publish without a reply is stored without an answer, so the CLI exits before the
+	// last of them commit: wait until all ten are there.
+	eventually(t, 10*time.Second, 50*time.Millisecond, func() error {
+		out = j.nats(t, "stream", "info", "ORDERS")
+		if !regexp.MustCompile(`Messages: 10\b`).MatchString(out) {
+			return fmt.Errorf("stream info shows fewer than 10 messages:\n%s", out)
+		}
+		return nil
+	})
 	wantMatch(t, "stream info", out, `First Sequence: 1\b`)
 	wantMatch(t, "stream info", out, `Last Sequence: 10\b`)
 	out = j.nats(t, "stream", "ls")

@@ -300,15 +300,21 @@ func (b *Bridge) flush(p *flow.Permit, group []*stream) {
 
 // giveBack returns a lane permit after a database call and tells the limiter what the call
 // showed. A call the database answered, with a result, an error of its own or a statement
-// timeout, is a round trip. A call that got no answer at all (no connection, or one that broke)
-// measured nothing: recording its near-zero time would drag rtt_base down to a round trip no
-// statement achieves, leaving every real one to read as congestion for a minute after the
-// database is back; it steps the limit down instead. A call its caller gave up on says nothing
-// about the database.
+// timeout, is a round trip. A call that got no answer at all (no connection, one that broke,
+// or no connection free within the timeout) measured nothing: recording its near-zero time
+// would drag rtt_base down to a round trip no statement achieves, leaving every real one to
+// read as congestion for a minute after the database is back; it steps the limit down
+// instead. A call its caller gave up on says nothing about the database.
 func giveBack(p *flow.Permit, rtt time.Duration, err error) {
 	switch {
-	case err == nil || errors.Is(err, pg.ErrTimeout):
+	case err == nil:
 		p.Release(rtt)
+	case errors.Is(err, pg.ErrTimeout):
+		if rtt > 0 {
+			p.Release(rtt)
+		} else {
+			p.Fail()
+		}
 	case errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded):
 		p.Abandon()
 	case errors.Is(err, pg.ErrUnavailable) || rtt == 0:

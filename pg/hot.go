@@ -18,7 +18,7 @@ var ErrTimeout = errors.New("pg: statement timeout")
 
 // ErrUnavailable is returned (wrapped) when the database gave no answer: no connection could be
 // had (the server is down or refuses), or the connection broke during the call (the server went
-// away or terminated the session). The round trip returned with it measures nothing about the
+// away or terminated the backend). The round trip returned with it measures nothing about the
 // database. As with ErrTimeout, a transaction whose COMMIT was in flight may have committed.
 var ErrUnavailable = errors.New("pg: database unavailable")
 
@@ -122,8 +122,8 @@ func (db *DB) run(ctx context.Context, timeout time.Duration, fn func(ctx contex
 	}
 	if err != nil && ctx.Err() == nil && pc.Conn().PgConn().IsClosed() {
 		// pgx closes a connection whose socket failed or that the server ended (a FATAL
-		// error, such as a shutdown terminating the session); an error the server answered
-		// on a live session leaves it open.
+		// error, such as a shutdown terminating the backend); an error the server answered
+		// on a live connection leaves it open.
 		return rtt, fmt.Errorf("%w: %w", ErrUnavailable, err)
 	}
 	return rtt, err

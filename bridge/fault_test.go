@@ -1,0 +1,60 @@
+package bridge
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/jetgres/jetgres/flow"
+	"github.com/jetgres/jetgres/pg"
+)
+
+// TestGiveBack checks what each outcome of a database call tells the push lane: round trips
+// the database answered are recorded, calls it never answered step the limit down without
+// touching rtt_base, and calls the caller gave up on record nothing.
+func TestGiveBack(t *testing.T) {
+	const base = time.Millisecond
+	timeout := fmt.Errorf("%w (2s): %w", pg.ErrTimeout, context.DeadlineExceeded)
+	for _, tc := range []struct {
+		name     string
+		rtt      time.Duration
+		err      error
+		wantBase time.Duration // rtt_base afterwards
+		failed   uint64
+	}{
+		{"success", 3 * time.Millisecond, nil, base, 0},
+		{"cheaper success", 300 * time.Microsecond, nil, 300 * time.Microsecond, 0},
+		{"statement timeout", 2 * time.Second, timeout, base, 0},
+		{"server error", 200 * time.Microsecond, &pgconn.PgError{Severity: "ERROR", Code: "22012"}, 200 * time.Microsecond, 0},
+		{"no connection", 0, fmt.Errorf("%w: acquiring a connection: %w", pg.ErrUnavailable, errors.New("dial: no such file")), base, 1},
+		{"connection broke", 50 * time.Microsecond, fmt.Errorf("%w: %w", pg.ErrUnavailable, errors.New("write: broken pipe")), base, 1},
+		{"no connection free within the timeout", 0, fmt.Errorf("%w (2s) waiting for a connection: %w", pg.ErrTimeout, context.DeadlineExceeded), base, 1},
+		{"caller gave up", 0, fmt.Errorf("acquiring a connection: %w", context.Canceled), base, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			lane, err := flow.NewLane("push", flow.Options{Init: 16, Min: 4, Max: 64, Alpha: flow.AlphaDefault, Beta: flow.BetaDefault})
+			if err != nil {
+				t.Fatal(err)
+			}
+			p, ok := lane.TryAcquire()
+			if !ok {
+				t.Fatal("no permit")
+			}
+			p.Release(base)
+			p, _ = lane.TryAcquire()
+			giveBack(p, tc.rtt, tc.err)
+			st := lane.Stats()
+			if st.RTTBase != tc.wantBase || st.Failed != tc.failed || st.InFlight != 0 {
+				t.Errorf("after giveBack(%v, %v): rtt_base %v, failed %d, in flight %d; want rtt_base %v, failed %d, none in flight",
+					tc.rtt, tc.err, st.RTTBase, st.Failed, st.InFlight, tc.wantBase, tc.failed)
+			}
+			if tc.failed > 0 && st.Limit >= 16 {
+				t.Errorf("limit %d after a call the database did not answer, want it below 16", st.Limit)
+			}
+		})
+	}
+}

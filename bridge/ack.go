@@ -217,7 +217,7 @@ func (c *consumer) writeCursors() {
 }
 
 func (c *consumer) writeCursor(ctx context.Context, f consumerstate.Pair) error {
-	p, err := c.cs.b.cfg.Push.Acquire(ctx)
+	p, err := c.cs.b.cfg.Ack.Acquire(ctx)
 	if err != nil {
 		return err
 	}

@@ -34,12 +34,16 @@ const (
 	StreamSyncPeriodDefault = 5 * time.Second
 )
 
-// Config configures a Bridge. DB, Link, Push and Pop are required.
+// Config configures a Bridge. DB, Link, Push, Pop and Ack are required.
 type Config struct {
-	DB     *pg.DB
-	Link   *leaf.Conn
-	Push   *flow.Lane
-	Pop    *flow.Lane
+	DB   *pg.DB
+	Link *leaf.Conn
+	Push *flow.Lane // appends
+	Pop  *flow.Lane // reads behind the tail cache
+	// Ack is the lane of consumer cursor writes. They are not pushes: a one-row update
+	// takes a fraction of an append's round trip, and sharing the push lane's rtt_base
+	// with them made every append read as congestion.
+	Ack    *flow.Lane
 	Logger *slog.Logger
 	// Registerer receives the bridge's metrics. Nil registers nothing.
 	Registerer prometheus.Registerer
@@ -68,8 +72,8 @@ func (c *Config) setDefaults() error {
 		return errors.New("bridge: Config.DB is required")
 	case c.Link == nil:
 		return errors.New("bridge: Config.Link is required")
-	case c.Push == nil || c.Pop == nil:
-		return errors.New("bridge: Config.Push and Config.Pop are required")
+	case c.Push == nil || c.Pop == nil || c.Ack == nil:
+		return errors.New("bridge: Config.Push, Config.Pop and Config.Ack are required")
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)

@@ -70,7 +70,11 @@ func setup(t testing.TB, opts ...setupOpts) *testBundle {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg := Config{DB: tb.db, Link: tb.link, Push: push, Pop: pop, Logger: logger, Registerer: tb.reg}
+	ack, err := flow.NewLane("ack", flow.Options{Init: flow.PushInitDefault, Min: flow.PushMinDefault, Max: flow.PushMaxDefault, Alpha: flow.AlphaDefault, Beta: flow.BetaDefault})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := Config{DB: tb.db, Link: tb.link, Push: push, Pop: pop, Ack: ack, Logger: logger, Registerer: tb.reg}
 	if o.config != nil {
 		o.config(&cfg)
 	}

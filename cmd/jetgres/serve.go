@@ -40,6 +40,7 @@ type node struct {
 	link    *leaf.Conn
 	push    *flow.Lane
 	pop     *flow.Lane
+	ack     *flow.Lane
 	reg     *prometheus.Registry
 
 	httpServer *http.Server
@@ -96,7 +97,11 @@ func (n *node) start(ctx context.Context) error {
 	if n.pop, err = flow.NewLane("pop", cfg.popOptions()); err != nil {
 		return fmt.Errorf("pop lane: %w", err)
 	}
-	n.reg.MustRegister(laneCollector(n.push), laneCollector(n.pop))
+	// Cursor writes get a lane of their own with the push lane's bounds: see bridge.Config.Ack.
+	if n.ack, err = flow.NewLane("ack", cfg.pushOptions()); err != nil {
+		return fmt.Errorf("ack lane: %w", err)
+	}
+	n.reg.MustRegister(laneCollector(n.push), laneCollector(n.pop), laneCollector(n.ack))
 
 	dsn := cfg.DatabaseURL
 	if dsn == "" {
@@ -163,6 +168,7 @@ func (n *node) start(ctx context.Context) error {
 		Link:        n.link,
 		Push:        n.push,
 		Pop:         n.pop,
+		Ack:         n.ack,
 		Logger:      n.log.With("component", "bridge"),
 		Registerer:  n.reg,
 		IntakeBytes: cfg.IntakeBytes,

@@ -199,7 +199,12 @@ func (r *runner) start(ctx context.Context) (func() error, error) {
 		if err != nil {
 			return stop, err
 		}
-		node, err := startJetgres(ctx, r.dsn, push, pop, r.log)
+		ack, err := flow.NewLane("ack", flow.Options{Init: flow.PushInitDefault, Min: flow.PushMinDefault,
+			Max: flow.PushMaxDefault, Alpha: flow.AlphaDefault, Beta: flow.BetaDefault})
+		if err != nil {
+			return stop, err
+		}
+		node, err := startJetgres(ctx, r.dsn, push, pop, ack, r.log)
 		if err != nil {
 			return stop, err
 		}

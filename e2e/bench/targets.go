@@ -44,7 +44,7 @@ type jetgresNode struct {
 }
 
 // startJetgres starts a node on dsn whose bridge uses the given lanes.
-func startJetgres(ctx context.Context, dsn string, push, pop *flow.Lane, log *slog.Logger) (_ *jetgresNode, err error) {
+func startJetgres(ctx context.Context, dsn string, push, pop, ack *flow.Lane, log *slog.Logger) (_ *jetgresNode, err error) {
 	n := &jetgresNode{push: push, reg: prometheus.NewRegistry()}
 	defer func() {
 		if err != nil {
@@ -69,7 +69,7 @@ func startJetgres(ctx context.Context, dsn string, push, pop *flow.Lane, log *sl
 		return nil, fmt.Errorf("jetgres: leafnode link: %w", err)
 	}
 	// Each node has its own registry: two nodes live in this process at once.
-	n.bridge, err = bridge.New(bridge.Config{DB: n.db, Link: n.link, Push: push, Pop: pop,
+	n.bridge, err = bridge.New(bridge.Config{DB: n.db, Link: n.link, Push: push, Pop: pop, Ack: ack,
 		Logger: log.With("component", "bridge"), Registerer: n.reg,
 		MaxPayload: n.nats.MaxPayload()})
 	if err != nil {

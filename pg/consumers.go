@@ -77,38 +77,12 @@ func (db *DB) CreateConsumer(ctx context.Context, c Consumer, owner string, ttl 
 
 // UpdateConsumerConfig replaces a consumer's stored configuration.
 func (db *DB) UpdateConsumerConfig(ctx context.Context, streamID int64, name string, config []byte) error {
-	err := db.Background(ctx, func(ctx context.Context, q Querier) error {
-		tag, err := q.Exec(ctx, `UPDATE jetgres.consumers SET config = $3 WHERE stream_id = $1 AND name = $2`, streamID, name, config)
-		if err != nil {
-			return err
-		}
-		if tag.RowsAffected() == 0 {
-			return ErrNotFound
-		}
-		return nil
-	})
-	if err != nil && !errors.Is(err, ErrNotFound) {
-		return fmt.Errorf("pg: update consumer: %w", err)
-	}
-	return err
+	return db.execOne(ctx, "update consumer", `UPDATE jetgres.consumers SET config = $3 WHERE stream_id = $1 AND name = $2`, streamID, name, config)
 }
 
 // DeleteConsumer removes a consumer; ErrNotFound if there is none.
 func (db *DB) DeleteConsumer(ctx context.Context, streamID int64, name string) error {
-	err := db.Background(ctx, func(ctx context.Context, q Querier) error {
-		tag, err := q.Exec(ctx, `DELETE FROM jetgres.consumers WHERE stream_id = $1 AND name = $2`, streamID, name)
-		if err != nil {
-			return err
-		}
-		if tag.RowsAffected() == 0 {
-			return ErrNotFound
-		}
-		return nil
-	})
-	if err != nil && !errors.Is(err, ErrNotFound) {
-		return fmt.Errorf("pg: delete consumer: %w", err)
-	}
-	return err
+	return db.execOne(ctx, "delete consumer", `DELETE FROM jetgres.consumers WHERE stream_id = $1 AND name = $2`, streamID, name)
 }
 
 // GetConsumer reads one consumer; ErrNotFound if there is none.

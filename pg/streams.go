@@ -77,16 +77,26 @@ func (db *DB) CreateStream(ctx context.Context, name string, config []byte) (Str
 
 // UpdateStreamConfig replaces a stream's stored configuration.
 func (db *DB) UpdateStreamConfig(ctx context.Context, id int64, config []byte) error {
-	return db.Background(ctx, func(ctx context.Context, q Querier) error {
-		tag, err := q.Exec(ctx, `UPDATE jetgres.streams SET config = $2, updated = now() WHERE id = $1`, id, config)
+	return db.execOne(ctx, "update stream", `UPDATE jetgres.streams SET config = $2, updated = now() WHERE id = $1`, id, config)
+}
+
+// execOne runs a background statement that must touch exactly one row: ErrNotFound when it
+// touched none, other errors wrapped with what failed.
+func (db *DB) execOne(ctx context.Context, what, sql string, args ...any) error {
+	err := db.Background(ctx, func(ctx context.Context, q Querier) error {
+		tag, err := q.Exec(ctx, sql, args...)
 		if err != nil {
-			return fmt.Errorf("pg: update stream: %w", err)
+			return err
 		}
 		if tag.RowsAffected() == 0 {
 			return ErrNotFound
 		}
 		return nil
 	})
+	if err != nil && !errors.Is(err, ErrNotFound) {
+		return fmt.Errorf("pg: %s: %w", what, err)
+	}
+	return err
 }
 
 // DeleteStream removes a stream, its consumers, its de-duplication ids and every chunk

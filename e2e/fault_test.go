@@ -581,11 +581,14 @@ func TestSlowDatabase(t *testing.T) {
 		t.Errorf("resident memory peaked at %s while the database was slow, above the bound %s (%s idle)", mib(peak), mib(bound), mib(rssIdle))
 	}
 	// And it levels off once the intakes are full: the last third of the slow spell holds
-	// little more than the middle one. (The first seconds fill the intakes.)
+	// little more than the middle one. (The first seconds fill the intakes.) Under the race
+	// detector resident memory also counts shadow memory for every address the heap ever
+	// touched, which keeps growing as the garbage collector moves the heap around, so there
+	// only the bound above applies.
 	third := lockFor / 3
 	middle := peakRSS(between(samples, lockAt.Add(third), lockAt.Add(2*third)))
 	last := peakRSS(between(samples, lockAt.Add(2*third), unlockAt))
-	if last > middle+middle/10+32<<20 {
+	if !raceEnabled() && last > middle+middle/10+32<<20 {
 		t.Errorf("resident memory kept growing while the database was slow: %s in the middle third, %s in the last", mib(middle), mib(last))
 	}
 	// Once the lock is gone everything sent is stored, once.

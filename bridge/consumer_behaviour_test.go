@@ -438,13 +438,10 @@ func TestResumeAfterRestart(t *testing.T) {
 	db := tb.db
 	tb.stop(t)
 	tb2 := setup(t, setupOpts{db: db})
-	var s2 jetstream.Stream
-	// The bridge's API subscription may reach the server a moment after Start returns.
-	waitFor(t, 5*time.Second, func() error {
-		var err error
-		s2, err = tb2.js.Stream(ctx, "RS")
-		return err
-	})
+	s2, err := tb2.js.Stream(ctx, "RS")
+	if err != nil {
+		t.Fatal(err)
+	}
 	c2, err := s2.Consumer(ctx, "C")
 	if err != nil {
 		t.Fatal(err)

@@ -21,13 +21,10 @@ func publishN(t *testing.T, ctx context.Context, js jetstream.JetStream, subject
 
 func newStream(t *testing.T, ctx context.Context, tb *testBundle, name string, subjects ...string) jetstream.Stream {
 	t.Helper()
-	var s jetstream.Stream
-	// The bridge's API subscription may reach the server a moment after Start returns.
-	waitFor(t, 5*time.Second, func() error {
-		var err error
-		s, err = tb.js.CreateStream(ctx, jetstream.StreamConfig{Name: name, Subjects: subjects})
-		return err
-	})
+	s, err := tb.js.CreateStream(ctx, jetstream.StreamConfig{Name: name, Subjects: subjects})
+	if err != nil {
+		t.Fatalf("create stream %s: %v", name, err)
+	}
 	return s
 }
 

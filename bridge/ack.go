@@ -40,17 +40,14 @@ func (cs *consumerSide) onAck(m *leaf.Msg) {
 	if c == nil {
 		return
 	}
-	if !c.post(event{kind: evAck, subject: m.Subject, reply: m.Reply, data: m.Data}) {
+	if !c.post(event{kind: evAck, ack: a, reply: m.Reply, data: m.Data}) {
 		cs.m.acksDropped.Inc()
 	}
 }
 
 // handleAck applies one ack to the state. Called on the consumer's goroutine with mu held.
 func (c *consumer) handleAck(ctx context.Context, ev *event, now time.Time) {
-	a, ok := parseAckSubject(ev.subject)
-	if !ok {
-		return
-	}
+	a := ev.ack
 	body := ev.data
 	switch {
 	case len(body) == 0, bytes.Equal(body, ackAck), bytes.Equal(body, ackOK):

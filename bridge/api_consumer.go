@@ -316,7 +316,7 @@ func (cs *consumerSide) info(ctx context.Context, c *consumer) (*server.Consumer
 	if c.start != nil {
 		from, extra = c.start.resume+1, uint64(len(c.start.skip))
 	}
-	filters := c.filters
+	filters := c.filters()
 	c.mu.Unlock()
 	np, err := cs.b.db.CountPending(ctx, pg.PendingParams{StreamID: c.sc.s.id, From: from, UpTo: c.sc.tail.highWater(), Filters: filters})
 	if err != nil {

@@ -48,11 +48,11 @@ const (
 
 // event is work for a consumer's goroutine, in arrival order.
 type event struct {
-	kind    evKind
-	subject string // ack subject
-	reply   string
-	data    []byte
-	cfg     *server.ConsumerConfig
+	kind  evKind
+	ack   ackInfo // the parsed ack subject, for evAck
+	reply string
+	data  []byte
+	cfg   *server.ConsumerConfig
 }
 
 type stopReason uint8
@@ -88,13 +88,14 @@ type consumer struct {
 	done   chan struct{}
 	npcAdd atomic.Int64 // matching commits counted off the goroutine
 	parked atomic.Bool  // waiting requests and nothing to send: the ticker polls for it
+	// filter holds the consumer's filter subjects. It is read off the goroutine (the commit
+	// path, retention), so a reconfiguration stores a fresh slice rather than writing one.
 	filter atomic.Pointer[[]string]
 
 	// mu guards what follows. The goroutine holds it while it works, except around database
 	// reads; API requests take it briefly to report.
 	mu         sync.Mutex
 	cfg        server.ConsumerConfig
-	filters    []string
 	st         *consumerstate.State
 	waiting    []*pullRequest
 	start      *startPos
@@ -128,17 +129,13 @@ func newConsumer(cs *consumerSide, sc *streamConsumers, row pg.Consumer, cfg ser
 		wake:       make(chan struct{}, 1),
 		done:       make(chan struct{}),
 		cfg:        cfg,
-		filters:    consumerFilters(&cfg),
 		st:         consumerstate.New(stateConfig(&cfg), floor, next, nil),
 		start:      start,
 		lastActive: now,
 	}
 	c.cw.written = floor
 	c.cw.want = floor
-	// matchFilters reads through c.filter from the commit path: it gets its own copy, so
-	// that a later reconfiguration never writes what it may be reading.
-	f := c.filters
-	c.filter.Store(&f)
+	c.setFilters(&cfg)
 	return c
 }
 
@@ -192,10 +189,17 @@ func (c *consumer) committed(msgs []pg.Message) {
 	}
 }
 
+func (c *consumer) setFilters(cfg *server.ConsumerConfig) {
+	f := consumerFilters(cfg)
+	c.filter.Store(&f)
+}
+
+func (c *consumer) filters() []string { return *c.filter.Load() }
+
 // matchFilters runs on the commit path, off the goroutine, so it reads the filters through
 // an atomic rather than wait for mu.
 func (c *consumer) matchFilters(subject string) bool {
-	return matchAny(*c.filter.Load(), subject)
+	return matchAny(c.filters(), subject)
 }
 
 func matchAny(filters []string, subject string) bool {
@@ -279,9 +283,7 @@ func (c *consumer) handle(ctx context.Context, ev *event, now time.Time) {
 		c.dropAhead()
 	case evConfig:
 		c.cfg = *ev.cfg
-		c.filters = consumerFilters(&c.cfg)
-		f := c.filters
-		c.filter.Store(&f)
+		c.setFilters(&c.cfg)
 		c.st.SetConfig(stateConfig(&c.cfg))
 		c.dropAhead()
 	}
@@ -491,7 +493,7 @@ func (c *consumer) next(ctx context.Context) (m pg.Message, dc uint64, src sourc
 			}
 			continue
 		}
-		msgs, through, hit := c.sc.tail.read(from, 1, c.match)
+		msgs, through, hit := c.sc.tail.read(from, 1, c.matchFilters)
 		if hit {
 			c.cs.m.tailHits.Inc()
 			if len(msgs) > 0 {
@@ -508,8 +510,6 @@ func (c *consumer) next(ctx context.Context) (m pg.Message, dc uint64, src sourc
 		}
 	}
 }
-
-func (c *consumer) match(subject string) bool { return matchAny(c.filters, subject) }
 
 // consume takes a delivered candidate off where it came from.
 func (c *consumer) consume(src source) {
@@ -537,12 +537,8 @@ func (c *consumer) readAhead(ctx context.Context, from, hw uint64) bool {
 	if time.Now().Before(c.retryAt) {
 		return false
 	}
-	want := 0
-	for _, wr := range c.waiting {
-		want += wr.batch
-	}
-	n := min(max(want, readAheadMin), readAheadMax)
-	filters := c.filters
+	n := min(max(int(c.batchPending()), readAheadMin), readAheadMax)
+	filters := c.filters()
 	c.mu.Unlock()
 	msgs, through, err := c.cs.readPop(ctx, pg.ReadParams{StreamID: c.sc.s.id, From: from, UpTo: hw, MaxMsgs: n, MaxBytes: readAheadBytes}, filters)
 	c.mu.Lock()
@@ -586,7 +582,7 @@ func (c *consumer) prefetch(ctx context.Context) {
 	pf := &prefetch{gen: c.aheadGen, from: from, done: make(chan struct{})}
 	c.pf = pf
 	p := pg.ReadParams{StreamID: c.sc.s.id, From: from, UpTo: hw, MaxMsgs: readAheadMax, MaxBytes: readAheadBytes}
-	filters := c.filters
+	filters := c.filters()
 	c.cs.wg.Go(func() {
 		pf.msgs, pf.through, pf.err = c.cs.readPop(ctx, p, filters)
 		close(pf.done)
@@ -644,10 +640,9 @@ func (c *consumer) load(ctx context.Context, seq uint64) (pg.Message, bool, erro
 		c.cs.m.tailHits.Inc()
 		return m, live, nil
 	}
-	for _, m := range c.ahead {
-		if m.Seq == seq {
-			return m, true, nil
-		}
+	// c.ahead is in sequence order: it is read ORDER BY seq and only ever extended past its end.
+	if i := searchSeq(c.ahead, seq); i < len(c.ahead) && c.ahead[i].Seq == seq {
+		return c.ahead[i], true, nil
 	}
 	c.cs.m.tailMisses.Inc()
 	if time.Now().Before(c.retryAt) {

@@ -80,6 +80,22 @@ func (sc *streamConsumers) get(name string) *consumer {
 
 func (b *Bridge) cs() *consumerSide { return b.cons }
 
+// registry returns the stream's consumer registry, nil when it has none yet.
+func (cs *consumerSide) registry(s *stream) *streamConsumers {
+	cs.mu.RLock()
+	defer cs.mu.RUnlock()
+	return cs.streams[s]
+}
+
+// consumersOf is registry for callers on the stream side, which may run before the consumer
+// side exists or after it stopped.
+func (b *Bridge) consumersOf(s *stream) *streamConsumers {
+	if cs := b.cs(); cs != nil {
+		return cs.registry(s)
+	}
+	return nil
+}
+
 func (b *Bridge) initConsumers(reg prometheus.Registerer) {
 	cs := &consumerSide{
 		b:       b,
@@ -184,13 +200,7 @@ func (b *Bridge) dropConsumers(s *stream) {
 
 // streamPurged forgets cached rows that a purge or a message delete may have removed.
 func (b *Bridge) streamPurged(s *stream) {
-	cs := b.cs()
-	if cs == nil {
-		return
-	}
-	cs.mu.RLock()
-	sc := cs.streams[s]
-	cs.mu.RUnlock()
+	sc := b.consumersOf(s)
 	if sc == nil {
 		return
 	}
@@ -201,13 +211,7 @@ func (b *Bridge) streamPurged(s *stream) {
 }
 
 func (b *Bridge) numConsumers(s *stream) int {
-	cs := b.cs()
-	if cs == nil {
-		return 0
-	}
-	cs.mu.RLock()
-	sc := cs.streams[s]
-	cs.mu.RUnlock()
+	sc := b.consumersOf(s)
 	if sc == nil {
 		return 0
 	}
@@ -242,9 +246,7 @@ func (cs *consumerSide) find(streamName, consumerName string) *consumer {
 	if s == nil {
 		return nil
 	}
-	cs.mu.RLock()
-	sc := cs.streams[s]
-	cs.mu.RUnlock()
+	sc := cs.registry(s)
 	if sc == nil {
 		return nil
 	}
@@ -254,9 +256,7 @@ func (cs *consumerSide) find(streamName, consumerName string) *consumer {
 // streamFor returns the stream's consumer registry, creating it with a tail that starts
 // after hw.
 func (cs *consumerSide) streamFor(s *stream, hw uint64) *streamConsumers {
-	cs.mu.RLock()
-	sc := cs.streams[s]
-	cs.mu.RUnlock()
+	sc := cs.registry(s)
 	if sc != nil {
 		return sc
 	}
@@ -272,9 +272,7 @@ func (cs *consumerSide) streamFor(s *stream, hw uint64) *streamConsumers {
 // streamLoaded returns the stream's registry, reading its high-water mark from PostgreSQL
 // the first time.
 func (cs *consumerSide) streamLoaded(ctx context.Context, s *stream) (*streamConsumers, error) {
-	cs.mu.RLock()
-	sc := cs.streams[s]
-	cs.mu.RUnlock()
+	sc := cs.registry(s)
 	if sc != nil {
 		return sc, nil
 	}
@@ -316,7 +314,7 @@ func (cs *consumerSide) activate(ctx context.Context, sc *streamConsumers, row p
 		return nil, errors.New("stored consumer config does not decode: " + err.Error())
 	}
 	c := newConsumer(cs, sc, row, cfg, start)
-	npc, err := cs.b.db.CountPending(ctx, pg.PendingParams{StreamID: sc.s.id, From: c.st.Next(), UpTo: sc.tail.highWater(), Filters: c.filters})
+	npc, err := cs.b.db.CountPending(ctx, pg.PendingParams{StreamID: sc.s.id, From: c.st.Next(), UpTo: sc.tail.highWater(), Filters: c.filters()})
 	if err != nil {
 		return nil, err
 	}

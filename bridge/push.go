@@ -367,9 +367,7 @@ func (b *Bridge) answer(s *stream, pubs []publish, r pg.AppendResult) {
 func (b *Bridge) drainIntake() {
 	for _, s := range b.streamList() {
 		s.in.mu.Lock()
-		if len(s.in.buf) > 0 && !s.in.flushing && !s.in.queued {
-			b.kickLocked(s)
-		}
+		b.kickLocked(s)
 		s.in.mu.Unlock()
 	}
 	// Streams parked in the ready queue still need a permit; the dispatcher is running

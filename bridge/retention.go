@@ -342,13 +342,8 @@ func (c *consumer) retentionView() (floor, next uint64, pending []uint64) {
 // retention pass.
 func (b *Bridge) noInterest(s *stream, subjects []string) []bool {
 	var local []*consumer
-	if cs := b.cs(); cs != nil {
-		cs.mu.RLock()
-		sc := cs.streams[s]
-		cs.mu.RUnlock()
-		if sc != nil {
-			local = sc.list()
-		}
+	if sc := b.consumersOf(s); sc != nil {
+		local = sc.list()
 	}
 	s.ret.mu.Lock()
 	remote := s.ret.remote
@@ -376,13 +371,7 @@ func (b *Bridge) noInterest(s *stream, subjects []string) []bool {
 // long gone from the cache, and clearing it for nothing would send every consumer that
 // keeps up back to PostgreSQL.
 func (b *Bridge) cachedAny(s *stream, below uint64, seqs []uint64) bool {
-	cs := b.cs()
-	if cs == nil {
-		return false
-	}
-	cs.mu.RLock()
-	sc := cs.streams[s]
-	cs.mu.RUnlock()
+	sc := b.consumersOf(s)
 	if sc == nil {
 		return false
 	}

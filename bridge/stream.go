@@ -123,7 +123,7 @@ func (b *Bridge) syncStreams(ctx context.Context) error {
 			if err := b.addStream(st, cfg); err != nil {
 				return err
 			}
-		case !sameSubjects(cur.config().Subjects, cfg.Subjects):
+		case !slices.Equal(cur.config().Subjects, cfg.Subjects):
 			cur.cfgMu.Lock()
 			cur.cfg = cfg
 			cur.cfgMu.Unlock()
@@ -164,18 +164,6 @@ func (b *Bridge) removeStream(s *stream) {
 	b.mu.Unlock()
 	b.dropConsumers(s)
 	b.closeIntake(s, server.NewJSStreamNotFoundError())
-}
-
-func sameSubjects(a, b []string) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
 }
 
 // maxStreamSubjects bounds the subjects of one stream. nats-server sets no limit, but

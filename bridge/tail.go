@@ -93,7 +93,6 @@ func (t *tail) clear() {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.reset(t.hw + 1)
-	t.through = t.hw
 }
 
 func (t *tail) reset(from uint64) {

@@ -71,12 +71,6 @@ func statusHeader(code int, desc string, kv ...string) []byte {
 // its "type"; clients such as natscli validate it against a schema.
 func apiResponse(typ string) server.ApiResponse { return server.ApiResponse{Type: typ} }
 
-// errorBody is a JetStream API error response: {"type":..,"error":{..}}.
-func errorBody(typ string, e *server.ApiError) []byte {
-	b, _ := json.Marshal(server.ApiResponse{Type: typ, Error: e})
-	return b
-}
-
 // pubAckPrefix is the constant start of every PubAck of a stream: it is built once, so an
 // ack costs no JSON encoding.
 func pubAckPrefix(stream string) []byte {

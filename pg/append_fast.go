@@ -71,11 +71,7 @@ func fastEligible(bt AppendBatch, st tailState) bool {
 	if l.MaxMsgs > 0 || l.MaxBytes > 0 || l.MaxMsgsPer > 0 || len(bt.Msgs) >= copyThreshold {
 		return false
 	}
-	chunkRows := bt.ChunkRows
-	if chunkRows <= 0 {
-		chunkRows = ChunkRowsDefault
-	}
-	if st.chunkRows+int64(len(bt.Msgs)) > chunkRows {
+	if st.chunkRows+int64(len(bt.Msgs)) > bt.chunkRows() {
 		return false
 	}
 	for i := range bt.Msgs {

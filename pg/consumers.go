@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // ErrLeaseHeld is returned when another replica serves the consumer: its lease is live and
@@ -63,11 +62,10 @@ func (db *DB) CreateConsumer(ctx context.Context, c Consumer, owner string, ttl 
 		out, err = scanConsumer(row)
 		return err
 	})
-	var pgErr *pgconn.PgError
 	switch {
-	case errors.As(err, &pgErr) && pgErr.Code == "23505":
+	case hasSQLState(err, "23505"):
 		return Consumer{}, ErrExists
-	case errors.As(err, &pgErr) && pgErr.Code == "23503":
+	case hasSQLState(err, "23503"):
 		return Consumer{}, ErrNotFound
 	case err != nil:
 		return Consumer{}, fmt.Errorf("pg: create consumer: %w", err)

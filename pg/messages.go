@@ -62,6 +62,14 @@ type AppendMsg struct {
 	NoInterest bool
 }
 
+// chunkRows is the batch's chunk size with the default applied.
+func (b AppendBatch) chunkRows() int64 {
+	if b.ChunkRows <= 0 {
+		return ChunkRowsDefault
+	}
+	return b.ChunkRows
+}
+
 // AppendBatch is the messages for one stream in one flush.
 type AppendBatch struct {
 	StreamID  int64
@@ -96,9 +104,7 @@ const (
 
 func (e *ExpectError) Error() string {
 	switch e.Kind {
-	case ExpectLastSeqKind:
-		return fmt.Sprintf("wrong last sequence: %d", e.LastSeq)
-	case ExpectLastSubjSeqKind:
+	case ExpectLastSeqKind, ExpectLastSubjSeqKind:
 		return fmt.Sprintf("wrong last sequence: %d", e.LastSeq)
 	default:
 		return fmt.Sprintf("wrong last msg ID: %s", e.LastID)
@@ -196,9 +202,7 @@ func (db *DB) appendTx(ctx context.Context, q Querier, batches []AppendBatch, ts
 			b.Queue(`SELECT subject, seq, size FROM jetgres.subject_live($1, $2)`, bt.StreamID, subjects)
 			rd.subjects = true
 		}
-		last, known := db.tails.get(bt.StreamID)
-		n, nbytes := batchSize(bt)
-		if rd.head = prefetch(bt.Limits, last, known, n, nbytes); rd.head > 0 {
+		if rd.head = db.prefetchFor(bt); rd.head > 0 {
 			b.Queue(`SELECT seq, size FROM jetgres.stream_head($1, NULL, $2)`, bt.StreamID, rd.head)
 		}
 	}
@@ -232,10 +236,7 @@ func (db *DB) appendTx(ctx context.Context, q Querier, batches []AppendBatch, ts
 			h.subjects[lr.subject] = append(h.subjects[lr.subject], lr.row)
 		}
 		holds[i] = h
-		chunkRows := bt.ChunkRows
-		if chunkRows <= 0 {
-			chunkRows = ChunkRowsDefault
-		}
+		chunkRows := bt.chunkRows()
 		lastBefore := st.lastSeq
 		var newIDs []string
 		var newIDSeqs []int64
@@ -370,6 +371,17 @@ func (db *DB) appendTx(ctx context.Context, q Querier, batches []AppendBatch, ts
 		}
 	}
 	return res, nil
+}
+
+// prefetchFor is prefetch for one batch, looking at what this process last committed and
+// sizing the batch only when a limit can evict.
+func (db *DB) prefetchFor(bt AppendBatch) int {
+	if !bt.Limits.evictsOld() {
+		return prefetch(bt.Limits, tailState{}, false, 0, 0)
+	}
+	last, known := db.tails.get(bt.StreamID)
+	n, nbytes := batchSize(bt)
+	return prefetch(bt.Limits, last, known, n, nbytes)
 }
 
 // batchReads is what the first round trip read for one batch.
@@ -919,7 +931,10 @@ func (c *chunkCache) forget(streamID int64) {
 	delete(c.loaded, streamID)
 }
 
-func isUndefinedTable(err error) bool {
+func isUndefinedTable(err error) bool { return hasSQLState(err, "42P01") }
+
+// hasSQLState reports whether err is a PostgreSQL error with this SQLSTATE code.
+func hasSQLState(err error, code string) bool {
 	var pgErr interface{ SQLState() string }
-	return errors.As(err, &pgErr) && pgErr.SQLState() == "42P01"
+	return errors.As(err, &pgErr) && pgErr.SQLState() == code
 }

@@ -539,8 +539,8 @@ func (r *retainer) firstNeeded(ctx context.Context, from uint64) (uint64, error)
 	if err != nil {
 		return 0, err
 	}
+	cond, args := r.floorNeeded(3)
 	for _, c := range liveChunks(chunks, from, st.last) {
-		cond, args := r.floorNeeded(3)
 		var seq *int64
 		err := r.q.QueryRow(ctx, `SELECT min(m.seq) FROM `+chunkTable(st.id, c.chunk)+` m
 			WHERE m.seq BETWEEN $2 AND $3 AND `+sqlLive+` AND `+cond,
@@ -772,10 +772,7 @@ func (db *DB) retireIdleChunk(ctx context.Context, id int64, idle time.Duration)
 	return nil
 }
 
-func isLockTimeout(err error) bool {
-	var pgErr interface{ SQLState() string }
-	return errors.As(err, &pgErr) && pgErr.SQLState() == "55P03"
-}
+func isLockTimeout(err error) bool { return hasSQLState(err, "55P03") }
 
 // PruneMsgIDs forgets a stream's de-duplication ids recorded before cutoff (unix ns): they
 // are outside the duplicate window and can no longer match.

@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 )
 
 var (
@@ -65,8 +64,7 @@ func (db *DB) CreateStream(ctx context.Context, name string, config []byte) (Str
 		}
 		return tx.Commit(ctx)
 	})
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && pgErr.Code == "23505" {
+	if hasSQLState(err, "23505") {
 		return Stream{}, ErrExists
 	}
 	if err != nil {

@@ -841,8 +841,15 @@ func forgedAcks(t *testing.T, ctx context.Context, js jetstream.JetStream) (map[
 	// AA (filtered on f.x) got 1, 3 and 5; 4 was never for it. An AckAll of 4 with a made-up
 	// consumer sequence acks 1 and 3.
 	send(forge(replies["F/AA"][1], map[int]string{5: "4", 6: "1000"}), "+ACK")
-	if err := nc.Flush(); err != nil {
-		t.Fatal(err)
+	// JetStream works through a consumer's acks on a queue of its own, after the publishes
+	// return. A progress request on a delivery still pending is answered once the acks
+	// before it on that queue are done, so the states compared below are settled ones.
+	for _, barrier := range []string{
+		forge(a[0], map[int]string{3: "B"}), a[2], replies["F/AA"][2], forge(a[2], map[int]string{2: "G"}),
+	} {
+		if _, err := nc.Request(barrier, []byte("+WPI"), 5*time.Second); err != nil {
+			t.Fatalf("progress on %s: %v", barrier, err)
+		}
 	}
 	// B's next fetch redelivers 3, nak'ed above, then continues with 4.
 	b, err := js.Consumer(ctx, "F", "B")

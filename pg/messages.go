@@ -602,12 +602,17 @@ func createChunk(ctx context.Context, q Querier, streamID, chunk int64, firstSeq
 }
 
 // chunkDDL creates a chunk table: one statement each, as a pipeline takes them.
+//
+// Subjects are compared byte by byte, as NATS does, whatever the database's collation: under
+// a linguistic collation (en_US and the like, the default of many databases jetgres is
+// pointed at) every comparison of the subject index costs a collation lookup, and an
+// anchored pattern such as a wildcard filter's cannot use the index at all.
 func chunkDDL(streamID, chunk int64) []string {
 	t := chunkTable(streamID, chunk)
 	return []string{`CREATE TABLE ` + t + ` (
 		seq        bigint PRIMARY KEY,
 		ts         bigint NOT NULL,
-		subject    text   NOT NULL,
+		subject    text   COLLATE "C" NOT NULL,
 		hdr        bytea,
 		data       bytea  NOT NULL,
 		cum_before bigint NOT NULL

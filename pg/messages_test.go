@@ -3,8 +3,10 @@ package pg_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jetgres/jetgres/pg"
 	"github.com/jetgres/jetgres/pg/pgtest"
 )
@@ -113,5 +115,62 @@ func TestAppendAfterChunkRetiredByMaintainer(t *testing.T) {
 	msgs, _, err := db.Read(ctx, pg.ReadParams{StreamID: st.ID, From: 1, UpTo: 3, MaxMsgs: 10})
 	if err != nil || len(msgs) != 1 || msgs[0].Seq != 3 {
 		t.Fatalf("read %+v, %v; want only sequence 3", msgs, err)
+	}
+}
+
+// A database whose default collation is linguistic, as many are: chunk tables still compare
+// subjects byte by byte, so that a wildcard filter's anchored prefix narrows the subject index
+// instead of reading every row of a chunk.
+func TestChunkSubjectsCompareBytewise(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url := pgtest.NewDBWith(t, `LOCALE_PROVIDER icu ICU_LOCALE 'en-US'`)
+	db, err := pg.Open(ctx, pg.Config{URL: url})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(db.Close)
+	if err := db.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	st, err := db.CreateStream(ctx, "S", []byte(`{}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := db.Append(ctx, []pg.AppendBatch{{StreamID: st.ID, Msgs: []pg.AppendMsg{{Subject: "orders.new", Data: []byte("x")}}}}, 1); err != nil {
+		t.Fatal(err)
+	}
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	var table, collation string
+	if err := conn.QueryRow(ctx, `SELECT c.table_name, coalesce(c.collation_name, '')
+		FROM information_schema.columns c
+		WHERE c.table_schema = 'jetgres' AND c.table_name LIKE 'msgs\_%' AND c.column_name = 'subject'`).Scan(&table, &collation); err != nil {
+		t.Fatal(err)
+	}
+	if collation != "C" {
+		t.Errorf("%s.subject collates as %q, want C", table, collation)
+	}
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, `SET LOCAL enable_seqscan = off`); err != nil {
+		t.Fatal(err)
+	}
+	rows, err := tx.Query(ctx, `EXPLAIN SELECT seq FROM jetgres.`+table+` WHERE subject ~ $1`, pg.SubjectRegexp("orders.*"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	plan, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(strings.Join(plan, "\n"), "Index Cond: ((subject >= 'orders.'") {
+		t.Errorf("a wildcard filter does not narrow the subject index:\n%s", strings.Join(plan, "\n"))
 	}
 }

@@ -125,11 +125,18 @@ func Open(t testing.TB) *pg.DB {
 // dropped, with any sessions still connected to it, when t ends.
 func NewDB(t testing.TB) (url string) {
 	t.Helper()
+	return NewDBWith(t, "")
+}
+
+// NewDBWith is NewDB with extra CREATE DATABASE options, such as a locale provider and
+// locale, for tests of behaviour that depends on them.
+func NewDBWith(t testing.TB, options string) (url string) {
+	t.Helper()
 	s := get(t)
 	name := dbName(t.Name())
 	ctx, cancel := context.WithTimeout(context.Background(), adminTimeout)
 	defer cancel()
-	if err := s.exec(ctx, `CREATE DATABASE "`+name+`" TEMPLATE template0`+s.strategy); err != nil {
+	if err := s.exec(ctx, `CREATE DATABASE "`+name+`" TEMPLATE template0`+s.strategy+" "+options); err != nil {
 		t.Fatalf("pgtest: creating database %s: %v", name, err)
 	}
 	t.Cleanup(func() {

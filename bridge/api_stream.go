@@ -427,6 +427,5 @@ func (b *Bridge) apiMsgDelete(ctx context.Context, name string, body []byte) any
 		return fail(server.NewJSStreamMsgDeleteFailedError(errors.New("database error")))
 	}
 	b.streamPurged(s)
-	b.streamPurged(s)
 	return &server.JSApiMsgDeleteResponse{ApiResponse: apiResponse(server.JSApiMsgDeleteResponseType), Success: true}
 }

@@ -86,8 +86,9 @@ type consumer struct {
 	wake   chan struct{}
 	stopR  atomic.Uint32
 	done   chan struct{}
-	npcAdd atomic.Int64 // matching commits counted off the goroutine
-	parked atomic.Bool  // waiting requests and nothing to send: the ticker polls for it
+	pend   pendingCommits // matching commits counted off the goroutine
+	stale  atomic.Bool    // removals may have taken rows npc counts
+	parked atomic.Bool    // waiting requests and nothing to send: the ticker polls for it
 	// filter holds the consumer's filter subjects. It is read off the goroutine (the commit
 	// path, retention), so a reconfiguration stores a fresh slice rather than writing one.
 	filter atomic.Pointer[[]string]
@@ -103,7 +104,8 @@ type consumer struct {
 	aheadUpTo  uint64       // the read-ahead looked through this sequence
 	aheadGen   uint64       // bumped whenever the read-ahead is thrown away
 	pf         *prefetch    // the background read of the next batch, if any
-	npc        int64        // num_pending estimate for delivery metadata
+	npc        int64        // num_pending: matching messages never delivered, from next on
+	recountAt  time.Time    // no recount of npc before this, after an expensive one
 	lastActive time.Time
 	retryAt    time.Time
 
@@ -175,17 +177,11 @@ func (c *consumer) stop(r stopReason) {
 
 // committed counts freshly committed rows the consumer will want and wakes it if it waits.
 func (c *consumer) committed(msgs []pg.Message) {
-	n := 0
-	for i := range msgs {
-		if c.matchFilters(msgs[i].Subject) {
-			n++
-		}
+	if len(msgs) == 0 {
+		return
 	}
-	if n > 0 {
-		c.npcAdd.Add(int64(n))
-		if c.parked.Load() {
-			c.signal()
-		}
+	if c.pend.add(msgs, c.matchFilters) > 0 && c.parked.Load() {
+		c.signal()
 	}
 }
 
@@ -286,6 +282,7 @@ func (c *consumer) handle(ctx context.Context, ev *event, now time.Time) {
 		c.setFilters(&c.cfg)
 		c.st.SetConfig(stateConfig(&c.cfg))
 		c.dropAhead()
+		c.stale.Store(true)
 	}
 }
 
@@ -368,6 +365,7 @@ const (
 // pump delivers what it can to the waiting requests, then settles no-wait requests and
 // heartbeats. Called with mu held.
 func (c *consumer) pump(ctx context.Context) {
+	c.recountPending(ctx)
 	c.applyCommitted()
 	now := time.Now()
 	if _, moved := c.st.Expire(); moved {
@@ -423,11 +421,9 @@ func (c *consumer) pump(ctx context.Context) {
 	}
 }
 
-// applyCommitted folds commits counted off the goroutine into the pending estimate.
+// applyCommitted folds commits counted off the goroutine into num_pending.
 func (c *consumer) applyCommitted() {
-	if n := c.npcAdd.Swap(0); n != 0 {
-		c.npc += n
-	}
+	c.npc += c.pend.take()
 }
 
 // nextResult says why next stopped.
@@ -781,6 +777,9 @@ func (c *consumer) nextWake(now time.Time) time.Time {
 		earlier(c.lastActive.Add(th))
 	}
 	earlier(c.st.NextDeadline())
+	if c.stale.Load() {
+		earlier(c.recountAt)
+	}
 	return t
 }
 

@@ -26,6 +26,8 @@ type consumerMetrics struct {
 	ticks         prometheus.Counter
 	tickReads     prometheus.Counter
 	cursorWrites  prometheus.Counter
+	recounts      prometheus.Counter
+	recountsLate  prometheus.Counter
 	cursorLatency prometheus.Histogram
 	subLatency    prometheus.Histogram
 	e2eLatency    prometheus.Histogram
@@ -57,6 +59,8 @@ func newConsumerMetrics(reg prometheus.Registerer, side *consumerSide) *consumer
 		ticks:         counter("jetgres_ticks_total", "Ticker polls of stream high-water marks."),
 		tickReads:     counter("jetgres_tick_range_reads_total", "Shared range reads a tick made into a tail cache."),
 		cursorWrites:  counter("jetgres_cursor_writes_total", "Consumer cursor (ack floor) writes."),
+		recounts:      counter("jetgres_consumer_pending_recounts_total", "Counts of a consumer's pending messages redone in PostgreSQL after rows were removed."),
+		recountsLate:  counter("jetgres_consumer_pending_recounts_deferred_total", "Consumer passes that put off a stale pending count's recount: after an expensive recount the next waits 4x its duration."),
 		cursorLatency: latency("jetgres_cursor_write_seconds", "Cursor write latency, permit wait included."),
 		subLatency:    latency("jetgres_subscriber_latency_seconds", "Subscriber latency: pull request received to its first message sent."),
 		e2eLatency:    latency("jetgres_end_to_end_latency_seconds", "End-to-end latency: message stored to first delivered."),
@@ -71,7 +75,7 @@ func newConsumerMetrics(reg prometheus.Registerer, side *consumerSide) *consumer
 	}
 	if reg != nil {
 		reg.MustRegister(m.pulls, m.delivered, m.redeliveries, m.acks, m.acksDropped, m.tailHits, m.tailMisses,
-			m.dbReads, m.ticks, m.tickReads, m.cursorWrites, m.cursorLatency, m.subLatency, m.e2eLatency, m)
+			m.dbReads, m.ticks, m.tickReads, m.cursorWrites, m.recounts, m.recountsLate, m.cursorLatency, m.subLatency, m.e2eLatency, m)
 	}
 	return m
 }
@@ -99,7 +103,7 @@ func (m *consumerMetrics) Collect(ch chan<- prometheus.Metric) {
 	for s, sc := range cs.streams {
 		for _, c := range sc.list() {
 			c.mu.Lock()
-			rows = append(rows, row{s.name, c.name, int(max(c.npc+c.npcAdd.Load(), 0)), c.st.NumAckPending(), len(c.waiting)})
+			rows = append(rows, row{s.name, c.name, int(max(c.npc+c.pend.peek(), 0)), c.st.NumAckPending(), len(c.waiting)})
 			c.mu.Unlock()
 		}
 	}

@@ -206,7 +206,18 @@ func (b *Bridge) streamPurged(s *stream) {
 	}
 	sc.tail.clear()
 	for _, c := range sc.list() {
+		c.markStale()
 		c.post(event{kind: evPurged})
+	}
+}
+
+// rowsRemoved tells the consumers that retention removed rows outside the tail cache, which
+// they may have counted as pending.
+func (b *Bridge) rowsRemoved(s *stream) {
+	if sc := b.consumersOf(s); sc != nil {
+		for _, c := range sc.list() {
+			c.markStale()
+		}
 	}
 }
 
@@ -314,11 +325,13 @@ func (cs *consumerSide) activate(ctx context.Context, sc *streamConsumers, row p
 		return nil, errors.New("stored consumer config does not decode: " + err.Error())
 	}
 	c := newConsumer(cs, sc, row, cfg, start)
-	npc, err := cs.b.db.CountPending(ctx, pg.PendingParams{StreamID: sc.s.id, From: c.st.Next(), UpTo: sc.tail.highWater(), Filters: c.filters()})
+	hw := sc.tail.highWater()
+	npc, err := cs.b.db.CountPending(ctx, pg.PendingParams{StreamID: sc.s.id, From: c.st.Next(), UpTo: hw, Filters: c.filters()})
 	if err != nil {
 		return nil, err
 	}
 	c.npc = int64(npc)
+	c.pend.restart(hw)
 	sc.mu.Lock()
 	if old := sc.cons[c.name]; old != nil {
 		sc.mu.Unlock()

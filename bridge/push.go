@@ -280,13 +280,19 @@ func (b *Bridge) flush(p *flow.Permit, group []*stream) {
 		} else {
 			for _, r := range results {
 				s := byID[r.StreamID]
-				b.answer(s, taken[r.StreamID], r)
-				if r.Removed && b.cachedAny(s, r.FirstSeq-1, r.Tombstoned) {
+				// Consumers hear of what the commit removed and added before any publisher
+				// hears of the commit, so a fetch sent on a PubAck sees both.
+				switch {
+				case !r.Removed:
+				case b.cachedAny(s, r.FirstSeq-1, r.Tombstoned):
 					b.streamPurged(s)
+				default:
+					b.rowsRemoved(s)
 				}
 				if len(r.Stored) > 0 {
 					b.consumersCommitted(s, r.Stored)
 				}
+				b.answer(s, taken[r.StreamID], r)
 			}
 		}
 	}

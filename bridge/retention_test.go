@@ -666,3 +666,48 @@ func TestRetentionChangeToInterest(t *testing.T) {
 		}
 	}
 }
+
+// The pending count in each delivery's metadata follows what a purge or an eviction took
+// away, as JetStream's does, not a running estimate that only ever counts commits.
+func TestDeliveredPendingAfterRemovals(t *testing.T) {
+	t.Parallel()
+	tw := newTwin(t)
+	tw.createStream(jetstream.StreamConfig{Name: "NP", Subjects: []string{"np.*"}, MaxMsgs: 20})
+	tw.pubN("np.a", 10, 8)
+	cons, _ := tw.consumer("NP", jetstream.ConsumerConfig{Durable: "C", AckPolicy: jetstream.AckNonePolicy})
+	pending := func(msgs [2][]jetstream.Msg) [2][]uint64 {
+		var out [2][]uint64
+		for side := range msgs {
+			for _, m := range msgs[side] {
+				md, err := m.Metadata()
+				if err != nil {
+					t.Fatal(err)
+				}
+				out[side] = append(out[side], md.NumPending)
+			}
+		}
+		return out
+	}
+	check := func(step string, msgs [2][]jetstream.Msg) {
+		t.Helper()
+		if p := pending(msgs); !slices.Equal(p[ours], p[theirs]) {
+			t.Errorf("%s: jetgres delivered with pending %v, jetstream %v", step, p[ours], p[theirs])
+		}
+	}
+	check("first fetch", tw.fetch(cons, 2))
+	tw.purge("NP", jetstream.WithPurgeSequence(6))
+	tw.pubN("np.b", 3, 8)
+	check("after a purge", tw.fetch(cons, 2))
+	tw.pubN("np.c", 20, 8) // max_msgs evicts what the consumer has not reached
+	check("after evictions", tw.fetch(cons, 3))
+	tw.purge("NP")
+	tw.pubN("np.d", 4, 8)
+	check("after a full purge", tw.fetch(cons, 2))
+	last, _ := tw.pub("np.d", nil)
+	tw.deleteMsg("NP", last-1)
+	check("after a delete", tw.fetch(cons, 2))
+	tw.updateStream(jetstream.StreamConfig{Name: "NP", Subjects: []string{"np.*"}, MaxMsgs: 20, MaxMsgsPerSubject: 1})
+	tw.pub("np.e", nil)
+	tw.pub("np.e", nil) // replaces the first, which the consumer had not reached
+	check("after a replacement", tw.fetch(cons, 1))
+}

@@ -115,6 +115,13 @@ func (cs *consumerSide) fill(ctx context.Context, sc *streamConsumers) {
 	}
 	cs.m.tickReads.Inc()
 	sc.tail.add(msgs, from, through)
+	// Rows another replica committed reach the consumers' pending counts only here; rows
+	// this process committed were counted already and count once.
+	if len(msgs) > 0 {
+		for _, c := range sc.list() {
+			c.committed(msgs)
+		}
+	}
 }
 
 // readPop is every read of messages behind the tail: a pop lane permit first, then a

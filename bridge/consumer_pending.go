@@ -1,0 +1,119 @@
+package bridge
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/jetgres/jetgres/pg"
+)
+
+// A consumer's num_pending (npc) is counted in PostgreSQL when it starts serving, then kept
+// up to date in memory: commits add what matches, deliveries take one off each. Removals are
+// not seen that way (a purge, a deleted message, limits evicting or replacing messages the
+// consumer had not reached, a new filter), so they mark the count stale and the goroutine
+// counts again, in PostgreSQL, before it next delivers.
+
+// recountCheap is the recount time under which a stale count is redone at once, however
+// often rows are removed. Above it, recounts are spaced recountSpacing times their own
+// duration apart, so a consumer far behind on a stream that evicts at every append spends
+// a bounded share of the database counting its backlog; deliveries in between carry the
+// count as commits and deliveries moved it.
+const (
+	recountCheap   = 5 * time.Millisecond
+	recountSpacing = 4
+)
+
+// pendingCommits is what commits add to a consumer's count before its goroutine folds it in.
+// through is the last sequence counted: a row seen twice (by the flush that committed it and
+// by a tick's range read) counts once, and a recount in PostgreSQL ends where later commits
+// start adding.
+type pendingCommits struct {
+	mu      sync.Mutex
+	n       int64
+	through uint64
+}
+
+// add counts the rows past through that match and reports how many did.
+func (p *pendingCommits) add(msgs []pg.Message, match func(subject string) bool) int64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var n int64
+	for i := range msgs {
+		if msgs[i].Seq > p.through && match(msgs[i].Subject) {
+			n++
+		}
+	}
+	if last := msgs[len(msgs)-1].Seq; last > p.through {
+		p.through = last
+	}
+	p.n += n
+	return n
+}
+
+// take returns what was added since the last take.
+func (p *pendingCommits) take() int64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	n := p.n
+	p.n = 0
+	return n
+}
+
+// peek is take without taking, for metrics.
+func (p *pendingCommits) peek() int64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.n
+}
+
+// restart drops what was added and returns the sequence a fresh count must reach, or sets
+// it when through is above it (a consumer that just counted up to there).
+func (p *pendingCommits) restart(through uint64) uint64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.n = 0
+	p.through = max(p.through, through)
+	return p.through
+}
+
+// markStale asks for a recount before the next delivery.
+func (c *consumer) markStale() {
+	c.stale.Store(true)
+	c.signal()
+}
+
+// recountPending counts num_pending afresh if removals made it stale and the spacing allows.
+// Called with mu held, which it gives up around the database read; the goroutine is the only
+// one that delivers, so the next sequence cannot move meanwhile.
+func (c *consumer) recountPending(ctx context.Context) {
+	if !c.stale.Load() {
+		return
+	}
+	if time.Now().Before(c.recountAt) {
+		c.cs.m.recountsLate.Inc()
+		return
+	}
+	c.stale.Store(false)
+	through := c.pend.restart(0)
+	p := pg.PendingParams{StreamID: c.sc.s.id, From: c.st.Next(), UpTo: through, Filters: c.filters()}
+	c.mu.Unlock()
+	start := time.Now()
+	n, err := c.cs.b.db.CountPending(ctx, p)
+	took := time.Since(start)
+	c.mu.Lock()
+	c.recountAt = time.Time{}
+	if took > recountCheap {
+		c.recountAt = start.Add(took * (1 + recountSpacing))
+	}
+	if err != nil {
+		if ctx.Err() == nil {
+			c.cs.b.log.Warn("counting pending messages failed", "stream", c.sc.s.name, "consumer", c.name, "err", err)
+		}
+		c.stale.Store(true)
+		c.recountAt = time.Now().Add(readRetry)
+		return
+	}
+	c.npc = int64(n)
+	c.cs.m.recounts.Inc()
+}

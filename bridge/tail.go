@@ -64,9 +64,12 @@ func (t *tail) add(msgs []pg.Message, from, through uint64) {
 		t.head++
 	}
 	// Compact once the evicted prefix dominates, so the backing array does not grow forever.
+	// In place: a fresh array sized to what is left would be regrown, and copied again, by
+	// the very next appends.
 	if t.head > 1024 && t.head*2 > len(t.msgs) {
-		t.msgs = append([]pg.Message(nil), t.msgs[t.head:]...)
-		t.head = 0
+		n := copy(t.msgs, t.msgs[t.head:])
+		clear(t.msgs[n:])
+		t.msgs, t.head = t.msgs[:n], 0
 	}
 }
 

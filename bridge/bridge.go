@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -20,6 +21,9 @@ const (
 	// IntakeBytesDefault bounds each stream's fusion buffer: publishes waiting for the next
 	// push transaction. A publish that does not fit is rejected at once.
 	IntakeBytesDefault = 64 << 20
+	// IntakeTotalBytesDefault bounds the fusion buffers of all streams together, so that many
+	// streams facing a slow database cannot each fill their own bound.
+	IntakeTotalBytesDefault = 256 << 20
 	// FlushMaxMsgsDefault caps the messages of one stream that go into one transaction.
 	FlushMaxMsgsDefault = 8192
 	// FlushMaxStreamsDefault caps how many ready streams share one transaction.
@@ -50,6 +54,8 @@ type Config struct {
 
 	// IntakeBytes bounds each stream's fusion buffer. Defaults to IntakeBytesDefault.
 	IntakeBytes int
+	// IntakeTotalBytes bounds all fusion buffers together. Defaults to IntakeTotalBytesDefault.
+	IntakeTotalBytes int
 	// FlushMaxMsgs caps one stream's messages per transaction. Defaults to FlushMaxMsgsDefault.
 	FlushMaxMsgs int
 	// FlushMaxStreams caps the streams that share one transaction. Defaults to FlushMaxStreamsDefault.
@@ -80,6 +86,9 @@ func (c *Config) setDefaults() error {
 	}
 	if c.IntakeBytes <= 0 {
 		c.IntakeBytes = IntakeBytesDefault
+	}
+	if c.IntakeTotalBytes <= 0 {
+		c.IntakeTotalBytes = IntakeTotalBytesDefault
 	}
 	if c.FlushMaxMsgs <= 0 {
 		c.FlushMaxMsgs = FlushMaxMsgsDefault
@@ -121,9 +130,10 @@ type Bridge struct {
 	mu      sync.RWMutex
 	streams map[string]*stream
 
-	ready   *readyQueue
-	apiReqs chan *leaf.Msg
-	apiSub  *leaf.Subscription
+	ready       *readyQueue
+	intakeTotal atomic.Int64 // bytes in all streams' intakes
+	apiReqs     chan *leaf.Msg
+	apiSub      *leaf.Subscription
 
 	cons *consumerSide
 

@@ -8,6 +8,7 @@ import (
 // jetgres_publish_dropped_total.
 const (
 	reasonIntakeFull = "intake_full"
+	reasonIntakeAll  = "intake_total_full"
 	reasonTooLarge   = "too_large"
 	reasonUnstorable = "unstorable"
 	reasonExpected   = "expected_header"

@@ -75,6 +75,14 @@ func (b *Bridge) onPublish(s *stream, m *leaf.Msg) {
 		b.reject(s, m.Reply, reasonIntakeFull, errIntakeFull)
 		return
 	}
+	// As with one stream's bound, a stream with nothing buffered always takes one message, so
+	// a single large publish cannot be refused for ever.
+	if total := b.intakeTotal.Add(int64(size)); total > int64(b.cfg.IntakeTotalBytes) && in.bytes > 0 {
+		b.intakeTotal.Add(-int64(size))
+		in.mu.Unlock()
+		b.reject(s, m.Reply, reasonIntakeAll, errIntakeFull)
+		return
+	}
 	in.buf = append(in.buf, p)
 	in.bytes += size
 	b.kickLocked(s)
@@ -227,9 +235,12 @@ func (b *Bridge) flush(p *flow.Permit, group []*stream) {
 		n := min(len(in.buf), b.cfg.FlushMaxMsgs)
 		pubs := in.buf[:n:n]
 		in.buf = in.buf[n:]
+		took := 0
 		for _, pb := range pubs {
-			in.bytes -= pb.size
+			took += pb.size
 		}
+		in.bytes -= took
+		b.intakeTotal.Add(-int64(took))
 		if len(in.buf) == 0 {
 			in.buf = nil
 		}
@@ -393,6 +404,7 @@ func (b *Bridge) closeIntake(s *stream, e *server.ApiError) {
 	in := &s.in
 	in.mu.Lock()
 	pubs := in.buf
+	b.intakeTotal.Add(-int64(in.bytes))
 	in.buf, in.bytes, in.closed = nil, 0, true
 	in.mu.Unlock()
 	for _, pb := range pubs {

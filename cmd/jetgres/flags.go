@@ -18,27 +18,28 @@ import (
 
 // config is everything `jetgres serve` can be told.
 type config struct {
-	Listen          string
-	HTTP            string
-	DataDir         string
-	DatabaseURL     string
-	LogFormat       string
-	LogLevel        string
-	PoolSize        int
-	StmtTimeout     time.Duration
-	PushLimitInit   int
-	PushLimitMin    int
-	PushLimitMax    int
-	PopLimitInit    int
-	PopLimitMin     int
-	PopLimitMax     int
-	VegasAlpha      float64
-	VegasBeta       float64
-	TickPeriod      time.Duration
-	IntakeBytes     int
-	ReplicaName     string
-	ReadyFile       string
-	ShutdownTimeout time.Duration
+	Listen           string
+	HTTP             string
+	DataDir          string
+	DatabaseURL      string
+	LogFormat        string
+	LogLevel         string
+	PoolSize         int
+	StmtTimeout      time.Duration
+	PushLimitInit    int
+	PushLimitMin     int
+	PushLimitMax     int
+	PopLimitInit     int
+	PopLimitMin      int
+	PopLimitMax      int
+	VegasAlpha       float64
+	VegasBeta        float64
+	TickPeriod       time.Duration
+	IntakeBytes      int
+	IntakeTotalBytes int
+	ReplicaName      string
+	ReadyFile        string
+	ShutdownTimeout  time.Duration
 
 	// NATS client security.
 	NATSConfig string
@@ -81,6 +82,7 @@ func (c *config) settings() []setting {
 		{"vegas-beta", envOf("vegas-beta"), "Vegas beta: shrink the limit once the estimated queue is at least this", &c.VegasBeta, flow.BetaDefault},
 		{"tick-period", envOf("tick-period"), "how often streams with waiting consumers are polled for commits made by other replicas (backs off while idle)", &c.TickPeriod, bridge.TickPeriodDefault},
 		{"intake-bytes", envOf("intake-bytes"), "per-stream bound on publishes waiting for their transaction; beyond it publishes are rejected at once", &c.IntakeBytes, bridge.IntakeBytesDefault},
+		{"intake-total-bytes", envOf("intake-total-bytes"), "bound on publishes waiting for their transaction over all streams together; beyond it publishes are rejected at once", &c.IntakeTotalBytes, bridge.IntakeTotalBytesDefault},
 		{"replica-name", envOf("replica-name"), "this replica's name in consumer leases; stable across restarts, unique among replicas (empty: <host>:<NATS port>)", &c.ReplicaName, ""},
 		{"ready-file", envOf("ready-file"), "once ready, write the bound NATS and HTTP addresses to this file as JSON", &c.ReadyFile, ""},
 		{"shutdown-timeout", envOf("shutdown-timeout"), "how long a graceful shutdown may take before the rest is stopped hard", &c.ShutdownTimeout, 30 * time.Second},
@@ -197,6 +199,9 @@ func (c *config) validate() error {
 	}
 	if c.IntakeBytes < 1 {
 		errs = append(errs, fmt.Errorf("--intake-bytes: %d is not positive", c.IntakeBytes))
+	}
+	if c.IntakeTotalBytes < 1 {
+		errs = append(errs, fmt.Errorf("--intake-total-bytes: %d is not positive", c.IntakeTotalBytes))
 	}
 	if c.ShutdownTimeout <= 0 {
 		errs = append(errs, fmt.Errorf("--shutdown-timeout: %v is not positive", c.ShutdownTimeout))

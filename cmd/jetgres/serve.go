@@ -164,17 +164,18 @@ func (n *node) start(ctx context.Context) error {
 		replica = net.JoinHostPort(hostname, strconv.Itoa(n.nats.NATSServer().Addr().(*net.TCPAddr).Port))
 	}
 	br, err := bridge.New(bridge.Config{
-		DB:          n.db,
-		Link:        n.link,
-		Push:        n.push,
-		Pop:         n.pop,
-		Ack:         n.ack,
-		Logger:      n.log.With("component", "bridge"),
-		Registerer:  n.reg,
-		IntakeBytes: cfg.IntakeBytes,
-		TickPeriod:  cfg.TickPeriod,
-		ReplicaName: replica,
-		MaxPayload:  n.nats.MaxPayload(),
+		DB:               n.db,
+		Link:             n.link,
+		Push:             n.push,
+		Pop:              n.pop,
+		Ack:              n.ack,
+		Logger:           n.log.With("component", "bridge"),
+		Registerer:       n.reg,
+		IntakeBytes:      cfg.IntakeBytes,
+		IntakeTotalBytes: cfg.IntakeTotalBytes,
+		TickPeriod:       cfg.TickPeriod,
+		ReplicaName:      replica,
+		MaxPayload:       n.nats.MaxPayload(),
 	})
 	if err != nil {
 		return err

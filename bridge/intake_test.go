@@ -1,0 +1,124 @@
+package bridge
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jetgres/jetgres/pg"
+	"github.com/nats-io/nats.go/jetstream"
+	dto "github.com/prometheus/client_model/go"
+)
+
+// Four streams face a database that has stopped answering. Each stream's own bound is far
+// from full, but together they reach the process-wide bound: from there on publishes are
+// refused at once with 503 / 10023, counted as intake_total_full, and what was taken in is
+// stored once the database answers again.
+func TestIntakeTotalBound(t *testing.T) {
+	t.Parallel()
+	const (
+		streams   = 4
+		perStream = 1 << 20
+		total     = 64 << 10
+		payload   = 2048
+		each      = 100 // 200 KiB a stream, 800 KiB in all
+	)
+	tb := setup(t, setupOpts{config: func(c *Config) { c.IntakeBytes, c.IntakeTotalBytes = perStream, total }})
+	ctx := testContext(t)
+	for i := range streams {
+		newStream(t, ctx, tb, fmt.Sprintf("T%d", i), fmt.Sprintf("t%d.>", i))
+		if _, err := tb.js.Publish(ctx, fmt.Sprintf("t%d.first", i), nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	locked, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	unlock := func() { once.Do(func() { close(release) }) }
+	t.Cleanup(unlock) // before the bridge stops, should the test end early
+	held := make(chan error, 1)
+	go func() {
+		held <- tb.db.BackgroundTx(ctx, func(ctx context.Context, q pg.Querier) error {
+			if _, err := q.Exec(ctx, `SELECT 1 FROM jetgres.stream_state FOR UPDATE`); err != nil {
+				return err
+			}
+			close(locked)
+			<-release
+			return nil
+		})
+	}()
+	select {
+	case <-locked:
+	case err := <-held:
+		t.Fatalf("locking the stream states: %v", err)
+	}
+	var futures []jetstream.PubAckFuture
+	for i := range each * streams {
+		f, err := tb.js.PublishAsync(fmt.Sprintf("t%d.x", i%streams), make([]byte, payload))
+		if err != nil {
+			t.Fatal(err)
+		}
+		futures = append(futures, f)
+	}
+	// Refusals come back while the database is still stuck.
+	waitFor(t, 10*time.Second, func() error {
+		if n := rejected(t, tb, reasonIntakeAll); n == 0 {
+			return errors.New("no publish refused for the total bound yet")
+		}
+		return nil
+	})
+	unlock()
+	if err := <-held; err != nil {
+		t.Fatal(err)
+	}
+	stored, refused := 0, 0
+	for _, f := range futures {
+		select {
+		case <-f.Ok():
+			stored++
+		case err := <-f.Err():
+			var apiErr *jetstream.APIError
+			if !errors.As(err, &apiErr) || apiErr.ErrorCode != 10023 {
+				t.Fatalf("publish failed with %v, want err_code 10023", err)
+			}
+			refused++
+		case <-ctx.Done():
+			t.Fatal("a publish got no answer")
+		}
+	}
+	if refused == 0 || stored < total/payload {
+		t.Errorf("%d stored and %d refused; want refusals, and at least the %d that fit", stored, refused, total/payload)
+	}
+	if n := rejected(t, tb, reasonIntakeAll); n != float64(refused) {
+		t.Errorf("intake_total_full counted %v, %d refused", n, refused)
+	}
+	if n := rejected(t, tb, reasonIntakeFull); n != 0 {
+		t.Errorf("intake_full counted %v with every stream below its own bound", n)
+	}
+	var msgs uint64
+	for i := range streams {
+		s, err := tb.js.Stream(ctx, fmt.Sprintf("T%d", i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		msgs += s.CachedInfo().State.Msgs
+	}
+	if want := uint64(stored + streams); msgs != want {
+		t.Errorf("streams hold %d messages, want %d (%d acknowledged and the first of each)", msgs, want, stored)
+	}
+	if n := tb.bridge.intakeTotal.Load(); n != 0 {
+		t.Errorf("%d bytes still counted in the intakes with nothing waiting", n)
+	}
+}
+
+// rejected is jetgres_publish_rejected_total for one reason.
+func rejected(t *testing.T, tb *testBundle, reason string) float64 {
+	t.Helper()
+	var m dto.Metric
+	if err := tb.bridge.pm.rejected.WithLabelValues(reason).Write(&m); err != nil {
+		t.Fatal(err)
+	}
+	return m.GetCounter().GetValue()
+}

@@ -56,6 +56,8 @@ type Config struct {
 	IntakeBytes int
 	// IntakeTotalBytes bounds all fusion buffers together. Defaults to IntakeTotalBytesDefault.
 	IntakeTotalBytes int
+	// TailTotalBytes bounds all streams' tail caches together. Defaults to TailTotalBytesDefault.
+	TailTotalBytes int
 	// FlushMaxMsgs caps one stream's messages per transaction. Defaults to FlushMaxMsgsDefault.
 	FlushMaxMsgs int
 	// FlushMaxStreams caps the streams that share one transaction. Defaults to FlushMaxStreamsDefault.
@@ -89,6 +91,9 @@ func (c *Config) setDefaults() error {
 	}
 	if c.IntakeTotalBytes <= 0 {
 		c.IntakeTotalBytes = IntakeTotalBytesDefault
+	}
+	if c.TailTotalBytes <= 0 {
+		c.TailTotalBytes = TailTotalBytesDefault
 	}
 	if c.FlushMaxMsgs <= 0 {
 		c.FlushMaxMsgs = FlushMaxMsgsDefault

@@ -49,6 +49,7 @@ type consumerSide struct {
 	kick    chan struct{}
 	activeN chan struct{} // activation slots
 
+	tails   tailBudget
 	mu      sync.RWMutex
 	streams map[*stream]*streamConsumers
 }
@@ -103,6 +104,7 @@ func (b *Bridge) initConsumers(reg prometheus.Registerer) {
 		kick:    make(chan struct{}, 1),
 		activeN: make(chan struct{}, activationsMax),
 		streams: make(map[*stream]*streamConsumers),
+		tails:   tailBudget{max: int64(b.cfg.TailTotalBytes)},
 	}
 	cs.m = newConsumerMetrics(reg, cs)
 	b.cons = cs
@@ -193,6 +195,7 @@ func (b *Bridge) dropConsumers(s *stream) {
 	if sc == nil {
 		return
 	}
+	sc.tail.clear() // gives its bytes back to the shared bound
 	for _, c := range sc.list() {
 		c.stop(stopDeleted)
 	}
@@ -274,7 +277,7 @@ func (cs *consumerSide) streamFor(s *stream, hw uint64) *streamConsumers {
 	cs.mu.Lock()
 	defer cs.mu.Unlock()
 	if sc = cs.streams[s]; sc == nil {
-		sc = &streamConsumers{s: s, tail: newTail(TailBytesDefault, hw), cons: make(map[string]*consumer)}
+		sc = &streamConsumers{s: s, tail: newTail(TailBytesDefault, &cs.tails, hw), cons: make(map[string]*consumer)}
 		cs.streams[s] = sc
 	}
 	return sc

@@ -2,13 +2,28 @@ package bridge
 
 import (
 	"sync"
+	"sync/atomic"
 
 	"github.com/jetgres/jetgres/pg"
 )
 
-// TailBytesDefault bounds each stream's tail cache: the newest committed messages, kept so
-// that consumers that keep up are served from memory and never touch PostgreSQL.
-const TailBytesDefault = 16 << 20
+const (
+	// TailBytesDefault bounds each stream's tail cache: the newest committed messages, kept
+	// so that consumers that keep up are served from memory and never touch PostgreSQL.
+	TailBytesDefault = 16 << 20
+	// TailTotalBytesDefault bounds all tail caches together: every stream that takes
+	// publishes has one, whether or not it has consumers yet.
+	TailTotalBytesDefault = 256 << 20
+)
+
+// tailBudget is the bound shared by every stream's tail. A tail that grows past it evicts
+// its own oldest messages, all of them if need be, so the sum stays within it: each tail
+// was within it when it last grew, and the others have not grown since.
+type tailBudget struct {
+	max     int64
+	used    atomic.Int64
+	evicted atomic.Int64 // messages evicted because of the shared bound
+}
 
 // tail is a stream's byte-bounded cache of its newest committed messages. It covers the
 // sequence range [from, through]: every live message in that range is in msgs, in order.
@@ -24,10 +39,11 @@ type tail struct {
 	hw      uint64
 	bytes   int
 	max     int
+	budget  *tailBudget
 }
 
-func newTail(max int, hw uint64) *tail {
-	return &tail{max: max, from: hw + 1, through: hw, hw: hw}
+func newTail(max int, budget *tailBudget, hw uint64) *tail {
+	return &tail{max: max, budget: budget, from: hw + 1, through: hw, hw: hw}
 }
 
 // highWater is the last committed sequence known here.
@@ -46,19 +62,27 @@ func (t *tail) add(msgs []pg.Message, from, through uint64) {
 	if from > t.through+1 {
 		t.reset(from)
 	}
+	added := 0
 	for _, m := range msgs {
 		if m.Seq <= t.through {
 			continue
 		}
 		t.msgs = append(t.msgs, m)
-		t.bytes += int(m.Size())
+		added += int(m.Size())
 		t.through = m.Seq
 	}
+	t.bytes += added
+	used := t.budget.used.Add(int64(added))
 	t.through = max(t.through, through)
 	t.hw = max(t.hw, t.through)
-	for t.bytes > t.max && t.head < len(t.msgs) {
+	for (t.bytes > t.max || used > t.budget.max) && t.head < len(t.msgs) {
+		if t.bytes <= t.max {
+			t.budget.evicted.Add(1)
+		}
 		m := &t.msgs[t.head]
-		t.bytes -= int(m.Size())
+		size := int(m.Size())
+		t.bytes -= size
+		used = t.budget.used.Add(-int64(size))
 		t.from = m.Seq + 1
 		t.msgs[t.head] = pg.Message{}
 		t.head++
@@ -99,6 +123,7 @@ func (t *tail) clear() {
 }
 
 func (t *tail) reset(from uint64) {
+	t.budget.used.Add(-int64(t.bytes))
 	t.msgs, t.head, t.bytes, t.from = nil, 0, 0, from
 	t.through = from - 1
 }

@@ -37,6 +37,7 @@ type config struct {
 	TickPeriod       time.Duration
 	IntakeBytes      int
 	IntakeTotalBytes int
+	TailTotalBytes   int
 	ReplicaName      string
 	ReadyFile        string
 	ShutdownTimeout  time.Duration
@@ -83,6 +84,7 @@ func (c *config) settings() []setting {
 		{"tick-period", envOf("tick-period"), "how often streams with waiting consumers are polled for commits made by other replicas (backs off while idle)", &c.TickPeriod, bridge.TickPeriodDefault},
 		{"intake-bytes", envOf("intake-bytes"), "per-stream bound on publishes waiting for their transaction; beyond it publishes are rejected at once", &c.IntakeBytes, bridge.IntakeBytesDefault},
 		{"intake-total-bytes", envOf("intake-total-bytes"), "bound on publishes waiting for their transaction over all streams together; beyond it publishes are rejected at once", &c.IntakeTotalBytes, bridge.IntakeTotalBytesDefault},
+		{"tail-total-bytes", envOf("tail-total-bytes"), "bound on the tail caches of all streams together (each stream's own is 16 MiB); beyond it a growing cache evicts its oldest messages", &c.TailTotalBytes, bridge.TailTotalBytesDefault},
 		{"replica-name", envOf("replica-name"), "this replica's name in consumer leases; stable across restarts, unique among replicas (empty: <host>:<NATS port>)", &c.ReplicaName, ""},
 		{"ready-file", envOf("ready-file"), "once ready, write the bound NATS and HTTP addresses to this file as JSON", &c.ReadyFile, ""},
 		{"shutdown-timeout", envOf("shutdown-timeout"), "how long a graceful shutdown may take before the rest is stopped hard", &c.ShutdownTimeout, 30 * time.Second},
@@ -202,6 +204,9 @@ func (c *config) validate() error {
 	}
 	if c.IntakeTotalBytes < 1 {
 		errs = append(errs, fmt.Errorf("--intake-total-bytes: %d is not positive", c.IntakeTotalBytes))
+	}
+	if c.TailTotalBytes < 1 {
+		errs = append(errs, fmt.Errorf("--tail-total-bytes: %d is not positive", c.TailTotalBytes))
 	}
 	if c.ShutdownTimeout <= 0 {
 		errs = append(errs, fmt.Errorf("--shutdown-timeout: %v is not positive", c.ShutdownTimeout))

@@ -173,6 +173,7 @@ func (n *node) start(ctx context.Context) error {
 		Registerer:       n.reg,
 		IntakeBytes:      cfg.IntakeBytes,
 		IntakeTotalBytes: cfg.IntakeTotalBytes,
+		TailTotalBytes:   cfg.TailTotalBytes,
 		TickPeriod:       cfg.TickPeriod,
 		ReplicaName:      replica,
 		MaxPayload:       n.nats.MaxPayload(),

@@ -68,6 +68,9 @@ func (b *Bridge) serveAPI(ctx context.Context, m *leaf.Msg) {
 		resp = b.streamAPI(ctx, tok[1:], m.Data)
 	case tok[0] == "CONSUMER":
 		resp = b.handleConsumerAPI(ctx, tok[1:], m)
+	case len(tok) >= 3 && tok[0] == "DIRECT" && tok[1] == "GET" && tok[2] != "":
+		b.directGet(ctx, m, tok[2:])
+		return
 	default:
 		resp = errorResp(server.JSApiSystemResponseType, server.NewJSBadRequestError())
 	}

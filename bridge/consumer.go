@@ -810,13 +810,5 @@ func (c *consumer) shutdown(r stopReason) {
 
 // headersOnly replaces a payload by its size, as JetStream's headers_only does.
 func headersOnly(hdr []byte, size int) []byte {
-	var b []byte
-	if len(hdr) == 0 {
-		b = append(b, hdrLine+"\r\n"...)
-	} else {
-		b = append(b, hdr[:len(hdr)-2]...)
-	}
-	b = append(b, server.JSMsgSize+": "...)
-	b = strconv.AppendInt(b, int64(size), 10)
-	return append(b, "\r\n\r\n"...)
+	return appendHeaders(hdr, server.JSMsgSize, strconv.Itoa(size))
 }

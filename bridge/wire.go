@@ -67,6 +67,21 @@ func statusHeader(code int, desc string, kv ...string) []byte {
 	return b.Bytes()
 }
 
+// appendHeaders returns a copy of a stored header block (or a new one when there is none)
+// with the key-value pairs kv added at its end.
+func appendHeaders(hdr []byte, kv ...string) []byte {
+	var b []byte
+	if len(hdr) < 4 {
+		b = append(b, hdrLine+"\r\n"...)
+	} else {
+		b = append(b, hdr[:len(hdr)-2]...)
+	}
+	for i := 0; i+1 < len(kv); i += 2 {
+		b = append(append(append(append(b, kv[i]...), ": "...), kv[i+1]...), "\r\n"...)
+	}
+	return append(b, "\r\n"...)
+}
+
 // apiResponse wraps the response types of the JetStream API so that every response carries
 // its "type"; clients such as natscli validate it against a schema.
 func apiResponse(typ string) server.ApiResponse { return server.ApiResponse{Type: typ} }

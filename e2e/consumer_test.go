@@ -778,3 +778,27 @@ func TestConsumeAndMessagesIdle(t *testing.T) {
 		}
 	}
 }
+
+// A key-value bucket through the unmodified CLI: buckets are streams with allow_direct, and
+// the CLI reads keys with direct gets. (Watching and history need ordered push consumers,
+// which jetgres does not serve.)
+func TestNatsCLIKeyValue(t *testing.T) {
+	t.Parallel()
+	j := startWithDatabase(t, testDatabase(t))
+	wantAll(t, "kv add", j.nats(t, "kv", "add", "CFG"), "KV_CFG")
+	j.nats(t, "kv", "put", "CFG", "color", "red")
+	j.nats(t, "kv", "put", "CFG", "color", "blue")
+	wantAll(t, "kv get", j.nats(t, "kv", "get", "CFG", "color"), "blue", "revision: 2")
+	if out := j.nats(t, "kv", "get", "CFG", "color", "--raw"); strings.TrimSpace(out) != "blue" {
+		t.Errorf("kv get --raw printed %q, want blue", out)
+	}
+	j.nats(t, "kv", "create", "CFG", "size", "L")
+	wantAll(t, "kv update", j.nats(t, "kv", "update", "CFG", "size", "XL", "3"), "XL")
+	j.nats(t, "kv", "del", "CFG", "color", "-f")
+	ctx, cancel := context.WithTimeout(context.Background(), cliTimeout)
+	defer cancel()
+	out, err := j.natsCmd(t, ctx, "kv", "get", "CFG", "color").CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "key not found") {
+		t.Errorf("kv get of a deleted key: %v\n%s", err, out)
+	}
+}

@@ -1,0 +1,273 @@
+package bridge
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+
+	"github.com/jetgres/jetgres/embedded/leaf"
+	"github.com/jetgres/jetgres/pg"
+)
+
+// Direct gets ($JS.API.DIRECT.GET.<stream>, with a JSON request, and
+// $JS.API.DIRECT.GET.<stream>.<subject> for the last message of a subject) are answered with
+// the stored message itself, its metadata in headers, not with a JSON response. KV buckets
+// are created with allow_direct, and clients then read every key this way. nats-server
+// subscribes these subjects only for streams with allow_direct; for any other stream the
+// requester hears that nobody answers, and so it does from jetgres.
+
+const (
+	// directMaxResults bounds a multi_last request, as nats-server does: more subjects than
+	// this is "413 Too Many Results".
+	directMaxResults = 1024
+	// directMaxBytes bounds a batch that names no max_bytes: nats-server's default for a
+	// client's pending bytes.
+	directMaxBytes = 64 << 20
+)
+
+func (b *Bridge) directGet(ctx context.Context, m *leaf.Msg, tok []string) {
+	status := func(code int, desc string) { _ = b.link.Publish(m.Reply, "", statusHeader(code, desc), nil) }
+	s := b.lookupOrSync(ctx, tok[0])
+	if s == nil || !s.config().AllowDirect {
+		status(503, "")
+		return
+	}
+	if v := headerValue(m.Header, "Nats-Required-Api-Level"); v != "" {
+		if n, err := strconv.Atoi(v); err != nil || n > apiLevel {
+			status(412, "Required Api Level")
+			return
+		}
+	}
+	req, desc := directRequest(tok[1:], m.Data)
+	if desc != "" {
+		status(408, desc)
+		return
+	}
+	dg := directGet{b: b, s: s, reply: m.Reply, req: req}
+	if err := dg.run(ctx); err != nil {
+		var code *directStatus
+		if errors.As(err, &code) {
+			status(code.code, code.desc)
+			return
+		}
+		b.log.Error("direct get", "stream", s.name, "err", err)
+		status(500, "Database Error")
+	}
+}
+
+// directRequest decodes a direct get, with the subject tokens after the stream name, and
+// returns nats-server's 408 description when it is refused.
+func directRequest(key []string, body []byte) (server.JSApiMsgGetRequest, string) {
+	var req server.JSApiMsgGetRequest
+	if len(key) > 0 {
+		if len(body) > 0 && json.Unmarshal(body, &req) != nil {
+			return req, "Malformed Request"
+		}
+		if req.LastFor != "" || req.NextFor != "" || len(req.MultiLastFor) > 0 || req.Seq != 0 || req.Batch != 0 ||
+			req.StartTime != nil || req.UpToSeq != 0 || req.UpToTime != nil {
+			return req, "Bad Request"
+		}
+		req.LastFor = strings.Join(key, ".")
+		return req, ""
+	}
+	if len(body) == 0 {
+		return req, "Empty Request"
+	}
+	if json.Unmarshal(body, &req) != nil {
+		return req, "Malformed Request"
+	}
+	if req.Seq == 0 && req.LastFor == "" && req.NextFor == "" && len(req.MultiLastFor) == 0 && req.StartTime == nil {
+		return req, "Empty Request"
+	}
+	if (req.Seq > 0 && req.LastFor != "") || (req.Seq > 0 && req.StartTime != nil) ||
+		(req.StartTime != nil && req.LastFor != "") || (req.LastFor != "" && req.NextFor != "") ||
+		(req.LastFor != "" && req.Batch > 0) || (req.LastFor != "" && len(req.MultiLastFor) > 0) ||
+		(req.NextFor != "" && len(req.MultiLastFor) > 0) || (req.UpToSeq > 0 && req.UpToTime != nil) {
+		return req, "Bad Request"
+	}
+	return req, ""
+}
+
+// directStatus is a status-line answer, such as "404 Message Not Found".
+type directStatus struct {
+	code int
+	desc string
+}
+
+func (e *directStatus) Error() string { return strconv.Itoa(e.code) + " " + e.desc }
+
+var (
+	errDirectNotFound = &directStatus{404, "Message Not Found"}
+	errDirectNone     = &directStatus{404, "No Results"}
+	errDirectTooMany  = &directStatus{413, "Too Many Results"}
+)
+
+// directGet is one direct get being answered.
+type directGet struct {
+	b     *Bridge
+	s     *stream
+	reply string
+	req   server.JSApiMsgGetRequest
+	sent  int // bytes, for max_bytes
+}
+
+func (dg *directGet) run(ctx context.Context) error {
+	req := &dg.req
+	db := dg.b.db
+	if len(req.MultiLastFor) > 0 {
+		return dg.multiLast(ctx)
+	}
+	seq := req.Seq
+	if req.StartTime != nil {
+		var err error
+		if seq, err = db.SeqAtTime(ctx, dg.s.id, req.StartTime.UnixNano()); err != nil {
+			return err
+		}
+	}
+	if req.Batch == 0 {
+		var m *pg.Message
+		var err error
+		switch {
+		case req.LastFor != "":
+			m, err = db.LastBySubject(ctx, dg.s.id, req.LastFor)
+		case req.NextFor != "":
+			m, err = db.NextBySubject(ctx, dg.s.id, req.NextFor, max(seq, 1))
+		case req.StartTime != nil:
+			m, err = db.NextBySubject(ctx, dg.s.id, ">", seq)
+		default:
+			m, err = db.GetMessage(ctx, dg.s.id, seq)
+		}
+		if errors.Is(err, pg.ErrNotFound) {
+			return errDirectNotFound
+		}
+		if err != nil {
+			return err
+		}
+		dg.send(m, nil)
+		return nil
+	}
+	return dg.batch(ctx, max(seq, 1))
+}
+
+// batch sends up to req.Batch messages from seq on that match next_by_subj, each with the
+// count still to come, then an end-of-batch status.
+func (dg *directGet) batch(ctx context.Context, seq uint64) error {
+	req := &dg.req
+	st, err := dg.b.db.State(ctx, dg.s.id)
+	if err != nil {
+		return err
+	}
+	var filters []string
+	if req.NextFor != "" {
+		filters = []string{req.NextFor}
+	}
+	np, err := dg.b.db.CountPending(ctx, pg.PendingParams{StreamID: dg.s.id, From: seq, UpTo: st.LastSeq, Filters: filters})
+	if err != nil {
+		return err
+	}
+	msgs, _, err := dg.b.cs().readPop(ctx, pg.ReadParams{StreamID: dg.s.id, From: seq, UpTo: st.LastSeq, MaxMsgs: req.Batch, MaxBytes: dg.maxBytes()}, filters)
+	if err != nil {
+		return err
+	}
+	if len(msgs) == 0 {
+		return errDirectNotFound
+	}
+	var last uint64
+	for i := range msgs {
+		np = max(np, 1) - 1
+		dg.send(&msgs[i], []string{"Nats-Num-Pending", strconv.FormatUint(np, 10), "Nats-Last-Sequence", strconv.FormatUint(last, 10)})
+		last = msgs[i].Seq
+		if dg.sent >= dg.maxBytes() {
+			break
+		}
+	}
+	_ = dg.b.link.Publish(dg.reply, "", statusHeader(204, "EOB", "Nats-Num-Pending", strconv.FormatUint(np, 10), "Nats-Last-Sequence", strconv.FormatUint(last, 10)), nil)
+	return nil
+}
+
+// multiLast sends the last message of each subject matching multi_last, up to up_to_seq or
+// up_to_time, lowest sequence first, then an end-of-batch status.
+func (dg *directGet) multiLast(ctx context.Context) error {
+	req := &dg.req
+	db := dg.b.db
+	st, err := db.State(ctx, dg.s.id)
+	if err != nil {
+		return err
+	}
+	upTo := st.LastSeq
+	switch {
+	case req.UpToTime != nil:
+		at, err := db.SeqAtTime(ctx, dg.s.id, req.UpToTime.UnixNano())
+		if err != nil {
+			return err
+		}
+		if at <= st.FirstSeq {
+			return errDirectNone
+		}
+		upTo = at - 1
+	case req.UpToSeq > 0:
+		upTo = min(req.UpToSeq, upTo)
+	}
+	seqs, err := db.LastSeqsPerSubject(ctx, dg.s.id, req.MultiLastFor, upTo)
+	if err != nil {
+		return err
+	}
+	seqs = dropBelow(seqs, req.Seq)
+	if len(seqs) > directMaxResults {
+		return errDirectTooMany
+	}
+	if len(seqs) == 0 {
+		return errDirectNone
+	}
+	var last uint64
+	for i, seq := range seqs {
+		m, err := db.GetMessage(ctx, dg.s.id, seq)
+		if errors.Is(err, pg.ErrNotFound) {
+			continue // removed since: as if it had never matched
+		}
+		if err != nil {
+			return err
+		}
+		dg.send(m, []string{"Nats-Num-Pending", strconv.Itoa(len(seqs) - 1 - i), "Nats-Last-Sequence", strconv.FormatUint(last, 10)})
+		last = seq
+		if dg.sent >= dg.maxBytes() || (req.Batch > 0 && i+1 >= req.Batch) {
+			break
+		}
+	}
+	_ = dg.b.link.Publish(dg.reply, "", statusHeader(204, "EOB", "Nats-Num-Pending", "0", "Nats-Last-Sequence", strconv.FormatUint(last, 10),
+		"Nats-UpTo-Sequence", strconv.FormatUint(upTo, 10)), nil)
+	return nil
+}
+
+// dropBelow removes, from sorted seqs, those below from.
+func dropBelow(seqs []uint64, from uint64) []uint64 {
+	for len(seqs) > 0 && seqs[0] < from {
+		seqs = seqs[1:]
+	}
+	return seqs
+}
+
+func (dg *directGet) maxBytes() int {
+	if dg.req.MaxBytes > 0 {
+		return dg.req.MaxBytes
+	}
+	return directMaxBytes
+}
+
+// send answers with one message: its own headers, then the stream's metadata; none at all
+// with no_hdr.
+func (dg *directGet) send(m *pg.Message, extra []string) {
+	dg.sent += len(m.Subject) + len(m.Header) + len(m.Data)
+	if dg.req.NoHeaders {
+		_ = dg.b.link.Publish(dg.reply, "", nil, m.Data)
+		return
+	}
+	kv := append([]string{"Nats-Stream", dg.s.name, "Nats-Subject", m.Subject, "Nats-Sequence", strconv.FormatUint(m.Seq, 10),
+		"Nats-Time-Stamp", time.Unix(0, m.TS).UTC().Format(time.RFC3339Nano)}, extra...)
+	_ = dg.b.link.Publish(dg.reply, "", appendHeaders(m.Header, kv...), m.Data)
+}

@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"sort"
 	"time"
 
@@ -221,8 +223,6 @@ func (b *Bridge) apiStreamInfo(ctx context.Context, name string, body []byte) an
 	fail := func(e *server.ApiError) any {
 		return &server.JSApiStreamInfoResponse{ApiResponse: server.ApiResponse{Type: server.JSApiStreamInfoResponseType, Error: e}}
 	}
-	// The request's options (deleted details, subject counts) are not served, but a body
-	// that is not one is refused as nats-server refuses it.
 	var req server.JSApiStreamInfoRequest
 	if e := decodeRequest(body, &req); e != nil {
 		return fail(e)
@@ -235,7 +235,48 @@ func (b *Bridge) apiStreamInfo(ctx context.Context, name string, body []byte) an
 	if e != nil {
 		return fail(e)
 	}
-	return &server.JSApiStreamInfoResponse{ApiResponse: apiResponse(server.JSApiStreamInfoResponseType), StreamInfo: info}
+	resp := &server.JSApiStreamInfoResponse{ApiResponse: apiResponse(server.JSApiStreamInfoResponseType), StreamInfo: info}
+	dbFail := func(what string, err error) any {
+		b.log.Error(what, "stream", name, "err", err)
+		return fail(server.NewJSStreamStoreFailedError(errors.New("database error")))
+	}
+	if req.DeletedDetails {
+		deleted, err := b.db.DeletedSeqs(ctx, s.id)
+		if err != nil {
+			return dbFail("deleted details", err)
+		}
+		info.State.Deleted = deleted
+	}
+	if req.SubjectsFilter != "" {
+		totals, err := b.db.SubjectTotals(ctx, s.id, req.SubjectsFilter)
+		if err != nil {
+			return dbFail("subject totals", err)
+		}
+		pageSubjects(resp, totals, max(req.Offset, 0))
+	}
+	return resp
+}
+
+// pageSubjects puts subject totals into a stream info response as nats-server does: all of
+// them when they fit in one page, else the page at offset of the subjects in order.
+func pageSubjects(resp *server.JSApiStreamInfoResponse, totals map[string]uint64, offset int) {
+	if len(totals) == 0 {
+		return
+	}
+	resp.Offset, resp.Limit, resp.Total = offset, server.JSMaxSubjectDetails, len(totals)
+	if offset == 0 && len(totals) <= server.JSMaxSubjectDetails {
+		resp.State.Subjects = totals
+		return
+	}
+	subjects := slices.Sorted(maps.Keys(totals))
+	page := subjects[min(offset, len(subjects)):min(offset+server.JSMaxSubjectDetails, len(subjects))]
+	if len(page) == 0 {
+		return
+	}
+	resp.State.Subjects = make(map[string]uint64, len(page))
+	for _, subj := range page {
+		resp.State.Subjects[subj] = totals[subj]
+	}
 }
 
 func (b *Bridge) apiStreamDelete(ctx context.Context, name string, body []byte) any {

@@ -390,39 +390,8 @@ func (db *DB) CountPending(ctx context.Context, p PendingParams) (uint64, error)
 func (db *DB) LastSeqsPerSubject(ctx context.Context, streamID int64, filters []string, upTo uint64) ([]uint64, error) {
 	last := make(map[string]uint64)
 	err := db.Background(ctx, func(ctx context.Context, q Querier) error {
-		chunks, err := db.chunks.list(ctx, q, streamID, upTo)
-		if err != nil {
-			return err
-		}
-		cond, arg := subjectCond(filters, 3)
-		for _, c := range chunks {
-			args := []any{streamID, int64(upTo)}
-			if arg != nil {
-				args = append(args, arg)
-			}
-			rows, err := q.Query(ctx, `SELECT DISTINCT ON (subject) subject, seq FROM `+chunkTable(streamID, c.chunk)+` m
-				WHERE seq <= $2 AND `+liveRows+cond+` ORDER BY subject, seq DESC`, args...)
-			if err != nil {
-				if isUndefinedTable(err) {
-					continue
-				}
-				return err
-			}
-			for rows.Next() {
-				var subj string
-				var seq int64
-				if err := rows.Scan(&subj, &seq); err != nil {
-					rows.Close()
-					return err
-				}
-				last[subj] = max(last[subj], uint64(seq))
-			}
-			rows.Close()
-			if err := rows.Err(); err != nil {
-				return err
-			}
-		}
-		return nil
+		return db.perSubject(ctx, q, streamID, filters, upTo, `DISTINCT ON (subject) subject, seq`, `ORDER BY subject, seq DESC`,
+			func(subj string, seq int64) { last[subj] = max(last[subj], uint64(seq)) })
 	})
 	if err != nil {
 		return nil, fmt.Errorf("pg: last sequences per subject: %w", err)

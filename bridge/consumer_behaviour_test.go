@@ -451,3 +451,61 @@ func TestResumeAfterRestart(t *testing.T) {
 		t.Fatalf("after restart got %v", got)
 	}
 }
+
+// nats.go's ordered consumer (ephemeral pull consumers it recreates as needed) reads a
+// stream in order with Fetch and with Consume, new messages included, as from JetStream.
+func TestOrderedConsumerMatchesJetStream(t *testing.T) {
+	t.Parallel()
+	tw := newTwin(t)
+	tw.createStream(jetstream.StreamConfig{Name: "OC", Subjects: []string{"oc.>"}})
+	tw.pubN("oc.a", 5, 8)
+	var fetched, consumed [2][]uint64
+	for side, js := range tw.js {
+		s, err := js.Stream(tw.ctx, "OC")
+		if err != nil {
+			t.Fatal(err)
+		}
+		oc, err := s.OrderedConsumer(tw.ctx, jetstream.OrderedConsumerConfig{FilterSubjects: []string{"oc.a"}})
+		if err != nil {
+			t.Fatalf("%s: %v", sideName[side], err)
+		}
+		b, err := oc.Fetch(10, jetstream.FetchMaxWait(time.Second))
+		if err != nil {
+			t.Fatalf("%s: fetch: %v", sideName[side], err)
+		}
+		for m := range b.Messages() {
+			md, _ := m.Metadata()
+			fetched[side] = append(fetched[side], md.Sequence.Stream)
+		}
+		oc, err = s.OrderedConsumer(tw.ctx, jetstream.OrderedConsumerConfig{DeliverPolicy: jetstream.DeliverLastPolicy})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := make(chan uint64, 16)
+		cc, err := oc.Consume(func(m jetstream.Msg) {
+			md, _ := m.Metadata()
+			got <- md.Sequence.Stream
+		})
+		if err != nil {
+			t.Fatalf("%s: consume: %v", sideName[side], err)
+		}
+		for _, subj := range []string{"oc.b", "oc.a"} {
+			if _, err := js.Publish(tw.ctx, subj, nil); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for len(consumed[side]) < 3 {
+			select {
+			case seq := <-got:
+				consumed[side] = append(consumed[side], seq)
+			case <-time.After(5 * time.Second):
+				t.Fatalf("%s: consumed only %v", sideName[side], consumed[side])
+			}
+		}
+		cc.Stop()
+	}
+	if !slices.Equal(fetched[ours], fetched[theirs]) || !slices.Equal(consumed[ours], consumed[theirs]) {
+		t.Errorf("ordered consumers: jetgres fetched %v and consumed %v, JetStream %v and %v",
+			fetched[ours], consumed[ours], fetched[theirs], consumed[theirs])
+	}
+}

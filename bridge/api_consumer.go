@@ -31,6 +31,8 @@ func (b *Bridge) handleConsumerAPI(ctx context.Context, tok []string, m *leaf.Ms
 		return cs.apiNames(ctx, tok[1], m.Data)
 	case len(tok) == 2 && tok[0] == "LIST":
 		return cs.apiList(ctx, tok[1], m.Data)
+	case len(tok) == 3 && tok[0] == "PAUSE":
+		return cs.apiPause(ctx, tok[1], tok[2], m.Data)
 	}
 	return errorResp(server.JSApiConsumerInfoResponseType,
 		server.NewJSBadRequestError())
@@ -307,6 +309,11 @@ func (cs *consumerSide) info(ctx context.Context, c *consumer) (*server.Consumer
 		NumRedelivered: c.st.NumRedelivered(),
 		TimeStamp:      now.UTC(),
 	}
+	if cfg.PauseUntil != nil {
+		if info.Paused = now.Before(*cfg.PauseUntil); info.Paused {
+			info.PauseRemaining = cfg.PauseUntil.Sub(now)
+		}
+	}
 	for _, wr := range c.waiting {
 		if wr.expires.IsZero() || now.Before(wr.expires) {
 			info.NumWaiting++
@@ -384,6 +391,52 @@ func (cs *consumerSide) apiInfo(ctx context.Context, streamName, name string, da
 		return resp
 	}
 	resp.ConsumerInfo = info
+	return resp
+}
+
+// apiPause serves CONSUMER.PAUSE.<stream>.<consumer>: pause_until in the future stops
+// deliveries until then (pull requests still queue, expire and get heartbeats); a time in
+// the past or none resumes at once. It is the consumer's pause_until, stored with its config.
+func (cs *consumerSide) apiPause(ctx context.Context, streamName, name string, data []byte) any {
+	resp := &server.JSApiConsumerPauseResponse{ApiResponse: apiResponse(server.JSApiConsumerPauseResponseType)}
+	var req server.JSApiConsumerPauseRequest
+	if e := decodeRequest(data, &req); e != nil {
+		resp.Error = e
+		return resp
+	}
+	if cs.b.lookupOrSync(ctx, streamName) == nil {
+		resp.Error = server.NewJSStreamNotFoundError()
+		return resp
+	}
+	c, err := cs.ensure(ctx, streamName, name)
+	switch {
+	case errors.Is(err, pg.ErrNotFound):
+		resp.Error = server.NewJSConsumerNotFoundError()
+		return resp
+	case errors.Is(err, pg.ErrLeaseHeld):
+		resp.Error = server.NewJSConsumerCreateError(errors.New("consumer is served by another replica"))
+		return resp
+	case err != nil:
+		cs.b.log.Error("looking up consumer", "stream", streamName, "consumer", name, "err", err)
+		resp.Error = server.NewJSConsumerNotFoundError()
+		return resp
+	}
+	c.mu.Lock()
+	cfg := c.cfg
+	c.mu.Unlock()
+	until := req.PauseUntil.UTC()
+	cfg.PauseUntil = nil
+	if !until.IsZero() {
+		cfg.PauseUntil = &until
+	}
+	if _, e := cs.update(ctx, c, cfg, server.ActionUpdate); e != nil {
+		resp.Error = e
+		return resp
+	}
+	resp.PauseUntil = until
+	if resp.Paused = time.Now().Before(until); resp.Paused {
+		resp.PauseRemaining = time.Until(until)
+	}
 	return resp
 }
 

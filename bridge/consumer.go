@@ -374,7 +374,7 @@ func (c *consumer) pump(ctx context.Context) {
 	c.processWaiting(now, false)
 	eos := true
 	sent := 0
-	for len(c.waiting) > 0 && ctx.Err() == nil {
+	for len(c.waiting) > 0 && ctx.Err() == nil && !c.paused(now) {
 		m, dc, src, found := c.next(ctx)
 		if found != nextFound {
 			eos = found == nextEmpty
@@ -777,10 +777,18 @@ func (c *consumer) nextWake(now time.Time) time.Time {
 		earlier(c.lastActive.Add(th))
 	}
 	earlier(c.st.NextDeadline())
+	if c.paused(now) && len(c.waiting) > 0 {
+		earlier(*c.cfg.PauseUntil)
+	}
 	if c.stale.Load() {
 		earlier(c.recountAt)
 	}
 	return t
+}
+
+// paused reports whether pause_until holds deliveries back at now.
+func (c *consumer) paused(now time.Time) bool {
+	return c.cfg.PauseUntil != nil && now.Before(*c.cfg.PauseUntil)
 }
 
 // inactive reports whether the consumer passed its inactive threshold with no request.

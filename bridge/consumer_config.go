@@ -36,8 +36,9 @@ func checkConsumerConfig(req server.ConsumerConfig, scfg *server.StreamConfig) (
 	if cfg.PriorityPolicy != server.PriorityNone || len(cfg.PriorityGroups) > 0 || cfg.PinnedTTL > 0 {
 		return cfg, server.NewJSConsumerCreateError(errors.New("priority groups are not supported by jetgres"))
 	}
-	if cfg.PauseUntil != nil && !cfg.PauseUntil.IsZero() {
-		return cfg, server.NewJSConsumerCreateError(errors.New("pausing consumers is not supported by jetgres"))
+	if cfg.PauseUntil != nil {
+		utc := cfg.PauseUntil.UTC()
+		cfg.PauseUntil = &utc
 	}
 	if cfg.ReplayPolicy == server.ReplayOriginal {
 		return cfg, server.NewJSConsumerCreateError(errors.New("replay original is not supported by jetgres"))

@@ -187,7 +187,6 @@ func TestHostileAPIRequests(t *testing.T) {
 		{"$JS.API.CONSUMER", []string{""}, server.JSBadRequestErr},
 		{"$JS.API.CONSUMER.INFO.S", []string{""}, server.JSBadRequestErr},
 		{"$JS.API.CONSUMER.NAMES", []string{""}, server.JSBadRequestErr},
-		{"$JS.API.CONSUMER.PAUSE.S.C", []string{"{}"}, server.JSBadRequestErr},
 		// Unknown streams and consumers.
 		{"$JS.API.STREAM.INFO.NOPE", []string{""}, server.JSStreamNotFoundErr},
 		{"$JS.API.STREAM.UPDATE.NOPE", []string{`{"subjects":["nope.>"]}`}, server.JSStreamNotFoundErr},
@@ -202,6 +201,9 @@ func TestHostileAPIRequests(t *testing.T) {
 		{"$JS.API.CONSUMER.LIST.NOPE", []string{""}, server.JSStreamNotFoundErr},
 		{"$JS.API.CONSUMER.INFO.S.NOPE", []string{""}, server.JSConsumerNotFoundErr},
 		{"$JS.API.CONSUMER.DELETE.S.NOPE", []string{""}, server.JSConsumerNotFoundErr},
+		{"$JS.API.CONSUMER.PAUSE.NOPE.C", []string{"{}"}, server.JSStreamNotFoundErr},
+		{"$JS.API.CONSUMER.PAUSE.S.NOPE", []string{"{}"}, server.JSConsumerNotFoundErr},
+		{"$JS.API.CONSUMER.PAUSE.S.C", []string{"{bad", `{"pause_until":"tomorrow"}`}, server.JSInvalidJSONErr},
 		{"$JS.API.STREAM.MSG.GET.S", []string{`{"seq":18446744073709551615}`, `{"last_by_subj":"s.none"}`, `{"next_by_subj":"s.a","seq":99}`}, server.JSNoMessageFoundErr},
 	}
 	for _, c := range cases {

@@ -73,6 +73,9 @@ func (b *Bridge) apiStreamCreate(ctx context.Context, name string, body []byte) 
 	if e != nil {
 		return createErr(e)
 	}
+	if cfg.Sealed {
+		return createErr(server.NewJSStreamInvalidConfigError(errors.New("stream configuration for create can not be sealed")))
+	}
 	b.adminMu.Lock()
 	defer b.adminMu.Unlock()
 	if cur := b.lookup(name); cur != nil {
@@ -187,6 +190,13 @@ func (b *Bridge) apiStreamUpdate(ctx context.Context, name string, body []byte) 
 		return fail(server.NewJSStreamInvalidConfigError(errors.New("stream configuration update can not cancel deny message deletes")))
 	case old.DenyPurge && !cfg.DenyPurge:
 		return fail(server.NewJSStreamInvalidConfigError(errors.New("stream configuration update can not cancel deny purge")))
+	case old.Sealed && !cfg.Sealed:
+		return fail(server.NewJSStreamInvalidConfigError(errors.New("stream configuration update can not unseal a sealed stream")))
+	}
+	if cfg.Sealed {
+		// As nats-server does: nothing may leave a sealed stream, by age, purge or delete.
+		cfg.MaxAge, cfg.Discard = 0, server.DiscardNew
+		cfg.DenyDelete, cfg.DenyPurge, cfg.AllowRollup = true, true, false
 	}
 	if o := b.overlapping(name, cfg.Subjects); o != nil {
 		return fail(server.NewJSStreamSubjectOverlapError())
@@ -316,7 +326,10 @@ func (b *Bridge) apiStreamPurge(ctx context.Context, name string, body []byte) a
 	if s == nil {
 		return fail(server.NewJSStreamNotFoundError())
 	}
-	if s.config().DenyPurge {
+	switch cfg := s.config(); {
+	case cfg.Sealed:
+		return fail(server.NewJSStreamSealedError())
+	case cfg.DenyPurge:
 		return fail(server.NewJSStreamPurgeFailedError(errors.New("stream does not allow purge")))
 	}
 	if req.Sequence > 0 && req.Keep > 0 {
@@ -453,7 +466,10 @@ func (b *Bridge) apiMsgDelete(ctx context.Context, name string, body []byte) any
 	if s == nil {
 		return fail(server.NewJSStreamNotFoundError())
 	}
-	if s.config().DenyDelete {
+	switch cfg := s.config(); {
+	case cfg.Sealed:
+		return fail(server.NewJSStreamSealedError())
+	case cfg.DenyDelete:
 		return fail(server.NewJSStreamMsgDeleteFailedError(errors.New("message delete not permitted")))
 	}
 	if req.Seq == 0 {

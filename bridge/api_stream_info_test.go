@@ -4,6 +4,7 @@ import (
 	"maps"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -45,6 +46,55 @@ func TestStreamInfoDetailsMatchJetStream(t *testing.T) {
 		if !maps.Equal(subjects[ours], subjects[theirs]) || !slices.Equal(deleted[ours], deleted[theirs]) || numDeleted[ours] != numDeleted[theirs] {
 			t.Errorf("stream info with %d options:\n jetgres   subjects %v deleted %v (%d)\n JetStream subjects %v deleted %v (%d)",
 				len(opts), subjects[ours], deleted[ours], numDeleted[ours], subjects[theirs], deleted[theirs], numDeleted[theirs])
+		}
+	}
+}
+
+// A sealed stream takes nothing in and lets nothing out, with JetStream's errors: publishes,
+// purges and deletes are refused, it cannot be unsealed, and no stream is created sealed.
+func TestSealedStreamMatchesJetStream(t *testing.T) {
+	t.Parallel()
+	tw := newTwin(t)
+	cfg := jetstream.StreamConfig{Name: "SL", Subjects: []string{"sl.>"}, MaxAge: time.Hour}
+	tw.createStream(cfg)
+	tw.pubN("sl.a", 3, 8)
+	sealed := cfg
+	sealed.Sealed = true
+	type limits struct {
+		sealed, denyDelete, denyPurge, allowRollup bool
+		maxAge                                     time.Duration
+		discard                                    jetstream.DiscardPolicy
+	}
+	var got [2]limits
+	for side, js := range tw.js {
+		s, err := js.UpdateStream(tw.ctx, sealed)
+		if err != nil {
+			t.Fatalf("%s: seal: %v", sideName[side], err)
+		}
+		c := s.CachedInfo().Config
+		got[side] = limits{c.Sealed, c.DenyDelete, c.DenyPurge, c.AllowRollup, c.MaxAge, c.Discard}
+	}
+	if got[ours] != got[theirs] {
+		t.Errorf("sealed config: jetgres %+v, JetStream %+v", got[ours], got[theirs])
+	}
+	if _, code := tw.pub("sl.a", nil); code == 0 {
+		t.Error("a sealed stream took a publish")
+	}
+	tw.purge("SL")
+	if code := tw.deleteMsg("SL", 2); code == 0 {
+		t.Error("a sealed stream let a message be deleted")
+	}
+	tw.want("SL", 3, 1, 3, 0)
+	var codes [2][2]jetstream.ErrorCode
+	for side, js := range tw.js {
+		_, err := js.UpdateStream(tw.ctx, cfg)
+		codes[0][side] = errCode(t, side, err)
+		_, err = js.CreateStream(tw.ctx, jetstream.StreamConfig{Name: "SL2", Subjects: []string{"sl2.>"}, Sealed: true})
+		codes[1][side] = errCode(t, side, err)
+	}
+	for i, what := range []string{"unseal", "create sealed"} {
+		if codes[i][ours] != codes[i][theirs] || codes[i][ours] == 0 {
+			t.Errorf("%s: jetgres err_code %d, JetStream %d", what, codes[i][ours], codes[i][theirs])
 		}
 	}
 }

@@ -15,6 +15,7 @@ const (
 	reasonDatabase   = "database"
 	reasonStopping   = "stopping"
 	reasonDuplicate  = "duplicate"
+	reasonSealed     = "sealed"
 )
 
 // pushMetrics are the publish path's instruments.

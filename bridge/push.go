@@ -42,6 +42,10 @@ type publish struct {
 // has none in flight and the push lane has a permit free (fire on idle).
 func (b *Bridge) onPublish(s *stream, m *leaf.Msg) {
 	cfg := s.config()
+	if cfg.Sealed {
+		b.reject(s, m.Reply, reasonSealed, server.NewJSStreamSealedError())
+		return
+	}
 	size := int(pg.MessageSize(m.Subject, m.Header, m.Data))
 	if cfg.MaxMsgSize > 0 && len(m.Data)+len(m.Header) > int(cfg.MaxMsgSize) {
 		b.reject(s, m.Reply, reasonTooLarge, server.NewJSStreamMessageExceedsMaximumError())

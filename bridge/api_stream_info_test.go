@@ -1,11 +1,13 @@
 package bridge
 
 import (
+	"errors"
 	"maps"
 	"slices"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -96,5 +98,78 @@ func TestSealedStreamMatchesJetStream(t *testing.T) {
 		if codes[i][ours] != codes[i][theirs] || codes[i][ours] == 0 {
 			t.Errorf("%s: jetgres err_code %d, JetStream %d", what, codes[i][ours], codes[i][theirs])
 		}
+	}
+}
+
+// Nats-Rollup, as KV purges use it ("sub") and as a whole-stream rollup ("all"), and its
+// refusals, against JetStream: same sequences and error codes, same stream state after each.
+func TestRollupMatchesJetStream(t *testing.T) {
+	t.Parallel()
+	tw := newTwin(t)
+	tw.createStream(jetstream.StreamConfig{Name: "RU", Subjects: []string{"ru.>"}, AllowRollup: true})
+	tw.createStream(jetstream.StreamConfig{Name: "NR", Subjects: []string{"nr.>"}})
+	pub := func(subject, rollup string) {
+		t.Helper()
+		var seq [2]uint64
+		var code [2]jetstream.ErrorCode
+		for side, js := range tw.js {
+			m := nats.NewMsg(subject)
+			if rollup != "" {
+				m.Header.Set("Nats-Rollup", rollup)
+			}
+			ack, err := js.PublishMsg(tw.ctx, m)
+			if code[side] = errCode(t, side, err); code[side] == 0 {
+				seq[side] = ack.Sequence
+			}
+		}
+		if seq[ours] != seq[theirs] || code[ours] != code[theirs] {
+			t.Fatalf("publish %s rollup %q: jetgres seq %d err_code %d, JetStream seq %d err_code %d",
+				subject, rollup, seq[ours], code[ours], seq[theirs], code[theirs])
+		}
+	}
+	same := func(step string) {
+		t.Helper()
+		st, err := tw.states("RU")
+		if err != nil {
+			t.Fatalf("%s: %v", step, err)
+		}
+		t.Logf("%s: %s", step, brief(st[ours]))
+	}
+	for _, subj := range []string{"ru.a", "ru.b", "ru.a", "ru.c", "ru.a", "ru.b"} {
+		pub(subj, "")
+	}
+	pub("ru.a", "sub")
+	same("after a subject rollup")
+	pub("ru.b", "")
+	pub("ru.a", "sub")
+	same("after another")
+	pub("ru.c", "all")
+	same("after a stream rollup")
+	pub("ru.d", "")
+	same("after a publish")
+	pub("ru.a", "bogus")
+	pub("nr.a", "sub")
+	// A key-value purge is a subject rollup with a marker: the key reads as gone on both.
+	for side, js := range tw.js {
+		kv, err := js.CreateKeyValue(tw.ctx, jetstream.KeyValueConfig{Bucket: "B", History: 5})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, v := range []string{"1", "2", "3"} {
+			if _, err := kv.PutString(tw.ctx, "k", v); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := kv.Purge(tw.ctx, "k"); err != nil {
+			t.Fatalf("%s: purge: %v", sideName[side], err)
+		}
+		if _, err := kv.Get(tw.ctx, "k"); !errors.Is(err, jetstream.ErrKeyNotFound) {
+			t.Errorf("%s: get after purge: %v", sideName[side], err)
+		}
+	}
+	if st, err := tw.states("KV_B"); err != nil {
+		t.Fatalf("bucket after purge: %v", err)
+	} else {
+		t.Logf("bucket after purge: %s", brief(st[ours]))
 	}
 }

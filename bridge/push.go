@@ -58,7 +58,7 @@ func (b *Bridge) onPublish(s *stream, m *leaf.Msg) {
 	p := publish{reply: m.Reply, recv: time.Now(), size: size,
 		msg: pg.AppendMsg{Subject: m.Subject, Header: m.Header, Data: m.Data}}
 	if len(m.Header) > 0 {
-		if e := parseExpectations(s.name, m.Header, &p.msg); e != nil {
+		if e := parseExpectations(&cfg, m.Header, &p.msg); e != nil {
 			reason := reasonExpected
 			if e.ErrCode == badRequestCode {
 				reason = reasonUnstorable
@@ -126,7 +126,7 @@ func checkStorable(what, v string) *server.ApiError {
 
 // parseExpectations reads the Nats-Msg-Id and Nats-Expected-* headers. The stream name is
 // checked here; the rest need the stream's row lock and are decided in the transaction.
-func parseExpectations(stream string, hdr []byte, m *pg.AppendMsg) *server.ApiError {
+func parseExpectations(cfg *server.StreamConfig, hdr []byte, m *pg.AppendMsg) *server.ApiError {
 	// Features jetgres does not implement are refused, never silently ignored.
 	if headerValue(hdr, server.JSMessageTTL) != "" {
 		return server.NewJSMessageTTLDisabledError()
@@ -138,7 +138,7 @@ func parseExpectations(stream string, hdr []byte, m *pg.AppendMsg) *server.ApiEr
 	if e := checkStorable(server.JSMsgId, m.MsgID); e != nil {
 		return e
 	}
-	if v := headerValue(hdr, server.JSExpectedStream); v != "" && v != stream {
+	if v := headerValue(hdr, server.JSExpectedStream); v != "" && v != cfg.Name {
 		return server.NewJSStreamNotMatchError()
 	}
 	if v := headerValue(hdr, server.JSExpectedLastSeq); v != "" {
@@ -162,6 +162,19 @@ func parseExpectations(stream string, hdr []byte, m *pg.AppendMsg) *server.ApiEr
 				return e
 			}
 			m.ExpectLastSubjFilter = f
+		}
+	}
+	if v := headerValue(hdr, server.JSMsgRollup); v != "" {
+		if !cfg.AllowRollup || cfg.DenyPurge {
+			return server.NewJSStreamRollupFailedError(errors.New("rollup not permitted"))
+		}
+		switch v {
+		case server.JSMsgRollupSubject:
+			m.Rollup = pg.RollupSubject
+		case server.JSMsgRollupAll:
+			m.Rollup = pg.RollupAll
+		default:
+			return server.NewJSStreamRollupFailedError(fmt.Errorf("rollup value invalid: %q", v))
 		}
 	}
 	m.ExpectLastMsgID = headerValue(hdr, server.JSExpectedLastMsgId)

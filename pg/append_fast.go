@@ -76,7 +76,7 @@ func fastEligible(bt AppendBatch, st tailState) bool {
 	}
 	for i := range bt.Msgs {
 		m := &bt.Msgs[i]
-		if m.MsgID != "" || m.NoInterest || m.ExpectLastSeq != nil || m.ExpectLastSubjSeq != nil || m.ExpectLastMsgID != "" {
+		if m.MsgID != "" || m.NoInterest || m.ExpectLastSeq != nil || m.ExpectLastSubjSeq != nil || m.ExpectLastMsgID != "" || m.Rollup != RollupNone {
 			return false
 		}
 	}

@@ -44,6 +44,15 @@ func MessageSize(subject string, hdr, data []byte) uint64 {
 	return uint64(34 + len(subject) + len(hdr) + len(data))
 }
 
+// Rollup is what a Nats-Rollup header asks a stored message to replace.
+type Rollup uint8
+
+const (
+	RollupNone    Rollup = iota
+	RollupSubject        // "sub": the older messages of its subject
+	RollupAll            // "all": every older message of the stream
+)
+
 // AppendMsg is one message to append, with the expectations the publisher set in its
 // Nats-Expected-* headers, which only the stream's row lock can decide.
 type AppendMsg struct {
@@ -56,6 +65,10 @@ type AppendMsg struct {
 	ExpectLastSubjSeq    *uint64 // Nats-Expected-Last-Subject-Sequence
 	ExpectLastSubjFilter string  // Nats-Expected-Last-Subject-Sequence-Subject (defaults to Subject)
 	ExpectLastMsgID      string  // Nats-Expected-Last-Msg-Id
+
+	// Rollup (Nats-Rollup) removes, once the message is stored, every older message of its
+	// subject or of the whole stream.
+	Rollup Rollup
 
 	// NoInterest takes a sequence and stores nothing: under interest retention no consumer
 	// wants the message, and JetStream answers such a publish with a sequence all the same.
@@ -198,7 +211,7 @@ func (db *DB) appendTx(ctx context.Context, q Querier, batches []AppendBatch, ts
 				bt.StreamID, msgIDs, ts-bt.DupWindow.Nanoseconds())
 			rd.dups = true
 		}
-		if subjects := batchSubjects(bt); len(subjects) > 0 && bt.Limits.MaxMsgsPer > 0 {
+		if subjects := batchSubjects(bt); len(subjects) > 0 && (bt.Limits.MaxMsgsPer > 0 || rollsUpSubject(bt)) {
 			b.Queue(`SELECT subject, seq, size FROM jetgres.subject_live($1, $2)`, bt.StreamID, subjects)
 			rd.subjects = true
 		}
@@ -232,6 +245,9 @@ func (db *DB) appendTx(ctx context.Context, q Querier, batches []AppendBatch, ts
 		seen := reads[i].seen
 		h := newHoldings(db, bt.StreamID, st, bt.Limits)
 		h.head = reads[i].oldest
+		if reads[i].subjects && h.subjects == nil {
+			h.subjects = make(map[string][]liveRow)
+		}
 		for _, lr := range reads[i].live {
 			h.subjects[lr.subject] = append(h.subjects[lr.subject], lr.row)
 		}
@@ -283,6 +299,7 @@ func (db *DB) appendTx(ctx context.Context, q Querier, batches []AppendBatch, ts
 			st.cumBytes += size
 			r.Stored = append(r.Stored, msg)
 			h.store(msg.Seq, m.Subject, size)
+			h.rollup(m.Rollup, msg.Seq, m.Subject)
 		}
 		if err := h.evictOld(ctx, q); err != nil {
 			return nil, err
@@ -470,6 +487,17 @@ func readBatchReads(br pgx.BatchResults, batches []AppendBatch, reads []batchRea
 		}
 	}
 	return states, nil
+}
+
+// rollsUpSubject reports whether a message of the batch rolls up its subject, which needs
+// the live rows of the batch's subjects.
+func rollsUpSubject(b AppendBatch) bool {
+	for i := range b.Msgs {
+		if b.Msgs[i].Rollup == RollupSubject {
+			return true
+		}
+	}
+	return false
 }
 
 // batchSubjects lists the distinct subjects of the messages a batch may store.

@@ -159,15 +159,39 @@ func (h *holdings) store(seq uint64, subject string, size uint64) {
 	h.stored = append(h.stored, r)
 	h.st.msgs++
 	h.st.bytes += size
-	if h.lim.MaxMsgsPer <= 0 {
+	if h.subjects == nil {
 		return
 	}
 	live := append(h.subjects[subject], r)
-	for int64(len(live)) > h.lim.MaxMsgsPer {
+	for h.lim.MaxMsgsPer > 0 && int64(len(live)) > h.lim.MaxMsgsPer {
 		h.kill(live[0])
 		live = live[1:]
 	}
 	h.subjects[subject] = live
+}
+
+// rollup applies a Nats-Rollup header of the message just stored at seq: its subject's
+// older messages get tombstones; for the whole stream, the first sequence moves to seq,
+// which leaves every older row behind it without touching one.
+func (h *holdings) rollup(kind Rollup, seq uint64, subject string) {
+	switch kind {
+	case RollupSubject:
+		live := h.subjects[subject]
+		for _, r := range live[:len(live)-1] {
+			h.kill(r)
+		}
+		h.subjects[subject] = live[len(live)-1:]
+	case RollupAll:
+		r := h.stored[len(h.stored)-1]
+		h.st.firstSeq, h.st.msgs, h.st.bytes = seq, 1, r.size
+		h.headPos, h.dbLive = len(h.head), uint64(len(h.head))
+		h.storedPos = len(h.stored) - 1
+		if h.subjects != nil {
+			clear(h.subjects)
+			h.subjects[subject] = []liveRow{r}
+		}
+		h.removed = true
+	}
 }
 
 // kill tombstones a live row.

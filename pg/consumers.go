@@ -285,6 +285,17 @@ func subjectCond(filters []string, arg int) (string, any) {
 const liveRows = `seq >= (SELECT first_seq FROM jetgres.stream_state WHERE stream_id = $1)
 	AND NOT EXISTS (SELECT 1 FROM jetgres.deleted d WHERE d.stream_id = $1 AND d.seq = m.seq)`
 
+// notTombstoned is the tombstone test of a read that stops after a few rows (ORDER BY ...
+// LIMIT), for the stream id in parameter param. As a scalar subquery it is probed row by row
+// through the primary key; written as NOT EXISTS, the planner may make it an anti join that
+// reads every tombstone of the stream on each call, which it prefers while its statistics
+// still count few tombstones (autovacuum analyzes a growing table only now and then).
+// Measured on a key updated 4,000 times: 1.6 ms for its newest live row as an anti join,
+// 0.05 ms probed. Counts over whole ranges keep the anti join, which suits them.
+func notTombstoned(param string) string {
+	return `(SELECT NOT EXISTS (SELECT 1 FROM jetgres.deleted d WHERE d.stream_id = ` + param + ` AND d.seq = m.seq))`
+}
+
 // ReadFiltered is Read for a consumer: it returns up to p.MaxMsgs live messages from
 // [p.From, p.UpTo] whose subject matches any of filters (all of them when filters is empty;
 // p.Filter is ignored), and the sequence through which it looked: nothing between the
@@ -307,7 +318,8 @@ func (db *DB) ReadFiltered(ctx context.Context, p ReadParams, filters []string) 
 				args = append(args, arg)
 			}
 			rows, err := q.Query(ctx, `SELECT seq, ts, subject, hdr, data, cum_before FROM `+chunkTable(p.StreamID, chunks[k].chunk)+` m
-				WHERE seq >= $2 AND seq <= $3 AND `+liveRows+cond+` ORDER BY seq LIMIT $4`, args...)
+				WHERE seq >= $2 AND seq <= $3 AND seq >= (SELECT first_seq FROM jetgres.stream_state WHERE stream_id = $1)
+				AND `+notTombstoned("$1")+cond+` ORDER BY seq LIMIT $4`, args...)
 			if err != nil {
 				if isUndefinedTable(err) {
 					continue

@@ -1,6 +1,7 @@
 package pg
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -212,7 +213,13 @@ func (db *DB) appendTx(ctx context.Context, q Querier, batches []AppendBatch, ts
 			rd.dups = true
 		}
 		if subjects := batchSubjects(bt); len(subjects) > 0 && (bt.Limits.MaxMsgsPer > 0 || rollsUpSubject(bt)) {
-			b.Queue(`SELECT subject, seq, size FROM jetgres.subject_live($1, $2)`, bt.StreamID, subjects)
+			// A per-subject limit needs at most that many live rows of each subject; a
+			// subject rollup needs them all.
+			var limit *int64
+			if !rollsUpSubject(bt) {
+				limit = &bt.Limits.MaxMsgsPer
+			}
+			b.Queue(`SELECT subject, seq, size FROM jetgres.subject_live($1, $2, $3)`, bt.StreamID, subjects, limit)
 			rd.subjects = true
 		}
 		if rd.head = db.prefetchFor(bt); rd.head > 0 {
@@ -475,6 +482,7 @@ func readBatchReads(br pgx.BatchResults, batches []AppendBatch, reads []batchRea
 			if err != nil {
 				return nil, err
 			}
+			slices.SortFunc(rd.live, func(a, b subjectRow) int { return cmp.Compare(a.row.seq, b.row.seq) })
 		}
 		if rd.head > 0 {
 			rows, err := br.Query()
@@ -705,7 +713,7 @@ func readChunk(ctx context.Context, q Querier, streamID, chunk int64, from, upTo
 	sql := `SELECT seq, ts, subject, hdr, data, cum_before FROM ` + chunkTable(streamID, chunk) + ` m
 		WHERE seq >= $1 AND seq <= $2
 		AND seq >= (SELECT first_seq FROM jetgres.stream_state WHERE stream_id = $4)
-		AND NOT EXISTS (SELECT 1 FROM jetgres.deleted d WHERE d.stream_id = $4 AND d.seq = m.seq)`
+		AND ` + notTombstoned("$4")
 	args := []any{int64(from), int64(upTo), limit, streamID}
 	if filter != "" && filter != ">" {
 		sql += ` AND subject ~ $5`
@@ -822,8 +830,7 @@ func (db *DB) lastMatching(ctx context.Context, q Querier, streamID int64, filte
 	}
 	for i := len(chunks) - 1; i >= 0; i-- {
 		rows, err := q.Query(ctx, `SELECT seq, ts, subject, hdr, data, cum_before FROM `+chunkTable(streamID, chunks[i].chunk)+
-			` m WHERE `+cond+` AND seq >= $2 AND seq <= $3
-			AND NOT EXISTS (SELECT 1 FROM jetgres.deleted d WHERE d.stream_id = $4 AND d.seq = m.seq)
+			` m WHERE `+cond+` AND seq >= $2 AND seq <= $3 AND `+notTombstoned("$4")+`
 			ORDER BY seq DESC LIMIT 1`, arg, int64(first), int64(upTo), streamID)
 		if err != nil {
 			if isUndefinedTable(err) {

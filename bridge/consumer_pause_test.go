@@ -26,7 +26,7 @@ func TestConsumerPauseMatchesJetStream(t *testing.T) {
 		t.Helper()
 		var v [2]view
 		for side, c := range cons {
-			b, err := c.Fetch(2, jetstream.FetchMaxWait(300*time.Millisecond))
+			b, err := c.Fetch(2, jetstream.FetchMaxWait(time.Second))
 			if err != nil {
 				t.Fatalf("%s: %s: fetch: %v", sideName[side], step, err)
 			}

@@ -571,7 +571,12 @@ func (db *DB) checkExpect(ctx context.Context, q Querier, streamID int64, st *lo
 		}
 	}
 	if last == 0 {
-		msg, err := db.lastMatching(ctx, q, streamID, filter, st.lastSeq)
+		// The committed first sequence, not st's: what this batch evicts is still there.
+		var first uint64
+		if err := q.QueryRow(ctx, `SELECT first_seq FROM jetgres.stream_state WHERE stream_id = $1`, streamID).Scan(&first); err != nil {
+			return nil, err
+		}
+		msg, err := db.lastMatching(ctx, q, streamID, filter, first, st.lastSeq)
 		if err != nil {
 			return nil, err
 		}
@@ -766,12 +771,12 @@ func (db *DB) GetMessage(ctx context.Context, streamID int64, seq uint64) (*Mess
 func (db *DB) LastBySubject(ctx context.Context, streamID int64, filter string) (*Message, error) {
 	var m *Message
 	err := db.Background(ctx, func(ctx context.Context, q Querier) error {
-		var last uint64
-		if err := q.QueryRow(ctx, `SELECT last_seq FROM jetgres.stream_state WHERE stream_id = $1`, streamID).Scan(&last); err != nil {
+		var first, last uint64
+		if err := q.QueryRow(ctx, `SELECT first_seq, last_seq FROM jetgres.stream_state WHERE stream_id = $1`, streamID).Scan(&first, &last); err != nil {
 			return err
 		}
 		var err error
-		m, err = db.lastMatching(ctx, q, streamID, filter, last)
+		m, err = db.lastMatching(ctx, q, streamID, filter, first, last)
 		return err
 	})
 	if err != nil {
@@ -814,12 +819,9 @@ func (db *DB) messageAt(ctx context.Context, q Querier, streamID int64, from, up
 	return &msgs[0], nil
 }
 
-// lastMatching scans chunks newest first for the last live message matching filter.
-func (db *DB) lastMatching(ctx context.Context, q Querier, streamID int64, filter string, upTo uint64) (*Message, error) {
-	var first uint64
-	if err := q.QueryRow(ctx, `SELECT first_seq FROM jetgres.stream_state WHERE stream_id = $1`, streamID).Scan(&first); err != nil {
-		return nil, err
-	}
+// lastMatching scans chunks newest first for the last live message in [first, upTo]
+// matching filter.
+func (db *DB) lastMatching(ctx context.Context, q Querier, streamID int64, filter string, first, upTo uint64) (*Message, error) {
 	chunks, err := db.chunks.list(ctx, q, streamID, upTo)
 	if err != nil {
 		return nil, err

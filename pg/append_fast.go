@@ -143,6 +143,7 @@ func (db *DB) appendFast(ctx context.Context, q Querier, batches []AppendBatch, 
 			continue
 		}
 		db.tails.set(p.bt.StreamID, p.next)
+		db.chunks.committed(p.bt.StreamID, p.next.chunk, p.next.lastSeq)
 		done = append(done, p.res)
 	}
 	return done, rest, nil

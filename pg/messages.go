@@ -383,6 +383,9 @@ func (db *DB) appendTx(ctx context.Context, q Querier, batches []AppendBatch, ts
 		db.chunks.add(o.streamID, o.info)
 	}
 	for i := range res {
+		db.chunks.committed(res[i].StreamID, holds[i].st.chunk, holds[i].st.lastSeq)
+	}
+	for i := range res {
 		r, h := &res[i], holds[i]
 		r.FirstSeq, r.Removed = h.st.firstSeq, h.removed
 		for _, t := range h.tombs {
@@ -941,6 +944,26 @@ func (c *chunkCache) list(ctx context.Context, q Querier, streamID int64, upTo u
 	c.byID[streamID] = l
 	c.loaded[streamID] = upTo
 	return l, nil
+}
+
+// committed records that this process committed a stream's sequences up to lastSeq, the
+// newest of them in chunk. When the list ends with that chunk and has no gap (another
+// replica may have opened a chunk this process never saw), it explains every sequence up to
+// lastSeq, so reads up to there need not reload it: a read right after a local commit then
+// costs no extra round trip.
+func (c *chunkCache) committed(streamID, chunk int64, lastSeq uint64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	l, ok := c.byID[streamID]
+	if !ok || len(l) == 0 || l[len(l)-1].chunk != chunk || lastSeq <= c.loaded[streamID] {
+		return
+	}
+	for i := 1; i < len(l); i++ {
+		if l[i].chunk != l[i-1].chunk+1 {
+			return
+		}
+	}
+	c.loaded[streamID] = lastSeq
 }
 
 // add records a chunk this process opened, once its transaction has committed.

@@ -13,7 +13,9 @@ import (
 
 // Two replicas append to one stream in turns. Each remembers its own last commit and tries
 // the one-round-trip path first; the state row's guard must send it to the general path
-// whenever the other replica wrote in between, so that sequences stay dense and unique.
+// whenever the other replica wrote in between, so that sequences stay dense and unique. After
+// each append the replica reads everything back: a chunk the other replica opened must not be
+// missing from what it reads, however its chunk list was last loaded.
 func TestAppendTwoReplicasKeepSequencesDense(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -54,6 +56,14 @@ func TestAppendTwoReplicasKeepSequencesDense(t *testing.T) {
 						t.Fatalf("sequence %d given to %s and %s", o.Seq, prev, name)
 					}
 					seen[o.Seq] = name
+				}
+				upTo := res[0].LastSeq
+				got, _, err := db.Read(ctx, pg.ReadParams{StreamID: st.ID, From: 1, UpTo: upTo, MaxMsgs: int(upTo) + 1})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if uint64(len(got)) != upTo {
+					t.Fatalf("%s round %d: read %d messages of 1..%d", name, i, len(got), upTo)
 				}
 			}
 		}
@@ -172,5 +182,57 @@ func TestChunkSubjectsCompareBytewise(t *testing.T) {
 	}
 	if !strings.Contains(strings.Join(plan, "\n"), "Index Cond: ((subject >= 'orders.'") {
 		t.Errorf("a wildcard filter does not narrow the subject index:\n%s", strings.Join(plan, "\n"))
+	}
+}
+
+// A replica opens a chunk after another replica opened and filled the one before it, which
+// the first never loaded: its chunk list has a gap, and a read right after its own append
+// must still find the other replica's chunk.
+func TestReadAfterAppendPastAnotherReplicasChunk(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url := pgtest.NewDB(t)
+	open := func() *pg.DB {
+		db, err := pg.Open(ctx, pg.Config{URL: url})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(db.Close)
+		return db
+	}
+	a, b := open(), open()
+	if err := a.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	st, err := a.CreateStream(ctx, "S", []byte(`{}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	appendN := func(db *pg.DB, n int) uint64 {
+		t.Helper()
+		msgs := make([]pg.AppendMsg, n)
+		for i := range msgs {
+			msgs[i] = pg.AppendMsg{Subject: "s", Data: []byte("x")}
+		}
+		res, _, err := db.Append(ctx, []pg.AppendBatch{{StreamID: st.ID, ChunkRows: 10, Msgs: msgs}}, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res[0].LastSeq
+	}
+	readAll := func(db *pg.DB, upTo uint64) int {
+		t.Helper()
+		got, _, err := db.Read(ctx, pg.ReadParams{StreamID: st.ID, From: 1, UpTo: upTo, MaxMsgs: int(upTo) + 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(got)
+	}
+	readAll(a, appendN(a, 5)) // a knows chunk 0
+	appendN(b, 10)            // b fills chunk 0 and opens chunk 1
+	appendN(b, 5)             // and fills it
+	last := appendN(a, 5)     // a opens chunk 2 without ever seeing chunk 1
+	if n := readAll(a, last); n != int(last) {
+		t.Fatalf("read %d messages of 1..%d after a chunk another replica opened", n, last)
 	}
 }

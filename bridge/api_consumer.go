@@ -309,11 +309,7 @@ func (cs *consumerSide) info(ctx context.Context, c *consumer) (*server.Consumer
 		NumRedelivered: c.st.NumRedelivered(),
 		TimeStamp:      now.UTC(),
 	}
-	if cfg.PauseUntil != nil {
-		if info.Paused = now.Before(*cfg.PauseUntil); info.Paused {
-			info.PauseRemaining = cfg.PauseUntil.Sub(now)
-		}
-	}
+	setPaused(info, &cfg, now)
 	for _, wr := range c.waiting {
 		if wr.expires.IsZero() || now.Before(wr.expires) {
 			info.NumWaiting++
@@ -348,8 +344,19 @@ func (cs *consumerSide) rowInfo(ctx context.Context, s *stream, row pg.Consumer)
 		return nil, err
 	}
 	floor := server.SequenceInfo{Consumer: row.AckConsumerSeq, Stream: row.AckStreamSeq}
-	return &server.ConsumerInfo{Stream: s.name, Name: row.Name, Created: row.Created.UTC(), Config: &cfg,
-		Delivered: floor, AckFloor: floor, NumPending: np, TimeStamp: time.Now().UTC()}, nil
+	info := &server.ConsumerInfo{Stream: s.name, Name: row.Name, Created: row.Created.UTC(), Config: &cfg,
+		Delivered: floor, AckFloor: floor, NumPending: np, TimeStamp: time.Now().UTC()}
+	setPaused(info, &cfg, time.Now())
+	return info, nil
+}
+
+// setPaused reports pause_until in a ConsumerInfo as nats-server does.
+func setPaused(info *server.ConsumerInfo, cfg *server.ConsumerConfig, now time.Time) {
+	if cfg.PauseUntil != nil {
+		if info.Paused = now.Before(*cfg.PauseUntil); info.Paused {
+			info.PauseRemaining = cfg.PauseUntil.Sub(now)
+		}
+	}
 }
 
 func utcOrNil(t time.Time) *time.Time {

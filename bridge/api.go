@@ -112,6 +112,24 @@ func isEmptyRequest(data []byte) bool {
 	return json.Unmarshal(data, &v) == nil && v != nil && len(v) == 0
 }
 
+// requestedStream reads an API request about the stream called name: it decodes body into
+// req, or, for subjects that take no request (req nil), refuses any body but an empty one,
+// and then finds the stream. Both checks come in the order nats-server makes them.
+func (b *Bridge) requestedStream(ctx context.Context, name string, body []byte, req any) (*stream, *server.ApiError) {
+	if req == nil {
+		if !isEmptyRequest(body) {
+			return nil, server.NewJSNotEmptyRequestError()
+		}
+	} else if e := decodeRequest(body, req); e != nil {
+		return nil, e
+	}
+	s := b.lookupOrSync(ctx, name)
+	if s == nil {
+		return nil, server.NewJSStreamNotFoundError()
+	}
+	return s, nil
+}
+
 // decodeRequest unmarshals an API request body; an empty body is an empty request.
 // Unknown fields are tolerated, as nats-server does.
 func decodeRequest(data []byte, v any) *server.ApiError {

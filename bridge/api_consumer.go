@@ -369,13 +369,9 @@ func utcOrNil(t time.Time) *time.Time {
 
 func (cs *consumerSide) apiInfo(ctx context.Context, streamName, name string, data []byte) any {
 	resp := &server.JSApiConsumerInfoResponse{ApiResponse: apiResponse(server.JSApiConsumerInfoResponseType)}
-	if !isEmptyRequest(data) {
-		resp.Error = server.NewJSNotEmptyRequestError()
-		return resp
-	}
-	s := cs.b.lookupOrSync(ctx, streamName)
-	if s == nil {
-		resp.Error = server.NewJSStreamNotFoundError()
+	s, e := cs.b.requestedStream(ctx, streamName, data, nil)
+	if e != nil {
+		resp.Error = e
 		return resp
 	}
 	c, err := cs.ensure(ctx, streamName, name)
@@ -407,12 +403,8 @@ func (cs *consumerSide) apiInfo(ctx context.Context, streamName, name string, da
 func (cs *consumerSide) apiPause(ctx context.Context, streamName, name string, data []byte) any {
 	resp := &server.JSApiConsumerPauseResponse{ApiResponse: apiResponse(server.JSApiConsumerPauseResponseType)}
 	var req server.JSApiConsumerPauseRequest
-	if e := decodeRequest(data, &req); e != nil {
+	if _, e := cs.b.requestedStream(ctx, streamName, data, &req); e != nil {
 		resp.Error = e
-		return resp
-	}
-	if cs.b.lookupOrSync(ctx, streamName) == nil {
-		resp.Error = server.NewJSStreamNotFoundError()
 		return resp
 	}
 	c, err := cs.ensure(ctx, streamName, name)
@@ -449,13 +441,9 @@ func (cs *consumerSide) apiPause(ctx context.Context, streamName, name string, d
 
 func (cs *consumerSide) apiDelete(ctx context.Context, streamName, name string, data []byte) any {
 	resp := &server.JSApiConsumerDeleteResponse{ApiResponse: apiResponse(server.JSApiConsumerDeleteResponseType)}
-	if !isEmptyRequest(data) {
-		resp.Error = server.NewJSNotEmptyRequestError()
-		return resp
-	}
-	s := cs.b.lookupOrSync(ctx, streamName)
-	if s == nil {
-		resp.Error = server.NewJSStreamNotFoundError()
+	s, e := cs.b.requestedStream(ctx, streamName, data, nil)
+	if e != nil {
+		resp.Error = e
 		return resp
 	}
 	err := pg.ErrNotFound
@@ -482,12 +470,9 @@ func (cs *consumerSide) apiDelete(ctx context.Context, streamName, name string, 
 // pagedConsumers reads a stream's stored consumers and the requested offset.
 func (cs *consumerSide) pagedConsumers(ctx context.Context, streamName string, data []byte) (*stream, []pg.Consumer, int, *server.ApiError) {
 	var req server.JSApiConsumersRequest
-	if e := decodeRequest(data, &req); e != nil {
+	s, e := cs.b.requestedStream(ctx, streamName, data, &req)
+	if e != nil {
 		return nil, nil, 0, e
-	}
-	s := cs.b.lookupOrSync(ctx, streamName)
-	if s == nil {
-		return nil, nil, 0, server.NewJSStreamNotFoundError()
 	}
 	rows, err := cs.b.db.Consumers(ctx, s.id)
 	if err != nil {

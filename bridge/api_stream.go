@@ -234,12 +234,9 @@ func (b *Bridge) apiStreamInfo(ctx context.Context, name string, body []byte) an
 		return &server.JSApiStreamInfoResponse{ApiResponse: server.ApiResponse{Type: server.JSApiStreamInfoResponseType, Error: e}}
 	}
 	var req server.JSApiStreamInfoRequest
-	if e := decodeRequest(body, &req); e != nil {
+	s, e := b.requestedStream(ctx, name, body, &req)
+	if e != nil {
 		return fail(e)
-	}
-	s := b.lookupOrSync(ctx, name)
-	if s == nil {
-		return fail(server.NewJSStreamNotFoundError())
 	}
 	info, e := b.streamInfo(ctx, s)
 	if e != nil {
@@ -319,12 +316,9 @@ func (b *Bridge) apiStreamPurge(ctx context.Context, name string, body []byte) a
 		return &server.JSApiStreamPurgeResponse{ApiResponse: server.ApiResponse{Type: server.JSApiStreamPurgeResponseType, Error: e}}
 	}
 	var req server.JSApiStreamPurgeRequest
-	if e := decodeRequest(body, &req); e != nil {
+	s, e := b.requestedStream(ctx, name, body, &req)
+	if e != nil {
 		return fail(e)
-	}
-	s := b.lookupOrSync(ctx, name)
-	if s == nil {
-		return fail(server.NewJSStreamNotFoundError())
 	}
 	switch cfg := s.config(); {
 	case cfg.Sealed:
@@ -421,12 +415,9 @@ func (b *Bridge) apiMsgGet(ctx context.Context, name string, body []byte) any {
 		return &server.JSApiMsgGetResponse{ApiResponse: server.ApiResponse{Type: server.JSApiMsgGetResponseType, Error: e}}
 	}
 	var req server.JSApiMsgGetRequest
-	if e := decodeRequest(body, &req); e != nil {
+	s, e := b.requestedStream(ctx, name, body, &req)
+	if e != nil {
 		return fail(e)
-	}
-	s := b.lookupOrSync(ctx, name)
-	if s == nil {
-		return fail(server.NewJSStreamNotFoundError())
 	}
 	var m *pg.Message
 	var err error
@@ -459,12 +450,9 @@ func (b *Bridge) apiMsgDelete(ctx context.Context, name string, body []byte) any
 		return &server.JSApiMsgDeleteResponse{ApiResponse: server.ApiResponse{Type: server.JSApiMsgDeleteResponseType, Error: e}}
 	}
 	var req server.JSApiMsgDeleteRequest
-	if e := decodeRequest(body, &req); e != nil {
+	s, e := b.requestedStream(ctx, name, body, &req)
+	if e != nil {
 		return fail(e)
-	}
-	s := b.lookupOrSync(ctx, name)
-	if s == nil {
-		return fail(server.NewJSStreamNotFoundError())
 	}
 	switch cfg := s.config(); {
 	case cfg.Sealed:

@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"maps"
+	"slices"
 	"sync"
 	"time"
 
@@ -66,11 +68,7 @@ type streamConsumers struct {
 func (sc *streamConsumers) list() []*consumer {
 	sc.mu.RLock()
 	defer sc.mu.RUnlock()
-	out := make([]*consumer, 0, len(sc.cons))
-	for _, c := range sc.cons {
-		out = append(out, c)
-	}
-	return out
+	return slices.Collect(maps.Values(sc.cons))
 }
 
 func (sc *streamConsumers) get(name string) *consumer {

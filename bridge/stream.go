@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -91,11 +92,7 @@ func (b *Bridge) lookupOrSync(ctx context.Context, name string) *stream {
 func (b *Bridge) streamList() []*stream {
 	b.mu.RLock()
 	defer b.mu.RUnlock()
-	out := make([]*stream, 0, len(b.streams))
-	for _, s := range b.streams {
-		out = append(out, s)
-	}
-	return out
+	return slices.Collect(maps.Values(b.streams))
 }
 
 // syncStreams makes the served streams agree with PostgreSQL.

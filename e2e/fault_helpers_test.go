@@ -175,6 +175,18 @@ func newPublisher(name, stream, subject string, payload, maxPending int) *publis
 	}
 }
 
+// startPublishers runs every publisher on wg until ctx ends, each draining its answers for up
+// to 10 s after, and fails t for any that stops on an error.
+func startPublishers(t *testing.T, ctx context.Context, wg *sync.WaitGroup, url string, pubs []*publisher) {
+	for _, p := range pubs {
+		wg.Go(func() {
+			if err := p.run(ctx, url, 10*time.Second); err != nil {
+				t.Errorf("publisher %s: %v", p.name, err)
+			}
+		})
+	}
+}
+
 // run publishes until ctx ends or the connection to url closes, then waits up to drain for
 // the answers still outstanding. A run starts by queueing every id that has no PubAck yet,
 // so that a run after a crash retries what the last one left unanswered.

@@ -84,13 +84,7 @@ func TestCrashUnderLoad(t *testing.T) {
 		}
 		loadCtx, stopLoad := context.WithCancel(ctx)
 		var wg sync.WaitGroup
-		for _, p := range pubs {
-			wg.Go(func() {
-				if err := p.run(loadCtx, j.natsURL, 10*time.Second); err != nil {
-					t.Errorf("publisher %s: %v", p.name, err)
-				}
-			})
-		}
+		startPublishers(t, loadCtx, &wg, j.natsURL, pubs)
 		consumeCtx, stopConsuming := context.WithCancel(ctx)
 		var cwg sync.WaitGroup
 		cwg.Go(func() {
@@ -237,13 +231,7 @@ func TestDatabaseDown(t *testing.T) {
 	loadCtx, stopLoad := context.WithCancel(ctx)
 	defer stopLoad()
 	var wg sync.WaitGroup
-	for _, p := range pubs {
-		wg.Go(func() {
-			if err := p.run(loadCtx, j.natsURL, 10*time.Second); err != nil {
-				t.Errorf("publisher %s: %v", p.name, err)
-			}
-		})
-	}
+	startPublishers(t, loadCtx, &wg, j.natsURL, pubs)
 	wg.Go(func() {
 		if err := cons.run(loadCtx, j.natsURL, 0); err != nil {
 			t.Errorf("consumer: %v", err)
@@ -495,13 +483,7 @@ func TestSlowDatabase(t *testing.T) {
 	loadCtx, stopLoad := context.WithCancel(ctx)
 	defer stopLoad()
 	var wg sync.WaitGroup
-	for _, p := range pubs {
-		wg.Go(func() {
-			if err := p.run(loadCtx, j.natsURL, 10*time.Second); err != nil {
-				t.Errorf("publisher %s: %v", p.name, err)
-			}
-		})
-	}
+	startPublishers(t, loadCtx, &wg, j.natsURL, pubs)
 	if err := <-released; err != nil {
 		t.Fatalf("holding the stream locks: %v", err)
 	}

@@ -11,13 +11,10 @@ import (
 	"github.com/jetgres/jetgres/pg/pgtest"
 )
 
-// Two replicas append to one stream in turns. Each remembers its own last commit and tries
-// the one-round-trip path first; the state row's guard must send it to the general path
-// whenever the other replica wrote in between, so that sequences stay dense and unique. After
-// each append the replica reads everything back: a chunk the other replica opened must not be
-// missing from what it reads, however its chunk list was last loaded.
-func TestAppendTwoReplicasKeepSequencesDense(t *testing.T) {
-	t.Parallel()
+// twoReplicas opens two pools, as two jetgres replicas would, on one fresh migrated database
+// holding one stream.
+func twoReplicas(t *testing.T) (a, b *pg.DB, st pg.Stream) {
+	t.Helper()
 	ctx := context.Background()
 	url := pgtest.NewDB(t)
 	open := func() *pg.DB {
@@ -28,15 +25,26 @@ func TestAppendTwoReplicasKeepSequencesDense(t *testing.T) {
 		t.Cleanup(db.Close)
 		return db
 	}
-	a := open()
+	a, b = open(), open()
 	if err := a.Migrate(ctx); err != nil {
 		t.Fatal(err)
 	}
-	b := open()
 	st, err := a.CreateStream(ctx, "S", []byte(`{}`))
 	if err != nil {
 		t.Fatal(err)
 	}
+	return a, b, st
+}
+
+// Two replicas append to one stream in turns. Each remembers its own last commit and tries
+// the one-round-trip path first; the state row's guard must send it to the general path
+// whenever the other replica wrote in between, so that sequences stay dense and unique. After
+// each append the replica reads everything back: a chunk the other replica opened must not be
+// missing from what it reads, however its chunk list was last loaded.
+func TestAppendTwoReplicasKeepSequencesDense(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	a, b, st := twoReplicas(t)
 	const rounds, perBatch = 50, 3
 	seen := make(map[uint64]string)
 	for i := range rounds {
@@ -191,23 +199,7 @@ func TestChunkSubjectsCompareBytewise(t *testing.T) {
 func TestReadAfterAppendPastAnotherReplicasChunk(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	url := pgtest.NewDB(t)
-	open := func() *pg.DB {
-		db, err := pg.Open(ctx, pg.Config{URL: url})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(db.Close)
-		return db
-	}
-	a, b := open(), open()
-	if err := a.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
-	st, err := a.CreateStream(ctx, "S", []byte(`{}`))
-	if err != nil {
-		t.Fatal(err)
-	}
+	a, b, st := twoReplicas(t)
 	appendN := func(db *pg.DB, n int) uint64 {
 		t.Helper()
 		msgs := make([]pg.AppendMsg, n)

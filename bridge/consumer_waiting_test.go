@@ -42,6 +42,11 @@ func nextStatus(t *testing.T, sub *nats.Subscription, wait time.Duration) string
 	if err != nil {
 		t.Fatalf("no answer on %s: %v", sub.Subject, err)
 	}
+	return statusLine(m)
+}
+
+// statusLine is a pull answer's status line, "" for a message with data.
+func statusLine(m *nats.Msg) string {
 	if len(m.Data) > 0 {
 		return ""
 	}

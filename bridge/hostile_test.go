@@ -128,10 +128,8 @@ func pullStatusOf(t *testing.T, nc *nats.Conn, target, body string) string {
 		return "503 No Responders"
 	case err != nil:
 		t.Fatalf("pull on %s with %q: no answer: %v", target, body, err)
-	case len(m.Data) > 0:
-		return ""
 	}
-	return m.Header.Get("Status") + " " + m.Header.Get("Description")
+	return statusLine(m)
 }
 
 func TestHostileAPIRequests(t *testing.T) {

@@ -148,6 +148,9 @@ type lockedState struct {
 	lastTS                      int64
 	chunk, chunkRows            int64
 	lastMsgID                   string
+	// committedFirst is firstSeq as the row was read: what the batch evicts is still there
+	// for the statements of this transaction.
+	committedFirst uint64
 }
 
 // Append stores the batches of one or more streams in one transaction: lock each stream's
@@ -250,14 +253,8 @@ func (db *DB) appendTx(ctx context.Context, q Querier, batches []AppendBatch, ts
 		r.StreamID = bt.StreamID
 		r.Outcomes = make([]Outcome, len(bt.Msgs))
 		seen := reads[i].seen
-		h := newHoldings(db, bt.StreamID, st, bt.Limits)
+		h := newHoldings(db, bt.StreamID, st, bt.Limits, reads[i].live, reads[i].subjects)
 		h.head = reads[i].oldest
-		if reads[i].subjects && h.subjects == nil {
-			h.subjects = make(map[string][]liveRow)
-		}
-		for _, lr := range reads[i].live {
-			h.subjects[lr.subject] = append(h.subjects[lr.subject], lr.row)
-		}
 		holds[i] = h
 		chunkRows := bt.chunkRows()
 		lastBefore := st.lastSeq
@@ -444,6 +441,7 @@ func readBatchReads(br pgx.BatchResults, batches []AppendBatch, reads []batchRea
 			rows.Close()
 			return nil, err
 		}
+		s.committedFirst = s.firstSeq
 		states[id] = s
 	}
 	rows.Close()
@@ -574,12 +572,7 @@ func (db *DB) checkExpect(ctx context.Context, q Querier, streamID int64, st *lo
 		}
 	}
 	if last == 0 {
-		// The committed first sequence, not st's: what this batch evicts is still there.
-		var first uint64
-		if err := q.QueryRow(ctx, `SELECT first_seq FROM jetgres.stream_state WHERE stream_id = $1`, streamID).Scan(&first); err != nil {
-			return nil, err
-		}
-		msg, err := db.lastMatching(ctx, q, streamID, filter, first, st.lastSeq)
+		msg, err := db.lastMatching(ctx, q, streamID, filter, st.committedFirst, st.lastSeq)
 		if err != nil {
 			return nil, err
 		}
@@ -746,18 +739,23 @@ func scanMessage(r pgx.CollectableRow) (Message, error) {
 	return m, err
 }
 
+// streamBounds reads a stream's committed first and last sequence.
+func streamBounds(ctx context.Context, q Querier, streamID int64) (first, last uint64, err error) {
+	err = q.QueryRow(ctx, `SELECT first_seq, last_seq FROM jetgres.stream_state WHERE stream_id = $1`, streamID).Scan(&first, &last)
+	return first, last, err
+}
+
 // GetMessage returns the message with sequence seq, or ErrNotFound.
 func (db *DB) GetMessage(ctx context.Context, streamID int64, seq uint64) (*Message, error) {
 	var m *Message
 	err := db.Background(ctx, func(ctx context.Context, q Querier) error {
-		var first, last uint64
-		if err := q.QueryRow(ctx, `SELECT first_seq, last_seq FROM jetgres.stream_state WHERE stream_id = $1`, streamID).Scan(&first, &last); err != nil {
+		first, last, err := streamBounds(ctx, q, streamID)
+		if err != nil {
 			return err
 		}
 		if seq < first || seq > last {
 			return nil
 		}
-		var err error
 		m, err = db.messageAt(ctx, q, streamID, seq, seq)
 		return err
 	})
@@ -774,11 +772,10 @@ func (db *DB) GetMessage(ctx context.Context, streamID int64, seq uint64) (*Mess
 func (db *DB) LastBySubject(ctx context.Context, streamID int64, filter string) (*Message, error) {
 	var m *Message
 	err := db.Background(ctx, func(ctx context.Context, q Querier) error {
-		var first, last uint64
-		if err := q.QueryRow(ctx, `SELECT first_seq, last_seq FROM jetgres.stream_state WHERE stream_id = $1`, streamID).Scan(&first, &last); err != nil {
+		first, last, err := streamBounds(ctx, q, streamID)
+		if err != nil {
 			return err
 		}
-		var err error
 		m, err = db.lastMatching(ctx, q, streamID, filter, first, last)
 		return err
 	})
@@ -796,11 +793,10 @@ func (db *DB) LastBySubject(ctx context.Context, streamID int64, filter string) 
 func (db *DB) NextBySubject(ctx context.Context, streamID int64, filter string, from uint64) (*Message, error) {
 	var msgs []Message
 	err := db.Background(ctx, func(ctx context.Context, q Querier) error {
-		var first, last uint64
-		if err := q.QueryRow(ctx, `SELECT first_seq, last_seq FROM jetgres.stream_state WHERE stream_id = $1`, streamID).Scan(&first, &last); err != nil {
+		first, last, err := streamBounds(ctx, q, streamID)
+		if err != nil {
 			return err
 		}
-		var err error
 		msgs, err = db.readRange(ctx, q, ReadParams{StreamID: streamID, From: max(from, first), UpTo: last, MaxMsgs: 1, Filter: filter})
 		return err
 	})

@@ -79,10 +79,15 @@ type holdings struct {
 	moved    bool                 // the first sequence may no longer be live
 }
 
-func newHoldings(db *DB, streamID int64, st *lockedState, lim Limits) *holdings {
+// newHoldings starts a stream's holdings; live holds the live rows of the batch's subjects
+// when they were read (a per-subject limit or a subject rollup), which it then tracks.
+func newHoldings(db *DB, streamID int64, st *lockedState, lim Limits, live []subjectRow, subjects bool) *holdings {
 	h := &holdings{db: db, streamID: streamID, st: st, lim: lim, dbLive: st.msgs}
-	if lim.MaxMsgsPer > 0 {
+	if subjects {
 		h.subjects = make(map[string][]liveRow)
+		for _, lr := range live {
+			h.subjects[lr.subject] = append(h.subjects[lr.subject], lr.row)
+		}
 	}
 	return h
 }

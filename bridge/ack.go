@@ -157,8 +157,8 @@ func (w *cursorWriter) await(c *consumer, seq uint64, reply string) {
 }
 
 // writeCursors writes the latest floor until what is written is what is wanted. It takes
-// a push lane permit per write: a cursor write commits like a publish does, and its round
-// trip belongs with theirs, not with the cheap reads of the pop lane.
+// an ack lane permit per write: cursor writes commit like publishes, but their short round
+// trips would set the push lane's rtt_base, and they are not reads for the pop lane.
 func (c *consumer) writeCursors() {
 	w := &c.cw
 	defer w.wg.Done()
@@ -173,20 +173,16 @@ func (c *consumer) writeCursors() {
 		}
 		w.mu.Unlock()
 		err := c.writeCursor(ctx, f)
-		if errors.Is(err, pg.ErrLeaseLost) {
-			c.stop(stopLost)
+		if lost := errors.Is(err, pg.ErrLeaseLost); lost || (err != nil && ctx.Err() != nil) {
+			if lost {
+				c.stop(stopLost)
+			}
 			w.mu.Lock()
 			w.inflight = false
 			w.mu.Unlock()
 			return
 		}
 		if err != nil {
-			if ctx.Err() != nil {
-				w.mu.Lock()
-				w.inflight = false
-				w.mu.Unlock()
-				return
-			}
 			c.cs.b.log.Warn("cursor write failed", "stream", c.sc.s.name, "consumer", c.name, "err", err)
 			select {
 			case <-ctx.Done():
@@ -219,14 +215,16 @@ func (c *consumer) writeCursor(ctx context.Context, f consumerstate.Pair) error 
 		return err
 	}
 	start := time.Now()
-	rtt, err := c.cs.b.db.WriteCursor(ctx, pg.CursorParams{
-		StreamID: c.sc.s.id, Name: c.name, Owner: c.cs.owner,
-		AckStreamSeq: f.Stream, AckConsumerSeq: f.Consumer,
-	})
+	rtt, err := c.cs.b.db.WriteCursor(ctx, c.cursorParams(f))
 	giveBack(p, rtt, err)
 	c.cs.m.cursorWrites.Inc()
 	c.cs.m.cursorLatency.Observe(time.Since(start).Seconds())
 	return err
+}
+
+// cursorParams is the cursor write that records floor f under this process's lease.
+func (c *consumer) cursorParams(f consumerstate.Pair) pg.CursorParams {
+	return pg.CursorParams{StreamID: c.sc.s.id, Name: c.name, Owner: c.cs.owner, AckStreamSeq: f.Stream, AckConsumerSeq: f.Consumer}
 }
 
 // flushCursor waits for the write in flight and writes a floor still unwritten, so that a
@@ -248,10 +246,7 @@ func (c *consumer) flushCursor(ctx context.Context) {
 	if f == written {
 		return
 	}
-	if _, err := c.cs.b.db.WriteCursor(ctx, pg.CursorParams{
-		StreamID: c.sc.s.id, Name: c.name, Owner: c.cs.owner,
-		AckStreamSeq: f.Stream, AckConsumerSeq: f.Consumer,
-	}); err != nil {
+	if _, err := c.cs.b.db.WriteCursor(ctx, c.cursorParams(f)); err != nil {
 		c.cs.b.log.Warn("final cursor write failed", "stream", c.sc.s.name, "consumer", c.name, "err", err)
 	}
 }

@@ -133,7 +133,7 @@ func (b *Bridge) requestedStream(ctx context.Context, name string, body []byte, 
 // decodeRequest unmarshals an API request body; an empty body is an empty request.
 // Unknown fields are tolerated, as nats-server does.
 func decodeRequest(data []byte, v any) *server.ApiError {
-	if len(strings.TrimSpace(string(data))) == 0 {
+	if len(bytes.TrimSpace(data)) == 0 {
 		return nil
 	}
 	if err := json.Unmarshal(data, v); err != nil {

@@ -14,6 +14,9 @@ import (
 	"github.com/jetgres/jetgres/pg"
 )
 
+// errServedElsewhere refuses changes to a consumer whose lease another replica holds.
+var errServedElsewhere = errors.New("consumer is served by another replica")
+
 // handleConsumerAPI serves $JS.API.CONSUMER.* (tok is the subject after "CONSUMER.") on an
 // API worker. MSG.NEXT never comes here: it takes the in-order path of handlePullRequest.
 func (b *Bridge) handleConsumerAPI(ctx context.Context, tok []string, m *leaf.Msg) any {
@@ -136,7 +139,7 @@ func (cs *consumerSide) apiCreate(ctx context.Context, tok []string, data []byte
 		resp.ConsumerInfo = info
 		return resp
 	case errors.Is(err, pg.ErrLeaseHeld):
-		return fail(server.NewJSConsumerCreateError(errors.New("consumer is served by another replica")))
+		return fail(server.NewJSConsumerCreateError(errServedElsewhere))
 	case !errors.Is(err, pg.ErrNotFound):
 		cs.b.log.Error("looking up consumer", "stream", streamName, "consumer", name, "err", err)
 		return fail(server.NewJSConsumerCreateError(errors.New("database error")))
@@ -164,13 +167,14 @@ func (cs *consumerSide) update(ctx context.Context, c *consumer, cfg server.Cons
 	c.mu.Lock()
 	old := c.cfg
 	c.mu.Unlock()
-	if action == server.ActionCreate && !sameConsumerConfig(cfg, old) {
+	same := sameConsumerConfig(cfg, old)
+	if action == server.ActionCreate && !same {
 		return nil, server.NewJSConsumerAlreadyExistsError()
 	}
 	if err := checkConsumerUpdate(&old, &cfg); err != nil {
 		return nil, server.NewJSConsumerCreateError(err)
 	}
-	if !sameConsumerConfig(cfg, old) {
+	if !same {
 		raw, err := json.Marshal(cfg)
 		if err != nil {
 			return nil, server.NewJSConsumerCreateError(err)
@@ -329,17 +333,20 @@ func (cs *consumerSide) info(ctx context.Context, c *consumer) (*server.Consumer
 	return info, nil
 }
 
-// rowInfo reports a consumer this process does not serve, from its stored row.
-func (cs *consumerSide) rowInfo(ctx context.Context, s *stream, row pg.Consumer) (*server.ConsumerInfo, error) {
+// highWater reads a stream's committed high-water mark from PostgreSQL.
+func (cs *consumerSide) highWater(ctx context.Context, s *stream) (uint64, error) {
+	hw, err := cs.b.db.HighWater(ctx, []int64{s.id})
+	return hw[s.id], err
+}
+
+// rowInfo reports a consumer this process does not serve, from its stored row; hw is the
+// stream's high-water mark, read once however many rows a listing reports.
+func (cs *consumerSide) rowInfo(ctx context.Context, s *stream, row pg.Consumer, hw uint64) (*server.ConsumerInfo, error) {
 	var cfg server.ConsumerConfig
 	if err := json.Unmarshal(row.Config, &cfg); err != nil {
 		return nil, err
 	}
-	hw, err := cs.b.db.HighWater(ctx, []int64{s.id})
-	if err != nil {
-		return nil, err
-	}
-	np, err := cs.b.db.CountPending(ctx, pg.PendingParams{StreamID: s.id, From: row.AckStreamSeq + 1, UpTo: hw[s.id], Filters: consumerFilters(&cfg)})
+	np, err := cs.b.db.CountPending(ctx, pg.PendingParams{StreamID: s.id, From: row.AckStreamSeq + 1, UpTo: hw, Filters: consumerFilters(&cfg)})
 	if err != nil {
 		return nil, err
 	}
@@ -384,8 +391,11 @@ func (cs *consumerSide) apiInfo(ctx context.Context, streamName, name string, da
 		return resp
 	case errors.Is(err, pg.ErrLeaseHeld):
 		var row pg.Consumer
+		var hw uint64
 		if row, err = cs.b.db.GetConsumer(ctx, s.id, name); err == nil {
-			info, err = cs.rowInfo(ctx, s, row)
+			if hw, err = cs.highWater(ctx, s); err == nil {
+				info, err = cs.rowInfo(ctx, s, row, hw)
+			}
 		}
 	}
 	if err != nil {
@@ -413,7 +423,7 @@ func (cs *consumerSide) apiPause(ctx context.Context, streamName, name string, d
 		resp.Error = server.NewJSConsumerNotFoundError()
 		return resp
 	case errors.Is(err, pg.ErrLeaseHeld):
-		resp.Error = server.NewJSConsumerCreateError(errors.New("consumer is served by another replica"))
+		resp.Error = server.NewJSConsumerCreateError(errServedElsewhere)
 		return resp
 	case err != nil:
 		cs.b.log.Error("looking up consumer", "stream", streamName, "consumer", name, "err", err)
@@ -506,6 +516,8 @@ func (cs *consumerSide) apiList(ctx context.Context, streamName string, data []b
 		resp.Error = e
 		return resp
 	}
+	hw := uint64(0)
+	hwRead := false
 	for _, r := range rows[offset:] {
 		if len(resp.Consumers) >= server.JSApiListLimit {
 			break
@@ -515,7 +527,13 @@ func (cs *consumerSide) apiList(ctx context.Context, streamName string, data []b
 		if c := cs.find(streamName, r.Name); c != nil {
 			info, err = cs.info(ctx, c)
 		} else {
-			info, err = cs.rowInfo(ctx, s, r)
+			if !hwRead {
+				hw, err = cs.highWater(ctx, s)
+				hwRead = err == nil
+			}
+			if err == nil {
+				info, err = cs.rowInfo(ctx, s, r, hw)
+			}
 		}
 		if err != nil {
 			resp.Missing = append(resp.Missing, r.Name)

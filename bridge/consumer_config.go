@@ -254,9 +254,6 @@ func checkDeliverPolicy(cfg *server.ConsumerConfig) *server.ApiError {
 // checkConsumerUpdate reports why an existing consumer cannot take a new configuration,
 // with nats-server's rules for what may change.
 func checkConsumerUpdate(old, cfg *server.ConsumerConfig) error {
-	if reflect.DeepEqual(old, cfg) {
-		return nil
-	}
 	switch {
 	case old.DeliverPolicy != cfg.DeliverPolicy:
 		return errors.New("deliver policy can not be updated")

@@ -73,14 +73,13 @@ type State struct {
 	dseq  uint64 // next consumer sequence
 	floor Pair   // ack floor: everything at or below it is done
 
-	pending  map[uint64]*pending // by stream sequence
-	order    seqHeap             // pending stream sequences, lazily cleaned
-	rdc      map[uint64]uint64   // redeliveries so far, by stream sequence
-	rdq      seqHeap             // queued for redelivery, lazily cleaned
-	queued   map[uint64]struct{} // members of rdq
-	lastDlv  time.Time
-	lastAck  time.Time
-	redelivs uint64 // redeliveries done, for metrics
+	pending map[uint64]*pending // by stream sequence
+	order   seqHeap             // pending stream sequences, lazily cleaned
+	rdc     map[uint64]uint64   // redeliveries so far, by stream sequence
+	rdq     seqHeap             // queued for redelivery, lazily cleaned
+	queued  map[uint64]struct{} // members of rdq
+	lastDlv time.Time
+	lastAck time.Time
 }
 
 // New returns the state of a consumer whose ack floor is floor and whose first delivery
@@ -141,9 +140,6 @@ func (s *State) NumRedelivered() int {
 	return len(s.rdc)
 }
 
-// Redeliveries is the running count of redeliveries, for metrics.
-func (s *State) Redeliveries() uint64 { return s.redelivs }
-
 // LastDelivered and LastAcked are the times of the last delivery and the last ack that moved
 // the state, zero if none.
 func (s *State) LastDelivered() time.Time { return s.lastDlv }
@@ -195,7 +191,6 @@ func (s *State) Deliver(seq, dc uint64) (dseq uint64, floorMoved bool) {
 	if dc > 1 {
 		s.rdc[seq] = dc - 1
 		s.unqueue(seq)
-		s.redelivs++
 	} else if seq >= s.sseq {
 		s.sseq = seq + 1
 	}

@@ -36,6 +36,9 @@ func (cs *consumerSide) onAck(m *leaf.Msg) {
 	if !ok {
 		return
 	}
+	if mt := cs.b.maint(); mt != nil {
+		mt.noteAck(a, m.Data)
+	}
 	c := cs.find(a.stream, a.consumer)
 	if c == nil {
 		return
@@ -43,6 +46,13 @@ func (cs *consumerSide) onAck(m *leaf.Msg) {
 	if !c.post(event{kind: evAck, ack: a, reply: m.Reply, data: m.Data}) {
 		cs.m.acksDropped.Inc()
 	}
+}
+
+// ackSettles reports whether an ack body acknowledges its message for good (an ack, +NXT or
+// a term), as retention counts it, rather than asking for it again or for more time.
+func ackSettles(body []byte) bool {
+	return len(body) == 0 || bytes.Equal(body, ackAck) || bytes.Equal(body, ackOK) ||
+		bytes.HasPrefix(body, ackNext) || bytes.HasPrefix(body, ackTerm)
 }
 
 // handleAck applies one ack to the state. Called on the consumer's goroutine with mu held.

@@ -140,7 +140,8 @@ type Bridge struct {
 	apiReqs     chan *leaf.Msg
 	apiSub      *leaf.Subscription
 
-	cons *consumerSide
+	cons       *consumerSide
+	maintainer atomic.Pointer[maintainer] // retention; nil outside Start .. Stop
 
 	flushes  sync.WaitGroup
 	stopOnce sync.Once

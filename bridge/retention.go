@@ -1,7 +1,6 @@
 package bridge
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -14,7 +13,6 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 
-	"github.com/jetgres/jetgres/embedded/leaf"
 	"github.com/jetgres/jetgres/pg"
 )
 
@@ -36,49 +34,30 @@ const (
 // reasonLimit labels publishes a discard-new limit refused, beside the reasons in metrics.go.
 const reasonLimit = "limit"
 
-// maintainers maps each Bridge to its maintainer. It stands in for a field of Bridge, which
-// holds only what the bridge's own files own.
-var maintainers sync.Map
-
 // maintainer is the bridge's background retention work: interest and workqueue retention
 // passes, max_age, chunk drops and de-duplication id pruning. It runs on one goroutine and
 // through db.Background, so it never takes a flow-limiter permit, and every transaction it
 // opens is short.
 type maintainer struct {
-	b      *Bridge
-	kick   chan struct{}
-	ackSub *leaf.Subscription
+	b    *Bridge
+	kick chan struct{}
 
 	lastPrune time.Time
 }
 
-func (b *Bridge) maint() *maintainer {
-	v, _ := maintainers.Load(b)
-	m, _ := v.(*maintainer)
-	return m
-}
+func (b *Bridge) maint() *maintainer { return b.maintainer.Load() }
 
-// startRetention starts the maintainer and watches acks. Without the ack subscription
-// retention still follows the consumers' ack floors; only acks above a floor wait for it.
+// startRetention starts the maintainer. From then on the consumers' ack handler also hands
+// it every ack, for the next retention pass; before, retention still follows the consumers'
+// ack floors, and only acks above a floor wait for it.
 func (b *Bridge) startRetention() {
 	m := &maintainer{b: b, kick: make(chan struct{}, 1), lastPrune: time.Now()}
-	maintainers.Store(b, m)
-	sub, err := b.link.Subscribe(ackPrefix+">", "", m.onAck)
-	if err != nil {
-		b.log.Warn("watching acks for retention failed", "err", err)
-	}
-	m.ackSub = sub
+	b.maintainer.Store(m)
 	b.wg.Go(m.run)
 }
 
-// stopRetention stops watching acks; the maintainer's goroutine ends with the bridge's
-// context.
-func (b *Bridge) stopRetention() {
-	if m := b.maint(); m != nil && m.ackSub != nil {
-		_ = m.ackSub.Unsubscribe()
-	}
-	maintainers.Delete(b)
-}
+// stopRetention forgets the maintainer; its goroutine ends with the bridge's context.
+func (b *Bridge) stopRetention() { b.maintainer.Store(nil) }
 
 // retained is a stream's interest and workqueue retention state.
 type retained struct {
@@ -92,17 +71,12 @@ type retained struct {
 	sig     string            // the consumers and filters the last pass saw
 }
 
-// onAck runs on the link's read loop beside the consumers' own ack handler: it notes which
-// messages were acknowledged, for the next retention pass. The consumer decides whether the
-// ack counts; the pass asks it.
-func (m *maintainer) onAck(msg *leaf.Msg) {
-	a, ok := parseAckSubject(msg.Subject)
-	if !ok {
-		return
-	}
-	body := msg.Data
-	if !(len(body) == 0 || bytes.Equal(body, ackAck) || bytes.Equal(body, ackOK) ||
-		bytes.HasPrefix(body, ackNext) || bytes.HasPrefix(body, ackTerm)) {
+// noteAck runs on the link's read loop, from the consumers' ack handler, for every ack
+// whether or not this process serves the consumer: it notes which messages were
+// acknowledged, for the next retention pass. The consumer decides whether the ack counts;
+// the pass asks it.
+func (m *maintainer) noteAck(a ackInfo, body []byte) {
+	if !ackSettles(body) {
 		return
 	}
 	s := m.b.lookup(a.stream)

@@ -209,9 +209,7 @@ func (b *Bridge) apiStreamUpdate(ctx context.Context, name string, body []byte) 
 		b.log.Error("update stream", "stream", name, "err", err)
 		return fail(server.NewJSStreamUpdateError(errors.New("database error")))
 	}
-	s.cfgMu.Lock()
-	s.cfg = cfg
-	s.cfgMu.Unlock()
+	s.setConfig(cfg)
 	if err := b.subscribe(s); err != nil {
 		return fail(server.NewJSStreamUpdateError(err))
 	}

@@ -44,9 +44,20 @@ func (s *stream) config() server.StreamConfig {
 	return s.cfg
 }
 
+func (s *stream) setConfig(cfg server.StreamConfig) {
+	s.cfgMu.Lock()
+	defer s.cfgMu.Unlock()
+	s.cfg = cfg
+}
+
 func (s *stream) unsubscribe() {
 	s.cfgMu.Lock()
 	defer s.cfgMu.Unlock()
+	s.unsubscribeLocked()
+}
+
+// unsubscribeLocked drops the stream's subject interest; cfgMu is held.
+func (s *stream) unsubscribeLocked() {
 	for _, sub := range s.subs {
 		_ = sub.Unsubscribe()
 	}
@@ -57,10 +68,7 @@ func (s *stream) unsubscribe() {
 func (b *Bridge) subscribe(s *stream) error {
 	s.cfgMu.Lock()
 	defer s.cfgMu.Unlock()
-	for _, sub := range s.subs {
-		_ = sub.Unsubscribe()
-	}
-	s.subs = s.subs[:0]
+	s.unsubscribeLocked()
 	for _, subj := range s.cfg.Subjects {
 		sub, err := b.link.Subscribe(subj, "", func(m *leaf.Msg) { b.onPublish(s, m) })
 		if err != nil {
@@ -120,17 +128,14 @@ func (b *Bridge) syncStreams(ctx context.Context) error {
 			if err := b.addStream(st, cfg); err != nil {
 				return err
 			}
-		case !slices.Equal(cur.config().Subjects, cfg.Subjects):
-			cur.cfgMu.Lock()
-			cur.cfg = cfg
-			cur.cfgMu.Unlock()
-			if err := b.subscribe(cur); err != nil {
-				return err
-			}
 		default:
-			cur.cfgMu.Lock()
-			cur.cfg = cfg
-			cur.cfgMu.Unlock()
+			moved := !slices.Equal(cur.config().Subjects, cfg.Subjects)
+			cur.setConfig(cfg)
+			if moved {
+				if err := b.subscribe(cur); err != nil {
+					return err
+				}
+			}
 		}
 	}
 	for _, s := range b.streamList() {

@@ -296,54 +296,14 @@ func notTombstoned(param string) string {
 	return `(SELECT NOT EXISTS (SELECT 1 FROM jetgres.deleted d WHERE d.stream_id = ` + param + ` AND d.seq = m.seq))`
 }
 
-// ReadFiltered is Read for a consumer: it returns up to p.MaxMsgs live messages from
-// [p.From, p.UpTo] whose subject matches any of filters (all of them when filters is empty;
-// p.Filter is ignored), and the sequence through which it looked: nothing between the
-// returned messages and through matched. It runs on the hot path; rtt is for the pop lane.
+// ReadFiltered is readRange on the hot path, for consumers and their tail caches: up to
+// p.MaxMsgs live messages from [p.From, p.UpTo] whose subject matches any of filters (all
+// when empty), and the sequence through which it looked. rtt is for the pop lane.
 func (db *DB) ReadFiltered(ctx context.Context, p ReadParams, filters []string) (out []Message, through uint64, rtt time.Duration, err error) {
-	through = p.UpTo
 	rtt, err = db.Hot(ctx, func(ctx context.Context, q Querier) error {
-		chunks, err := db.chunks.list(ctx, q, p.StreamID, p.UpTo)
-		if err != nil {
-			return err
-		}
-		start := max(sort.Search(len(chunks), func(i int) bool { return chunks[i].firstSeq > p.From })-1, 0)
-		cond, arg := subjectCond(filters, 5)
-		bytes := 0
-		from := p.From
-		for k := start; k < len(chunks) && from <= p.UpTo && len(out) < p.MaxMsgs; k++ {
-			from = max(from, chunks[k].firstSeq)
-			args := []any{p.StreamID, int64(from), int64(p.UpTo), p.MaxMsgs - len(out)}
-			if arg != nil {
-				args = append(args, arg)
-			}
-			rows, err := q.Query(ctx, `SELECT seq, ts, subject, hdr, data, cum_before FROM `+chunkTable(p.StreamID, chunks[k].chunk)+` m
-				WHERE seq >= $2 AND seq <= $3 AND seq >= (SELECT first_seq FROM jetgres.stream_state WHERE stream_id = $1)
-				AND `+notTombstoned("$1")+cond+` ORDER BY seq LIMIT $4`, args...)
-			if err != nil {
-				if isUndefinedTable(err) {
-					continue
-				}
-				return err
-			}
-			msgs, err := pgx.CollectRows(rows, scanMessage)
-			if err != nil {
-				return err
-			}
-			for _, m := range msgs {
-				if p.MaxBytes > 0 && len(out) > 0 && bytes+int(m.Size()) > p.MaxBytes {
-					through = out[len(out)-1].Seq
-					return nil
-				}
-				bytes += int(m.Size())
-				out = append(out, m)
-				from = m.Seq + 1
-			}
-		}
-		if len(out) == p.MaxMsgs {
-			through = out[len(out)-1].Seq
-		}
-		return nil
+		var err error
+		out, through, err = db.readRange(ctx, q, p, filters)
+		return err
 	})
 	if err != nil {
 		return nil, 0, rtt, fmt.Errorf("pg: read for consumer: %w", err)

@@ -663,64 +663,52 @@ type ReadParams struct {
 	UpTo     uint64 // last committed sequence known to the caller; reading stops there
 	MaxMsgs  int
 	MaxBytes int // 0 for no bound; at least one message is returned
-	Filter   string
 }
 
-// Read returns up to MaxMsgs messages with sequence ≥ From, in order, skipping what
-// retention removed. It runs on the hot path; rtt is for the pop lane.
-func (db *DB) Read(ctx context.Context, p ReadParams) ([]Message, time.Duration, error) {
-	var out []Message
-	rtt, err := db.Hot(ctx, func(ctx context.Context, q Querier) error {
-		var err error
-		out, err = db.readRange(ctx, q, p)
-		return err
-	})
-	if err != nil {
-		return nil, rtt, fmt.Errorf("pg: read: %w", err)
-	}
-	return out, rtt, nil
-}
-
-func (db *DB) readRange(ctx context.Context, q Querier, p ReadParams) ([]Message, error) {
+// readRange returns up to p.MaxMsgs live messages from [p.From, p.UpTo] whose subject
+// matches any of filters (all of them when filters is empty), and the sequence through which
+// it looked: nothing between the returned messages and through matched.
+func (db *DB) readRange(ctx context.Context, q Querier, p ReadParams, filters []string) (out []Message, through uint64, err error) {
 	chunks, err := db.chunks.list(ctx, q, p.StreamID, p.UpTo)
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	// Start at the newest chunk that begins at or before From.
-	start := sort.Search(len(chunks), func(i int) bool { return chunks[i].firstSeq > p.From }) - 1
-	start = max(start, 0)
-	var out []Message
+	start := max(sort.Search(len(chunks), func(i int) bool { return chunks[i].firstSeq > p.From })-1, 0)
+	cond, arg := subjectCond(filters, 5)
 	bytes := 0
 	from := p.From
 	for k := start; k < len(chunks) && from <= p.UpTo && len(out) < p.MaxMsgs; k++ {
 		from = max(from, chunks[k].firstSeq)
-		msgs, err := readChunk(ctx, q, p.StreamID, chunks[k].chunk, from, p.UpTo, p.MaxMsgs-len(out), p.Filter)
+		msgs, err := readChunk(ctx, q, p.StreamID, chunks[k].chunk, from, p.UpTo, p.MaxMsgs-len(out), cond, arg)
 		if err != nil {
-			return nil, err
+			return nil, 0, err
 		}
 		for _, m := range msgs {
 			if p.MaxBytes > 0 && len(out) > 0 && bytes+int(m.Size()) > p.MaxBytes {
-				return out, nil
+				return out, out[len(out)-1].Seq, nil
 			}
 			bytes += int(m.Size())
 			out = append(out, m)
 			from = m.Seq + 1
 		}
 	}
-	return out, nil
+	if len(out) == p.MaxMsgs {
+		return out, out[len(out)-1].Seq, nil
+	}
+	return out, p.UpTo, nil
 }
 
-func readChunk(ctx context.Context, q Querier, streamID, chunk int64, from, upTo uint64, limit int, filter string) ([]Message, error) {
-	sql := `SELECT seq, ts, subject, hdr, data, cum_before FROM ` + chunkTable(streamID, chunk) + ` m
-		WHERE seq >= $1 AND seq <= $2
-		AND seq >= (SELECT first_seq FROM jetgres.stream_state WHERE stream_id = $4)
-		AND ` + notTombstoned("$4")
-	args := []any{int64(from), int64(upTo), limit, streamID}
-	if filter != "" && filter != ">" {
-		sql += ` AND subject ~ $5`
-		args = append(args, SubjectRegexp(filter))
+// readChunk reads one chunk's live rows in [from, upTo], at most limit, with subject
+// condition cond on parameter $5 (arg), as subjectCond builds them.
+func readChunk(ctx context.Context, q Querier, streamID, chunk int64, from, upTo uint64, limit int, cond string, arg any) ([]Message, error) {
+	args := []any{streamID, int64(from), int64(upTo), limit}
+	if arg != nil {
+		args = append(args, arg)
 	}
-	rows, err := q.Query(ctx, sql+` ORDER BY seq LIMIT $3`, args...)
+	rows, err := q.Query(ctx, `SELECT seq, ts, subject, hdr, data, cum_before FROM `+chunkTable(streamID, chunk)+` m
+		WHERE seq >= $2 AND seq <= $3 AND seq >= (SELECT first_seq FROM jetgres.stream_state WHERE stream_id = $1)
+		AND `+notTombstoned("$1")+cond+` ORDER BY seq LIMIT $4`, args...)
 	if err != nil {
 		if isUndefinedTable(err) {
 			// Retention dropped the chunk: everything in it is gone.
@@ -797,7 +785,7 @@ func (db *DB) NextBySubject(ctx context.Context, streamID int64, filter string, 
 		if err != nil {
 			return err
 		}
-		msgs, err = db.readRange(ctx, q, ReadParams{StreamID: streamID, From: max(from, first), UpTo: last, MaxMsgs: 1, Filter: filter})
+		msgs, _, err = db.readRange(ctx, q, ReadParams{StreamID: streamID, From: max(from, first), UpTo: last, MaxMsgs: 1}, []string{filter})
 		return err
 	})
 	if err != nil {
@@ -811,7 +799,7 @@ func (db *DB) NextBySubject(ctx context.Context, streamID int64, filter string, 
 
 // messageAt returns the first live message with sequence in [from, upTo], or nil.
 func (db *DB) messageAt(ctx context.Context, q Querier, streamID int64, from, upTo uint64) (*Message, error) {
-	msgs, err := db.readRange(ctx, q, ReadParams{StreamID: streamID, From: from, UpTo: upTo, MaxMsgs: 1})
+	msgs, _, err := db.readRange(ctx, q, ReadParams{StreamID: streamID, From: from, UpTo: upTo, MaxMsgs: 1}, nil)
 	if err != nil || len(msgs) == 0 {
 		return nil, err
 	}

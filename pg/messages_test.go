@@ -66,7 +66,7 @@ func TestAppendTwoReplicasKeepSequencesDense(t *testing.T) {
 					seen[o.Seq] = name
 				}
 				upTo := res[0].LastSeq
-				got, _, err := db.Read(ctx, pg.ReadParams{StreamID: st.ID, From: 1, UpTo: upTo, MaxMsgs: int(upTo) + 1})
+				got, _, _, err := db.ReadFiltered(ctx, pg.ReadParams{StreamID: st.ID, From: 1, UpTo: upTo, MaxMsgs: int(upTo) + 1}, nil)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -84,7 +84,7 @@ func TestAppendTwoReplicasKeepSequencesDense(t *testing.T) {
 	if state.FirstSeq != 1 || state.LastSeq != n || state.Msgs != n {
 		t.Fatalf("state %+v, want 1..%d", state, n)
 	}
-	msgs, _, err := b.Read(ctx, pg.ReadParams{StreamID: st.ID, From: 1, UpTo: n, MaxMsgs: int(n) + 1})
+	msgs, _, _, err := b.ReadFiltered(ctx, pg.ReadParams{StreamID: st.ID, From: 1, UpTo: n, MaxMsgs: int(n) + 1}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -130,7 +130,7 @@ func TestAppendAfterChunkRetiredByMaintainer(t *testing.T) {
 	if err := db.CheckHoldings(ctx, st.ID); err != nil {
 		t.Fatal(err)
 	}
-	msgs, _, err := db.Read(ctx, pg.ReadParams{StreamID: st.ID, From: 1, UpTo: 3, MaxMsgs: 10})
+	msgs, _, _, err := db.ReadFiltered(ctx, pg.ReadParams{StreamID: st.ID, From: 1, UpTo: 3, MaxMsgs: 10}, nil)
 	if err != nil || len(msgs) != 1 || msgs[0].Seq != 3 {
 		t.Fatalf("read %+v, %v; want only sequence 3", msgs, err)
 	}
@@ -214,7 +214,7 @@ func TestReadAfterAppendPastAnotherReplicasChunk(t *testing.T) {
 	}
 	readAll := func(db *pg.DB, upTo uint64) int {
 		t.Helper()
-		got, _, err := db.Read(ctx, pg.ReadParams{StreamID: st.ID, From: 1, UpTo: upTo, MaxMsgs: int(upTo) + 1})
+		got, _, _, err := db.ReadFiltered(ctx, pg.ReadParams{StreamID: st.ID, From: 1, UpTo: upTo, MaxMsgs: int(upTo) + 1}, nil)
 		if err != nil {
 			t.Fatal(err)
 		}

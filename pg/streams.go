@@ -50,19 +50,11 @@ SELECT id, created FROM s`
 // It returns ErrExists when the name is taken.
 func (db *DB) CreateStream(ctx context.Context, name string, config []byte) (Stream, error) {
 	st := Stream{Name: name, Config: config}
-	err := db.Background(ctx, func(ctx context.Context, q Querier) error {
-		tx, err := q.Begin(ctx)
-		if err != nil {
+	err := db.BackgroundTx(ctx, func(ctx context.Context, q Querier) error {
+		if err := q.QueryRow(ctx, sqlCreateStream, name, config).Scan(&st.ID, &st.Created); err != nil {
 			return err
 		}
-		defer tx.Rollback(ctx) //nolint:errcheck // a no-op after Commit
-		if err := tx.QueryRow(ctx, sqlCreateStream, name, config).Scan(&st.ID, &st.Created); err != nil {
-			return err
-		}
-		if err := createChunk(ctx, tx, st.ID, 0, 1); err != nil {
-			return err
-		}
-		return tx.Commit(ctx)
+		return createChunk(ctx, q, st.ID, 0, 1)
 	})
 	if hasSQLState(err, "23505") {
 		return Stream{}, ErrExists
@@ -100,13 +92,8 @@ func (db *DB) execOne(ctx context.Context, what, sql string, args ...any) error 
 // DeleteStream removes a stream, its consumers, its de-duplication ids and every chunk
 // table, in one transaction.
 func (db *DB) DeleteStream(ctx context.Context, id int64) error {
-	err := db.Background(ctx, func(ctx context.Context, q Querier) error {
-		tx, err := q.Begin(ctx)
-		if err != nil {
-			return err
-		}
-		defer tx.Rollback(ctx) //nolint:errcheck // a no-op after Commit
-		rows, err := tx.Query(ctx, `SELECT chunk FROM jetgres.chunks WHERE stream_id = $1`, id)
+	err := db.BackgroundTx(ctx, func(ctx context.Context, q Querier) error {
+		rows, err := q.Query(ctx, `SELECT chunk FROM jetgres.chunks WHERE stream_id = $1`, id)
 		if err != nil {
 			return err
 		}
@@ -114,7 +101,7 @@ func (db *DB) DeleteStream(ctx context.Context, id int64) error {
 		if err != nil {
 			return err
 		}
-		tag, err := tx.Exec(ctx, `DELETE FROM jetgres.streams WHERE id = $1`, id)
+		tag, err := q.Exec(ctx, `DELETE FROM jetgres.streams WHERE id = $1`, id)
 		if err != nil {
 			return err
 		}
@@ -122,11 +109,11 @@ func (db *DB) DeleteStream(ctx context.Context, id int64) error {
 			return ErrNotFound
 		}
 		for _, c := range chunks {
-			if _, err := tx.Exec(ctx, `DROP TABLE IF EXISTS `+chunkTable(id, c)); err != nil {
+			if _, err := q.Exec(ctx, `DROP TABLE IF EXISTS `+chunkTable(id, c)); err != nil {
 				return err
 			}
 		}
-		return tx.Commit(ctx)
+		return nil
 	})
 	if err == nil {
 		db.chunks.forget(id)

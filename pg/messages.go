@@ -673,14 +673,23 @@ func (db *DB) readRange(ctx context.Context, q Querier, p ReadParams, filters []
 	if err != nil {
 		return nil, 0, err
 	}
+	if len(chunks) == 0 {
+		return nil, p.UpTo, nil
+	}
 	// Start at the newest chunk that begins at or before From.
 	start := max(sort.Search(len(chunks), func(i int) bool { return chunks[i].firstSeq > p.From })-1, 0)
-	cond, arg := subjectCond(filters, 5)
+	cond, arg := subjectCond(filters, 6)
 	bytes := 0
 	from := p.From
-	for k := start; k < len(chunks) && from <= p.UpTo && len(out) < p.MaxMsgs; k++ {
+	w := window{filtered: cond != ""}
+	for k := start; k < len(chunks) && from <= p.UpTo && len(out) < p.MaxMsgs; {
 		from = max(from, chunks[k].firstSeq)
-		msgs, err := readChunk(ctx, q, p.StreamID, chunks[k].chunk, from, p.UpTo, p.MaxMsgs-len(out), cond, arg)
+		end := p.UpTo
+		if k+1 < len(chunks) {
+			end = min(end, chunks[k+1].firstSeq-1)
+		}
+		want := p.MaxMsgs - len(out)
+		msgs, hi, err := readWindow(ctx, q, p.StreamID, chunks[k].chunk, from, end, w.size(want), want, cond, arg)
 		if err != nil {
 			return nil, 0, err
 		}
@@ -690,34 +699,120 @@ func (db *DB) readRange(ctx context.Context, q Querier, p ReadParams, filters []
 			}
 			bytes += int(m.Size())
 			out = append(out, m)
-			from = m.Seq + 1
+		}
+		if len(out) == p.MaxMsgs {
+			return out, out[len(out)-1].Seq, nil
+		}
+		if hi >= from {
+			w.saw(len(msgs), hi-from+1)
+		}
+		from = max(from, hi+1)
+		if from > end {
+			k++
 		}
 	}
-	if len(out) == p.MaxMsgs {
-		return out, out[len(out)-1].Seq, nil
-	}
-	return out, p.UpTo, nil
+	return out, min(from-1, p.UpTo), nil
 }
 
-// readChunk reads one chunk's live rows in [from, upTo], at most limit, with subject
-// condition cond on parameter $5 (arg), as subjectCond builds them.
-func readChunk(ctx context.Context, q Querier, streamID, chunk int64, from, upTo uint64, limit int, cond string, arg any) ([]Message, error) {
-	args := []any{streamID, int64(from), int64(upTo), limit}
+// window sizes the windows of sequences a read looks through, one query each. A chunk holds
+// a row for every sequence from its first up to the stream's last (rows are only ever
+// tombstoned, or dropped with their chunk), so a window of n sequences holds at most n rows:
+// however PostgreSQL plans a query, it touches no more rows than its window. Without that
+// bound, on a chunk that has not been analyzed yet (every chunk while it fills) the planner
+// estimates a range to hold a few hundred rows, takes a bitmap scan of all of it and sorts
+// it: 50 to 77 ms for 1,000 rows of a 64,000-row chunk, against 1 to 3 ms for the window.
+//
+// An unfiltered read of n messages starts with a window of n. A window that comes back
+// mostly tombstoned, or mostly of other subjects, makes the next one larger, so that a long
+// run of them costs a few round trips, not one per batch.
+type window struct {
+	filtered bool
+	shift    uint
+}
+
+// maxWindow is the largest window: the default chunk size.
+const maxWindow = 1 << 16
+
+// minFilteredWindow is where a filtered read's windows start: which share of the rows its
+// filter matches is not known.
+const minFilteredWindow = 256
+
+func (w *window) size(want int) uint64 {
+	n := uint64(want)
+	if w.filtered {
+		n = max(n, minFilteredWindow)
+	}
+	return min(n<<w.shift, maxWindow)
+}
+
+// saw records a window of span sequences that held live matching rows.
+func (w *window) saw(live int, span uint64) {
+	if uint64(live)*2 >= span || w.shift >= 16 {
+		return
+	}
+	w.shift++
+	if w.filtered {
+		w.shift++
+	}
+}
+
+// readWindow reads the live rows of one chunk in [max(from, first), min(end, max(from, first)
+// + size - 1)], first being the stream's first sequence, at most limit of them; it returns
+// them and the window's last sequence, through which the read looked.
+func readWindow(ctx context.Context, q Querier, streamID, chunk int64, from, end, size uint64, limit int, cond string, arg any) ([]Message, uint64, error) {
+	args := []any{streamID, int64(from), int64(end), int64(size), limit}
 	if arg != nil {
 		args = append(args, arg)
 	}
-	rows, err := q.Query(ctx, `SELECT seq, ts, subject, hdr, data, cum_before FROM `+chunkTable(streamID, chunk)+` m
-		WHERE seq >= $2 AND seq <= $3 AND seq >= (SELECT first_seq FROM jetgres.stream_state WHERE stream_id = $1)
-		AND `+notTombstoned("$1")+cond+` ORDER BY seq LIMIT $4`, args...)
+	rows, err := q.Query(ctx, `SELECT b.lo, b.hi, m.seq, m.ts, m.subject, m.hdr, m.data, m.cum_before
+		FROM (SELECT GREATEST($2::bigint, first_seq) AS lo, LEAST($3::bigint, GREATEST($2::bigint, first_seq) + $4::bigint - 1) AS hi
+			FROM jetgres.stream_state WHERE stream_id = $1) b
+		LEFT JOIN LATERAL (SELECT seq, ts, subject, hdr, data, cum_before FROM `+chunkTable(streamID, chunk)+` m
+			WHERE seq >= b.lo AND seq <= b.hi AND `+notTombstoned("$1")+cond+` ORDER BY seq LIMIT $5) m ON true`, args...)
 	if err != nil {
 		if isUndefinedTable(err) {
 			// Retention dropped the chunk: everything in it is gone.
-			return nil, nil
+			return nil, end, nil
 		}
-		return nil, err
+		return nil, 0, err
 	}
-	return pgx.CollectRows(rows, scanMessage)
+	defer rows.Close()
+	var msgs []Message
+	hi := end
+	for rows.Next() {
+		var lo, last int64
+		var seq, ts, cum *int64
+		var subject *string
+		var m Message
+		if err := rows.Scan(&lo, &last, &seq, &ts, &subject, &m.Header, &m.Data, &cum); err != nil {
+			return nil, 0, err
+		}
+		// A window the stream's first sequence has passed ends where that begins.
+		hi = uint64(max(last, lo-1))
+		if seq == nil {
+			continue
+		}
+		m.Seq, m.TS, m.Subject, m.cumBefore = uint64(*seq), *ts, *subject, uint64(*cum)
+		msgs = append(msgs, m)
+	}
+	if err := rows.Err(); err != nil {
+		if isUndefinedTable(err) {
+			return nil, end, nil
+		}
+		return nil, 0, err
+	}
+	// A join of one row keeps the order of the rows joined to it; sorting the whole result
+	// in PostgreSQL to make sure of that would cost more than the read.
+	if !slices.IsSortedFunc(msgs, bySeq) {
+		slices.SortFunc(msgs, bySeq)
+	}
+	if len(msgs) == limit {
+		hi = msgs[len(msgs)-1].Seq
+	}
+	return msgs, hi, nil
 }
+
+func bySeq(a, b Message) int { return cmp.Compare(a.Seq, b.Seq) }
 
 func scanMessage(r pgx.CollectableRow) (Message, error) {
 	var m Message

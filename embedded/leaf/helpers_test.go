@@ -35,7 +35,7 @@ func setup(t *testing.T) *testBundle {
 	return &testBundle{srv: srv, link: dial(t, srv.Leaf(), nil), nc: connect(t, srv)}
 }
 
-func startServer(t *testing.T, logger *slog.Logger) *natsd.Server {
+func startServer(t testing.TB, logger *slog.Logger) *natsd.Server {
 	t.Helper()
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
@@ -51,7 +51,7 @@ func startServer(t *testing.T, logger *slog.Logger) *natsd.Server {
 }
 
 // dial attaches a link to the endpoint; adjust may change the config first.
-func dial(t *testing.T, ep natsd.LeafEndpoint, adjust func(*leaf.Config)) *leaf.Conn {
+func dial(t testing.TB, ep natsd.LeafEndpoint, adjust func(*leaf.Config)) *leaf.Conn {
 	t.Helper()
 	c, err := dialErr(t, ep, adjust)
 	if err != nil {
@@ -60,7 +60,7 @@ func dial(t *testing.T, ep natsd.LeafEndpoint, adjust func(*leaf.Config)) *leaf.
 	return c
 }
 
-func dialErr(t *testing.T, ep natsd.LeafEndpoint, adjust func(*leaf.Config)) (*leaf.Conn, error) {
+func dialErr(t testing.TB, ep natsd.LeafEndpoint, adjust func(*leaf.Config)) (*leaf.Conn, error) {
 	t.Helper()
 	cfg := leaf.Config{
 		Addr:     ep.Addr,
@@ -81,7 +81,7 @@ func dialErr(t *testing.T, ep natsd.LeafEndpoint, adjust func(*leaf.Config)) (*l
 	return c, nil
 }
 
-func connect(t *testing.T, srv *natsd.Server) *nats.Conn {
+func connect(t testing.TB, srv *natsd.Server) *nats.Conn {
 	t.Helper()
 	nc, err := nats.Connect(srv.ClientURL())
 	if err != nil {
@@ -93,7 +93,7 @@ func connect(t *testing.T, srv *natsd.Server) *nats.Conn {
 
 // flushBoth makes sure the server has processed everything the client sent
 // and the link has received everything the server sent it before.
-func flushBoth(t *testing.T, nc *nats.Conn, link *leaf.Conn) {
+func flushBoth(t testing.TB, nc *nats.Conn, link *leaf.Conn) {
 	t.Helper()
 	if err := nc.Flush(); err != nil {
 		t.Fatalf("client flush: %v", err)

@@ -87,6 +87,9 @@ func (b *Bridge) onPublish(s *stream, m *leaf.Msg) {
 		b.reject(s, m.Reply, reasonIntakeAll, errIntakeFull)
 		return
 	}
+	if in.buf == nil {
+		in.buf = publishBufs.get(0)
+	}
 	in.buf = append(in.buf, p)
 	in.bytes += size
 	b.kickLocked(s)
@@ -266,7 +269,7 @@ func (b *Bridge) flush(p *flow.Permit, group []*stream) {
 			continue
 		}
 		cfg := s.config()
-		msgs := make([]pg.AppendMsg, n)
+		msgs := msgBufs.get(n)
 		for i := range pubs {
 			msgs[i] = pubs[i].msg
 		}
@@ -330,6 +333,42 @@ func (b *Bridge) flush(p *flow.Permit, group []*stream) {
 		b.kickLocked(s)
 		s.in.mu.Unlock()
 	}
+	for _, bt := range batches {
+		msgBufs.put(bt.Msgs)
+		publishBufs.put(taken[bt.StreamID])
+	}
+}
+
+// Under load every flush would regrow its stream's intake from nothing and copy its
+// messages into a new slice: half of the bridge's allocations per publish. Flushes give
+// both back once answered. Pools, not a spare per stream, so that idle streams keep
+// nothing: a pool empties itself at garbage collections.
+var (
+	publishBufs slicePool[publish]
+	msgBufs     slicePool[pg.AppendMsg]
+)
+
+// maxPooled bounds the slices kept for reuse, in elements.
+const maxPooled = FlushMaxMsgsDefault
+
+type slicePool[T any] struct{ p sync.Pool }
+
+// get returns a slice of length n, reused if one large enough is pooled.
+func (sp *slicePool[T]) get(n int) []T {
+	if b, ok := sp.p.Get().(*[]T); ok && cap(*b) >= n {
+		return (*b)[:n]
+	}
+	return make([]T, n, max(n, 64))
+}
+
+// put pools b, emptied so that it keeps nothing alive.
+func (sp *slicePool[T]) put(b []T) {
+	if cap(b) == 0 || cap(b) > maxPooled {
+		return
+	}
+	clear(b)
+	b = b[:0]
+	sp.p.Put(&b)
 }
 
 // giveBack returns a lane permit after a database call and tells the limiter what the call

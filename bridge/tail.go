@@ -1,6 +1,7 @@
 package bridge
 
 import (
+	"sort"
 	"sync"
 	"sync/atomic"
 
@@ -26,14 +27,17 @@ type tailBudget struct {
 }
 
 // tail is a stream's byte-bounded cache of its newest committed messages. It covers the
-// sequence range [from, through]: every live message in that range is in msgs, in order.
+// sequence range [from, through]: every live message in that range is in blocks, in order.
 // hw, the committed high-water mark this process knows of, may run ahead of through when
 // another replica committed; a shared range read then fills the gap. Messages are shared
 // read-only with every consumer that reads them.
 type tail struct {
-	mu      sync.RWMutex
-	msgs    []pg.Message
-	head    int // msgs[:head] are evicted
+	mu sync.RWMutex
+	// The messages, oldest first, in blocks of tailBlock: the cache grows and shrinks a
+	// block at a time, so it never copies what it holds, which one growing array would do
+	// on every doubling (7 % of a publish's CPU while a stream's first messages fill it).
+	blocks  [][]pg.Message
+	head    int // blocks[0][:head] are evicted
 	from    uint64
 	through uint64
 	hw      uint64
@@ -53,6 +57,9 @@ func (t *tail) highWater() uint64 {
 	return t.hw
 }
 
+// tailBlock is how many messages a block of a tail holds.
+const tailBlock = 1024
+
 // add takes every live message of [from, through], in sequence order. A range that does
 // not continue the covered one restarts the cache at from, since what lies in the gap is
 // not here.
@@ -67,7 +74,11 @@ func (t *tail) add(msgs []pg.Message, from, through uint64) {
 		if m.Seq <= t.through {
 			continue
 		}
-		t.msgs = append(t.msgs, m)
+		if n := len(t.blocks); n == 0 || len(t.blocks[n-1]) == tailBlock {
+			t.blocks = append(t.blocks, make([]pg.Message, 0, tailBlock))
+		}
+		last := &t.blocks[len(t.blocks)-1]
+		*last = append(*last, m)
 		added += int(m.Size())
 		t.through = m.Seq
 	}
@@ -75,25 +86,22 @@ func (t *tail) add(msgs []pg.Message, from, through uint64) {
 	used := t.budget.used.Add(int64(added))
 	t.through = max(t.through, through)
 	t.hw = max(t.hw, t.through)
-	for (t.bytes > t.max || used > t.budget.max) && t.head < len(t.msgs) {
+	for (t.bytes > t.max || used > t.budget.max) && len(t.blocks) > 0 {
 		if t.bytes <= t.max {
 			t.budget.evicted.Add(1)
 		}
-		m := &t.msgs[t.head]
+		first := t.blocks[0]
+		m := &first[t.head]
 		size := int(m.Size())
 		t.bytes -= size
 		used = t.budget.used.Add(-int64(size))
 		t.from = m.Seq + 1
-		t.msgs[t.head] = pg.Message{}
+		*m = pg.Message{}
 		t.head++
-	}
-	// Compact once the evicted prefix dominates, so the backing array does not grow forever.
-	// In place: a fresh array sized to what is left would be regrown, and copied again, by
-	// the very next appends.
-	if t.head > 1024 && t.head*2 > len(t.msgs) {
-		n := copy(t.msgs, t.msgs[t.head:])
-		clear(t.msgs[n:])
-		t.msgs, t.head = t.msgs[:n], 0
+		if t.head == len(first) {
+			t.blocks[0] = nil
+			t.blocks, t.head = t.blocks[1:], 0
+		}
 	}
 }
 
@@ -124,7 +132,7 @@ func (t *tail) clear() {
 
 func (t *tail) reset(from uint64) {
 	t.budget.used.Add(-int64(t.bytes))
-	t.msgs, t.head, t.bytes, t.from = nil, 0, 0, from
+	t.blocks, t.head, t.bytes, t.from = nil, 0, 0, from
 	t.through = from - 1
 }
 
@@ -137,15 +145,15 @@ func (t *tail) read(from uint64, max int, match func(subject string) bool) (out 
 	if from < t.from || from > t.through {
 		return nil, 0, false
 	}
-	live := t.msgs[t.head:]
-	for i := searchSeq(live, from); i < len(live); i++ {
-		m := &live[i]
-		if !match(m.Subject) {
-			continue
-		}
-		out = append(out, *m)
-		if len(out) == max {
-			return out, m.Seq, true
+	for b, i := t.locate(from); b < len(t.blocks); b, i = b+1, 0 {
+		for _, m := range t.blocks[b][i:] {
+			if !match(m.Subject) {
+				continue
+			}
+			out = append(out, m)
+			if len(out) == max {
+				return out, m.Seq, true
+			}
 		}
 	}
 	return out, t.through, true
@@ -159,12 +167,38 @@ func (t *tail) get(seq uint64) (m pg.Message, live, covered bool) {
 	if seq < t.from || seq > t.through {
 		return pg.Message{}, false, false
 	}
-	msgs := t.msgs[t.head:]
-	i := searchSeq(msgs, seq)
-	if i < len(msgs) && msgs[i].Seq == seq {
-		return msgs[i], true, true
+	if b, i := t.locate(seq); b < len(t.blocks) && t.blocks[b][i].Seq == seq {
+		return t.blocks[b][i], true, true
 	}
 	return pg.Message{}, false, true
+}
+
+// locate returns the block and index of the first cached message with sequence ≥ seq, or
+// len(t.blocks) if there is none.
+func (t *tail) locate(seq uint64) (block, i int) {
+	blocks := t.blocks
+	// The last block whose first message is at or before seq; every block holds a message.
+	b := sort.Search(len(blocks), func(b int) bool { return t.first(b).Seq > seq }) - 1
+	if b < 0 {
+		return 0, t.head
+	}
+	lo := 0
+	if b == 0 {
+		lo = t.head
+	}
+	i = lo + searchSeq(blocks[b][lo:], seq)
+	if i == len(blocks[b]) {
+		return b + 1, 0
+	}
+	return b, i
+}
+
+// first is the oldest cached message of block b.
+func (t *tail) first(b int) *pg.Message {
+	if b == 0 {
+		return &t.blocks[0][t.head]
+	}
+	return &t.blocks[b][0]
 }
 
 func searchSeq(msgs []pg.Message, seq uint64) int {

@@ -1,6 +1,7 @@
 package bridge
 
 import (
+	"slices"
 	"testing"
 
 	"github.com/jetgres/jetgres/pg"
@@ -56,5 +57,60 @@ func TestTailsShareOneBound(t *testing.T) {
 	}
 	if used := budget.used.Load(); used != 0 {
 		t.Errorf("%d bytes counted after every tail was cleared", used)
+	}
+}
+
+// A tail holds its messages in blocks. Reads and gets from any sequence, over block
+// boundaries, gaps (messages that were not live) and evictions, see exactly the cached
+// messages from there on.
+func TestTailReadsAcrossBlocks(t *testing.T) {
+	msgSize := int((&pg.Message{Subject: "s", Data: make([]byte, 10)}).Size())
+	tl := newTail(3000*msgSize, &tailBudget{max: 1 << 40}, 0)
+	var model []uint64
+	seq := uint64(0)
+	for round := range 12 {
+		var batch []pg.Message
+		from := seq + 1
+		for range 700 {
+			seq++
+			if seq%7 == 3 || (round == 5 && seq%2 == 0) {
+				continue // not live: never cached
+			}
+			batch = append(batch, pg.Message{Seq: seq, Subject: "s", Data: make([]byte, 10)})
+			model = append(model, seq)
+		}
+		tl.add(batch, from, seq)
+		// The cache keeps the newest 3000 messages.
+		model = model[max(len(model)-3000, 0):]
+		check := func(from uint64) {
+			t.Helper()
+			i, _ := slices.BinarySearch(model, from)
+			got, through, ok := tl.read(from, 50, func(string) bool { return true })
+			if !ok {
+				t.Fatalf("round %d: read from %d missed the cache covering [%d, %d]", round, from, tl.from, tl.through)
+			}
+			want := model[i:min(i+50, len(model))]
+			var seqs []uint64
+			for _, m := range got {
+				seqs = append(seqs, m.Seq)
+			}
+			if !slices.Equal(seqs, want) || (len(want) == 50 && through != want[49]) || (len(want) < 50 && through != seq) {
+				t.Fatalf("round %d: read from %d: %v through %d, want %v", round, from, seqs, through, want)
+			}
+			m, live, covered := tl.get(from)
+			if wantLive := i < len(model) && model[i] == from; !covered || live != wantLive || (live && m.Seq != from) {
+				t.Fatalf("round %d: get %d: %d live %v covered %v", round, from, m.Seq, live, covered)
+			}
+		}
+		for _, at := range []uint64{tl.from, tl.from + 1, model[0], model[len(model)/2], model[len(model)-1], seq} {
+			check(at)
+		}
+		for k := 0; k < len(model); k += 97 {
+			check(model[k])
+			check(model[k] + 1)
+		}
+	}
+	if _, _, ok := tl.read(tl.from-1, 1, func(string) bool { return true }); ok {
+		t.Fatal("a read below the cache hit it")
 	}
 }

@@ -101,7 +101,7 @@ func (db *DB) appendFast(ctx context.Context, q Querier, batches []AppendBatch, 
 		}
 		p := planned{bt: bt, prev: st, next: st}
 		p.next.lastTS = max(st.lastTS, ts)
-		p.res = AppendResult{StreamID: bt.StreamID, Outcomes: make([]Outcome, len(bt.Msgs))}
+		p.res = AppendResult{StreamID: bt.StreamID, Outcomes: make([]Outcome, len(bt.Msgs)), Stored: make([]Message, 0, len(bt.Msgs))}
 		for j, m := range bt.Msgs {
 			p.next.lastSeq++
 			msg := Message{Seq: p.next.lastSeq, TS: p.next.lastTS, Subject: m.Subject, Header: m.Header, Data: m.Data, cumBefore: p.next.cumBytes}

@@ -252,6 +252,7 @@ func (db *DB) appendTx(ctx context.Context, q Querier, batches []AppendBatch, ts
 		r := &res[i]
 		r.StreamID = bt.StreamID
 		r.Outcomes = make([]Outcome, len(bt.Msgs))
+		r.Stored = make([]Message, 0, len(bt.Msgs))
 		seen := reads[i].seen
 		h := newHoldings(db, bt.StreamID, st, bt.Limits, reads[i].live, reads[i].subjects)
 		h.head = reads[i].oldest

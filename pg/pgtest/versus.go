@@ -1,0 +1,50 @@
+package pgtest
+
+import (
+	"context"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// VersusInsert is a benchmark's baseline: it runs op rounds times per iteration, each run
+// followed by a bare INSERT committed on its own in a database of the same cluster, and
+// reports the medians of both and their ratio as "<what>/insert". The two are interleaved so
+// that both see the same machine; point the tests at a cluster with fsync on
+// (JETGRES_TEST_DATABASE_URL) for the latencies a client would see.
+func VersusInsert(b *testing.B, what string, rounds int, op func(ctx context.Context) error) {
+	b.Helper()
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, NewDB(b))
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = conn.Close(ctx) })
+	if _, err := conn.Exec(ctx, `CREATE TABLE naive (seq bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, subject text NOT NULL, data bytea NOT NULL)`); err != nil {
+		b.Fatal(err)
+	}
+	data := make([]byte, 128)
+	var ops, inserts []time.Duration
+	for b.Loop() {
+		ops, inserts = ops[:0], inserts[:0]
+		for range rounds {
+			t0 := time.Now()
+			if err := op(ctx); err != nil {
+				b.Fatal(err)
+			}
+			t1 := time.Now()
+			if _, err := conn.Exec(ctx, `INSERT INTO naive (subject, data) VALUES ($1, $2)`, "naive.x", data); err != nil {
+				b.Fatal(err)
+			}
+			ops, inserts = append(ops, t1.Sub(t0)), append(inserts, time.Since(t1))
+		}
+	}
+	slices.Sort(ops)
+	slices.Sort(inserts)
+	op50, insert50 := ops[len(ops)/2], inserts[len(inserts)/2]
+	b.ReportMetric(float64(op50.Microseconds()), what+"-µs")
+	b.ReportMetric(float64(insert50.Microseconds()), "insert-µs")
+	b.ReportMetric(float64(op50)/float64(insert50), what+"/insert")
+}

@@ -78,8 +78,13 @@ type State struct {
 	rdc     map[uint64]uint64   // redeliveries so far, by stream sequence
 	rdq     seqHeap             // queued for redelivery, lazily cleaned
 	queued  map[uint64]struct{} // members of rdq
-	lastDlv time.Time
-	lastAck time.Time
+	// deadlines orders the pending deliveries' deadlines, lazily cleaned: an entry counts
+	// only while its message is pending with that very deadline. A consumer asks for the
+	// next deadline each time it wakes, and with many deliveries pending (max_ack_pending
+	// in the tens of thousands) a scan of them all per wake would be its main work.
+	deadlines deadlineHeap
+	lastDlv   time.Time
+	lastAck   time.Time
 }
 
 // New returns the state of a consumer whose ack floor is floor and whose first delivery
@@ -202,12 +207,13 @@ func (s *State) Deliver(seq, dc uint64) (dseq uint64, floorMoved bool) {
 		return dseq, false
 	}
 	deadline := now.Add(s.wait(dc)).UnixNano()
-	if p, ok := s.pending[seq]; ok {
-		p.deadline = deadline
-	} else {
-		s.pending[seq] = &pending{dseq: dseq, deadline: deadline}
+	p, ok := s.pending[seq]
+	if !ok {
+		p = &pending{dseq: dseq}
+		s.pending[seq] = p
 		heap.Push(&s.order, seq)
 	}
+	s.setDeadline(seq, p, deadline)
 	return dseq, false
 }
 
@@ -289,7 +295,7 @@ func (s *State) Nak(seq, dseq uint64, delay time.Duration) {
 	}
 	if delay > 0 {
 		s.unqueue(seq)
-		p.deadline = s.clock.Now().Add(delay).UnixNano()
+		s.setDeadline(seq, p, s.clock.Now().Add(delay).UnixNano())
 		return
 	}
 	s.enqueue(seq)
@@ -304,7 +310,26 @@ func (s *State) Progress(seq uint64) {
 	if _, q := s.queued[seq]; q {
 		return
 	}
-	p.deadline = s.clock.Now().Add(s.wait(s.rdc[seq] + 1)).UnixNano()
+	s.setDeadline(seq, p, s.clock.Now().Add(s.wait(s.rdc[seq]+1)).UnixNano())
+}
+
+func (s *State) setDeadline(seq uint64, p *pending, at int64) {
+	p.deadline = at
+	heap.Push(&s.deadlines, deadline{at: at, seq: seq})
+	s.compactDeadlines()
+}
+
+// nextDeadline drops stale entries off the top of the deadline heap and returns the live
+// one there, if any.
+func (s *State) nextDeadline() (deadline, bool) {
+	for s.deadlines.Len() > 0 {
+		d := s.deadlines[0]
+		if p, ok := s.pending[d.seq]; ok && p.deadline == d.at {
+			return d, true
+		}
+		heap.Pop(&s.deadlines)
+	}
+	return deadline{}, false
 }
 
 // Gone removes a pending or queued message that no longer exists in the stream, as if it
@@ -324,22 +349,22 @@ func (s *State) Gone(seq uint64) bool {
 // moved.
 func (s *State) Expire() (queued, floorMoved bool) {
 	now := s.clock.Now().UnixNano()
-	var drop []uint64
-	for seq, p := range s.pending {
-		if p.deadline == 0 || p.deadline > now {
+	dropped := false
+	for {
+		d, ok := s.nextDeadline()
+		if !ok || d.at > now {
+			break
+		}
+		heap.Pop(&s.deadlines)
+		if s.cfg.MaxDeliver > 0 && s.rdc[d.seq]+1 >= uint64(s.cfg.MaxDeliver) {
+			delete(s.pending, d.seq)
+			dropped = true
 			continue
 		}
-		if s.cfg.MaxDeliver > 0 && s.rdc[seq]+1 >= uint64(s.cfg.MaxDeliver) {
-			drop = append(drop, seq)
-			continue
-		}
-		s.enqueue(seq)
+		s.enqueue(d.seq)
 		queued = true
 	}
-	for _, seq := range drop {
-		delete(s.pending, seq)
-	}
-	if len(drop) > 0 {
+	if dropped {
 		floorMoved = s.settleFloor()
 	}
 	return queued, floorMoved
@@ -347,16 +372,11 @@ func (s *State) Expire() (queued, floorMoved bool) {
 
 // NextDeadline is the earliest time at which Expire has work, zero if none.
 func (s *State) NextDeadline() time.Time {
-	var d int64
-	for _, p := range s.pending {
-		if p.deadline != 0 && (d == 0 || p.deadline < d) {
-			d = p.deadline
-		}
-	}
-	if d == 0 {
+	d, ok := s.nextDeadline()
+	if !ok {
 		return time.Time{}
 	}
-	return time.Unix(0, d)
+	return time.Unix(0, d.at)
 }
 
 // PendingSeqs returns the stream sequences waiting for an ack, lowest first.
@@ -435,6 +455,19 @@ func (s *State) compact() {
 		}
 		heap.Init(&s.rdq)
 	}
+	s.compactDeadlines()
+}
+
+func (s *State) compactDeadlines() {
+	if len(s.deadlines) > 2*len(s.pending)+1024 {
+		s.deadlines = s.deadlines[:0]
+		for q, p := range s.pending {
+			if p.deadline != 0 {
+				s.deadlines = append(s.deadlines, deadline{at: p.deadline, seq: q})
+			}
+		}
+		heap.Init(&s.deadlines)
+	}
 }
 
 // seqHeap is a min-heap of stream sequences.
@@ -445,6 +478,28 @@ func (h seqHeap) Less(i, j int) bool { return h[i] < h[j] }
 func (h seqHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
 func (h *seqHeap) Push(x any)        { *h = append(*h, x.(uint64)) }
 func (h *seqHeap) Pop() any {
+	old := *h
+	x := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return x
+}
+
+// deadline is when the delivery of stream sequence seq expires.
+type deadline struct {
+	at  int64 // unix ns
+	seq uint64
+}
+
+// deadlineHeap is a min-heap of deadlines, earliest first, lower sequence first at a tie.
+type deadlineHeap []deadline
+
+func (h deadlineHeap) Len() int { return len(h) }
+func (h deadlineHeap) Less(i, j int) bool {
+	return h[i].at < h[j].at || (h[i].at == h[j].at && h[i].seq < h[j].seq)
+}
+func (h deadlineHeap) Swap(i, j int) { h[i], h[j] = h[j], h[i] }
+func (h *deadlineHeap) Push(x any)   { *h = append(*h, x.(deadline)) }
+func (h *deadlineHeap) Pop() any {
 	old := *h
 	x := old[len(old)-1]
 	*h = old[:len(old)-1]

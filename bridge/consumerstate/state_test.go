@@ -334,6 +334,76 @@ func TestCompactionKeepsStateBounded(t *testing.T) {
 	if n := len(s.order); n > 2*len(s.pending)+1024 {
 		t.Fatalf("pending heap holds %d entries for %d pending", n, len(s.pending))
 	}
+	for range 10_000 {
+		s.Progress(1)
+	}
+	if n := len(s.deadlines); n > 2*len(s.pending)+1024 {
+		t.Fatalf("deadline heap holds %d entries for %d pending", n, len(s.pending))
+	}
 	s.Ack(1, 1)
 	wantFloor(t, s, 10_000, 10_000)
+}
+
+// Deadlines come out earliest first, whatever order they were set in, and only the latest
+// deadline of a delivery counts.
+func TestDeadlinesEarliestFirst(t *testing.T) {
+	s, clk := setup(t, Config{AckPolicy: AckExplicit, AckWait: 10 * time.Second})
+	deliverNew(s, 1, 3)          // 1, 2, 3 expire at +10s
+	s.Nak(1, 1, 30*time.Second)  // 1 at +30s
+	s.Nak(3, 3, 5*time.Second)   // 3 at +5s
+	clk.advance(4 * time.Second) //
+	s.Progress(2)                // 2 at +14s
+	if got, want := s.NextDeadline(), clk.t.Add(time.Second); !got.Equal(want) {
+		t.Fatalf("next deadline %v, want %v (3's)", got, want)
+	}
+	clk.advance(2 * time.Second) // +6s: 3 expires
+	if queued, _ := s.Expire(); !queued {
+		t.Fatal("3 not queued")
+	}
+	if got, want := s.NextDeadline(), clk.t.Add(8*time.Second); !got.Equal(want) {
+		t.Fatalf("next deadline %v, want %v (2's, restarted at +4s)", got, want)
+	}
+	clk.advance(24 * time.Second) // +30s: 2 and 1 expire
+	s.Expire()
+	for _, want := range []uint64{1, 2, 3} {
+		seq, _, ok := s.Redelivery()
+		if !ok || seq != want {
+			t.Fatalf("redelivery %d %v, want %d", seq, ok, want)
+		}
+		s.Deliver(seq, 2)
+	}
+	if got, want := s.NextDeadline(), clk.t.Add(10*time.Second); !got.Equal(want) {
+		t.Fatalf("next deadline after redelivery %v, want %v", got, want)
+	}
+}
+
+// BenchmarkWakeWithManyPending is what a consumer's state costs it on every wake (the next
+// deadline, expired deliveries) and per delivery and ack, with 100,000 deliveries pending
+// against 100. Heap operations grow with the logarithm of what is pending and lookups miss
+// the cache more in a larger map, so the ratio is a small number (2.1 here); a scan of
+// everything pending on every wake made it 720.
+func BenchmarkWakeWithManyPending(b *testing.B) {
+	perWake := func(pending int) time.Duration {
+		clk := &fakeClock{t: time.Unix(1_700_000_000, 0)}
+		s := New(Config{AckPolicy: AckExplicit, AckWait: time.Minute}, Pair{}, 1, clk)
+		deliverNew(s, 1, uint64(pending))
+		const wakes = 20_000
+		next := uint64(pending) + 1
+		t0 := time.Now()
+		for range wakes {
+			s.Deliver(next, 1)
+			s.Ack(next-uint64(pending), next-uint64(pending))
+			next++
+			clk.advance(time.Microsecond)
+			s.Expire()
+			s.NextDeadline()
+		}
+		return time.Since(t0) / wakes
+	}
+	var ratios []float64
+	for b.Loop() {
+		ratios = append(ratios, float64(perWake(100_000))/float64(perWake(100)))
+	}
+	slices.Sort(ratios)
+	b.ReportMetric(ratios[len(ratios)/2], "100k/100")
 }

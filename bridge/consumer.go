@@ -83,6 +83,7 @@ type consumer struct {
 
 	qmu    sync.Mutex
 	queue  []event
+	spare  []event // the previous queue, emptied, for the next one: acks arrive by the thousand
 	wake   chan struct{}
 	stopR  atomic.Uint32
 	done   chan struct{}
@@ -96,6 +97,7 @@ type consumer struct {
 	// mu guards what follows. The goroutine holds it while it works, except around database
 	// reads; API requests take it briefly to report.
 	mu         sync.Mutex
+	reply      []byte // a delivery's reply subject, built anew for each in the same array
 	cfg        server.ConsumerConfig
 	st         *consumerstate.State
 	waiting    []*pullRequest
@@ -165,9 +167,23 @@ func (c *consumer) take() []event {
 	c.qmu.Lock()
 	defer c.qmu.Unlock()
 	q := c.queue
-	c.queue = nil
+	c.queue, c.spare = c.spare, nil
 	return q
 }
+
+// giveBack hands a handled queue back for reuse, unless a burst made it large: an idle
+// consumer should not keep it.
+func (c *consumer) giveBack(q []event) {
+	if cap(q) > maxSpareEvents {
+		return
+	}
+	clear(q)
+	c.qmu.Lock()
+	c.spare = q[:0]
+	c.qmu.Unlock()
+}
+
+const maxSpareEvents = 1024
 
 // stop asks the goroutine to end; the first reason wins.
 func (c *consumer) stop(r stopReason) {
@@ -223,6 +239,7 @@ func (c *consumer) run() {
 		for i := range evs {
 			c.handle(ctx, &evs[i], now)
 		}
+		c.giveBack(evs)
 		if r := stopReason(c.stopR.Load()); r != stopNone {
 			c.shutdown(r)
 			c.mu.Unlock()
@@ -389,13 +406,14 @@ func (c *consumer) pump(ctx context.Context) {
 			pending--
 		}
 		info := ackInfo{stream: c.sc.s.name, consumer: c.name, delivered: dc, sseq: m.Seq, dseq: c.st.Delivered().Consumer + 1, ts: m.TS, pending: pending}
-		reply := appendAckSubject(make([]byte, 0, 96+len(m.Subject)), info)
+		reply := appendAckSubject(c.reply[:0], info)
 		size := len(m.Subject) + len(reply) + len(hdr) + len(data)
 		wr := c.nextWaiting(size, time.Now())
 		if wr == nil {
 			break
 		}
 		reply = append(append(reply, '@'), m.Subject...)
+		c.reply = reply
 		if err := c.cs.b.link.Publish(wr.reply, string(reply), hdr, data); err != nil {
 			// Not sent (the link is full or closing), so not delivered: it stays next in
 			// line and is tried again shortly, not after an ack wait.
@@ -489,11 +507,11 @@ func (c *consumer) next(ctx context.Context) (m pg.Message, dc uint64, src sourc
 			}
 			continue
 		}
-		msgs, through, hit := c.sc.tail.read(from, 1, c.matchFilters)
+		m, through, found, hit := c.sc.tail.next(from, c.matchFilters)
 		if hit {
 			c.cs.m.tailHits.Inc()
-			if len(msgs) > 0 {
-				return msgs[0], 1, srcTail, nextFound
+			if found {
+				return m, 1, srcTail, nextFound
 			}
 			if c.st.Skip(through + 1) {
 				c.floorMoved()

@@ -136,27 +136,23 @@ func (t *tail) reset(from uint64) {
 	t.through = from - 1
 }
 
-// read returns up to max messages with sequence ≥ from that match, and the sequence up to
-// which it looked, so that the caller may skip what did not match. ok is false when from is
-// outside what the cache covers: the caller must read PostgreSQL.
-func (t *tail) read(from uint64, max int, match func(subject string) bool) (out []pg.Message, through uint64, ok bool) {
+// next returns the first message with sequence ≥ from that matches, if found, and the
+// sequence up to which it looked, so that the caller may skip what did not match. ok is
+// false when from is outside what the cache covers: the caller must read PostgreSQL.
+func (t *tail) next(from uint64, match func(subject string) bool) (m pg.Message, through uint64, found, ok bool) {
 	t.mu.RLock()
 	defer t.mu.RUnlock()
 	if from < t.from || from > t.through {
-		return nil, 0, false
+		return pg.Message{}, 0, false, false
 	}
 	for b, i := t.locate(from); b < len(t.blocks); b, i = b+1, 0 {
 		for _, m := range t.blocks[b][i:] {
-			if !match(m.Subject) {
-				continue
-			}
-			out = append(out, m)
-			if len(out) == max {
-				return out, m.Seq, true
+			if match(m.Subject) {
+				return m, m.Seq, true, true
 			}
 		}
 	}
-	return out, t.through, true
+	return pg.Message{}, t.through, false, true
 }
 
 // get returns the message with sequence seq if the cache holds it. found is false when

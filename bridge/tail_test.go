@@ -49,8 +49,8 @@ func TestTailsShareOneBound(t *testing.T) {
 	}
 	// The newest messages are the ones kept, and reads still find them.
 	last := tails[2]
-	if got, _, ok := last.read(next[2], 1, func(string) bool { return true }); !ok || len(got) != 1 || got[0].Seq != next[2] {
-		t.Errorf("newest message of a busy tail not served: %v %v", got, ok)
+	if got, _, found, ok := last.next(next[2], all); !ok || !found || got.Seq != next[2] {
+		t.Errorf("newest message of a busy tail not served: %d %v %v", got.Seq, found, ok)
 	}
 	for _, tl := range tails {
 		tl.clear()
@@ -61,8 +61,8 @@ func TestTailsShareOneBound(t *testing.T) {
 }
 
 // A tail holds its messages in blocks. Reads and gets from any sequence, over block
-// boundaries, gaps (messages that were not live) and evictions, see exactly the cached
-// messages from there on.
+// boundaries, gaps (messages that were not live) and evictions, find exactly the next
+// cached message from there on.
 func TestTailReadsAcrossBlocks(t *testing.T) {
 	msgSize := int((&pg.Message{Subject: "s", Data: make([]byte, 10)}).Size())
 	tl := newTail(3000*msgSize, &tailBudget{max: 1 << 40}, 0)
@@ -85,21 +85,20 @@ func TestTailReadsAcrossBlocks(t *testing.T) {
 		check := func(from uint64) {
 			t.Helper()
 			i, _ := slices.BinarySearch(model, from)
-			got, through, ok := tl.read(from, 50, func(string) bool { return true })
+			m, through, found, ok := tl.next(from, all)
 			if !ok {
 				t.Fatalf("round %d: read from %d missed the cache covering [%d, %d]", round, from, tl.from, tl.through)
 			}
-			want := model[i:min(i+50, len(model))]
-			var seqs []uint64
-			for _, m := range got {
-				seqs = append(seqs, m.Seq)
+			if i < len(model) {
+				if !found || m.Seq != model[i] || through != model[i] {
+					t.Fatalf("round %d: next from %d: %d (found %v) through %d, want %d", round, from, m.Seq, found, through, model[i])
+				}
+			} else if found || through != seq {
+				t.Fatalf("round %d: next from %d: %d (found %v) through %d, want nothing through %d", round, from, m.Seq, found, through, seq)
 			}
-			if !slices.Equal(seqs, want) || (len(want) == 50 && through != want[49]) || (len(want) < 50 && through != seq) {
-				t.Fatalf("round %d: read from %d: %v through %d, want %v", round, from, seqs, through, want)
-			}
-			m, live, covered := tl.get(from)
-			if wantLive := i < len(model) && model[i] == from; !covered || live != wantLive || (live && m.Seq != from) {
-				t.Fatalf("round %d: get %d: %d live %v covered %v", round, from, m.Seq, live, covered)
+			got, live, covered := tl.get(from)
+			if wantLive := i < len(model) && model[i] == from; !covered || live != wantLive || (live && got.Seq != from) {
+				t.Fatalf("round %d: get %d: %d live %v covered %v", round, from, got.Seq, live, covered)
 			}
 		}
 		for _, at := range []uint64{tl.from, tl.from + 1, model[0], model[len(model)/2], model[len(model)-1], seq} {
@@ -110,7 +109,9 @@ func TestTailReadsAcrossBlocks(t *testing.T) {
 			check(model[k] + 1)
 		}
 	}
-	if _, _, ok := tl.read(tl.from-1, 1, func(string) bool { return true }); ok {
+	if _, _, _, ok := tl.next(tl.from-1, all); ok {
 		t.Fatal("a read below the cache hit it")
 	}
 }
+
+func all(string) bool { return true }

@@ -1,0 +1,123 @@
+package bridge
+
+import (
+	"context"
+	"runtime"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// The benchmarks here report the memory that everything in the process (client, NATS
+// server, link, bridge, pgx) allocates per message on the two hot paths: the garbage
+// collector pays for every byte. Throughput belongs to the project's bench command, which
+// compares it with JetStream in the same run.
+
+const allocBenchMsgs = 50000
+
+// BenchmarkAsyncPublish sends asynchronous publishes through the whole path.
+func BenchmarkAsyncPublish(b *testing.B) {
+	tb := setup(b)
+	js := allocBenchStream(b, tb)
+	var m allocMeter
+	for b.Loop() {
+		m.start()
+		publishAll(b, js)
+		m.stop(allocBenchMsgs)
+	}
+	m.report(b)
+}
+
+// BenchmarkFetchAck drains a stream with a durable pull consumer, Fetch of 500 and an
+// explicit ack per message, as the bench command's fetch + ack phase does.
+func BenchmarkFetchAck(b *testing.B) {
+	tb := setup(b)
+	js := allocBenchStream(b, tb)
+	publishAll(b, js)
+	ctx := context.Background()
+	s, err := tb.js.Stream(ctx, "ALLOC")
+	if err != nil {
+		b.Fatal(err)
+	}
+	var m allocMeter
+	for b.Loop() {
+		cons, err := s.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{Durable: "C", AckPolicy: jetstream.AckExplicitPolicy, MaxAckPending: 2000})
+		if err != nil {
+			b.Fatal(err)
+		}
+		m.start()
+		for got := 0; got < allocBenchMsgs; {
+			batch, err := cons.Fetch(500, jetstream.FetchMaxWait(5*time.Second))
+			if err != nil {
+				b.Fatal(err)
+			}
+			n := 0
+			for msg := range batch.Messages() {
+				if err := msg.Ack(); err != nil {
+					b.Fatal(err)
+				}
+				n++
+			}
+			if n == 0 {
+				b.Fatalf("fetch after %d messages: %v", got, batch.Error())
+			}
+			got += n
+		}
+		if err := tb.nc.Flush(); err != nil {
+			b.Fatal(err)
+		}
+		m.stop(allocBenchMsgs)
+		if err := s.DeleteConsumer(ctx, "C"); err != nil {
+			b.Fatal(err)
+		}
+	}
+	m.report(b)
+}
+
+func allocBenchStream(b *testing.B, tb *testBundle) jetstream.JetStream {
+	if _, err := tb.js.CreateStream(context.Background(), jetstream.StreamConfig{Name: "ALLOC", Subjects: []string{"alloc.>"}}); err != nil {
+		b.Fatal(err)
+	}
+	js, err := jetstream.New(tb.nc, jetstream.WithPublishAsyncMaxPending(1000))
+	if err != nil {
+		b.Fatal(err)
+	}
+	return js
+}
+
+func publishAll(b *testing.B, js jetstream.JetStream) {
+	data := make([]byte, 128)
+	for range allocBenchMsgs {
+		if _, err := js.PublishAsync("alloc.x", data); err != nil {
+			b.Fatal(err)
+		}
+	}
+	select {
+	case <-js.PublishAsyncComplete():
+	case <-time.After(time.Minute):
+		b.Fatal("publishes not acknowledged within a minute")
+	}
+}
+
+// allocMeter sums what the process allocates over the measured parts of a benchmark.
+type allocMeter struct {
+	before        runtime.MemStats
+	bytes, allocs uint64
+	msgs          int
+}
+
+func (m *allocMeter) start() { runtime.ReadMemStats(&m.before) }
+
+func (m *allocMeter) stop(msgs int) {
+	var after runtime.MemStats
+	runtime.ReadMemStats(&after)
+	m.bytes += after.TotalAlloc - m.before.TotalAlloc
+	m.allocs += after.Mallocs - m.before.Mallocs
+	m.msgs += msgs
+}
+
+func (m *allocMeter) report(b *testing.B) {
+	b.ReportMetric(float64(m.bytes)/float64(m.msgs), "B/msg")
+	b.ReportMetric(float64(m.allocs)/float64(m.msgs), "allocs/msg")
+}

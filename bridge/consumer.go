@@ -171,9 +171,9 @@ func (c *consumer) take() []event {
 	return q
 }
 
-// giveBack hands a handled queue back for reuse, unless a burst made it large: an idle
+// recycle hands a handled queue back for reuse, unless a burst made it large: an idle
 // consumer should not keep it.
-func (c *consumer) giveBack(q []event) {
+func (c *consumer) recycle(q []event) {
 	if cap(q) > maxSpareEvents {
 		return
 	}
@@ -239,7 +239,7 @@ func (c *consumer) run() {
 		for i := range evs {
 			c.handle(ctx, &evs[i], now)
 		}
-		c.giveBack(evs)
+		c.recycle(evs)
 		if r := stopReason(c.stopR.Load()); r != stopNone {
 			c.shutdown(r)
 			c.mu.Unlock()

@@ -57,8 +57,12 @@ func (t *tail) highWater() uint64 {
 	return t.hw
 }
 
-// tailBlock is how many messages a block of a tail holds.
-const tailBlock = 1024
+const (
+	// tailBlock is how many messages a block of a tail holds.
+	tailBlock = 1024
+	// tailFirstBlock is the capacity a tail's first block starts with.
+	tailFirstBlock = 16
+)
 
 // add takes every live message of [from, through], in sequence order. A range that does
 // not continue the covered one restarts the cache at from, since what lies in the gap is
@@ -75,7 +79,14 @@ func (t *tail) add(msgs []pg.Message, from, through uint64) {
 			continue
 		}
 		if n := len(t.blocks); n == 0 || len(t.blocks[n-1]) == tailBlock {
-			t.blocks = append(t.blocks, make([]pg.Message, 0, tailBlock))
+			// A tail's first block grows from small, so that the many streams that hold a
+			// few messages do not hold a block each: only the cached bytes count against
+			// the bounds.
+			size := tailBlock
+			if n == 0 {
+				size = tailFirstBlock
+			}
+			t.blocks = append(t.blocks, make([]pg.Message, 0, size))
 		}
 		last := &t.blocks[len(t.blocks)-1]
 		*last = append(*last, m)

@@ -115,3 +115,25 @@ func TestTailReadsAcrossBlocks(t *testing.T) {
 }
 
 func all(string) bool { return true }
+
+// A tail too small for one message evicts each as it comes: its only block, first and
+// last at once, goes, and the next message starts a new one.
+func TestTailEvictsItsOnlyBlock(t *testing.T) {
+	msgSize := int((&pg.Message{Subject: "s", Data: make([]byte, 10)}).Size())
+	budget := &tailBudget{max: 1 << 40}
+	tl := newTail(msgSize/2, budget, 0)
+	for seq := uint64(1); seq <= 3; seq++ {
+		tl.add([]pg.Message{{Seq: seq, Subject: "s", Data: make([]byte, 10)}}, seq, seq)
+		if len(tl.blocks) != 0 || tl.head != 0 || tl.bytes != 0 || budget.used.Load() != 0 {
+			t.Fatalf("after %d: %d blocks, head %d, %d bytes, %d counted", seq, len(tl.blocks), tl.head, tl.bytes, budget.used.Load())
+		}
+		if _, _, _, ok := tl.next(seq, all); ok {
+			t.Fatalf("after %d: an evicted message is served", seq)
+		}
+	}
+	tl.max = 10 * msgSize
+	tl.add([]pg.Message{{Seq: 4, Subject: "s", Data: make([]byte, 10)}}, 4, 4)
+	if m, _, found, ok := tl.next(4, all); !ok || !found || m.Seq != 4 {
+		t.Fatalf("message 4 not served after the cache emptied: %d %v %v", m.Seq, found, ok)
+	}
+}

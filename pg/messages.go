@@ -716,30 +716,35 @@ func (db *DB) readRange(ctx context.Context, q Querier, p ReadParams, filters []
 }
 
 // window sizes the windows of sequences a read looks through, one query each. A chunk holds
-// a row for every sequence from its first up to the stream's last (rows are only ever
-// tombstoned, or dropped with their chunk), so a window of n sequences holds at most n rows:
-// however PostgreSQL plans a query, it touches no more rows than its window. Without that
-// bound, on a chunk that has not been analyzed yet (every chunk while it fills) the planner
-// estimates a range to hold a few hundred rows, takes a bitmap scan of all of it and sorts
-// it: 50 to 77 ms for 1,000 rows of a 64,000-row chunk, against 1 to 3 ms for the window.
+// at most one row per sequence (the primary key), so a window of n sequences holds at most n
+// rows: however PostgreSQL plans a query, it touches no more rows than its window. Without
+// that bound, on a chunk that has not been analyzed yet (every chunk while it fills) the
+// planner estimates a range to hold a few hundred rows, takes a bitmap scan of all of it and
+// sorts it: 50 to 77 ms for 1,000 rows of a 64,000-row chunk, against 1 to 3 ms for the
+// window.
 //
-// An unfiltered read of n messages starts with a window of n. A window that comes back
-// mostly tombstoned, or mostly of other subjects, makes the next one larger, so that a long
-// run of them costs a few round trips, not one per batch.
+// An unfiltered read of n messages starts with a window of n (at least minWindow), since
+// rows are only ever tombstoned or dropped with their chunk and most sequences have one. A
+// window that comes back mostly tombstoned, or mostly of other subjects, makes the next one
+// larger, so that a long run of them costs a few round trips, not one per batch.
 type window struct {
 	filtered bool
 	shift    uint
 }
 
-// maxWindow is the largest window: the default chunk size.
-const maxWindow = 1 << 16
-
-// minFilteredWindow is where a filtered read's windows start: which share of the rows its
-// filter matches is not known.
-const minFilteredWindow = 256
+const (
+	// minWindow is the smallest window: a read of one message behind a few tombstones
+	// should not take a round trip for each.
+	minWindow = 64
+	// minFilteredWindow is where a filtered read's windows start: which share of the rows
+	// its filter matches is not known.
+	minFilteredWindow = 256
+	// maxWindow is the largest window: the default chunk size.
+	maxWindow = 1 << 16
+)
 
 func (w *window) size(want int) uint64 {
-	n := uint64(want)
+	n := min(max(uint64(want), minWindow), maxWindow)
 	if w.filtered {
 		n = max(n, minFilteredWindow)
 	}
@@ -758,8 +763,9 @@ func (w *window) saw(live int, span uint64) {
 }
 
 // readWindow reads the live rows of one chunk in [max(from, first), min(end, max(from, first)
-// + size - 1)], first being the stream's first sequence, at most limit of them; it returns
-// them and the window's last sequence, through which the read looked.
+// + size - 1)], first being the stream's first sequence, at most limit of them. It returns
+// them and the sequence through which it looked: the window's last, the last row's when it
+// returns limit rows, or first-1 when the stream's first sequence lies beyond the window.
 func readWindow(ctx context.Context, q Querier, streamID, chunk int64, from, end, size uint64, limit int, cond string, arg any) ([]Message, uint64, error) {
 	args := []any{streamID, int64(from), int64(end), int64(size), limit}
 	if arg != nil {

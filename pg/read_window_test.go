@@ -23,7 +23,7 @@ func TestReadsSkipTombstonesAndPurges(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	const total, chunkRows = 400, 50
+	const total, chunkRows = 400, 50 // chunks 0 to 7
 	for i := 0; i < total; i += 40 {
 		msgs := make([]pg.AppendMsg, 40)
 		for j := range msgs {
@@ -45,25 +45,37 @@ func TestReadsSkipTombstonesAndPurges(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if _, err := db.Purge(ctx, st.ID, pg.PurgeParams{UpTo: 30}); err != nil {
-		t.Fatal(err)
-	}
-	for _, filters := range [][]string{nil, {"w.1"}, {"w.0", "w.2"}} {
-		var live []uint64
-		for seq := uint64(30); seq <= total; seq++ {
-			if subject := fmt.Sprintf("w.%d", (seq-1)%3); !deleted[seq] && (filters == nil || slices.Contains(filters, subject)) {
-				live = append(live, seq)
-			}
+	// A purge into the middle of chunk 0, then one past chunks 0 to 2.
+	for _, first := range []uint64{30, 180} {
+		if _, err := db.Purge(ctx, st.ID, pg.PurgeParams{UpTo: first}); err != nil {
+			t.Fatal(err)
 		}
-		checkReads(t, db, st.ID, total, filters, live)
+		for _, filters := range [][]string{nil, {"w.1"}, {"w.0", "w.2"}} {
+			var live []uint64
+			for seq := first; seq <= total; seq++ {
+				if subject := fmt.Sprintf("w.%d", (seq-1)%3); !deleted[seq] && (filters == nil || slices.Contains(filters, subject)) {
+					live = append(live, seq)
+				}
+			}
+			checkReads(t, db, st.ID, total, filters, live)
+		}
+	}
+	// A byte bound cuts the read after whole messages, at least one.
+	msgs, through, _, err := db.ReadFiltered(ctx, pg.ReadParams{StreamID: st.ID, From: 1, UpTo: total, MaxMsgs: 100, MaxBytes: 1}, nil)
+	if err != nil || len(msgs) != 1 || msgs[0].Seq != 221 || through != 221 {
+		t.Fatalf("byte-bounded read: %d messages through %d: %v", len(msgs), through, err)
 	}
 }
 
 func checkReads(t *testing.T, db *pg.DB, stream int64, total uint64, filters []string, live []uint64) {
 	t.Helper()
 	for _, from := range []uint64{1, 29, 30, 33, 45, 50, 51, 99, 100, 150, 220, 221, 399, 400} {
-		for _, max := range []int{1, 7, 50, 1000} {
-			msgs, through, _, err := db.ReadFiltered(context.Background(), pg.ReadParams{StreamID: stream, From: from, UpTo: total, MaxMsgs: max}, filters)
+		// However many messages a client asks for, a read ends: 1<<62 once overflowed the
+		// window's size to zero, and the read went round for ever.
+		for _, max := range []int{1, 7, 50, 1000, 1 << 62} {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			msgs, through, _, err := db.ReadFiltered(ctx, pg.ReadParams{StreamID: stream, From: from, UpTo: total, MaxMsgs: max}, filters)
+			cancel()
 			if err != nil {
 				t.Fatal(err)
 			}

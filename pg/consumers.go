@@ -275,6 +275,11 @@ func subjectCond(filters []string, arg int) (string, any) {
 	if len(filters) == 0 || slices.Contains(filters, ">") {
 		return "", nil
 	}
+	// Literal subjects compare as equal, which the subject index serves; patterns cannot
+	// use it.
+	if !slices.ContainsFunc(filters, func(f string) bool { return strings.ContainsAny(f, "*>") }) {
+		return fmt.Sprintf(` AND subject = ANY($%d::text[])`, arg), filters
+	}
 	res := make([]string, len(filters))
 	for i, f := range filters {
 		res[i] = SubjectRegexp(f)

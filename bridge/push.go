@@ -87,8 +87,8 @@ func (b *Bridge) onPublish(s *stream, m *leaf.Msg) {
 		b.reject(s, m.Reply, reasonIntakeAll, errIntakeFull)
 		return
 	}
-	if in.buf == nil {
-		in.buf = publishBufs.get(0)
+	if len(in.buf) == cap(in.buf) {
+		in.buf = publishBufs.grow(in.buf)
 	}
 	in.buf = append(in.buf, p)
 	in.bytes += size
@@ -342,33 +342,60 @@ func (b *Bridge) flush(p *flow.Permit, group []*stream) {
 // Under load every flush would regrow its stream's intake from nothing and copy its
 // messages into a new slice: half of the bridge's allocations per publish. Flushes give
 // both back once answered. Pools, not a spare per stream, so that idle streams keep
-// nothing: a pool empties itself at garbage collections.
+// nothing (a pool empties itself at garbage collections); one pool per power-of-two
+// capacity, so that a slice is never more than four times the size asked for: a stream
+// with a few messages waiting, say while the database is down, holds a small slice, not
+// one that a busy stream grew.
 var (
 	publishBufs slicePool[publish]
 	msgBufs     slicePool[pg.AppendMsg]
 )
 
-// maxPooled bounds the slices kept for reuse, in elements.
-const maxPooled = FlushMaxMsgsDefault
+const (
+	minPooledShift = 3  // 8 elements
+	maxPooledShift = 13 // 8,192 elements: FlushMaxMsgsDefault
+)
 
-type slicePool[T any] struct{ p sync.Pool }
-
-// get returns a slice of length n, reused if one large enough is pooled.
-func (sp *slicePool[T]) get(n int) []T {
-	if b, ok := sp.p.Get().(*[]T); ok && cap(*b) >= n {
-		return (*b)[:n]
-	}
-	return make([]T, n, max(n, 64))
+// slicePool keeps slices by capacity: class i holds capacities from 1<<(i+minPooledShift)
+// up to twice that.
+type slicePool[T any] struct {
+	classes [maxPooledShift - minPooledShift + 1]sync.Pool
 }
 
-// put pools b, emptied so that it keeps nothing alive.
+// get returns a slice of length n, reused if one is pooled.
+func (sp *slicePool[T]) get(n int) []T {
+	for i := range sp.classes {
+		if size := 1 << (i + minPooledShift); n <= size {
+			if b, ok := sp.classes[i].Get().(*[]T); ok {
+				return (*b)[:n]
+			}
+			return make([]T, n, size)
+		}
+	}
+	return make([]T, n)
+}
+
+// grow returns a slice holding b's elements with room for as many again, and pools b.
+func (sp *slicePool[T]) grow(b []T) []T {
+	nb := sp.get(max(2*len(b), 1<<minPooledShift))[:len(b)]
+	copy(nb, b)
+	sp.put(b)
+	return nb
+}
+
+// put pools b, emptied so that it keeps nothing alive, in the largest class its capacity
+// fills.
 func (sp *slicePool[T]) put(b []T) {
-	if cap(b) == 0 || cap(b) > maxPooled {
+	if cap(b) < 1<<minPooledShift || cap(b) >= 2<<maxPooledShift {
 		return
 	}
-	clear(b)
+	i := len(sp.classes) - 1
+	for cap(b) < 1<<(i+minPooledShift) {
+		i--
+	}
+	clear(b[:cap(b)])
 	b = b[:0]
-	sp.p.Put(&b)
+	sp.classes[i].Put(&b)
 }
 
 // giveBack returns a lane permit after a database call and tells the limiter what the call

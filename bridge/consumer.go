@@ -172,7 +172,8 @@ func (c *consumer) take() []event {
 }
 
 // recycle hands a handled queue back for reuse, unless a burst made it large: an idle
-// consumer should not keep it.
+// consumer should not keep it: 512 events are 64 KB. A busy consumer takes a few dozen
+// events per wake, a few hundred now and then.
 func (c *consumer) recycle(q []event) {
 	if cap(q) > maxSpareEvents {
 		return
@@ -183,7 +184,7 @@ func (c *consumer) recycle(q []event) {
 	c.qmu.Unlock()
 }
 
-const maxSpareEvents = 1024
+const maxSpareEvents = 512
 
 // stop asks the goroutine to end; the first reason wins.
 func (c *consumer) stop(r stopReason) {

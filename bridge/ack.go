@@ -36,10 +36,14 @@ func (cs *consumerSide) onAck(m *leaf.Msg) {
 	if !ok {
 		return
 	}
-	if mt := cs.b.maint(); mt != nil {
-		mt.noteAck(a, m.Data)
+	s := cs.b.lookup(a.stream)
+	if s == nil {
+		return
 	}
-	c := cs.find(a.stream, a.consumer)
+	if mt := cs.b.maint(); mt != nil {
+		mt.noteAck(s, a, m.Data)
+	}
+	c := cs.served(s, a.consumer)
 	if c == nil {
 		return
 	}
@@ -48,33 +52,62 @@ func (cs *consumerSide) onAck(m *leaf.Msg) {
 	}
 }
 
+// ackKind is what an ack body asks for.
+type ackKind uint8
+
+const (
+	ackUnknown  ackKind = iota
+	ackPositive         // empty, +ACK or +OK
+	ackNextKind         // +NXT: an ack and a pull request
+	ackNakKind          // -NAK, with or without a delay
+	ackWPIKind          // +WPI: more time
+	ackTermKind         // +TERM: never again
+)
+
+func classifyAck(body []byte) ackKind {
+	switch {
+	case len(body) == 0, bytes.Equal(body, ackAck), bytes.Equal(body, ackOK):
+		return ackPositive
+	case bytes.HasPrefix(body, ackNext):
+		return ackNextKind
+	case bytes.HasPrefix(body, ackNak):
+		return ackNakKind
+	case bytes.Equal(body, ackProgress):
+		return ackWPIKind
+	case bytes.HasPrefix(body, ackTerm):
+		return ackTermKind
+	}
+	return ackUnknown
+}
+
 // ackSettles reports whether an ack body acknowledges its message for good (an ack, +NXT or
 // a term), as retention counts it, rather than asking for it again or for more time.
 func ackSettles(body []byte) bool {
-	return len(body) == 0 || bytes.Equal(body, ackAck) || bytes.Equal(body, ackOK) ||
-		bytes.HasPrefix(body, ackNext) || bytes.HasPrefix(body, ackTerm)
+	switch classifyAck(body) {
+	case ackPositive, ackNextKind, ackTermKind:
+		return true
+	}
+	return false
 }
 
 // handleAck applies one ack to the state. Called on the consumer's goroutine with mu held.
 func (c *consumer) handleAck(ctx context.Context, ev *event, now time.Time) {
 	a := ev.ack
 	body := ev.data
-	switch {
-	case len(body) == 0, bytes.Equal(body, ackAck), bytes.Equal(body, ackOK):
+	switch classifyAck(body) {
+	case ackPositive, ackTermKind:
 		c.ack(a, ev.reply)
-	case bytes.HasPrefix(body, ackNext):
+	case ackNextKind:
 		c.ack(a, "")
 		if ev.reply != "" {
 			c.addRequest(ev.reply, body[len(ackNext):], now)
 		}
-	case bytes.HasPrefix(body, ackNak):
+	case ackNakKind:
 		c.st.Nak(a.sseq, a.dseq, nakDelay(body[len(ackNak):]))
 		c.replyAck(ev.reply)
-	case bytes.Equal(body, ackProgress):
+	case ackWPIKind:
 		c.st.Progress(a.sseq)
 		c.replyAck(ev.reply)
-	case bytes.HasPrefix(body, ackTerm):
-		c.ack(a, ev.reply)
 	}
 }
 

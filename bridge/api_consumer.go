@@ -132,9 +132,12 @@ func (cs *consumerSide) apiCreate(ctx context.Context, tok []string, data []byte
 	c, err := cs.ensure(ctx, streamName, name)
 	switch {
 	case err == nil:
-		info, e := cs.update(ctx, c, cfg, req.Action)
-		if e != nil {
+		if e := cs.applyConfig(ctx, c, cfg, req.Action); e != nil {
 			return fail(e)
+		}
+		info, err := cs.info(ctx, c)
+		if err != nil {
+			return fail(server.NewJSConsumerCreateError(errors.New("database error")))
 		}
 		resp.ConsumerInfo = info
 		return resp
@@ -162,37 +165,34 @@ func (cs *consumerSide) apiCreate(ctx context.Context, tok []string, data []byte
 	return resp
 }
 
-// update applies a create request to an existing consumer.
-func (cs *consumerSide) update(ctx context.Context, c *consumer, cfg server.ConsumerConfig, action server.ConsumerAction) (*server.ConsumerInfo, *server.ApiError) {
+// applyConfig applies a create request, or a pause, to an existing consumer.
+func (cs *consumerSide) applyConfig(ctx context.Context, c *consumer, cfg server.ConsumerConfig, action server.ConsumerAction) *server.ApiError {
 	c.mu.Lock()
 	old := c.cfg
 	c.mu.Unlock()
 	same := sameConsumerConfig(cfg, old)
 	if action == server.ActionCreate && !same {
-		return nil, server.NewJSConsumerAlreadyExistsError()
+		return server.NewJSConsumerAlreadyExistsError()
 	}
 	if err := checkConsumerUpdate(&old, &cfg); err != nil {
-		return nil, server.NewJSConsumerCreateError(err)
+		return server.NewJSConsumerCreateError(err)
 	}
-	if !same {
-		raw, err := json.Marshal(cfg)
-		if err != nil {
-			return nil, server.NewJSConsumerCreateError(err)
-		}
-		if err := cs.b.db.UpdateConsumerConfig(ctx, c.sc.s.id, c.name, raw); err != nil {
-			cs.b.log.Error("updating consumer", "stream", c.sc.s.name, "consumer", c.name, "err", err)
-			return nil, server.NewJSConsumerCreateError(errors.New("database error"))
-		}
-		c.mu.Lock()
-		c.cfg = cfg
-		c.mu.Unlock()
-		c.post(event{kind: evConfig, cfg: &cfg})
+	if same {
+		return nil
 	}
-	info, err := cs.info(ctx, c)
+	raw, err := json.Marshal(cfg)
 	if err != nil {
-		return nil, server.NewJSConsumerCreateError(errors.New("database error"))
+		return server.NewJSConsumerCreateError(err)
 	}
-	return info, nil
+	if err := cs.b.db.UpdateConsumerConfig(ctx, c.sc.s.id, c.name, raw); err != nil {
+		cs.b.log.Error("updating consumer", "stream", c.sc.s.name, "consumer", c.name, "err", err)
+		return server.NewJSConsumerCreateError(errors.New("database error"))
+	}
+	c.mu.Lock()
+	c.cfg = cfg
+	c.mu.Unlock()
+	c.post(event{kind: evConfig, cfg: &cfg})
+	return nil
 }
 
 // create stores a new consumer at the start position its deliver policy selects and
@@ -313,7 +313,7 @@ func (cs *consumerSide) info(ctx context.Context, c *consumer) (*server.Consumer
 		NumRedelivered: c.st.NumRedelivered(),
 		TimeStamp:      now.UTC(),
 	}
-	setPaused(info, &cfg, now)
+	info.Paused, info.PauseRemaining = pausedAt(cfg.PauseUntil, now)
 	for _, wr := range c.waiting {
 		if wr.expires.IsZero() || now.Before(wr.expires) {
 			info.NumWaiting++
@@ -350,20 +350,20 @@ func (cs *consumerSide) rowInfo(ctx context.Context, s *stream, row pg.Consumer,
 	if err != nil {
 		return nil, err
 	}
+	now := time.Now()
 	floor := server.SequenceInfo{Consumer: row.AckConsumerSeq, Stream: row.AckStreamSeq}
 	info := &server.ConsumerInfo{Stream: s.name, Name: row.Name, Created: row.Created.UTC(), Config: &cfg,
-		Delivered: floor, AckFloor: floor, NumPending: np, TimeStamp: time.Now().UTC()}
-	setPaused(info, &cfg, time.Now())
+		Delivered: floor, AckFloor: floor, NumPending: np, TimeStamp: now.UTC()}
+	info.Paused, info.PauseRemaining = pausedAt(cfg.PauseUntil, now)
 	return info, nil
 }
 
-// setPaused reports pause_until in a ConsumerInfo as nats-server does.
-func setPaused(info *server.ConsumerInfo, cfg *server.ConsumerConfig, now time.Time) {
-	if cfg.PauseUntil != nil {
-		if info.Paused = now.Before(*cfg.PauseUntil); info.Paused {
-			info.PauseRemaining = cfg.PauseUntil.Sub(now)
-		}
+// pausedAt reports whether pause_until holds deliveries back at now, and for how long yet.
+func pausedAt(until *time.Time, now time.Time) (paused bool, remaining time.Duration) {
+	if until == nil || !now.Before(*until) {
+		return false, 0
 	}
+	return true, until.Sub(now)
 }
 
 func utcOrNil(t time.Time) *time.Time {
@@ -438,14 +438,12 @@ func (cs *consumerSide) apiPause(ctx context.Context, streamName, name string, d
 	if !until.IsZero() {
 		cfg.PauseUntil = &until
 	}
-	if _, e := cs.update(ctx, c, cfg, server.ActionUpdate); e != nil {
+	if e := cs.applyConfig(ctx, c, cfg, server.ActionUpdate); e != nil {
 		resp.Error = e
 		return resp
 	}
 	resp.PauseUntil = until
-	if resp.Paused = time.Now().Before(until); resp.Paused {
-		resp.PauseRemaining = time.Until(until)
-	}
+	resp.Paused, resp.PauseRemaining = pausedAt(&until, time.Now())
 	return resp
 }
 
@@ -524,7 +522,7 @@ func (cs *consumerSide) apiList(ctx context.Context, streamName string, data []b
 		}
 		var info *server.ConsumerInfo
 		var err error
-		if c := cs.find(streamName, r.Name); c != nil {
+		if c := cs.served(s, r.Name); c != nil {
 			info, err = cs.info(ctx, c)
 		} else {
 			if !hwRead {

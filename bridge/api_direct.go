@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -37,7 +38,7 @@ func (b *Bridge) directGet(ctx context.Context, m *leaf.Msg, tok []string) {
 		status(503, "")
 		return
 	}
-	if v := headerValue(m.Header, "Nats-Required-Api-Level"); v != "" {
+	if v := headerValue(m.Header, server.JSRequiredApiLevel); v != "" {
 		if n, err := strconv.Atoi(v); err != nil || n > apiLevel {
 			status(412, "Required Api Level")
 			return
@@ -122,26 +123,18 @@ func (dg *directGet) run(ctx context.Context) error {
 	if len(req.MultiLastFor) > 0 {
 		return dg.multiLast(ctx)
 	}
-	seq := req.Seq
 	if req.StartTime != nil {
+		// The first message at or after a time is the next of any subject from its sequence.
 		var err error
-		if seq, err = db.SeqAtTime(ctx, dg.s.id, req.StartTime.UnixNano()); err != nil {
+		if req.Seq, err = db.SeqAtTime(ctx, dg.s.id, req.StartTime.UnixNano()); err != nil {
 			return err
+		}
+		if req.NextFor == "" {
+			req.NextFor = ">"
 		}
 	}
 	if req.Batch == 0 {
-		var m *pg.Message
-		var err error
-		switch {
-		case req.LastFor != "":
-			m, err = db.LastBySubject(ctx, dg.s.id, req.LastFor)
-		case req.NextFor != "":
-			m, err = db.NextBySubject(ctx, dg.s.id, req.NextFor, max(seq, 1))
-		case req.StartTime != nil:
-			m, err = db.NextBySubject(ctx, dg.s.id, ">", seq)
-		default:
-			m, err = db.GetMessage(ctx, dg.s.id, seq)
-		}
+		m, err := dg.b.storedMsg(ctx, dg.s, req)
 		if errors.Is(err, pg.ErrNotFound) {
 			return errDirectNotFound
 		}
@@ -151,14 +144,15 @@ func (dg *directGet) run(ctx context.Context) error {
 		dg.send(m, nil)
 		return nil
 	}
-	return dg.batch(ctx, max(seq, 1))
+	return dg.batch(ctx, max(req.Seq, 1))
 }
 
 // batch sends up to req.Batch messages from seq on that match next_by_subj, each with the
 // count still to come, then an end-of-batch status.
 func (dg *directGet) batch(ctx context.Context, seq uint64) error {
 	req := &dg.req
-	st, err := dg.b.db.State(ctx, dg.s.id)
+	cs := dg.b.cs()
+	hw, err := cs.highWater(ctx, dg.s)
 	if err != nil {
 		return err
 	}
@@ -166,11 +160,11 @@ func (dg *directGet) batch(ctx context.Context, seq uint64) error {
 	if req.NextFor != "" {
 		filters = []string{req.NextFor}
 	}
-	np, err := dg.b.db.CountPending(ctx, pg.PendingParams{StreamID: dg.s.id, From: seq, UpTo: st.LastSeq, Filters: filters})
+	np, err := dg.b.db.CountPending(ctx, pg.PendingParams{StreamID: dg.s.id, From: seq, UpTo: hw, Filters: filters})
 	if err != nil {
 		return err
 	}
-	msgs, _, err := dg.b.cs().readPop(ctx, pg.ReadParams{StreamID: dg.s.id, From: seq, UpTo: st.LastSeq, MaxMsgs: req.Batch, MaxBytes: dg.maxBytes()}, filters)
+	msgs, _, err := cs.readPop(ctx, pg.ReadParams{StreamID: dg.s.id, From: seq, UpTo: hw, MaxMsgs: req.Batch, MaxBytes: dg.maxBytes()}, filters)
 	if err != nil {
 		return err
 	}
@@ -195,29 +189,31 @@ func (dg *directGet) batch(ctx context.Context, seq uint64) error {
 func (dg *directGet) multiLast(ctx context.Context) error {
 	req := &dg.req
 	db := dg.b.db
-	st, err := db.State(ctx, dg.s.id)
-	if err != nil {
-		return err
-	}
-	upTo := st.LastSeq
-	switch {
-	case req.UpToTime != nil:
+	var upTo uint64
+	if req.UpToTime != nil {
+		// Nothing before the first message: no subject has a last message, and the 404
+		// below answers.
 		at, err := db.SeqAtTime(ctx, dg.s.id, req.UpToTime.UnixNano())
 		if err != nil {
 			return err
 		}
-		if at <= st.FirstSeq {
-			return errDirectNone
-		}
 		upTo = at - 1
-	case req.UpToSeq > 0:
-		upTo = min(req.UpToSeq, upTo)
+	} else {
+		last, err := dg.b.cs().highWater(ctx, dg.s)
+		if err != nil {
+			return err
+		}
+		upTo = last
+		if req.UpToSeq > 0 {
+			upTo = min(req.UpToSeq, upTo)
+		}
 	}
 	seqs, err := db.LastSeqsPerSubject(ctx, dg.s.id, req.MultiLastFor, upTo)
 	if err != nil {
 		return err
 	}
-	seqs = dropBelow(seqs, req.Seq)
+	i, _ := slices.BinarySearch(seqs, req.Seq)
+	seqs = seqs[i:]
 	if len(seqs) > directMaxResults {
 		return errDirectTooMany
 	}
@@ -242,14 +238,6 @@ func (dg *directGet) multiLast(ctx context.Context) error {
 	_ = dg.b.link.Publish(dg.reply, "", statusHeader(204, "EOB", "Nats-Num-Pending", "0", "Nats-Last-Sequence", strconv.FormatUint(last, 10),
 		"Nats-UpTo-Sequence", strconv.FormatUint(upTo, 10)), nil)
 	return nil
-}
-
-// dropBelow removes, from sorted seqs, those below from.
-func dropBelow(seqs []uint64, from uint64) []uint64 {
-	for len(seqs) > 0 && seqs[0] < from {
-		seqs = seqs[1:]
-	}
-	return seqs
 }
 
 func (dg *directGet) maxBytes() int {

@@ -408,6 +408,19 @@ func (b *Bridge) apiStreamList(ctx context.Context, body []byte) any {
 	return resp
 }
 
+// storedMsg finds the message a get request names: the last of a subject, the next of a
+// subject from the request's sequence, or that sequence itself.
+func (b *Bridge) storedMsg(ctx context.Context, s *stream, req *server.JSApiMsgGetRequest) (*pg.Message, error) {
+	switch {
+	case req.LastFor != "":
+		return b.db.LastBySubject(ctx, s.id, req.LastFor)
+	case req.NextFor != "":
+		return b.db.NextBySubject(ctx, s.id, req.NextFor, max(req.Seq, 1))
+	default:
+		return b.db.GetMessage(ctx, s.id, req.Seq)
+	}
+}
+
 func (b *Bridge) apiMsgGet(ctx context.Context, name string, body []byte) any {
 	fail := func(e *server.ApiError) any {
 		return &server.JSApiMsgGetResponse{ApiResponse: server.ApiResponse{Type: server.JSApiMsgGetResponseType, Error: e}}
@@ -417,18 +430,11 @@ func (b *Bridge) apiMsgGet(ctx context.Context, name string, body []byte) any {
 	if e != nil {
 		return fail(e)
 	}
-	var m *pg.Message
-	var err error
-	switch {
-	case req.Seq > 0 && req.LastFor == "" && req.NextFor == "":
-		m, err = b.db.GetMessage(ctx, s.id, req.Seq)
-	case req.Seq == 0 && req.LastFor != "" && req.NextFor == "":
-		m, err = b.db.LastBySubject(ctx, s.id, req.LastFor)
-	case req.NextFor != "" && req.LastFor == "":
-		m, err = b.db.NextBySubject(ctx, s.id, req.NextFor, max(req.Seq, 1))
-	default:
+	// A sequence, the last of a subject, or the next of a subject from a sequence.
+	if (req.LastFor != "" && (req.Seq > 0 || req.NextFor != "")) || (req.LastFor == "" && req.NextFor == "" && req.Seq == 0) {
 		return fail(server.NewJSBadRequestError())
 	}
+	m, err := b.storedMsg(ctx, s, &req)
 	if errors.Is(err, pg.ErrNotFound) {
 		return fail(server.NewJSNoMessageFoundError())
 	}

@@ -3,6 +3,7 @@ package bridge
 import (
 	"context"
 	"errors"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -81,15 +82,18 @@ type consumer struct {
 	created time.Time
 	since   time.Time // when this process started serving it
 
-	qmu    sync.Mutex
-	queue  []event
-	spare  []event // the previous queue, emptied, for the next one: acks arrive by the thousand
-	wake   chan struct{}
-	stopR  atomic.Uint32
-	done   chan struct{}
-	pend   pendingCommits // matching commits counted off the goroutine
-	stale  atomic.Bool    // removals may have taken rows npc counts
-	parked atomic.Bool    // waiting requests and nothing to send: the ticker polls for it
+	qmu   sync.Mutex
+	queue []event
+	spare []event // the previous queue, emptied, for the next one: acks arrive by the thousand
+	wake  chan struct{}
+	stopR atomic.Uint32
+	done  chan struct{}
+	pend  pendingCommits // matching commits counted off the goroutine
+	stale atomic.Bool    // removals may have taken rows npc counts
+	// counted is where npc's last count in PostgreSQL began: rows below it were never in
+	// the count, so removing them cannot make it stale.
+	counted atomic.Uint64
+	parked  atomic.Bool // waiting requests and nothing to send: the ticker polls for it
 	// filter holds the consumer's filter subjects. It is read off the goroutine (the commit
 	// path, retention), so a reconfiguration stores a fresh slice rather than writing one.
 	filter atomic.Pointer[[]string]
@@ -296,11 +300,15 @@ func (c *consumer) handle(ctx context.Context, ev *event, now time.Time) {
 	case evPurged:
 		c.dropAhead()
 	case evConfig:
+		old := c.filters()
 		c.cfg = *ev.cfg
 		c.setFilters(&c.cfg)
 		c.st.SetConfig(stateConfig(&c.cfg))
 		c.dropAhead()
-		c.stale.Store(true)
+		// The filters are all of the configuration that the count depends on.
+		if !slices.Equal(old, c.filters()) {
+			c.stale.Store(true)
+		}
 	}
 }
 
@@ -807,7 +815,8 @@ func (c *consumer) nextWake(now time.Time) time.Time {
 
 // paused reports whether pause_until holds deliveries back at now.
 func (c *consumer) paused(now time.Time) bool {
-	return c.cfg.PauseUntil != nil && now.Before(*c.cfg.PauseUntil)
+	paused, _ := pausedAt(c.cfg.PauseUntil, now)
+	return paused
 }
 
 // inactive reports whether the consumer passed its inactive threshold with no request.

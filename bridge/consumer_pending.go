@@ -2,6 +2,7 @@ package bridge
 
 import (
 	"context"
+	"math"
 	"sync"
 	"time"
 
@@ -67,21 +68,26 @@ func (p *pendingCommits) peek() int64 {
 	return p.n
 }
 
-// restart drops what was added and returns the sequence a fresh count must reach, or sets
-// it when through is above it (a consumer that just counted up to there).
-func (p *pendingCommits) restart(through uint64) uint64 {
+// restart drops what was added and returns the sequence a fresh count must reach.
+func (p *pendingCommits) restart() uint64 {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.n = 0
-	p.through = max(p.through, through)
 	return p.through
 }
 
-// markStale asks for a recount before the next delivery.
-func (c *consumer) markStale() {
+// markStale asks for a recount before the next delivery, unless every removed row lies
+// below where the last count began: upTo is the highest removed sequence.
+func (c *consumer) markStale(upTo uint64) {
+	if upTo < c.counted.Load() {
+		return
+	}
 	c.stale.Store(true)
 	c.signal()
 }
+
+// allRows is markStale's upTo for a removal that may reach any row.
+const allRows = math.MaxUint64
 
 // recountPending counts num_pending afresh if removals made it stale and the spacing allows.
 // Called with mu held, which it gives up around the database read; the goroutine is the only
@@ -95,7 +101,7 @@ func (c *consumer) recountPending(ctx context.Context) {
 		return
 	}
 	c.stale.Store(false)
-	through := c.pend.restart(0)
+	through := c.pend.restart()
 	p := pg.PendingParams{StreamID: c.sc.s.id, From: c.st.Next(), UpTo: through, Filters: c.filters()}
 	c.mu.Unlock()
 	start := time.Now()
@@ -115,5 +121,6 @@ func (c *consumer) recountPending(ctx context.Context) {
 		return
 	}
 	c.npc = int64(n)
+	c.counted.Store(p.From)
 	c.cs.m.recounts.Inc()
 }

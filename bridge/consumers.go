@@ -207,17 +207,17 @@ func (b *Bridge) streamPurged(s *stream) {
 	}
 	sc.tail.clear()
 	for _, c := range sc.list() {
-		c.markStale()
+		c.markStale(allRows)
 		c.post(event{kind: evPurged})
 	}
 }
 
-// rowsRemoved tells the consumers that retention removed rows outside the tail cache, which
-// they may have counted as pending.
-func (b *Bridge) rowsRemoved(s *stream) {
+// rowsRemoved tells the consumers that retention removed rows outside the tail cache, up to
+// sequence upTo, which they may have counted as pending.
+func (b *Bridge) rowsRemoved(s *stream, upTo uint64) {
 	if sc := b.consumersOf(s); sc != nil {
 		for _, c := range sc.list() {
-			c.markStale()
+			c.markStale(upTo)
 		}
 	}
 }
@@ -258,6 +258,11 @@ func (cs *consumerSide) find(streamName, consumerName string) *consumer {
 	if s == nil {
 		return nil
 	}
+	return cs.served(s, consumerName)
+}
+
+// served returns s's consumer of that name if this process serves it.
+func (cs *consumerSide) served(s *stream, consumerName string) *consumer {
 	sc := cs.registry(s)
 	if sc == nil {
 		return nil
@@ -332,7 +337,8 @@ func (cs *consumerSide) activate(ctx context.Context, sc *streamConsumers, row p
 		return nil, err
 	}
 	c.npc = int64(npc)
-	c.pend.restart(hw)
+	c.counted.Store(c.st.Next())
+	c.pend.through = hw // no commit reaches c before it is registered below
 	sc.mu.Lock()
 	if old := sc.cons[c.name]; old != nil {
 		sc.mu.Unlock()

@@ -318,7 +318,7 @@ func (b *Bridge) flush(p *flow.Permit, group []*stream) {
 				case b.cachedAny(s, r.FirstSeq-1, r.Tombstoned):
 					b.streamPurged(s)
 				default:
-					b.rowsRemoved(s)
+					b.rowsRemoved(s, removedUpTo(r))
 				}
 				if len(r.Stored) > 0 {
 					b.consumersCommitted(s, r.Stored)
@@ -396,6 +396,16 @@ func (sp *slicePool[T]) put(b []T) {
 	clear(b[:cap(b)])
 	b = b[:0]
 	sp.classes[i].Put(&b)
+}
+
+// removedUpTo is the highest sequence a commit removed: below its new first sequence, or
+// tombstoned.
+func removedUpTo(r pg.AppendResult) uint64 {
+	upTo := r.FirstSeq - 1
+	for _, seq := range r.Tombstoned {
+		upTo = max(upTo, seq)
+	}
+	return upTo
 }
 
 // giveBack returns a lane permit after a database call and tells the limiter what the call

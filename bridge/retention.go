@@ -75,12 +75,8 @@ type retained struct {
 // whether or not this process serves the consumer: it notes which messages were
 // acknowledged, for the next retention pass. The consumer decides whether the ack counts;
 // the pass asks it.
-func (m *maintainer) noteAck(a ackInfo, body []byte) {
-	if !ackSettles(body) {
-		return
-	}
-	s := m.b.lookup(a.stream)
-	if s == nil || s.config().Retention == server.LimitsPolicy {
+func (m *maintainer) noteAck(s *stream, a ackInfo, body []byte) {
+	if !ackSettles(body) || s.config().Retention == server.LimitsPolicy {
 		return
 	}
 	rs := &s.ret

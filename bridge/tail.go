@@ -97,15 +97,18 @@ func (t *tail) add(msgs []pg.Message, from, through uint64) {
 	used := t.budget.used.Add(int64(added))
 	t.through = max(t.through, through)
 	t.hw = max(t.hw, t.through)
-	for (t.bytes > t.max || used > t.budget.max) && len(t.blocks) > 0 {
+	// The shared counters are written once per add, not per evicted message: every
+	// stream's commits update them.
+	var freed, shared int64
+	for (t.bytes > t.max || used-freed > t.budget.max) && len(t.blocks) > 0 {
 		if t.bytes <= t.max {
-			t.budget.evicted.Add(1)
+			shared++
 		}
 		first := t.blocks[0]
 		m := &first[t.head]
 		size := int(m.Size())
 		t.bytes -= size
-		used = t.budget.used.Add(-int64(size))
+		freed += int64(size)
 		t.from = m.Seq + 1
 		*m = pg.Message{}
 		t.head++
@@ -114,6 +117,8 @@ func (t *tail) add(msgs []pg.Message, from, through uint64) {
 			t.blocks, t.head = t.blocks[1:], 0
 		}
 	}
+	t.budget.used.Add(-freed)
+	t.budget.evicted.Add(shared)
 }
 
 // raise records a high-water mark seen in PostgreSQL. It reports whether it moved.

@@ -48,23 +48,11 @@ func headerValue(hdr []byte, key string) string {
 // statusHeader builds a header-only status message such as "NATS/1.0 404 No Messages",
 // which every language's client parses inline. kv holds extra header pairs.
 func statusHeader(code int, desc string, kv ...string) []byte {
-	var b bytes.Buffer
-	b.WriteString(hdrLine)
-	b.WriteByte(' ')
-	b.WriteString(strconv.Itoa(code))
+	line := hdrLine + " " + strconv.Itoa(code)
 	if desc != "" {
-		b.WriteByte(' ')
-		b.WriteString(desc)
+		line += " " + desc
 	}
-	b.WriteString("\r\n")
-	for i := 0; i+1 < len(kv); i += 2 {
-		b.WriteString(kv[i])
-		b.WriteString(": ")
-		b.WriteString(kv[i+1])
-		b.WriteString("\r\n")
-	}
-	b.WriteString("\r\n")
-	return b.Bytes()
+	return appendHeaders([]byte(line+"\r\n\r\n"), kv...)
 }
 
 // appendHeaders returns a copy of a stored header block (or a new one when there is none)

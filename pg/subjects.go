@@ -51,11 +51,11 @@ func (db *DB) perSubject(ctx context.Context, q Querier, streamID int64, filters
 func (db *DB) SubjectTotals(ctx context.Context, streamID int64, filter string) (map[string]uint64, error) {
 	totals := make(map[string]uint64)
 	err := db.Background(ctx, func(ctx context.Context, q Querier) error {
-		var last int64
-		if err := q.QueryRow(ctx, `SELECT last_seq FROM jetgres.stream_state WHERE stream_id = $1`, streamID).Scan(&last); err != nil {
+		_, last, err := streamBounds(ctx, q, streamID)
+		if err != nil {
 			return err
 		}
-		return db.perSubject(ctx, q, streamID, []string{filter}, uint64(last), `subject, count(*)`, `GROUP BY subject`,
+		return db.perSubject(ctx, q, streamID, []string{filter}, last, `subject, count(*)`, `GROUP BY subject`,
 			func(subj string, n int64) { totals[subj] += uint64(n) })
 	})
 	if err != nil {

@@ -227,7 +227,9 @@ func readEndToEnd(it jetstream.MessagesContext, h *Histogram, delivered *atomic.
 }
 
 // probeSubscriber pulls small batches from from until until, recording the time from each
-// pull request to its first message, and acks each batch with its last message.
+// pull request to its first message, and acks each batch with its last message. A target
+// whose stores stalled for the whole window (sync_always on a busy disk can) is probed on,
+// for at most deliverTimeout, until one sample is in: the producer's backlog is still there.
 func probeSubscriber(ctx context.Context, cons jetstream.Consumer, from, until time.Time, h *Histogram) error {
 	select {
 	case <-time.After(time.Until(from)):
@@ -236,7 +238,11 @@ func probeSubscriber(ctx context.Context, cons jetstream.Consumer, from, until t
 	}
 	tick := time.NewTicker(probePeriod)
 	defer tick.Stop()
-	for time.Now().Before(until) && ctx.Err() == nil {
+	giveUp := until.Add(deliverTimeout)
+	for ctx.Err() == nil {
+		if now := time.Now(); !now.Before(giveUp) || !now.Before(until) && h.Count() > 0 {
+			break
+		}
 		t0 := time.Now()
 		b, err := cons.Fetch(probeBatch, jetstream.FetchMaxWait(time.Second))
 		if err != nil {

@@ -143,6 +143,7 @@ func newConsumer(cs *consumerSide, sc *streamConsumers, row pg.Consumer, cfg ser
 	}
 	c.cw.written = floor
 	c.cw.want = floor
+	c.cw.hurry = make(chan struct{}, 1)
 	c.setFilters(&cfg)
 	return c
 }

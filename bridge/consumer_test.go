@@ -87,3 +87,64 @@ func mustStreamID(t *testing.T, tb *testBundle, name string) int64 {
 	}
 	return s.id
 }
+
+// TestCursorWritesPaced acks messages one by one with plain acks: the floor moves with each,
+// but the cursor is written at most once per cursorPace, and once the acks stop the last
+// floor still reaches PostgreSQL. A double ack is not paced: when it returns, its floor is
+// stored.
+func TestCursorWritesPaced(t *testing.T) {
+	t.Parallel()
+	tb := setup(t)
+	ctx := testContext(t)
+	s := newStream(t, ctx, tb, "PACED", "paced.>")
+	const n = 2000
+	publishN(t, ctx, tb.js, "paced.x", n)
+	c, err := s.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{Durable: "C", AckPolicy: jetstream.AckExplicitPolicy})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := mustStreamID(t, tb, "PACED")
+	before := counterValue(t, tb.reg, "jetgres_cursor_writes_total")
+	start := time.Now()
+	for got := 0; got < n-1; {
+		batch, err := c.Fetch(min(100, n-1-got), jetstream.FetchMaxWait(5*time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for m := range batch.Messages() {
+			if err := m.Ack(); err != nil {
+				t.Fatal(err)
+			}
+			got++
+		}
+		if err := batch.Error(); err != nil {
+			t.Fatalf("fetch after %d: %v", got, err)
+		}
+	}
+	if err := tb.nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 5*time.Second, func() error {
+		row, err := tb.db.GetConsumer(ctx, id, "C")
+		if err == nil && row.AckStreamSeq != n-1 {
+			err = fmt.Errorf("stored floor %d, want %d", row.AckStreamSeq, n-1)
+		}
+		return err
+	})
+	elapsed := time.Since(start)
+	writes := counterValue(t, tb.reg, "jetgres_cursor_writes_total") - before
+	if limit := 2 + float64(elapsed/cursorPace); writes > limit {
+		t.Errorf("%g cursor writes for %d acks in %s, want at most %g", writes, n-1, elapsed, limit)
+	}
+
+	m, err := c.Next(jetstream.FetchMaxWait(5 * time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := m.DoubleAck(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if row, err := tb.db.GetConsumer(ctx, id, "C"); err != nil || row.AckStreamSeq != n {
+		t.Fatalf("stored cursor after a double ack: %+v, %v", row, err)
+	}
+}

@@ -771,11 +771,15 @@ func readWindow(ctx context.Context, q Querier, streamID, chunk int64, from, end
 	if arg != nil {
 		args = append(args, arg)
 	}
+	// Most windows hold no tombstone: one probe of the tombstone index for the whole window
+	// spares the probe per row, which was half of what the read cost PostgreSQL.
 	rows, err := q.Query(ctx, `SELECT b.lo, b.hi, m.seq, m.ts, m.subject, m.hdr, m.data, m.cum_before
 		FROM (SELECT GREATEST($2::bigint, first_seq) AS lo, LEAST($3::bigint, GREATEST($2::bigint, first_seq) + $4::bigint - 1) AS hi
-			FROM jetgres.stream_state WHERE stream_id = $1) b
+			FROM jetgres.stream_state WHERE stream_id = $1) w
+		CROSS JOIN LATERAL (SELECT w.lo, w.hi,
+			EXISTS (SELECT 1 FROM jetgres.deleted d WHERE d.stream_id = $1 AND d.seq >= w.lo AND d.seq <= w.hi) AS dels) b
 		LEFT JOIN LATERAL (SELECT seq, ts, subject, hdr, data, cum_before FROM `+chunkTable(streamID, chunk)+` m
-			WHERE seq >= b.lo AND seq <= b.hi AND `+notTombstoned("$1")+cond+` ORDER BY seq LIMIT $5) m ON true`, args...)
+			WHERE seq >= b.lo AND seq <= b.hi AND (NOT b.dels OR `+notTombstoned("$1")+`)`+cond+` ORDER BY seq LIMIT $5) m ON true`, args...)
 	if err != nil {
 		if isUndefinedTable(err) {
 			// Retention dropped the chunk: everything in it is gone.

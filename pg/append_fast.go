@@ -16,8 +16,8 @@ import (
 // and lets PostgreSQL check the remembered state.
 //
 // The state row update is guarded by the remembered last sequence and chunk: if another
-// replica, a purge or the maintainer changed them, it matches no row, and the inserts are
-// guarded by the new last sequence being in place, so they insert nothing either. Those
+// replica, a purge or the maintainer changed them, it matches no row, and the inserts,
+// which read the update's result in the same statement, insert nothing either. Those
 // batches then take the general path. A collision the guards cannot see (another replica
 // wrote exactly as many messages into the same chunk) fails the primary key, which rolls
 // the whole implicit transaction back; the general path then runs for every batch.
@@ -120,14 +120,7 @@ func (db *DB) appendFast(ctx context.Context, q Querier, batches []AppendBatch, 
 	}
 	b := &pgx.Batch{}
 	for _, p := range plans {
-		n, bytes := int64(len(p.bt.Msgs)), int64(p.next.cumBytes-p.prev.cumBytes)
-		b.Queue(`UPDATE jetgres.stream_state SET last_seq = $2, last_ts = $3, cum_bytes = $4, msgs = msgs + $5,
-			bytes = bytes + $6, chunk_rows = $7, last_msg_id = ''
-			WHERE stream_id = $1 AND last_seq = $8 AND chunk = $9 AND chunk_rows = $10
-			RETURNING first_seq`,
-			p.bt.StreamID, int64(p.next.lastSeq), p.next.lastTS, int64(p.next.cumBytes), n, bytes, p.next.chunkRows,
-			int64(p.prev.lastSeq), p.prev.chunk, p.prev.chunkRows)
-		queueGuardedInsert(b, chunkTable(p.bt.StreamID, p.next.chunk), p.res.Stored, p.bt.StreamID, p.next.lastSeq)
+		queueGuardedAppend(b, p.bt.StreamID, p.prev, p.next, p.res.Stored)
 	}
 	applied, err := readFastResults(q.SendBatch(ctx, b), len(plans), func(i int, first uint64) { plans[i].res.FirstSeq = first })
 	if err != nil {
@@ -163,20 +156,35 @@ func readFastResults(br pgx.BatchResults, n int, firstSeq func(i int, first uint
 			br.Close()
 			return nil, err
 		}
-		if _, err := br.Exec(); err != nil {
-			br.Close()
-			return nil, err
-		}
 	}
 	return applied, br.Close()
 }
 
-// queueGuardedInsert inserts msgs only if the stream's state row shows last sequence
-// lastSeq, that is, only if this pipeline's own state update took effect.
-func queueGuardedInsert(b *pgx.Batch, table string, msgs []Message, streamID int64, lastSeq uint64) {
-	seqs, tss, subjects, hdrs, datas, cums := insertColumns(msgs)
-	b.Queue(`INSERT INTO `+table+` (seq, ts, subject, hdr, data, cum_before)
-		SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::text[], $4::bytea[], $5::bytea[], $6::bigint[])
-		WHERE EXISTS (SELECT 1 FROM jetgres.stream_state WHERE stream_id = $7 AND last_seq = $8)`,
-		seqs, tss, subjects, hdrs, datas, cums, streamID, int64(lastSeq))
+// queueGuardedAppend moves a stream's state row from prev to next and inserts msgs, in one
+// statement that returns the stream's first sequence: the insert reads the update's
+// result, so it inserts nothing when the row was not at prev. One message goes as scalar
+// parameters, which costs PostgreSQL less than unnesting arrays of one.
+func queueGuardedAppend(b *pgx.Batch, streamID int64, prev, next tailState, msgs []Message) {
+	args := []any{streamID, int64(next.lastSeq), next.lastTS, int64(next.cumBytes), int64(len(msgs)),
+		int64(next.cumBytes - prev.cumBytes), next.chunkRows, int64(prev.lastSeq), prev.chunk, prev.chunkRows}
+	rows := `(VALUES ($11::bigint, $12::bigint, $13::text, $14::bytea, $15::bytea, $16::bigint))`
+	if len(msgs) == 1 {
+		m := &msgs[0]
+		data := m.Data
+		if data == nil {
+			data = []byte{}
+		}
+		args = append(args, int64(m.Seq), m.TS, m.Subject, m.Header, data, int64(m.cumBefore))
+	} else {
+		rows = `unnest($11::bigint[], $12::bigint[], $13::text[], $14::bytea[], $15::bytea[], $16::bigint[])`
+		seqs, tss, subjects, hdrs, datas, cums := insertColumns(msgs)
+		args = append(args, seqs, tss, subjects, hdrs, datas, cums)
+	}
+	b.Queue(`WITH u AS (UPDATE jetgres.stream_state SET last_seq = $2, last_ts = $3, cum_bytes = $4, msgs = msgs + $5,
+			bytes = bytes + $6, chunk_rows = $7, last_msg_id = ''
+			WHERE stream_id = $1 AND last_seq = $8 AND chunk = $9 AND chunk_rows = $10
+			RETURNING first_seq),
+		i AS (INSERT INTO `+chunkTable(streamID, next.chunk)+` (seq, ts, subject, hdr, data, cum_before)
+			SELECT r.* FROM u, `+rows+` AS r(seq, ts, subject, hdr, data, cum_before))
+		SELECT first_seq FROM u`, args...)
 }

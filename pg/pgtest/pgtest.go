@@ -107,7 +107,13 @@ func Main(m *testing.M) {
 // Open returns a migrated *pg.DB on a fresh database, closed and dropped when t ends.
 func Open(t testing.TB) *pg.DB {
 	t.Helper()
-	url := NewDB(t)
+	return OpenAt(t, NewDB(t))
+}
+
+// OpenAt returns a migrated *pg.DB on the database at url (from NewDB or NewDBWith), closed
+// when t ends; tests that also look at the database directly keep url.
+func OpenAt(t testing.TB, url string) *pg.DB {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), adminTimeout)
 	defer cancel()
 	db, err := pg.Open(ctx, pg.Config{URL: url})

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -114,7 +113,6 @@ type directGet struct {
 	s     *stream
 	reply string
 	req   server.JSApiMsgGetRequest
-	sent  int // bytes, for max_bytes
 }
 
 func (dg *directGet) run(ctx context.Context) error {
@@ -164,7 +162,7 @@ func (dg *directGet) batch(ctx context.Context, seq uint64) error {
 	if err != nil {
 		return err
 	}
-	msgs, _, err := cs.readPop(ctx, pg.ReadParams{StreamID: dg.s.id, From: seq, UpTo: hw, MaxMsgs: req.Batch, MaxBytes: dg.maxBytes()}, filters)
+	msgs, _, err := cs.readPop(ctx, pg.ReadParams{StreamID: dg.s.id, From: seq, UpTo: hw, MaxMsgs: req.Batch, MaxBytes: dg.maxBytes(), BytesThrough: true}, filters)
 	if err != nil {
 		return err
 	}
@@ -176,9 +174,6 @@ func (dg *directGet) batch(ctx context.Context, seq uint64) error {
 		np = max(np, 1) - 1
 		dg.send(&msgs[i], []string{"Nats-Num-Pending", strconv.FormatUint(np, 10), "Nats-Last-Sequence", strconv.FormatUint(last, 10)})
 		last = msgs[i].Seq
-		if dg.sent >= dg.maxBytes() {
-			break
-		}
 	}
 	_ = dg.b.link.Publish(dg.reply, "", statusHeader(204, "EOB", "Nats-Num-Pending", strconv.FormatUint(np, 10), "Nats-Last-Sequence", strconv.FormatUint(last, 10)), nil)
 	return nil
@@ -212,8 +207,8 @@ func (dg *directGet) multiLast(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	i, _ := slices.BinarySearch(seqs, req.Seq)
-	seqs = seqs[i:]
+	// As in nats-server, the bound, and the count still to come, cover the subjects' last
+	// messages below the requested sequence too: those are skipped, not left out.
 	if len(seqs) > directMaxResults {
 		return errDirectTooMany
 	}
@@ -221,7 +216,12 @@ func (dg *directGet) multiLast(ctx context.Context) error {
 		return errDirectNone
 	}
 	var last uint64
-	for i, seq := range seqs {
+	pending, sent, bytes := len(seqs), 0, 0
+	for _, seq := range seqs {
+		pending--
+		if seq < req.Seq {
+			continue
+		}
 		m, err := db.GetMessage(ctx, dg.s.id, seq)
 		if errors.Is(err, pg.ErrNotFound) {
 			continue // removed since: as if it had never matched
@@ -229,13 +229,16 @@ func (dg *directGet) multiLast(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		dg.send(m, []string{"Nats-Num-Pending", strconv.Itoa(len(seqs) - 1 - i), "Nats-Last-Sequence", strconv.FormatUint(last, 10)})
+		dg.send(m, []string{"Nats-Num-Pending", strconv.Itoa(pending), "Nats-Last-Sequence", strconv.FormatUint(last, 10)})
 		last = seq
-		if dg.sent >= dg.maxBytes() || (req.Batch > 0 && i+1 >= req.Batch) {
+		if bytes += len(m.Subject) + len(m.Header) + len(m.Data); bytes >= dg.maxBytes() {
+			break
+		}
+		if sent++; req.Batch > 0 && sent >= req.Batch {
 			break
 		}
 	}
-	_ = dg.b.link.Publish(dg.reply, "", statusHeader(204, "EOB", "Nats-Num-Pending", "0", "Nats-Last-Sequence", strconv.FormatUint(last, 10),
+	_ = dg.b.link.Publish(dg.reply, "", statusHeader(204, "EOB", "Nats-Num-Pending", strconv.Itoa(pending), "Nats-Last-Sequence", strconv.FormatUint(last, 10),
 		"Nats-UpTo-Sequence", strconv.FormatUint(upTo, 10)), nil)
 	return nil
 }
@@ -250,7 +253,6 @@ func (dg *directGet) maxBytes() int {
 // send answers with one message: its own headers, then the stream's metadata; none at all
 // with no_hdr.
 func (dg *directGet) send(m *pg.Message, extra []string) {
-	dg.sent += len(m.Subject) + len(m.Header) + len(m.Data)
 	if dg.req.NoHeaders {
 		_ = dg.b.link.Publish(dg.reply, "", nil, m.Data)
 		return

@@ -66,6 +66,17 @@ func TestDirectGetMatchesJetStream(t *testing.T) {
 		{subject: "D", body: `{"multi_last":["d.*"]}`, many: true},
 		{subject: "D", body: `{"multi_last":["d.>"],"up_to_seq":4}`, many: true},
 		{subject: "D", body: `{"multi_last":["x.*"]}`},
+		// max_bytes counts subject, headers and payload and stops after the message that
+		// reaches it: 5 bytes for each message without a header.
+		{subject: "D", body: `{"seq":1,"batch":10,"max_bytes":1}`, many: true},
+		{subject: "D", body: `{"seq":1,"batch":10,"max_bytes":6}`, many: true},
+		{subject: "D", body: `{"seq":1,"batch":10,"max_bytes":40}`, many: true},
+		{subject: "D", body: `{"seq":3,"batch":10,"max_bytes":10}`, many: true},
+		{subject: "D", body: `{"next_by_subj":"d.a","batch":10,"max_bytes":6}`, many: true},
+		{subject: "D", body: `{"multi_last":["d.>"],"max_bytes":6}`, many: true},
+		{subject: "D", body: `{"multi_last":["d.>"],"seq":5}`, many: true},
+		{subject: "D", body: `{"multi_last":["d.>"],"batch":1}`, many: true},
+		{subject: "D", body: `{"multi_last":["d.>"],"seq":99}`, many: true},
 		{subject: "ND", body: `{"seq":1}`},
 		{subject: "NOPE", body: `{"seq":1}`},
 	}

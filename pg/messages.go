@@ -664,6 +664,10 @@ type ReadParams struct {
 	UpTo     uint64 // last committed sequence known to the caller; reading stops there
 	MaxMsgs  int
 	MaxBytes int // 0 for no bound; at least one message is returned
+	// BytesThrough counts MaxBytes as a direct get does: the subject, header and data of
+	// each message, stopping after the message that reaches the bound instead of before
+	// one that would pass it (a pull request's rule, by stored size).
+	BytesThrough bool
 }
 
 // readRange returns up to p.MaxMsgs live messages from [p.From, p.UpTo] whose subject
@@ -695,6 +699,13 @@ func (db *DB) readRange(ctx context.Context, q Querier, p ReadParams, filters []
 			return nil, 0, err
 		}
 		for _, m := range msgs {
+			if p.BytesThrough {
+				out = append(out, m)
+				if bytes += len(m.Subject) + len(m.Header) + len(m.Data); p.MaxBytes > 0 && bytes >= p.MaxBytes {
+					return out, m.Seq, nil
+				}
+				continue
+			}
 			if p.MaxBytes > 0 && len(out) > 0 && bytes+int(m.Size()) > p.MaxBytes {
 				return out, out[len(out)-1].Seq, nil
 			}

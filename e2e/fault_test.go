@@ -428,7 +428,9 @@ func holdStreamLocks(t testing.TB, ctx context.Context, probe *pg.DB, d time.Dur
 // statement timeout. Load arrives while it is slow: every client publishes as fast as it
 // may, with up to 16 MiB unanswered. The push lane limit falls, the intake sheds load with
 // 503/10023 (counted as intake_full) instead of growing, and the process's resident memory
-// stays bounded. Once the lock goes, everything sent is stored, once.
+// stays bounded. Once the lock goes, everything sent is stored, once. Each intake holds
+// 1 MiB, little against what its client has unanswered: every timed-out transaction empties
+// it, and it must fill again within a statement timeout however loaded the machine is.
 //
 // A lane moves only while it is driven (at most one permit idle), and a stream has at most
 // one transaction in flight, so there are as many streams as the lane's 16 initial permits.
@@ -439,7 +441,7 @@ func TestSlowDatabase(t *testing.T) {
 	t.Parallel()
 	const (
 		streams     = 16
-		intakeBytes = 4 << 20
+		intakeBytes = 1 << 20
 		stmtTimeout = 2 * time.Second
 		payload     = 2048
 		maxPending  = 8192

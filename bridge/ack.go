@@ -26,15 +26,17 @@ var (
 )
 
 const (
+	// CursorIntervalDefault is the least time between two writes of one consumer's ack
+	// floor that no double ack waits for. A floor that moves with every ack would otherwise
+	// cost PostgreSQL a commit per round trip: 1,300 commits and a third of its CPU while one
+	// consumer drains 200,000 messages. JetStream's file store paces consumer state the same
+	// way (100 ms). After a crash the acks since the last write are delivered again, which
+	// at-least-once allows: those of about one interval and the write in flight, more while
+	// the database fails. A double ack is written at once.
+	CursorIntervalDefault = 50 * time.Millisecond
+
 	// cursorRetry is how long a failed cursor write waits before it is tried again.
 	cursorRetry = 250 * time.Millisecond
-	// cursorPace is the least time between two cursor writes of one consumer that no double
-	// ack waits for. A floor that moves with every ack would otherwise cost PostgreSQL a
-	// commit per round trip: 1,300 commits and a third of its CPU while one consumer drains
-	// 200,000 messages. JetStream's file store paces consumer state the same way (100 ms).
-	// A crash redelivers at most the acks of the last pace, which at-least-once allows; a
-	// double ack is written at once.
-	cursorPace = 50 * time.Millisecond
 )
 
 // onAck runs on the link's read loop: it routes an ack to its consumer's queue, behind that
@@ -164,7 +166,7 @@ func nakDelay(arg []byte) time.Duration {
 
 // cursorWriter persists a consumer's ack floor. Writes are fused: while one is in flight the
 // floor keeps moving in memory, and the next write takes the latest floor. At most one is in
-// flight per consumer, and one per cursorPace unless a double ack waits.
+// flight per consumer, and one per Config.CursorInterval unless a double ack waits.
 type cursorWriter struct {
 	mu       sync.Mutex
 	want     consumerstate.Pair
@@ -231,7 +233,8 @@ func (c *consumer) writeCursors() {
 			w.mu.Unlock()
 			return
 		}
-		hurried := len(w.waiters) > 0
+		// A stopping consumer writes at once: shutdown waits for it.
+		hurried := len(w.waiters) > 0 || stopReason(c.stopR.Load()) != stopNone
 		w.mu.Unlock()
 		if !hurried && c.pace(ctx) {
 			continue
@@ -280,10 +283,11 @@ func (c *consumer) gone() bool {
 	return r == stopDeleted || r == stopLost
 }
 
-// pace waits until cursorPace has passed since the last write, a double ack arrives, the
-// consumer stops or ctx ends. It reports whether it waited: the floor may have moved since.
+// pace waits until the cursor interval has passed since the last write, a double ack
+// arrives, the consumer stops or ctx ends. It reports whether it waited: the floor may have
+// moved since, and the consumer may be gone.
 func (c *consumer) pace(ctx context.Context) bool {
-	d := time.Until(c.cw.lastWrite.Add(cursorPace))
+	d := time.Until(c.cw.lastWrite.Add(c.cs.b.cfg.CursorInterval))
 	if d <= 0 {
 		return false
 	}
@@ -293,7 +297,6 @@ func (c *consumer) pace(ctx context.Context) bool {
 	case <-t.C:
 	case <-c.cw.hurry:
 	case <-c.done:
-		return false
 	case <-ctx.Done():
 	}
 	return true
@@ -314,7 +317,7 @@ func (c *consumer) writeCursor(ctx context.Context, f consumerstate.Pair) error 
 
 // cursorParams is the cursor write that records floor f under this process's lease.
 func (c *consumer) cursorParams(f consumerstate.Pair) pg.CursorParams {
-	return pg.CursorParams{StreamID: c.sc.s.id, Name: c.name, Owner: c.cs.owner, AckStreamSeq: f.Stream, AckConsumerSeq: f.Consumer}
+	return pg.CursorParams{StreamID: c.sc.s.id, Name: c.name, Created: c.created, Owner: c.cs.owner, AckStreamSeq: f.Stream, AckConsumerSeq: f.Consumer}
 }
 
 // flushCursor waits for the write in flight and writes a floor still unwritten, so that a

@@ -65,6 +65,10 @@ type Config struct {
 	// TickPeriod is how often the ticker polls the high-water marks of streams that have
 	// waiting consumers, to see commits made by other replicas. Defaults to TickPeriodDefault.
 	TickPeriod time.Duration
+	// CursorInterval is the least time between two writes of a consumer's ack floor while
+	// plain acks move it; a double ack's write goes at once. Defaults to
+	// CursorIntervalDefault.
+	CursorInterval time.Duration
 	// ReplicaName identifies this process in consumer leases: a replica that restarts
 	// under the same name takes its leases back at once, so it must be stable across
 	// restarts and unique among replicas. Defaults to the host name.
@@ -103,6 +107,9 @@ func (c *Config) setDefaults() error {
 	}
 	if c.TickPeriod <= 0 {
 		c.TickPeriod = TickPeriodDefault
+	}
+	if c.CursorInterval <= 0 {
+		c.CursorInterval = CursorIntervalDefault
 	}
 	if c.ReplicaName == "" {
 		c.ReplicaName, _ = os.Hostname()

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jetgres/jetgres/flow"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -89,9 +90,8 @@ func mustStreamID(t *testing.T, tb *testBundle, name string) int64 {
 }
 
 // TestCursorWritesPaced acks messages one by one with plain acks: the floor moves with each,
-// but the cursor is written at most once per cursorPace, and once the acks stop the last
-// floor still reaches PostgreSQL. A double ack is not paced: when it returns, its floor is
-// stored.
+// but the cursor is written at most once per CursorInterval, and once the acks stop the last
+// floor still reaches PostgreSQL.
 func TestCursorWritesPaced(t *testing.T) {
 	t.Parallel()
 	tb := setup(t)
@@ -106,8 +106,8 @@ func TestCursorWritesPaced(t *testing.T) {
 	id := mustStreamID(t, tb, "PACED")
 	before := counterValue(t, tb.reg, "jetgres_cursor_writes_total")
 	start := time.Now()
-	for got := 0; got < n-1; {
-		batch, err := c.Fetch(min(100, n-1-got), jetstream.FetchMaxWait(5*time.Second))
+	for got := 0; got < n; {
+		batch, err := c.Fetch(100, jetstream.FetchMaxWait(5*time.Second))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -126,25 +126,141 @@ func TestCursorWritesPaced(t *testing.T) {
 	}
 	waitFor(t, 5*time.Second, func() error {
 		row, err := tb.db.GetConsumer(ctx, id, "C")
-		if err == nil && row.AckStreamSeq != n-1 {
-			err = fmt.Errorf("stored floor %d, want %d", row.AckStreamSeq, n-1)
+		if err == nil && row.AckStreamSeq != n {
+			err = fmt.Errorf("stored floor %d, want %d", row.AckStreamSeq, n)
 		}
 		return err
 	})
 	elapsed := time.Since(start)
 	writes := counterValue(t, tb.reg, "jetgres_cursor_writes_total") - before
-	if limit := 2 + float64(elapsed/cursorPace); writes > limit {
-		t.Errorf("%g cursor writes for %d acks in %s, want at most %g", writes, n-1, elapsed, limit)
+	if limit := 2 + float64(elapsed/CursorIntervalDefault); writes > limit {
+		t.Errorf("%g cursor writes for %d acks in %s, want at most %g", writes, n, elapsed, limit)
 	}
+}
 
+// TestDoubleAckSkipsThePace sets a cursor interval of an hour: once a plain ack has been
+// written, the next floor waits out the interval, unless a double ack asks for it. The
+// double ack must be answered, and its floor stored, long before.
+func TestDoubleAckSkipsThePace(t *testing.T) {
+	t.Parallel()
+	tb := setup(t, setupOpts{config: func(c *Config) { c.CursorInterval = time.Hour }})
+	ctx := testContext(t)
+	s := newStream(t, ctx, tb, "HURRY", "hurry.>")
+	publishN(t, ctx, tb.js, "hurry.x", 3)
+	c, err := s.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{Durable: "C", AckPolicy: jetstream.AckExplicitPolicy})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := mustStreamID(t, tb, "HURRY")
+	batch, err := c.Fetch(3, jetstream.FetchMaxWait(5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var msgs []jetstream.Msg
+	for m := range batch.Messages() {
+		msgs = append(msgs, m)
+	}
+	if len(msgs) != 3 {
+		t.Fatalf("fetched %d messages: %v", len(msgs), batch.Error())
+	}
+	// The first floor is written at once (nothing was written before), the second waits.
+	if err := msgs[0].Ack(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 5*time.Second, func() error {
+		row, err := tb.db.GetConsumer(ctx, id, "C")
+		if err == nil && row.AckStreamSeq != 1 {
+			err = fmt.Errorf("stored floor %d, want 1", row.AckStreamSeq)
+		}
+		return err
+	})
+	if err := msgs[1].Ack(); err != nil {
+		t.Fatal(err)
+	}
+	// Let the writer take the second floor and start waiting out the interval; were the
+	// double ack to come in the same breath, the writer would find it before waiting.
+	if err := tb.nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(200 * time.Millisecond)
+	dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := msgs[2].DoubleAck(dctx); err != nil {
+		t.Fatalf("double ack behind a paced write: %v", err)
+	}
+	if row, err := tb.db.GetConsumer(ctx, id, "C"); err != nil || row.AckStreamSeq != 3 {
+		t.Fatalf("stored cursor after the double ack: %+v, %v", row, err)
+	}
+}
+
+// TestRecreatedConsumerKeepsItsOwnCursor deletes a consumer whose last floor waits out the
+// cursor interval, with every ack lane permit taken so that any write it still makes comes
+// late, and creates one of the same name: the old consumer's floor must not reach the new
+// one's row, or the new consumer would skip messages it never delivered.
+func TestRecreatedConsumerKeepsItsOwnCursor(t *testing.T) {
+	t.Parallel()
+	var lane *flow.Lane
+	tb := setup(t, setupOpts{config: func(c *Config) {
+		c.CursorInterval = time.Hour
+		lane = c.Ack
+	}})
+	ctx := testContext(t)
+	s := newStream(t, ctx, tb, "AGAIN", "again.>")
+	publishN(t, ctx, tb.js, "again.x", 3)
+	cfg := jetstream.ConsumerConfig{Durable: "C", AckPolicy: jetstream.AckExplicitPolicy}
+	c, err := s.CreateOrUpdateConsumer(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := mustStreamID(t, tb, "AGAIN")
+	batch, err := c.Fetch(2, jetstream.FetchMaxWait(5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var msgs []jetstream.Msg
+	for m := range batch.Messages() {
+		msgs = append(msgs, m)
+	}
+	if len(msgs) != 2 {
+		t.Fatalf("fetched %d messages: %v", len(msgs), batch.Error())
+	}
+	if err := msgs[0].DoubleAck(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := msgs[1].Ack(); err != nil {
+		t.Fatal(err)
+	}
+	if err := tb.nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(200 * time.Millisecond) // the writer now waits out the interval with floor 2
+	var held []*flow.Permit
+	for {
+		p, ok := lane.TryAcquire()
+		if !ok {
+			break
+		}
+		held = append(held, p)
+	}
+	if err := s.DeleteConsumer(ctx, "C"); err != nil {
+		t.Fatal(err)
+	}
+	c, err = s.CreateOrUpdateConsumer(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range held {
+		p.Abandon()
+	}
+	time.Sleep(200 * time.Millisecond)
+	if row, err := tb.db.GetConsumer(ctx, id, "C"); err != nil || row.AckStreamSeq != 0 {
+		t.Fatalf("the new consumer's stored ack floor: %d, %v; want 0", row.AckStreamSeq, err)
+	}
 	m, err := c.Next(jetstream.FetchMaxWait(5 * time.Second))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := m.DoubleAck(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if row, err := tb.db.GetConsumer(ctx, id, "C"); err != nil || row.AckStreamSeq != n {
-		t.Fatalf("stored cursor after a double ack: %+v, %v", row, err)
+	if md, err := m.Metadata(); err != nil || md.Sequence.Stream != 1 {
+		t.Fatalf("the new consumer's first delivery: %+v, %v; want sequence 1", md, err)
 	}
 }

@@ -120,8 +120,12 @@ func (db *DB) Consumers(ctx context.Context, streamID int64) ([]Consumer, error)
 
 // CursorParams is one cursor write: the new ack floor of a consumer this replica serves.
 type CursorParams struct {
-	StreamID       int64
-	Name           string
+	StreamID int64
+	Name     string
+	// Created is the consumer's creation time as stored: a consumer deleted and created
+	// again under the same name is another row, which a late write of the old one's floor
+	// must not touch.
+	Created        time.Time
 	Owner          string
 	AckStreamSeq   uint64
 	AckConsumerSeq uint64
@@ -133,8 +137,8 @@ type CursorParams struct {
 func (db *DB) WriteCursor(ctx context.Context, p CursorParams) (time.Duration, error) {
 	rtt, err := db.Hot(ctx, func(ctx context.Context, q Querier) error {
 		tag, err := q.Exec(ctx, `UPDATE jetgres.consumers SET ack_stream_seq = $3, ack_consumer_seq = $4
-			WHERE stream_id = $1 AND name = $2 AND owner = $5`,
-			p.StreamID, p.Name, int64(p.AckStreamSeq), int64(p.AckConsumerSeq), p.Owner)
+			WHERE stream_id = $1 AND name = $2 AND owner = $5 AND created = $6`,
+			p.StreamID, p.Name, int64(p.AckStreamSeq), int64(p.AckConsumerSeq), p.Owner, p.Created)
 		if err != nil {
 			return err
 		}

@@ -51,10 +51,14 @@ func TestConsumerRowsAndLeases(t *testing.T) {
 	if _, err := db.AcquireConsumer(ctx, pg.LeaseParams{StreamID: st.ID, Name: "C", Owner: "r2", TTL: time.Minute}); !errors.Is(err, pg.ErrLeaseHeld) {
 		t.Fatalf("acquire held lease: %v", err)
 	}
-	if _, err := db.WriteCursor(ctx, pg.CursorParams{StreamID: st.ID, Name: "C", Owner: "r2", AckStreamSeq: 9}); !errors.Is(err, pg.ErrLeaseLost) {
+	if _, err := db.WriteCursor(ctx, pg.CursorParams{StreamID: st.ID, Name: "C", Created: c.Created, Owner: "r2", AckStreamSeq: 9}); !errors.Is(err, pg.ErrLeaseLost) {
 		t.Fatalf("cursor write without the lease: %v", err)
 	}
-	if _, err := db.WriteCursor(ctx, pg.CursorParams{StreamID: st.ID, Name: "C", Owner: "r1", AckStreamSeq: 7, AckConsumerSeq: 3}); err != nil {
+	// A consumer of the same name created at another time is another consumer.
+	if _, err := db.WriteCursor(ctx, pg.CursorParams{StreamID: st.ID, Name: "C", Created: c.Created.Add(-time.Microsecond), Owner: "r1", AckStreamSeq: 9}); !errors.Is(err, pg.ErrLeaseLost) {
+		t.Fatalf("cursor write of an earlier consumer of that name: %v", err)
+	}
+	if _, err := db.WriteCursor(ctx, pg.CursorParams{StreamID: st.ID, Name: "C", Created: c.Created, Owner: "r1", AckStreamSeq: 7, AckConsumerSeq: 3}); err != nil {
 		t.Fatal(err)
 	}
 	got, err := db.GetConsumer(ctx, st.ID, "C")

@@ -65,7 +65,7 @@ func TestReadsSkipTombstonesAndPurges(t *testing.T) {
 	if err != nil || len(msgs) != 1 || msgs[0].Seq != 221 || through != 221 {
 		t.Fatalf("byte-bounded read: %d messages through %d: %v", len(msgs), through, err)
 	}
-	// A direct get's bound counts subject and data (4 bytes each here) and keeps the message
+	// A direct get's bound counts subject and data (4 bytes a message here) and keeps the message
 	// that reaches it.
 	msgs, through, _, err = db.ReadFiltered(ctx, pg.ReadParams{StreamID: st.ID, From: 1, UpTo: total, MaxMsgs: 100, MaxBytes: 10, BytesThrough: true}, nil)
 	if err != nil || len(msgs) != 3 || msgs[2].Seq != 223 || through != 223 {

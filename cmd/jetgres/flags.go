@@ -35,6 +35,7 @@ type config struct {
 	VegasAlpha       float64
 	VegasBeta        float64
 	TickPeriod       time.Duration
+	CursorInterval   time.Duration
 	IntakeBytes      int
 	IntakeTotalBytes int
 	TailTotalBytes   int
@@ -82,6 +83,7 @@ func (c *config) settings() []setting {
 		{"vegas-alpha", envOf("vegas-alpha"), "Vegas alpha: grow the limit while the estimated queue is at most this", &c.VegasAlpha, flow.AlphaDefault},
 		{"vegas-beta", envOf("vegas-beta"), "Vegas beta: shrink the limit once the estimated queue is at least this", &c.VegasBeta, flow.BetaDefault},
 		{"tick-period", envOf("tick-period"), "how often streams with waiting consumers are polled for commits made by other replicas (backs off while idle)", &c.TickPeriod, bridge.TickPeriodDefault},
+		{"cursor-interval", envOf("cursor-interval"), "least time between two writes of a consumer's ack floor while plain acks move it (a double ack is written at once); after a crash, the acks since the last write are delivered again", &c.CursorInterval, bridge.CursorIntervalDefault},
 		{"intake-bytes", envOf("intake-bytes"), "per-stream bound on publishes waiting for their transaction; beyond it publishes are rejected at once", &c.IntakeBytes, bridge.IntakeBytesDefault},
 		{"intake-total-bytes", envOf("intake-total-bytes"), "bound on publishes waiting for their transaction over all streams together; beyond it publishes are rejected at once", &c.IntakeTotalBytes, bridge.IntakeTotalBytesDefault},
 		{"tail-total-bytes", envOf("tail-total-bytes"), "bound on the tail caches of all streams together (each stream's own is 16 MiB); beyond it a growing cache evicts its oldest messages", &c.TailTotalBytes, bridge.TailTotalBytesDefault},
@@ -198,6 +200,9 @@ func (c *config) validate() error {
 	}
 	if c.TickPeriod <= 0 {
 		errs = append(errs, fmt.Errorf("--tick-period: %v is not positive", c.TickPeriod))
+	}
+	if c.CursorInterval <= 0 {
+		errs = append(errs, fmt.Errorf("--cursor-interval: %v is not positive", c.CursorInterval))
 	}
 	if c.IntakeBytes < 1 {
 		errs = append(errs, fmt.Errorf("--intake-bytes: %d is not positive", c.IntakeBytes))

@@ -175,6 +175,7 @@ func (n *node) start(ctx context.Context) error {
 		IntakeTotalBytes: cfg.IntakeTotalBytes,
 		TailTotalBytes:   cfg.TailTotalBytes,
 		TickPeriod:       cfg.TickPeriod,
+		CursorInterval:   cfg.CursorInterval,
 		ReplicaName:      replica,
 		MaxPayload:       n.nats.MaxPayload(),
 	})

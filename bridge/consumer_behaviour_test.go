@@ -72,17 +72,7 @@ func TestNakTermProgressAndAckWait(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	batch, err := c.Fetch(4, jetstream.FetchMaxWait(5*time.Second))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var msgs []jetstream.Msg
-	for m := range batch.Messages() {
-		msgs = append(msgs, m)
-	}
-	if len(msgs) != 4 {
-		t.Fatalf("got %d messages", len(msgs))
-	}
+	msgs := fetchExactly(t, c, 4)
 	must := func(err error) {
 		t.Helper()
 		if err != nil {
@@ -137,14 +127,7 @@ func TestAckAllFloor(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	batch, err := c.Fetch(10, jetstream.FetchMaxWait(5*time.Second))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var msgs []jetstream.Msg
-	for m := range batch.Messages() {
-		msgs = append(msgs, m)
-	}
+	msgs := fetchExactly(t, c, 10)
 	if err := msgs[6].DoubleAck(ctx); err != nil {
 		t.Fatal(err)
 	}

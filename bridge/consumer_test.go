@@ -80,6 +80,23 @@ func TestFetchAndAck(t *testing.T) {
 	}
 }
 
+// fetchExactly fetches n messages in one Fetch, failing t unless all n come.
+func fetchExactly(t *testing.T, c jetstream.Consumer, n int) []jetstream.Msg {
+	t.Helper()
+	batch, err := c.Fetch(n, jetstream.FetchMaxWait(5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var msgs []jetstream.Msg
+	for m := range batch.Messages() {
+		msgs = append(msgs, m)
+	}
+	if len(msgs) != n {
+		t.Fatalf("fetched %d messages of %d: %v", len(msgs), n, batch.Error())
+	}
+	return msgs
+}
+
 func mustStreamID(t *testing.T, tb *testBundle, name string) int64 {
 	t.Helper()
 	s := tb.bridge.lookup(name)
@@ -152,17 +169,7 @@ func TestDoubleAckSkipsThePace(t *testing.T) {
 		t.Fatal(err)
 	}
 	id := mustStreamID(t, tb, "HURRY")
-	batch, err := c.Fetch(3, jetstream.FetchMaxWait(5*time.Second))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var msgs []jetstream.Msg
-	for m := range batch.Messages() {
-		msgs = append(msgs, m)
-	}
-	if len(msgs) != 3 {
-		t.Fatalf("fetched %d messages: %v", len(msgs), batch.Error())
-	}
+	msgs := fetchExactly(t, c, 3)
 	// The first floor is written at once (nothing was written before), the second waits.
 	if err := msgs[0].Ack(); err != nil {
 		t.Fatal(err)
@@ -213,17 +220,7 @@ func TestRecreatedConsumerKeepsItsOwnCursor(t *testing.T) {
 		t.Fatal(err)
 	}
 	id := mustStreamID(t, tb, "AGAIN")
-	batch, err := c.Fetch(2, jetstream.FetchMaxWait(5*time.Second))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var msgs []jetstream.Msg
-	for m := range batch.Messages() {
-		msgs = append(msgs, m)
-	}
-	if len(msgs) != 2 {
-		t.Fatalf("fetched %d messages: %v", len(msgs), batch.Error())
-	}
+	msgs := fetchExactly(t, c, 2)
 	if err := msgs[0].DoubleAck(ctx); err != nil {
 		t.Fatal(err)
 	}

@@ -526,7 +526,10 @@ func TestSlowDatabase(t *testing.T) {
 	during := between(samples, lockAt, unlockAt)
 	after := between(samples, unlockAt, time.Now())
 	loBefore, hiBefore := limitRange(before)
-	loDuring, _ := limitRange(during)
+	// The limit steps down as transactions time out, a round every statement timeout, and
+	// those begun during the fault end up to one timeout after it: on a loaded machine fewer
+	// rounds fit in the fault itself, so the last one counts too.
+	loDuring, _ := limitRange(between(samples, lockAt, unlockAt.Add(stmtTimeout)))
 	_, hiAfter := limitRange(after)
 	if loDuring > loBefore/2 {
 		t.Errorf("the push lane limit did not fall: %g..%g before, down to %g while the database was slow", loBefore, hiBefore, loDuring)

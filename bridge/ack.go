@@ -212,10 +212,7 @@ func (w *cursorWriter) await(c *consumer, seq uint64, reply string) {
 	}
 	w.waiters = append(w.waiters, cursorWaiter{seq: seq, reply: reply})
 	w.mu.Unlock()
-	select {
-	case w.hurry <- struct{}{}:
-	default:
-	}
+	poke(w.hurry)
 }
 
 // writeCursors writes the latest floor until what is written is what is wanted. It takes

@@ -161,12 +161,7 @@ func (c *consumer) post(ev event) bool {
 	return true
 }
 
-func (c *consumer) signal() {
-	select {
-	case c.wake <- struct{}{}:
-	default:
-	}
-}
+func (c *consumer) signal() { poke(c.wake) }
 
 func (c *consumer) take() []event {
 	c.qmu.Lock()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/bits"
 	"strconv"
 	"strings"
 	"sync"
@@ -364,15 +365,14 @@ type slicePool[T any] struct {
 
 // get returns a slice of length n, reused if one is pooled.
 func (sp *slicePool[T]) get(n int) []T {
-	for i := range sp.classes {
-		if size := 1 << (i + minPooledShift); n <= size {
-			if b, ok := sp.classes[i].Get().(*[]T); ok {
-				return (*b)[:n]
-			}
-			return make([]T, n, size)
-		}
+	i := max(bits.Len(uint(max(n, 1)-1))-minPooledShift, 0) // the smallest class that fits n
+	if i >= len(sp.classes) {
+		return make([]T, n)
 	}
-	return make([]T, n)
+	if b, ok := sp.classes[i].Get().(*[]T); ok {
+		return (*b)[:n]
+	}
+	return make([]T, n, 1<<(i+minPooledShift))
 }
 
 // grow returns a slice holding b's elements with room for as many again, and pools b.
@@ -389,10 +389,7 @@ func (sp *slicePool[T]) put(b []T) {
 	if cap(b) < 1<<minPooledShift || cap(b) >= 2<<maxPooledShift {
 		return
 	}
-	i := len(sp.classes) - 1
-	for cap(b) < 1<<(i+minPooledShift) {
-		i--
-	}
+	i := bits.Len(uint(cap(b))) - 1 - minPooledShift
 	clear(b[:cap(b)])
 	b = b[:0]
 	sp.classes[i].Put(&b)
@@ -519,8 +516,14 @@ func (q *readyQueue) push(s *stream) {
 	q.mu.Lock()
 	q.items = append(q.items, s)
 	q.mu.Unlock()
+	poke(q.signal)
+}
+
+// poke wakes whoever waits on ch, a channel of capacity one, without waiting itself: a
+// wake-up already pending covers this one.
+func poke(ch chan struct{}) {
 	select {
-	case q.signal <- struct{}{}:
+	case ch <- struct{}{}:
 	default:
 	}
 }

@@ -90,12 +90,7 @@ func (m *maintainer) noteAck(s *stream, a ackInfo, body []byte) {
 	m.wake()
 }
 
-func (m *maintainer) wake() {
-	select {
-	case m.kick <- struct{}{}:
-	default:
-	}
-}
+func (m *maintainer) wake() { poke(m.kick) }
 
 func (m *maintainer) run() {
 	ctx := m.b.ctx

@@ -13,12 +13,7 @@ const tickReadMax = 4096
 
 // kickTicker brings the ticker back to its base period: a consumer just parked and wants
 // to hear of commits made elsewhere promptly.
-func (cs *consumerSide) kickTicker() {
-	select {
-	case cs.kick <- struct{}{}:
-	default:
-	}
-}
+func (cs *consumerSide) kickTicker() { poke(cs.kick) }
 
 // tickLoop polls the high-water marks of the streams that have parked consumers, every
 // TickPeriod while they move and backing off to TickIdleMaxDefault while they do not. It is

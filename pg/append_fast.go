@@ -169,12 +169,7 @@ func queueGuardedAppend(b *pgx.Batch, streamID int64, prev, next tailState, msgs
 		int64(next.cumBytes - prev.cumBytes), next.chunkRows, int64(prev.lastSeq), prev.chunk, prev.chunkRows}
 	rows := `(VALUES ($11::bigint, $12::bigint, $13::text, $14::bytea, $15::bytea, $16::bigint))`
 	if len(msgs) == 1 {
-		m := &msgs[0]
-		data := m.Data
-		if data == nil {
-			data = []byte{}
-		}
-		args = append(args, int64(m.Seq), m.TS, m.Subject, m.Header, data, int64(m.cumBefore))
+		args = append(args, msgs[0].columns()...)
 	} else {
 		rows = `unnest($11::bigint[], $12::bigint[], $13::text[], $14::bytea[], $15::bytea[], $16::bigint[])`
 		seqs, tss, subjects, hdrs, datas, cums := insertColumns(msgs)

@@ -603,23 +603,28 @@ func insertColumns(msgs []Message) (seqs, tss []int64, subjects []string, hdrs, 
 	datas = make([][]byte, len(msgs))
 	cums = make([]int64, len(msgs))
 	for i, m := range msgs {
-		seqs[i], tss[i], subjects[i], hdrs[i], datas[i], cums[i] = int64(m.Seq), m.TS, m.Subject, m.Header, m.Data, int64(m.cumBefore)
-		if datas[i] == nil {
-			datas[i] = []byte{}
-		}
+		seqs[i], tss[i], subjects[i], hdrs[i], datas[i], cums[i] = int64(m.Seq), m.TS, m.Subject, m.Header, storedData(m.Data), int64(m.cumBefore)
 	}
 	return seqs, tss, subjects, hdrs, datas, cums
 }
 
 func copyRows(msgs []Message) pgx.CopyFromSource {
 	return pgx.CopyFromSlice(len(msgs), func(i int) ([]any, error) {
-		m := &msgs[i]
-		data := m.Data
-		if data == nil {
-			data = []byte{}
-		}
-		return []any{int64(m.Seq), m.TS, m.Subject, m.Header, data, int64(m.cumBefore)}, nil
+		return msgs[i].columns(), nil
 	})
+}
+
+// columns is m as a row of a chunk table: seq, ts, subject, hdr, data, cum_before.
+func (m *Message) columns() []any {
+	return []any{int64(m.Seq), m.TS, m.Subject, m.Header, storedData(m.Data), int64(m.cumBefore)}
+}
+
+// storedData is a payload as its NOT NULL column takes it: no payload is an empty one.
+func storedData(data []byte) []byte {
+	if data == nil {
+		return []byte{}
+	}
+	return data
 }
 
 func chunkName(streamID, chunk int64) string { return fmt.Sprintf("msgs_%d_%d", streamID, chunk) }

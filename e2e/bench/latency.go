@@ -239,10 +239,7 @@ func probeSubscriber(ctx context.Context, cons jetstream.Consumer, from, until t
 	tick := time.NewTicker(probePeriod)
 	defer tick.Stop()
 	giveUp := until.Add(deliverTimeout)
-	for ctx.Err() == nil {
-		if now := time.Now(); !now.Before(giveUp) || !now.Before(until) && h.Count() > 0 {
-			break
-		}
+	for ctx.Err() == nil && time.Now().Before(giveUp) && (time.Now().Before(until) || h.Count() == 0) {
 		t0 := time.Now()
 		b, err := cons.Fetch(probeBatch, jetstream.FetchMaxWait(time.Second))
 		if err != nil {

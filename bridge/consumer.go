@@ -3,6 +3,7 @@ package bridge
 import (
 	"context"
 	"errors"
+	"runtime"
 	"slices"
 	"strconv"
 	"sync"
@@ -413,7 +414,8 @@ func (c *consumer) pump(ctx context.Context) {
 		info := ackInfo{stream: c.sc.s.name, consumer: c.name, delivered: dc, sseq: m.Seq, dseq: c.st.Delivered().Consumer + 1, ts: m.TS, pending: pending}
 		reply := appendAckSubject(c.reply[:0], info)
 		size := len(m.Subject) + len(reply) + len(hdr) + len(data)
-		wr := c.nextWaiting(size, time.Now())
+		now := time.Now()
+		wr := c.nextWaiting(size, now)
 		if wr == nil {
 			break
 		}
@@ -432,8 +434,11 @@ func (c *consumer) pump(ctx context.Context) {
 			c.npc = int64(pending)
 		}
 		_, moved := c.st.Deliver(m.Seq, dc)
-		c.delivered(wr, size, m, dc, time.Now())
+		c.delivered(wr, size, m, dc, now)
 		sent++
+		if sent%deliveryYield == 1 {
+			runtime.Gosched()
+		}
 		if moved {
 			c.floorMoved()
 		}
@@ -443,6 +448,14 @@ func (c *consumer) pump(ctx context.Context) {
 		c.prefetch(ctx)
 	}
 }
+
+// deliveryYield is how many deliveries pump queues on the link between two yields of its
+// processor. A delivery readies the link's writer on this goroutine's processor, where it
+// waits while the other processor is busy: without the yields a Fetch of 500 left in one
+// write once all 500 were queued, and the client saw its first message a quarter of a
+// millisecond later, idle meanwhile. Yielding at the first delivery and then every
+// deliveryYield lets the first messages travel while the rest are prepared.
+const deliveryYield = 64
 
 // applyCommitted folds commits counted off the goroutine into num_pending.
 func (c *consumer) applyCommitted() {

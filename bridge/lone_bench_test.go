@@ -3,7 +3,10 @@ package bridge
 import (
 	"context"
 	"testing"
+	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/jetgres/jetgres/pg/pgtest"
@@ -20,6 +23,46 @@ func BenchmarkLonePublish(b *testing.B) {
 	data := make([]byte, 128)
 	pgtest.VersusInsert(b, "publish", 2000, func(ctx context.Context) error {
 		_, err := tb.js.Publish(ctx, "lone.x", data)
+		return err
+	})
+}
+
+// BenchmarkInsertBehindNATS is the floor under BenchmarkLonePublish: a request through the
+// same embedded NATS server to an ordinary client that answers it after a bare INSERT of
+// its own, the least any gateway that stores a publish before answering it can do. Its
+// ratio to the bare INSERT is what a lone publish through NATS cannot beat on the machine
+// at hand.
+func BenchmarkInsertBehindNATS(b *testing.B) {
+	tb := setup(b)
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, pgtest.NewDB(b))
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = conn.Close(ctx) })
+	if _, err := conn.Exec(ctx, `CREATE TABLE behind (seq bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, subject text NOT NULL, data bytea NOT NULL)`); err != nil {
+		b.Fatal(err)
+	}
+	responder, err := nats.Connect(tb.nats.ClientURL())
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(responder.Close)
+	if _, err := responder.Subscribe("behind.x", func(m *nats.Msg) {
+		if _, err := conn.Exec(ctx, `INSERT INTO behind (subject, data) VALUES ($1, $2)`, m.Subject, m.Data); err != nil {
+			b.Errorf("insert: %v", err)
+			return
+		}
+		_ = m.Respond(nil)
+	}); err != nil {
+		b.Fatal(err)
+	}
+	if err := responder.Flush(); err != nil {
+		b.Fatal(err)
+	}
+	data := make([]byte, 128)
+	pgtest.VersusInsert(b, "behind", 2000, func(context.Context) error {
+		_, err := tb.nc.Request("behind.x", data, 10*time.Second)
 		return err
 	})
 }

@@ -5,7 +5,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -29,27 +28,21 @@ func BenchmarkLonePublish(b *testing.B) {
 
 // BenchmarkInsertBehindNATS is the floor under BenchmarkLonePublish: a request through the
 // same embedded NATS server to an ordinary client that answers it after a bare INSERT of
-// its own, the least any gateway that stores a publish before answering it can do. Its
-// ratio to the bare INSERT is what a lone publish through NATS cannot beat on the machine
-// at hand.
+// its own (pgtest.BareInsert), the least any gateway that stores a publish before
+// answering it can do. Its ratio to the bare INSERT is what a lone publish through NATS
+// cannot beat on the machine at hand.
 func BenchmarkInsertBehindNATS(b *testing.B) {
 	tb := setup(b)
-	ctx := context.Background()
-	conn, err := pgx.Connect(ctx, pgtest.NewDB(b))
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { _ = conn.Close(ctx) })
-	if _, err := conn.Exec(ctx, `CREATE TABLE behind (seq bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, subject text NOT NULL, data bytea NOT NULL)`); err != nil {
-		b.Fatal(err)
-	}
+	insert := pgtest.BareInsert(b)
 	responder, err := nats.Connect(tb.nats.ClientURL())
 	if err != nil {
 		b.Fatal(err)
 	}
 	b.Cleanup(responder.Close)
+	// nats.go runs one subscription's handler on one goroutine, so insert is never
+	// called concurrently.
 	if _, err := responder.Subscribe("behind.x", func(m *nats.Msg) {
-		if _, err := conn.Exec(ctx, `INSERT INTO behind (subject, data) VALUES ($1, $2)`, m.Subject, m.Data); err != nil {
+		if err := insert(context.Background(), m.Data); err != nil {
 			b.Errorf("insert: %v", err)
 			return
 		}

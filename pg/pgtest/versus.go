@@ -10,21 +10,14 @@ import (
 )
 
 // VersusInsert is a benchmark's baseline: it runs op rounds times per iteration, each run
-// followed by a bare INSERT committed on its own in a database of the same cluster, and
-// reports the medians of both and their ratio as "<what>/insert". The two are interleaved so
-// that both see the same machine; point the tests at a cluster with fsync on
-// (JETGRES_TEST_DATABASE_URL) for the latencies a client would see.
+// followed by a bare INSERT (BareInsert), and reports the medians of both and their ratio
+// as "<what>/insert". The two are interleaved so that both see the same machine; point the
+// tests at a cluster with fsync on (JETGRES_TEST_DATABASE_URL) for the latencies a client
+// would see.
 func VersusInsert(b *testing.B, what string, rounds int, op func(ctx context.Context) error) {
 	b.Helper()
 	ctx := context.Background()
-	conn, err := pgx.Connect(ctx, NewDB(b))
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { _ = conn.Close(ctx) })
-	if _, err := conn.Exec(ctx, `CREATE TABLE naive (seq bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, subject text NOT NULL, data bytea NOT NULL)`); err != nil {
-		b.Fatal(err)
-	}
+	insert := BareInsert(b)
 	data := make([]byte, 128)
 	var ops, inserts []time.Duration
 	for b.Loop() {
@@ -35,7 +28,7 @@ func VersusInsert(b *testing.B, what string, rounds int, op func(ctx context.Con
 				b.Fatal(err)
 			}
 			t1 := time.Now()
-			if _, err := conn.Exec(ctx, `INSERT INTO naive (subject, data) VALUES ($1, $2)`, "naive.x", data); err != nil {
+			if err := insert(ctx, data); err != nil {
 				b.Fatal(err)
 			}
 			ops, inserts = append(ops, t1.Sub(t0)), append(inserts, time.Since(t1))
@@ -47,4 +40,24 @@ func VersusInsert(b *testing.B, what string, rounds int, op func(ctx context.Con
 	b.ReportMetric(float64(op50.Microseconds()), what+"-µs")
 	b.ReportMetric(float64(insert50.Microseconds()), "insert-µs")
 	b.ReportMetric(float64(op50)/float64(insert50), what+"/insert")
+}
+
+// BareInsert returns what a queue in PostgreSQL with no design at all does for one message:
+// one INSERT, committed on its own, into a table of a fresh database of its own, on one
+// connection. The returned function must not be called concurrently.
+func BareInsert(t testing.TB) func(ctx context.Context, data []byte) error {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, NewDB(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close(ctx) })
+	if _, err := conn.Exec(ctx, `CREATE TABLE naive (seq bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, subject text NOT NULL, data bytea NOT NULL)`); err != nil {
+		t.Fatal(err)
+	}
+	return func(ctx context.Context, data []byte) error {
+		_, err := conn.Exec(ctx, `INSERT INTO naive (subject, data) VALUES ($1, $2)`, "naive.x", data)
+		return err
+	}
 }

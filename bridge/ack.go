@@ -107,17 +107,17 @@ func (c *consumer) handleAck(ctx context.Context, ev *event, now time.Time) {
 	body := ev.data
 	switch classifyAck(body) {
 	case ackPositive, ackTermKind:
-		c.ack(a, ev.reply)
+		c.ack(a, ev.reply, now)
 	case ackNextKind:
-		c.ack(a, "")
+		c.ack(a, "", now)
 		if ev.reply != "" {
 			c.addRequest(ev.reply, body[len(ackNext):], now)
 		}
 	case ackNakKind:
-		c.st.Nak(a.sseq, a.dseq, nakDelay(body[len(ackNak):]))
+		c.st.Nak(a.sseq, a.dseq, nakDelay(body[len(ackNak):]), now)
 		c.replyAck(ev.reply)
 	case ackWPIKind:
-		c.st.Progress(a.sseq)
+		c.st.Progress(a.sseq, now)
 		c.replyAck(ev.reply)
 	}
 }
@@ -125,8 +125,8 @@ func (c *consumer) handleAck(ctx context.Context, ev *event, now time.Time) {
 // ack acknowledges a delivery. With a reply (a double ack) the answer waits until the ack
 // floor that covers it is written to PostgreSQL: that is the durable ack. An ack above a
 // floor that did not move is kept in memory only and answered at once.
-func (c *consumer) ack(a ackInfo, reply string) {
-	if !c.st.Ack(a.sseq, a.dseq) {
+func (c *consumer) ack(a ackInfo, reply string, now time.Time) {
+	if !c.st.Ack(a.sseq, a.dseq, now) {
 		c.replyAck(reply)
 		return
 	}

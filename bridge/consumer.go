@@ -138,7 +138,7 @@ func newConsumer(cs *consumerSide, sc *streamConsumers, row pg.Consumer, cfg ser
 		wake:       make(chan struct{}, 1),
 		done:       make(chan struct{}),
 		cfg:        cfg,
-		st:         consumerstate.New(stateConfig(&cfg), floor, next, nil),
+		st:         consumerstate.New(stateConfig(&cfg), floor, next),
 		start:      start,
 		lastActive: now,
 	}
@@ -391,7 +391,7 @@ func (c *consumer) pump(ctx context.Context) {
 	c.recountPending(ctx)
 	c.applyCommitted()
 	now := time.Now()
-	if _, moved := c.st.Expire(); moved {
+	if _, moved := c.st.Expire(now); moved {
 		c.floorMoved()
 	}
 	c.processWaiting(now, false)
@@ -433,7 +433,7 @@ func (c *consumer) pump(ctx context.Context) {
 		if dc == 1 {
 			c.npc = int64(pending)
 		}
-		_, moved := c.st.Deliver(m.Seq, dc)
+		_, moved := c.st.Deliver(m.Seq, dc, now)
 		c.delivered(wr, size, m, dc, now)
 		sent++
 		if sent%deliveryYield == 1 {

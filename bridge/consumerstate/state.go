@@ -2,9 +2,11 @@
 // consumer: which stream sequences are delivered and waiting for an ack, when each of them is
 // due for redelivery, how often each was delivered, and where the ack floor stands.
 //
-// It knows nothing about messages, subjects, NATS or PostgreSQL. Its owner picks the next
-// message to deliver (asking Redelivery first, then reading at Next), reports deliveries and
-// acks, calls Expire when NextDeadline passes, and persists AckFloor when it moves. The rules
+// It knows nothing about messages, subjects, NATS or PostgreSQL, and it never reads the
+// clock: its owner passes the time to every call that needs it, so that one reading serves a
+// delivery and its bookkeeping. The owner picks the next message to deliver (asking
+// Redelivery first, then reading at Next), reports deliveries and acks, calls Expire when
+// NextDeadline passes, and persists AckFloor when it moves. The rules
 // follow nats-server's consumer (server/consumer.go) with one deliberate difference:
 // redeliveries go out lowest stream sequence first, whatever order they expired or were
 // nak'ed in.
@@ -14,7 +16,6 @@ package consumerstate
 
 import (
 	"container/heap"
-	"slices"
 	"time"
 )
 
@@ -29,15 +30,6 @@ const (
 	// AckNone: delivery is the ack; nothing is pending.
 	AckNone
 )
-
-// Clock tells the state the time; tests substitute one they advance by hand.
-type Clock interface {
-	Now() time.Time
-}
-
-type systemClock struct{}
-
-func (systemClock) Now() time.Time { return time.Now() }
 
 // Config is the part of a consumer's configuration that governs acks and redelivery.
 type Config struct {
@@ -65,16 +57,20 @@ type pending struct {
 }
 
 // State is one consumer's delivery and ack state.
+//
+// Every delivery and every ack passes through it, so its common case costs no allocation
+// and no heap operation: first deliveries go out in stream order with one ack wait, which
+// makes both the pending sequences and their deadlines queues in arrival order. Heaps take
+// only what arrives out of that order (naks with a delay, backoff, redeliveries).
 type State struct {
-	cfg   Config
-	clock Clock
+	cfg Config
 
 	sseq  uint64 // next stream sequence to consider for a first delivery
 	dseq  uint64 // next consumer sequence
 	floor Pair   // ack floor: everything at or below it is done
 
-	pending map[uint64]*pending // by stream sequence
-	order   seqHeap             // pending stream sequences, lazily cleaned
+	pending map[uint64]pending  // by stream sequence
+	order   seqQueue            // pending stream sequences, ascending, lazily cleaned
 	rdc     map[uint64]uint64   // redeliveries so far, by stream sequence
 	rdq     seqHeap             // queued for redelivery, lazily cleaned
 	queued  map[uint64]struct{} // members of rdq
@@ -82,7 +78,7 @@ type State struct {
 	// only while its message is pending with that very deadline. A consumer asks for the
 	// next deadline each time it wakes, and with many deliveries pending (max_ack_pending
 	// in the tens of thousands) a scan of them all per wake would be its main work.
-	deadlines deadlineHeap
+	deadlines deadlineQueue
 	lastDlv   time.Time
 	lastAck   time.Time
 }
@@ -90,20 +86,16 @@ type State struct {
 // New returns the state of a consumer whose ack floor is floor and whose first delivery
 // considers stream sequence next. A consumer resuming after a restart passes its persisted
 // floor and floor.Stream+1: what was delivered but not acked goes out again.
-func New(cfg Config, floor Pair, next uint64, clock Clock) *State {
-	if clock == nil {
-		clock = systemClock{}
-	}
+func New(cfg Config, floor Pair, next uint64) *State {
 	if next <= floor.Stream {
 		next = floor.Stream + 1
 	}
 	return &State{
 		cfg:     cfg,
-		clock:   clock,
 		sseq:    next,
 		dseq:    floor.Consumer + 1,
 		floor:   floor,
-		pending: make(map[uint64]*pending),
+		pending: make(map[uint64]pending),
 		rdc:     make(map[uint64]uint64),
 		queued:  make(map[uint64]struct{}),
 	}
@@ -187,9 +179,8 @@ func (s *State) Redelivery() (seq, dc uint64, ok bool) {
 // Deliver records that stream sequence seq went out with delivery count dc (1 for a first
 // delivery, as Redelivery returned it otherwise) and returns its consumer sequence. A first
 // delivery moves Next past seq. It reports whether the ack floor moved, which only AckNone
-// does on delivery.
-func (s *State) Deliver(seq, dc uint64) (dseq uint64, floorMoved bool) {
-	now := s.clock.Now()
+// does on delivery. now is the time of the delivery.
+func (s *State) Deliver(seq, dc uint64, now time.Time) (dseq uint64, floorMoved bool) {
 	dseq = s.dseq
 	s.dseq++
 	s.lastDlv = now
@@ -206,14 +197,12 @@ func (s *State) Deliver(seq, dc uint64) (dseq uint64, floorMoved bool) {
 		}
 		return dseq, false
 	}
-	deadline := now.Add(s.wait(dc)).UnixNano()
 	p, ok := s.pending[seq]
 	if !ok {
-		p = &pending{dseq: dseq}
-		s.pending[seq] = p
-		heap.Push(&s.order, seq)
+		p = pending{dseq: dseq}
+		s.order.insert(seq)
 	}
-	s.setDeadline(seq, p, deadline)
+	s.setDeadline(seq, p, now.Add(s.wait(dc)).UnixNano())
 	return dseq, false
 }
 
@@ -227,8 +216,9 @@ func (s *State) wait(dc uint64) time.Duration {
 }
 
 // Ack processes +ACK (and TERM, which acks without redelivery) for the delivery of stream
-// sequence seq with consumer sequence dseq. It reports whether the ack floor moved.
-func (s *State) Ack(seq, dseq uint64) bool {
+// sequence seq with consumer sequence dseq, at time now. It reports whether the ack floor
+// moved.
+func (s *State) Ack(seq, dseq uint64, now time.Time) bool {
 	if seq >= s.sseq {
 		// Never delivered from here: a stale or forged ack must not move the floor.
 		return false
@@ -238,7 +228,7 @@ func (s *State) Ack(seq, dseq uint64) bool {
 		if _, ok := s.pending[seq]; !ok {
 			return false
 		}
-		s.lastAck = s.clock.Now()
+		s.lastAck = now
 		delete(s.rdc, seq)
 		s.unqueue(seq)
 		delete(s.pending, seq)
@@ -248,13 +238,13 @@ func (s *State) Ack(seq, dseq uint64) bool {
 		if dseq <= s.floor.Consumer || seq <= s.floor.Stream {
 			return false
 		}
-		s.lastAck = s.clock.Now()
+		s.lastAck = now
 		p, wasPending := s.pending[seq]
 		if wasPending {
 			dseq = p.dseq
 		}
-		for s.order.Len() > 0 && s.order[0] <= seq {
-			q := heap.Pop(&s.order).(uint64)
+		for q, ok := s.order.front(); ok && q <= seq; q, ok = s.order.front() {
+			s.order.pop()
 			delete(s.pending, q)
 			delete(s.rdc, q)
 			s.unqueue(q)
@@ -275,17 +265,27 @@ func (s *State) Ack(seq, dseq uint64) bool {
 // lowestPendingDseq is the consumer sequence of the lowest pending delivery, or the next
 // consumer sequence when nothing is pending.
 func (s *State) lowestPendingDseq() uint64 {
-	for s.order.Len() > 0 {
-		if p, ok := s.pending[s.order[0]]; ok {
-			return p.dseq
-		}
-		heap.Pop(&s.order)
+	if low, ok := s.lowestPending(); ok {
+		return s.pending[low].dseq
 	}
 	return s.dseq
 }
 
-// Nak processes -NAK: redeliver now, or after delay when it is positive.
-func (s *State) Nak(seq, dseq uint64, delay time.Duration) {
+// lowestPending drops what is no longer pending off the front of order and returns the
+// lowest pending stream sequence, if any.
+func (s *State) lowestPending() (uint64, bool) {
+	for q, ok := s.order.front(); ok; q, ok = s.order.front() {
+		if _, in := s.pending[q]; in {
+			return q, true
+		}
+		s.order.pop()
+	}
+	return 0, false
+}
+
+// Nak processes -NAK, received at time now: redeliver now, or after delay when it is
+// positive.
+func (s *State) Nak(seq, dseq uint64, delay time.Duration, now time.Time) {
 	if dseq <= s.floor.Consumer || dseq >= s.dseq {
 		return
 	}
@@ -295,14 +295,14 @@ func (s *State) Nak(seq, dseq uint64, delay time.Duration) {
 	}
 	if delay > 0 {
 		s.unqueue(seq)
-		s.setDeadline(seq, p, s.clock.Now().Add(delay).UnixNano())
+		s.setDeadline(seq, p, now.Add(delay).UnixNano())
 		return
 	}
 	s.enqueue(seq)
 }
 
-// Progress processes +WPI: the delivery of seq gets a fresh ack wait.
-func (s *State) Progress(seq uint64) {
+// Progress processes +WPI, received at time now: the delivery of seq gets a fresh ack wait.
+func (s *State) Progress(seq uint64, now time.Time) {
 	p, ok := s.pending[seq]
 	if !ok {
 		return
@@ -310,26 +310,33 @@ func (s *State) Progress(seq uint64) {
 	if _, q := s.queued[seq]; q {
 		return
 	}
-	s.setDeadline(seq, p, s.clock.Now().Add(s.wait(s.rdc[seq]+1)).UnixNano())
+	s.setDeadline(seq, p, now.Add(s.wait(s.rdc[seq]+1)).UnixNano())
 }
 
-func (s *State) setDeadline(seq uint64, p *pending, at int64) {
+// setDeadline stores p, pending for seq, with the deadline at.
+func (s *State) setDeadline(seq uint64, p pending, at int64) {
 	p.deadline = at
-	heap.Push(&s.deadlines, deadline{at: at, seq: seq})
+	s.pending[seq] = p
+	s.deadlines.push(deadline{at: at, seq: seq})
 	s.compactDeadlines()
 }
 
-// nextDeadline drops stale entries off the top of the deadline heap and returns the live
-// one there, if any.
+// live reports whether d is the current deadline of a pending delivery.
+func (s *State) live(d deadline) bool {
+	p, ok := s.pending[d.seq]
+	return ok && p.deadline == d.at
+}
+
+// nextDeadline drops stale entries off the front of the deadlines and returns the earliest
+// live one, if any.
 func (s *State) nextDeadline() (deadline, bool) {
-	for s.deadlines.Len() > 0 {
-		d := s.deadlines[0]
-		if p, ok := s.pending[d.seq]; ok && p.deadline == d.at {
-			return d, true
+	for {
+		d, ok := s.deadlines.first()
+		if !ok || s.live(d) {
+			return d, ok
 		}
-		heap.Pop(&s.deadlines)
+		s.deadlines.popFirst()
 	}
-	return deadline{}, false
 }
 
 // Gone removes a pending or queued message that no longer exists in the stream, as if it
@@ -344,18 +351,18 @@ func (s *State) Gone(seq uint64) bool {
 	return s.settleFloor()
 }
 
-// Expire queues every delivery whose ack wait has passed for redelivery, and drops those
-// that reached MaxDeliver. It reports whether anything was queued and whether the ack floor
-// moved.
-func (s *State) Expire() (queued, floorMoved bool) {
-	now := s.clock.Now().UnixNano()
+// Expire queues every delivery whose ack wait has passed by now for redelivery, and drops
+// those that reached MaxDeliver. It reports whether anything was queued and whether the ack
+// floor moved.
+func (s *State) Expire(now time.Time) (queued, floorMoved bool) {
+	at := now.UnixNano()
 	dropped := false
 	for {
 		d, ok := s.nextDeadline()
-		if !ok || d.at > now {
+		if !ok || d.at > at {
 			break
 		}
-		heap.Pop(&s.deadlines)
+		s.deadlines.popFirst()
 		if s.cfg.MaxDeliver > 0 && s.rdc[d.seq]+1 >= uint64(s.cfg.MaxDeliver) {
 			delete(s.pending, d.seq)
 			dropped = true
@@ -382,10 +389,11 @@ func (s *State) NextDeadline() time.Time {
 // PendingSeqs returns the stream sequences waiting for an ack, lowest first.
 func (s *State) PendingSeqs() []uint64 {
 	out := make([]uint64, 0, len(s.pending))
-	for q := range s.pending {
-		out = append(out, q)
+	for _, q := range s.order.all() {
+		if _, ok := s.pending[q]; ok {
+			out = append(out, q)
+		}
 	}
-	slices.Sort(out)
 	return out
 }
 
@@ -397,6 +405,7 @@ func (s *State) enqueue(seq uint64) {
 	heap.Push(&s.rdq, seq)
 	if p, ok := s.pending[seq]; ok {
 		p.deadline = 0
+		s.pending[seq] = p
 	}
 }
 
@@ -419,15 +428,8 @@ func (s *State) dropPending(seq uint64) {
 // settleFloor moves the ack floor up to just below the lowest pending delivery, or to what
 // was delivered when nothing is pending. It never moves the floor down.
 func (s *State) settleFloor() bool {
-	for s.order.Len() > 0 {
-		if _, ok := s.pending[s.order[0]]; ok {
-			break
-		}
-		heap.Pop(&s.order)
-	}
 	next := Pair{Consumer: s.dseq - 1, Stream: s.sseq - 1}
-	if s.order.Len() > 0 {
-		low := s.order[0]
+	if low, ok := s.lowestPending(); ok {
 		next = Pair{Consumer: s.pending[low].dseq - 1, Stream: low - 1}
 	}
 	if next.Stream <= s.floor.Stream {
@@ -438,15 +440,11 @@ func (s *State) settleFloor() bool {
 	return true
 }
 
-// compact rebuilds the lazily cleaned heaps once stale entries dominate them: a message
-// that stays pending for long would otherwise pin every later ack's entry behind it.
+// compact rebuilds the lazily cleaned queues and heaps once stale entries dominate them: a
+// message that stays pending for long would otherwise pin every later ack's entry behind it.
 func (s *State) compact() {
-	if len(s.order) > 2*len(s.pending)+1024 {
-		s.order = s.order[:0]
-		for q := range s.pending {
-			s.order = append(s.order, q)
-		}
-		heap.Init(&s.order)
+	if s.order.len() > 2*len(s.pending)+1024 {
+		s.order.keep(func(q uint64) bool { _, ok := s.pending[q]; return ok })
 	}
 	if len(s.rdq) > 2*len(s.queued)+1024 {
 		s.rdq = s.rdq[:0]
@@ -459,49 +457,13 @@ func (s *State) compact() {
 }
 
 func (s *State) compactDeadlines() {
-	if len(s.deadlines) > 2*len(s.pending)+1024 {
-		s.deadlines = s.deadlines[:0]
+	if s.deadlines.len() > 2*len(s.pending)+1024 {
+		ds := make([]deadline, 0, len(s.pending))
 		for q, p := range s.pending {
 			if p.deadline != 0 {
-				s.deadlines = append(s.deadlines, deadline{at: p.deadline, seq: q})
+				ds = append(ds, deadline{at: p.deadline, seq: q})
 			}
 		}
-		heap.Init(&s.deadlines)
+		s.deadlines.reset(ds)
 	}
-}
-
-// seqHeap is a min-heap of stream sequences.
-type seqHeap []uint64
-
-func (h seqHeap) Len() int           { return len(h) }
-func (h seqHeap) Less(i, j int) bool { return h[i] < h[j] }
-func (h seqHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
-func (h *seqHeap) Push(x any)        { *h = append(*h, x.(uint64)) }
-func (h *seqHeap) Pop() any {
-	old := *h
-	x := old[len(old)-1]
-	*h = old[:len(old)-1]
-	return x
-}
-
-// deadline is when the delivery of stream sequence seq expires.
-type deadline struct {
-	at  int64 // unix ns
-	seq uint64
-}
-
-// deadlineHeap is a min-heap of deadlines, earliest first, lower sequence first at a tie.
-type deadlineHeap []deadline
-
-func (h deadlineHeap) Len() int { return len(h) }
-func (h deadlineHeap) Less(i, j int) bool {
-	return h[i].at < h[j].at || (h[i].at == h[j].at && h[i].seq < h[j].seq)
-}
-func (h deadlineHeap) Swap(i, j int) { h[i], h[j] = h[j], h[i] }
-func (h *deadlineHeap) Push(x any)   { *h = append(*h, x.(deadline)) }
-func (h *deadlineHeap) Pop() any {
-	old := *h
-	x := old[len(old)-1]
-	*h = old[:len(old)-1]
-	return x
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"strings"
 	"sync"
 	"time"
 
@@ -42,6 +43,10 @@ const (
 // onAck runs on the link's read loop: it routes an ack to its consumer's queue, behind that
 // consumer's earlier pull requests and acks. Acks for consumers another replica serves are
 // that replica's; it received them too.
+//
+// m is borrowed from the link's read buffer (acks come by the hundred thousand a second,
+// and most are a subject and nothing else), so whatever outlives the call is copied: the
+// reply of a double ack and the body of an ack that carries arguments.
 func (cs *consumerSide) onAck(m *leaf.Msg) {
 	a, ok := parseAckSubject(m.Subject)
 	if !ok {
@@ -51,14 +56,30 @@ func (cs *consumerSide) onAck(m *leaf.Msg) {
 	if s == nil {
 		return
 	}
-	if mt := cs.b.maint(); mt != nil {
-		mt.noteAck(s, a, m.Data)
-	}
 	c := cs.served(s, a.consumer)
+	if mt := cs.b.maint(); mt != nil {
+		name := a.consumer
+		if c != nil {
+			name = c.name
+		} else {
+			name = strings.Clone(name)
+		}
+		mt.noteAck(s, name, a.sseq, m.Data)
+	}
 	if c == nil {
 		return
 	}
-	if !c.post(event{kind: evAck, ack: a, reply: m.Reply, data: m.Data}) {
+	ev := event{kind: evAck, ack: classifyAck(m.Data), sseq: a.sseq, dseq: a.dseq}
+	switch ev.ack {
+	case ackUnknown:
+		return
+	case ackNextKind, ackNakKind:
+		ev.data = bytes.Clone(m.Data)
+	}
+	if m.Reply != "" {
+		ev.reply = strings.Clone(m.Reply)
+	}
+	if !c.post(ev) {
 		cs.m.acksDropped.Inc()
 	}
 }
@@ -103,21 +124,20 @@ func ackSettles(body []byte) bool {
 
 // handleAck applies one ack to the state. Called on the consumer's goroutine with mu held.
 func (c *consumer) handleAck(ctx context.Context, ev *event, now time.Time) {
-	a := ev.ack
 	body := ev.data
-	switch classifyAck(body) {
+	switch ev.ack {
 	case ackPositive, ackTermKind:
-		c.ack(a, ev.reply, now)
+		c.ack(ev.sseq, ev.dseq, ev.reply, now)
 	case ackNextKind:
-		c.ack(a, "", now)
+		c.ack(ev.sseq, ev.dseq, "", now)
 		if ev.reply != "" {
 			c.addRequest(ev.reply, body[len(ackNext):], now)
 		}
 	case ackNakKind:
-		c.st.Nak(a.sseq, a.dseq, nakDelay(body[len(ackNak):]), now)
+		c.st.Nak(ev.sseq, ev.dseq, nakDelay(body[len(ackNak):]), now)
 		c.replyAck(ev.reply)
 	case ackWPIKind:
-		c.st.Progress(a.sseq, now)
+		c.st.Progress(ev.sseq, now)
 		c.replyAck(ev.reply)
 	}
 }
@@ -125,15 +145,15 @@ func (c *consumer) handleAck(ctx context.Context, ev *event, now time.Time) {
 // ack acknowledges a delivery. With a reply (a double ack) the answer waits until the ack
 // floor that covers it is written to PostgreSQL: that is the durable ack. An ack above a
 // floor that did not move is kept in memory only and answered at once.
-func (c *consumer) ack(a ackInfo, reply string, now time.Time) {
-	if !c.st.Ack(a.sseq, a.dseq, now) {
+func (c *consumer) ack(sseq, dseq uint64, reply string, now time.Time) {
+	if !c.st.Ack(sseq, dseq, now) {
 		c.replyAck(reply)
 		return
 	}
 	c.cs.m.acks.Inc()
 	c.floorMoved()
 	if reply != "" {
-		c.cw.await(c, a.sseq, reply)
+		c.cw.await(c, sseq, reply)
 	}
 }
 

@@ -48,13 +48,15 @@ const (
 	evConfig
 )
 
-// event is work for a consumer's goroutine, in arrival order.
+// event is work for a consumer's goroutine, in arrival order. Acks come by the thousand
+// per wake, so it holds only what handling one needs.
 type event struct {
-	kind  evKind
-	ack   ackInfo // the parsed ack subject, for evAck
-	reply string
-	data  []byte
-	cfg   *server.ConsumerConfig
+	kind       evKind
+	ack        ackKind // what an evAck asks for
+	sseq, dseq uint64  // the delivery an evAck refers to
+	reply      string
+	data       []byte
+	cfg        *server.ConsumerConfig
 }
 
 type stopReason uint8
@@ -85,7 +87,6 @@ type consumer struct {
 
 	qmu   sync.Mutex
 	queue []event
-	spare []event // the previous queue, emptied, for the next one: acks arrive by the thousand
 	wake  chan struct{}
 	stopR atomic.Uint32
 	done  chan struct{}
@@ -156,6 +157,9 @@ func (c *consumer) post(ev event) bool {
 		c.qmu.Unlock()
 		return false
 	}
+	if c.queue == nil {
+		c.queue = *eventQueues.Get().(*[]event)
+	}
 	c.queue = append(c.queue, ev)
 	c.qmu.Unlock()
 	c.signal()
@@ -168,24 +172,24 @@ func (c *consumer) take() []event {
 	c.qmu.Lock()
 	defer c.qmu.Unlock()
 	q := c.queue
-	c.queue, c.spare = c.spare, nil
+	c.queue = nil
 	return q
 }
 
-// recycle hands a handled queue back for reuse, unless a burst made it large: an idle
-// consumer should not keep it: 512 events are 64 KB. A busy consumer takes a few dozen
-// events per wake, a few hundred now and then.
+// eventQueues recycles the consumers' event queues. A busy consumer takes up to a
+// thousand acks per wake; in a pool its queue is reused without an idle consumer keeping
+// one, and the garbage collector empties the pool of what nobody takes again.
+var eventQueues = sync.Pool{New: func() any { return new([]event) }}
+
+// recycle hands a handled queue back for reuse.
 func (c *consumer) recycle(q []event) {
-	if cap(q) > maxSpareEvents {
+	if cap(q) == 0 {
 		return
 	}
 	clear(q)
-	c.qmu.Lock()
-	c.spare = q[:0]
-	c.qmu.Unlock()
+	q = q[:0]
+	eventQueues.Put(&q)
 }
-
-const maxSpareEvents = 512
 
 // stop asks the goroutine to end; the first reason wins.
 func (c *consumer) stop(r stopReason) {
@@ -421,7 +425,7 @@ func (c *consumer) pump(ctx context.Context) {
 		}
 		reply = append(append(reply, '@'), m.Subject...)
 		c.reply = reply
-		if err := c.cs.b.link.Publish(wr.reply, string(reply), hdr, data); err != nil {
+		if err := c.cs.b.link.PublishReplyBytes(wr.reply, reply, hdr, data); err != nil {
 			// Not sent (the link is full or closing), so not delivered: it stays next in
 			// line and is tried again shortly, not after an ack wait.
 			c.cs.b.log.Debug("delivery not sent", "stream", c.sc.s.name, "consumer", c.name, "err", err)

@@ -119,7 +119,7 @@ func (b *Bridge) startConsumers(ctx context.Context) error {
 			return err
 		}
 	}
-	sub, err := b.link.Subscribe(ackPrefix+">", "", cs.onAck)
+	sub, err := b.link.SubscribeBorrowed(ackPrefix+">", "", cs.onAck)
 	if err != nil {
 		cs.cancel()
 		return err

@@ -75,7 +75,7 @@ type retained struct {
 // whether or not this process serves the consumer: it notes which messages were
 // acknowledged, for the next retention pass. The consumer decides whether the ack counts;
 // the pass asks it.
-func (m *maintainer) noteAck(s *stream, a ackInfo, body []byte) {
+func (m *maintainer) noteAck(s *stream, consumer string, sseq uint64, body []byte) {
 	if !ackSettles(body) || s.config().Retention == server.LimitsPolicy {
 		return
 	}
@@ -84,7 +84,7 @@ func (m *maintainer) noteAck(s *stream, a ackInfo, body []byte) {
 	if rs.acked == nil {
 		rs.acked = make(map[string][]uint64)
 	}
-	rs.acked[a.consumer] = append(rs.acked[a.consumer], a.sseq)
+	rs.acked[consumer] = append(rs.acked[consumer], sseq)
 	rs.dirty = true
 	rs.mu.Unlock()
 	m.wake()

@@ -145,6 +145,7 @@ type Conn struct {
 	targets []*Subscription
 	queued  []*Subscription
 	rr      uint32
+	view    Msg // what a borrowed subscription's handler gets
 
 	connected  atomic.Bool // the handshake's PONG arrived
 	maxPayload atomic.Int64
@@ -602,6 +603,13 @@ func (c *Conn) Publish(subject, reply string, hdr, data []byte) error {
 	c.outMsgs.Add(1)
 	c.outBytes.Add(uint64(size))
 	return nil
+}
+
+// PublishReplyBytes is Publish with the reply subject in a byte slice, which
+// the caller may reuse once it returns: a sender that builds a reply subject
+// for every message saves turning each into a string.
+func (c *Conn) PublishReplyBytes(subject string, reply, hdr, data []byte) error {
+	return c.Publish(subject, bytesToString(reply), hdr, data)
 }
 
 func appendMsg(b []byte, subject, reply string, hdr, data []byte) []byte {

@@ -47,6 +47,20 @@ func TestAckReplyIsRewrittenForClients(t *testing.T) {
 		t.Fatalf("client got subject %q reply %q data %q", m.Subject, m.Reply, m.Data)
 	}
 
+	// The same with the reply in a buffer that is reused as soon as the call returns.
+	reply := []byte("$JS.ACK.a.b.1.2.2.1.0@orders.new")
+	if err := tb.link.PublishReplyBytes(inbox, reply, nil, []byte("order 2")); err != nil {
+		t.Fatalf("publish: %v", err)
+	}
+	copy(reply, "XXXXXXXXXXXXXXXXXXXXXXXXXXXXXXXX")
+	m, err = sub.NextMsg(waitTimeout)
+	if err != nil {
+		t.Fatalf("client receive: %v", err)
+	}
+	if m.Subject != "orders.new" || m.Reply != "$JS.ACK.a.b.1.2.2.1.0" || string(m.Data) != "order 2" {
+		t.Fatalf("client got subject %q reply %q data %q", m.Subject, m.Reply, m.Data)
+	}
+
 	// Inline status messages reach the client untouched.
 	status := []byte("NATS/1.0 404 No Messages\r\n\r\n")
 	if err := tb.link.Publish(inbox, "", status, nil); err != nil {
@@ -121,6 +135,47 @@ func TestMessagesAreOwnedByHandler(t *testing.T) {
 		want := strings.Repeat(string(rune('a'+i%26)), 100)
 		if m.Subject != fmt.Sprintf("own.%d", i) || string(m.Data) != want {
 			t.Fatalf("message %d changed: %q %q", i, m.Subject, m.Data)
+		}
+	}
+}
+
+// A borrowed subscription's handler sees each message whole, headers and reply included,
+// for as long as it runs.
+func TestBorrowedMessages(t *testing.T) {
+	t.Parallel()
+	tb := setup(t)
+	type seen struct{ subject, reply, header, data string }
+	ch := make(chan seen, 100)
+	if _, err := tb.link.SubscribeBorrowed("view.*", "", func(m *leaf.Msg) {
+		ch <- seen{strings.Clone(m.Subject), strings.Clone(m.Reply), string(m.Header), string(m.Data)}
+	}); err != nil {
+		t.Fatalf("subscribe: %v", err)
+	}
+	flushBoth(t, tb.nc, tb.link)
+	for i := range 100 {
+		m := nats.NewMsg(fmt.Sprintf("view.%d", i))
+		m.Reply = fmt.Sprintf("re.%d", i)
+		m.Data = []byte(strings.Repeat(string(rune('a'+i%26)), i))
+		if i%2 == 0 {
+			m.Header.Set("N", fmt.Sprint(i))
+		}
+		if err := tb.nc.PublishMsg(m); err != nil {
+			t.Fatalf("publish: %v", err)
+		}
+	}
+	for i := range 100 {
+		var got seen
+		select {
+		case got = <-ch:
+		case <-time.After(waitTimeout):
+			t.Fatalf("message %d not delivered", i)
+		}
+		want := seen{fmt.Sprintf("view.%d", i), fmt.Sprintf("re.%d", i), "", strings.Repeat(string(rune('a'+i%26)), i)}
+		if i%2 == 0 {
+			want.header = fmt.Sprintf("NATS/1.0\r\nN: %d\r\n\r\n", i)
+		}
+		if got != want {
+			t.Fatalf("message %d: got %+v, want %+v", i, got, want)
 		}
 	}
 }

@@ -19,20 +19,22 @@ type Msg struct {
 
 // Handler receives messages for a subscription. It runs on the link's read
 // goroutine, so it must not block: while it runs nothing else is read, and
-// a server whose writes to the link stall will eventually cut it. The Msg
-// and its slices are copies owned by the handler, which may keep them or
-// pass them to another goroutine. A handler may call any method of the
+// a server whose writes to the link stall will eventually cut it. Unless
+// the subscription is borrowed (SubscribeBorrowed), the Msg and its slices
+// are copies owned by the handler, which may keep them or pass them to
+// another goroutine. A handler may call any method of the
 // Conn except Close.
 type Handler func(m *Msg)
 
 // Subscription is the link's interest in a subject, announced to the
 // server with LS+.
 type Subscription struct {
-	conn    *Conn
-	subject string
-	queue   string
-	handler Handler
-	closed  atomic.Bool
+	conn     *Conn
+	subject  string
+	queue    string
+	handler  Handler
+	borrowed bool // the handler gets a view of the read buffer, not a copy
+	closed   atomic.Bool
 }
 
 // Subject returns the subscribed subject pattern.
@@ -61,6 +63,20 @@ func localKey(subject, queue string) string {
 // equal to the number of local members. The server may still route a few
 // messages elsewhere until it has processed the LS+; Flush waits for that.
 func (c *Conn) Subscribe(subject, queue string, h Handler) (*Subscription, error) {
+	return c.subscribe(subject, queue, h, false)
+}
+
+// SubscribeBorrowed is Subscribe for a handler that is done with each
+// message when it returns. The Msg and everything in it, strings included,
+// are a view of the link's read buffer that changes after the call: the
+// handler must neither keep nor modify any of it, and copies what it needs.
+// It saves a copy of every message where a handler takes little from each,
+// as an ack handler does.
+func (c *Conn) SubscribeBorrowed(subject, queue string, h Handler) (*Subscription, error) {
+	return c.subscribe(subject, queue, h, true)
+}
+
+func (c *Conn) subscribe(subject, queue string, h Handler, borrowed bool) (*Subscription, error) {
 	if !validPattern(subject) {
 		return nil, fmt.Errorf("leaf: subscribe %q: %w", subject, ErrBadSubject)
 	}
@@ -70,7 +86,7 @@ func (c *Conn) Subscribe(subject, queue string, h Handler) (*Subscription, error
 	if h == nil {
 		return nil, fmt.Errorf("leaf: subscribe %q: nil handler", subject)
 	}
-	s := &Subscription{conn: c, subject: subject, queue: queue, handler: h}
+	s := &Subscription{conn: c, subject: subject, queue: queue, handler: h, borrowed: borrowed}
 
 	c.subMu.Lock()
 	defer c.subMu.Unlock()
@@ -229,7 +245,13 @@ func (c *Conn) deliver(op *Op) {
 			continue
 		}
 		delivered = true
-		s.handler(copyMsg(op))
+		if s.borrowed {
+			viewMsg(&c.view, op)
+			s.handler(&c.view)
+			c.view = Msg{}
+		} else {
+			s.handler(copyMsg(op))
+		}
 	}
 	if !delivered {
 		c.dropped.Add(1)
@@ -262,6 +284,14 @@ func (c *Conn) pickMember(queued []*Subscription, name []byte) *Subscription {
 		}
 	}
 	return nil
+}
+
+// viewMsg points m at op's bytes, which stay the read buffer's.
+func viewMsg(m *Msg, op *Op) {
+	*m = Msg{Subject: bytesToString(op.Subject), Reply: bytesToString(op.Reply), Data: op.Data}
+	if len(op.Header) > 0 {
+		m.Header = op.Header
+	}
 }
 
 // copyMsg gives the handler its own copy of the message in one allocation

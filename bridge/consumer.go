@@ -117,7 +117,8 @@ type consumer struct {
 	lastActive time.Time
 	retryAt    time.Time
 
-	cw cursorWriter
+	cw    cursorWriter
+	tally tally
 }
 
 func newConsumer(cs *consumerSide, sc *streamConsumers, row pg.Consumer, cfg server.ConsumerConfig, start *startPos) *consumer {
@@ -451,6 +452,21 @@ func (c *consumer) pump(ctx context.Context) {
 	if sent > 0 {
 		c.prefetch(ctx)
 	}
+	c.tally.flush(c.cs.m)
+}
+
+// tally counts per message on the consumer's goroutine what pump adds to the metrics once
+// per batch: an atomic add per message costs more than the counting.
+type tally struct{ delivered, tailHits int }
+
+func (t *tally) flush(m *consumerMetrics) {
+	if t.delivered > 0 {
+		m.delivered.Add(float64(t.delivered))
+	}
+	if t.tailHits > 0 {
+		m.tailHits.Add(float64(t.tailHits))
+	}
+	*t = tally{}
 }
 
 // deliveryYield is how many deliveries pump queues on the link between two yields of its
@@ -532,7 +548,7 @@ func (c *consumer) next(ctx context.Context) (m pg.Message, dc uint64, src sourc
 		}
 		m, through, found, hit := c.sc.tail.next(from, c.matchFilters)
 		if hit {
-			c.cs.m.tailHits.Inc()
+			c.tally.tailHits++
 			if found {
 				return m, 1, srcTail, nextFound
 			}
@@ -742,7 +758,7 @@ func (c *consumer) delivered(wr *pullRequest, size int, m pg.Message, dc uint64,
 	} else {
 		c.cs.m.redeliveries.Inc()
 	}
-	c.cs.m.delivered.Inc()
+	c.tally.delivered++
 	c.lastActive = now
 	wr.sent++
 	wr.batch--

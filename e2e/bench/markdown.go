@@ -156,8 +156,10 @@ which on a shared machine matters more than any absolute number.
   The baseline keeps as many INSERTs in flight as the window.
 - **sync publish**: one publisher waiting for each PubAck (or COMMIT) before the next.
 - **fetch + ack**: a stream filled beforehand is drained by a durable pull consumer, Fetch of a
-  batch and an explicit ack per message, until the last ack is flushed. JetStream's
-  sync_always changes only its write path, so its read side is measured once.
+  batch and an explicit ack per message, until the last ack is flushed. Both targets' streams
+  are filled first; then they drain them in eight turns of an eighth each, in alternating
+  order, so that the machine's swings fall on both alike. JetStream's sync_always changes only
+  its write path, so its read side is measured once.
 - **three latencies** (see three-latencies.md), at each fixed offered rate: producer is
   publish → PubAck; subscriber is pull request → first message, measured by a probe that pulls
   small batches slower than the offered rate, so it always finds messages ready; end-to-end is

@@ -3,6 +3,7 @@ package pg
 import (
 	"cmp"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"regexp"
@@ -783,7 +784,7 @@ func (w *window) saw(live int, span uint64) {
 // them and the sequence through which it looked: the window's last, the last row's when it
 // returns limit rows, or first-1 when the stream's first sequence lies beyond the window.
 func readWindow(ctx context.Context, q Querier, streamID, chunk int64, from, end, size uint64, limit int, cond string, arg any) ([]Message, uint64, error) {
-	args := []any{streamID, int64(from), int64(end), int64(size), limit}
+	args := []any{windowFormats, streamID, int64(from), int64(end), int64(size), limit}
 	if arg != nil {
 		args = append(args, arg)
 	}
@@ -805,22 +806,34 @@ func readWindow(ctx context.Context, q Querier, streamID, chunk int64, from, end
 	}
 	defer rows.Close()
 	var msgs []Message
+	var a arena
 	hi := end
 	for rows.Next() {
-		var lo, last int64
-		var seq, ts, cum *int64
-		var subject *string
-		var m Message
-		if err := rows.Scan(&lo, &last, &seq, &ts, &subject, &m.Header, &m.Data, &cum); err != nil {
-			return nil, 0, err
+		v := rows.RawValues()
+		if len(v) != len(windowFormats) {
+			return nil, 0, fmt.Errorf("window read: %d columns, want %d", len(v), len(windowFormats))
+		}
+		var ints [5]int64 // lo, hi, seq, ts, cum_before
+		for i, col := range [5]int{0, 1, 2, 3, 7} {
+			if i >= 2 && v[2] == nil {
+				break // the window held no row: LEFT JOIN nulls
+			}
+			n, err := binaryInt8(v[col])
+			if err != nil {
+				return nil, 0, fmt.Errorf("window read, column %d: %w", col, err)
+			}
+			ints[i] = n
 		}
 		// A window the stream's first sequence has passed ends where that begins.
-		hi = uint64(max(last, lo-1))
-		if seq == nil {
+		hi = uint64(max(ints[1], ints[0]-1))
+		if v[2] == nil {
 			continue
 		}
-		m.Seq, m.TS, m.Subject, m.cumBefore = uint64(*seq), *ts, *subject, uint64(*cum)
-		msgs = append(msgs, m)
+		if msgs == nil {
+			msgs = make([]Message, 0, min(uint64(limit), size))
+		}
+		msgs = append(msgs, Message{Seq: uint64(ints[2]), TS: ints[3], Subject: a.subject(v[4]),
+			Header: a.bytes(v[5]), Data: a.bytes(v[6]), cumBefore: uint64(ints[4])})
 	}
 	if err := rows.Err(); err != nil {
 		if isUndefinedTable(err) {
@@ -840,6 +853,53 @@ func readWindow(ctx context.Context, q Querier, streamID, chunk int64, from, end
 }
 
 func bySeq(a, b Message) int { return cmp.Compare(a.Seq, b.Seq) }
+
+// windowFormats asks for every column of a window read in binary, which readWindow decodes
+// from the wire itself: lo, hi, seq, ts, subject, hdr, data, cum_before.
+var windowFormats = pgx.QueryResultFormats{1, 1, 1, 1, 1, 1, 1, 1}
+
+// binaryInt8 decodes a bigint in PostgreSQL's binary format.
+func binaryInt8(b []byte) (int64, error) {
+	if len(b) != 8 {
+		return 0, fmt.Errorf("bigint of %d bytes", len(b))
+	}
+	return int64(binary.BigEndian.Uint64(b)), nil
+}
+
+// arena holds the bytes of one read's messages in a few blocks, where scanning each row
+// cost an allocation per column: a consumer behind the tail cache reads every message it
+// delivers this way. A message keeps its block alive; the messages of a read are delivered,
+// or evicted from a tail cache, in order, so the blocks go in order too.
+type arena struct {
+	block       []byte
+	lastSubject string // most reads see few subjects
+}
+
+const arenaBlock = 64 << 10
+
+// bytes copies b into the arena; NULL stays nil.
+func (a *arena) bytes(b []byte) []byte {
+	if b == nil {
+		return nil
+	}
+	if len(b) == 0 {
+		return []byte{}
+	}
+	if len(b) > cap(a.block)-len(a.block) {
+		a.block = make([]byte, 0, max(arenaBlock, len(b)))
+	}
+	n := len(a.block)
+	a.block = append(a.block, b...)
+	return a.block[n:len(a.block):len(a.block)]
+}
+
+// subject returns b as a string, the previous row's when they are equal.
+func (a *arena) subject(b []byte) string {
+	if a.lastSubject != string(b) {
+		a.lastSubject = string(b)
+	}
+	return a.lastSubject
+}
 
 func scanMessage(r pgx.CollectableRow) (Message, error) {
 	var m Message

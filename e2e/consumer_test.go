@@ -73,6 +73,8 @@ func failOnRace(t *testing.T, j *jetgres) {
 // it exits 0 within cliTimeout.
 func (j *jetgres) nats(t *testing.T, args ...string) string {
 	t.Helper()
+	// Finding the CLI may mean installing it, which must not count against the command.
+	natsCLI(t)
 	ctx, cancel := context.WithTimeout(context.Background(), cliTimeout)
 	defer cancel()
 	start := time.Now()

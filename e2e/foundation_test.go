@@ -131,6 +131,7 @@ func TestDatabasePasswordNeverLogged(t *testing.T) {
 // reached the server.
 func corePubSub(t *testing.T, j *jetgres, subject, payload string) {
 	t.Helper()
+	natsCLI(t) // may install it: not within the deadline below
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 

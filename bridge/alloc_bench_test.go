@@ -12,10 +12,10 @@ import (
 
 // The benchmarks here report the memory that everything in the process (client, NATS
 // server, link, bridge, pgx) allocates per message on the two hot paths, since the garbage
-// collector pays for every byte, and the processor time the process spends per message.
-// That time moves far less from run to run than the elapsed time on a shared machine, so
-// it is the figure to compare two versions by. Throughput belongs to the project's bench
-// command, which compares it with JetStream in the same run.
+// collector pays for every byte, and the processor time the process spends per message,
+// which leaves out what it waits for. Compare two versions by running them in turns.
+// Throughput belongs to the project's bench command, which compares it with JetStream in
+// the same run.
 
 const allocBenchMsgs = 50000
 

@@ -740,8 +740,13 @@ func (c *consumer) nextWaiting(size int, now time.Time) *pullRequest {
 
 // hasInterest reports whether the request's inbox still has a subscriber (see interestGrace).
 func (c *consumer) hasInterest(wr *pullRequest, now time.Time) bool {
-	if c.cs.b.link.HasInterest(wr.reply) {
-		wr.seen = true
+	link := c.cs.b.link
+	v := link.InterestVersion()
+	if wr.seen && wr.seenAt == v {
+		return true
+	}
+	if link.HasInterest(wr.reply) {
+		wr.seen, wr.seenAt = true, v
 		return true
 	}
 	return !wr.seen && now.Sub(wr.received) < interestGrace

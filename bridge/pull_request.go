@@ -52,6 +52,9 @@ type pullRequest struct {
 	received time.Time
 	sent     int  // messages delivered to it so far
 	seen     bool // its inbox had a subscriber once, so losing it means the client left
+	// seenAt is the link's interest version when the inbox last had a subscriber: until
+	// the version moves it still has, and a delivery need not look again.
+	seenAt uint64
 }
 
 // decodePullRequest reads a MSG.NEXT body as nats-server does: empty means one message, a

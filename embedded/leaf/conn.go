@@ -644,6 +644,13 @@ func (c *Conn) HasInterest(subject string) bool {
 	return c.interest.has(subject)
 }
 
+// InterestVersion changes whenever the server announces or withdraws a
+// subscription. A caller that read it before HasInterest reported a match
+// knows the match still holds while it has not changed.
+func (c *Conn) InterestVersion() uint64 {
+	return c.interest.version.Load()
+}
+
 // Flush sends a PING and waits for the PONG: once it returns nil, the server
 // has received and processed everything queued before the call.
 // Cancelling ctx stops the wait, not the PING.

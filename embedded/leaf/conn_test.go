@@ -324,12 +324,20 @@ func TestHasInterest(t *testing.T) {
 		}
 	}
 
+	before := tb.link.InterestVersion()
+	flushBoth(t, tb.nc, tb.link)
+	if tb.link.InterestVersion() != before {
+		t.Fatal("the interest version moved with no subscription changed")
+	}
 	if err := sub.Unsubscribe(); err != nil {
 		t.Fatalf("unsubscribe: %v", err)
 	}
 	flushBoth(t, tb.nc, tb.link)
 	if tb.link.HasInterest("_INBOX.x.abc") {
 		t.Fatal("interest remains after the client unsubscribed")
+	}
+	if tb.link.InterestVersion() == before {
+		t.Fatal("the interest version did not move when a subscription went away")
 	}
 
 	// A client that goes away takes its interest with it.

@@ -1,6 +1,9 @@
 package leaf
 
-import "sync"
+import (
+	"sync"
+	"sync/atomic"
+)
 
 // interest mirrors the subscriptions the server announced with LS+ and
 // LS-. The server keeps its own per-key counts and sends LS+ for a plain
@@ -17,6 +20,9 @@ type interest struct {
 	// patterns counts the keys per subject pattern: a plain subscription
 	// and several queue groups can share one.
 	patterns trie[int]
+	// version counts the changes to keys, so that a caller that found
+	// interest may skip asking again until it moves.
+	version atomic.Uint64
 }
 
 func interestKey(subject, queue []byte) string {
@@ -42,6 +48,7 @@ func (in *interest) add(subject, queue []byte) {
 	}
 	in.keys[key] = struct{}{}
 	*in.patterns.put(string(subject))++
+	in.version.Add(1)
 }
 
 func (in *interest) remove(subject, queue []byte) {
@@ -52,6 +59,7 @@ func (in *interest) remove(subject, queue []byte) {
 		return
 	}
 	delete(in.keys, key)
+	in.version.Add(1)
 	s := bytesToString(subject)
 	if n := in.patterns.get(s); n != nil {
 		if *n--; *n <= 0 {

@@ -375,7 +375,29 @@ func cutToken(b []byte) (tok, rest []byte) {
 	return b, nil
 }
 
+// splitArgs appends the whitespace-separated tokens of b to dst. Servers
+// separate them with single spaces, which the first loop finds a token at a
+// time; a tab or a run of spaces sends it to the byte-by-byte loop.
 func splitArgs(dst [][]byte, b []byte) [][]byte {
+	if bytes.IndexByte(b, '\t') < 0 {
+		n := len(dst)
+		rest := b
+		for {
+			i := bytes.IndexByte(rest, ' ')
+			if i < 0 {
+				if len(rest) > 0 {
+					dst = append(dst, rest)
+				}
+				return dst
+			}
+			if i == 0 {
+				break
+			}
+			dst = append(dst, rest[:i])
+			rest = rest[i+1:]
+		}
+		dst = dst[:n]
+	}
 	start := -1
 	for i, c := range b {
 		if isSpace(c) {

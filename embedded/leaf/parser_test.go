@@ -237,3 +237,25 @@ func BenchmarkParserLMSG(b *testing.B) {
 		}
 	}
 }
+
+func TestSplitArgs(t *testing.T) {
+	for in, want := range map[string]string{
+		"LMSG a b 5":  "LMSG|a|b|5",
+		"a b ":        "a|b",
+		" a b":        "a|b",
+		"a  b":        "a|b",
+		"a\tb c":      "a|b|c",
+		"\t a \t b\t": "a|b",
+		"":            "",
+		" ":           "",
+		"single":      "single",
+	} {
+		var got []string
+		for _, tok := range splitArgs(nil, []byte(in)) {
+			got = append(got, string(tok))
+		}
+		if strings.Join(got, "|") != want {
+			t.Errorf("splitArgs(%q) = %q, want %q", in, got, want)
+		}
+	}
+}

@@ -117,8 +117,9 @@ type consumer struct {
 	lastActive time.Time
 	retryAt    time.Time
 
-	cw    cursorWriter
-	tally tally
+	cw         cursorWriter
+	tally      tally
+	ackedFloor bool // an ack moved the floor; the cursor writer is told after the queue
 }
 
 func newConsumer(cs *consumerSide, sc *streamConsumers, row pg.Consumer, cfg server.ConsumerConfig, start *startPos) *consumer {
@@ -247,6 +248,10 @@ func (c *consumer) run() {
 			c.handle(ctx, &evs[i], now)
 		}
 		c.recycle(evs)
+		if c.ackedFloor {
+			c.ackedFloor = false
+			c.floorMoved()
+		}
 		if r := stopReason(c.stopR.Load()); r != stopNone {
 			c.shutdown(r)
 			c.mu.Unlock()
@@ -456,12 +461,16 @@ func (c *consumer) pump(ctx context.Context) {
 }
 
 // tally counts per message on the consumer's goroutine what pump adds to the metrics once
-// per batch: an atomic add per message costs more than the counting.
-type tally struct{ delivered, tailHits int }
+// per pass (the acks handled before it included): an atomic add per message costs more
+// than the counting.
+type tally struct{ delivered, tailHits, acks int }
 
 func (t *tally) flush(m *consumerMetrics) {
 	if t.delivered > 0 {
 		m.delivered.Add(float64(t.delivered))
+	}
+	if t.acks > 0 {
+		m.acks.Add(float64(t.acks))
 	}
 	if t.tailHits > 0 {
 		m.tailHits.Add(float64(t.tailHits))

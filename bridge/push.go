@@ -42,7 +42,7 @@ type publish struct {
 // blocks: it validates, appends to the stream's intake, and starts a flush if the stream
 // has none in flight and the push lane has a permit free (fire on idle).
 func (b *Bridge) onPublish(s *stream, m *leaf.Msg) {
-	cfg := s.config()
+	cfg := s.cfgView()
 	if cfg.Sealed {
 		b.reject(s, m.Reply, reasonSealed, server.NewJSStreamSealedError())
 		return
@@ -59,7 +59,7 @@ func (b *Bridge) onPublish(s *stream, m *leaf.Msg) {
 	p := publish{reply: m.Reply, recv: time.Now(), size: size,
 		msg: pg.AppendMsg{Subject: m.Subject, Header: m.Header, Data: m.Data}}
 	if len(m.Header) > 0 {
-		if e := parseExpectations(&cfg, m.Header, &p.msg); e != nil {
+		if e := parseExpectations(cfg, m.Header, &p.msg); e != nil {
 			reason := reasonExpected
 			if e.ErrCode == badRequestCode {
 				reason = reasonUnstorable
@@ -269,7 +269,7 @@ func (b *Bridge) flush(p *flow.Permit, group []*stream) {
 		if n == 0 {
 			continue
 		}
-		cfg := s.config()
+		cfg := s.cfgView()
 		msgs := msgBufs.get(n)
 		for i := range pubs {
 			msgs[i] = pubs[i].msg
@@ -285,7 +285,7 @@ func (b *Bridge) flush(p *flow.Permit, group []*stream) {
 		}
 		taken[s.id] = pubs
 		batches = append(batches, pg.AppendBatch{StreamID: s.id, DupWindow: cfg.Duplicates, ChunkRows: s.chunkRows.Load(),
-			Limits: streamLimits(&cfg), Msgs: msgs})
+			Limits: streamLimits(cfg), Msgs: msgs})
 		b.pm.batchMsgs.Observe(float64(n))
 	}
 	if len(batches) == 0 {

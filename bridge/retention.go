@@ -76,7 +76,7 @@ type retained struct {
 // acknowledged, for the next retention pass. The consumer decides whether the ack counts;
 // the pass asks it.
 func (m *maintainer) noteAck(s *stream, consumer string, sseq uint64, body []byte) {
-	if !ackSettles(body) || s.config().Retention == server.LimitsPolicy {
+	if !ackSettles(body) || s.cfgView().Retention == server.LimitsPolicy {
 		return
 	}
 	rs := &s.ret

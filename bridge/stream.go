@@ -26,8 +26,10 @@ type stream struct {
 	created time.Time
 	ackPfx  []byte
 
-	cfgMu sync.RWMutex
-	cfg   server.StreamConfig
+	// cfg is replaced whole, never changed in place: every publish and ack reads it, and
+	// a copy of the struct per message cost more than the rest of the check.
+	cfg   atomic.Pointer[server.StreamConfig]
+	cfgMu sync.Mutex // guards subs
 	subs  []*leaf.Subscription
 
 	in  intake
@@ -38,17 +40,13 @@ type stream struct {
 	chunkRows atomic.Int64
 }
 
-func (s *stream) config() server.StreamConfig {
-	s.cfgMu.RLock()
-	defer s.cfgMu.RUnlock()
-	return s.cfg
-}
+// config returns a copy of the stream's configuration, for callers that keep or change it.
+func (s *stream) config() server.StreamConfig { return *s.cfg.Load() }
 
-func (s *stream) setConfig(cfg server.StreamConfig) {
-	s.cfgMu.Lock()
-	defer s.cfgMu.Unlock()
-	s.cfg = cfg
-}
+// cfgView returns the stream's configuration for reading only.
+func (s *stream) cfgView() *server.StreamConfig { return s.cfg.Load() }
+
+func (s *stream) setConfig(cfg server.StreamConfig) { s.cfg.Store(&cfg) }
 
 func (s *stream) unsubscribe() {
 	s.cfgMu.Lock()
@@ -69,7 +67,7 @@ func (b *Bridge) subscribe(s *stream) error {
 	s.cfgMu.Lock()
 	defer s.cfgMu.Unlock()
 	s.unsubscribeLocked()
-	for _, subj := range s.cfg.Subjects {
+	for _, subj := range s.cfgView().Subjects {
 		sub, err := b.link.Subscribe(subj, "", func(m *leaf.Msg) { b.onPublish(s, m) })
 		if err != nil {
 			return fmt.Errorf("subscribe %q: %w", subj, err)
@@ -147,7 +145,8 @@ func (b *Bridge) syncStreams(ctx context.Context) error {
 }
 
 func (b *Bridge) addStream(st pg.Stream, cfg server.StreamConfig) error {
-	s := &stream{id: st.ID, name: st.Name, created: st.Created, cfg: cfg, ackPfx: pubAckPrefix(st.Name)}
+	s := &stream{id: st.ID, name: st.Name, created: st.Created, ackPfx: pubAckPrefix(st.Name)}
+	s.setConfig(cfg)
 	b.mu.Lock()
 	b.streams[s.name] = s
 	b.mu.Unlock()

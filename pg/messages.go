@@ -866,16 +866,19 @@ func binaryInt8(b []byte) (int64, error) {
 	return int64(binary.BigEndian.Uint64(b)), nil
 }
 
-// arena holds the bytes of one read's messages in a few blocks, where scanning each row
-// cost an allocation per column: a consumer behind the tail cache reads every message it
-// delivers this way. A message keeps its block alive; the messages of a read are delivered,
-// or evicted from a tail cache, in order, so the blocks go in order too.
+// arena holds the bytes of one read's messages in a few blocks of up to 64 KiB, where
+// scanning each row cost an allocation per column: a consumer behind the tail cache reads
+// every message it delivers this way. A message keeps its block alive; the messages of a
+// read are delivered, or evicted from a tail cache, in order, so the blocks go in order too.
 type arena struct {
 	block       []byte
 	lastSubject string // most reads see few subjects
 }
 
-const arenaBlock = 64 << 10
+const (
+	arenaFirstBlock = 1 << 10
+	arenaBlock      = 64 << 10
+)
 
 // bytes copies b into the arena; NULL stays nil.
 func (a *arena) bytes(b []byte) []byte {
@@ -886,7 +889,10 @@ func (a *arena) bytes(b []byte) []byte {
 		return []byte{}
 	}
 	if len(b) > cap(a.block)-len(a.block) {
-		a.block = make([]byte, 0, max(arenaBlock, len(b)))
+		// Blocks double from small, so that a read of one message (a direct get, a
+		// subject's last) does not hold a block meant for a thousand.
+		next := min(max(2*cap(a.block), arenaFirstBlock), arenaBlock)
+		a.block = make([]byte, 0, max(next, len(b)))
 	}
 	n := len(a.block)
 	a.block = append(a.block, b...)

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // ChunkRowsDefault is how many messages a chunk table holds before appends move on to a new
@@ -807,33 +808,37 @@ func readWindow(ctx context.Context, q Querier, streamID, chunk int64, from, end
 	defer rows.Close()
 	var msgs []Message
 	var a arena
+	// Only the exec modes that describe the statement honour windowFormats; with
+	// default_query_exec_mode=exec or simple_protocol in the URL (as behind a transaction
+	// pooler) the columns come back as text, and pgx's Scan decodes them.
+	raw, decided := false, false
 	hi := end
 	for rows.Next() {
-		v := rows.RawValues()
-		if len(v) != len(windowFormats) {
-			return nil, 0, fmt.Errorf("window read: %d columns, want %d", len(v), len(windowFormats))
+		if !decided {
+			// Known once a row arrived: the field descriptions may come with it.
+			raw, decided = allBinary(rows.FieldDescriptions()), true
 		}
-		var ints [5]int64 // lo, hi, seq, ts, cum_before
-		for i, col := range [5]int{0, 1, 2, 3, 7} {
-			if i >= 2 && v[2] == nil {
-				break // the window held no row: LEFT JOIN nulls
-			}
-			n, err := binaryInt8(v[col])
-			if err != nil {
-				return nil, 0, fmt.Errorf("window read, column %d: %w", col, err)
-			}
-			ints[i] = n
+		var lo, last int64
+		var m Message
+		var ok bool
+		var err error
+		if raw {
+			lo, last, m, ok, err = a.windowRow(rows.RawValues())
+		} else {
+			lo, last, m, ok, err = scanWindowRow(rows)
+		}
+		if err != nil {
+			return nil, 0, err
 		}
 		// A window the stream's first sequence has passed ends where that begins.
-		hi = uint64(max(ints[1], ints[0]-1))
-		if v[2] == nil {
+		hi = uint64(max(last, lo-1))
+		if !ok {
 			continue
 		}
 		if msgs == nil {
 			msgs = make([]Message, 0, min(uint64(limit), size))
 		}
-		msgs = append(msgs, Message{Seq: uint64(ints[2]), TS: ints[3], Subject: a.subject(v[4]),
-			Header: a.bytes(v[5]), Data: a.bytes(v[6]), cumBefore: uint64(ints[4])})
+		msgs = append(msgs, m)
 	}
 	if err := rows.Err(); err != nil {
 		if isUndefinedTable(err) {
@@ -857,6 +862,52 @@ func bySeq(a, b Message) int { return cmp.Compare(a.Seq, b.Seq) }
 // windowFormats asks for every column of a window read in binary, which readWindow decodes
 // from the wire itself: lo, hi, seq, ts, subject, hdr, data, cum_before.
 var windowFormats = pgx.QueryResultFormats{1, 1, 1, 1, 1, 1, 1, 1}
+
+func allBinary(fds []pgconn.FieldDescription) bool {
+	for _, fd := range fds {
+		if fd.Format != pgx.BinaryFormatCode {
+			return false
+		}
+	}
+	return len(fds) == len(windowFormats)
+}
+
+// windowRow decodes one row of a window read from its binary columns. ok is false for the
+// LEFT JOIN's row of nulls: the window held no message.
+func (a *arena) windowRow(v [][]byte) (lo, hi int64, m Message, ok bool, err error) {
+	if len(v) != len(windowFormats) {
+		return 0, 0, m, false, fmt.Errorf("window read: %d columns, want %d", len(v), len(windowFormats))
+	}
+	var ints [5]int64 // lo, hi, seq, ts, cum_before
+	for i, col := range [5]int{0, 1, 2, 3, 7} {
+		if i >= 2 && v[2] == nil {
+			break
+		}
+		if ints[i], err = binaryInt8(v[col]); err != nil {
+			return 0, 0, m, false, fmt.Errorf("window read, column %d: %w", col, err)
+		}
+	}
+	if v[2] == nil {
+		return ints[0], ints[1], m, false, nil
+	}
+	m = Message{Seq: uint64(ints[2]), TS: ints[3], Subject: a.subject(v[4]),
+		Header: a.bytes(v[5]), Data: a.bytes(v[6]), cumBefore: uint64(ints[4])}
+	return ints[0], ints[1], m, true, nil
+}
+
+// scanWindowRow is windowRow for text columns.
+func scanWindowRow(rows pgx.Rows) (lo, hi int64, m Message, ok bool, err error) {
+	var seq, ts, cum *int64
+	var subject *string
+	if err := rows.Scan(&lo, &hi, &seq, &ts, &subject, &m.Header, &m.Data, &cum); err != nil {
+		return 0, 0, m, false, err
+	}
+	if seq == nil {
+		return lo, hi, m, false, nil
+	}
+	m.Seq, m.TS, m.Subject, m.cumBefore = uint64(*seq), *ts, *subject, uint64(*cum)
+	return lo, hi, m, true, nil
+}
 
 // binaryInt8 decodes a bigint in PostgreSQL's binary format.
 func binaryInt8(b []byte) (int64, error) {

@@ -251,3 +251,55 @@ func TestReadAfterAppendPastAnotherReplicasChunk(t *testing.T) {
 		t.Fatalf("read %d messages of 1..%d after a chunk another replica opened", n, last)
 	}
 }
+
+// A read decodes the same messages whatever exec mode the connection string asks pgx for:
+// exec and simple_protocol (the modes for transaction poolers) return text columns.
+func TestReadInEveryExecMode(t *testing.T) {
+	ctx := context.Background()
+	url := pgtest.NewDB(t)
+	db := pgtest.OpenAt(t, url)
+	st, err := db.CreateStream(ctx, "MODES", []byte(`{}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	msgs := []pg.AppendMsg{
+		{Subject: "a.one", Data: []byte("payload\x00\xff")},
+		{Subject: "a.one", Header: []byte("NATS/1.0\r\nK: v\r\n\r\n"), Data: []byte("with header")},
+		{Subject: "b.two", Data: []byte{}},
+	}
+	if _, _, err := db.Append(ctx, []pg.AppendBatch{{StreamID: st.ID, Msgs: msgs}}, 1); err != nil {
+		t.Fatal(err)
+	}
+	want, _, _, err := db.ReadFiltered(ctx, pg.ReadParams{StreamID: st.ID, From: 1, UpTo: 3, MaxMsgs: 10}, nil)
+	if err != nil || len(want) != 3 {
+		t.Fatalf("read %d messages: %v", len(want), err)
+	}
+	for _, mode := range []string{"cache_statement", "cache_describe", "describe_exec", "exec", "simple_protocol"} {
+		u := url + " default_query_exec_mode=" + mode
+		if strings.Contains(url, "://") {
+			sep := "?"
+			if strings.Contains(url, "?") {
+				sep = "&"
+			}
+			u = url + sep + "default_query_exec_mode=" + mode
+		}
+		other, err := pg.Open(ctx, pg.Config{URL: u})
+		if err != nil {
+			t.Fatalf("%s: %v", mode, err)
+		}
+		got, through, _, err := other.ReadFiltered(ctx, pg.ReadParams{StreamID: st.ID, From: 1, UpTo: 3, MaxMsgs: 10}, nil)
+		other.Close()
+		if err != nil {
+			t.Fatalf("%s: %v", mode, err)
+		}
+		if through != 3 || len(got) != len(want) {
+			t.Fatalf("%s: %d messages through %d, want %d through 3", mode, len(got), through, len(want))
+		}
+		for i := range want {
+			g, w := got[i], want[i]
+			if g.Seq != w.Seq || g.TS != w.TS || g.Subject != w.Subject || string(g.Header) != string(w.Header) || string(g.Data) != string(w.Data) || (g.Header == nil) != (w.Header == nil) {
+				t.Errorf("%s: message %d = %+v, want %+v", mode, i, g, w)
+			}
+		}
+	}
+}

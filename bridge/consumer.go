@@ -252,6 +252,7 @@ func (c *consumer) run() {
 			c.ackedFloor = false
 			c.floorMoved()
 		}
+		c.tally.flush(c.cs.m) // the acks, before a stop or an inactive delete skips pump
 		if r := stopReason(c.stopR.Load()); r != stopNone {
 			c.shutdown(r)
 			c.mu.Unlock()
@@ -460,9 +461,9 @@ func (c *consumer) pump(ctx context.Context) {
 	c.tally.flush(c.cs.m)
 }
 
-// tally counts per message on the consumer's goroutine what pump adds to the metrics once
-// per pass (the acks handled before it included): an atomic add per message costs more
-// than the counting.
+// tally counts per message on the consumer's goroutine what it adds to the metrics once
+// per queue of events and once per pump: an atomic add per message costs more than the
+// counting.
 type tally struct{ delivered, tailHits, acks int }
 
 func (t *tally) flush(m *consumerMetrics) {

@@ -275,15 +275,7 @@ func TestReadInEveryExecMode(t *testing.T) {
 		t.Fatalf("read %d messages: %v", len(want), err)
 	}
 	for _, mode := range []string{"cache_statement", "cache_describe", "describe_exec", "exec", "simple_protocol"} {
-		u := url + " default_query_exec_mode=" + mode
-		if strings.Contains(url, "://") {
-			sep := "?"
-			if strings.Contains(url, "?") {
-				sep = "&"
-			}
-			u = url + sep + "default_query_exec_mode=" + mode
-		}
-		other, err := pg.Open(ctx, pg.Config{URL: u})
+		other, err := pg.Open(ctx, pg.Config{URL: pgtest.WithParam(t, url, "default_query_exec_mode", mode)})
 		if err != nil {
 			t.Fatalf("%s: %v", mode, err)
 		}

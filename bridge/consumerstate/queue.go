@@ -1,6 +1,7 @@
 package consumerstate
 
 import (
+	"cmp"
 	"container/heap"
 	"slices"
 )
@@ -82,10 +83,12 @@ type deadline struct {
 	seq uint64
 }
 
-// before orders deadlines earliest first, lower sequence first at a tie.
-func (d deadline) before(o deadline) bool {
-	return d.at < o.at || (d.at == o.at && d.seq < o.seq)
+// compare orders deadlines earliest first, lower sequence first at a tie.
+func (d deadline) compare(o deadline) int {
+	return cmp.Or(cmp.Compare(d.at, o.at), cmp.Compare(d.seq, o.seq))
 }
+
+func (d deadline) before(o deadline) bool { return d.compare(o) < 0 }
 
 // deadlineQueue gives deadlines back earliest first. Those set in time order with one ack
 // wait, the common case, arrive in order and wait in a fifo; the others (naks with a delay,
@@ -105,37 +108,27 @@ func (q *deadlineQueue) push(d deadline) {
 	heap.Push(&q.rest, d)
 }
 
-// first is the earliest deadline, if any.
-func (q *deadlineQueue) first() (d deadline, ok bool) {
+// first is the earliest deadline, if any, and whether it is the heap's.
+func (q *deadlineQueue) first() (d deadline, inHeap, ok bool) {
 	d, ok = q.inOrder.front()
 	if len(q.rest) > 0 && (!ok || q.rest[0].before(d)) {
-		return q.rest[0], true
+		return q.rest[0], true, true
 	}
-	return d, ok
+	return d, false, ok
 }
 
 func (q *deadlineQueue) popFirst() {
-	d, ok := q.inOrder.front()
-	if len(q.rest) > 0 && (!ok || q.rest[0].before(d)) {
+	switch _, inHeap, ok := q.first(); {
+	case inHeap:
 		heap.Pop(&q.rest)
-		return
-	}
-	if ok {
+	case ok:
 		q.inOrder.pop()
 	}
 }
 
 // reset replaces the contents with ds, which it takes over.
 func (q *deadlineQueue) reset(ds []deadline) {
-	slices.SortFunc(ds, func(a, b deadline) int {
-		if a.before(b) {
-			return -1
-		}
-		if b.before(a) {
-			return 1
-		}
-		return 0
-	})
+	slices.SortFunc(ds, deadline.compare)
 	q.inOrder = fifo[deadline]{items: ds}
 	q.rest = q.rest[:0]
 }

@@ -331,7 +331,7 @@ func (s *State) live(d deadline) bool {
 // live one, if any.
 func (s *State) nextDeadline() (deadline, bool) {
 	for {
-		d, ok := s.deadlines.first()
+		d, _, ok := s.deadlines.first()
 		if !ok || s.live(d) {
 			return d, ok
 		}

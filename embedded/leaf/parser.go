@@ -376,27 +376,21 @@ func cutToken(b []byte) (tok, rest []byte) {
 }
 
 // splitArgs appends the whitespace-separated tokens of b to dst. Servers
-// separate them with single spaces, which the first loop finds a token at a
-// time; a tab or a run of spaces sends it to the byte-by-byte loop.
+// separate them with spaces, which bytes.IndexByte finds many bytes at a
+// time; only a line with a tab takes the byte-by-byte loop.
 func splitArgs(dst [][]byte, b []byte) [][]byte {
 	if bytes.IndexByte(b, '\t') < 0 {
-		n := len(dst)
-		rest := b
-		for {
-			i := bytes.IndexByte(rest, ' ')
+		for len(b) > 0 {
+			i := bytes.IndexByte(b, ' ')
 			if i < 0 {
-				if len(rest) > 0 {
-					dst = append(dst, rest)
-				}
-				return dst
+				return append(dst, b)
 			}
-			if i == 0 {
-				break
+			if i > 0 {
+				dst = append(dst, b[:i])
 			}
-			dst = append(dst, rest[:i])
-			rest = rest[i+1:]
+			b = b[i+1:]
 		}
-		dst = dst[:n]
+		return dst
 	}
 	start := -1
 	for i, c := range b {

@@ -290,8 +290,30 @@ func dbName(testName string) string {
 }
 
 // withDatabase points a connection string, URL or keyword/value form, at another database.
+// WithParam returns the connection string connString (from NewDB) with the parameter key
+// set to value, for tests that need a pgx setting such as default_query_exec_mode.
+func WithParam(t testing.TB, connString, key, value string) string {
+	t.Helper()
+	if !isURI(connString) {
+		// A later keyword overrides an earlier one.
+		return connString + " " + key + "=" + value
+	}
+	u, err := url.Parse(connString)
+	if err != nil {
+		t.Fatalf("pgtest: parsing %s: %v", connString, err)
+	}
+	q := u.Query()
+	q.Set(key, value)
+	u.RawQuery = q.Encode()
+	return u.String()
+}
+
+func isURI(connString string) bool {
+	return strings.HasPrefix(connString, "postgres://") || strings.HasPrefix(connString, "postgresql://")
+}
+
 func withDatabase(connString, name string) (string, error) {
-	if strings.HasPrefix(connString, "postgres://") || strings.HasPrefix(connString, "postgresql://") {
+	if isURI(connString) {
 		u, err := url.Parse(connString)
 		if err != nil {
 			return "", fmt.Errorf("parsing %s: %w", EnvURL, err)

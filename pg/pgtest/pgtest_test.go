@@ -76,6 +76,17 @@ func TestWithDatabase(t *testing.T) {
 	}
 }
 
+func TestWithParam(t *testing.T) {
+	for _, tc := range []struct{ in, want string }{
+		{"host=/run/jetgres dbname=t_1", "host=/run/jetgres dbname=t_1 default_query_exec_mode=exec"},
+		{"postgres://u:p@h:5432/t_1?sslmode=disable", "postgres://u:p@h:5432/t_1?default_query_exec_mode=exec&sslmode=disable"},
+	} {
+		if got := WithParam(t, tc.in, "default_query_exec_mode", "exec"); got != tc.want {
+			t.Errorf("WithParam(%q) = %q, want %q", tc.in, got, tc.want)
+		}
+	}
+}
+
 func TestDBName(t *testing.T) {
 	name := dbName("TestSomething/with spaces & Ünïcode/" + strings.Repeat("x", 80))
 	if len(name) > 63 || !strings.HasPrefix(name, "t_testsomething_with_spaces_n_code_xxxxx") {

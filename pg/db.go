@@ -30,7 +30,7 @@ type DB struct {
 	// background, so that Close returns only when they are gone.
 	closing sync.WaitGroup
 
-	chunks chunkCache // see messages.go
+	chunks chunkCache // see chunks.go
 	tails  tailStates // see append_fast.go
 }
 

@@ -1,0 +1,581 @@
+package pg
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"slices"
+	"sort"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Rollup is what a Nats-Rollup header asks a stored message to replace.
+type Rollup uint8
+
+const (
+	RollupNone    Rollup = iota
+	RollupSubject        // "sub": the older messages of its subject
+	RollupAll            // "all": every older message of the stream
+)
+
+// AppendMsg is one message to append, with the expectations the publisher set in its
+// Nats-Expected-* headers, which only the stream's row lock can decide.
+type AppendMsg struct {
+	Subject string
+	Header  []byte
+	Data    []byte
+	MsgID   string // Nats-Msg-Id, empty for none
+
+	ExpectLastSeq        *uint64 // Nats-Expected-Last-Sequence
+	ExpectLastSubjSeq    *uint64 // Nats-Expected-Last-Subject-Sequence
+	ExpectLastSubjFilter string  // Nats-Expected-Last-Subject-Sequence-Subject (defaults to Subject)
+	ExpectLastMsgID      string  // Nats-Expected-Last-Msg-Id
+
+	// Rollup (Nats-Rollup) removes, once the message is stored, every older message of its
+	// subject or of the whole stream.
+	Rollup Rollup
+
+	// NoInterest takes a sequence and stores nothing: under interest retention no consumer
+	// wants the message, and JetStream answers such a publish with a sequence all the same.
+	NoInterest bool
+}
+
+// chunkRows is the batch's chunk size with the default applied.
+func (b AppendBatch) chunkRows() int64 {
+	if b.ChunkRows <= 0 {
+		return ChunkRowsDefault
+	}
+	return b.ChunkRows
+}
+
+// AppendBatch is the messages for one stream in one flush.
+type AppendBatch struct {
+	StreamID  int64
+	DupWindow time.Duration // 0 disables de-duplication
+	ChunkRows int64         // 0 means ChunkRowsDefault
+	Limits    Limits
+	Msgs      []AppendMsg
+}
+
+// Outcome is what happened to one AppendMsg. Exactly one of Stored, Duplicate or Err holds.
+type Outcome struct {
+	Seq       uint64 // the stored sequence, or the original's for a duplicate
+	Duplicate bool
+	Err       error // an *ExpectError when an expectation failed, a *LimitError when a limit refused it
+}
+
+// ExpectError reports a failed Nats-Expected-* check together with the actual value.
+type ExpectError struct {
+	Kind    ExpectKind
+	LastSeq uint64 // for ExpectLastSeqKind and ExpectLastSubjSeqKind
+	LastID  string // for ExpectLastMsgIDKind
+}
+
+// ExpectKind names the expectation that failed.
+type ExpectKind int
+
+const (
+	ExpectLastSeqKind ExpectKind = iota + 1
+	ExpectLastSubjSeqKind
+	ExpectLastMsgIDKind
+)
+
+func (e *ExpectError) Error() string {
+	switch e.Kind {
+	case ExpectLastSeqKind, ExpectLastSubjSeqKind:
+		return fmt.Sprintf("wrong last sequence: %d", e.LastSeq)
+	default:
+		return fmt.Sprintf("wrong last msg ID: %s", e.LastID)
+	}
+}
+
+// AppendResult is one batch's outcome: per message, and the rows committed that the stream
+// still holds (for the tail).
+type AppendResult struct {
+	StreamID int64
+	Outcomes []Outcome
+	Stored   []Message
+	LastSeq  uint64
+	FirstSeq uint64
+	// Removed says that limits took messages stored before, below FirstSeq or at the
+	// Tombstoned sequences: a cache of the stream's messages may hold some that are gone.
+	Removed    bool
+	Tombstoned []uint64
+}
+
+// copyThreshold is the batch size from which COPY beats a multi-row INSERT.
+const copyThreshold = 64
+
+type lockedState struct {
+	firstSeq, lastSeq, cumBytes uint64
+	msgs, bytes                 uint64
+	lastTS                      int64
+	chunk, chunkRows            int64
+	lastMsgID                   string
+	// committedFirst is firstSeq as the row was read: what the batch evicts is still there
+	// for the statements of this transaction.
+	committedFirst uint64
+}
+
+// Append stores the batches of one or more streams in one transaction: lock each stream's
+// state row (in stream id order, so concurrent multi-stream flushes cannot deadlock),
+// decide de-duplication, expectations and limits, allocate dense sequences, insert, move the
+// first sequence past what discard-old limits evict and tombstone what per-subject limits
+// replace, commit. ts is
+// the store time given to every message. The returned rtt is the database round trip for
+// the flow limiter, recorded whatever the outcome.
+func (db *DB) Append(ctx context.Context, batches []AppendBatch, ts int64) ([]AppendResult, time.Duration, error) {
+	sort.Slice(batches, func(i, j int) bool { return batches[i].StreamID < batches[j].StreamID })
+	var results []AppendResult
+	rtt, err := db.Hot(ctx, func(ctx context.Context, q Querier) error {
+		done, rest, err := db.appendFast(ctx, q, batches, ts)
+		if err != nil {
+			// The fast path's implicit transaction rolled back as a whole (a collision
+			// its guards could not see, say); the general path decides afresh.
+			done, rest = nil, batches
+		}
+		if len(rest) > 0 {
+			slow, err := db.appendTx(ctx, q, rest, ts)
+			if err != nil {
+				return err
+			}
+			done = append(done, slow...)
+		}
+		results = done
+		return nil
+	})
+	if err != nil {
+		return nil, rtt, fmt.Errorf("pg: append: %w", err)
+	}
+	return results, rtt, nil
+}
+
+func (db *DB) appendTx(ctx context.Context, q Querier, batches []AppendBatch, ts int64) (res []AppendResult, err error) {
+	ids := make([]int64, len(batches))
+	for i, b := range batches {
+		ids[i] = b.StreamID
+	}
+	committed := false
+	defer func() {
+		// A failed pipeline leaves the transaction aborted; end it so the connection goes
+		// back clean. Past the deadline the connection is destroyed instead.
+		if !committed && ctx.Err() == nil {
+			_, _ = q.Exec(ctx, "ROLLBACK")
+		}
+	}()
+
+	// Round trip 1: open the transaction, lock the state rows, look up message ids, and read
+	// what the streams' limits will need: the live messages of the batch's subjects and the
+	// oldest messages an eviction is predicted to take.
+	b := &pgx.Batch{}
+	b.Queue("BEGIN")
+	b.Queue(`SELECT stream_id, first_seq, last_seq, last_ts, cum_bytes, msgs, bytes, chunk, chunk_rows, last_msg_id
+		FROM jetgres.stream_state WHERE stream_id = ANY($1) ORDER BY stream_id FOR UPDATE`, ids)
+	reads := make([]batchReads, len(batches))
+	for i, bt := range batches {
+		rd := &reads[i]
+		if msgIDs := batchMsgIDs(bt); len(msgIDs) > 0 && bt.DupWindow > 0 {
+			b.Queue(`SELECT msg_id, seq FROM jetgres.msg_ids WHERE stream_id = $1 AND msg_id = ANY($2) AND ts > $3`,
+				bt.StreamID, msgIDs, ts-bt.DupWindow.Nanoseconds())
+			rd.dups = true
+		}
+		if subjects := batchSubjects(bt); len(subjects) > 0 && (bt.Limits.MaxMsgsPer > 0 || rollsUpSubject(bt)) {
+			// A per-subject limit needs at most that many live rows of each subject; a
+			// subject rollup needs them all.
+			var limit *int64
+			if !rollsUpSubject(bt) {
+				limit = &bt.Limits.MaxMsgsPer
+			}
+			b.Queue(`SELECT subject, seq, size FROM jetgres.subject_live($1, $2, $3)`, bt.StreamID, subjects, limit)
+			rd.subjects = true
+		}
+		if rd.head = db.prefetchFor(bt); rd.head > 0 {
+			b.Queue(`SELECT seq, size FROM jetgres.stream_head($1, NULL, $2)`, bt.StreamID, rd.head)
+		}
+	}
+	br := q.SendBatch(ctx, b)
+	states, err := readBatchReads(br, batches, reads)
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return nil, err
+	}
+
+	// Decide every message in order, then write.
+	res = make([]AppendResult, len(batches))
+	b = &pgx.Batch{}
+	var copies []func() error
+	var opened []openedChunk
+	holds := make([]*holdings, len(batches))
+	for i, bt := range batches {
+		st, ok := states[bt.StreamID]
+		if !ok {
+			return nil, fmt.Errorf("stream %d: %w", bt.StreamID, ErrNotFound)
+		}
+		r := &res[i]
+		r.StreamID = bt.StreamID
+		r.Outcomes = make([]Outcome, len(bt.Msgs))
+		r.Stored = make([]Message, 0, len(bt.Msgs))
+		seen := reads[i].seen
+		h := newHoldings(db, bt.StreamID, st, bt.Limits, reads[i].live, reads[i].subjects)
+		h.head = reads[i].oldest
+		holds[i] = h
+		chunkRows := bt.chunkRows()
+		lastBefore := st.lastSeq
+		var newIDs []string
+		var newIDSeqs []int64
+		for j := range bt.Msgs {
+			m := &bt.Msgs[j]
+			if m.MsgID != "" && bt.DupWindow > 0 {
+				if seq, dup := seen[m.MsgID]; dup {
+					r.Outcomes[j] = Outcome{Seq: seq, Duplicate: true}
+					continue
+				}
+			}
+			if e, err := db.checkExpect(ctx, q, bt.StreamID, st, r.Stored, m); err != nil {
+				return nil, err
+			} else if e != nil {
+				r.Outcomes[j] = Outcome{Err: e}
+				continue
+			}
+			size := MessageSize(m.Subject, m.Header, m.Data)
+			if !m.NoInterest {
+				if e := h.admit(m.Subject, size); e != nil {
+					r.Outcomes[j] = Outcome{Err: e}
+					continue
+				}
+			}
+			st.lastSeq++
+			if ts > st.lastTS {
+				st.lastTS = ts
+			}
+			st.lastMsgID = m.MsgID
+			r.Outcomes[j] = Outcome{Seq: st.lastSeq}
+			if m.MsgID != "" && bt.DupWindow > 0 {
+				if seen == nil {
+					seen = make(map[string]uint64)
+				}
+				seen[m.MsgID] = st.lastSeq
+				newIDs = append(newIDs, m.MsgID)
+				newIDSeqs = append(newIDSeqs, int64(st.lastSeq))
+			}
+			if m.NoInterest {
+				h.skip(st.lastSeq)
+				continue
+			}
+			msg := Message{Seq: st.lastSeq, TS: st.lastTS, Subject: m.Subject, Header: m.Header, Data: m.Data, cumBefore: st.cumBytes}
+			st.cumBytes += size
+			r.Stored = append(r.Stored, msg)
+			h.store(msg.Seq, m.Subject, size)
+			h.rollup(m.Rollup, msg.Seq, m.Subject)
+		}
+		if err := h.evictOld(ctx, q); err != nil {
+			return nil, err
+		}
+		if err := h.settleFirst(ctx, q); err != nil {
+			return nil, err
+		}
+		r.LastSeq = st.lastSeq
+		if st.lastSeq == lastBefore {
+			continue
+		}
+		// Split the stored rows over chunks, opening new ones as each fills. A new chunk's
+		// table is created at once (rarely: once per ChunkRows messages), because the
+		// pipeline below prepares its statements before running any of them.
+		rest := r.Stored
+		for len(rest) > 0 {
+			if st.chunkRows >= chunkRows {
+				st.chunk++
+				st.chunkRows = 0
+				if err := createChunk(ctx, q, bt.StreamID, st.chunk, rest[0].Seq); err != nil {
+					return nil, err
+				}
+				opened = append(opened, openedChunk{bt.StreamID, chunkInfo{chunk: st.chunk, firstSeq: rest[0].Seq}})
+			}
+			n := min(int64(len(rest)), chunkRows-st.chunkRows)
+			part := rest[:n]
+			rest = rest[n:]
+			st.chunkRows += n
+			if len(part) >= copyThreshold {
+				// COPY cannot ride in the pipeline; it runs before it, in the same transaction.
+				chunk := st.chunk
+				copies = append(copies, func() error {
+					_, err := q.CopyFrom(ctx, pgx.Identifier{"jetgres", chunkName(bt.StreamID, chunk)},
+						[]string{"seq", "ts", "subject", "hdr", "data", "cum_before"}, copyRows(part))
+					return err
+				})
+				continue
+			}
+			queueInsert(b, chunkTable(bt.StreamID, st.chunk), part)
+		}
+		if len(newIDs) > 0 {
+			b.Queue(`INSERT INTO jetgres.msg_ids (stream_id, msg_id, seq, ts)
+				SELECT $1, id, seq, $4 FROM unnest($2::text[], $3::bigint[]) AS u(id, seq)
+				ON CONFLICT (stream_id, msg_id) DO UPDATE SET seq = excluded.seq, ts = excluded.ts`,
+				bt.StreamID, newIDs, newIDSeqs, ts)
+		}
+		if len(h.tombs) > 0 {
+			seqs, sizes := make([]int64, len(h.tombs)), make([]int64, len(h.tombs))
+			for k, t := range h.tombs {
+				seqs[k], sizes[k] = int64(t.seq), int64(t.size)
+			}
+			b.Queue(`INSERT INTO jetgres.deleted (stream_id, seq, size)
+				SELECT $1, s, z FROM unnest($2::bigint[], $3::bigint[]) AS t(s, z)`, bt.StreamID, seqs, sizes)
+		}
+		b.Queue(`UPDATE jetgres.stream_state SET first_seq = $2, last_seq = $3, last_ts = $4, cum_bytes = $5,
+			msgs = $6, bytes = $7, chunk = $8, chunk_rows = $9, last_msg_id = $10 WHERE stream_id = $1`,
+			bt.StreamID, st.firstSeq, st.lastSeq, st.lastTS, st.cumBytes, st.msgs, st.bytes, st.chunk, st.chunkRows, st.lastMsgID)
+	}
+	for _, c := range copies {
+		if err := c(); err != nil {
+			return nil, err
+		}
+	}
+	b.Queue("COMMIT")
+	// Round trip 2: insert, advance the state rows, commit.
+	if err := q.SendBatch(ctx, b).Close(); err != nil {
+		return nil, err
+	}
+	committed = true
+	for i := range res {
+		db.tails.remember(res[i].StreamID, holds[i].st)
+	}
+	for _, o := range opened {
+		db.chunks.add(o.streamID, o.info)
+	}
+	for i := range res {
+		db.chunks.committed(res[i].StreamID, holds[i].st.chunk, holds[i].st.lastSeq)
+	}
+	for i := range res {
+		r, h := &res[i], holds[i]
+		r.FirstSeq, r.Removed = h.st.firstSeq, h.removed
+		for _, t := range h.tombs {
+			if t.size > 0 {
+				r.Tombstoned = append(r.Tombstoned, t.seq)
+			}
+		}
+		if h.removed {
+			r.Stored = slices.DeleteFunc(r.Stored, func(m Message) bool { return !h.live(m.Seq) })
+		}
+	}
+	return res, nil
+}
+
+// prefetchFor is prefetch for one batch, looking at what this process last committed and
+// sizing the batch only when a limit can evict.
+func (db *DB) prefetchFor(bt AppendBatch) int {
+	if !bt.Limits.evictsOld() {
+		return prefetch(bt.Limits, tailState{}, false, 0, 0)
+	}
+	last, known := db.tails.get(bt.StreamID)
+	n, nbytes := batchSize(bt)
+	return prefetch(bt.Limits, last, known, n, nbytes)
+}
+
+// batchReads is what the first round trip read for one batch.
+type batchReads struct {
+	dups     bool // queued: the batch's message ids
+	subjects bool // queued: the live messages of its subjects
+	head     int  // queued: this many of the stream's oldest messages
+
+	seen   map[string]uint64
+	live   []subjectRow
+	oldest []liveRow
+}
+
+type subjectRow struct {
+	subject string
+	row     liveRow
+}
+
+// readBatchReads reads the first round trip's results in the order they were queued.
+func readBatchReads(br pgx.BatchResults, batches []AppendBatch, reads []batchReads) (map[int64]*lockedState, error) {
+	if _, err := br.Exec(); err != nil {
+		return nil, err
+	}
+	states := make(map[int64]*lockedState, len(batches))
+	rows, err := br.Query()
+	if err != nil {
+		return nil, err
+	}
+	for rows.Next() {
+		var id int64
+		s := &lockedState{}
+		if err := rows.Scan(&id, &s.firstSeq, &s.lastSeq, &s.lastTS, &s.cumBytes, &s.msgs, &s.bytes, &s.chunk, &s.chunkRows, &s.lastMsgID); err != nil {
+			rows.Close()
+			return nil, err
+		}
+		s.committedFirst = s.firstSeq
+		states[id] = s
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	for i := range reads {
+		rd := &reads[i]
+		if rd.dups {
+			rows, err := br.Query()
+			if err != nil {
+				return nil, err
+			}
+			rd.seen = make(map[string]uint64)
+			for rows.Next() {
+				var id string
+				var seq uint64
+				if err := rows.Scan(&id, &seq); err != nil {
+					rows.Close()
+					return nil, err
+				}
+				rd.seen[id] = seq
+			}
+			rows.Close()
+			if err := rows.Err(); err != nil {
+				return nil, err
+			}
+		}
+		if rd.subjects {
+			rows, err := br.Query()
+			if err != nil {
+				return nil, err
+			}
+			rd.live, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (subjectRow, error) {
+				var sr subjectRow
+				err := r.Scan(&sr.subject, &sr.row.seq, &sr.row.size)
+				return sr, err
+			})
+			if err != nil {
+				return nil, err
+			}
+			slices.SortFunc(rd.live, func(a, b subjectRow) int { return cmp.Compare(a.row.seq, b.row.seq) })
+		}
+		if rd.head > 0 {
+			rows, err := br.Query()
+			if err != nil {
+				return nil, err
+			}
+			if rd.oldest, err = pgx.CollectRows(rows, scanLiveRow); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return states, nil
+}
+
+// rollsUpSubject reports whether a message of the batch rolls up its subject, which needs
+// the live rows of the batch's subjects.
+func rollsUpSubject(b AppendBatch) bool {
+	for i := range b.Msgs {
+		if b.Msgs[i].Rollup == RollupSubject {
+			return true
+		}
+	}
+	return false
+}
+
+// batchSubjects lists the distinct subjects of the messages a batch may store.
+func batchSubjects(b AppendBatch) []string {
+	seen := make(map[string]bool)
+	var out []string
+	for _, m := range b.Msgs {
+		if !m.NoInterest && !seen[m.Subject] {
+			seen[m.Subject] = true
+			out = append(out, m.Subject)
+		}
+	}
+	return out
+}
+
+// batchSize is how many messages a batch may store and their stored bytes.
+func batchSize(b AppendBatch) (n int, bytes uint64) {
+	for _, m := range b.Msgs {
+		if !m.NoInterest {
+			n++
+			bytes += MessageSize(m.Subject, m.Header, m.Data)
+		}
+	}
+	return n, bytes
+}
+
+type openedChunk struct {
+	streamID int64
+	info     chunkInfo
+}
+
+func batchMsgIDs(b AppendBatch) []string {
+	var ids []string
+	for _, m := range b.Msgs {
+		if m.MsgID != "" {
+			ids = append(ids, m.MsgID)
+		}
+	}
+	return ids
+}
+
+// checkExpect evaluates a message's Nats-Expected-* headers against the locked state and
+// the messages already accepted earlier in this batch.
+func (db *DB) checkExpect(ctx context.Context, q Querier, streamID int64, st *lockedState, earlier []Message, m *AppendMsg) (*ExpectError, error) {
+	if m.ExpectLastSeq != nil && *m.ExpectLastSeq != st.lastSeq {
+		return &ExpectError{Kind: ExpectLastSeqKind, LastSeq: st.lastSeq}, nil
+	}
+	if m.ExpectLastMsgID != "" && m.ExpectLastMsgID != st.lastMsgID {
+		return &ExpectError{Kind: ExpectLastMsgIDKind, LastID: st.lastMsgID}, nil
+	}
+	if m.ExpectLastSubjSeq == nil {
+		return nil, nil
+	}
+	filter := m.ExpectLastSubjFilter
+	if filter == "" {
+		filter = m.Subject
+	}
+	var last uint64
+	for i := len(earlier) - 1; i >= 0; i-- {
+		if SubjectMatches(filter, earlier[i].Subject) {
+			last = earlier[i].Seq
+			break
+		}
+	}
+	if last == 0 {
+		msg, err := db.lastMatching(ctx, q, streamID, filter, st.committedFirst, st.lastSeq)
+		if err != nil {
+			return nil, err
+		}
+		if msg != nil {
+			last = msg.Seq
+		}
+	}
+	if last != *m.ExpectLastSubjSeq {
+		return &ExpectError{Kind: ExpectLastSubjSeqKind, LastSeq: last}, nil
+	}
+	return nil, nil
+}
+
+func queueInsert(b *pgx.Batch, table string, msgs []Message) {
+	seqs, tss, subjects, hdrs, datas, cums := insertColumns(msgs)
+	b.Queue(`INSERT INTO `+table+` (seq, ts, subject, hdr, data, cum_before)
+		SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::text[], $4::bytea[], $5::bytea[], $6::bigint[])`,
+		seqs, tss, subjects, hdrs, datas, cums)
+}
+
+// insertColumns lays msgs out as the column arrays an unnest insert takes.
+func insertColumns(msgs []Message) (seqs, tss []int64, subjects []string, hdrs, datas [][]byte, cums []int64) {
+	seqs = make([]int64, len(msgs))
+	tss = make([]int64, len(msgs))
+	subjects = make([]string, len(msgs))
+	hdrs = make([][]byte, len(msgs))
+	datas = make([][]byte, len(msgs))
+	cums = make([]int64, len(msgs))
+	for i, m := range msgs {
+		seqs[i], tss[i], subjects[i], hdrs[i], datas[i], cums[i] = int64(m.Seq), m.TS, m.Subject, m.Header, storedData(m.Data), int64(m.cumBefore)
+	}
+	return seqs, tss, subjects, hdrs, datas, cums
+}
+
+func copyRows(msgs []Message) pgx.CopyFromSource {
+	return pgx.CopyFromSlice(len(msgs), func(i int) ([]any, error) {
+		return msgs[i].columns(), nil
+	})
+}

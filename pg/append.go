@@ -5,7 +5,6 @@ import (
 	"context"
 	"fmt"
 	"slices"
-	"sort"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -125,9 +124,12 @@ type lockedState struct {
 // first sequence past what discard-old limits evict and tombstone what per-subject limits
 // replace, commit. ts is
 // the store time given to every message. The returned rtt is the database round trip for
-// the flow limiter, recorded whatever the outcome.
+// the flow limiter, recorded whatever the outcome. batches is left as it was: the caller may
+// still be walking it. The results, one per batch, name their streams and come in no
+// particular order.
 func (db *DB) Append(ctx context.Context, batches []AppendBatch, ts int64) ([]AppendResult, time.Duration, error) {
-	sort.Slice(batches, func(i, j int) bool { return batches[i].StreamID < batches[j].StreamID })
+	batches = slices.Clone(batches)
+	slices.SortFunc(batches, func(a, b AppendBatch) int { return cmp.Compare(a.StreamID, b.StreamID) })
 	var results []AppendResult
 	rtt, err := db.Hot(ctx, func(ctx context.Context, q Querier) error {
 		done, rest, err := db.appendFast(ctx, q, batches, ts)

@@ -273,24 +273,6 @@ func (db *DB) HighWater(ctx context.Context, streamIDs []int64) (map[int64]uint6
 	return out, nil
 }
 
-// subjectCond is the SQL condition (and its argument) that a subject matches any of filters;
-// no filters, or a full wildcard among them, match everything.
-func subjectCond(filters []string, arg int) (string, any) {
-	if len(filters) == 0 || slices.Contains(filters, ">") {
-		return "", nil
-	}
-	// Literal subjects compare as equal, which the subject index serves; patterns cannot
-	// use it.
-	if !slices.ContainsFunc(filters, func(f string) bool { return strings.ContainsAny(f, "*>") }) {
-		return fmt.Sprintf(` AND subject = ANY($%d::text[])`, arg), filters
-	}
-	res := make([]string, len(filters))
-	for i, f := range filters {
-		res[i] = SubjectRegexp(f)
-	}
-	return fmt.Sprintf(` AND subject ~ ANY($%d::text[])`, arg), res
-}
-
 const liveRows = `seq >= (SELECT first_seq FROM jetgres.stream_state WHERE stream_id = $1)
 	AND NOT EXISTS (SELECT 1 FROM jetgres.deleted d WHERE d.stream_id = $1 AND d.seq = m.seq)`
 

@@ -3,7 +3,6 @@ package pg
 import (
 	"context"
 	"fmt"
-	"strings"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -102,10 +101,7 @@ func (db *DB) lastMatching(ctx context.Context, q Querier, streamID int64, filte
 	if err != nil {
 		return nil, err
 	}
-	cond, arg := `subject = $1`, any(filter)
-	if strings.ContainsAny(filter, "*>") {
-		cond, arg = `subject ~ $1`, SubjectRegexp(filter)
-	}
+	cond, arg := subjectMatch(filter, 1)
 	for i := len(chunks) - 1; i >= 0; i-- {
 		rows, err := q.Query(ctx, `SELECT seq, ts, subject, hdr, data, cum_before FROM `+chunkTable(streamID, chunks[i].chunk)+
 			` m WHERE `+cond+` AND seq >= $2 AND seq <= $3 AND `+notTombstoned("$4")+`

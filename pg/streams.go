@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -258,20 +257,6 @@ func (db *DB) purge(ctx context.Context, q Querier, st *stateRow, p PurgeParams)
 		return err
 	}
 	return db.settleFirst(ctx, q, st)
-}
-
-// subjectMatch is SQL that a chunk row m's subject matches filter, with its argument as
-// placeholder $n: equality for a literal subject, so that the (subject, seq) index serves
-// it, a regular expression otherwise. An empty or full-wildcard filter matches everything.
-func subjectMatch(filter string, n int) (string, any) {
-	switch {
-	case filter == "" || filter == ">":
-		return fmt.Sprintf(`$%d::text IS NULL`, n), nil
-	case strings.ContainsAny(filter, "*>"):
-		return fmt.Sprintf(`m.subject ~ $%d`, n), SubjectRegexp(filter)
-	default:
-		return fmt.Sprintf(`m.subject = $%d`, n), filter
-	}
 }
 
 // newestNth returns the sequence of the n-th newest live message that cond (built by

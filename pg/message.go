@@ -25,6 +25,10 @@ func MessageSize(subject string, hdr, data []byte) uint64 {
 	return uint64(34 + len(subject) + len(hdr) + len(data))
 }
 
+// sqlSize is MessageSize in SQL for a chunk row m. The function it calls (migration 005) is
+// the one definition in SQL, which stream_head and subject_live use too.
+const sqlSize = `jetgres.message_size(m.subject, m.hdr, m.data)`
+
 // columns is m as a row of a chunk table: seq, ts, subject, hdr, data, cum_before.
 func (m *Message) columns() []any {
 	return []any{int64(m.Seq), m.TS, m.Subject, m.Header, storedData(m.Data), int64(m.cumBefore)}

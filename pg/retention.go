@@ -124,10 +124,6 @@ func liveChunks(chunks []chunkInfo, from, upTo uint64) []chunkInfo {
 	return out
 }
 
-// sqlSize is a chunk row m's stored size as MessageSize computes it.
-const sqlSize = `(30 + octet_length(m.subject) + octet_length(m.data) +
-	CASE WHEN coalesce(octet_length(m.hdr), 0) = 0 THEN 0 ELSE 4 + octet_length(m.hdr) END)`
-
 // sqlLive is true for a chunk row that no tombstone covers; $1 is the stream id.
 const sqlLive = `NOT EXISTS (SELECT 1 FROM jetgres.deleted d WHERE d.stream_id = $1 AND d.seq = m.seq)`
 

@@ -7,8 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgconn"
-
 	"github.com/jetgres/jetgres/flow"
 	"github.com/jetgres/jetgres/pg"
 )
@@ -29,7 +27,7 @@ func TestGiveBack(t *testing.T) {
 		{"success", 3 * time.Millisecond, nil, base, 0},
 		{"cheaper success", 300 * time.Microsecond, nil, 300 * time.Microsecond, 0},
 		{"statement timeout", 2 * time.Second, timeout, base, 0},
-		{"server error", 200 * time.Microsecond, &pgconn.PgError{Severity: "ERROR", Code: "22012"}, 200 * time.Microsecond, 0},
+		{"server error", 200 * time.Microsecond, errors.New("ERROR: division by zero (SQLSTATE 22012)"), 200 * time.Microsecond, 0},
 		{"no connection", 0, fmt.Errorf("%w: acquiring a connection: %w", pg.ErrUnavailable, errors.New("dial: no such file")), base, 1},
 		{"connection broke", 50 * time.Microsecond, fmt.Errorf("%w: %w", pg.ErrUnavailable, errors.New("write: broken pipe")), base, 1},
 		{"no connection free within the timeout", 0, fmt.Errorf("%w (2s) waiting for a connection: %w", pg.ErrTimeout, context.DeadlineExceeded), base, 1},

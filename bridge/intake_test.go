@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/jetgres/jetgres/pg"
+	"github.com/jetgres/jetgres/pg/pgtest"
+	"github.com/jetgres/jetgres/pg/pgtest/rawsql"
 	"github.com/nats-io/nats.go/jetstream"
 	dto "github.com/prometheus/client_model/go"
 )
@@ -26,7 +28,9 @@ func TestIntakeTotalBound(t *testing.T) {
 		payload   = 2048
 		each      = 100 // 200 KiB a stream, 800 KiB in all
 	)
-	tb := setup(t, setupOpts{config: func(c *Config) { c.IntakeBytes, c.IntakeTotalBytes = perStream, total }})
+	url := pgtest.NewDB(t)
+	tb := setup(t, setupOpts{db: pgtest.OpenAt(t, url), config: func(c *Config) { c.IntakeBytes, c.IntakeTotalBytes = perStream, total }})
+	probe := rawsql.Open(t, url)
 	ctx := testContext(t)
 	for i := range streams {
 		newStream(t, ctx, tb, fmt.Sprintf("T%d", i), fmt.Sprintf("t%d.>", i))
@@ -40,8 +44,8 @@ func TestIntakeTotalBound(t *testing.T) {
 	t.Cleanup(unlock) // before the bridge stops, should the test end early
 	held := make(chan error, 1)
 	go func() {
-		held <- tb.db.BackgroundTx(ctx, func(ctx context.Context, q pg.Querier) error {
-			if _, err := q.Exec(ctx, `SELECT 1 FROM jetgres.stream_state FOR UPDATE`); err != nil {
+		held <- probe.Tx(ctx, func(ctx context.Context, q rawsql.Querier) error {
+			if err := q.Exec(ctx, `SELECT 1 FROM jetgres.stream_state FOR UPDATE`); err != nil {
 				return err
 			}
 			close(locked)

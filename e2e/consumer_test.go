@@ -19,7 +19,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/jetgres/jetgres/embedded/localpg"
-	"github.com/jetgres/jetgres/pg"
 )
 
 // cliTimeout bounds one nats CLI command.
@@ -373,16 +372,10 @@ func TestResumeAfterSIGKILL(t *testing.T) {
 			time.Sleep(5 * time.Millisecond)
 		}
 	}()
-	probe, err := pg.Open(ctx, pg.Config{URL: dsn + " application_name=e2e-probe", MaxConns: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer probe.Close()
+	probe := openProbe(t, dsn, 1)
 	storedFloor := func() uint64 {
 		var seq int64
-		err := probe.Background(ctx, func(ctx context.Context, q pg.Querier) error {
-			return q.QueryRow(ctx, `SELECT ack_stream_seq FROM jetgres.consumers WHERE name = 'C'`).Scan(&seq)
-		})
+		err := probe.QueryRow(ctx, `SELECT ack_stream_seq FROM jetgres.consumers WHERE name = 'C'`).Scan(&seq)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -564,11 +557,7 @@ func TestParkedPullsHoldNoConnection(t *testing.T) {
 
 	// Watch jetgres's backends for a while: idle pooled connections are fine, a backend
 	// running a statement or sitting in a transaction is what a held connection looks like.
-	probe, err := pg.Open(ctx, pg.Config{URL: dsn + " application_name=e2e-probe", MaxConns: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer probe.Close()
+	probe := openProbe(t, dsn, 1)
 	// jetgres's own view, from /metrics, must agree: pool connections in use and pop lane
 	// permits held stay at (about) zero while every pull waits.
 	const samples = 40
@@ -577,8 +566,8 @@ func TestParkedPullsHoldNoConnection(t *testing.T) {
 	busyWith := make(map[string]bool) // what the busy backends were running
 	for range samples {
 		var busy, idle int
-		err := probe.Background(ctx, func(ctx context.Context, q pg.Querier) error {
-			rows, err := q.Query(ctx, `
+		err := func() error {
+			rows, err := probe.Query(ctx, `
 				SELECT state, query FROM pg_stat_activity
 				WHERE datname = current_database() AND application_name = 'jetgres'`)
 			if err != nil {
@@ -598,7 +587,7 @@ func TestParkedPullsHoldNoConnection(t *testing.T) {
 				busyWith[state+": "+strings.Join(strings.Fields(query), " ")] = true
 			}
 			return rows.Err()
-		})
+		}()
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -25,7 +25,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/jetgres/jetgres/embedded/localpg"
-	"github.com/jetgres/jetgres/pg"
+	"github.com/jetgres/jetgres/pg/pgtest/rawsql"
 )
 
 // soak reports whether the long variants run (JETGRES_SOAK=1).
@@ -97,26 +97,17 @@ func (p *pgServer) dsn() string {
 }
 
 // openProbe opens a small pool of the test's own on dsn, closed when the test ends.
-func openProbe(t testing.TB, dsn string, conns int32) *pg.DB {
+func openProbe(t testing.TB, dsn string, conns int32) *rawsql.DB {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	db, err := pg.Open(ctx, pg.Config{URL: dsn + " application_name=e2e-probe", MaxConns: conns})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(db.Close)
-	return db
+	return rawsql.Open(t, fmt.Sprintf("%s application_name=e2e-probe pool_max_conns=%d", dsn, conns))
 }
 
 // storedFloor reads a consumer's persisted ack floor.
-func storedFloor(ctx context.Context, db *pg.DB, stream, consumer string) (uint64, error) {
+func storedFloor(ctx context.Context, db *rawsql.DB, stream, consumer string) (uint64, error) {
 	var seq int64
-	err := db.Background(ctx, func(ctx context.Context, q pg.Querier) error {
-		return q.QueryRow(ctx, `
-			SELECT c.ack_stream_seq FROM jetgres.consumers c JOIN jetgres.streams s ON s.id = c.stream_id
-			WHERE s.name = $1 AND c.name = $2`, stream, consumer).Scan(&seq)
-	})
+	err := db.QueryRow(ctx, `
+		SELECT c.ack_stream_seq FROM jetgres.consumers c JOIN jetgres.streams s ON s.id = c.stream_id
+		WHERE s.name = $1 AND c.name = $2`, stream, consumer).Scan(&seq)
 	return uint64(seq), err
 }
 

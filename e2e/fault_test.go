@@ -16,7 +16,7 @@ import (
 
 	"github.com/jetgres/jetgres/bridge"
 	"github.com/jetgres/jetgres/flow"
-	"github.com/jetgres/jetgres/pg"
+	"github.com/jetgres/jetgres/pg/pgtest/rawsql"
 )
 
 // TestCrashUnderLoad kills jetgres with SIGKILL while several clients publish
@@ -399,19 +399,18 @@ func TestDatabaseDown(t *testing.T) {
 // holdStreamLocks locks every stream's state row in one transaction for d: every push
 // transaction then waits on the lock until its statement timeout. It returns when the
 // locks are taken; the transaction ends (rolls back) after d.
-func holdStreamLocks(t testing.TB, ctx context.Context, probe *pg.DB, d time.Duration) <-chan error {
+func holdStreamLocks(t testing.TB, ctx context.Context, probe *rawsql.DB, d time.Duration) <-chan error {
 	t.Helper()
 	locked := make(chan int, 1)
 	done := make(chan error, 1)
 	go func() {
-		done <- probe.BackgroundTx(ctx, func(ctx context.Context, q pg.Querier) error {
+		done <- probe.Tx(ctx, func(ctx context.Context, q rawsql.Querier) error {
 			var n int
 			if err := q.QueryRow(ctx, `SELECT count(*) FROM (SELECT 1 FROM jetgres.stream_state FOR UPDATE) l`).Scan(&n); err != nil {
 				return err
 			}
 			locked <- n
-			_, err := q.Exec(ctx, `SELECT pg_sleep($1)`, d.Seconds())
-			return err
+			return q.Exec(ctx, `SELECT pg_sleep($1)`, d.Seconds())
 		})
 	}()
 	select {

@@ -131,7 +131,7 @@ func (db *DB) Append(ctx context.Context, batches []AppendBatch, ts int64) ([]Ap
 	batches = slices.Clone(batches)
 	slices.SortFunc(batches, func(a, b AppendBatch) int { return cmp.Compare(a.StreamID, b.StreamID) })
 	var results []AppendResult
-	rtt, err := db.Hot(ctx, func(ctx context.Context, q Querier) error {
+	rtt, err := db.hot(ctx, func(ctx context.Context, q querier) error {
 		done, rest, err := db.appendFast(ctx, q, batches, ts)
 		if err != nil {
 			// The fast path's implicit transaction rolled back as a whole (a collision
@@ -154,7 +154,7 @@ func (db *DB) Append(ctx context.Context, batches []AppendBatch, ts int64) ([]Ap
 	return results, rtt, nil
 }
 
-func (db *DB) appendTx(ctx context.Context, q Querier, batches []AppendBatch, ts int64) (res []AppendResult, err error) {
+func (db *DB) appendTx(ctx context.Context, q querier, batches []AppendBatch, ts int64) (res []AppendResult, err error) {
 	ids := make([]int64, len(batches))
 	for i, b := range batches {
 		ids[i] = b.StreamID
@@ -519,7 +519,7 @@ func batchMsgIDs(b AppendBatch) []string {
 
 // checkExpect evaluates a message's Nats-Expected-* headers against the locked state and
 // the messages already accepted earlier in this batch.
-func (db *DB) checkExpect(ctx context.Context, q Querier, streamID int64, st *lockedState, earlier []Message, m *AppendMsg) (*ExpectError, error) {
+func (db *DB) checkExpect(ctx context.Context, q querier, streamID int64, st *lockedState, earlier []Message, m *AppendMsg) (*ExpectError, error) {
 	if m.ExpectLastSeq != nil && *m.ExpectLastSeq != st.lastSeq {
 		return &ExpectError{Kind: ExpectLastSeqKind, LastSeq: st.lastSeq}, nil
 	}

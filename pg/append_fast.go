@@ -86,7 +86,7 @@ func fastEligible(bt AppendBatch, st tailState) bool {
 // appendFast appends the batches that are eligible in one round trip and returns their
 // results; rest holds the batches the general path must take. It writes nothing when no
 // batch is eligible.
-func (db *DB) appendFast(ctx context.Context, q Querier, batches []AppendBatch, ts int64) (done []AppendResult, rest []AppendBatch, err error) {
+func (db *DB) appendFast(ctx context.Context, q querier, batches []AppendBatch, ts int64) (done []AppendResult, rest []AppendBatch, err error) {
 	type planned struct {
 		bt         AppendBatch
 		prev, next tailState

@@ -23,7 +23,7 @@ func chunkTable(streamID, chunk int64) string {
 	return pgx.Identifier{"jetgres", chunkName(streamID, chunk)}.Sanitize()
 }
 
-func createChunk(ctx context.Context, q Querier, streamID, chunk int64, firstSeq uint64) error {
+func createChunk(ctx context.Context, q querier, streamID, chunk int64, firstSeq uint64) error {
 	for _, ddl := range chunkDDL(streamID, chunk) {
 		if _, err := q.Exec(ctx, ddl); err != nil {
 			return fmt.Errorf("create chunk %d: %w", chunk, err)
@@ -65,7 +65,7 @@ type chunkCache struct {
 	loaded map[int64]uint64 // the UpTo the list was loaded for
 }
 
-func (c *chunkCache) list(ctx context.Context, q Querier, streamID int64, upTo uint64) ([]chunkInfo, error) {
+func (c *chunkCache) list(ctx context.Context, q querier, streamID int64, upTo uint64) ([]chunkInfo, error) {
 	c.mu.Lock()
 	l, ok := c.byID[streamID]
 	at := c.loaded[streamID]
@@ -171,7 +171,7 @@ func (db *DB) DropChunks(ctx context.Context, id int64, idle time.Duration) (int
 	}
 	var droppable []SeqRange
 	var chunkIDs []int64
-	err := db.Background(ctx, func(ctx context.Context, q Querier) error {
+	err := db.background(ctx, func(ctx context.Context, q querier) error {
 		var first uint64
 		if err := q.QueryRow(ctx, `SELECT first_seq FROM jetgres.stream_state WHERE stream_id = $1`, id).Scan(&first); err != nil {
 			if errors.Is(err, pgx.ErrNoRows) {
@@ -207,7 +207,7 @@ func (db *DB) DropChunks(ctx context.Context, id int64, idle time.Duration) (int
 	}
 	dropped := 0
 	for i, chunk := range chunkIDs {
-		err := db.BackgroundTx(ctx, func(ctx context.Context, q Querier) error {
+		err := db.backgroundTx(ctx, func(ctx context.Context, q querier) error {
 			if _, err := q.Exec(ctx, fmt.Sprintf(`SET LOCAL lock_timeout = %d`, ChunkDropLockTimeout.Milliseconds())); err != nil {
 				return err
 			}
@@ -242,12 +242,12 @@ func (db *DB) retireIdleChunk(ctx context.Context, id int64, idle time.Duration)
 	before := time.Now().Add(-idle).UnixNano()
 	var retire bool
 	var last, chunk int64
-	err := db.Background(ctx, func(ctx context.Context, q Querier) error {
+	err := db.background(ctx, func(ctx context.Context, q querier) error {
 		return q.QueryRow(ctx, sqlIdle, id, before).Scan(&retire, &last, &chunk)
 	})
 	if err == nil && retire {
 		// Check again under the lock: an append may have come in between.
-		err = db.BackgroundTx(ctx, func(ctx context.Context, q Querier) error {
+		err = db.backgroundTx(ctx, func(ctx context.Context, q querier) error {
 			if err := q.QueryRow(ctx, sqlIdle+` FOR UPDATE`, id, before).Scan(&retire, &last, &chunk); err != nil || !retire {
 				return err
 			}

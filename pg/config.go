@@ -17,7 +17,8 @@ const (
 	// hard ceiling on concurrent work; the flow limiter normally binds well below it.
 	MaxConnsDefault int32 = 40
 
-	// StmtTimeoutDefault bounds one hot-path call (Hot, HotTx) and the wait for its connection.
+	// StmtTimeoutDefault bounds one hot-path call (Append, ReadFiltered, WriteCursor, Ping) and
+	// the wait for its connection.
 	StmtTimeoutDefault = 30 * time.Second
 
 	// BackgroundTimeoutDefault bounds one background call. Retention may drop large chunk
@@ -35,12 +36,13 @@ type Config struct {
 	// URL. Defaults to MaxConnsDefault.
 	MaxConns int32
 
-	// StmtTimeout bounds each Hot or HotTx call, and separately its wait for a connection.
+	// StmtTimeout bounds each hot-path call (Append, ReadFiltered, WriteCursor, Ping), and
+	// separately its wait for a connection.
 	// Defaults to StmtTimeoutDefault.
 	StmtTimeout time.Duration
 
-	// BackgroundTimeout bounds each Background or BackgroundTx call, and separately its wait
-	// for a connection. Defaults to BackgroundTimeoutDefault.
+	// BackgroundTimeout bounds each call of the other methods (administration, retention, point
+	// reads, metrics), and separately its wait for a connection. Defaults to BackgroundTimeoutDefault.
 	BackgroundTimeout time.Duration
 
 	// Logger receives pg's records. Defaults to discarding them.

@@ -52,7 +52,7 @@ func scanConsumer(r pgx.Row) (Consumer, error) {
 // the stream is gone.
 func (db *DB) CreateConsumer(ctx context.Context, c Consumer, owner string, ttl time.Duration) (Consumer, error) {
 	var out Consumer
-	err := db.Background(ctx, func(ctx context.Context, q Querier) error {
+	err := db.background(ctx, func(ctx context.Context, q querier) error {
 		row := q.QueryRow(ctx, `INSERT INTO jetgres.consumers
 			(stream_id, name, config, ack_stream_seq, ack_consumer_seq, owner, lease_until)
 			VALUES ($1, $2, $3, $4, $5, $6, CASE WHEN $6 = '' THEN '-infinity'::timestamptz ELSE now() + $7::interval END)
@@ -86,7 +86,7 @@ func (db *DB) DeleteConsumer(ctx context.Context, streamID int64, name string) e
 // GetConsumer reads one consumer; ErrNotFound if there is none.
 func (db *DB) GetConsumer(ctx context.Context, streamID int64, name string) (Consumer, error) {
 	var c Consumer
-	err := db.Background(ctx, func(ctx context.Context, q Querier) error {
+	err := db.background(ctx, func(ctx context.Context, q querier) error {
 		var err error
 		c, err = scanConsumer(q.QueryRow(ctx, `SELECT `+sqlConsumerCols+` FROM jetgres.consumers
 			WHERE stream_id = $1 AND name = $2`, streamID, name))
@@ -104,7 +104,7 @@ func (db *DB) GetConsumer(ctx context.Context, streamID int64, name string) (Con
 // Consumers lists a stream's consumers, ordered by name.
 func (db *DB) Consumers(ctx context.Context, streamID int64) ([]Consumer, error) {
 	var out []Consumer
-	err := db.Background(ctx, func(ctx context.Context, q Querier) error {
+	err := db.background(ctx, func(ctx context.Context, q querier) error {
 		rows, err := q.Query(ctx, `SELECT `+sqlConsumerCols+` FROM jetgres.consumers WHERE stream_id = $1 ORDER BY name`, streamID)
 		if err != nil {
 			return err
@@ -135,7 +135,7 @@ type CursorParams struct {
 // for it); rtt is for the lane the caller holds a permit of. The write only lands while
 // Owner holds the lease, and ErrLeaseLost says it did not.
 func (db *DB) WriteCursor(ctx context.Context, p CursorParams) (time.Duration, error) {
-	rtt, err := db.Hot(ctx, func(ctx context.Context, q Querier) error {
+	rtt, err := db.hot(ctx, func(ctx context.Context, q querier) error {
 		tag, err := q.Exec(ctx, `UPDATE jetgres.consumers SET ack_stream_seq = $3, ack_consumer_seq = $4
 			WHERE stream_id = $1 AND name = $2 AND owner = $5 AND created = $6`,
 			p.StreamID, p.Name, int64(p.AckStreamSeq), int64(p.AckConsumerSeq), p.Owner, p.Created)
@@ -166,7 +166,7 @@ type LeaseParams struct {
 // ErrNotFound that it does not exist.
 func (db *DB) AcquireConsumer(ctx context.Context, p LeaseParams) (Consumer, error) {
 	var c Consumer
-	err := db.Background(ctx, func(ctx context.Context, q Querier) error {
+	err := db.background(ctx, func(ctx context.Context, q querier) error {
 		var err error
 		c, err = scanConsumer(q.QueryRow(ctx, `UPDATE jetgres.consumers SET owner = $3, lease_until = now() + $4::interval
 			WHERE stream_id = $1 AND name = $2 AND (owner = $3 OR owner = '' OR lease_until < now())
@@ -194,7 +194,7 @@ func (db *DB) AcquireConsumer(ctx context.Context, p LeaseParams) (Consumer, err
 // is free, expired or already owner's, and returns those consumers ordered by name.
 func (db *DB) AcquireConsumers(ctx context.Context, streamID int64, owner string, ttl time.Duration) ([]Consumer, error) {
 	var out []Consumer
-	err := db.Background(ctx, func(ctx context.Context, q Querier) error {
+	err := db.background(ctx, func(ctx context.Context, q querier) error {
 		rows, err := q.Query(ctx, `UPDATE jetgres.consumers SET owner = $2, lease_until = now() + $3::interval
 			WHERE stream_id = $1 AND (owner = $2 OR owner = '' OR lease_until < now())
 			RETURNING `+sqlConsumerCols, streamID, owner, ttl)
@@ -215,7 +215,7 @@ func (db *DB) AcquireConsumers(ctx context.Context, streamID int64, owner string
 // the consumers it still holds; a consumer missing from the answer was deleted or taken over.
 func (db *DB) RenewConsumerLeases(ctx context.Context, owner string, ttl time.Duration) ([]ConsumerKey, error) {
 	var out []ConsumerKey
-	err := db.Background(ctx, func(ctx context.Context, q Querier) error {
+	err := db.background(ctx, func(ctx context.Context, q querier) error {
 		rows, err := q.Query(ctx, `UPDATE jetgres.consumers SET lease_until = now() + $2::interval
 			WHERE owner = $1 RETURNING stream_id, name`, owner, ttl)
 		if err != nil {
@@ -237,7 +237,7 @@ func (db *DB) RenewConsumerLeases(ctx context.Context, owner string, ttl time.Du
 // ReleaseConsumerLeases gives up every lease owner holds, so that another replica can take
 // its consumers at once instead of waiting for the leases to run out.
 func (db *DB) ReleaseConsumerLeases(ctx context.Context, owner string) error {
-	err := db.Background(ctx, func(ctx context.Context, q Querier) error {
+	err := db.background(ctx, func(ctx context.Context, q querier) error {
 		_, err := q.Exec(ctx, `UPDATE jetgres.consumers SET owner = '', lease_until = '-infinity' WHERE owner = $1`, owner)
 		return err
 	})
@@ -252,7 +252,7 @@ func (db *DB) ReleaseConsumerLeases(ctx context.Context, owner string) error {
 // longer exist are missing from the answer.
 func (db *DB) HighWater(ctx context.Context, streamIDs []int64) (map[int64]uint64, error) {
 	out := make(map[int64]uint64, len(streamIDs))
-	err := db.Background(ctx, func(ctx context.Context, q Querier) error {
+	err := db.background(ctx, func(ctx context.Context, q querier) error {
 		rows, err := q.Query(ctx, `SELECT stream_id, last_seq FROM jetgres.stream_state WHERE stream_id = ANY($1)`, streamIDs)
 		if err != nil {
 			return err
@@ -291,7 +291,7 @@ func notTombstoned(param string) string {
 // p.MaxMsgs live messages from [p.From, p.UpTo] whose subject matches any of filters (all
 // when empty), and the sequence through which it looked. rtt is for the pop lane.
 func (db *DB) ReadFiltered(ctx context.Context, p ReadParams, filters []string) (out []Message, through uint64, rtt time.Duration, err error) {
-	rtt, err = db.Hot(ctx, func(ctx context.Context, q Querier) error {
+	rtt, err = db.hot(ctx, func(ctx context.Context, q querier) error {
 		var err error
 		out, through, err = db.readRange(ctx, q, p, filters)
 		return err
@@ -317,7 +317,7 @@ func (db *DB) CountPending(ctx context.Context, p PendingParams) (uint64, error)
 	if p.From > p.UpTo {
 		return 0, nil
 	}
-	err := db.Background(ctx, func(ctx context.Context, q Querier) error {
+	err := db.background(ctx, func(ctx context.Context, q querier) error {
 		chunks, err := db.chunks.list(ctx, q, p.StreamID, p.UpTo)
 		if err != nil {
 			return err
@@ -352,7 +352,7 @@ func (db *DB) CountPending(ctx context.Context, p PendingParams) (uint64, error)
 // subject matching the filters, up to upTo: where a deliver-last-per-subject consumer starts.
 func (db *DB) LastSeqsPerSubject(ctx context.Context, streamID int64, filters []string, upTo uint64) ([]uint64, error) {
 	last := make(map[string]uint64)
-	err := db.Background(ctx, func(ctx context.Context, q Querier) error {
+	err := db.background(ctx, func(ctx context.Context, q querier) error {
 		return db.perSubject(ctx, q, streamID, filters, upTo, `DISTINCT ON (subject) subject, seq`, `ORDER BY subject, seq DESC`,
 			func(subj string, seq int64) { last[subj] = max(last[subj], uint64(seq)) })
 	})
@@ -371,7 +371,7 @@ func (db *DB) LastSeqsPerSubject(ctx context.Context, streamID int64, filters []
 // sequence plus one when there is none: where a deliver-by-start-time consumer starts.
 func (db *DB) SeqAtTime(ctx context.Context, streamID int64, ts int64) (uint64, error) {
 	var seq uint64
-	err := db.Background(ctx, func(ctx context.Context, q Querier) error {
+	err := db.background(ctx, func(ctx context.Context, q querier) error {
 		var lastSeq int64
 		if err := q.QueryRow(ctx, `SELECT last_seq FROM jetgres.stream_state WHERE stream_id = $1`, streamID).Scan(&lastSeq); err != nil {
 			if errors.Is(err, pgx.ErrNoRows) {

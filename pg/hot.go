@@ -22,9 +22,10 @@ var ErrTimeout = errors.New("pg: statement timeout")
 // database. As with ErrTimeout, a transaction whose COMMIT was in flight may have committed.
 var ErrUnavailable = errors.New("pg: database unavailable")
 
-// Querier runs statements on one connection or inside one transaction; both *pgx.Conn and
-// pgx.Tx satisfy it. Begin on a transaction opens a savepoint.
-type Querier interface {
+// querier runs statements on one connection or inside one transaction; both *pgx.Conn and
+// pgx.Tx satisfy it. Begin on a transaction opens a savepoint. It stays inside pg, with every
+// other pgx type: callers outside use *DB's methods, in pg's own types.
+type querier interface {
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
@@ -43,37 +44,34 @@ var (
 // closeTimeout bounds sending Terminate to a connection being destroyed.
 const closeTimeout = time.Second
 
-// Hot runs fn on one pooled connection under the statement timeout. It returns the round trip:
+// hot runs fn on one pooled connection under the statement timeout, for the hot-path methods
+// (Append, ReadFiltered, WriteCursor), which hand the round trip to the caller's Vegas limiter.
+// It returns the round trip:
 // the time from having the connection to fn returning, recorded whatever the outcome (waiting
 // for the connection is not included; rtt is zero when no connection was had, and then there
 // is nothing to record). On timeout the statement is cancelled on the server (an out-of-band
 // cancel request) and the connection is destroyed, never returned to the pool; the error wraps
 // ErrTimeout. The wait for a connection is bounded by ctx and, separately, by the statement
 // timeout. fn's own errors are returned unchanged; fn must not keep q or rows past its return.
-func (db *DB) Hot(ctx context.Context, fn func(ctx context.Context, q Querier) error) (rtt time.Duration, err error) {
+func (db *DB) hot(ctx context.Context, fn func(ctx context.Context, q querier) error) (rtt time.Duration, err error) {
 	return db.run(ctx, db.cfg.StmtTimeout, func(ctx context.Context, c *pgx.Conn) error { return fn(ctx, c) })
 }
 
-// HotTx is Hot inside BEGIN … COMMIT: the transaction commits if fn returns nil and rolls back
-// otherwise. rtt includes the BEGIN and the COMMIT.
-func (db *DB) HotTx(ctx context.Context, fn func(ctx context.Context, q Querier) error) (rtt time.Duration, err error) {
-	return db.run(ctx, db.cfg.StmtTimeout, func(ctx context.Context, c *pgx.Conn) error { return inTx(ctx, c, fn) })
-}
-
-// Background runs fn like Hot, for work that bypasses the flow limiter (maintenance, admin,
+// background runs fn like hot, for work that bypasses the flow limiter (maintenance, admin,
 // metrics), under Config.BackgroundTimeout.
-func (db *DB) Background(ctx context.Context, fn func(ctx context.Context, q Querier) error) error {
+func (db *DB) background(ctx context.Context, fn func(ctx context.Context, q querier) error) error {
 	_, err := db.run(ctx, db.cfg.BackgroundTimeout, func(ctx context.Context, c *pgx.Conn) error { return fn(ctx, c) })
 	return err
 }
 
-// BackgroundTx is Background inside BEGIN … COMMIT, like HotTx.
-func (db *DB) BackgroundTx(ctx context.Context, fn func(ctx context.Context, q Querier) error) error {
+// backgroundTx is background inside BEGIN … COMMIT: the transaction commits if fn returns nil
+// and rolls back otherwise.
+func (db *DB) backgroundTx(ctx context.Context, fn func(ctx context.Context, q querier) error) error {
 	_, err := db.run(ctx, db.cfg.BackgroundTimeout, func(ctx context.Context, c *pgx.Conn) error { return inTx(ctx, c, fn) })
 	return err
 }
 
-func inTx(ctx context.Context, c *pgx.Conn, fn func(ctx context.Context, q Querier) error) error {
+func inTx(ctx context.Context, c *pgx.Conn, fn func(ctx context.Context, q querier) error) error {
 	tx, err := c.Begin(ctx)
 	if err != nil {
 		return fmt.Errorf("beginning transaction: %w", err)

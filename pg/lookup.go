@@ -16,7 +16,7 @@ func scanMessage(r pgx.CollectableRow) (Message, error) {
 }
 
 // streamBounds reads a stream's committed first and last sequence.
-func streamBounds(ctx context.Context, q Querier, streamID int64) (first, last uint64, err error) {
+func streamBounds(ctx context.Context, q querier, streamID int64) (first, last uint64, err error) {
 	err = q.QueryRow(ctx, `SELECT first_seq, last_seq FROM jetgres.stream_state WHERE stream_id = $1`, streamID).Scan(&first, &last)
 	return first, last, err
 }
@@ -24,7 +24,7 @@ func streamBounds(ctx context.Context, q Querier, streamID int64) (first, last u
 // GetMessage returns the message with sequence seq, or ErrNotFound.
 func (db *DB) GetMessage(ctx context.Context, streamID int64, seq uint64) (*Message, error) {
 	var m *Message
-	err := db.Background(ctx, func(ctx context.Context, q Querier) error {
+	err := db.background(ctx, func(ctx context.Context, q querier) error {
 		first, last, err := streamBounds(ctx, q, streamID)
 		if err != nil {
 			return err
@@ -47,7 +47,7 @@ func (db *DB) GetMessage(ctx context.Context, streamID int64, seq uint64) (*Mess
 // LastBySubject returns the newest message whose subject matches filter, or ErrNotFound.
 func (db *DB) LastBySubject(ctx context.Context, streamID int64, filter string) (*Message, error) {
 	var m *Message
-	err := db.Background(ctx, func(ctx context.Context, q Querier) error {
+	err := db.background(ctx, func(ctx context.Context, q querier) error {
 		first, last, err := streamBounds(ctx, q, streamID)
 		if err != nil {
 			return err
@@ -68,7 +68,7 @@ func (db *DB) LastBySubject(ctx context.Context, streamID int64, filter string) 
 // filter, or ErrNotFound.
 func (db *DB) NextBySubject(ctx context.Context, streamID int64, filter string, from uint64) (*Message, error) {
 	var msgs []Message
-	err := db.Background(ctx, func(ctx context.Context, q Querier) error {
+	err := db.background(ctx, func(ctx context.Context, q querier) error {
 		first, last, err := streamBounds(ctx, q, streamID)
 		if err != nil {
 			return err
@@ -86,7 +86,7 @@ func (db *DB) NextBySubject(ctx context.Context, streamID int64, filter string, 
 }
 
 // messageAt returns the first live message with sequence in [from, upTo], or nil.
-func (db *DB) messageAt(ctx context.Context, q Querier, streamID int64, from, upTo uint64) (*Message, error) {
+func (db *DB) messageAt(ctx context.Context, q querier, streamID int64, from, upTo uint64) (*Message, error) {
 	msgs, _, err := db.readRange(ctx, q, ReadParams{StreamID: streamID, From: from, UpTo: upTo, MaxMsgs: 1}, nil)
 	if err != nil || len(msgs) == 0 {
 		return nil, err
@@ -96,7 +96,7 @@ func (db *DB) messageAt(ctx context.Context, q Querier, streamID int64, from, up
 
 // lastMatching scans chunks newest first for the last live message in [first, upTo]
 // matching filter.
-func (db *DB) lastMatching(ctx context.Context, q Querier, streamID int64, filter string, first, upTo uint64) (*Message, error) {
+func (db *DB) lastMatching(ctx context.Context, q querier, streamID int64, filter string, first, upTo uint64) (*Message, error) {
 	chunks, err := db.chunks.list(ctx, q, streamID, upTo)
 	if err != nil {
 		return nil, err

@@ -28,7 +28,7 @@ type ReadParams struct {
 // readRange returns up to p.MaxMsgs live messages from [p.From, p.UpTo] whose subject
 // matches any of filters (all of them when filters is empty), and the sequence through which
 // it looked: nothing between the returned messages and through matched.
-func (db *DB) readRange(ctx context.Context, q Querier, p ReadParams, filters []string) (out []Message, through uint64, err error) {
+func (db *DB) readRange(ctx context.Context, q querier, p ReadParams, filters []string) (out []Message, through uint64, err error) {
 	chunks, err := db.chunks.list(ctx, q, p.StreamID, p.UpTo)
 	if err != nil {
 		return nil, 0, err
@@ -132,7 +132,7 @@ func (w *window) saw(live int, span uint64) {
 // + size - 1)], first being the stream's first sequence, at most limit of them. It returns
 // them and the sequence through which it looked: the window's last, the last row's when it
 // returns limit rows, or first-1 when the stream's first sequence lies beyond the window.
-func readWindow(ctx context.Context, q Querier, streamID, chunk int64, from, end, size uint64, limit int, cond string, arg any) ([]Message, uint64, error) {
+func readWindow(ctx context.Context, q querier, streamID, chunk int64, from, end, size uint64, limit int, cond string, arg any) ([]Message, uint64, error) {
 	args := []any{windowFormats, streamID, int64(from), int64(end), int64(size), limit}
 	if arg != nil {
 		args = append(args, arg)

@@ -64,7 +64,7 @@ type RetainResult struct {
 // lock, and it never updates or deletes a message row.
 func (db *DB) Retain(ctx context.Context, p RetainParams) (RetainResult, error) {
 	var res RetainResult
-	err := db.BackgroundTx(ctx, func(ctx context.Context, q Querier) error {
+	err := db.backgroundTx(ctx, func(ctx context.Context, q querier) error {
 		res = RetainResult{}
 		st, err := lockState(ctx, q, p.StreamID)
 		if err != nil {
@@ -114,7 +114,7 @@ func (db *DB) Retain(ctx context.Context, p RetainParams) (RetainResult, error) 
 // retainer is one Retain transaction.
 type retainer struct {
 	db         *DB
-	q          Querier
+	q          querier
 	st         *stateRow
 	p          *RetainParams
 	tombstoned uint64

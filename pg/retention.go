@@ -22,7 +22,7 @@ type stateRow struct {
 	bytes    uint64
 }
 
-func lockState(ctx context.Context, q Querier, id int64) (*stateRow, error) {
+func lockState(ctx context.Context, q querier, id int64) (*stateRow, error) {
 	st := &stateRow{id: id}
 	err := q.QueryRow(ctx, `SELECT first_seq, last_seq, cum_bytes, msgs, bytes FROM jetgres.stream_state
 		WHERE stream_id = $1 FOR UPDATE`, id).Scan(&st.first, &st.last, &st.cumBytes, &st.msgs, &st.bytes)
@@ -35,7 +35,7 @@ func lockState(ctx context.Context, q Querier, id int64) (*stateRow, error) {
 	return st, nil
 }
 
-func (st *stateRow) save(ctx context.Context, q Querier) error {
+func (st *stateRow) save(ctx context.Context, q querier) error {
 	_, err := q.Exec(ctx, `UPDATE jetgres.stream_state SET first_seq = $2, last_seq = $3, msgs = $4, bytes = $5
 		WHERE stream_id = $1`, st.id, int64(st.first), int64(st.last), int64(st.msgs), int64(st.bytes))
 	if err != nil {
@@ -49,7 +49,7 @@ func (st *stateRow) save(ctx context.Context, q Querier) error {
 // cumulative byte counts at either end and the tombstones in between, never the rows in
 // between, so its cost does not grow with the range removed. It returns how many live
 // messages it removed.
-func (db *DB) advanceFirst(ctx context.Context, q Querier, st *stateRow, target uint64) (uint64, error) {
+func (db *DB) advanceFirst(ctx context.Context, q querier, st *stateRow, target uint64) (uint64, error) {
 	if target <= st.first {
 		return 0, nil
 	}
@@ -84,7 +84,7 @@ func (db *DB) advanceFirst(ctx context.Context, q Querier, st *stateRow, target 
 }
 
 // cumAt is the cumulative byte count before the row at seq, tombstoned or not.
-func (db *DB) cumAt(ctx context.Context, q Querier, id int64, seq uint64) (uint64, error) {
+func (db *DB) cumAt(ctx context.Context, q querier, id int64, seq uint64) (uint64, error) {
 	chunks, err := db.chunks.list(ctx, q, id, seq)
 	if err != nil {
 		return 0, err
@@ -130,7 +130,7 @@ const sqlLive = `NOT EXISTS (SELECT 1 FROM jetgres.deleted d WHERE d.stream_id =
 // tombstoneWhere leaves a tombstone on every live row in [from, upTo] that cond selects, and
 // takes them out of the counts. cond is SQL on the chunk row m; its arguments follow $1
 // (stream id), $2 and $3 (the range). It returns how many rows it removed.
-func (db *DB) tombstoneWhere(ctx context.Context, q Querier, st *stateRow, from, upTo uint64, cond string, args ...any) (uint64, error) {
+func (db *DB) tombstoneWhere(ctx context.Context, q querier, st *stateRow, from, upTo uint64, cond string, args ...any) (uint64, error) {
 	from = max(from, st.first)
 	upTo = min(upTo, st.last)
 	if from > upTo || st.msgs == 0 {
@@ -161,7 +161,7 @@ func (db *DB) tombstoneWhere(ctx context.Context, q Querier, st *stateRow, from,
 }
 
 // settleFirst moves the first sequence past tombstones that now sit at the front.
-func (db *DB) settleFirst(ctx context.Context, q Querier, st *stateRow) error {
+func (db *DB) settleFirst(ctx context.Context, q querier, st *stateRow) error {
 	if st.msgs == 0 {
 		st.first = max(st.first, st.last+1)
 		return nil
@@ -185,7 +185,7 @@ func (db *DB) ExpireOlder(ctx context.Context, id int64, cutoff int64) (uint64, 
 	// Most of the time nothing is due: look at the first message without the lock, so that
 	// the maintainer's once-a-second check does not queue behind appends.
 	due := false
-	err := db.Background(ctx, func(ctx context.Context, q Querier) error {
+	err := db.background(ctx, func(ctx context.Context, q querier) error {
 		var first, last, msgs uint64
 		err := q.QueryRow(ctx, `SELECT first_seq, last_seq, msgs FROM jetgres.stream_state WHERE stream_id = $1`, id).Scan(&first, &last, &msgs)
 		if errors.Is(err, pgx.ErrNoRows) {
@@ -205,7 +205,7 @@ func (db *DB) ExpireOlder(ctx context.Context, id int64, cutoff int64) (uint64, 
 		return 0, err
 	}
 	var removed uint64
-	err = db.BackgroundTx(ctx, func(ctx context.Context, q Querier) error {
+	err = db.backgroundTx(ctx, func(ctx context.Context, q querier) error {
 		st, err := lockState(ctx, q, id)
 		if err != nil || st.msgs == 0 {
 			return err
@@ -244,7 +244,7 @@ func (db *DB) ExpireOlder(ctx context.Context, id int64, cutoff int64) (uint64, 
 // max_bytes hold. It returns how many live messages it removed.
 func (db *DB) EnforceLimits(ctx context.Context, id int64, lim Limits) (uint64, error) {
 	var removed uint64
-	err := db.BackgroundTx(ctx, func(ctx context.Context, q Querier) error {
+	err := db.backgroundTx(ctx, func(ctx context.Context, q querier) error {
 		st, err := lockState(ctx, q, id)
 		if err != nil || st.msgs == 0 {
 			return err
@@ -307,7 +307,7 @@ func (db *DB) EnforceLimits(ctx context.Context, id int64, lim Limits) (uint64, 
 }
 
 // saveIf saves the state row when a transaction removed something.
-func (db *DB) saveIf(ctx context.Context, q Querier, st *stateRow, removed uint64) error {
+func (db *DB) saveIf(ctx context.Context, q querier, st *stateRow, removed uint64) error {
 	if removed == 0 {
 		return nil
 	}
@@ -316,7 +316,7 @@ func (db *DB) saveIf(ctx context.Context, q Querier, st *stateRow, removed uint6
 
 // overPerSubject returns, in order, the live messages of a stream that have more than
 // perSubject newer live messages of their subject.
-func (db *DB) overPerSubject(ctx context.Context, q Querier, st *stateRow, perSubject int64) ([]int64, error) {
+func (db *DB) overPerSubject(ctx context.Context, q querier, st *stateRow, perSubject int64) ([]int64, error) {
 	chunks, err := db.chunks.list(ctx, q, st.id, st.last)
 	if err != nil {
 		return nil, err
@@ -339,7 +339,7 @@ func (db *DB) overPerSubject(ctx context.Context, q Querier, st *stateRow, perSu
 }
 
 // fetchHead reads up to n of the oldest live rows at or after from.
-func (db *DB) fetchHead(ctx context.Context, q Querier, id int64, from uint64, n int) ([]liveRow, error) {
+func (db *DB) fetchHead(ctx context.Context, q querier, id int64, from uint64, n int) ([]liveRow, error) {
 	rows, err := q.Query(ctx, `SELECT seq, size FROM jetgres.stream_head($1, $2, $3)`, id, int64(from), n)
 	if err != nil {
 		return nil, fmt.Errorf("read oldest messages of stream %d: %w", id, err)
@@ -357,7 +357,7 @@ func scanLiveRow(r pgx.CollectableRow) (liveRow, error) {
 // are outside the duplicate window and can no longer match.
 func (db *DB) PruneMsgIDs(ctx context.Context, id int64, cutoff int64) (int64, error) {
 	var n int64
-	err := db.Background(ctx, func(ctx context.Context, q Querier) error {
+	err := db.background(ctx, func(ctx context.Context, q querier) error {
 		tag, err := q.Exec(ctx, `DELETE FROM jetgres.msg_ids WHERE stream_id = $1 AND ts < $2`, id, cutoff)
 		n = tag.RowsAffected()
 		return err

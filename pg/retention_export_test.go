@@ -10,7 +10,7 @@ import (
 // live message (or last + 1), and every sequence in between accounted for by a row or a
 // tombstone.
 func (db *DB) CheckHoldings(ctx context.Context, id int64) error {
-	return db.Background(ctx, func(ctx context.Context, q Querier) error {
+	return db.background(ctx, func(ctx context.Context, q querier) error {
 		var first, last, msgs, bytes uint64
 		if err := q.QueryRow(ctx, `SELECT first_seq, last_seq, msgs, bytes FROM jetgres.stream_state WHERE stream_id = $1`,
 			id).Scan(&first, &last, &msgs, &bytes); err != nil {

@@ -212,7 +212,7 @@ func (h *holdings) kill(r liveRow) {
 }
 
 // evictOld removes the oldest messages until max_msgs and max_bytes hold, for discard old.
-func (h *holdings) evictOld(ctx context.Context, q Querier) error {
+func (h *holdings) evictOld(ctx context.Context, q querier) error {
 	if !h.lim.evictsOld() {
 		return nil
 	}
@@ -235,7 +235,7 @@ func (h *holdings) evictOld(ctx context.Context, q Querier) error {
 
 // front returns the oldest live row, reading more of the oldest rows when it runs out of
 // them. ok is false when the stream holds nothing.
-func (h *holdings) front(ctx context.Context, q Querier) (r liveRow, ok bool, err error) {
+func (h *holdings) front(ctx context.Context, q querier) (r liveRow, ok bool, err error) {
 	for {
 		for h.headPos < len(h.head) {
 			if r := h.head[h.headPos]; !h.dead[r.seq] {
@@ -280,7 +280,7 @@ func (h *holdings) pass() {
 
 // settleFirst sets the first sequence to the oldest live row once removals may have taken
 // the one it named.
-func (h *holdings) settleFirst(ctx context.Context, q Querier) error {
+func (h *holdings) settleFirst(ctx context.Context, q querier) error {
 	if !h.moved {
 		return nil
 	}

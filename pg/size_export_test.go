@@ -10,7 +10,7 @@ import (
 // keyed by path and then by sequence. subject_live reads the given subjects.
 func (db *DB) SQLSizes(ctx context.Context, id int64, subjects []string) (map[string]map[uint64]uint64, error) {
 	out := map[string]map[uint64]uint64{"sqlSize": {}, "stream_head": {}, "subject_live": {}}
-	err := db.Background(ctx, func(ctx context.Context, q Querier) error {
+	err := db.background(ctx, func(ctx context.Context, q querier) error {
 		_, last, err := streamBounds(ctx, q, id)
 		if err != nil {
 			return err

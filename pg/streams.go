@@ -49,7 +49,7 @@ SELECT id, created FROM s`
 // It returns ErrExists when the name is taken.
 func (db *DB) CreateStream(ctx context.Context, name string, config []byte) (Stream, error) {
 	st := Stream{Name: name, Config: config}
-	err := db.BackgroundTx(ctx, func(ctx context.Context, q Querier) error {
+	err := db.backgroundTx(ctx, func(ctx context.Context, q querier) error {
 		if err := q.QueryRow(ctx, sqlCreateStream, name, config).Scan(&st.ID, &st.Created); err != nil {
 			return err
 		}
@@ -72,7 +72,7 @@ func (db *DB) UpdateStreamConfig(ctx context.Context, id int64, config []byte) e
 // execOne runs a background statement that must touch exactly one row: ErrNotFound when it
 // touched none, other errors wrapped with what failed.
 func (db *DB) execOne(ctx context.Context, what, sql string, args ...any) error {
-	err := db.Background(ctx, func(ctx context.Context, q Querier) error {
+	err := db.background(ctx, func(ctx context.Context, q querier) error {
 		tag, err := q.Exec(ctx, sql, args...)
 		if err != nil {
 			return err
@@ -91,7 +91,7 @@ func (db *DB) execOne(ctx context.Context, what, sql string, args ...any) error 
 // DeleteStream removes a stream, its consumers, its de-duplication ids and every chunk
 // table, in one transaction.
 func (db *DB) DeleteStream(ctx context.Context, id int64) error {
-	err := db.BackgroundTx(ctx, func(ctx context.Context, q Querier) error {
+	err := db.backgroundTx(ctx, func(ctx context.Context, q querier) error {
 		rows, err := q.Query(ctx, `SELECT chunk FROM jetgres.chunks WHERE stream_id = $1`, id)
 		if err != nil {
 			return err
@@ -127,7 +127,7 @@ func (db *DB) DeleteStream(ctx context.Context, id int64) error {
 // Streams lists every stream, ordered by name.
 func (db *DB) Streams(ctx context.Context) ([]Stream, error) {
 	var out []Stream
-	err := db.Background(ctx, func(ctx context.Context, q Querier) error {
+	err := db.background(ctx, func(ctx context.Context, q querier) error {
 		rows, err := q.Query(ctx, `SELECT id, name, config, created FROM jetgres.streams ORDER BY name`)
 		if err != nil {
 			return err
@@ -152,7 +152,7 @@ SELECT first_seq, last_seq, last_ts, msgs, bytes FROM jetgres.stream_state WHERE
 // It reads in one snapshot, so that the counts and the first message agree.
 func (db *DB) State(ctx context.Context, id int64) (StreamState, error) {
 	var st StreamState
-	err := db.BackgroundTx(ctx, func(ctx context.Context, q Querier) error {
+	err := db.backgroundTx(ctx, func(ctx context.Context, q querier) error {
 		st = StreamState{}
 		if _, err := q.Exec(ctx, `SET TRANSACTION ISOLATION LEVEL REPEATABLE READ`); err != nil {
 			return err
@@ -192,7 +192,7 @@ type PurgeParams struct {
 // whole chunks later); with a filter it leaves tombstones. No message row is updated or
 // deleted. It returns how many live messages were removed.
 func (db *DB) Purge(ctx context.Context, id int64, p PurgeParams) (purged uint64, err error) {
-	err = db.BackgroundTx(ctx, func(ctx context.Context, q Querier) error {
+	err = db.backgroundTx(ctx, func(ctx context.Context, q querier) error {
 		st, err := lockState(ctx, q, id)
 		if err != nil {
 			return err
@@ -210,7 +210,7 @@ func (db *DB) Purge(ctx context.Context, id int64, p PurgeParams) (purged uint64
 	return purged, err
 }
 
-func (db *DB) purge(ctx context.Context, q Querier, st *stateRow, p PurgeParams) error {
+func (db *DB) purge(ctx context.Context, q querier, st *stateRow, p PurgeParams) error {
 	if p.UpTo == 1 {
 		// Up to, but not including, the first sequence there can be.
 		return nil
@@ -261,7 +261,7 @@ func (db *DB) purge(ctx context.Context, q Querier, st *stateRow, p PurgeParams)
 
 // newestNth returns the sequence of the n-th newest live message that cond (built by
 // subjectMatch for placeholder $4) selects; ok is false when there are fewer than n.
-func (db *DB) newestNth(ctx context.Context, q Querier, st *stateRow, cond string, arg any, n uint64) (seq uint64, ok bool, err error) {
+func (db *DB) newestNth(ctx context.Context, q querier, st *stateRow, cond string, arg any, n uint64) (seq uint64, ok bool, err error) {
 	if st.msgs < n {
 		return 0, false, nil
 	}
@@ -296,7 +296,7 @@ func (db *DB) newestNth(ctx context.Context, q Querier, st *stateRow, cond strin
 // first message moves the stream's first sequence instead. It returns ErrNotFound when the
 // sequence holds no live message.
 func (db *DB) DeleteMessage(ctx context.Context, id int64, seq uint64) error {
-	err := db.BackgroundTx(ctx, func(ctx context.Context, q Querier) error {
+	err := db.backgroundTx(ctx, func(ctx context.Context, q querier) error {
 		st, err := lockState(ctx, q, id)
 		if err != nil {
 			return err

@@ -10,7 +10,7 @@ import (
 // perSubject runs one per-subject query on each chunk of a stream up to upTo, over the live
 // rows whose subject matches filters (all when empty): SELECT <sel> ... <tail>, where sel
 // yields a subject and a number, each row handed to row.
-func (db *DB) perSubject(ctx context.Context, q Querier, streamID int64, filters []string, upTo uint64, sel, tail string, row func(subject string, n int64)) error {
+func (db *DB) perSubject(ctx context.Context, q querier, streamID int64, filters []string, upTo uint64, sel, tail string, row func(subject string, n int64)) error {
 	chunks, err := db.chunks.list(ctx, q, streamID, upTo)
 	if err != nil {
 		return err
@@ -50,7 +50,7 @@ func (db *DB) perSubject(ctx context.Context, q Querier, streamID int64, filters
 // a stream info request with subjects_filter.
 func (db *DB) SubjectTotals(ctx context.Context, streamID int64, filter string) (map[string]uint64, error) {
 	totals := make(map[string]uint64)
-	err := db.Background(ctx, func(ctx context.Context, q Querier) error {
+	err := db.background(ctx, func(ctx context.Context, q querier) error {
 		_, last, err := streamBounds(ctx, q, streamID)
 		if err != nil {
 			return err
@@ -68,7 +68,7 @@ func (db *DB) SubjectTotals(ctx context.Context, streamID int64, filter string) 
 // were removed one by one: the deleted details of a stream info request.
 func (db *DB) DeletedSeqs(ctx context.Context, streamID int64) ([]uint64, error) {
 	var out []uint64
-	err := db.Background(ctx, func(ctx context.Context, q Querier) error {
+	err := db.background(ctx, func(ctx context.Context, q querier) error {
 		rows, err := q.Query(ctx, `SELECT d.seq FROM jetgres.deleted d JOIN jetgres.stream_state st USING (stream_id)
 			WHERE d.stream_id = $1 AND d.seq >= st.first_seq AND d.seq <= st.last_seq ORDER BY d.seq`, streamID)
 		if err != nil {

@@ -18,7 +18,7 @@ import (
 
 	"go.uber.org/goleak"
 
-	"github.com/jetgres/jetgres/pg"
+	"github.com/jetgres/jetgres/pg/pgtest/rawsql"
 )
 
 // helperEnv makes the test binary act as a jetgres that starts a cluster and then waits to be
@@ -91,23 +91,21 @@ func stop(t *testing.T, c *Cluster) {
 	}
 }
 
-// query runs one single-row query on the cluster through package pg.
+// query runs one single-row query on the cluster, on a connection of the test's own.
 func query(t *testing.T, c *Cluster, sql string, dest ...any) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
-	db, err := pg.Open(ctx, pg.Config{URL: c.DSN(), MaxConns: 2})
+	db, err := rawsql.Connect(ctx, c.DSN())
 	if err != nil {
-		t.Fatalf("pg.Open(%s): %v", c.DSN(), err)
+		t.Fatalf("rawsql.Connect(%s): %v", c.DSN(), err)
 	}
 	defer db.Close()
-	err = db.Background(ctx, func(ctx context.Context, q pg.Querier) error {
-		if len(dest) == 0 {
-			_, err := q.Exec(ctx, sql)
-			return err
-		}
-		return q.QueryRow(ctx, sql).Scan(dest...)
-	})
+	if len(dest) == 0 {
+		err = db.Exec(ctx, sql)
+	} else {
+		err = db.QueryRow(ctx, sql).Scan(dest...)
+	}
 	if err != nil {
 		t.Fatalf("%s: %v", sql, err)
 	}

@@ -44,6 +44,7 @@ import (
 
 	"github.com/jetgres/jetgres/embedded/localpg"
 	"github.com/jetgres/jetgres/pg"
+	"github.com/jetgres/jetgres/pg/pgtest/rawsql"
 )
 
 // EnvURL names the environment variable that points the tests at an existing server.
@@ -74,7 +75,7 @@ var (
 
 type testServer struct {
 	url     string // maintenance database: CREATE and DROP DATABASE run here
-	admin   *pg.DB
+	admin   *rawsql.DB
 	cluster *localpg.Cluster // nil with JETGRES_TEST_DATABASE_URL
 	dir     string
 	err     error // a failed start fails every later test the same way
@@ -160,10 +161,7 @@ func NewDBWith(t testing.TB, options string) (url string) {
 }
 
 func (s *testServer) exec(ctx context.Context, sql string) error {
-	return s.admin.Background(ctx, func(ctx context.Context, q pg.Querier) error {
-		_, err := q.Exec(ctx, sql)
-		return err
-	})
+	return s.admin.Exec(ctx, sql)
 }
 
 func get(t testing.TB) *testServer {
@@ -192,14 +190,12 @@ func start() *testServer {
 			return s
 		}
 	}
-	s.admin, s.err = pg.Open(ctx, pg.Config{URL: s.url, MaxConns: 4})
+	s.admin, s.err = rawsql.Connect(ctx, s.url)
 	if s.err != nil {
 		return s
 	}
 	var version int
-	s.err = s.admin.Background(ctx, func(ctx context.Context, q pg.Querier) error {
-		return q.QueryRow(ctx, `SELECT current_setting('server_version_num')::int`).Scan(&version)
-	})
+	s.err = s.admin.QueryRow(ctx, `SELECT current_setting('server_version_num')::int`).Scan(&version)
 	if version >= 150000 {
 		s.strategy = " STRATEGY FILE_COPY"
 	}

@@ -1,22 +1,19 @@
 package pgtest
 
 import (
-	"context"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/jetgres/jetgres/pg"
+	"github.com/jetgres/jetgres/pg/pgtest/rawsql"
 )
 
 func TestMain(m *testing.M) { Main(m) }
 
-func currentDatabase(t *testing.T, db *pg.DB) string {
+func currentDatabase(t *testing.T, url string) string {
 	t.Helper()
 	var name string
-	if err := db.Background(t.Context(), func(ctx context.Context, q pg.Querier) error {
-		return q.QueryRow(ctx, `SELECT current_database()`).Scan(&name)
-	}); err != nil {
+	if err := rawsql.Open(t, url).QueryRow(t.Context(), `SELECT current_database()`).Scan(&name); err != nil {
 		t.Fatal(err)
 	}
 	return name
@@ -28,39 +25,28 @@ func TestDatabasesAreFreshAndDropped(t *testing.T) {
 		start := time.Now()
 		url := NewDB(t)
 		t.Logf("NewDB (first use: starts the cluster): %v", time.Since(start))
-		first = currentDatabase(t, open(t, url))
+		first = currentDatabase(t, url)
 	})
 	t.Run("second", func(t *testing.T) {
 		start := time.Now()
-		db := Open(t)
-		t.Logf("Open (CREATE DATABASE, connect, migrate): %v", time.Since(start))
-		second = currentDatabase(t, db)
+		url := NewDB(t)
+		OpenAt(t, url)
+		t.Logf("NewDB and OpenAt (CREATE DATABASE, connect, migrate): %v", time.Since(start))
+		second = currentDatabase(t, url)
 	})
 	if first == second || !strings.HasPrefix(first, "t_testdatabasesarefreshanddropped_first_") {
 		t.Errorf("database names %q and %q", first, second)
 	}
 	start := time.Now()
-	db := open(t, NewDB(t))
+	db := rawsql.Open(t, NewDB(t))
 	t.Logf("NewDB on a running cluster: %v", time.Since(start))
 	var n int
-	if err := db.Background(t.Context(), func(ctx context.Context, q pg.Querier) error {
-		return q.QueryRow(ctx, `SELECT count(*) FROM pg_database WHERE datname IN ($1, $2)`, first, second).Scan(&n)
-	}); err != nil {
+	if err := db.QueryRow(t.Context(), `SELECT count(*) FROM pg_database WHERE datname IN ($1, $2)`, first, second).Scan(&n); err != nil {
 		t.Fatal(err)
 	}
 	if n != 0 {
 		t.Errorf("%d of the finished tests' databases still exist", n)
 	}
-}
-
-func open(t *testing.T, url string) *pg.DB {
-	t.Helper()
-	db, err := pg.Open(t.Context(), pg.Config{URL: url, MaxConns: 2})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(db.Close)
-	return db
 }
 
 func TestWithDatabase(t *testing.T) {

@@ -37,12 +37,12 @@ type Config struct {
 	MaxConns int32
 
 	// StmtTimeout bounds each hot-path call (Append, ReadFiltered, WriteCursor, Ping), and
-	// separately its wait for a connection.
-	// Defaults to StmtTimeoutDefault.
+	// separately its wait for a connection. Defaults to StmtTimeoutDefault.
 	StmtTimeout time.Duration
 
 	// BackgroundTimeout bounds each call of the other methods (administration, retention, point
-	// reads, metrics), and separately its wait for a connection. Defaults to BackgroundTimeoutDefault.
+	// reads, metrics), and separately its wait for a connection. Defaults to
+	// BackgroundTimeoutDefault.
 	BackgroundTimeout time.Duration
 
 	// Logger receives pg's records. Defaults to discarding them.

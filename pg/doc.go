@@ -1,8 +1,8 @@
 // Package pg is jetgres's only door to PostgreSQL: it owns every SQL statement, the connection
 // pool, the embedded schema migrations and the statement timeouts. No other package imports
 // pgx, and no pgx type appears in its API; callers use methods on *DB, in pg's own types, and
-// test pg's own sentinel errors (ErrTimeout, ErrNotFound, …), never pgx's. Only the test
-// helpers under pgtest import pgx besides, to give tests a database and raw SQL of their own.
+// test pg's own sentinel errors (ErrTimeout, ErrNotFound, …), never pgx's. Besides pg, only
+// the test helpers under pgtest import pgx, to give tests a database and raw SQL of their own.
 //
 // Three ways to run work, matching the flow control in the design:
 //

@@ -46,10 +46,9 @@ const closeTimeout = time.Second
 
 // hot runs fn on one pooled connection under the statement timeout, for the hot-path methods
 // (Append, ReadFiltered, WriteCursor), which hand the round trip to the caller's Vegas limiter.
-// It returns the round trip:
-// the time from having the connection to fn returning, recorded whatever the outcome (waiting
-// for the connection is not included; rtt is zero when no connection was had, and then there
-// is nothing to record). On timeout the statement is cancelled on the server (an out-of-band
+// It returns the round trip: the time from having the connection to fn returning, recorded
+// whatever the outcome (waiting for the connection is not included; rtt is zero when no
+// connection was had, and then there is nothing to record). On timeout the statement is cancelled on the server (an out-of-band
 // cancel request) and the connection is destroyed, never returned to the pool; the error wraps
 // ErrTimeout. The wait for a connection is bounded by ctx and, separately, by the statement
 // timeout. fn's own errors are returned unchanged; fn must not keep q or rows past its return.

@@ -115,7 +115,7 @@ func (c *Config) validate() error {
 		{"CursorInterval", int64(c.CursorInterval)},
 	} {
 		if f.v < 0 {
-			errs = append(errs, fmt.Errorf("Config.%s must not be negative, got %d", f.name, f.v))
+			errs = append(errs, fmt.Errorf("%s must not be negative, got %d", "Config."+f.name, f.v))
 		}
 	}
 	if c.TickPeriod < 0 || (c.TickPeriod > 0 && c.TickPeriod < tickPeriodMin) {

@@ -219,8 +219,12 @@ func (c *consumer) floorMoved() {
 		w.wg.Add(1)
 	}
 	w.mu.Unlock()
-	if start {
-		c.cs.wg.Go(c.writeCursors)
+	if start && !c.cs.g.Go(c.writeCursors) {
+		// Stopping: the final write is flushCursor's.
+		w.mu.Lock()
+		w.inflight = false
+		w.mu.Unlock()
+		w.wg.Done()
 	}
 }
 
@@ -343,10 +347,14 @@ func (c *consumer) cursorParams(f consumerstate.Pair) pg.CursorParams {
 // graceful stop loses no ack. ctx bounds it.
 func (c *consumer) flushCursor(ctx context.Context) {
 	done := make(chan struct{})
-	go func() {
+	// On the consumer side's group, so that when ctx gives up first the group's Stop still
+	// waits for this goroutine. The group stops after flushCursor; stopped, it has no writer.
+	if !c.cs.g.Go(func() {
 		c.cw.wg.Wait()
 		close(done)
-	}()
+	}) {
+		close(done)
+	}
 	select {
 	case <-done:
 	case <-ctx.Done():

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -14,6 +13,7 @@ import (
 
 	"github.com/jetgres/jetgres/embedded/leaf"
 	"github.com/jetgres/jetgres/flow"
+	"github.com/jetgres/jetgres/internal/startstop"
 	"github.com/jetgres/jetgres/pg"
 )
 
@@ -36,9 +36,15 @@ const (
 	// StreamSyncPeriodDefault is how often the stream list is re-read from PostgreSQL to
 	// pick up streams that another replica created, changed or deleted.
 	StreamSyncPeriodDefault = 5 * time.Second
+	// MaxPayloadDefault is nats-server's own default max_payload.
+	MaxPayloadDefault = 1 << 20
+
+	// tickPeriodMin is the shortest TickPeriod taken: every tick is a database statement.
+	tickPeriodMin = time.Millisecond
 )
 
-// Config configures a Bridge. DB, Link, Push, Pop and Ack are required.
+// Config configures a Bridge. DB, Link, Push, Pop, Ack and ReplicaName are required. A zero
+// value in any other field means its default; a negative one is refused.
 type Config struct {
 	DB   *pg.DB
 	Link *leaf.Conn
@@ -47,7 +53,8 @@ type Config struct {
 	// Ack is the lane of consumer cursor writes. They are not pushes: a one-row update
 	// takes a fraction of an append's round trip, and sharing the push lane's rtt_base
 	// with them made every append read as congestion.
-	Ack    *flow.Lane
+	Ack *flow.Lane
+	// Logger receives the bridge's records. Defaults to discarding them.
 	Logger *slog.Logger
 	// Registerer receives the bridge's metrics. Nil registers nothing.
 	Registerer prometheus.Registerer
@@ -71,57 +78,87 @@ type Config struct {
 	CursorInterval time.Duration
 	// ReplicaName identifies this process in consumer leases: a replica that restarts
 	// under the same name takes its leases back at once, so it must be stable across
-	// restarts and unique among replicas. Defaults to the host name.
+	// restarts and unique among replicas. Required: only the caller knows what tells its
+	// replicas apart (jetgres serve names them <host>:<NATS port>).
 	ReplicaName string
 	// MaxPayload is the largest message the embedded server accepts; streams without a
 	// max_msg_size report it. Defaults to 1 MiB.
 	MaxPayload int32
 }
 
-func (c *Config) setDefaults() error {
-	switch {
-	case c.DB == nil:
-		return errors.New("bridge: Config.DB is required")
-	case c.Link == nil:
-		return errors.New("bridge: Config.Link is required")
-	case c.Push == nil || c.Pop == nil || c.Ack == nil:
-		return errors.New("bridge: Config.Push, Config.Pop and Config.Ack are required")
+// validate refuses a configuration that is missing what it needs or holds a negative or
+// absurd value, naming every field at fault.
+func (c *Config) validate() error {
+	var errs []error
+	if c.DB == nil {
+		errs = append(errs, errors.New("Config.DB is required"))
 	}
-	if c.Logger == nil {
-		c.Logger = slog.New(slog.DiscardHandler)
+	if c.Link == nil {
+		errs = append(errs, errors.New("Config.Link is required"))
 	}
-	if c.IntakeBytes <= 0 {
-		c.IntakeBytes = IntakeBytesDefault
-	}
-	if c.IntakeTotalBytes <= 0 {
-		c.IntakeTotalBytes = IntakeTotalBytesDefault
-	}
-	if c.TailTotalBytes <= 0 {
-		c.TailTotalBytes = TailTotalBytesDefault
-	}
-	if c.FlushMaxMsgs <= 0 {
-		c.FlushMaxMsgs = FlushMaxMsgsDefault
-	}
-	if c.FlushMaxStreams <= 0 {
-		c.FlushMaxStreams = FlushMaxStreamsDefault
-	}
-	if c.TickPeriod <= 0 {
-		c.TickPeriod = TickPeriodDefault
-	}
-	if c.CursorInterval <= 0 {
-		c.CursorInterval = CursorIntervalDefault
+	if c.Push == nil || c.Pop == nil || c.Ack == nil {
+		errs = append(errs, errors.New("Config.Push, Config.Pop and Config.Ack are required"))
 	}
 	if c.ReplicaName == "" {
-		c.ReplicaName, _ = os.Hostname()
-		if c.ReplicaName == "" {
-			c.ReplicaName = "jetgres"
+		errs = append(errs, errors.New("Config.ReplicaName is required"))
+	}
+	for _, f := range []struct {
+		name string
+		v    int64
+	}{
+		{"IntakeBytes", int64(c.IntakeBytes)},
+		{"IntakeTotalBytes", int64(c.IntakeTotalBytes)},
+		{"TailTotalBytes", int64(c.TailTotalBytes)},
+		{"FlushMaxMsgs", int64(c.FlushMaxMsgs)},
+		{"FlushMaxStreams", int64(c.FlushMaxStreams)},
+		{"MaxPayload", int64(c.MaxPayload)},
+		{"CursorInterval", int64(c.CursorInterval)},
+	} {
+		if f.v < 0 {
+			errs = append(errs, fmt.Errorf("%s must not be negative, got %d", "Config."+f.name, f.v))
 		}
 	}
-	if c.MaxPayload <= 0 {
-		c.MaxPayload = 1 << 20
+	if c.TickPeriod < 0 || (c.TickPeriod > 0 && c.TickPeriod < tickPeriodMin) {
+		errs = append(errs, fmt.Errorf("Config.TickPeriod must be 0 (the default) or at least %s, got %s", tickPeriodMin, c.TickPeriod))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("bridge: %w", err)
 	}
 	return nil
 }
+
+func (c *Config) applyDefaults() {
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	if c.IntakeBytes == 0 {
+		c.IntakeBytes = IntakeBytesDefault
+	}
+	if c.IntakeTotalBytes == 0 {
+		c.IntakeTotalBytes = IntakeTotalBytesDefault
+	}
+	if c.TailTotalBytes == 0 {
+		c.TailTotalBytes = TailTotalBytesDefault
+	}
+	if c.FlushMaxMsgs == 0 {
+		c.FlushMaxMsgs = FlushMaxMsgsDefault
+	}
+	if c.FlushMaxStreams == 0 {
+		c.FlushMaxStreams = FlushMaxStreamsDefault
+	}
+	if c.TickPeriod == 0 {
+		c.TickPeriod = TickPeriodDefault
+	}
+	if c.CursorInterval == 0 {
+		c.CursorInterval = CursorIntervalDefault
+	}
+	if c.MaxPayload == 0 {
+		c.MaxPayload = MaxPayloadDefault
+	}
+}
+
+// errStopping is what work refused because the bridge is stopping fails with.
+var errStopping = errors.New("bridge: stopping")
 
 // Bridge serves JetStream on top of PostgreSQL through a leafnode link.
 type Bridge struct {
@@ -131,10 +168,14 @@ type Bridge struct {
 	log  *slog.Logger
 	pm   *pushMetrics
 
-	// ctx lives from Start to the end of Stop; background work derives from it.
-	ctx    context.Context
-	cancel context.CancelFunc
-	wg     sync.WaitGroup
+	// bg runs the background work: API workers, the flush dispatcher, the stream sync loop
+	// and the retention maintainer. ctx is its context, from Start until Stop cancels it.
+	bg  startstop.Group
+	ctx context.Context
+	// flushes runs the push transactions. They outlive bg's cancellation, so that what was
+	// taken in is committed and answered; flushCtx ends only when Stop's deadline passes.
+	flushes  startstop.Group
+	flushCtx context.Context
 
 	// adminMu serialises stream create, update and delete, so that overlap checks and the
 	// subject subscriptions agree with what PostgreSQL holds.
@@ -150,15 +191,15 @@ type Bridge struct {
 	cons       *consumerSide
 	maintainer atomic.Pointer[maintainer] // retention; nil outside Start .. Stop
 
-	flushes  sync.WaitGroup
 	stopOnce sync.Once
 }
 
 // New checks the configuration and builds a Bridge; Start makes it serve.
 func New(cfg Config) (*Bridge, error) {
-	if err := cfg.setDefaults(); err != nil {
+	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
+	cfg.applyDefaults()
 	b := &Bridge{
 		cfg:     cfg,
 		db:      cfg.DB,
@@ -174,26 +215,40 @@ func New(cfg Config) (*Bridge, error) {
 }
 
 // Start loads the streams from PostgreSQL, subscribes their subjects and the JetStream API,
-// and starts the background work. It returns once the bridge serves.
-func (b *Bridge) Start(ctx context.Context) error {
-	b.ctx, b.cancel = context.WithCancel(context.WithoutCancel(ctx))
+// and starts the background work. It returns once the bridge serves. ctx bounds the start
+// only; cancelling it later stops nothing. A bridge starts once: a second Start fails, and so
+// does a Start after Stop. A Start that fails stops whatever it had started, as Stop does, so
+// that nothing keeps running; a Stop after it does nothing more.
+func (b *Bridge) Start(ctx context.Context) (err error) {
+	bctx, err := b.bg.Start(context.WithoutCancel(ctx))
+	if err != nil {
+		return fmt.Errorf("bridge: start: %w", err)
+	}
+	b.ctx = bctx
+	if b.flushCtx, err = b.flushes.Start(context.WithoutCancel(ctx)); err != nil {
+		return fmt.Errorf("bridge: start: %w", err)
+	}
+	defer func() {
+		if err != nil {
+			_ = b.Stop(ctx)
+		}
+	}()
+	// Stream subjects are subscribed from here on, and a failed start drains what their
+	// publishes left in the ready queue: the dispatcher comes first.
+	b.bg.Go(b.dispatchFlushes)
 	if err := b.syncStreams(ctx); err != nil {
-		b.cancel()
 		return fmt.Errorf("bridge: load streams: %w", err)
 	}
 	for range APIWorkersDefault {
-		b.wg.Go(b.apiWorker)
+		b.bg.Go(b.apiWorker)
 	}
-	b.wg.Go(b.dispatchFlushes)
-	b.wg.Go(b.streamSyncLoop)
-	if err := b.startConsumers(b.ctx); err != nil {
-		b.cancel()
+	b.bg.Go(b.streamSyncLoop)
+	if err := b.startConsumers(ctx); err != nil {
 		return fmt.Errorf("bridge: start consumers: %w", err)
 	}
 	b.startRetention()
 	sub, err := b.link.Subscribe("$JS.API.>", "", b.onAPI)
 	if err != nil {
-		b.cancel()
 		return fmt.Errorf("bridge: subscribe $JS.API.>: %w", err)
 	}
 	b.apiSub = sub
@@ -206,7 +261,10 @@ func (b *Bridge) Start(ctx context.Context) error {
 }
 
 // Stop stops taking new work, lets every flush in flight commit and answer its publishers,
-// and stops the background work. ctx bounds the drain. Stop is safe to call twice.
+// and stops the background work. ctx bounds the drain: once it ends, the flushes still in
+// flight are cancelled (their publishers get an error or no answer). Either way every
+// goroutine the bridge started has returned when Stop does. Stop is safe to call twice,
+// before Start and after a failed Start.
 func (b *Bridge) Stop(ctx context.Context) error {
 	var err error
 	b.stopOnce.Do(func() {
@@ -219,23 +277,17 @@ func (b *Bridge) Stop(ctx context.Context) error {
 		}
 		b.mu.RUnlock()
 		// Everything already taken in still gets committed and answered.
-		done := make(chan struct{})
-		go func() {
-			b.drainIntake()
-			b.flushes.Wait()
-			close(done)
-		}()
-		select {
-		case <-done:
-		case <-ctx.Done():
-			err = fmt.Errorf("bridge: drain: %w", ctx.Err())
+		if e := b.drainIntake(ctx); e != nil {
+			err = fmt.Errorf("bridge: drain: %w", e)
 		}
 		b.stopConsumers(ctx)
-		if b.cancel != nil {
-			b.cancel()
-		}
-		b.wg.Wait()
+		b.bg.Stop()
 		b.stopRetention()
+		// The dispatcher may have started a last flush after the drain looked.
+		if e := b.flushes.Wait(ctx); e != nil && err == nil {
+			err = fmt.Errorf("bridge: drain: %w", e)
+		}
+		b.flushes.Stop()
 	})
 	return err
 }

@@ -646,11 +646,14 @@ func (c *consumer) prefetch(ctx context.Context) {
 	c.pf = pf
 	p := pg.ReadParams{StreamID: c.sc.s.id, From: from, UpTo: hw, MaxMsgs: readAheadMax, MaxBytes: readAheadBytes}
 	filters := c.filters()
-	c.cs.wg.Go(func() {
+	if !c.cs.g.Go(func() {
 		pf.msgs, pf.through, pf.err = c.cs.readPop(ctx, p, filters)
 		close(pf.done)
 		c.signal()
-	})
+	}) {
+		pf.err = errStopping
+		close(pf.done)
+	}
 }
 
 // takePrefetch appends the background read to the read-ahead, waiting for it if it is

@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/jetgres/jetgres/embedded/leaf"
+	"github.com/jetgres/jetgres/internal/startstop"
 	"github.com/jetgres/jetgres/pg"
 )
 
@@ -41,12 +42,13 @@ const (
 // consumerSide is the consumer half of the bridge: every pull consumer this process serves,
 // the tails of their streams, the ack subscription, the ticker and the lease keeper.
 type consumerSide struct {
-	b       *Bridge
-	owner   string
-	m       *consumerMetrics
+	b     *Bridge
+	owner string
+	m     *consumerMetrics
+	// g runs the ticker, the lease keeper, every consumer's goroutine and their background
+	// reads and cursor writes; ctx is its context, nil until startConsumers.
+	g       startstop.Group
 	ctx     context.Context
-	cancel  context.CancelFunc
-	wg      sync.WaitGroup
 	ackSub  *leaf.Subscription
 	kick    chan struct{}
 	activeN chan struct{} // activation slots
@@ -109,24 +111,27 @@ func (b *Bridge) initConsumers(reg prometheus.Registerer) {
 }
 
 // startConsumers subscribes the ack subjects, takes the leases of every stored consumer it
-// can and starts serving them, the ticker and the lease keeper.
+// can and starts serving them, the ticker and the lease keeper. ctx bounds the loading; the
+// consumers live until stopConsumers, which also undoes a start that failed part-way.
 func (b *Bridge) startConsumers(ctx context.Context) error {
 	cs := b.cs()
-	cs.ctx, cs.cancel = context.WithCancel(ctx)
+	cctx, err := cs.g.Start(b.ctx)
+	if err != nil {
+		return err
+	}
+	cs.ctx = cctx
 	for _, s := range b.streamList() {
 		if err := cs.loadStream(ctx, s); err != nil {
-			cs.cancel()
 			return err
 		}
 	}
 	sub, err := b.link.SubscribeBorrowed(ackPrefix+">", "", cs.onAck)
 	if err != nil {
-		cs.cancel()
 		return err
 	}
 	cs.ackSub = sub
-	cs.wg.Go(cs.tickLoop)
-	cs.wg.Go(cs.leaseLoop)
+	cs.g.Go(cs.tickLoop)
+	cs.g.Go(cs.leaseLoop)
 	return nil
 }
 
@@ -134,7 +139,11 @@ func (b *Bridge) startConsumers(ctx context.Context) error {
 // writes every floor not yet persisted and gives the leases back. ctx bounds the wait.
 func (b *Bridge) stopConsumers(ctx context.Context) {
 	cs := b.cs()
-	if cs == nil || cs.cancel == nil {
+	if cs == nil {
+		return
+	}
+	if cs.ctx == nil {
+		cs.g.Stop() // never started, and now never will
 		return
 	}
 	if cs.ackSub != nil {
@@ -158,8 +167,7 @@ func (b *Bridge) stopConsumers(ctx context.Context) {
 	for _, c := range all {
 		c.flushCursor(ctx)
 	}
-	cs.cancel()
-	cs.wg.Wait()
+	cs.g.Stop()
 	if err := b.db.ReleaseConsumerLeases(context.WithoutCancel(ctx), cs.owner); err != nil {
 		b.log.Warn("releasing consumer leases failed", "err", err)
 	}
@@ -346,7 +354,11 @@ func (cs *consumerSide) activate(ctx context.Context, sc *streamConsumers, row p
 	}
 	sc.cons[c.name] = c
 	sc.mu.Unlock()
-	cs.wg.Go(c.run)
+	if !cs.g.Go(c.run) {
+		cs.remove(c)
+		close(c.done) // for a stop that listed it meanwhile
+		return nil, errStopping
+	}
 	return c, nil
 }
 
@@ -369,7 +381,7 @@ func (cs *consumerSide) activateLater(streamName, consumerName string, ev event)
 		_ = cs.b.link.Publish(ev.reply, "", statusHeader(503, "No Responders"), nil)
 		return
 	}
-	cs.wg.Go(func() {
+	if !cs.g.Go(func() {
 		defer func() { <-cs.activeN }()
 		c, err := cs.ensure(cs.ctx, streamName, consumerName)
 		switch {
@@ -380,7 +392,10 @@ func (cs *consumerSide) activateLater(streamName, consumerName string, ev event)
 		case !c.post(ev):
 			_ = cs.b.link.Publish(ev.reply, "", statusHeader(409, descMaxWaiting), nil)
 		}
-	})
+	}) {
+		<-cs.activeN
+		_ = cs.b.link.Publish(ev.reply, "", statusHeader(503, "No Responders"), nil)
+	}
 }
 
 // ensure returns the consumer, loading it from PostgreSQL if its lease can be taken.

@@ -33,6 +33,9 @@ type testBundle struct {
 type setupOpts struct {
 	db     *pg.DB // reuse a database (restart tests); nil opens a fresh one
 	config func(*Config)
+	// unstarted leaves the bridge built but not started, for tests of Start itself; the
+	// cleanup stops it all the same.
+	unstarted bool
 }
 
 // setup starts the real pieces: PostgreSQL (one cluster per test process, a database per
@@ -74,7 +77,7 @@ func setup(t testing.TB, opts ...setupOpts) *testBundle {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg := Config{DB: tb.db, Link: tb.link, Push: push, Pop: pop, Ack: ack, Logger: logger, Registerer: tb.reg}
+	cfg := Config{DB: tb.db, Link: tb.link, Push: push, Pop: pop, Ack: ack, Logger: logger, Registerer: tb.reg, ReplicaName: "bridge-test"}
 	if o.config != nil {
 		o.config(&cfg)
 	}
@@ -82,8 +85,10 @@ func setup(t testing.TB, opts ...setupOpts) *testBundle {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := tb.bridge.Start(ctx); err != nil {
-		t.Fatalf("start bridge: %v", err)
+	if !o.unstarted {
+		if err := tb.bridge.Start(ctx); err != nil {
+			t.Fatalf("start bridge: %v", err)
+		}
 	}
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)

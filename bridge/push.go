@@ -204,8 +204,12 @@ func (b *Bridge) kickLocked(s *stream) {
 	}
 	if p, ok := b.cfg.Push.TryAcquire(); ok {
 		in.flushing = true
-		b.flushes.Add(1)
-		go b.flush(p, []*stream{s})
+		if !b.flushes.Go(func() { b.flush(p, []*stream{s}) }) {
+			// The bridge stopped: what is left goes unanswered, like any publish it never
+			// acknowledged, and the publisher retries elsewhere.
+			in.flushing = false
+			p.Abandon()
+		}
 		return
 	}
 	in.queued = true
@@ -239,15 +243,16 @@ func (b *Bridge) dispatchFlushes() {
 			g.in.flushing = true
 			g.in.mu.Unlock()
 		}
-		b.flushes.Add(1)
-		go b.flush(p, group)
+		if !b.flushes.Go(func() { b.flush(p, group) }) {
+			p.Abandon() // the bridge stopped, see kickLocked
+			return
+		}
 	}
 }
 
 // flush commits what the given streams have accumulated in one transaction, answers every
 // publisher after the commit, and hands the committed rows to the consumers.
 func (b *Bridge) flush(p *flow.Permit, group []*stream) {
-	defer b.flushes.Done()
 	batches := make([]pg.AppendBatch, 0, len(group))
 	taken := make(map[int64][]publish, len(group))
 	for _, s := range group {
@@ -293,8 +298,8 @@ func (b *Bridge) flush(p *flow.Permit, group []*stream) {
 	} else {
 		b.pm.batchTx.Observe(float64(len(batches)))
 		// The flush is not tied to a request: it must finish and answer even while the
-		// bridge stops, so only the statement timeout bounds it.
-		results, rtt, err := b.db.Append(context.WithoutCancel(b.ctx), batches, time.Now().UnixNano())
+		// bridge stops, so only the statement timeout and Stop's deadline bound it.
+		results, rtt, err := b.db.Append(b.flushCtx, batches, time.Now().UnixNano())
 		giveBack(p, rtt, err)
 		b.pm.commit.Observe(rtt.Seconds())
 		byID := make(map[int64]*stream, len(group))
@@ -470,22 +475,24 @@ func (b *Bridge) answer(s *stream, pubs []publish, r pg.AppendResult) {
 	}
 }
 
-// drainIntake flushes whatever is still buffered, for Stop: nothing taken in is lost.
-func (b *Bridge) drainIntake() {
+// drainIntake flushes whatever is still buffered, for Stop: nothing taken in is lost. It
+// returns once every flush committed and answered, or with ctx's error.
+func (b *Bridge) drainIntake(ctx context.Context) error {
 	for _, s := range b.streamList() {
 		s.in.mu.Lock()
 		b.kickLocked(s)
 		s.in.mu.Unlock()
 	}
 	// Streams parked in the ready queue still need a permit; the dispatcher is running
-	// until the bridge context ends, which happens only after this drain.
+	// until the background work stops, which happens only after this drain.
 	for !b.ready.empty() {
 		select {
-		case <-b.ctx.Done():
-			return
+		case <-ctx.Done():
+			return ctx.Err()
 		case <-time.After(time.Millisecond):
 		}
 	}
+	return b.flushes.Wait(ctx)
 }
 
 // closeIntake answers everything still buffered in s with e and takes no more: the stream

@@ -53,10 +53,11 @@ func (b *Bridge) maint() *maintainer { return b.maintainer.Load() }
 func (b *Bridge) startRetention() {
 	m := &maintainer{b: b, kick: make(chan struct{}, 1), lastPrune: time.Now()}
 	b.maintainer.Store(m)
-	b.wg.Go(m.run)
+	b.bg.Go(m.run)
 }
 
-// stopRetention forgets the maintainer; its goroutine ends with the bridge's context.
+// stopRetention forgets the maintainer, for Stop once the background work it runs in has
+// stopped.
 func (b *Bridge) stopRetention() { b.maintainer.Store(nil) }
 
 // retained is a stream's interest and workqueue retention state.

@@ -158,11 +158,6 @@ func (n *node) start(ctx context.Context) error {
 	n.onStop("leafnode link", func(context.Context) error { return n.link.Close() })
 	n.reg.MustRegister(leafCollector(n.link))
 
-	replica := cfg.ReplicaName
-	if replica == "" {
-		hostname, _ := os.Hostname()
-		replica = net.JoinHostPort(hostname, strconv.Itoa(n.nats.NATSServer().Addr().(*net.TCPAddr).Port))
-	}
 	br, err := bridge.New(bridge.Config{
 		DB:               n.db,
 		Link:             n.link,
@@ -176,16 +171,18 @@ func (n *node) start(ctx context.Context) error {
 		TailTotalBytes:   cfg.TailTotalBytes,
 		TickPeriod:       cfg.TickPeriod,
 		CursorInterval:   cfg.CursorInterval,
-		ReplicaName:      replica,
+		ReplicaName:      replicaName(cfg.ReplicaName, n.nats.NATSServer().Addr().(*net.TCPAddr).Port),
 		MaxPayload:       n.nats.MaxPayload(),
 	})
 	if err != nil {
 		return err
 	}
+	// Registered before Start: a Start that fails part-way has stopped what it started, and
+	// Stop after it is safe.
+	n.onStop("bridge", br.Stop)
 	if err := br.Start(ctx); err != nil {
 		return err
 	}
-	n.onStop("bridge", br.Stop)
 
 	if err := n.startHTTP(); err != nil {
 		return err
@@ -204,6 +201,16 @@ func (n *node) start(ctx context.Context) error {
 	}
 	n.log.Info("jetgres ready", "nats", natsURL, "http", n.httpAddr.String(), "database", database)
 	return nil
+}
+
+// replicaName is --replica-name, or its default <host>:<NATS port>: stable across restarts
+// on a fixed port, and unique among replicas that share a host.
+func replicaName(flag string, natsPort int) string {
+	if flag != "" {
+		return flag
+	}
+	hostname, _ := os.Hostname()
+	return net.JoinHostPort(hostname, strconv.Itoa(natsPort))
 }
 
 // natsConfig is the embedded server's configuration.
@@ -247,12 +254,19 @@ func (n *node) startHTTP() error {
 		ReadHeaderTimeout: 5 * time.Second,
 		ErrorLog:          slog.NewLogLogger(n.log.With("component", "http").Handler(), slog.LevelWarn),
 	}
+	served := make(chan struct{})
 	go func() {
+		defer close(served)
 		if err := n.httpServer.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
 			n.httpErr <- err
 		}
 	}()
-	n.onStop("HTTP server", n.httpServer.Shutdown)
+	n.onStop("HTTP server", func(ctx context.Context) error {
+		err := n.httpServer.Shutdown(ctx)
+		// Shutdown closes the listener first, so Serve returns even when ctx ends early.
+		<-served
+		return err
+	})
 	return nil
 }
 

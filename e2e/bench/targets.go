@@ -71,7 +71,7 @@ func startJetgres(ctx context.Context, dsn string, push, pop, ack *flow.Lane, lo
 	// Each node has its own registry: two nodes live in this process at once.
 	n.bridge, err = bridge.New(bridge.Config{DB: n.db, Link: n.link, Push: push, Pop: pop, Ack: ack,
 		Logger: log.With("component", "bridge"), Registerer: n.reg,
-		MaxPayload: n.nats.MaxPayload()})
+		ReplicaName: "bench-" + n.nats.ClientURL(), MaxPayload: n.nats.MaxPayload()})
 	if err != nil {
 		return nil, fmt.Errorf("jetgres: bridge: %w", err)
 	}

@@ -1,0 +1,130 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"log/slog"
+	"net"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"go.uber.org/goleak"
+
+	"github.com/jetgres/jetgres/pg"
+	"github.com/jetgres/jetgres/pg/pgtest"
+)
+
+// TestMain gives the serve tests a PostgreSQL and checks for leaked goroutines.
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+// serveConfig is jetgres's configuration for a test on the database at dbURL, on free ports.
+func serveConfig(t *testing.T, dbURL string, args ...string) config {
+	t.Helper()
+	args = append([]string{"--database-url", dbURL, "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0",
+		"--data-dir", t.TempDir(), "--shutdown-timeout", "20s"}, args...)
+	cfg, err := parseConfig(args, envMap(), io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cfg
+}
+
+// A start that fails after the bridge is up (here the HTTP address is taken) stops everything
+// it had started before serve returns.
+func TestServeFailureStopsWhatStarted(t *testing.T) {
+	dbURL := pgtest.NewDB(t)
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
+	cfg := serveConfig(t, dbURL, "--http", taken.Addr().String())
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	err = serve(ctx, cfg, slog.New(slog.DiscardHandler))
+	if err == nil || !strings.Contains(err.Error(), "HTTP listener") {
+		t.Fatalf("serve with its HTTP address taken: err = %v, want the HTTP listener's error", err)
+	}
+}
+
+// Without --replica-name, a replica takes its consumer leases as <host>:<NATS port>, the
+// default the flag's help and the README give.
+func TestServeReplicaNameDefault(t *testing.T) {
+	dbURL := pgtest.NewDB(t)
+	db := pgtest.OpenAt(t, dbURL)
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	ready := filepath.Join(t.TempDir(), "ready.json")
+	cfg := serveConfig(t, dbURL, "--ready-file", ready)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	served := make(chan error, 1)
+	serveCtx, stop := context.WithCancel(ctx)
+	defer stop()
+	go func() { served <- serve(serveCtx, cfg, slog.New(slog.DiscardHandler)) }()
+
+	var addrs struct{ NATS string }
+	for {
+		b, err := os.ReadFile(ready)
+		if err == nil {
+			if err := json.Unmarshal(b, &addrs); err != nil {
+				t.Fatal(err)
+			}
+			break
+		}
+		select {
+		case err := <-served:
+			t.Fatalf("serve ended before it was ready: %v", err)
+		case <-ctx.Done():
+			t.Fatal("jetgres did not get ready")
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	nc, err := nats.Connect(addrs.NATS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "R", Subjects: []string{"r.>"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{Durable: "C"}); err != nil {
+		t.Fatal(err)
+	}
+	var owner string
+	if err := db.Background(ctx, func(ctx context.Context, q pg.Querier) error {
+		return q.QueryRow(ctx, `SELECT owner FROM jetgres.consumers WHERE name = 'C'`).Scan(&owner)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	u, err := url.Parse(addrs.NATS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hostname, err := os.Hostname()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := net.JoinHostPort(hostname, u.Port()); owner != want {
+		t.Errorf("consumer lease owner %q, want %q", owner, want)
+	}
+
+	nc.Close()
+	stop()
+	if err := <-served; err != nil && !errors.Is(err, context.Canceled) {
+		t.Fatalf("serve: %v", err)
+	}
+}

@@ -22,6 +22,7 @@ func TestMain(m *testing.M) { pgtest.Main(m) }
 // testBundle is one running bridge on a fresh database, with a client connected to it.
 type testBundle struct {
 	db     *pg.DB
+	dbURL  string // empty when the test handed setup its database
 	nats   *natsd.Server
 	link   *leaf.Conn
 	bridge *Bridge
@@ -50,7 +51,8 @@ func setup(t testing.TB, opts ...setupOpts) *testBundle {
 	defer cancel()
 	tb := &testBundle{db: o.db, reg: prometheus.NewRegistry()}
 	if tb.db == nil {
-		tb.db = pgtest.Open(t)
+		tb.dbURL = pgtest.NewDB(t)
+		tb.db = pgtest.OpenAt(t, tb.dbURL)
 	}
 	logger := slog.New(slog.DiscardHandler)
 	var err error

@@ -12,20 +12,20 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/jetgres/jetgres/internal/startstop"
-	"github.com/jetgres/jetgres/pg"
+	"github.com/jetgres/jetgres/pg/pgtest/rawsql"
 )
 
 // holdRows locks, in a transaction of its own, the rows sql selects (it ends in FOR UPDATE),
 // until the test ends or the returned release is called.
-func holdRows(t *testing.T, db *pg.DB, sql string, args ...any) (release func()) {
+func holdRows(t *testing.T, db *rawsql.DB, sql string, args ...any) (release func()) {
 	t.Helper()
 	locked := make(chan error, 1)
 	done := make(chan struct{})
 	ended := make(chan struct{})
 	go func() {
 		defer close(ended)
-		err := db.BackgroundTx(context.Background(), func(ctx context.Context, q pg.Querier) error {
-			if _, err := q.Exec(ctx, sql, args...); err != nil {
+		err := db.Tx(context.Background(), func(ctx context.Context, q rawsql.Querier) error {
+			if err := q.Exec(ctx, sql, args...); err != nil {
 				return err
 			}
 			locked <- nil
@@ -89,7 +89,8 @@ func TestStartFailurePartWayStopsEverything(t *testing.T) {
 	first.stop(t)
 
 	tb := setup(t, setupOpts{db: first.db, unstarted: true, config: func(c *Config) { c.ReplicaName = "restarted" }})
-	holdRows(t, tb.db, `SELECT 1 FROM jetgres.consumers WHERE stream_id = $1 FOR UPDATE`, idB)
+	probe := rawsql.Open(t, first.dbURL)
+	holdRows(t, probe, `SELECT 1 FROM jetgres.consumers WHERE stream_id = $1 FOR UPDATE`, idB)
 	startCtx, cancel := context.WithTimeout(ctx, 3*time.Second)
 	defer cancel()
 	err := tb.bridge.Start(startCtx)
@@ -100,9 +101,7 @@ func TestStartFailurePartWayStopsEverything(t *testing.T) {
 		t.Fatalf("after the failed Start: %v", err)
 	}
 	var held int
-	if err := tb.db.Background(ctx, func(ctx context.Context, q pg.Querier) error {
-		return q.QueryRow(ctx, `SELECT count(*) FROM jetgres.consumers WHERE owner = 'restarted'`).Scan(&held)
-	}); err != nil {
+	if err := probe.QueryRow(ctx, `SELECT count(*) FROM jetgres.consumers WHERE owner = 'restarted'`).Scan(&held); err != nil {
 		t.Fatal(err)
 	}
 	if held != 0 {
@@ -134,7 +133,8 @@ func TestStopPastDeadlineLeavesNothingRunning(t *testing.T) {
 	ctx := testContext(t)
 	newStream(t, ctx, tb, "S", "s.>")
 	id := tb.bridge.lookup("S").id
-	release := holdRows(t, tb.db, `SELECT 1 FROM jetgres.stream_state WHERE stream_id = $1 FOR UPDATE`, id)
+	probe := rawsql.Open(t, tb.dbURL)
+	release := holdRows(t, probe, `SELECT 1 FROM jetgres.stream_state WHERE stream_id = $1 FOR UPDATE`, id)
 
 	answered := make(chan error, 1)
 	go func() {
@@ -166,9 +166,7 @@ func TestStopPastDeadlineLeavesNothingRunning(t *testing.T) {
 	}
 	release()
 	var msgs int64
-	if err := tb.db.Background(ctx, func(ctx context.Context, q pg.Querier) error {
-		return q.QueryRow(ctx, `SELECT msgs FROM jetgres.stream_state WHERE stream_id = $1`, id).Scan(&msgs)
-	}); err != nil {
+	if err := probe.QueryRow(ctx, `SELECT msgs FROM jetgres.stream_state WHERE stream_id = $1`, id).Scan(&msgs); err != nil {
 		t.Fatal(err)
 	}
 	if msgs != 0 {

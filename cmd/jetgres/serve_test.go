@@ -18,8 +18,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/goleak"
 
-	"github.com/jetgres/jetgres/pg"
 	"github.com/jetgres/jetgres/pg/pgtest"
+	"github.com/jetgres/jetgres/pg/pgtest/rawsql"
 )
 
 // TestMain gives the serve tests a PostgreSQL and checks for leaked goroutines.
@@ -60,7 +60,7 @@ func TestServeFailureStopsWhatStarted(t *testing.T) {
 // default the flag's help and the README give.
 func TestServeReplicaNameDefault(t *testing.T) {
 	dbURL := pgtest.NewDB(t)
-	db := pgtest.OpenAt(t, dbURL)
+	db := rawsql.Open(t, dbURL)
 	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
 	ready := filepath.Join(t.TempDir(), "ready.json")
 	cfg := serveConfig(t, dbURL, "--ready-file", ready)
@@ -105,9 +105,7 @@ func TestServeReplicaNameDefault(t *testing.T) {
 		t.Fatal(err)
 	}
 	var owner string
-	if err := db.Background(ctx, func(ctx context.Context, q pg.Querier) error {
-		return q.QueryRow(ctx, `SELECT owner FROM jetgres.consumers WHERE name = 'C'`).Scan(&owner)
-	}); err != nil {
+	if err := db.QueryRow(ctx, `SELECT owner FROM jetgres.consumers WHERE name = 'C'`).Scan(&owner); err != nil {
 		t.Fatal(err)
 	}
 	u, err := url.Parse(addrs.NATS)

@@ -22,7 +22,7 @@ func TestQuickRun(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	rep, err := Run(ctx, Config{Quick: true, Command: "jetgres bench --quick"})
+	rep, err := Run(ctx, Config{Quick: true, Command: "go run ./cmd/jetgres-bench --quick"})
 	if err != nil {
 		t.Fatalf("Run: %v", err)
 	}
@@ -87,7 +87,7 @@ func TestQuickRun(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"## Machine", "## Results", "## Goals", "## Overload", "## Plots", "jetgres bench --quick"} {
+	for _, want := range []string{"## Machine", "## Results", "## Goals", "## Overload", "## Plots", "go run ./cmd/jetgres-bench --quick"} {
 		if !strings.Contains(string(md), want) {
 			t.Errorf("BENCHMARKS.md has no %q", want)
 		}

@@ -19,6 +19,7 @@ import (
 
 	"github.com/jetgres/jetgres/embedded/localpg"
 	"github.com/jetgres/jetgres/flow"
+	"github.com/jetgres/jetgres/internal/jstwin"
 )
 
 // runner holds one run: its configuration, the targets and the report being filled.
@@ -218,11 +219,11 @@ func (r *runner) start(ctx context.Context) (func() error, error) {
 		name string
 		sync bool
 	}{{TargetJetStream, false}, {TargetJetStreamSync, true}} {
-		s, err := startJetStream(filepath.Join(dir, js.name), js.sync)
+		s, err := jstwin.Start(jstwin.Config{StoreDir: filepath.Join(dir, js.name), SyncAlways: js.sync})
 		if err != nil {
 			return stop, err
 		}
-		stops = append(stops, func() error { s.Shutdown(); s.WaitForShutdown(); return nil })
+		stops = append(stops, func() error { s.Stop(); return nil })
 		r.targets = append(r.targets, &target{name: js.name, url: s.ClientURL()})
 	}
 	r.targets = append(r.targets, &target{name: TargetPostgres, naive: naive})

@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/nats-io/nats-server/v2/server"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/jetgres/jetgres/bridge"
@@ -154,31 +153,6 @@ func (n *jetgresNode) stop() error {
 		n.db.Close()
 	}
 	return errors.Join(errs...)
-}
-
-// startJetStream starts a nats-server with JetStream file storage in dir. syncAlways makes
-// the store fsync every message, the durability a PubAck from jetgres promises; without it
-// the store syncs every two minutes (the server default).
-func startJetStream(dir string, syncAlways bool) (*server.Server, error) {
-	opts := &server.Options{
-		Host:       "127.0.0.1",
-		Port:       -1,
-		JetStream:  true,
-		StoreDir:   dir,
-		SyncAlways: syncAlways,
-		NoSigs:     true,
-		NoLog:      true,
-	}
-	s, err := server.NewServer(opts)
-	if err != nil {
-		return nil, fmt.Errorf("JetStream server (sync_always=%t): %w", syncAlways, err)
-	}
-	s.Start()
-	if !s.ReadyForConnections(10 * time.Second) {
-		s.Shutdown()
-		return nil, fmt.Errorf("JetStream server (sync_always=%t): not ready within 10s", syncAlways)
-	}
-	return s, nil
 }
 
 // naiveTable is the baseline's table: what a queue in PostgreSQL looks like with no design

@@ -7,9 +7,12 @@ import (
 	"image/png"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/jetgres/jetgres/pg/pgtest"
 )
 
 // TestQuickRun runs the whole engine in quick mode against the real components (a private
@@ -59,6 +62,13 @@ func TestQuickRun(t *testing.T) {
 	}
 	if len(rep.Goals) == 0 {
 		t.Error("no goal was checked")
+	}
+	// The private cluster preloads pg_stat_statements, and the naive baseline's INSERT is
+	// among the statements it ran most.
+	if !slices.ContainsFunc(rep.Statements, func(s Statement) bool {
+		return strings.HasPrefix(s.Query, "INSERT INTO "+pgtest.NaiveSchema+"."+pgtest.NaiveTable) && s.Calls > 0
+	}) {
+		t.Errorf("the report does not list the naive INSERT among its statements: %+v", rep.Statements)
 	}
 
 	var js bytes.Buffer

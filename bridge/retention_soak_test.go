@@ -5,13 +5,12 @@ import (
 	"fmt"
 	"os"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/jetgres/jetgres/pg"
@@ -54,32 +53,26 @@ const (
 	statsSettle = 11 * time.Second
 )
 
-// tableStats is pg_stat_user_tables summed over a set of tables.
+// tableStats is pg_stat_user_tables summed over a set of tables, at a point of a consumption.
 type tableStats struct {
-	tables          int
-	live, dead      int64
-	bytes           int64
+	pgtest.TableStats
 	when            time.Duration
 	consumedPercent int
 }
 
 func (s tableStats) short() string {
 	return fmt.Sprintf("%3d%%: %2d tables, live %7d, dead %7d, %6.1f MiB",
-		s.consumedPercent, s.tables, s.live, s.dead, float64(s.bytes)/(1<<20))
+		s.consumedPercent, s.Tables, s.Live, s.Dead, float64(s.Bytes)/(1<<20))
 }
 
-func readStats(ctx context.Context, pool *pgxpool.Pool, schema, like string) (tableStats, error) {
-	var s tableStats
-	err := pool.QueryRow(ctx, `SELECT count(*), coalesce(sum(n_live_tup), 0), coalesce(sum(n_dead_tup), 0),
-			coalesce(sum(pg_total_relation_size(relid)), 0)
-		FROM pg_stat_user_tables WHERE schemaname = $1 AND relname LIKE $2`, schema, like).
-		Scan(&s.tables, &s.live, &s.dead, &s.bytes)
-	return s, err
+func readStats(ctx context.Context, probe *pgtest.Probe, schema, like string) (tableStats, error) {
+	st, err := probe.TableStats(ctx, schema, like)
+	return tableStats{TableStats: st}, err
 }
 
 // sampler records table statistics every second while a consumption runs.
 type sampler struct {
-	pool         *pgxpool.Pool
+	probe        *pgtest.Probe
 	schema, like string
 	done         *atomic.Int64
 	total        int
@@ -97,7 +90,7 @@ func (s *sampler) run(ctx context.Context, start time.Time) {
 			return
 		case <-t.C:
 		}
-		st, err := readStats(ctx, s.pool, s.schema, s.like)
+		st, err := readStats(ctx, s.probe, s.schema, s.like)
 		if err != nil {
 			continue
 		}
@@ -114,10 +107,10 @@ func (s *sampler) peak() tableStats {
 	defer s.mu.Unlock()
 	var p tableStats
 	for _, st := range s.samples {
-		p.dead = max(p.dead, st.dead)
-		p.bytes = max(p.bytes, st.bytes)
-		p.tables = max(p.tables, st.tables)
-		p.live = max(p.live, st.live)
+		p.Dead = max(p.Dead, st.Dead)
+		p.Bytes = max(p.Bytes, st.Bytes)
+		p.Tables = max(p.Tables, st.Tables)
+		p.Live = max(p.Live, st.Live)
 	}
 	return p
 }
@@ -150,20 +143,17 @@ func soak(b *testing.B, n int, hold bool) {
 		b.Fatal(err)
 	}
 	tb := setup(b, setupOpts{db: db})
-	pool, err := pgxpool.New(ctx, url)
+	probe, err := pgtest.OpenProbe(ctx, url)
 	if err != nil {
 		b.Fatal(err)
 	}
-	b.Cleanup(pool.Close)
-	var snapshot pgx.Tx
+	b.Cleanup(probe.Close)
 	if hold {
-		if snapshot, err = pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead}); err != nil {
+		release, err := probe.HoldSnapshot(ctx)
+		if err != nil {
 			b.Fatal(err)
 		}
-		if _, err := snapshot.Exec(ctx, `SELECT count(*) FROM pg_class`); err != nil {
-			b.Fatal(err)
-		}
-		defer func() { _ = snapshot.Rollback(context.Background()) }()
+		defer release()
 	}
 
 	// jetgres.
@@ -177,12 +167,12 @@ func soak(b *testing.B, n int, hold bool) {
 	soakPublish(b, ctx, tb.js, n)
 	pubTime := time.Since(start)
 	jetLike := fmt.Sprintf(`msgs\_%d\_%%`, s.id)
-	before, err := readStats(ctx, pool, "jetgres", jetLike)
+	before, err := readStats(ctx, probe, "jetgres", jetLike)
 	if err != nil {
 		b.Fatal(err)
 	}
 	var done atomic.Int64
-	jetSamples := &sampler{pool: pool, schema: "jetgres", like: jetLike, done: &done, total: n}
+	jetSamples := &sampler{probe: probe, schema: "jetgres", like: jetLike, done: &done, total: n}
 	sctx, stopSampling := context.WithCancel(ctx)
 	go jetSamples.run(sctx, time.Now())
 	start = time.Now()
@@ -198,44 +188,54 @@ func soak(b *testing.B, n int, hold bool) {
 		if msgs := st.CachedInfo().State.Msgs; msgs != 0 {
 			return fmt.Errorf("%d messages left", msgs)
 		}
-		if jetAfter, err = readStats(ctx, pool, "jetgres", jetLike); err != nil {
+		if jetAfter, err = readStats(ctx, probe, "jetgres", jetLike); err != nil {
 			return err
 		}
-		if jetAfter.tables > 1 || jetAfter.live > 0 {
+		if jetAfter.Tables > 1 || jetAfter.Live > 0 {
 			return fmt.Errorf("chunk tables not dropped yet: %s", jetAfter.short())
 		}
 		return nil
 	})
 	time.Sleep(statsSettle)
-	if jetAfter, err = readStats(ctx, pool, "jetgres", jetLike); err != nil {
+	if jetAfter, err = readStats(ctx, probe, "jetgres", jetLike); err != nil {
 		b.Fatal(err)
 	}
 	jetAfter.consumedPercent = 100
-	tombs, err := readStats(ctx, pool, "jetgres", "deleted")
+	tombs, err := readStats(ctx, probe, "jetgres", "deleted")
 	if err != nil {
 		b.Fatal(err)
 	}
 
 	// The naive queue.
-	if _, err := pool.Exec(ctx, `CREATE TABLE public.soak_naive (
-		id      bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-		subject text  NOT NULL,
-		data    bytea NOT NULL)`); err != nil {
+	naive, err := pgtest.OpenNaive(ctx, url, naiveWorkers)
+	if err != nil {
 		b.Fatal(err)
 	}
+	b.Cleanup(naive.Close)
+	if err := naive.Reset(ctx); err != nil {
+		b.Fatal(err)
+	}
+	naiveLike := strings.ReplaceAll(pgtest.NaiveTable, "_", `\_`)
 	start = time.Now()
-	naiveInsert(b, ctx, pool, n)
+	if err := naive.Fill(ctx, "soak.job", make([]byte, soakPayload), n); err != nil {
+		b.Fatal(err)
+	}
 	naivePub := time.Since(start)
 	var naiveDone atomic.Int64
-	naiveSamples := &sampler{pool: pool, schema: "public", like: "soak\\_naive", done: &naiveDone, total: n}
+	naiveSamples := &sampler{probe: probe, schema: pgtest.NaiveSchema, like: naiveLike, done: &naiveDone, total: n}
 	sctx, stopSampling = context.WithCancel(ctx)
 	go naiveSamples.run(sctx, time.Now())
 	start = time.Now()
-	naiveConsume(b, ctx, pool, n, &naiveDone)
+	if err := naive.Drain(ctx, naiveWorkers, soakBatch, &naiveDone); err != nil {
+		b.Fatal(err)
+	}
 	naiveTime := time.Since(start)
 	stopSampling()
+	if got := naiveDone.Load(); got != int64(n) {
+		b.Fatalf("naive queue: %d of %d messages consumed", got, n)
+	}
 	time.Sleep(statsSettle)
-	naiveAfter, err := readStats(ctx, pool, "public", "soak\\_naive")
+	naiveAfter, err := readStats(ctx, probe, pgtest.NaiveSchema, naiveLike)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -258,17 +258,17 @@ func soak(b *testing.B, n int, hold bool) {
 		}
 		b.Logf("%-12s %-58s | %s", "during", l, r)
 	}
-	b.Logf("%-12s %-58s | %s", "after", jetAfter.short()+fmt.Sprintf(" tombstones %d", tombs.live), naiveAfter.short())
+	b.Logf("%-12s %-58s | %s", "after", jetAfter.short()+fmt.Sprintf(" tombstones %d", tombs.Live), naiveAfter.short())
 
 	jp, np := jetSamples.peak(), naiveSamples.peak()
-	b.ReportMetric(float64(jp.dead), "jetgres-peak-dead-tup")
-	b.ReportMetric(float64(jetAfter.dead), "jetgres-after-dead-tup")
-	b.ReportMetric(float64(max(jp.bytes, before.bytes))/(1<<20), "jetgres-peak-MiB")
-	b.ReportMetric(float64(jetAfter.bytes)/(1<<20), "jetgres-after-MiB")
-	b.ReportMetric(float64(np.dead), "naive-peak-dead-tup")
-	b.ReportMetric(float64(naiveAfter.dead), "naive-after-dead-tup")
-	b.ReportMetric(float64(np.bytes)/(1<<20), "naive-peak-MiB")
-	b.ReportMetric(float64(naiveAfter.bytes)/(1<<20), "naive-after-MiB")
+	b.ReportMetric(float64(jp.Dead), "jetgres-peak-dead-tup")
+	b.ReportMetric(float64(jetAfter.Dead), "jetgres-after-dead-tup")
+	b.ReportMetric(float64(max(jp.Bytes, before.Bytes))/(1<<20), "jetgres-peak-MiB")
+	b.ReportMetric(float64(jetAfter.Bytes)/(1<<20), "jetgres-after-MiB")
+	b.ReportMetric(float64(np.Dead), "naive-peak-dead-tup")
+	b.ReportMetric(float64(naiveAfter.Dead), "naive-after-dead-tup")
+	b.ReportMetric(float64(np.Bytes)/(1<<20), "naive-peak-MiB")
+	b.ReportMetric(float64(naiveAfter.Bytes)/(1<<20), "naive-after-MiB")
 }
 
 func soakPublish(b *testing.B, ctx context.Context, js jetstream.JetStream, n int) {
@@ -305,62 +305,5 @@ func soakConsume(b *testing.B, ctx context.Context, js jetstream.JetStream, n in
 		if err := batch.Error(); err != nil {
 			b.Fatal(err)
 		}
-	}
-}
-
-// naiveInsert fills the naive queue with one INSERT statement per message, pipelined so
-// that filling it does not dominate the run.
-func naiveInsert(b *testing.B, ctx context.Context, pool *pgxpool.Pool, n int) {
-	payload := make([]byte, soakPayload)
-	for done := 0; done < n; {
-		batch := &pgx.Batch{}
-		for range min(1000, n-done) {
-			batch.Queue(`INSERT INTO public.soak_naive (subject, data) VALUES ($1, $2)`, "soak.job", payload)
-			done++
-		}
-		if err := pool.SendBatch(ctx, batch).Close(); err != nil {
-			b.Fatal(err)
-		}
-	}
-}
-
-// naiveConsume drains the naive queue as queue libraries built on a table do: each worker
-// locks a batch with SKIP LOCKED and deletes its rows one by one, one DELETE per ack.
-func naiveConsume(b *testing.B, ctx context.Context, pool *pgxpool.Pool, n int, done *atomic.Int64) {
-	var wg sync.WaitGroup
-	errs := make(chan error, naiveWorkers)
-	for range naiveWorkers {
-		wg.Go(func() {
-			for done.Load() < int64(n) {
-				err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-					rows, err := tx.Query(ctx, `SELECT id FROM public.soak_naive ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED`, soakBatch)
-					if err != nil {
-						return err
-					}
-					ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
-					if err != nil {
-						return err
-					}
-					batch := &pgx.Batch{}
-					for _, id := range ids {
-						batch.Queue(`DELETE FROM public.soak_naive WHERE id = $1`, id)
-					}
-					if err := tx.SendBatch(ctx, batch).Close(); err != nil {
-						return err
-					}
-					done.Add(int64(len(ids)))
-					return nil
-				})
-				if err != nil {
-					errs <- err
-					return
-				}
-			}
-		})
-	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		b.Fatal(err)
 	}
 }

@@ -14,6 +14,8 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/jetgres/jetgres/internal/jstwin"
 )
 
 // The tests in this file run every operation twice, once against jetgres and once against a
@@ -31,19 +33,11 @@ var sideName = [2]string{"jetgres", "jetstream"}
 // startJetStream starts the reference: an embedded nats-server with JetStream enabled.
 func startJetStream(t testing.TB) jetstream.JetStream {
 	t.Helper()
-	srv, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true,
-		StoreDir: t.TempDir(), NoLog: true, NoSigs: true})
+	srv, err := jstwin.Start(jstwin.Config{StoreDir: t.TempDir()})
 	if err != nil {
 		t.Fatalf("reference server: %v", err)
 	}
-	srv.Start()
-	t.Cleanup(func() {
-		srv.Shutdown()
-		srv.WaitForShutdown()
-	})
-	if !srv.ReadyForConnections(10 * time.Second) {
-		t.Fatal("reference server not ready")
-	}
+	t.Cleanup(srv.Stop)
 	nc, err := nats.Connect(srv.ClientURL())
 	if err != nil {
 		t.Fatalf("connect to reference server: %v", err)

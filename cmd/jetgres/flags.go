@@ -133,7 +133,6 @@ func printUsage(fs *flag.FlagSet, settings []setting) {
 	w := fs.Output()
 	fmt.Fprint(w, `Usage:
   jetgres [serve] [flags]   run the gateway (the default command)
-  jetgres bench [flags]     benchmark against JetStream and a naive queue (bench -h)
   jetgres version           print version and build information
 
 Flags of serve. Each is also read from its environment variable; a flag wins over the

@@ -2,9 +2,9 @@
 //
 // `jetgres serve` (also what a bare `jetgres` runs) starts the embedded NATS server, the
 // bridge and the HTTP endpoints, with a private PostgreSQL cluster unless --database-url
-// names one. `jetgres bench` measures jetgres against JetStream and a naive PostgreSQL
-// queue and writes BENCHMARKS.md. `jetgres version` prints build information. Every flag has a JETGRES_*
-// environment variable; `jetgres -h` lists them.
+// names one. `jetgres version` prints build information. Every flag has a JETGRES_*
+// environment variable; `jetgres -h` lists them. The benchmark is a command of its own,
+// cmd/jetgres-bench, so that this binary carries none of it.
 package main
 
 import (
@@ -52,12 +52,6 @@ func run(args []string, stdout, stderr io.Writer) int {
 		defer stop()
 		if err := serve(ctx, cfg, logger); err != nil {
 			logger.Error("jetgres stopped with an error", "err", err)
-			return 1
-		}
-		return 0
-	case "bench":
-		if err := runBench(context.Background(), args); err != nil {
-			fmt.Fprintf(stderr, "jetgres: %v\n", err)
 			return 1
 		}
 		return 0

@@ -13,12 +13,12 @@ import (
 	"strings"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats-server/v2/server"
 
 	"github.com/jetgres/jetgres/embedded/localpg"
 	"github.com/jetgres/jetgres/flow"
+	"github.com/jetgres/jetgres/internal/jstwin"
+	"github.com/jetgres/jetgres/pg/pgtest"
 )
 
 // runner holds one run: its configuration, the targets and the report being filled.
@@ -30,27 +30,24 @@ type runner struct {
 	dsn  string
 	// targets in table order: jetgres, JetStream, JetStream sync_always, naive INSERT.
 	targets []*target
+	// probe serves the bench's own queries: settings and statement statistics.
+	probe *pgtest.Probe
 	// statements is set when the server has pg_stat_statements.
 	statements bool
 }
 
-// naivePool is the baseline's pool, which also serves the bench's own queries.
-func (r *runner) naivePool() *pgxpool.Pool { return r.targets[len(r.targets)-1].naive }
+// topStatements is how many of the statements with the most execution time the report lists.
+const topStatements = 12
 
-// topStatements reads the statements with the most execution time.
-func topStatements(ctx context.Context, pool *pgxpool.Pool) ([]Statement, error) {
-	rows, err := pool.Query(ctx, `SELECT regexp_replace(query, '\s+', ' ', 'g'), calls, total_exec_time, mean_exec_time, rows
-		FROM pg_stat_statements ORDER BY total_exec_time DESC LIMIT 12`)
+// readStatements reads the statements with the most execution time.
+func (r *runner) readStatements(ctx context.Context) ([]Statement, error) {
+	sts, err := r.probe.TopStatements(ctx, topStatements)
 	if err != nil {
-		return nil, fmt.Errorf("read pg_stat_statements: %w", err)
+		return nil, err
 	}
-	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Statement, error) {
-		var s Statement
-		err := row.Scan(&s.Query, &s.Calls, &s.TotalMs, &s.MeanMs, &s.Rows)
-		return s, err
-	})
-	if err != nil {
-		return nil, fmt.Errorf("read pg_stat_statements: %w", err)
+	out := make([]Statement, len(sts))
+	for i, s := range sts {
+		out[i] = Statement(s)
 	}
 	return out, nil
 }
@@ -97,7 +94,7 @@ func Run(ctx context.Context, cfg Config) (rep *Report, err error) {
 	}
 	r.rep.Seconds = time.Since(r.rep.Started).Round(time.Second).Seconds()
 	if r.statements {
-		sts, serr := topStatements(ctx, r.naivePool())
+		sts, serr := r.readStatements(ctx)
 		if serr != nil {
 			r.rep.Errors = append(r.rep.Errors, serr.Error())
 		}
@@ -156,26 +153,30 @@ func (r *runner) start(ctx context.Context) (func() error, error) {
 		m.Database = "given by URL"
 	}
 
-	naive, err := openNaive(ctx, r.dsn)
+	naive, err := pgtest.OpenNaive(ctx, r.dsn, PoolSize)
 	if err != nil {
-		return stop, err
+		return stop, fmt.Errorf("naive baseline: %w", err)
 	}
 	stops = append(stops, func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), stopTimeout)
 		defer cancel()
-		_, err := naive.Exec(ctx, `DROP TABLE IF EXISTS `+naiveTable)
+		err := naive.Drop(ctx)
 		naive.Close()
 		return err
 	})
+	if r.probe, err = pgtest.OpenProbe(ctx, r.dsn); err != nil {
+		return stop, err
+	}
+	stops = append(stops, func() error { r.probe.Close(); return nil })
 	for setting, into := range map[string]*string{"server_version": &m.PostgreSQL, "fsync": &m.Fsync, "synchronous_commit": &m.SynchronousCommit} {
-		if err := naive.QueryRow(ctx, "SELECT current_setting($1)", setting).Scan(into); err != nil {
-			return stop, fmt.Errorf("read PostgreSQL setting %s: %w", setting, err)
+		if *into, err = r.probe.Setting(ctx, setting); err != nil {
+			return stop, err
 		}
 	}
 	// Statistics are read only from the private cluster: a given database is someone's,
 	// and neither its extensions nor its statistics are the bench's to change.
 	if r.cfg.DatabaseURL == "" {
-		if _, err := naive.Exec(ctx, `CREATE EXTENSION IF NOT EXISTS pg_stat_statements`); err == nil {
+		if err := r.probe.EnableStatements(ctx); err == nil {
 			r.statements = true
 		} else {
 			r.log.Info("pg_stat_statements is not available: the report will not list statements", "err", err)
@@ -218,11 +219,11 @@ func (r *runner) start(ctx context.Context) (func() error, error) {
 		name string
 		sync bool
 	}{{TargetJetStream, false}, {TargetJetStreamSync, true}} {
-		s, err := startJetStream(filepath.Join(dir, js.name), js.sync)
+		s, err := jstwin.Start(jstwin.Config{StoreDir: filepath.Join(dir, js.name), SyncAlways: js.sync})
 		if err != nil {
 			return stop, err
 		}
-		stops = append(stops, func() error { s.Shutdown(); s.WaitForShutdown(); return nil })
+		stops = append(stops, func() error { s.Stop(); return nil })
 		r.targets = append(r.targets, &target{name: js.name, url: s.ClientURL()})
 	}
 	r.targets = append(r.targets, &target{name: TargetPostgres, naive: naive})

@@ -7,9 +7,12 @@ import (
 	"image/png"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/jetgres/jetgres/pg/pgtest"
 )
 
 // TestQuickRun runs the whole engine in quick mode against the real components (a private
@@ -22,7 +25,7 @@ func TestQuickRun(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	rep, err := Run(ctx, Config{Quick: true, Command: "jetgres bench --quick"})
+	rep, err := Run(ctx, Config{Quick: true, Command: "go run ./cmd/jetgres-bench --quick"})
 	if err != nil {
 		t.Fatalf("Run: %v", err)
 	}
@@ -60,6 +63,13 @@ func TestQuickRun(t *testing.T) {
 	if len(rep.Goals) == 0 {
 		t.Error("no goal was checked")
 	}
+	// The private cluster preloads pg_stat_statements, and the naive baseline's INSERT is
+	// among the statements it ran most.
+	if !slices.ContainsFunc(rep.Statements, func(s Statement) bool {
+		return strings.HasPrefix(s.Query, "INSERT INTO "+pgtest.NaiveSchema+"."+pgtest.NaiveTable) && s.Calls > 0
+	}) {
+		t.Errorf("the report does not list the naive INSERT among its statements: %+v", rep.Statements)
+	}
 
 	var js bytes.Buffer
 	if err := rep.WriteJSON(&js); err != nil {
@@ -87,7 +97,7 @@ func TestQuickRun(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"## Machine", "## Results", "## Goals", "## Overload", "## Plots", "jetgres bench --quick"} {
+	for _, want := range []string{"## Machine", "## Results", "## Goals", "## Overload", "## Plots", "go run ./cmd/jetgres-bench --quick"} {
 		if !strings.Contains(string(md), want) {
 			t.Errorf("BENCHMARKS.md has no %q", want)
 		}

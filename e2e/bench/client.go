@@ -90,8 +90,7 @@ type publishFunc func(ctx context.Context, subject string, data []byte) error
 func (r *runner) publisher(t *target, c *client) publishFunc {
 	if t.naive != nil {
 		return func(ctx context.Context, subject string, data []byte) error {
-			_, err := t.naive.Exec(ctx, naiveInsert, subject, data)
-			return err
+			return t.naive.Insert(ctx, subject, data)
 		}
 	}
 	return func(ctx context.Context, subject string, data []byte) error {

@@ -1,4 +1,4 @@
-// Package bench is the engine behind `jetgres bench`: one run, on one machine, that drives
+// Package bench is the engine behind cmd/jetgres-bench: one run, on one machine, that drives
 // jetgres, an embedded nats-server with JetStream file storage (default sync and sync_always)
 // and a naive "one INSERT per publish" PostgreSQL baseline with the same client code, and
 // reports each number beside the same number for JetStream.

@@ -94,7 +94,7 @@ func (r *runner) overload(ctx context.Context, t *target, like *Overload) (Overl
 	}
 	pubs := make([]publishFunc, 0, overloadConns)
 	if t.naive != nil {
-		if err := resetNaive(ctx, t.naive); err != nil {
+		if err := t.naive.Reset(ctx); err != nil {
 			return Overload{}, err
 		}
 		pubs = append(pubs, r.publisher(t, nil))

@@ -118,7 +118,7 @@ func (r *runner) publishAsync(ctx context.Context, c *client, subject string, pa
 // asyncNaive is the baseline's async publish: Window INSERTs in flight at once, each committed
 // on its own, which is the most a client can get out of one-row transactions.
 func (r *runner) asyncNaive(ctx context.Context, t *target) (PubResult, error) {
-	if err := resetNaive(ctx, t.naive); err != nil {
+	if err := t.naive.Reset(ctx); err != nil {
 		return PubResult{}, err
 	}
 	payload := make([]byte, r.cfg.Size)
@@ -133,7 +133,7 @@ func (r *runner) asyncNaive(ctx context.Context, t *target) (PubResult, error) {
 		wg.Go(func() {
 			for next.Add(1) <= int64(r.cfg.Msgs) && time.Now().Before(deadline) && ctx.Err() == nil {
 				octx, cancel := context.WithTimeout(ctx, opTimeout)
-				_, err := t.naive.Exec(octx, naiveInsert, "bench.pub", payload)
+				err := t.naive.Insert(octx, "bench.pub", payload)
 				cancel()
 				if err != nil {
 					errs <- err
@@ -177,7 +177,7 @@ func (r *runner) syncPublish(ctx context.Context, t *target) (SyncResult, error)
 			return SyncResult{}, err
 		}
 		defer r.cleanup(t, c.deleteStream, "BENCH_SYNC")
-	} else if err := resetNaive(ctx, t.naive); err != nil {
+	} else if err := t.naive.Reset(ctx); err != nil {
 		return SyncResult{}, err
 	}
 	before := t.sums()

@@ -7,8 +7,6 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/nats-io/nats-server/v2/server"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/jetgres/jetgres/bridge"
@@ -16,17 +14,18 @@ import (
 	"github.com/jetgres/jetgres/embedded/natsd"
 	"github.com/jetgres/jetgres/flow"
 	"github.com/jetgres/jetgres/pg"
+	"github.com/jetgres/jetgres/pg/pgtest"
 )
 
 // stopTimeout bounds the stop of each component the bench started.
 const stopTimeout = 30 * time.Second
 
 // target is one system under test. NATS targets have a client URL; the naive baseline has a
-// pool instead, and its "client" calls a function where the others call nats.go.
+// queue instead, and its "client" calls a function where the others call nats.go.
 type target struct {
 	name  string
 	url   string
-	naive *pgxpool.Pool
+	naive *pgtest.Naive
 	node  *jetgresNode // in-process jetgres, for its lane statistics; nil otherwise
 }
 
@@ -155,74 +154,3 @@ func (n *jetgresNode) stop() error {
 	}
 	return errors.Join(errs...)
 }
-
-// startJetStream starts a nats-server with JetStream file storage in dir. syncAlways makes
-// the store fsync every message, the durability a PubAck from jetgres promises; without it
-// the store syncs every two minutes (the server default).
-func startJetStream(dir string, syncAlways bool) (*server.Server, error) {
-	opts := &server.Options{
-		Host:       "127.0.0.1",
-		Port:       -1,
-		JetStream:  true,
-		StoreDir:   dir,
-		SyncAlways: syncAlways,
-		NoSigs:     true,
-		NoLog:      true,
-	}
-	s, err := server.NewServer(opts)
-	if err != nil {
-		return nil, fmt.Errorf("JetStream server (sync_always=%t): %w", syncAlways, err)
-	}
-	s.Start()
-	if !s.ReadyForConnections(10 * time.Second) {
-		s.Shutdown()
-		return nil, fmt.Errorf("JetStream server (sync_always=%t): not ready within 10s", syncAlways)
-	}
-	return s, nil
-}
-
-// naiveTable is the baseline's table: what a queue in PostgreSQL looks like with no design
-// at all, one row per publish and one commit per row.
-const naiveTable = "jetgres_bench_naive"
-
-// openNaive connects the naive baseline. It talks to PostgreSQL with pgx directly rather than
-// through package pg, because the baseline must be the bare client round trip with none of
-// jetgres's machinery in it.
-func openNaive(ctx context.Context, dsn string) (*pgxpool.Pool, error) {
-	cfg, err := pgxpool.ParseConfig(dsn)
-	if err != nil {
-		return nil, fmt.Errorf("naive baseline: parse database URL: %w", err)
-	}
-	cfg.MaxConns = PoolSize
-	cfg.ConnConfig.RuntimeParams["application_name"] = "jetgres-bench-naive"
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		return nil, fmt.Errorf("naive baseline: connect: %w", err)
-	}
-	if err := pool.Ping(ctx); err != nil {
-		pool.Close()
-		return nil, fmt.Errorf("naive baseline: connect: %w", err)
-	}
-	return pool, nil
-}
-
-// resetNaive gives a measurement an empty baseline table, so that every run inserts into the
-// same fresh B-tree the jetgres streams start with.
-func resetNaive(ctx context.Context, pool *pgxpool.Pool) error {
-	if _, err := pool.Exec(ctx, `DROP TABLE IF EXISTS `+naiveTable); err != nil {
-		return fmt.Errorf("naive baseline: drop table %s: %w", naiveTable, err)
-	}
-	_, err := pool.Exec(ctx, `CREATE TABLE `+naiveTable+` (
-	seq     bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-	subject text NOT NULL,
-	data    bytea NOT NULL,
-	stored  timestamptz NOT NULL DEFAULT now()
-)`)
-	if err != nil {
-		return fmt.Errorf("naive baseline: create table %s: %w", naiveTable, err)
-	}
-	return nil
-}
-
-// naiveInsert is one publish of the baseline: one INSERT, committed on its own.
-const naiveInsert = `INSERT INTO ` + naiveTable + ` (subject, data) VALUES ($1, $2)`

@@ -18,6 +18,11 @@
 // (for DROP DATABASE … WITH (FORCE)), with a role that may create databases. The databases are
 // created and dropped there the same way.
 //
+// It also holds what benchmarks need from PostgreSQL besides jetgres itself, for the
+// `go test -bench` benchmarks and the bench command alike: the naive queue they measure
+// jetgres against (Naive, with BareInsert and VersusInsert on top for tests) and Probe, for
+// settings and statistics. With package pg, it is the only package that imports pgx.
+//
 // Main stops the cluster even when tests fail, and then checks for leaked goroutines (goleak).
 // A test process killed before Main could stop its cluster leaves the cluster's directory
 // behind; the next test process to start a cluster stops and removes such leftovers once they

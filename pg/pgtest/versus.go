@@ -5,8 +5,6 @@ import (
 	"slices"
 	"testing"
 	"time"
-
-	"github.com/jackc/pgx/v5"
 )
 
 // VersusInsert is a benchmark's baseline: it runs op rounds times per iteration, each run
@@ -40,24 +38,4 @@ func VersusInsert(b *testing.B, what string, rounds int, op func(ctx context.Con
 	b.ReportMetric(float64(op50.Microseconds()), what+"-µs")
 	b.ReportMetric(float64(insert50.Microseconds()), "insert-µs")
 	b.ReportMetric(float64(op50)/float64(insert50), what+"/insert")
-}
-
-// BareInsert returns what a queue in PostgreSQL with no design at all does for one message:
-// one INSERT, committed on its own, into a table of a fresh database of its own, on one
-// connection. The returned function must not be called concurrently.
-func BareInsert(t testing.TB) func(ctx context.Context, data []byte) error {
-	t.Helper()
-	ctx := context.Background()
-	conn, err := pgx.Connect(ctx, NewDB(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = conn.Close(ctx) })
-	if _, err := conn.Exec(ctx, `CREATE TABLE naive (seq bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, subject text NOT NULL, data bytea NOT NULL)`); err != nil {
-		t.Fatal(err)
-	}
-	return func(ctx context.Context, data []byte) error {
-		_, err := conn.Exec(ctx, `INSERT INTO naive (subject, data) VALUES ($1, $2)`, "naive.x", data)
-		return err
-	}
 }

@@ -1,3 +1,13 @@
+// Command jetgres-bench measures jetgres against JetStream and a naive PostgreSQL queue in
+// one run (see package bench) and prints the results table, or the report as JSON with
+// --json; with --out-dir it also writes BENCHMARKS.md and its plots there:
+//
+//	go run ./cmd/jetgres-bench --out-dir .
+//
+// It is a command of its own so that the gateway's binary carries none of the load
+// generator, the baseline's driver or the plotting library. Progress and logs go to stderr.
+// A failed measurement is reported and makes the command fail after everything else has
+// run.
 package main
 
 import (
@@ -5,6 +15,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"os/signal"
@@ -16,13 +27,39 @@ import (
 	"github.com/jetgres/jetgres/e2e/bench"
 )
 
-// runBench is `jetgres bench`: it measures jetgres against JetStream and a naive PostgreSQL
-// baseline in one run (see package bench) and prints the results table, or the report as
-// JSON with --json; with --out-dir it also writes BENCHMARKS.md and its plots there.
-// Progress and logs go to stderr. A failed measurement is reported and makes the command
-// fail after everything else has run.
-func runBench(ctx context.Context, args []string) error {
-	fs := flag.NewFlagSet("jetgres bench", flag.ContinueOnError)
+// command is how the report names the command that regenerates it.
+const command = "go run ./cmd/jetgres-bench"
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// usageError is a command line that cannot run.
+type usageError struct{ err error }
+
+func (e usageError) Error() string { return e.err.Error() }
+func (e usageError) Unwrap() error { return e.err }
+
+// run returns the process exit code: 0 on success, 1 when the run or a measurement failed,
+// 2 for a usage error.
+func run(args []string, stdout, stderr io.Writer) int {
+	err := runBench(context.Background(), args, stdout, stderr)
+	var usage usageError
+	switch {
+	case err == nil, errors.Is(err, flag.ErrHelp):
+		return 0
+	case errors.As(err, &usage):
+		fmt.Fprintf(stderr, "jetgres-bench: %v\n", err)
+		return 2
+	default:
+		fmt.Fprintf(stderr, "jetgres-bench: %v\n", err)
+		return 1
+	}
+}
+
+func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("jetgres-bench", flag.ContinueOnError)
+	fs.SetOutput(stderr)
 	var (
 		cfg      bench.Config
 		only     string
@@ -45,23 +82,25 @@ func runBench(ctx context.Context, args []string) error {
 	fs.StringVar(&logLevel, "log-level", "error", "log level of the components on stderr: debug, info, warn or error")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
-			return nil
+			return err
 		}
-		return err
+		return usageError{err}
 	}
 	if fs.NArg() > 0 {
-		return fmt.Errorf("bench: unexpected argument %q", fs.Arg(0))
+		return usageError{fmt.Errorf("unexpected argument %q", fs.Arg(0))}
 	}
 	cfg.Only = strings.Split(only, ",")
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(logLevel)); err != nil {
-		return fmt.Errorf("bench: --log-level: %w", err)
+		return usageError{fmt.Errorf("--log-level: %w", err)}
 	}
-	cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
-	cfg.Command = strings.Join(append([]string{"jetgres bench"}, args...), " ")
-	cfg.Progress = os.Stderr
-	if fi, err := os.Stderr.Stat(); err == nil {
-		cfg.ProgressTTY = fi.Mode()&os.ModeCharDevice != 0
+	cfg.Logger = slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+	cfg.Command = strings.Join(append([]string{command}, args...), " ")
+	cfg.Progress = stderr
+	if f, ok := stderr.(*os.File); ok {
+		if fi, err := f.Stat(); err == nil {
+			cfg.ProgressTTY = fi.Mode()&os.ModeCharDevice != 0
+		}
 	}
 
 	// Stopping the private PostgreSQL and the servers must happen even on Ctrl-C.
@@ -70,11 +109,11 @@ func runBench(ctx context.Context, args []string) error {
 	if cpuProf != "" {
 		f, err := os.Create(cpuProf)
 		if err != nil {
-			return fmt.Errorf("bench: --cpuprofile: %w", err)
+			return fmt.Errorf("--cpuprofile: %w", err)
 		}
 		defer f.Close()
 		if err := pprof.StartCPUProfile(f); err != nil {
-			return fmt.Errorf("bench: --cpuprofile: %w", err)
+			return fmt.Errorf("--cpuprofile: %w", err)
 		}
 		defer pprof.StopCPUProfile()
 	}
@@ -84,21 +123,21 @@ func runBench(ctx context.Context, args []string) error {
 		return err
 	}
 	if asJSON {
-		err = rep.WriteJSON(os.Stdout)
+		err = rep.WriteJSON(stdout)
 	} else {
-		err = rep.WriteText(os.Stdout)
+		err = rep.WriteText(stdout)
 	}
 	if err != nil {
-		return fmt.Errorf("bench: write report: %w", err)
+		return fmt.Errorf("write report: %w", err)
 	}
 	if outDir != "" {
 		if err := rep.WriteFiles(outDir); err != nil {
-			return fmt.Errorf("bench: %w", err)
+			return err
 		}
-		fmt.Fprintf(os.Stderr, "bench: wrote BENCHMARKS.md and plots into %s in %s\n", outDir, time.Since(start).Round(time.Second))
+		fmt.Fprintf(stderr, "jetgres-bench: wrote BENCHMARKS.md and plots into %s in %s\n", outDir, time.Since(start).Round(time.Second))
 	}
 	if len(rep.Errors) > 0 {
-		return fmt.Errorf("bench: %d measurements failed (listed above)", len(rep.Errors))
+		return fmt.Errorf("%d measurements failed (listed above)", len(rep.Errors))
 	}
 	return nil
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 
 	"github.com/jetgres/jetgres/bridge/consumerstate"
+	"github.com/jetgres/jetgres/internal/jswire"
 	"github.com/jetgres/jetgres/pg"
 )
 
@@ -52,8 +53,8 @@ const (
 // per wake, so it holds only what handling one needs.
 type event struct {
 	kind       evKind
-	ack        ackKind // what an evAck asks for
-	sseq, dseq uint64  // the delivery an evAck refers to
+	ack        jswire.AckKind // what an evAck asks for
+	sseq, dseq uint64         // the delivery an evAck refers to
 	reply      string
 	data       []byte
 	cfg        *server.ConsumerConfig
@@ -210,7 +211,7 @@ func (c *consumer) committed(msgs []pg.Message) {
 }
 
 func (c *consumer) setFilters(cfg *server.ConsumerConfig) {
-	f := consumerFilters(cfg)
+	f := jswire.ConsumerFilters(cfg)
 	c.filter.Store(&f)
 }
 
@@ -323,14 +324,15 @@ func (c *consumer) handle(ctx context.Context, ev *event, now time.Time) {
 // addRequest queues a pull request, or answers it at once when JetStream would.
 func (c *consumer) addRequest(reply string, body []byte, now time.Time) {
 	link := c.cs.b.link
-	pr, bad := decodePullRequest(body, now)
+	req, bad := jswire.DecodePullRequest(body, now)
 	if bad == nil {
-		bad = checkPullLimits(&c.cfg, &pr, now)
+		bad = jswire.CheckPullLimits(&c.cfg, &req, now)
 	}
 	if bad != nil {
-		_ = link.Publish(reply, "", statusHeader(bad.code, bad.desc), nil)
+		_ = link.Publish(reply, "", jswire.StatusHeader(bad.Code, bad.Desc), nil)
 		return
 	}
+	pr := newPullRequest(req, now)
 	c.lastActive = now
 	if len(c.waiting) >= c.cfg.MaxWaiting {
 		c.processWaiting(now, false)
@@ -338,13 +340,13 @@ func (c *consumer) addRequest(reply string, body []byte, now time.Time) {
 	if len(c.waiting) >= c.cfg.MaxWaiting {
 		// A client with heartbeats retries on its own; answering would make it spin.
 		if pr.hb == 0 {
-			_ = link.Publish(reply, "", statusHeader(409, descMaxWaiting), nil)
+			_ = link.Publish(reply, "", jswire.StatusHeader(409, jswire.DescMaxWaiting), nil)
 		}
 		return
 	}
 	if pr.noWait {
 		if pr.expires.IsZero() && !c.hasWork() {
-			_ = link.Publish(reply, "", statusHeader(404, descNoMessages), nil)
+			_ = link.Publish(reply, "", jswire.StatusHeader(404, jswire.DescNoMessages), nil)
 			return
 		}
 		// As nats-server does: a one-shot request that the messages there are cannot serve
@@ -353,7 +355,7 @@ func (c *consumer) addRequest(reply string, body []byte, now time.Time) {
 		if pending := c.msgsPending(); pending > 0 {
 			c.processWaiting(now, false)
 			if pending < c.batchPending() {
-				_ = link.Publish(reply, "", statusHeader(408, descRequestsPend), nil)
+				_ = link.Publish(reply, "", jswire.StatusHeader(408, jswire.DescRequestsPend), nil)
 				return
 			}
 		}
@@ -422,8 +424,8 @@ func (c *consumer) pump(ctx context.Context) {
 		if dc == 1 && pending > 0 {
 			pending--
 		}
-		info := ackInfo{stream: c.sc.s.name, consumer: c.name, delivered: dc, sseq: m.Seq, dseq: c.st.Delivered().Consumer + 1, ts: m.TS, pending: pending}
-		reply := appendAckSubject(c.reply[:0], info)
+		info := jswire.AckInfo{Stream: c.sc.s.name, Consumer: c.name, Delivered: dc, StreamSeq: m.Seq, ConsumerSeq: c.st.Delivered().Consumer + 1, TS: m.TS, Pending: pending}
+		reply := jswire.AppendAckSubject(c.reply[:0], info)
 		size := len(m.Subject) + len(reply) + len(hdr) + len(data)
 		now := time.Now()
 		wr := c.nextWaiting(size, now)
@@ -734,10 +736,10 @@ func (c *consumer) nextWaiting(size int, now time.Time) *pullRequest {
 		wr := c.waiting[0]
 		switch {
 		case !wr.expires.IsZero() && !now.Before(wr.expires):
-			_ = link.Publish(wr.reply, "", pendingHeader(408, descRequestTimeout, wr), nil)
+			_ = link.Publish(wr.reply, "", pendingHeader(408, jswire.DescRequestTimeout, wr), nil)
 			c.lastActive = now
 		case wr.maxBytes > 0 && size > wr.maxBytes:
-			_ = link.Publish(wr.reply, "", pendingHeader(409, descMaxBytes, wr), nil)
+			_ = link.Publish(wr.reply, "", pendingHeader(409, jswire.DescMaxBytes, wr), nil)
 		case !c.hasInterest(wr, now):
 		default:
 			return wr
@@ -786,7 +788,7 @@ func (c *consumer) delivered(wr *pullRequest, size int, m pg.Message, dc uint64,
 	c.waiting = c.waiting[1:]
 	if wr.batch <= 0 {
 		if wr.maxBytes > 0 {
-			_ = c.cs.b.link.Publish(wr.reply, "", pendingHeader(409, descBatchCompleted, wr), nil)
+			_ = c.cs.b.link.Publish(wr.reply, "", pendingHeader(409, jswire.DescBatchCompleted, wr), nil)
 		}
 		return
 	}
@@ -804,11 +806,11 @@ func (c *consumer) processWaiting(now time.Time, eos bool) {
 	for _, wr := range c.waiting {
 		switch {
 		case !wr.expires.IsZero() && !now.Before(wr.expires):
-			_ = link.Publish(wr.reply, "", pendingHeader(408, descRequestTimeout, wr), nil)
+			_ = link.Publish(wr.reply, "", pendingHeader(408, jswire.DescRequestTimeout, wr), nil)
 			c.lastActive = now
 			continue
 		case eos && wr.noWait && (wr.expires.IsZero() || wr.sent > 0):
-			_ = link.Publish(wr.reply, "", statusHeader(404, descNoMessages), nil)
+			_ = link.Publish(wr.reply, "", jswire.StatusHeader(404, jswire.DescNoMessages), nil)
 			c.lastActive = now
 			continue
 		case !c.hasInterest(wr, now):
@@ -875,9 +877,9 @@ func (c *consumer) shutdown(r stopReason) {
 	var hdr []byte
 	switch r {
 	case stopDeleted:
-		hdr = statusHeader(409, descDeleted)
+		hdr = jswire.StatusHeader(409, jswire.DescDeleted)
 	case stopLost:
-		hdr = statusHeader(409, descLeadership)
+		hdr = jswire.StatusHeader(409, jswire.DescLeadership)
 	}
 	if hdr != nil {
 		for _, wr := range c.waiting {
@@ -891,5 +893,5 @@ func (c *consumer) shutdown(r stopReason) {
 
 // headersOnly replaces a payload by its size, as JetStream's headers_only does.
 func headersOnly(hdr []byte, size int) []byte {
-	return appendHeaders(hdr, server.JSMsgSize, strconv.Itoa(size))
+	return jswire.AppendHeaders(hdr, server.JSMsgSize, strconv.Itoa(size))
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/jetgres/jetgres/embedded/leaf"
+	"github.com/jetgres/jetgres/internal/jswire"
 	"github.com/jetgres/jetgres/pg"
 )
 
@@ -119,7 +120,7 @@ func (b *Bridge) startConsumers(ctx context.Context) error {
 			return err
 		}
 	}
-	sub, err := b.link.SubscribeBorrowed(ackPrefix+">", "", cs.onAck)
+	sub, err := b.link.SubscribeBorrowed(jswire.AckPrefix+">", "", cs.onAck)
 	if err != nil {
 		cs.cancel()
 		return err
@@ -245,7 +246,7 @@ func (b *Bridge) handlePullRequest(m *leaf.Msg, streamName, consumerName string)
 	ev := event{kind: evPull, reply: m.Reply, data: m.Data}
 	if c := cs.find(streamName, consumerName); c != nil {
 		if !c.post(ev) {
-			_ = b.link.Publish(m.Reply, "", statusHeader(409, descMaxWaiting), nil)
+			_ = b.link.Publish(m.Reply, "", jswire.StatusHeader(409, jswire.DescMaxWaiting), nil)
 		}
 		return
 	}
@@ -366,7 +367,7 @@ func (cs *consumerSide) activateLater(streamName, consumerName string, ev event)
 	select {
 	case cs.activeN <- struct{}{}:
 	default:
-		_ = cs.b.link.Publish(ev.reply, "", statusHeader(503, "No Responders"), nil)
+		_ = cs.b.link.Publish(ev.reply, "", jswire.StatusHeader(503, "No Responders"), nil)
 		return
 	}
 	cs.wg.Go(func() {
@@ -376,9 +377,9 @@ func (cs *consumerSide) activateLater(streamName, consumerName string, ev event)
 		case errors.Is(err, pg.ErrLeaseHeld):
 			// Another replica serves it and received the same request.
 		case err != nil:
-			_ = cs.b.link.Publish(ev.reply, "", statusHeader(503, "No Responders"), nil)
+			_ = cs.b.link.Publish(ev.reply, "", jswire.StatusHeader(503, "No Responders"), nil)
 		case !c.post(ev):
-			_ = cs.b.link.Publish(ev.reply, "", statusHeader(409, descMaxWaiting), nil)
+			_ = cs.b.link.Publish(ev.reply, "", jswire.StatusHeader(409, jswire.DescMaxWaiting), nil)
 		}
 	})
 }
@@ -390,7 +391,7 @@ func (cs *consumerSide) ensure(ctx context.Context, streamName, consumerName str
 	}
 	// Names come from subject tokens, which can be any bytes; no consumer has an invalid
 	// name, and PostgreSQL would refuse to look one up.
-	if !validName(consumerName) {
+	if !jswire.ValidName(consumerName) {
 		return nil, pg.ErrNotFound
 	}
 	s := cs.b.lookupOrSync(ctx, streamName)

@@ -13,6 +13,7 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 
+	"github.com/jetgres/jetgres/internal/jswire"
 	"github.com/jetgres/jetgres/pg"
 )
 
@@ -76,7 +77,7 @@ type retained struct {
 // acknowledged, for the next retention pass. The consumer decides whether the ack counts;
 // the pass asks it.
 func (m *maintainer) noteAck(s *stream, consumer string, sseq uint64, body []byte) {
-	if !ackSettles(body) || s.cfgView().Retention == server.LimitsPolicy {
+	if !jswire.AckSettles(body) || s.cfgView().Retention == server.LimitsPolicy {
 		return
 	}
 	rs := &s.ret
@@ -191,7 +192,7 @@ func (b *Bridge) retain(ctx context.Context, s *stream) (waiting bool, err error
 		if err := json.Unmarshal(row.Config, &cc); err != nil {
 			return false, fmt.Errorf("consumer %q: stored config does not decode: %w", row.Name, err)
 		}
-		rc := pg.RetainConsumer{Floor: row.AckStreamSeq, Filters: consumerFilters(&cc)}
+		rc := pg.RetainConsumer{Floor: row.AckStreamSeq, Filters: jswire.ConsumerFilters(&cc)}
 		fmt.Fprintf(&sig, "%s/%d/%s;", row.Name, row.Created.UnixNano(), strings.Join(rc.Filters, ","))
 		c := b.servedConsumer(s, row)
 		if c == nil {
@@ -439,7 +440,7 @@ func (b *Bridge) workQueueConflict(ctx context.Context, s *stream, name string, 
 		b.log.Error("listing consumers", "stream", s.name, "err", err)
 		return server.NewJSConsumerCreateError(errors.New("database error"))
 	}
-	filters := consumerFilters(cfg)
+	filters := jswire.ConsumerFilters(cfg)
 	exists := false
 	var others [][]string
 	for _, row := range rows {
@@ -451,7 +452,7 @@ func (b *Bridge) workQueueConflict(ctx context.Context, s *stream, name string, 
 		if err := json.Unmarshal(row.Config, &oc); err != nil {
 			return server.NewJSConsumerCreateError(fmt.Errorf("consumer %q: stored config does not decode", row.Name))
 		}
-		others = append(others, consumerFilters(&oc))
+		others = append(others, jswire.ConsumerFilters(&oc))
 	}
 	if len(others) == 0 {
 		return nil

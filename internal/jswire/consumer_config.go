@@ -160,7 +160,7 @@ func CheckConsumerConfig(req server.ConsumerConfig, scfg *server.StreamConfig) (
 			return cfg, server.NewJSStreamInvalidConfigError(server.ErrBadSubject)
 		}
 		for j, g := range filters {
-			if i != j && server.SubjectsCollide(f, g) && (subsetOf(f, g) || subsetOf(g, f)) {
+			if i != j && server.SubjectsCollide(f, g) && (server.SubjectMatchesFilter(f, g) || server.SubjectMatchesFilter(g, f)) {
 				return cfg, server.NewJSConsumerOverlappingSubjectFiltersError()
 			}
 		}
@@ -190,23 +190,6 @@ func CheckConsumerConfig(req server.ConsumerConfig, scfg *server.StreamConfig) (
 		return cfg, e
 	}
 	return cfg, nil
-}
-
-// subsetOf reports whether every subject matching a also matches b.
-func subsetOf(a, b string) bool {
-	at, bt := strings.Split(a, "."), strings.Split(b, ".")
-	for i, t := range bt {
-		if t == ">" {
-			return len(at) > i
-		}
-		if i >= len(at) {
-			return false
-		}
-		if t != "*" && t != at[i] || t == "*" && at[i] == ">" {
-			return false
-		}
-	}
-	return len(at) == len(bt)
 }
 
 func checkDeliverPolicy(cfg *server.ConsumerConfig) *server.ApiError {

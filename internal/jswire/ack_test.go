@@ -45,3 +45,29 @@ func FuzzAckSubject(f *testing.F) {
 		}
 	})
 }
+
+// A reply subject is built for every delivery and parsed for every ack: neither may
+// allocate, nor may reading what the ack asks for.
+func TestAckPathAllocs(t *testing.T) {
+	a := AckInfo{Stream: "ORDERS", Consumer: "C1", Delivered: 2, StreamSeq: 41, ConsumerSeq: 7, TS: 1_700_000_000_123_456_789, Pending: 12}
+	buf := make([]byte, 0, 128)
+	subj := string(AppendAckSubject(nil, a))
+	body := []byte("+ACK")
+	for name, f := range map[string]func(){
+		"AppendAckSubject": func() { buf = AppendAckSubject(buf[:0], a) },
+		"ParseAckSubject":  func() { _, _ = ParseAckSubject(subj) },
+		"ClassifyAck":      func() { _ = ClassifyAck(body) },
+	} {
+		if n := testing.AllocsPerRun(100, f); n != 0 {
+			t.Errorf("%s allocates %v times", name, n)
+		}
+	}
+}
+
+func BenchmarkParseAckSubject(b *testing.B) {
+	subj := "$JS.ACK.ORDERS.C1.2.41.7.1700000000123456789.12"
+	b.ReportAllocs()
+	for b.Loop() {
+		_, _ = ParseAckSubject(subj)
+	}
+}

@@ -326,7 +326,7 @@ func (cs *consumerSide) info(ctx context.Context, c *consumer) (*server.Consumer
 	}
 	filters := c.filters()
 	c.mu.Unlock()
-	np, err := cs.b.db.CountPending(ctx, pg.PendingParams{StreamID: c.sc.s.id, From: from, UpTo: c.sc.tail.highWater(), Filters: filters})
+	np, err := cs.b.db.CountPending(ctx, pg.PendingParams{StreamID: c.sc.s.id, From: from, UpTo: c.sc.tail.HighWater(), Filters: filters})
 	if err != nil {
 		return nil, err
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 
 	"github.com/jetgres/jetgres/bridge/consumerstate"
+	"github.com/jetgres/jetgres/bridge/tailcache"
 	"github.com/jetgres/jetgres/internal/jswire"
 	"github.com/jetgres/jetgres/pg"
 )
@@ -264,7 +265,7 @@ func (c *consumer) run() {
 			c.cs.deleteInactive(c)
 			continue
 		}
-		hw := c.sc.tail.highWater()
+		hw := c.sc.tail.HighWater()
 		c.pump(ctx)
 		wake := c.nextWake(time.Now())
 		parked := len(c.waiting) > 0
@@ -273,7 +274,7 @@ func (c *consumer) run() {
 		if parked {
 			// A commit that raised the high-water mark before it could see parked set has
 			// not signalled: look once more.
-			if c.sc.tail.highWater() > hw {
+			if c.sc.tail.HighWater() > hw {
 				c.signal()
 			}
 			// Only a consumer that starts waiting brings the ticker back to its base period;
@@ -385,7 +386,7 @@ func (c *consumer) batchPending() int64 {
 // hasWork is the cheap in-memory check: is anything deliverable without asking PostgreSQL
 // whether more was committed.
 func (c *consumer) hasWork() bool {
-	return c.st.HasRedeliveries() || len(c.ahead) > 0 || c.start != nil || c.st.Next() <= c.sc.tail.highWater()
+	return c.st.HasRedeliveries() || len(c.ahead) > 0 || c.start != nil || c.st.Next() <= c.sc.tail.HighWater()
 }
 
 // source says where a candidate message came from, so that delivering it consumes it there.
@@ -542,7 +543,7 @@ func (c *consumer) next(ctx context.Context) (m pg.Message, dc uint64, src sourc
 	}
 	for {
 		from := c.st.Next()
-		hw := c.sc.tail.highWater()
+		hw := c.sc.tail.HighWater()
 		if from > hw {
 			return m, 0, 0, nextEmpty
 		}
@@ -558,7 +559,7 @@ func (c *consumer) next(ctx context.Context) (m pg.Message, dc uint64, src sourc
 			}
 			continue
 		}
-		m, through, found, hit := c.sc.tail.next(from, c.matchFilters)
+		m, through, found, hit := c.sc.tail.Next(from, c.matchFilters)
 		if hit {
 			c.tally.tailHits++
 			if found {
@@ -637,11 +638,11 @@ func (c *consumer) prefetch(ctx context.Context) {
 	if c.pf != nil || len(c.ahead) > prefetchBelow || c.aheadUpTo == 0 || time.Now().Before(c.retryAt) {
 		return
 	}
-	from, hw := c.aheadUpTo+1, c.sc.tail.highWater()
+	from, hw := c.aheadUpTo+1, c.sc.tail.HighWater()
 	if from < c.st.Next() || from > hw {
 		return // delivery moved past the read-ahead, or nothing more is committed
 	}
-	if _, _, covered := c.sc.tail.get(from); covered {
+	if _, _, covered := c.sc.tail.Get(from); covered {
 		return
 	}
 	pf := &prefetch{gen: c.aheadGen, from: from, done: make(chan struct{})}
@@ -701,12 +702,12 @@ func (c *consumer) dropAhead() {
 // load returns the message at seq, from the tail when it holds it. live is false when the
 // message no longer exists.
 func (c *consumer) load(ctx context.Context, seq uint64) (pg.Message, bool, error) {
-	if m, live, covered := c.sc.tail.get(seq); covered {
+	if m, live, covered := c.sc.tail.Get(seq); covered {
 		c.cs.m.tailHits.Inc()
 		return m, live, nil
 	}
 	// c.ahead is in sequence order: it is read ORDER BY seq and only ever extended past its end.
-	if i := searchSeq(c.ahead, seq); i < len(c.ahead) && c.ahead[i].Seq == seq {
+	if i := tailcache.SearchSeq(c.ahead, seq); i < len(c.ahead) && c.ahead[i].Seq == seq {
 		return c.ahead[i], true, nil
 	}
 	c.cs.m.tailMisses.Inc()

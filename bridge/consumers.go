@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/jetgres/jetgres/bridge/tailcache"
 	"github.com/jetgres/jetgres/embedded/leaf"
 	"github.com/jetgres/jetgres/internal/jswire"
 	"github.com/jetgres/jetgres/pg"
@@ -52,7 +53,7 @@ type consumerSide struct {
 	kick    chan struct{}
 	activeN chan struct{} // activation slots
 
-	tails   tailBudget
+	tails   *tailcache.Budget
 	mu      sync.RWMutex
 	streams map[*stream]*streamConsumers
 }
@@ -60,7 +61,7 @@ type consumerSide struct {
 // streamConsumers is one stream's consumers and its tail cache.
 type streamConsumers struct {
 	s    *stream
-	tail *tail
+	tail *tailcache.Tail
 
 	mu   sync.RWMutex
 	cons map[string]*consumer
@@ -103,7 +104,7 @@ func (b *Bridge) initConsumers(reg prometheus.Registerer) {
 		kick:    make(chan struct{}, 1),
 		activeN: make(chan struct{}, activationsMax),
 		streams: make(map[*stream]*streamConsumers),
-		tails:   tailBudget{max: int64(b.cfg.TailTotalBytes)},
+		tails:   tailcache.NewBudget(int64(b.cfg.TailTotalBytes)),
 	}
 	cs.m = newConsumerMetrics(reg, cs)
 	b.cons = cs
@@ -174,7 +175,7 @@ func (b *Bridge) consumersCommitted(s *stream, msgs []pg.Message) {
 		return
 	}
 	sc := cs.streamFor(s, msgs[0].Seq-1)
-	sc.tail.add(msgs, msgs[0].Seq, msgs[len(msgs)-1].Seq)
+	sc.tail.Add(msgs, msgs[0].Seq, msgs[len(msgs)-1].Seq)
 	for _, c := range sc.list() {
 		c.committed(msgs)
 	}
@@ -194,7 +195,7 @@ func (b *Bridge) dropConsumers(s *stream) {
 	if sc == nil {
 		return
 	}
-	sc.tail.clear() // gives its bytes back to the shared bound
+	sc.tail.Clear() // gives its bytes back to the shared bound
 	for _, c := range sc.list() {
 		c.stop(stopDeleted)
 	}
@@ -206,7 +207,7 @@ func (b *Bridge) streamPurged(s *stream) {
 	if sc == nil {
 		return
 	}
-	sc.tail.clear()
+	sc.tail.Clear()
 	for _, c := range sc.list() {
 		c.markStale(allRows)
 		c.post(event{kind: evPurged})
@@ -281,7 +282,7 @@ func (cs *consumerSide) streamFor(s *stream, hw uint64) *streamConsumers {
 	cs.mu.Lock()
 	defer cs.mu.Unlock()
 	if sc = cs.streams[s]; sc == nil {
-		sc = &streamConsumers{s: s, tail: newTail(TailBytesDefault, &cs.tails, hw), cons: make(map[string]*consumer)}
+		sc = &streamConsumers{s: s, tail: tailcache.New(TailBytesDefault, cs.tails, hw), cons: make(map[string]*consumer)}
 		cs.streams[s] = sc
 	}
 	return sc
@@ -299,7 +300,7 @@ func (cs *consumerSide) streamLoaded(ctx context.Context, s *stream) (*streamCon
 		return nil, err
 	}
 	sc = cs.streamFor(s, hw[s.id])
-	sc.tail.raise(hw[s.id])
+	sc.tail.Raise(hw[s.id])
 	return sc, nil
 }
 
@@ -332,7 +333,7 @@ func (cs *consumerSide) activate(ctx context.Context, sc *streamConsumers, row p
 		return nil, errors.New("stored consumer config does not decode: " + err.Error())
 	}
 	c := newConsumer(cs, sc, row, cfg, start)
-	hw := sc.tail.highWater()
+	hw := sc.tail.HighWater()
 	npc, err := cs.b.db.CountPending(ctx, pg.PendingParams{StreamID: sc.s.id, From: c.st.Next(), UpTo: hw, Filters: c.filters()})
 	if err != nil {
 		return nil, err

@@ -341,11 +341,11 @@ func (b *Bridge) cachedAny(s *stream, below uint64, seqs []uint64) bool {
 	if sc == nil {
 		return false
 	}
-	if _, _, covered := sc.tail.get(below); covered {
+	if _, _, covered := sc.tail.Get(below); covered {
 		return true
 	}
 	for _, seq := range seqs {
-		if _, _, covered := sc.tail.get(seq); covered {
+		if _, _, covered := sc.tail.Get(seq); covered {
 			return true
 		}
 	}

@@ -3,27 +3,15 @@ package bridge
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"strings"
 	"sync"
 	"time"
 
-	"github.com/nats-io/nats-server/v2/server"
-
 	"github.com/jetgres/jetgres/bridge/consumerstate"
 	"github.com/jetgres/jetgres/embedded/leaf"
+	"github.com/jetgres/jetgres/internal/jswire"
 	"github.com/jetgres/jetgres/pg"
-)
-
-// Ack bodies, as clients send them.
-var (
-	ackAck      = []byte("+ACK")
-	ackOK       = []byte("+OK")
-	ackNak      = []byte("-NAK")
-	ackProgress = []byte("+WPI")
-	ackNext     = []byte("+NXT")
-	ackTerm     = []byte("+TERM")
 )
 
 const (
@@ -48,32 +36,32 @@ const (
 // and most are a subject and nothing else), so whatever outlives the call is copied: the
 // reply of a double ack and the body of an ack that carries arguments.
 func (cs *consumerSide) onAck(m *leaf.Msg) {
-	a, ok := parseAckSubject(m.Subject)
+	a, ok := jswire.ParseAckSubject(m.Subject)
 	if !ok {
 		return
 	}
-	s := cs.b.lookup(a.stream)
+	s := cs.b.lookup(a.Stream)
 	if s == nil {
 		return
 	}
-	c := cs.served(s, a.consumer)
+	c := cs.served(s, a.Consumer)
 	if mt := cs.b.maint(); mt != nil {
-		name := a.consumer
+		name := a.Consumer
 		if c != nil {
 			name = c.name
 		} else {
 			name = strings.Clone(name)
 		}
-		mt.noteAck(s, name, a.sseq, m.Data)
+		mt.noteAck(s, name, a.StreamSeq, m.Data)
 	}
 	if c == nil {
 		return
 	}
-	ev := event{kind: evAck, ack: classifyAck(m.Data), sseq: a.sseq, dseq: a.dseq}
+	ev := event{kind: evAck, ack: jswire.ClassifyAck(m.Data), sseq: a.StreamSeq, dseq: a.ConsumerSeq}
 	switch ev.ack {
-	case ackUnknown:
+	case jswire.AckUnknown:
 		return
-	case ackNextKind, ackNakKind:
+	case jswire.AckNextKind, jswire.AckNakKind:
 		ev.data = bytes.Clone(m.Data)
 	}
 	if m.Reply != "" {
@@ -84,59 +72,21 @@ func (cs *consumerSide) onAck(m *leaf.Msg) {
 	}
 }
 
-// ackKind is what an ack body asks for.
-type ackKind uint8
-
-const (
-	ackUnknown  ackKind = iota
-	ackPositive         // empty, +ACK or +OK
-	ackNextKind         // +NXT: an ack and a pull request
-	ackNakKind          // -NAK, with or without a delay
-	ackWPIKind          // +WPI: more time
-	ackTermKind         // +TERM: never again
-)
-
-func classifyAck(body []byte) ackKind {
-	switch {
-	case len(body) == 0, bytes.Equal(body, ackAck), bytes.Equal(body, ackOK):
-		return ackPositive
-	case bytes.HasPrefix(body, ackNext):
-		return ackNextKind
-	case bytes.HasPrefix(body, ackNak):
-		return ackNakKind
-	case bytes.Equal(body, ackProgress):
-		return ackWPIKind
-	case bytes.HasPrefix(body, ackTerm):
-		return ackTermKind
-	}
-	return ackUnknown
-}
-
-// ackSettles reports whether an ack body acknowledges its message for good (an ack, +NXT or
-// a term), as retention counts it, rather than asking for it again or for more time.
-func ackSettles(body []byte) bool {
-	switch classifyAck(body) {
-	case ackPositive, ackNextKind, ackTermKind:
-		return true
-	}
-	return false
-}
-
 // handleAck applies one ack to the state. Called on the consumer's goroutine with mu held.
 func (c *consumer) handleAck(ctx context.Context, ev *event, now time.Time) {
 	body := ev.data
 	switch ev.ack {
-	case ackPositive, ackTermKind:
+	case jswire.AckPositive, jswire.AckTermKind:
 		c.ack(ev.sseq, ev.dseq, ev.reply, now)
-	case ackNextKind:
+	case jswire.AckNextKind:
 		c.ack(ev.sseq, ev.dseq, "", now)
 		if ev.reply != "" {
-			c.addRequest(ev.reply, body[len(ackNext):], now)
+			c.addRequest(ev.reply, body[len(jswire.AckNext):], now)
 		}
-	case ackNakKind:
-		c.st.Nak(ev.sseq, ev.dseq, nakDelay(body[len(ackNak):]), now)
+	case jswire.AckNakKind:
+		c.st.Nak(ev.sseq, ev.dseq, jswire.NakDelay(body[len(jswire.AckNak):]), now)
 		c.replyAck(ev.reply)
-	case ackWPIKind:
+	case jswire.AckWPIKind:
 		c.st.Progress(ev.sseq, now)
 		c.replyAck(ev.reply)
 	}
@@ -163,27 +113,6 @@ func (c *consumer) replyAck(reply string) {
 	if reply != "" {
 		_ = c.cs.b.link.Publish(reply, "", nil, nil)
 	}
-}
-
-// nakDelay reads the optional delay of a -NAK: "{"delay":ns}" or a Go duration. Anything
-// else is a plain nak, as in nats-server.
-func nakDelay(arg []byte) time.Duration {
-	arg = bytes.TrimSpace(arg)
-	if len(arg) == 0 {
-		return 0
-	}
-	if arg[0] == '{' {
-		var o server.ConsumerNakOptions
-		if json.Unmarshal(arg, &o) == nil {
-			return o.Delay
-		}
-		return 0
-	}
-	d, err := time.ParseDuration(string(arg))
-	if err != nil {
-		return 0
-	}
-	return d
 }
 
 // cursorWriter persists a consumer's ack floor. Writes are fused: while one is in flight the

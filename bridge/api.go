@@ -1,7 +1,6 @@
 package bridge
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"strings"
@@ -9,6 +8,7 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 
 	"github.com/jetgres/jetgres/embedded/leaf"
+	"github.com/jetgres/jetgres/internal/jswire"
 )
 
 const (
@@ -27,7 +27,7 @@ func (b *Bridge) onAPI(m *leaf.Msg) {
 			// nats-server has no subscription for such a subject; jetgres listens on all of
 			// $JS.API.>, so it says what is wrong rather than leave the client to time out.
 			if m.Reply != "" {
-				_ = b.link.Publish(m.Reply, "", statusHeader(400, "Bad Request"), nil)
+				_ = b.link.Publish(m.Reply, "", jswire.StatusHeader(400, "Bad Request"), nil)
 			}
 			return
 		}
@@ -41,7 +41,7 @@ func (b *Bridge) onAPI(m *leaf.Msg) {
 	case b.apiReqs <- m:
 	default:
 		b.pm.apiReqs.WithLabelValues("overloaded").Inc()
-		_ = b.link.Publish(m.Reply, "", statusHeader(503, "API Overloaded"), nil)
+		_ = b.link.Publish(m.Reply, "", jswire.StatusHeader(503, "API Overloaded"), nil)
 	}
 }
 
@@ -72,7 +72,7 @@ func (b *Bridge) serveAPI(ctx context.Context, m *leaf.Msg) {
 		b.directGet(ctx, m, tok[2:])
 		return
 	default:
-		resp = errorResp(server.JSApiSystemResponseType, server.NewJSBadRequestError())
+		resp = jswire.ErrorResponse(server.JSApiSystemResponseType, server.NewJSBadRequestError())
 	}
 	if resp == nil {
 		return
@@ -95,32 +95,15 @@ func (b *Bridge) respond(reply string, resp any) {
 	_ = b.link.Publish(reply, "", nil, data)
 }
 
-// errorResp is a bare typed error response for API subjects whose response type has no
-// other fields worth sending.
-func errorResp(typ string, e *server.ApiError) *server.ApiResponse {
-	return &server.ApiResponse{Type: typ, Error: e}
-}
-
-// isEmptyRequest reports whether a body carries no request, for the API subjects that take
-// none: nothing but white space, or an empty JSON object. Anything else is refused, as
-// nats-server does, so that a stray body never passes for a delete.
-func isEmptyRequest(data []byte) bool {
-	if len(bytes.TrimSpace(data)) == 0 {
-		return true
-	}
-	var v map[string]json.RawMessage
-	return json.Unmarshal(data, &v) == nil && v != nil && len(v) == 0
-}
-
 // requestedStream reads an API request about the stream called name: it decodes body into
 // req, or, for subjects that take no request (req nil), refuses any body but an empty one,
 // and then finds the stream. Both checks come in the order nats-server makes them.
 func (b *Bridge) requestedStream(ctx context.Context, name string, body []byte, req any) (*stream, *server.ApiError) {
 	if req == nil {
-		if !isEmptyRequest(body) {
+		if !jswire.IsEmptyRequest(body) {
 			return nil, server.NewJSNotEmptyRequestError()
 		}
-	} else if e := decodeRequest(body, req); e != nil {
+	} else if e := jswire.DecodeRequest(body, req); e != nil {
 		return nil, e
 	}
 	s := b.lookupOrSync(ctx, name)
@@ -128,18 +111,6 @@ func (b *Bridge) requestedStream(ctx context.Context, name string, body []byte, 
 		return nil, server.NewJSStreamNotFoundError()
 	}
 	return s, nil
-}
-
-// decodeRequest unmarshals an API request body; an empty body is an empty request.
-// Unknown fields are tolerated, as nats-server does.
-func decodeRequest(data []byte, v any) *server.ApiError {
-	if len(bytes.TrimSpace(data)) == 0 {
-		return nil
-	}
-	if err := json.Unmarshal(data, v); err != nil {
-		return server.NewJSInvalidJSONError(err)
-	}
-	return nil
 }
 
 func (b *Bridge) apiAccountInfo(ctx context.Context) any {
@@ -153,5 +124,5 @@ func (b *Bridge) apiAccountInfo(ctx context.Context) any {
 		}
 	}
 	stats.Limits = server.JetStreamAccountLimits{MaxMemory: -1, MaxStore: -1, MaxStreams: -1, MaxConsumers: -1, MaxAckPending: -1, MemoryMaxStreamBytes: -1, StoreMaxStreamBytes: -1}
-	return &server.JSApiAccountInfoResponse{ApiResponse: apiResponse(server.JSApiAccountInfoResponseType), JetStreamAccountStats: &stats}
+	return &server.JSApiAccountInfoResponse{ApiResponse: jswire.APIResponse(server.JSApiAccountInfoResponseType), JetStreamAccountStats: &stats}
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nuid"
 
 	"github.com/jetgres/jetgres/embedded/leaf"
+	"github.com/jetgres/jetgres/internal/jswire"
 	"github.com/jetgres/jetgres/pg"
 )
 
@@ -37,7 +38,7 @@ func (b *Bridge) handleConsumerAPI(ctx context.Context, tok []string, m *leaf.Ms
 	case len(tok) == 3 && tok[0] == "PAUSE":
 		return cs.apiPause(ctx, tok[1], tok[2], m.Data)
 	}
-	return errorResp(server.JSApiConsumerInfoResponseType,
+	return jswire.ErrorResponse(server.JSApiConsumerInfoResponseType,
 		server.NewJSBadRequestError())
 }
 
@@ -45,13 +46,13 @@ func (b *Bridge) handleConsumerAPI(ctx context.Context, tok []string, m *leaf.Ms
 // CONSUMER.DURABLE.CREATE.<stream>.<consumer>, with nats-server's rules for names,
 // filters in the subject and the create/update action.
 func (cs *consumerSide) apiCreate(ctx context.Context, tok []string, data []byte) any {
-	resp := &server.JSApiConsumerCreateResponse{ApiResponse: apiResponse(server.JSApiConsumerCreateResponseType)}
+	resp := &server.JSApiConsumerCreateResponse{ApiResponse: jswire.APIResponse(server.JSApiConsumerCreateResponseType)}
 	fail := func(e *server.ApiError) any {
 		resp.Error = e
 		return resp
 	}
 	var req server.CreateConsumerRequest
-	if e := decodeRequest(data, &req); e != nil {
+	if e := jswire.DecodeRequest(data, &req); e != nil {
 		return fail(e)
 	}
 	var streamName, name, filter string
@@ -108,7 +109,7 @@ func (cs *consumerSide) apiCreate(ctx context.Context, tok []string, data []byte
 		return fail(server.NewJSStreamNotFoundError())
 	}
 	scfg := s.config()
-	cfg, e := checkConsumerConfig(req.Config, &scfg)
+	cfg, e := jswire.CheckConsumerConfig(req.Config, &scfg)
 	if e != nil {
 		return fail(e)
 	}
@@ -119,7 +120,7 @@ func (cs *consumerSide) apiCreate(ctx context.Context, tok []string, data []byte
 		name = nuid.Next()
 		cfg.Name = name
 	}
-	if !validName(name) {
+	if !jswire.ValidName(name) {
 		return fail(server.NewJSConsumerBadDurableNameError())
 	}
 	if cfg.Name == "" {
@@ -170,11 +171,11 @@ func (cs *consumerSide) applyConfig(ctx context.Context, c *consumer, cfg server
 	c.mu.Lock()
 	old := c.cfg
 	c.mu.Unlock()
-	same := sameConsumerConfig(cfg, old)
+	same := jswire.SameConsumerConfig(cfg, old)
 	if action == server.ActionCreate && !same {
 		return server.NewJSConsumerAlreadyExistsError()
 	}
-	if err := checkConsumerUpdate(&old, &cfg); err != nil {
+	if err := jswire.CheckConsumerUpdate(&old, &cfg); err != nil {
 		return server.NewJSConsumerCreateError(err)
 	}
 	if same {
@@ -239,7 +240,7 @@ func (cs *consumerSide) startFor(ctx context.Context, s *stream, cfg *server.Con
 		return nil, err
 	}
 	first, last := st.FirstSeq, st.LastSeq
-	filters := consumerFilters(cfg)
+	filters := jswire.ConsumerFilters(cfg)
 	var next uint64
 	var pos startPos
 	switch cfg.DeliverPolicy {
@@ -325,7 +326,7 @@ func (cs *consumerSide) info(ctx context.Context, c *consumer) (*server.Consumer
 	}
 	filters := c.filters()
 	c.mu.Unlock()
-	np, err := cs.b.db.CountPending(ctx, pg.PendingParams{StreamID: c.sc.s.id, From: from, UpTo: c.sc.tail.highWater(), Filters: filters})
+	np, err := cs.b.db.CountPending(ctx, pg.PendingParams{StreamID: c.sc.s.id, From: from, UpTo: c.sc.tail.HighWater(), Filters: filters})
 	if err != nil {
 		return nil, err
 	}
@@ -346,7 +347,7 @@ func (cs *consumerSide) rowInfo(ctx context.Context, s *stream, row pg.Consumer,
 	if err := json.Unmarshal(row.Config, &cfg); err != nil {
 		return nil, err
 	}
-	np, err := cs.b.db.CountPending(ctx, pg.PendingParams{StreamID: s.id, From: row.AckStreamSeq + 1, UpTo: hw, Filters: consumerFilters(&cfg)})
+	np, err := cs.b.db.CountPending(ctx, pg.PendingParams{StreamID: s.id, From: row.AckStreamSeq + 1, UpTo: hw, Filters: jswire.ConsumerFilters(&cfg)})
 	if err != nil {
 		return nil, err
 	}
@@ -375,7 +376,7 @@ func utcOrNil(t time.Time) *time.Time {
 }
 
 func (cs *consumerSide) apiInfo(ctx context.Context, streamName, name string, data []byte) any {
-	resp := &server.JSApiConsumerInfoResponse{ApiResponse: apiResponse(server.JSApiConsumerInfoResponseType)}
+	resp := &server.JSApiConsumerInfoResponse{ApiResponse: jswire.APIResponse(server.JSApiConsumerInfoResponseType)}
 	s, e := cs.b.requestedStream(ctx, streamName, data, nil)
 	if e != nil {
 		resp.Error = e
@@ -411,7 +412,7 @@ func (cs *consumerSide) apiInfo(ctx context.Context, streamName, name string, da
 // deliveries until then (pull requests still queue, expire and get heartbeats); a time in
 // the past or none resumes at once. It is the consumer's pause_until, stored with its config.
 func (cs *consumerSide) apiPause(ctx context.Context, streamName, name string, data []byte) any {
-	resp := &server.JSApiConsumerPauseResponse{ApiResponse: apiResponse(server.JSApiConsumerPauseResponseType)}
+	resp := &server.JSApiConsumerPauseResponse{ApiResponse: jswire.APIResponse(server.JSApiConsumerPauseResponseType)}
 	var req server.JSApiConsumerPauseRequest
 	if _, e := cs.b.requestedStream(ctx, streamName, data, &req); e != nil {
 		resp.Error = e
@@ -448,14 +449,14 @@ func (cs *consumerSide) apiPause(ctx context.Context, streamName, name string, d
 }
 
 func (cs *consumerSide) apiDelete(ctx context.Context, streamName, name string, data []byte) any {
-	resp := &server.JSApiConsumerDeleteResponse{ApiResponse: apiResponse(server.JSApiConsumerDeleteResponseType)}
+	resp := &server.JSApiConsumerDeleteResponse{ApiResponse: jswire.APIResponse(server.JSApiConsumerDeleteResponseType)}
 	s, e := cs.b.requestedStream(ctx, streamName, data, nil)
 	if e != nil {
 		resp.Error = e
 		return resp
 	}
 	err := pg.ErrNotFound
-	if validName(name) {
+	if jswire.ValidName(name) {
 		err = cs.b.db.DeleteConsumer(ctx, s.id, name)
 	}
 	switch {
@@ -491,7 +492,7 @@ func (cs *consumerSide) pagedConsumers(ctx context.Context, streamName string, d
 }
 
 func (cs *consumerSide) apiNames(ctx context.Context, streamName string, data []byte) any {
-	resp := &server.JSApiConsumerNamesResponse{ApiResponse: apiResponse(server.JSApiConsumerNamesResponseType), Consumers: []string{}}
+	resp := &server.JSApiConsumerNamesResponse{ApiResponse: jswire.APIResponse(server.JSApiConsumerNamesResponseType), Consumers: []string{}}
 	_, rows, offset, e := cs.pagedConsumers(ctx, streamName, data)
 	if e != nil {
 		resp.Error = e
@@ -508,7 +509,7 @@ func (cs *consumerSide) apiNames(ctx context.Context, streamName string, data []
 }
 
 func (cs *consumerSide) apiList(ctx context.Context, streamName string, data []byte) any {
-	resp := &server.JSApiConsumerListResponse{ApiResponse: apiResponse(server.JSApiConsumerListResponseType), Consumers: []*server.ConsumerInfo{}}
+	resp := &server.JSApiConsumerListResponse{ApiResponse: jswire.APIResponse(server.JSApiConsumerListResponseType), Consumers: []*server.ConsumerInfo{}}
 	s, rows, offset, e := cs.pagedConsumers(ctx, streamName, data)
 	if e != nil {
 		resp.Error = e

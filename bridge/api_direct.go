@@ -2,15 +2,14 @@ package bridge
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
 
 	"github.com/jetgres/jetgres/embedded/leaf"
+	"github.com/jetgres/jetgres/internal/jswire"
 	"github.com/jetgres/jetgres/pg"
 )
 
@@ -31,19 +30,19 @@ const (
 )
 
 func (b *Bridge) directGet(ctx context.Context, m *leaf.Msg, tok []string) {
-	status := func(code int, desc string) { _ = b.link.Publish(m.Reply, "", statusHeader(code, desc), nil) }
+	status := func(code int, desc string) { _ = b.link.Publish(m.Reply, "", jswire.StatusHeader(code, desc), nil) }
 	s := b.lookupOrSync(ctx, tok[0])
 	if s == nil || !s.config().AllowDirect {
 		status(503, "")
 		return
 	}
-	if v := headerValue(m.Header, server.JSRequiredApiLevel); v != "" {
+	if v := jswire.HeaderValue(m.Header, server.JSRequiredApiLevel); v != "" {
 		if n, err := strconv.Atoi(v); err != nil || n > apiLevel {
 			status(412, "Required Api Level")
 			return
 		}
 	}
-	req, desc := directRequest(tok[1:], m.Data)
+	req, desc := jswire.DirectRequest(tok[1:], m.Data)
 	if desc != "" {
 		status(408, desc)
 		return
@@ -58,39 +57,6 @@ func (b *Bridge) directGet(ctx context.Context, m *leaf.Msg, tok []string) {
 		b.log.Error("direct get", "stream", s.name, "err", err)
 		status(500, "Database Error")
 	}
-}
-
-// directRequest decodes a direct get, with the subject tokens after the stream name, and
-// returns nats-server's 408 description when it is refused.
-func directRequest(key []string, body []byte) (server.JSApiMsgGetRequest, string) {
-	var req server.JSApiMsgGetRequest
-	if len(key) > 0 {
-		if len(body) > 0 && json.Unmarshal(body, &req) != nil {
-			return req, "Malformed Request"
-		}
-		if req.LastFor != "" || req.NextFor != "" || len(req.MultiLastFor) > 0 || req.Seq != 0 || req.Batch != 0 ||
-			req.StartTime != nil || req.UpToSeq != 0 || req.UpToTime != nil {
-			return req, "Bad Request"
-		}
-		req.LastFor = strings.Join(key, ".")
-		return req, ""
-	}
-	if len(body) == 0 {
-		return req, "Empty Request"
-	}
-	if json.Unmarshal(body, &req) != nil {
-		return req, "Malformed Request"
-	}
-	if req.Seq == 0 && req.LastFor == "" && req.NextFor == "" && len(req.MultiLastFor) == 0 && req.StartTime == nil {
-		return req, "Empty Request"
-	}
-	if (req.Seq > 0 && req.LastFor != "") || (req.Seq > 0 && req.StartTime != nil) ||
-		(req.StartTime != nil && req.LastFor != "") || (req.LastFor != "" && req.NextFor != "") ||
-		(req.LastFor != "" && req.Batch > 0) || (req.LastFor != "" && len(req.MultiLastFor) > 0) ||
-		(req.NextFor != "" && len(req.MultiLastFor) > 0) || (req.UpToSeq > 0 && req.UpToTime != nil) {
-		return req, "Bad Request"
-	}
-	return req, ""
 }
 
 // directStatus is a status-line answer, such as "404 Message Not Found".
@@ -175,7 +141,7 @@ func (dg *directGet) batch(ctx context.Context, seq uint64) error {
 		dg.send(&msgs[i], []string{"Nats-Num-Pending", strconv.FormatUint(np, 10), "Nats-Last-Sequence", strconv.FormatUint(last, 10)})
 		last = msgs[i].Seq
 	}
-	_ = dg.b.link.Publish(dg.reply, "", statusHeader(204, "EOB", "Nats-Num-Pending", strconv.FormatUint(np, 10), "Nats-Last-Sequence", strconv.FormatUint(last, 10)), nil)
+	_ = dg.b.link.Publish(dg.reply, "", jswire.StatusHeader(204, "EOB", "Nats-Num-Pending", strconv.FormatUint(np, 10), "Nats-Last-Sequence", strconv.FormatUint(last, 10)), nil)
 	return nil
 }
 
@@ -238,7 +204,7 @@ func (dg *directGet) multiLast(ctx context.Context) error {
 			break
 		}
 	}
-	_ = dg.b.link.Publish(dg.reply, "", statusHeader(204, "EOB", "Nats-Num-Pending", strconv.Itoa(pending), "Nats-Last-Sequence", strconv.FormatUint(last, 10),
+	_ = dg.b.link.Publish(dg.reply, "", jswire.StatusHeader(204, "EOB", "Nats-Num-Pending", strconv.Itoa(pending), "Nats-Last-Sequence", strconv.FormatUint(last, 10),
 		"Nats-UpTo-Sequence", strconv.FormatUint(upTo, 10)), nil)
 	return nil
 }
@@ -259,5 +225,5 @@ func (dg *directGet) send(m *pg.Message, extra []string) {
 	}
 	kv := append([]string{"Nats-Stream", dg.s.name, "Nats-Subject", m.Subject, "Nats-Sequence", strconv.FormatUint(m.Seq, 10),
 		"Nats-Time-Stamp", time.Unix(0, m.TS).UTC().Format(time.RFC3339Nano)}, extra...)
-	_ = dg.b.link.Publish(dg.reply, "", appendHeaders(m.Header, kv...), m.Data)
+	_ = dg.b.link.Publish(dg.reply, "", jswire.AppendHeaders(m.Header, kv...), m.Data)
 }

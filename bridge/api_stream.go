@@ -12,13 +12,14 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 
+	"github.com/jetgres/jetgres/internal/jswire"
 	"github.com/jetgres/jetgres/pg"
 )
 
 // streamAPI serves $JS.API.STREAM.*; tok follows "STREAM".
 func (b *Bridge) streamAPI(ctx context.Context, tok []string, body []byte) any {
 	if len(tok) == 0 {
-		return errorResp(server.JSApiSystemResponseType, server.NewJSBadRequestError())
+		return jswire.ErrorResponse(server.JSApiSystemResponseType, server.NewJSBadRequestError())
 	}
 	op := tok[0]
 	if op == "NAMES" {
@@ -36,7 +37,7 @@ func (b *Bridge) streamAPI(ctx context.Context, tok []string, body []byte) any {
 		}
 	}
 	if len(tok) != 2 {
-		return errorResp(server.JSApiSystemResponseType, server.NewJSBadRequestError())
+		return jswire.ErrorResponse(server.JSApiSystemResponseType, server.NewJSBadRequestError())
 	}
 	name := tok[1]
 	switch op {
@@ -51,7 +52,7 @@ func (b *Bridge) streamAPI(ctx context.Context, tok []string, body []byte) any {
 	case "PURGE":
 		return b.apiStreamPurge(ctx, name, body)
 	}
-	return errorResp(server.JSApiSystemResponseType, server.NewJSBadRequestError())
+	return jswire.ErrorResponse(server.JSApiSystemResponseType, server.NewJSBadRequestError())
 }
 
 func createErr(e *server.ApiError) any {
@@ -60,7 +61,7 @@ func createErr(e *server.ApiError) any {
 
 func (b *Bridge) apiStreamCreate(ctx context.Context, name string, body []byte) any {
 	var req server.StreamConfig
-	if e := decodeRequest(body, &req); e != nil {
+	if e := jswire.DecodeRequest(body, &req); e != nil {
 		return createErr(e)
 	}
 	if req.Name == "" {
@@ -69,7 +70,7 @@ func (b *Bridge) apiStreamCreate(ctx context.Context, name string, body []byte) 
 	if req.Name != name {
 		return createErr(server.NewJSStreamMismatchError())
 	}
-	cfg, e := checkStreamConfig(req, b.cfg.MaxPayload)
+	cfg, e := jswire.CheckStreamConfig(req, b.cfg.MaxPayload)
 	if e != nil {
 		return createErr(e)
 	}
@@ -80,7 +81,7 @@ func (b *Bridge) apiStreamCreate(ctx context.Context, name string, body []byte) 
 	defer b.adminMu.Unlock()
 	if cur := b.lookup(name); cur != nil {
 		// Creating an existing stream with the same configuration succeeds, as in JetStream.
-		if sameConfig(cur.config(), cfg) {
+		if jswire.SameStreamConfig(cur.config(), cfg) {
 			return b.streamCreateResponse(ctx, cur, false)
 		}
 		return createErr(server.NewJSStreamNameExistError())
@@ -108,18 +109,12 @@ func (b *Bridge) apiStreamCreate(ctx context.Context, name string, body []byte) 
 	return b.streamCreateResponse(ctx, s, true)
 }
 
-func sameConfig(a, b server.StreamConfig) bool {
-	ja, _ := json.Marshal(a)
-	jb, _ := json.Marshal(b)
-	return string(ja) == string(jb)
-}
-
 func (b *Bridge) streamCreateResponse(ctx context.Context, s *stream, created bool) any {
 	info, e := b.streamInfo(ctx, s)
 	if e != nil {
 		return createErr(e)
 	}
-	return &server.JSApiStreamCreateResponse{ApiResponse: apiResponse(server.JSApiStreamCreateResponseType), StreamInfo: info, DidCreate: created}
+	return &server.JSApiStreamCreateResponse{ApiResponse: jswire.APIResponse(server.JSApiStreamCreateResponseType), StreamInfo: info, DidCreate: created}
 }
 
 func (b *Bridge) streamInfo(ctx context.Context, s *stream) (*server.StreamInfo, *server.ApiError) {
@@ -161,7 +156,7 @@ func (b *Bridge) apiStreamUpdate(ctx context.Context, name string, body []byte) 
 		return &server.JSApiStreamUpdateResponse{ApiResponse: server.ApiResponse{Type: server.JSApiStreamUpdateResponseType, Error: e}}
 	}
 	var req server.StreamConfig
-	if e := decodeRequest(body, &req); e != nil {
+	if e := jswire.DecodeRequest(body, &req); e != nil {
 		return fail(e)
 	}
 	if req.Name == "" {
@@ -170,7 +165,7 @@ func (b *Bridge) apiStreamUpdate(ctx context.Context, name string, body []byte) 
 	if req.Name != name {
 		return fail(server.NewJSStreamMismatchError())
 	}
-	cfg, e := checkStreamConfig(req, b.cfg.MaxPayload)
+	cfg, e := jswire.CheckStreamConfig(req, b.cfg.MaxPayload)
 	if e != nil {
 		return fail(e)
 	}
@@ -224,7 +219,7 @@ func (b *Bridge) apiStreamUpdate(ctx context.Context, name string, body []byte) 
 	if e != nil {
 		return fail(e)
 	}
-	return &server.JSApiStreamUpdateResponse{ApiResponse: apiResponse(server.JSApiStreamUpdateResponseType), StreamInfo: info}
+	return &server.JSApiStreamUpdateResponse{ApiResponse: jswire.APIResponse(server.JSApiStreamUpdateResponseType), StreamInfo: info}
 }
 
 func (b *Bridge) apiStreamInfo(ctx context.Context, name string, body []byte) any {
@@ -240,7 +235,7 @@ func (b *Bridge) apiStreamInfo(ctx context.Context, name string, body []byte) an
 	if e != nil {
 		return fail(e)
 	}
-	resp := &server.JSApiStreamInfoResponse{ApiResponse: apiResponse(server.JSApiStreamInfoResponseType), StreamInfo: info}
+	resp := &server.JSApiStreamInfoResponse{ApiResponse: jswire.APIResponse(server.JSApiStreamInfoResponseType), StreamInfo: info}
 	dbFail := func(what string, err error) any {
 		b.log.Error(what, "stream", name, "err", err)
 		return fail(server.NewJSStreamStoreFailedError(errors.New("database error")))
@@ -288,7 +283,7 @@ func (b *Bridge) apiStreamDelete(ctx context.Context, name string, body []byte) 
 	fail := func(e *server.ApiError) any {
 		return &server.JSApiStreamDeleteResponse{ApiResponse: server.ApiResponse{Type: server.JSApiStreamDeleteResponseType, Error: e}}
 	}
-	if !isEmptyRequest(body) {
+	if !jswire.IsEmptyRequest(body) {
 		return fail(server.NewJSNotEmptyRequestError())
 	}
 	b.adminMu.Lock()
@@ -306,7 +301,7 @@ func (b *Bridge) apiStreamDelete(ctx context.Context, name string, body []byte) 
 	}
 	b.removeStream(s)
 	b.log.Info("stream deleted", "stream", name)
-	return &server.JSApiStreamDeleteResponse{ApiResponse: apiResponse(server.JSApiStreamDeleteResponseType), Success: true}
+	return &server.JSApiStreamDeleteResponse{ApiResponse: jswire.APIResponse(server.JSApiStreamDeleteResponseType), Success: true}
 }
 
 func (b *Bridge) apiStreamPurge(ctx context.Context, name string, body []byte) any {
@@ -333,7 +328,7 @@ func (b *Bridge) apiStreamPurge(ctx context.Context, name string, body []byte) a
 		return fail(server.NewJSStreamPurgeFailedError(errors.New("database error")))
 	}
 	b.streamPurged(s)
-	return &server.JSApiStreamPurgeResponse{ApiResponse: apiResponse(server.JSApiStreamPurgeResponseType), Success: true, Purged: purged}
+	return &server.JSApiStreamPurgeResponse{ApiResponse: jswire.APIResponse(server.JSApiStreamPurgeResponseType), Success: true, Purged: purged}
 }
 
 // pagedNames returns the page of names starting at offset.
@@ -367,7 +362,7 @@ func (b *Bridge) streamCovers(s *stream, subject string) bool {
 
 func (b *Bridge) apiStreamNames(body []byte) any {
 	var req server.JSApiStreamNamesRequest
-	if e := decodeRequest(body, &req); e != nil {
+	if e := jswire.DecodeRequest(body, &req); e != nil {
 		return &server.JSApiStreamNamesResponse{ApiResponse: server.ApiResponse{Type: server.JSApiStreamNamesResponseType, Error: e}}
 	}
 	streams := b.sortedStreams(req.Subject)
@@ -377,7 +372,7 @@ func (b *Bridge) apiStreamNames(body []byte) any {
 	}
 	offset := max(req.Offset, 0)
 	return &server.JSApiStreamNamesResponse{
-		ApiResponse: apiResponse(server.JSApiStreamNamesResponseType),
+		ApiResponse: jswire.APIResponse(server.JSApiStreamNamesResponseType),
 		ApiPaged:    server.ApiPaged{Total: len(names), Offset: offset, Limit: server.JSApiNamesLimit},
 		Streams:     pagedNames(names, offset, server.JSApiNamesLimit),
 	}
@@ -385,13 +380,13 @@ func (b *Bridge) apiStreamNames(body []byte) any {
 
 func (b *Bridge) apiStreamList(ctx context.Context, body []byte) any {
 	var req server.JSApiStreamListRequest
-	if e := decodeRequest(body, &req); e != nil {
+	if e := jswire.DecodeRequest(body, &req); e != nil {
 		return &server.JSApiStreamListResponse{ApiResponse: server.ApiResponse{Type: server.JSApiStreamListResponseType, Error: e}}
 	}
 	streams := b.sortedStreams(req.Subject)
 	offset := max(req.Offset, 0)
 	resp := &server.JSApiStreamListResponse{
-		ApiResponse: apiResponse(server.JSApiStreamListResponseType),
+		ApiResponse: jswire.APIResponse(server.JSApiStreamListResponseType),
 		ApiPaged:    server.ApiPaged{Total: len(streams), Offset: offset, Limit: server.JSApiListLimit},
 		Streams:     []*server.StreamInfo{},
 	}
@@ -446,7 +441,7 @@ func (b *Bridge) apiMsgGet(ctx context.Context, name string, body []byte) any {
 	if !req.NoHeaders {
 		sm.Header = m.Header
 	}
-	return &server.JSApiMsgGetResponse{ApiResponse: apiResponse(server.JSApiMsgGetResponseType), Message: sm}
+	return &server.JSApiMsgGetResponse{ApiResponse: jswire.APIResponse(server.JSApiMsgGetResponseType), Message: sm}
 }
 
 func (b *Bridge) apiMsgDelete(ctx context.Context, name string, body []byte) any {
@@ -476,5 +471,5 @@ func (b *Bridge) apiMsgDelete(ctx context.Context, name string, body []byte) any
 		return fail(server.NewJSStreamMsgDeleteFailedError(errors.New("database error")))
 	}
 	b.streamPurged(s)
-	return &server.JSApiMsgDeleteResponse{ApiResponse: apiResponse(server.JSApiMsgDeleteResponseType), Success: true}
+	return &server.JSApiMsgDeleteResponse{ApiResponse: jswire.APIResponse(server.JSApiMsgDeleteResponseType), Success: true}
 }

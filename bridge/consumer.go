@@ -13,6 +13,8 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 
 	"github.com/jetgres/jetgres/bridge/consumerstate"
+	"github.com/jetgres/jetgres/bridge/tailcache"
+	"github.com/jetgres/jetgres/internal/jswire"
 	"github.com/jetgres/jetgres/pg"
 )
 
@@ -52,8 +54,8 @@ const (
 // per wake, so it holds only what handling one needs.
 type event struct {
 	kind       evKind
-	ack        ackKind // what an evAck asks for
-	sseq, dseq uint64  // the delivery an evAck refers to
+	ack        jswire.AckKind // what an evAck asks for
+	sseq, dseq uint64         // the delivery an evAck refers to
 	reply      string
 	data       []byte
 	cfg        *server.ConsumerConfig
@@ -210,7 +212,7 @@ func (c *consumer) committed(msgs []pg.Message) {
 }
 
 func (c *consumer) setFilters(cfg *server.ConsumerConfig) {
-	f := consumerFilters(cfg)
+	f := jswire.ConsumerFilters(cfg)
 	c.filter.Store(&f)
 }
 
@@ -263,7 +265,7 @@ func (c *consumer) run() {
 			c.cs.deleteInactive(c)
 			continue
 		}
-		hw := c.sc.tail.highWater()
+		hw := c.sc.tail.HighWater()
 		c.pump(ctx)
 		wake := c.nextWake(time.Now())
 		parked := len(c.waiting) > 0
@@ -272,7 +274,7 @@ func (c *consumer) run() {
 		if parked {
 			// A commit that raised the high-water mark before it could see parked set has
 			// not signalled: look once more.
-			if c.sc.tail.highWater() > hw {
+			if c.sc.tail.HighWater() > hw {
 				c.signal()
 			}
 			// Only a consumer that starts waiting brings the ticker back to its base period;
@@ -323,14 +325,15 @@ func (c *consumer) handle(ctx context.Context, ev *event, now time.Time) {
 // addRequest queues a pull request, or answers it at once when JetStream would.
 func (c *consumer) addRequest(reply string, body []byte, now time.Time) {
 	link := c.cs.b.link
-	pr, bad := decodePullRequest(body, now)
+	req, bad := jswire.DecodePullRequest(body, now)
 	if bad == nil {
-		bad = checkPullLimits(&c.cfg, &pr, now)
+		bad = jswire.CheckPullLimits(&c.cfg, &req, now)
 	}
 	if bad != nil {
-		_ = link.Publish(reply, "", statusHeader(bad.code, bad.desc), nil)
+		_ = link.Publish(reply, "", jswire.StatusHeader(bad.Code, bad.Desc), nil)
 		return
 	}
+	pr := newPullRequest(req, now)
 	c.lastActive = now
 	if len(c.waiting) >= c.cfg.MaxWaiting {
 		c.processWaiting(now, false)
@@ -338,13 +341,13 @@ func (c *consumer) addRequest(reply string, body []byte, now time.Time) {
 	if len(c.waiting) >= c.cfg.MaxWaiting {
 		// A client with heartbeats retries on its own; answering would make it spin.
 		if pr.hb == 0 {
-			_ = link.Publish(reply, "", statusHeader(409, descMaxWaiting), nil)
+			_ = link.Publish(reply, "", jswire.StatusHeader(409, jswire.DescMaxWaiting), nil)
 		}
 		return
 	}
 	if pr.noWait {
 		if pr.expires.IsZero() && !c.hasWork() {
-			_ = link.Publish(reply, "", statusHeader(404, descNoMessages), nil)
+			_ = link.Publish(reply, "", jswire.StatusHeader(404, jswire.DescNoMessages), nil)
 			return
 		}
 		// As nats-server does: a one-shot request that the messages there are cannot serve
@@ -353,7 +356,7 @@ func (c *consumer) addRequest(reply string, body []byte, now time.Time) {
 		if pending := c.msgsPending(); pending > 0 {
 			c.processWaiting(now, false)
 			if pending < c.batchPending() {
-				_ = link.Publish(reply, "", statusHeader(408, descRequestsPend), nil)
+				_ = link.Publish(reply, "", jswire.StatusHeader(408, jswire.DescRequestsPend), nil)
 				return
 			}
 		}
@@ -383,7 +386,7 @@ func (c *consumer) batchPending() int64 {
 // hasWork is the cheap in-memory check: is anything deliverable without asking PostgreSQL
 // whether more was committed.
 func (c *consumer) hasWork() bool {
-	return c.st.HasRedeliveries() || len(c.ahead) > 0 || c.start != nil || c.st.Next() <= c.sc.tail.highWater()
+	return c.st.HasRedeliveries() || len(c.ahead) > 0 || c.start != nil || c.st.Next() <= c.sc.tail.HighWater()
 }
 
 // source says where a candidate message came from, so that delivering it consumes it there.
@@ -422,8 +425,8 @@ func (c *consumer) pump(ctx context.Context) {
 		if dc == 1 && pending > 0 {
 			pending--
 		}
-		info := ackInfo{stream: c.sc.s.name, consumer: c.name, delivered: dc, sseq: m.Seq, dseq: c.st.Delivered().Consumer + 1, ts: m.TS, pending: pending}
-		reply := appendAckSubject(c.reply[:0], info)
+		info := jswire.AckInfo{Stream: c.sc.s.name, Consumer: c.name, Delivered: dc, StreamSeq: m.Seq, ConsumerSeq: c.st.Delivered().Consumer + 1, TS: m.TS, Pending: pending}
+		reply := jswire.AppendAckSubject(c.reply[:0], info)
 		size := len(m.Subject) + len(reply) + len(hdr) + len(data)
 		now := time.Now()
 		wr := c.nextWaiting(size, now)
@@ -540,7 +543,7 @@ func (c *consumer) next(ctx context.Context) (m pg.Message, dc uint64, src sourc
 	}
 	for {
 		from := c.st.Next()
-		hw := c.sc.tail.highWater()
+		hw := c.sc.tail.HighWater()
 		if from > hw {
 			return m, 0, 0, nextEmpty
 		}
@@ -556,7 +559,7 @@ func (c *consumer) next(ctx context.Context) (m pg.Message, dc uint64, src sourc
 			}
 			continue
 		}
-		m, through, found, hit := c.sc.tail.next(from, c.matchFilters)
+		m, through, found, hit := c.sc.tail.Next(from, c.matchFilters)
 		if hit {
 			c.tally.tailHits++
 			if found {
@@ -635,11 +638,11 @@ func (c *consumer) prefetch(ctx context.Context) {
 	if c.pf != nil || len(c.ahead) > prefetchBelow || c.aheadUpTo == 0 || time.Now().Before(c.retryAt) {
 		return
 	}
-	from, hw := c.aheadUpTo+1, c.sc.tail.highWater()
+	from, hw := c.aheadUpTo+1, c.sc.tail.HighWater()
 	if from < c.st.Next() || from > hw {
 		return // delivery moved past the read-ahead, or nothing more is committed
 	}
-	if _, _, covered := c.sc.tail.get(from); covered {
+	if _, _, covered := c.sc.tail.Get(from); covered {
 		return
 	}
 	pf := &prefetch{gen: c.aheadGen, from: from, done: make(chan struct{})}
@@ -702,12 +705,12 @@ func (c *consumer) dropAhead() {
 // load returns the message at seq, from the tail when it holds it. live is false when the
 // message no longer exists.
 func (c *consumer) load(ctx context.Context, seq uint64) (pg.Message, bool, error) {
-	if m, live, covered := c.sc.tail.get(seq); covered {
+	if m, live, covered := c.sc.tail.Get(seq); covered {
 		c.cs.m.tailHits.Inc()
 		return m, live, nil
 	}
 	// c.ahead is in sequence order: it is read ORDER BY seq and only ever extended past its end.
-	if i := searchSeq(c.ahead, seq); i < len(c.ahead) && c.ahead[i].Seq == seq {
+	if i := tailcache.SearchSeq(c.ahead, seq); i < len(c.ahead) && c.ahead[i].Seq == seq {
 		return c.ahead[i], true, nil
 	}
 	c.cs.m.tailMisses.Inc()
@@ -737,10 +740,10 @@ func (c *consumer) nextWaiting(size int, now time.Time) *pullRequest {
 		wr := c.waiting[0]
 		switch {
 		case !wr.expires.IsZero() && !now.Before(wr.expires):
-			_ = link.Publish(wr.reply, "", pendingHeader(408, descRequestTimeout, wr), nil)
+			_ = link.Publish(wr.reply, "", pendingHeader(408, jswire.DescRequestTimeout, wr), nil)
 			c.lastActive = now
 		case wr.maxBytes > 0 && size > wr.maxBytes:
-			_ = link.Publish(wr.reply, "", pendingHeader(409, descMaxBytes, wr), nil)
+			_ = link.Publish(wr.reply, "", pendingHeader(409, jswire.DescMaxBytes, wr), nil)
 		case !c.hasInterest(wr, now):
 		default:
 			return wr
@@ -789,7 +792,7 @@ func (c *consumer) delivered(wr *pullRequest, size int, m pg.Message, dc uint64,
 	c.waiting = c.waiting[1:]
 	if wr.batch <= 0 {
 		if wr.maxBytes > 0 {
-			_ = c.cs.b.link.Publish(wr.reply, "", pendingHeader(409, descBatchCompleted, wr), nil)
+			_ = c.cs.b.link.Publish(wr.reply, "", pendingHeader(409, jswire.DescBatchCompleted, wr), nil)
 		}
 		return
 	}
@@ -807,11 +810,11 @@ func (c *consumer) processWaiting(now time.Time, eos bool) {
 	for _, wr := range c.waiting {
 		switch {
 		case !wr.expires.IsZero() && !now.Before(wr.expires):
-			_ = link.Publish(wr.reply, "", pendingHeader(408, descRequestTimeout, wr), nil)
+			_ = link.Publish(wr.reply, "", pendingHeader(408, jswire.DescRequestTimeout, wr), nil)
 			c.lastActive = now
 			continue
 		case eos && wr.noWait && (wr.expires.IsZero() || wr.sent > 0):
-			_ = link.Publish(wr.reply, "", statusHeader(404, descNoMessages), nil)
+			_ = link.Publish(wr.reply, "", jswire.StatusHeader(404, jswire.DescNoMessages), nil)
 			c.lastActive = now
 			continue
 		case !c.hasInterest(wr, now):
@@ -878,9 +881,9 @@ func (c *consumer) shutdown(r stopReason) {
 	var hdr []byte
 	switch r {
 	case stopDeleted:
-		hdr = statusHeader(409, descDeleted)
+		hdr = jswire.StatusHeader(409, jswire.DescDeleted)
 	case stopLost:
-		hdr = statusHeader(409, descLeadership)
+		hdr = jswire.StatusHeader(409, jswire.DescLeadership)
 	}
 	if hdr != nil {
 		for _, wr := range c.waiting {
@@ -894,5 +897,5 @@ func (c *consumer) shutdown(r stopReason) {
 
 // headersOnly replaces a payload by its size, as JetStream's headers_only does.
 func headersOnly(hdr []byte, size int) []byte {
-	return appendHeaders(hdr, server.JSMsgSize, strconv.Itoa(size))
+	return jswire.AppendHeaders(hdr, server.JSMsgSize, strconv.Itoa(size))
 }

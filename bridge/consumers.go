@@ -12,7 +12,9 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/jetgres/jetgres/bridge/tailcache"
 	"github.com/jetgres/jetgres/embedded/leaf"
+	"github.com/jetgres/jetgres/internal/jswire"
 	"github.com/jetgres/jetgres/internal/startstop"
 	"github.com/jetgres/jetgres/pg"
 )
@@ -53,7 +55,7 @@ type consumerSide struct {
 	kick    chan struct{}
 	activeN chan struct{} // activation slots
 
-	tails   tailBudget
+	tails   *tailcache.Budget
 	mu      sync.RWMutex
 	streams map[*stream]*streamConsumers
 }
@@ -61,7 +63,7 @@ type consumerSide struct {
 // streamConsumers is one stream's consumers and its tail cache.
 type streamConsumers struct {
 	s    *stream
-	tail *tail
+	tail *tailcache.Tail
 
 	mu   sync.RWMutex
 	cons map[string]*consumer
@@ -104,7 +106,7 @@ func (b *Bridge) initConsumers(reg prometheus.Registerer) {
 		kick:    make(chan struct{}, 1),
 		activeN: make(chan struct{}, activationsMax),
 		streams: make(map[*stream]*streamConsumers),
-		tails:   tailBudget{max: int64(b.cfg.TailTotalBytes)},
+		tails:   tailcache.NewBudget(int64(b.cfg.TailTotalBytes)),
 	}
 	cs.m = newConsumerMetrics(reg, cs)
 	b.cons = cs
@@ -125,7 +127,7 @@ func (b *Bridge) startConsumers(ctx context.Context) error {
 			return err
 		}
 	}
-	sub, err := b.link.SubscribeBorrowed(ackPrefix+">", "", cs.onAck)
+	sub, err := b.link.SubscribeBorrowed(jswire.AckPrefix+">", "", cs.onAck)
 	if err != nil {
 		return err
 	}
@@ -181,7 +183,7 @@ func (b *Bridge) consumersCommitted(s *stream, msgs []pg.Message) {
 		return
 	}
 	sc := cs.streamFor(s, msgs[0].Seq-1)
-	sc.tail.add(msgs, msgs[0].Seq, msgs[len(msgs)-1].Seq)
+	sc.tail.Add(msgs, msgs[0].Seq, msgs[len(msgs)-1].Seq)
 	for _, c := range sc.list() {
 		c.committed(msgs)
 	}
@@ -201,7 +203,7 @@ func (b *Bridge) dropConsumers(s *stream) {
 	if sc == nil {
 		return
 	}
-	sc.tail.clear() // gives its bytes back to the shared bound
+	sc.tail.Clear() // gives its bytes back to the shared bound
 	for _, c := range sc.list() {
 		c.stop(stopDeleted)
 	}
@@ -213,7 +215,7 @@ func (b *Bridge) streamPurged(s *stream) {
 	if sc == nil {
 		return
 	}
-	sc.tail.clear()
+	sc.tail.Clear()
 	for _, c := range sc.list() {
 		c.markStale(allRows)
 		c.post(event{kind: evPurged})
@@ -253,7 +255,7 @@ func (b *Bridge) handlePullRequest(m *leaf.Msg, streamName, consumerName string)
 	ev := event{kind: evPull, reply: m.Reply, data: m.Data}
 	if c := cs.find(streamName, consumerName); c != nil {
 		if !c.post(ev) {
-			_ = b.link.Publish(m.Reply, "", statusHeader(409, descMaxWaiting), nil)
+			_ = b.link.Publish(m.Reply, "", jswire.StatusHeader(409, jswire.DescMaxWaiting), nil)
 		}
 		return
 	}
@@ -288,7 +290,7 @@ func (cs *consumerSide) streamFor(s *stream, hw uint64) *streamConsumers {
 	cs.mu.Lock()
 	defer cs.mu.Unlock()
 	if sc = cs.streams[s]; sc == nil {
-		sc = &streamConsumers{s: s, tail: newTail(TailBytesDefault, &cs.tails, hw), cons: make(map[string]*consumer)}
+		sc = &streamConsumers{s: s, tail: tailcache.New(TailBytesDefault, cs.tails, hw), cons: make(map[string]*consumer)}
 		cs.streams[s] = sc
 	}
 	return sc
@@ -306,7 +308,7 @@ func (cs *consumerSide) streamLoaded(ctx context.Context, s *stream) (*streamCon
 		return nil, err
 	}
 	sc = cs.streamFor(s, hw[s.id])
-	sc.tail.raise(hw[s.id])
+	sc.tail.Raise(hw[s.id])
 	return sc, nil
 }
 
@@ -339,7 +341,7 @@ func (cs *consumerSide) activate(ctx context.Context, sc *streamConsumers, row p
 		return nil, errors.New("stored consumer config does not decode: " + err.Error())
 	}
 	c := newConsumer(cs, sc, row, cfg, start)
-	hw := sc.tail.highWater()
+	hw := sc.tail.HighWater()
 	npc, err := cs.b.db.CountPending(ctx, pg.PendingParams{StreamID: sc.s.id, From: c.st.Next(), UpTo: hw, Filters: c.filters()})
 	if err != nil {
 		return nil, err
@@ -378,7 +380,7 @@ func (cs *consumerSide) activateLater(streamName, consumerName string, ev event)
 	select {
 	case cs.activeN <- struct{}{}:
 	default:
-		_ = cs.b.link.Publish(ev.reply, "", statusHeader(503, "No Responders"), nil)
+		_ = cs.b.link.Publish(ev.reply, "", jswire.StatusHeader(503, "No Responders"), nil)
 		return
 	}
 	if !cs.g.Go(func() {
@@ -388,13 +390,13 @@ func (cs *consumerSide) activateLater(streamName, consumerName string, ev event)
 		case errors.Is(err, pg.ErrLeaseHeld):
 			// Another replica serves it and received the same request.
 		case err != nil:
-			_ = cs.b.link.Publish(ev.reply, "", statusHeader(503, "No Responders"), nil)
+			_ = cs.b.link.Publish(ev.reply, "", jswire.StatusHeader(503, "No Responders"), nil)
 		case !c.post(ev):
-			_ = cs.b.link.Publish(ev.reply, "", statusHeader(409, descMaxWaiting), nil)
+			_ = cs.b.link.Publish(ev.reply, "", jswire.StatusHeader(409, jswire.DescMaxWaiting), nil)
 		}
 	}) {
 		<-cs.activeN
-		_ = cs.b.link.Publish(ev.reply, "", statusHeader(503, "No Responders"), nil)
+		_ = cs.b.link.Publish(ev.reply, "", jswire.StatusHeader(503, "No Responders"), nil)
 	}
 }
 
@@ -405,7 +407,7 @@ func (cs *consumerSide) ensure(ctx context.Context, streamName, consumerName str
 	}
 	// Names come from subject tokens, which can be any bytes; no consumer has an invalid
 	// name, and PostgreSQL would refuse to look one up.
-	if !validName(consumerName) {
+	if !jswire.ValidName(consumerName) {
 		return nil, pg.ErrNotFound
 	}
 	s := cs.b.lookupOrSync(ctx, streamName)

@@ -1,10 +1,54 @@
-// Package bridge owns JetStream semantics: it is the only package that knows the JetStream
-// wire format. It serves the $JS.API management subjects, takes publishes to stream subjects
-// through push fusion (one PostgreSQL transaction per bundle, a PubAck only after commit),
-// serves pull consumers from a tick-driven tail cache, and turns acks into cursor writes.
+// Package bridge owns JetStream semantics: the streams and pull consumers this process
+// serves and how they behave. It serves the $JS.API management subjects, takes publishes to
+// stream subjects through push fusion (one PostgreSQL transaction per bundle, a PubAck only
+// after commit), serves pull consumers from a tick-driven tail cache, turns acks into cursor
+// writes, and applies interest and workqueue retention.
+//
+// What needs no state lives beside it: the wire format (ack subjects and bodies, pull
+// requests and status lines, headers, PubAcks, configuration checks and defaults) in
+// internal/jswire, a consumer's ack state machine in bridge/consumerstate, and the tail
+// caches in bridge/tailcache. Intake, consumers and retention stay together here: they share
+// the streams, and each reaches into the others.
 //
 // The bridge reaches NATS clients through a leafnode link to the embedded server (see
 // package leaf): a link handler runs on the link's read loop, so nothing here blocks in one.
 // It reaches PostgreSQL only through package pg, and every hot-path database call holds a
 // permit of a flow lane first: push for appends, pop for reads behind the tail cache.
+//
+// # Locks
+//
+// The package's mutexes, in the order in which they may be held together: a goroutine that
+// holds one may take only those below it.
+//
+//  1. Bridge.adminMu serialises stream create, update and delete and the re-reading of the
+//     streams from PostgreSQL, so that overlap checks and subscriptions agree with what is
+//     stored. It is held across database calls, subscriptions and retention passes.
+//  2. retained.run (a stream's ret.run) lets one retention pass run on a stream at a time
+//     and guards what the last pass applied. A pass holds it across database calls and reads
+//     the consumers this process serves: the locks from 3 down.
+//  3. consumerSide.mu guards the map from streams to their consumer registries. Held with
+//     it: each registry's mu, to list it, and each consumer's mu while metrics are collected.
+//  4. consumer.mu guards a consumer's state. Its goroutine holds it while it works, except
+//     around database reads; API requests, retention and metrics take it briefly. Held with
+//     it: its stream registry's mu (a stopping consumer removes itself), its
+//     pendingCommits.mu and cursorWriter.mu, and its stream's tail.
+//  5. streamConsumers.mu guards one stream's map of consumers.
+//  6. Bridge.mu guards the map of streams by name. Stop holds it while it drops each
+//     stream's subscriptions.
+//  7. stream.cfgMu guards a stream's subscriptions; it is held across the link's Subscribe
+//     and Unsubscribe.
+//  8. intake.mu guards a stream's fusion buffer. Held with it: the ready queue's mu, when a
+//     stream that cannot flush at once is queued.
+//  9. readyQueue.mu guards the queue of streams waiting for a push permit.
+//  10. retained.mu guards the acks noted for a stream's next retention pass and the
+//     filters of the consumers other replicas serve.
+//  11. consumer.qmu guards a consumer's queue of events.
+//  12. pendingCommits.mu guards what commits added to a consumer's pending count.
+//  13. cursorWriter.mu guards a consumer's cursor write in flight and the double acks
+//     waiting for it.
+//
+// From 9 down each is a leaf: nothing is taken while it is held. A tail's lock
+// (bridge/tailcache) is a leaf too. The link's locks (package leaf) and the flow lanes'
+// come after all of these: the bridge publishes, subscribes and takes permits while holding
+// some of them, and the link calls its handlers with none of its own locks held.
 package bridge

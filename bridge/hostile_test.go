@@ -20,6 +20,8 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/jetgres/jetgres/internal/jswire"
 )
 
 // apiReply is the part of every JetStream API response these tests look at.
@@ -420,7 +422,7 @@ func TestHostileSubjects(t *testing.T) {
 	probe.check("overlapping subjects")
 
 	// Every pair of a stream's subjects is checked for overlap, so their number is bounded.
-	many := make([]string, maxStreamSubjects+1)
+	many := make([]string, jswire.MaxStreamSubjects+1)
 	for i := range many {
 		many[i] = fmt.Sprintf("many.%d.*", i)
 	}
@@ -428,11 +430,11 @@ func TestHostileSubjects(t *testing.T) {
 	if r := create("MANY", many...); r.Error == nil || r.Error.ErrCode != server.ApiErrors[server.JSStreamInvalidConfigF].ErrCode {
 		t.Errorf("stream with %d subjects: %+v", len(many), r.Error)
 	}
-	if r := create("MANY", many[:maxStreamSubjects]...); r.Error != nil {
-		t.Errorf("stream with %d subjects: %v", maxStreamSubjects, r.Error)
+	if r := create("MANY", many[:jswire.MaxStreamSubjects]...); r.Error != nil {
+		t.Errorf("stream with %d subjects: %v", jswire.MaxStreamSubjects, r.Error)
 	}
 	if d := time.Since(began); d > 5*time.Second {
-		t.Errorf("creating streams with %d subjects took %v", maxStreamSubjects, d)
+		t.Errorf("creating streams with %d subjects took %v", jswire.MaxStreamSubjects, d)
 	}
 	probe.check("many subjects")
 

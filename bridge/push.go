@@ -15,6 +15,7 @@ import (
 
 	"github.com/jetgres/jetgres/embedded/leaf"
 	"github.com/jetgres/jetgres/flow"
+	"github.com/jetgres/jetgres/internal/jswire"
 	"github.com/jetgres/jetgres/pg"
 )
 
@@ -132,33 +133,33 @@ func checkStorable(what, v string) *server.ApiError {
 // checked here; the rest need the stream's row lock and are decided in the transaction.
 func parseExpectations(cfg *server.StreamConfig, hdr []byte, m *pg.AppendMsg) *server.ApiError {
 	// Features jetgres does not implement are refused, never silently ignored.
-	if headerValue(hdr, server.JSMessageTTL) != "" {
+	if jswire.HeaderValue(hdr, server.JSMessageTTL) != "" {
 		return server.NewJSMessageTTLDisabledError()
 	}
-	if headerValue(hdr, server.JSBatchId) != "" {
+	if jswire.HeaderValue(hdr, server.JSBatchId) != "" {
 		return server.NewJSAtomicPublishDisabledError()
 	}
-	m.MsgID = headerValue(hdr, server.JSMsgId)
+	m.MsgID = jswire.HeaderValue(hdr, server.JSMsgId)
 	if e := checkStorable(server.JSMsgId, m.MsgID); e != nil {
 		return e
 	}
-	if v := headerValue(hdr, server.JSExpectedStream); v != "" && v != cfg.Name {
+	if v := jswire.HeaderValue(hdr, server.JSExpectedStream); v != "" && v != cfg.Name {
 		return server.NewJSStreamNotMatchError()
 	}
-	if v := headerValue(hdr, server.JSExpectedLastSeq); v != "" {
+	if v := jswire.HeaderValue(hdr, server.JSExpectedLastSeq); v != "" {
 		n, err := strconv.ParseUint(v, 10, 64)
 		if err != nil {
 			return server.NewJSStreamWrongLastSequenceConstantError()
 		}
 		m.ExpectLastSeq = &n
 	}
-	if v := headerValue(hdr, server.JSExpectedLastSubjSeq); v != "" {
+	if v := jswire.HeaderValue(hdr, server.JSExpectedLastSubjSeq); v != "" {
 		n, err := strconv.ParseUint(v, 10, 64)
 		if err != nil {
 			return server.NewJSStreamWrongLastSequenceConstantError()
 		}
 		m.ExpectLastSubjSeq = &n
-		if f := headerValue(hdr, server.JSExpectedLastSubjSeqSubj); f != "" {
+		if f := jswire.HeaderValue(hdr, server.JSExpectedLastSubjSeqSubj); f != "" {
 			if !server.IsValidSubject(f) {
 				return server.NewJSStreamExpectedLastSeqPerSubjectInvalidError()
 			}
@@ -168,7 +169,7 @@ func parseExpectations(cfg *server.StreamConfig, hdr []byte, m *pg.AppendMsg) *s
 			m.ExpectLastSubjFilter = f
 		}
 	}
-	if v := headerValue(hdr, server.JSMsgRollup); v != "" {
+	if v := jswire.HeaderValue(hdr, server.JSMsgRollup); v != "" {
 		if !cfg.AllowRollup || cfg.DenyPurge {
 			return server.NewJSStreamRollupFailedError(errors.New("rollup not permitted"))
 		}
@@ -181,7 +182,7 @@ func parseExpectations(cfg *server.StreamConfig, hdr []byte, m *pg.AppendMsg) *s
 			return server.NewJSStreamRollupFailedError(fmt.Errorf("rollup value invalid: %q", v))
 		}
 	}
-	m.ExpectLastMsgID = headerValue(hdr, server.JSExpectedLastMsgId)
+	m.ExpectLastMsgID = jswire.HeaderValue(hdr, server.JSExpectedLastMsgId)
 	return checkStorable(server.JSExpectedLastMsgId, m.ExpectLastMsgID)
 }
 
@@ -193,7 +194,7 @@ func (b *Bridge) reject(s *stream, reply, reason string, e *server.ApiError) {
 		return
 	}
 	b.pm.rejected.WithLabelValues(reason).Inc()
-	_ = b.link.Publish(reply, "", nil, pubError(s.name, e))
+	_ = b.link.Publish(reply, "", nil, jswire.PubError(s.name, e))
 }
 
 // kickLocked starts or schedules a flush of s. It must be called with s.in.mu held.
@@ -470,7 +471,7 @@ func (b *Bridge) answer(s *stream, pubs []publish, r pg.AppendResult) {
 		if pb.reply == "" {
 			continue
 		}
-		_ = b.link.Publish(pb.reply, "", nil, pubAck(s.ackPfx, o.Seq, o.Duplicate))
+		_ = b.link.Publish(pb.reply, "", nil, jswire.PubAck(s.ackPfx, o.Seq, o.Duplicate))
 		b.pm.pubAck.Observe(now.Sub(pb.recv).Seconds())
 	}
 }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 
+	"github.com/jetgres/jetgres/internal/jswire"
 	"github.com/jetgres/jetgres/pg"
 )
 
@@ -77,7 +78,7 @@ type retained struct {
 // acknowledged, for the next retention pass. The consumer decides whether the ack counts;
 // the pass asks it.
 func (m *maintainer) noteAck(s *stream, consumer string, sseq uint64, body []byte) {
-	if !ackSettles(body) || s.cfgView().Retention == server.LimitsPolicy {
+	if !jswire.AckSettles(body) || s.cfgView().Retention == server.LimitsPolicy {
 		return
 	}
 	rs := &s.ret
@@ -192,7 +193,7 @@ func (b *Bridge) retain(ctx context.Context, s *stream) (waiting bool, err error
 		if err := json.Unmarshal(row.Config, &cc); err != nil {
 			return false, fmt.Errorf("consumer %q: stored config does not decode: %w", row.Name, err)
 		}
-		rc := pg.RetainConsumer{Floor: row.AckStreamSeq, Filters: consumerFilters(&cc)}
+		rc := pg.RetainConsumer{Floor: row.AckStreamSeq, Filters: jswire.ConsumerFilters(&cc)}
 		fmt.Fprintf(&sig, "%s/%d/%s;", row.Name, row.Created.UnixNano(), strings.Join(rc.Filters, ","))
 		c := b.servedConsumer(s, row)
 		if c == nil {
@@ -341,11 +342,11 @@ func (b *Bridge) cachedAny(s *stream, below uint64, seqs []uint64) bool {
 	if sc == nil {
 		return false
 	}
-	if _, _, covered := sc.tail.get(below); covered {
+	if _, _, covered := sc.tail.Get(below); covered {
 		return true
 	}
 	for _, seq := range seqs {
-		if _, _, covered := sc.tail.get(seq); covered {
+		if _, _, covered := sc.tail.Get(seq); covered {
 			return true
 		}
 	}
@@ -440,7 +441,7 @@ func (b *Bridge) workQueueConflict(ctx context.Context, s *stream, name string, 
 		b.log.Error("listing consumers", "stream", s.name, "err", err)
 		return server.NewJSConsumerCreateError(errors.New("database error"))
 	}
-	filters := consumerFilters(cfg)
+	filters := jswire.ConsumerFilters(cfg)
 	exists := false
 	var others [][]string
 	for _, row := range rows {
@@ -452,7 +453,7 @@ func (b *Bridge) workQueueConflict(ctx context.Context, s *stream, name string, 
 		if err := json.Unmarshal(row.Config, &oc); err != nil {
 			return server.NewJSConsumerCreateError(fmt.Errorf("consumer %q: stored config does not decode", row.Name))
 		}
-		others = append(others, consumerFilters(&oc))
+		others = append(others, jswire.ConsumerFilters(&oc))
 	}
 	if len(others) == 0 {
 		return nil

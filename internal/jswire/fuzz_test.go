@@ -1,4 +1,4 @@
-package bridge
+package jswire
 
 import (
 	"encoding/json"
@@ -9,10 +9,10 @@ import (
 )
 
 // Fuzz targets for what clients send the JSON API: each decodes a body the way its handler
-// does and checks what the validation lets through. FuzzAckSubject (ack_subject_test.go)
+// does and checks what the validation lets through. FuzzAckSubject (ack_test.go)
 // covers ack subjects, embedded/leaf's FuzzParser the link's protocol.
 
-// FuzzStreamConfig feeds STREAM.CREATE bodies to decodeRequest and checkStreamConfig. An
+// FuzzStreamConfig feeds STREAM.CREATE bodies to DecodeRequest and CheckStreamConfig. An
 // accepted configuration must be complete, within the limits the checks promise, storable
 // as JSON, and a fixed point: checking it again, as an update with the same body does,
 // changes nothing.
@@ -36,20 +36,20 @@ func FuzzStreamConfig(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, body []byte) {
 		var req server.StreamConfig
-		if e := decodeRequest(body, &req); e != nil {
+		if e := DecodeRequest(body, &req); e != nil {
 			return
 		}
 		if req.Name == "" {
-			req.Name = "S" // the subject's token, as apiStreamCreate fills it in
+			req.Name = "S" // the subject's token, as the bridge's stream create fills it in
 		}
-		cfg, e := checkStreamConfig(req, fuzzMaxPayload)
+		cfg, e := CheckStreamConfig(req, fuzzMaxPayload)
 		if e != nil {
 			return
 		}
 		switch {
-		case !validName(cfg.Name) || len(cfg.Name) > server.JSMaxNameLen:
+		case !ValidName(cfg.Name) || len(cfg.Name) > server.JSMaxNameLen:
 			t.Fatalf("accepted name %q", cfg.Name)
-		case len(cfg.Subjects) == 0 || len(cfg.Subjects) > maxStreamSubjects:
+		case len(cfg.Subjects) == 0 || len(cfg.Subjects) > MaxStreamSubjects:
 			t.Fatalf("accepted %d subjects", len(cfg.Subjects))
 		case cfg.Storage != server.FileStorage && cfg.Storage != server.MemoryStorage:
 			t.Fatalf("accepted storage %v", cfg.Storage)
@@ -86,14 +86,14 @@ func FuzzStreamConfig(f *testing.F) {
 		if err := json.Unmarshal(raw, &stored); err != nil {
 			t.Fatalf("stored configuration %s does not decode: %v", raw, err)
 		}
-		again, e := checkStreamConfig(stored, fuzzMaxPayload)
-		if e != nil || !sameConfig(again, cfg) {
+		again, e := CheckStreamConfig(stored, fuzzMaxPayload)
+		if e != nil || !SameStreamConfig(again, cfg) {
 			t.Fatalf("checking the accepted configuration again: %+v, %v\nfirst %+v", again, e, cfg)
 		}
 	})
 }
 
-// FuzzConsumerConfig feeds CONSUMER.CREATE bodies to decodeRequest and checkConsumerConfig,
+// FuzzConsumerConfig feeds CONSUMER.CREATE bodies to DecodeRequest and CheckConsumerConfig,
 // against a limits stream and a work queue stream with consumer limits. What is accepted
 // must be a pull consumer the state machine can run, storable, and a fixed point.
 func FuzzConsumerConfig(f *testing.F) {
@@ -114,7 +114,7 @@ func FuzzConsumerConfig(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, body []byte, workQueue bool) {
 		var req server.CreateConsumerRequest
-		if e := decodeRequest(body, &req); e != nil {
+		if e := DecodeRequest(body, &req); e != nil {
 			return
 		}
 		scfg := server.StreamConfig{Name: "S", Subjects: []string{"s.>"}, Replicas: 1}
@@ -122,7 +122,7 @@ func FuzzConsumerConfig(f *testing.F) {
 			scfg.Retention = server.WorkQueuePolicy
 			scfg.ConsumerLimits = server.StreamConsumerLimits{MaxAckPending: 100, InactiveThreshold: time.Hour}
 		}
-		cfg, e := checkConsumerConfig(req.Config, &scfg)
+		cfg, e := CheckConsumerConfig(req.Config, &scfg)
 		if e != nil {
 			return
 		}
@@ -141,7 +141,7 @@ func FuzzConsumerConfig(f *testing.F) {
 			t.Fatalf("accepted request limits %+v", cfg)
 		case workQueue && (cfg.AckPolicy != server.AckExplicit || cfg.MaxAckPending > 100 || cfg.InactiveThreshold > time.Hour):
 			t.Fatalf("accepted %+v on a work queue with consumer limits", cfg)
-		case cfg.Name != "" && !validName(cfg.Name), cfg.Durable != "" && !validName(cfg.Durable):
+		case cfg.Name != "" && !ValidName(cfg.Name), cfg.Durable != "" && !ValidName(cfg.Durable):
 			t.Fatalf("accepted names %q, %q", cfg.Name, cfg.Durable)
 		}
 		for _, d := range cfg.BackOff {
@@ -149,12 +149,11 @@ func FuzzConsumerConfig(f *testing.F) {
 				t.Fatalf("accepted backoff %v", cfg.BackOff)
 			}
 		}
-		for _, fs := range consumerFilters(&cfg) {
+		for _, fs := range ConsumerFilters(&cfg) {
 			if !server.IsValidSubject(fs) {
 				t.Fatalf("accepted filter %q", fs)
 			}
 		}
-		_ = stateConfig(&cfg)
 		raw, err := json.Marshal(cfg)
 		if err != nil {
 			t.Fatalf("accepted a configuration that does not encode: %v", err)
@@ -163,17 +162,17 @@ func FuzzConsumerConfig(f *testing.F) {
 		if err := json.Unmarshal(raw, &stored); err != nil {
 			t.Fatalf("stored configuration %s does not decode: %v", raw, err)
 		}
-		again, e := checkConsumerConfig(stored, &scfg)
-		if e != nil || !sameConsumerConfig(again, cfg) {
+		again, e := CheckConsumerConfig(stored, &scfg)
+		if e != nil || !SameConsumerConfig(again, cfg) {
 			t.Fatalf("checking the accepted configuration again: %+v, %v\nfirst %+v", again, e, cfg)
 		}
-		if err := checkConsumerUpdate(&cfg, &again); err != nil {
+		if err := CheckConsumerUpdate(&cfg, &again); err != nil {
 			t.Fatalf("the accepted configuration is not an update of itself: %v", err)
 		}
 	})
 }
 
-// FuzzPullRequest feeds MSG.NEXT bodies to decodePullRequest and the consumer limits. An
+// FuzzPullRequest feeds MSG.NEXT bodies to DecodePullRequest and the consumer limits. An
 // accepted request must ask for at least one message, with no negative byte budget and a
 // heartbeat that fits its expiry.
 func FuzzPullRequest(f *testing.F) {
@@ -192,26 +191,24 @@ func FuzzPullRequest(f *testing.F) {
 	f.Add([]byte(`{"batch":100,"expires":120000000000,"max_bytes":2048}`), 10, int64(time.Minute), 1024)
 	now := time.Unix(1_700_000_000, 0)
 	f.Fuzz(func(t *testing.T, body []byte, maxBatch int, maxExpires int64, maxBytes int) {
-		pr, bad := decodePullRequest(body, now)
+		pr, bad := DecodePullRequest(body, now)
 		if bad == nil {
 			cfg := server.ConsumerConfig{MaxRequestBatch: maxBatch, MaxRequestExpires: time.Duration(maxExpires), MaxRequestMaxBytes: maxBytes}
-			bad = checkPullLimits(&cfg, &pr, now)
+			bad = CheckPullLimits(&cfg, &pr, now)
 		}
 		if bad != nil {
-			if bad.code != 400 && bad.code != 409 {
+			if bad.Code != 400 && bad.Code != 409 {
 				t.Fatalf("%q: status %v", body, bad)
 			}
 			return
 		}
 		switch {
-		case pr.batch < 1 || pr.maxBytes < 0:
-			t.Fatalf("%q: accepted batch %d, max_bytes %d", body, pr.batch, pr.maxBytes)
-		case pr.hb < 0 || pr.hb > 0 && (pr.hb < minPullHeartbeat || pr.expires.IsZero() || pr.expires.Sub(now) < 2*pr.hb-1):
-			t.Fatalf("%q: accepted heartbeat %v with expiry %v", body, pr.hb, pr.expires.Sub(now))
-		case pr.hb > 0 && !pr.hbNext.After(now):
-			t.Fatalf("%q: heartbeat due at once", body)
-		case maxBatch > 0 && pr.batch > maxBatch:
-			t.Fatalf("%q: batch %d above the consumer's %d", body, pr.batch, maxBatch)
+		case pr.Batch < 1 || pr.MaxBytes < 0:
+			t.Fatalf("%q: accepted batch %d, max_bytes %d", body, pr.Batch, pr.MaxBytes)
+		case pr.Heartbeat < 0 || pr.Heartbeat > 0 && (pr.Heartbeat < minPullHeartbeat || pr.Expires.IsZero() || pr.Expires.Sub(now) < 2*pr.Heartbeat-1):
+			t.Fatalf("%q: accepted heartbeat %v with expiry %v", body, pr.Heartbeat, pr.Expires.Sub(now))
+		case maxBatch > 0 && pr.Batch > maxBatch:
+			t.Fatalf("%q: batch %d above the consumer's %d", body, pr.Batch, maxBatch)
 		}
 	})
 }

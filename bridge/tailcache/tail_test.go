@@ -1,4 +1,4 @@
-package bridge
+package tailcache
 
 import (
 	"slices"
@@ -19,8 +19,8 @@ func tailMsgs(from, n uint64, size int) []pg.Message {
 // shared one whatever order they grow in, and a cleared cache gives its bytes back.
 func TestTailsShareOneBound(t *testing.T) {
 	msgSize := int((&pg.Message{Subject: "s", Data: make([]byte, 100)}).Size())
-	budget := &tailBudget{max: int64(25 * msgSize)}
-	tails := []*tail{newTail(10*msgSize, budget, 0), newTail(10*msgSize, budget, 0), newTail(10*msgSize, budget, 0)}
+	budget := &Budget{max: int64(25 * msgSize)}
+	tails := []*Tail{New(10*msgSize, budget, 0), New(10*msgSize, budget, 0), New(10*msgSize, budget, 0)}
 	next := make([]uint64, len(tails))
 	sum := func() int {
 		n := 0
@@ -34,7 +34,7 @@ func TestTailsShareOneBound(t *testing.T) {
 			if round > 6 && i == 0 {
 				continue // the first stream goes quiet and keeps what it has
 			}
-			tl.add(tailMsgs(next[i]+1, 3, 100), next[i]+1, next[i]+3)
+			tl.Add(tailMsgs(next[i]+1, 3, 100), next[i]+1, next[i]+3)
 			next[i] += 3
 			if tl.bytes > tl.max {
 				t.Fatalf("round %d: tail %d holds %d bytes, above its own bound %d", round, i, tl.bytes, tl.max)
@@ -49,11 +49,11 @@ func TestTailsShareOneBound(t *testing.T) {
 	}
 	// The newest messages are the ones kept, and reads still find them.
 	last := tails[2]
-	if got, _, found, ok := last.next(next[2], all); !ok || !found || got.Seq != next[2] {
+	if got, _, found, ok := last.Next(next[2], all); !ok || !found || got.Seq != next[2] {
 		t.Errorf("newest message of a busy tail not served: %d %v %v", got.Seq, found, ok)
 	}
 	for _, tl := range tails {
-		tl.clear()
+		tl.Clear()
 	}
 	if used := budget.used.Load(); used != 0 {
 		t.Errorf("%d bytes counted after every tail was cleared", used)
@@ -65,7 +65,7 @@ func TestTailsShareOneBound(t *testing.T) {
 // cached message from there on.
 func TestTailReadsAcrossBlocks(t *testing.T) {
 	msgSize := int((&pg.Message{Subject: "s", Data: make([]byte, 10)}).Size())
-	tl := newTail(3000*msgSize, &tailBudget{max: 1 << 40}, 0)
+	tl := New(3000*msgSize, &Budget{max: 1 << 40}, 0)
 	var model []uint64
 	seq := uint64(0)
 	for round := range 12 {
@@ -79,13 +79,13 @@ func TestTailReadsAcrossBlocks(t *testing.T) {
 			batch = append(batch, pg.Message{Seq: seq, Subject: "s", Data: make([]byte, 10)})
 			model = append(model, seq)
 		}
-		tl.add(batch, from, seq)
+		tl.Add(batch, from, seq)
 		// The cache keeps the newest 3000 messages.
 		model = model[max(len(model)-3000, 0):]
 		check := func(from uint64) {
 			t.Helper()
 			i, _ := slices.BinarySearch(model, from)
-			m, through, found, ok := tl.next(from, all)
+			m, through, found, ok := tl.Next(from, all)
 			if !ok {
 				t.Fatalf("round %d: read from %d missed the cache covering [%d, %d]", round, from, tl.from, tl.through)
 			}
@@ -96,7 +96,7 @@ func TestTailReadsAcrossBlocks(t *testing.T) {
 			} else if found || through != seq {
 				t.Fatalf("round %d: next from %d: %d (found %v) through %d, want nothing through %d", round, from, m.Seq, found, through, seq)
 			}
-			got, live, covered := tl.get(from)
+			got, live, covered := tl.Get(from)
 			if wantLive := i < len(model) && model[i] == from; !covered || live != wantLive || (live && got.Seq != from) {
 				t.Fatalf("round %d: get %d: %d live %v covered %v", round, from, got.Seq, live, covered)
 			}
@@ -109,7 +109,7 @@ func TestTailReadsAcrossBlocks(t *testing.T) {
 			check(model[k] + 1)
 		}
 	}
-	if _, _, _, ok := tl.next(tl.from-1, all); ok {
+	if _, _, _, ok := tl.Next(tl.from-1, all); ok {
 		t.Fatal("a read below the cache hit it")
 	}
 }
@@ -120,20 +120,20 @@ func all(string) bool { return true }
 // last at once, goes, and the next message starts a new one.
 func TestTailEvictsItsOnlyBlock(t *testing.T) {
 	msgSize := int((&pg.Message{Subject: "s", Data: make([]byte, 10)}).Size())
-	budget := &tailBudget{max: 1 << 40}
-	tl := newTail(msgSize/2, budget, 0)
+	budget := &Budget{max: 1 << 40}
+	tl := New(msgSize/2, budget, 0)
 	for seq := uint64(1); seq <= 3; seq++ {
-		tl.add([]pg.Message{{Seq: seq, Subject: "s", Data: make([]byte, 10)}}, seq, seq)
+		tl.Add([]pg.Message{{Seq: seq, Subject: "s", Data: make([]byte, 10)}}, seq, seq)
 		if len(tl.blocks) != 0 || tl.head != 0 || tl.bytes != 0 || budget.used.Load() != 0 {
 			t.Fatalf("after %d: %d blocks, head %d, %d bytes, %d counted", seq, len(tl.blocks), tl.head, tl.bytes, budget.used.Load())
 		}
-		if _, _, _, ok := tl.next(seq, all); ok {
+		if _, _, _, ok := tl.Next(seq, all); ok {
 			t.Fatalf("after %d: an evicted message is served", seq)
 		}
 	}
 	tl.max = 10 * msgSize
-	tl.add([]pg.Message{{Seq: 4, Subject: "s", Data: make([]byte, 10)}}, 4, 4)
-	if m, _, found, ok := tl.next(4, all); !ok || !found || m.Seq != 4 {
+	tl.Add([]pg.Message{{Seq: 4, Subject: "s", Data: make([]byte, 10)}}, 4, 4)
+	if m, _, found, ok := tl.Next(4, all); !ok || !found || m.Seq != 4 {
 		t.Fatalf("message 4 not served after the cache emptied: %d %v %v", m.Seq, found, ok)
 	}
 }

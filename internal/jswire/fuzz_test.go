@@ -135,7 +135,8 @@ func FuzzConsumerConfig(f *testing.F) {
 			t.Fatalf("accepted max_deliver %d", cfg.MaxDeliver)
 		case cfg.MaxWaiting < 1 || cfg.AckWait < 0 || cfg.MaxAckPending < -1 || cfg.InactiveThreshold < 0:
 			t.Fatalf("accepted limits %+v", cfg)
-		case cfg.AckPolicy != server.AckNone && cfg.AckWait == 0:
+		case cfg.AckPolicy != server.AckNone && cfg.AckWait == 0 && (len(cfg.BackOff) == 0 || cfg.BackOff[0] != 0):
+			// nats-server takes the ack wait from the first backoff, a zero one included.
 			t.Fatalf("accepted an acked consumer without an ack wait: %+v", cfg)
 		case cfg.MaxRequestBatch < 0 || cfg.MaxRequestMaxBytes < 0 || cfg.MaxRequestExpires < 0:
 			t.Fatalf("accepted request limits %+v", cfg)

@@ -276,7 +276,8 @@ func TestFiltersAndDeliverPolicies(t *testing.T) {
 
 func TestConsumerAdmin(t *testing.T) {
 	t.Parallel()
-	tb := setup(t)
+	clock := newFakeClock()
+	tb := setup(t, setupOpts{config: func(c *Config) { c.Clock = clock }})
 	ctx := testContext(t)
 	s := newStream(t, ctx, tb, "ADMC", "admc")
 	for _, n := range []string{"B", "A", "C"} {
@@ -324,6 +325,7 @@ func TestConsumerAdmin(t *testing.T) {
 		t.Fatal(err)
 	}
 	name := eph.CachedInfo().Name
+	clock.Advance(300 * time.Millisecond)
 	waitFor(t, 10*time.Second, func() error {
 		if _, err := s.Consumer(ctx, name); !errors.Is(err, jetstream.ErrConsumerNotFound) {
 			return fmt.Errorf("ephemeral still there: %v", err)

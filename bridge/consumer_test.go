@@ -142,7 +142,16 @@ func TestCursorWritesPaced(t *testing.T) {
 	if err := tb.nc.Flush(); err != nil {
 		t.Fatal(err)
 	}
-	// The clock has stood still since the first write: the last floor waits for it to move.
+	// The clock has stood still since the first write, so the last floor waits for it to
+	// move; it moves once the consumer has taken every ack, or a floor short of the last
+	// would take the write and the last wait for the clock again.
+	waitFor(t, 5*time.Second, func() error {
+		info, err := c.Info(ctx)
+		if err == nil && info.AckFloor.Stream != n {
+			err = fmt.Errorf("ack floor %d, want %d", info.AckFloor.Stream, n)
+		}
+		return err
+	})
 	clock.Advance(CursorIntervalDefault)
 	waitFor(t, 5*time.Second, func() error {
 		row, err := tb.db.GetConsumer(ctx, id, "C")

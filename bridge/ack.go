@@ -191,7 +191,7 @@ func (c *consumer) writeCursors() {
 		if !hurried && c.pace(ctx) {
 			continue
 		}
-		w.lastWrite = time.Now()
+		w.lastWrite = c.cs.b.clock.Now()
 		err := c.writeCursor(ctx, f)
 		if lost := errors.Is(err, pg.ErrLeaseLost); lost || (err != nil && ctx.Err() != nil) {
 			if lost {
@@ -204,10 +204,12 @@ func (c *consumer) writeCursors() {
 		}
 		if err != nil {
 			c.cs.b.log.Warn("cursor write failed", "stream", c.sc.s.name, "consumer", c.name, "err", err)
+			t := c.cs.b.clock.NewTimer(cursorRetry)
 			select {
 			case <-ctx.Done():
-			case <-time.After(cursorRetry):
+			case <-t.C():
 			}
+			t.Stop()
 			continue
 		}
 		w.mu.Lock()
@@ -239,14 +241,14 @@ func (c *consumer) gone() bool {
 // arrives, the consumer stops or ctx ends. It reports whether it waited: the floor may have
 // moved since, and the consumer may be gone.
 func (c *consumer) pace(ctx context.Context) bool {
-	d := time.Until(c.cw.lastWrite.Add(c.cs.b.cfg.CursorInterval))
+	d := c.cw.lastWrite.Add(c.cs.b.cfg.CursorInterval).Sub(c.cs.b.clock.Now())
 	if d <= 0 {
 		return false
 	}
-	t := time.NewTimer(d)
+	t := c.cs.b.clock.NewTimer(d)
 	defer t.Stop()
 	select {
-	case <-t.C:
+	case <-t.C():
 	case <-c.cw.hurry:
 	case <-c.done:
 	case <-ctx.Done():
@@ -259,11 +261,11 @@ func (c *consumer) writeCursor(ctx context.Context, f consumerstate.Pair) error 
 	if err != nil {
 		return err
 	}
-	start := time.Now()
+	start := c.cs.b.clock.Now()
 	rtt, err := c.cs.b.db.WriteCursor(ctx, c.cursorParams(f))
 	giveBack(p, rtt, err)
 	c.cs.m.cursorWrites.Inc()
-	c.cs.m.cursorLatency.Observe(time.Since(start).Seconds())
+	c.cs.m.cursorLatency.Observe(c.cs.b.clock.Now().Sub(start).Seconds())
 	return err
 }
 
@@ -306,7 +308,7 @@ func (cs *consumerSide) deleteInactive(c *consumer) {
 	if err != nil && !errors.Is(err, pg.ErrNotFound) {
 		cs.b.log.Warn("deleting inactive consumer failed", "stream", c.sc.s.name, "consumer", c.name, "err", err)
 		c.mu.Lock()
-		c.lastActive = time.Now()
+		c.lastActive = cs.b.clock.Now()
 		c.mu.Unlock()
 		return
 	}

@@ -299,7 +299,7 @@ func (cs *consumerSide) startFor(ctx context.Context, s *stream, cfg *server.Con
 
 // info reports a consumer as ConsumerInfo. num_pending is counted in PostgreSQL.
 func (cs *consumerSide) info(ctx context.Context, c *consumer) (*server.ConsumerInfo, error) {
-	now := time.Now()
+	now := cs.b.clock.Now()
 	c.mu.Lock()
 	cfg := c.cfg
 	d, f := c.st.Delivered(), c.st.AckFloor()
@@ -351,7 +351,7 @@ func (cs *consumerSide) rowInfo(ctx context.Context, s *stream, row pg.Consumer,
 	if err != nil {
 		return nil, err
 	}
-	now := time.Now()
+	now := cs.b.clock.Now()
 	floor := server.SequenceInfo{Consumer: row.AckConsumerSeq, Stream: row.AckStreamSeq}
 	info := &server.ConsumerInfo{Stream: s.name, Name: row.Name, Created: row.Created.UTC(), Config: &cfg,
 		Delivered: floor, AckFloor: floor, NumPending: np, TimeStamp: now.UTC()}
@@ -444,7 +444,7 @@ func (cs *consumerSide) apiPause(ctx context.Context, streamName, name string, d
 		return resp
 	}
 	resp.PauseUntil = until
-	resp.Paused, resp.PauseRemaining = pausedAt(&until, time.Now())
+	resp.Paused, resp.PauseRemaining = pausedAt(&until, cs.b.clock.Now())
 	return resp
 }
 

@@ -148,7 +148,7 @@ func (b *Bridge) streamInfo(ctx context.Context, s *stream) (*server.StreamInfo,
 	if st.Msgs == 0 {
 		state.FirstSeq = st.LastSeq + 1
 	}
-	return &server.StreamInfo{Config: s.config(), Created: s.created.UTC(), State: state, TimeStamp: time.Now().UTC()}, nil
+	return &server.StreamInfo{Config: s.config(), Created: s.created.UTC(), State: state, TimeStamp: b.clock.Now().UTC()}, nil
 }
 
 func (b *Bridge) apiStreamUpdate(ctx context.Context, name string, body []byte) any {

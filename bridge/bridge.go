@@ -84,6 +84,9 @@ type Config struct {
 	// MaxPayload is the largest message the embedded server accepts; streams without a
 	// max_msg_size report it. Defaults to 1 MiB.
 	MaxPayload int32
+	// Clock tells the bridge the time (see Clock). Nil means the system clock, the only
+	// right one outside tests.
+	Clock Clock
 }
 
 // validate refuses a configuration that is missing what it needs or holds a negative or
@@ -167,6 +170,8 @@ type Bridge struct {
 	link *leaf.Conn
 	log  *slog.Logger
 	pm   *pushMetrics
+	// clock is Config.Clock, or the system clock.
+	clock Clock
 
 	// bg runs the background work: API workers, the flush dispatcher, the stream sync loop
 	// and the retention maintainer. ctx is its context, from Start until Stop cancels it.
@@ -206,6 +211,7 @@ func New(cfg Config) (*Bridge, error) {
 		link:    cfg.Link,
 		log:     cfg.Logger,
 		pm:      newPushMetrics(cfg.Registerer),
+		clock:   clockOrSystem(cfg.Clock),
 		streams: make(map[string]*stream),
 		ready:   newReadyQueue(),
 		apiReqs: make(chan *leaf.Msg, APIQueueDefault),
@@ -294,13 +300,13 @@ func (b *Bridge) Stop(ctx context.Context) error {
 
 // streamSyncLoop picks up stream changes that another replica made.
 func (b *Bridge) streamSyncLoop() {
-	t := time.NewTicker(StreamSyncPeriodDefault)
+	t := b.clock.NewTicker(StreamSyncPeriodDefault)
 	defer t.Stop()
 	for {
 		select {
 		case <-b.ctx.Done():
 			return
-		case <-t.C:
+		case <-t.C():
 			if err := b.syncStreams(b.ctx); err != nil && b.ctx.Err() == nil {
 				b.log.Warn("re-reading streams failed", "err", err)
 			}

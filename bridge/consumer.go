@@ -133,13 +133,13 @@ func newConsumer(cs *consumerSide, sc *streamConsumers, row pg.Consumer, cfg ser
 			start = nil
 		}
 	}
-	now := time.Now()
+	now := cs.b.clock.Now()
 	c := &consumer{
 		cs:         cs,
 		sc:         sc,
 		name:       row.Name,
 		created:    row.Created,
-		since:      now,
+		since:      time.Now(), // for the lease loop, which runs on the system clock
 		wake:       make(chan struct{}, 1),
 		done:       make(chan struct{}),
 		cfg:        cfg,
@@ -239,13 +239,14 @@ func matchAny(filters []string, subject string) bool {
 // run is the consumer's goroutine.
 func (c *consumer) run() {
 	defer close(c.done)
-	timer := time.NewTimer(time.Hour)
+	clock := c.cs.b.clock
+	timer := clock.NewTimer(time.Hour)
 	defer timer.Stop()
 	ctx := c.cs.ctx
 	for {
 		evs := c.take()
 		c.mu.Lock()
-		now := time.Now()
+		now := clock.Now()
 		for i := range evs {
 			c.handle(ctx, &evs[i], now)
 		}
@@ -267,7 +268,7 @@ func (c *consumer) run() {
 		}
 		hw := c.sc.tail.HighWater()
 		c.pump(ctx)
-		wake := c.nextWake(time.Now())
+		wake := c.nextWake(clock.Now())
 		parked := len(c.waiting) > 0
 		wasParked := c.parked.Swap(parked)
 		c.mu.Unlock()
@@ -284,17 +285,17 @@ func (c *consumer) run() {
 			}
 		}
 		if !wake.IsZero() {
-			timer.Reset(max(time.Until(wake), 0))
+			timer.Reset(max(wake.Sub(clock.Now()), 0))
 		}
 		select {
 		case <-ctx.Done():
 			c.stop(stopShutdown)
 		case <-c.wake:
-		case <-timer.C:
+		case <-timer.C():
 		}
 		if !timer.Stop() {
 			select {
-			case <-timer.C:
+			case <-timer.C():
 			default:
 			}
 		}
@@ -404,7 +405,7 @@ const (
 func (c *consumer) pump(ctx context.Context) {
 	c.recountPending(ctx)
 	c.applyCommitted()
-	now := time.Now()
+	now := c.cs.b.clock.Now()
 	if _, moved := c.st.Expire(now); moved {
 		c.floorMoved()
 	}
@@ -428,7 +429,7 @@ func (c *consumer) pump(ctx context.Context) {
 		info := jswire.AckInfo{Stream: c.sc.s.name, Consumer: c.name, Delivered: dc, StreamSeq: m.Seq, ConsumerSeq: c.st.Delivered().Consumer + 1, TS: m.TS, Pending: pending}
 		reply := jswire.AppendAckSubject(c.reply[:0], info)
 		size := len(m.Subject) + len(reply) + len(hdr) + len(data)
-		now := time.Now()
+		now := c.cs.b.clock.Now()
 		wr := c.nextWaiting(size, now)
 		if wr == nil {
 			break
@@ -439,7 +440,7 @@ func (c *consumer) pump(ctx context.Context) {
 			// Not sent (the link is full or closing), so not delivered: it stays next in
 			// line and is tried again shortly, not after an ack wait.
 			c.cs.b.log.Debug("delivery not sent", "stream", c.sc.s.name, "consumer", c.name, "err", err)
-			c.retryAt = time.Now().Add(readRetry)
+			c.retryAt = c.cs.b.clock.Now().Add(readRetry)
 			eos = false
 			break
 		}
@@ -457,7 +458,7 @@ func (c *consumer) pump(ctx context.Context) {
 			c.floorMoved()
 		}
 	}
-	c.processWaiting(time.Now(), eos)
+	c.processWaiting(c.cs.b.clock.Now(), eos)
 	if sent > 0 {
 		c.prefetch(ctx)
 	}
@@ -600,7 +601,7 @@ func (c *consumer) consume(src source) {
 // first, then a connection, and neither is held once it returns. mu is released meanwhile;
 // only this goroutine changes the state, so nothing moves under it.
 func (c *consumer) readAhead(ctx context.Context, from, hw uint64) bool {
-	if time.Now().Before(c.retryAt) {
+	if c.cs.b.clock.Now().Before(c.retryAt) {
 		return false
 	}
 	n := min(max(int(c.batchPending()), readAheadMin), readAheadMax)
@@ -612,7 +613,7 @@ func (c *consumer) readAhead(ctx context.Context, from, hw uint64) bool {
 		if ctx.Err() == nil {
 			c.cs.b.log.Warn("consumer read failed", "stream", c.sc.s.name, "consumer", c.name, "err", err)
 		}
-		c.retryAt = time.Now().Add(readRetry)
+		c.retryAt = c.cs.b.clock.Now().Add(readRetry)
 		return false
 	}
 	c.dropAhead()
@@ -635,7 +636,7 @@ type prefetch struct {
 // from PostgreSQL and its read-ahead runs low; a consumer that keeps up with the tail
 // cache, or waits at the head of the stream, never does. Called with mu held.
 func (c *consumer) prefetch(ctx context.Context) {
-	if c.pf != nil || len(c.ahead) > prefetchBelow || c.aheadUpTo == 0 || time.Now().Before(c.retryAt) {
+	if c.pf != nil || len(c.ahead) > prefetchBelow || c.aheadUpTo == 0 || c.cs.b.clock.Now().Before(c.retryAt) {
 		return
 	}
 	from, hw := c.aheadUpTo+1, c.sc.tail.HighWater()
@@ -688,7 +689,7 @@ func (c *consumer) takePrefetch(ctx context.Context) bool {
 		if ctx.Err() == nil {
 			c.cs.b.log.Warn("consumer read failed", "stream", c.sc.s.name, "consumer", c.name, "err", pf.err)
 		}
-		c.retryAt = time.Now().Add(readRetry)
+		c.retryAt = c.cs.b.clock.Now().Add(readRetry)
 		return false
 	}
 	c.ahead = append(c.ahead, pf.msgs...)
@@ -714,14 +715,14 @@ func (c *consumer) load(ctx context.Context, seq uint64) (pg.Message, bool, erro
 		return c.ahead[i], true, nil
 	}
 	c.cs.m.tailMisses.Inc()
-	if time.Now().Before(c.retryAt) {
+	if c.cs.b.clock.Now().Before(c.retryAt) {
 		return pg.Message{}, false, errRetryLater
 	}
 	c.mu.Unlock()
 	msgs, _, err := c.cs.readPop(ctx, pg.ReadParams{StreamID: c.sc.s.id, From: seq, UpTo: seq, MaxMsgs: 1}, nil)
 	c.mu.Lock()
 	if err != nil {
-		c.retryAt = time.Now().Add(readRetry)
+		c.retryAt = c.cs.b.clock.Now().Add(readRetry)
 		return pg.Message{}, false, err
 	}
 	if len(msgs) == 0 {

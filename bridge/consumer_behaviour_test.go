@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -62,13 +63,18 @@ func TestFetchEmptyConsumer(t *testing.T) {
 	}
 }
 
+// TestNakTermProgressAndAckWait runs on a fake clock that moves one ack wait per step, so
+// that each step's redeliveries are known exactly: a nak's delay, an ack wait restarted by
+// progress, a terminated message never again, and MaxDeliver counted to the delivery.
 func TestNakTermProgressAndAckWait(t *testing.T) {
 	t.Parallel()
-	tb := setup(t)
+	clock := newFakeClock()
+	tb := setup(t, setupOpts{config: func(c *Config) { c.Clock = clock }})
 	ctx := testContext(t)
 	s := newStream(t, ctx, tb, "RD", "rd")
 	publishN(t, ctx, tb.js, "rd", 4)
-	c, err := s.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{Durable: "C", AckWait: 500 * time.Millisecond, MaxDeliver: 3})
+	const ackWait = 500 * time.Millisecond
+	c, err := s.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{Durable: "C", AckWait: ackWait, MaxDeliver: 3})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -80,40 +86,43 @@ func TestNakTermProgressAndAckWait(t *testing.T) {
 		}
 	}
 	must(msgs[0].Nak())                     // 1: redelivered at once
-	must(msgs[1].NakWithDelay(time.Second)) // 2: after a second
+	must(msgs[1].NakWithDelay(2 * ackWait)) // 2: after two ack waits
 	must(msgs[2].Term())                    // 3: never again
 	must(msgs[3].InProgress())              // 4: ack wait restarts; then expires
-	got := fetchSeqs(t, c, 1, 2*time.Second, nil)
+	got := fetchSeqs(t, c, 1, 5*time.Second, nil)
 	if !slices.Equal(got, []uint64{1}) {
 		t.Fatalf("after nak got %v, want [1]", got)
 	}
-	// 4 expires after its ack wait, 1 after its second delivery's; 2 after its delay.
-	seen := map[uint64]int{}
-	deadline := time.Now().Add(5 * time.Second)
-	for time.Now().Before(deadline) && (seen[2] == 0 || seen[4] == 0) {
-		for _, q := range fetchSeqs(t, c, 4, 500*time.Millisecond, nil) {
-			seen[q]++
+	// One ack wait on, 1 (delivered twice) and 4 (in progress) expire; two on, 2's delay has
+	// passed and 4 expires again, while 1, delivered three times, is done; three on, 2 comes
+	// back a third time and 4 is done; four on, 2 is done too.
+	for i, want := range [][]uint64{{1, 4}, {2, 4}, {2}} {
+		clock.Advance(ackWait)
+		if got := fetchSeqs(t, c, len(want), 5*time.Second, nil); !slices.Equal(got, want) {
+			t.Fatalf("%d ack waits on: got %v, want %v", i+1, got, want)
 		}
 	}
-	if seen[2] == 0 || seen[4] == 0 || seen[3] != 0 {
-		t.Fatalf("redeliveries %v", seen)
-	}
-	// MaxDeliver 3: nothing arrives more than three times in all.
-	deadline = time.Now().Add(3 * time.Second)
-	for time.Now().Before(deadline) {
-		for _, q := range fetchSeqs(t, c, 4, 300*time.Millisecond, nil) {
-			seen[q]++
+	clock.Advance(ackWait)
+	waitFor(t, 5*time.Second, func() error {
+		info, err := c.Info(ctx)
+		if err != nil {
+			return err
 		}
-	}
-	if seen[1] > 2 || seen[2] > 2 || seen[4] > 2 { // plus the first delivery = 3
-		t.Fatalf("delivered beyond MaxDeliver: %v", seen)
-	}
-	info, err := c.Info(ctx)
+		if info.NumAckPending != 0 || info.AckFloor.Stream != 4 || info.NumRedelivered == 0 {
+			return fmt.Errorf("info %+v", info)
+		}
+		return nil
+	})
+	b, err := c.FetchNoWait(4)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if info.NumAckPending != 0 || info.AckFloor.Stream != 4 || info.NumRedelivered == 0 {
-		t.Fatalf("info %+v", info)
+	for m := range b.Messages() {
+		md, _ := m.Metadata()
+		t.Errorf("delivered beyond MaxDeliver: %+v", md)
+	}
+	if err := b.Error(); err != nil {
+		t.Fatalf("fetch no wait: %v", err)
 	}
 }
 
@@ -267,7 +276,8 @@ func TestFiltersAndDeliverPolicies(t *testing.T) {
 
 func TestConsumerAdmin(t *testing.T) {
 	t.Parallel()
-	tb := setup(t)
+	clock := newFakeClock()
+	tb := setup(t, setupOpts{config: func(c *Config) { c.Clock = clock }})
 	ctx := testContext(t)
 	s := newStream(t, ctx, tb, "ADMC", "admc")
 	for _, n := range []string{"B", "A", "C"} {
@@ -315,6 +325,7 @@ func TestConsumerAdmin(t *testing.T) {
 		t.Fatal(err)
 	}
 	name := eph.CachedInfo().Name
+	clock.Advance(300 * time.Millisecond)
 	waitFor(t, 10*time.Second, func() error {
 		if _, err := s.Consumer(ctx, name); !errors.Is(err, jetstream.ErrConsumerNotFound) {
 			return fmt.Errorf("ephemeral still there: %v", err)
@@ -362,28 +373,77 @@ func TestParkedPullWokenByPublish(t *testing.T) {
 	}
 }
 
+// TestConsumeWithHeartbeats keeps a Consume idle across several heartbeats and a pull
+// expiry, on a fake clock advanced one heartbeat at a time, and watches the pull answers
+// from a second connection: the client must see no error, and messages published afterwards
+// must arrive in order.
 func TestConsumeWithHeartbeats(t *testing.T) {
 	t.Parallel()
-	tb := setup(t)
+	clock := newFakeClock()
+	tb := setup(t, setupOpts{config: func(c *Config) { c.Clock = clock }})
 	ctx := testContext(t)
 	s := newStream(t, ctx, tb, "CO", "co")
 	c, err := s.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{Durable: "C"})
 	if err != nil {
 		t.Fatal(err)
 	}
+	obs, err := nats.Connect(tb.nats.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer obs.Close()
+	answers, err := obs.SubscribeSync("_INBOX.>")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := obs.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	waiting := func(n int) {
+		t.Helper()
+		waitFor(t, 5*time.Second, func() error {
+			info, err := c.Info(ctx)
+			if err == nil && info.NumWaiting != n {
+				err = fmt.Errorf("%d pull requests waiting, want %d", info.NumWaiting, n)
+			}
+			return err
+		})
+	}
+	// The client watches for heartbeats on its own, in real time, missing two of them: with
+	// the fake clock the steps come much faster, and long intervals keep that watch quiet.
+	const hb, expiry = 5 * time.Second, 20 * time.Second
 	got := make(chan uint64, 100)
 	errs := make(chan error, 10)
 	cc, err := c.Consume(func(m jetstream.Msg) {
 		md, _ := m.Metadata()
 		_ = m.Ack()
 		got <- md.Sequence.Stream
-	}, jetstream.PullExpiry(2*time.Second), jetstream.PullHeartbeat(500*time.Millisecond),
+	}, jetstream.PullExpiry(expiry), jetstream.PullHeartbeat(hb),
 		jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) { errs <- err }))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer cc.Stop()
-	time.Sleep(3 * time.Second) // idle across an expiry and several heartbeats
+	waiting(1)
+	for i := 1; i <= 6; i++ {
+		clock.Advance(hb)
+		want := "100 Idle Heartbeat"
+		if time.Duration(i)*hb == expiry {
+			want = "408 Request Timeout"
+		}
+		var status string
+		for status == "" {
+			m, err := answers.NextMsg(5 * time.Second)
+			if err != nil {
+				t.Fatalf("%v on: no pull answer: %v", time.Duration(i)*hb, err)
+			}
+			status = statusLine(m)
+		}
+		if status != want {
+			t.Fatalf("%v on: %q, want %q", time.Duration(i)*hb, status, want)
+		}
+		waiting(1) // after the expiry, the client's next request
+	}
 	select {
 	case err := <-errs:
 		t.Fatalf("consume error while idle: %v", err)

@@ -96,7 +96,8 @@ func (c *consumer) recountPending(ctx context.Context) {
 	if !c.stale.Load() {
 		return
 	}
-	if time.Now().Before(c.recountAt) {
+	clock := c.cs.b.clock
+	if clock.Now().Before(c.recountAt) {
 		c.cs.m.recountsLate.Inc()
 		return
 	}
@@ -104,9 +105,9 @@ func (c *consumer) recountPending(ctx context.Context) {
 	through := c.pend.restart()
 	p := pg.PendingParams{StreamID: c.sc.s.id, From: c.st.Next(), UpTo: through, Filters: c.filters()}
 	c.mu.Unlock()
-	start := time.Now()
+	start := clock.Now()
 	n, err := c.cs.b.db.CountPending(ctx, p)
-	took := time.Since(start)
+	took := clock.Now().Sub(start)
 	c.mu.Lock()
 	c.recountAt = time.Time{}
 	if took > recountCheap {
@@ -117,7 +118,7 @@ func (c *consumer) recountPending(ctx context.Context) {
 			c.cs.b.log.Warn("counting pending messages failed", "stream", c.sc.s.name, "consumer", c.name, "err", err)
 		}
 		c.stale.Store(true)
-		c.recountAt = time.Now().Add(readRetry)
+		c.recountAt = clock.Now().Add(readRetry)
 		return
 	}
 	c.npc = int64(n)

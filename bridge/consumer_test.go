@@ -111,7 +111,8 @@ func mustStreamID(t *testing.T, tb *testBundle, name string) int64 {
 // floor still reaches PostgreSQL.
 func TestCursorWritesPaced(t *testing.T) {
 	t.Parallel()
-	tb := setup(t)
+	clock := newFakeClock()
+	tb := setup(t, setupOpts{config: func(c *Config) { c.Clock = clock }})
 	ctx := testContext(t)
 	s := newStream(t, ctx, tb, "PACED", "paced.>")
 	const n = 2000
@@ -122,7 +123,7 @@ func TestCursorWritesPaced(t *testing.T) {
 	}
 	id := mustStreamID(t, tb, "PACED")
 	before := counterValue(t, tb.reg, "jetgres_cursor_writes_total")
-	start := time.Now()
+	start := clock.Now()
 	for got := 0; got < n; {
 		batch, err := c.Fetch(100, jetstream.FetchMaxWait(5*time.Second))
 		if err != nil {
@@ -141,6 +142,17 @@ func TestCursorWritesPaced(t *testing.T) {
 	if err := tb.nc.Flush(); err != nil {
 		t.Fatal(err)
 	}
+	// The clock has stood still since the first write, so the last floor waits for it to
+	// move; it moves once the consumer has taken every ack, or a floor short of the last
+	// would take the write and the last wait for the clock again.
+	waitFor(t, 5*time.Second, func() error {
+		info, err := c.Info(ctx)
+		if err == nil && info.AckFloor.Stream != n {
+			err = fmt.Errorf("ack floor %d, want %d", info.AckFloor.Stream, n)
+		}
+		return err
+	})
+	clock.Advance(CursorIntervalDefault)
 	waitFor(t, 5*time.Second, func() error {
 		row, err := tb.db.GetConsumer(ctx, id, "C")
 		if err == nil && row.AckStreamSeq != n {
@@ -148,7 +160,7 @@ func TestCursorWritesPaced(t *testing.T) {
 		}
 		return err
 	})
-	elapsed := time.Since(start)
+	elapsed := clock.Now().Sub(start)
 	writes := counterValue(t, tb.reg, "jetgres_cursor_writes_total") - before
 	if limit := 2 + float64(elapsed/CursorIntervalDefault); writes > limit {
 		t.Errorf("%g cursor writes for %d acks in %s, want at most %g", writes, n, elapsed, limit)

@@ -426,7 +426,8 @@ func (cs *consumerSide) ensure(ctx context.Context, streamName, consumerName str
 }
 
 // leaseLoop renews this process's consumer leases and stops serving any consumer whose
-// lease it lost (deleted or taken over elsewhere).
+// lease it lost (deleted or taken over elsewhere). It runs on the system clock, not the
+// bridge's: PostgreSQL judges lease expiry by its own.
 func (cs *consumerSide) leaseLoop() {
 	t := time.NewTicker(consumerLeaseTTL / 3)
 	defer t.Stop()

@@ -57,7 +57,7 @@ func (b *Bridge) onPublish(s *stream, m *leaf.Msg) {
 		b.reject(s, m.Reply, reasonUnstorable, e)
 		return
 	}
-	p := publish{reply: m.Reply, recv: time.Now(), size: size,
+	p := publish{reply: m.Reply, recv: b.clock.Now(), size: size,
 		msg: pg.AppendMsg{Subject: m.Subject, Header: m.Header, Data: m.Data}}
 	if len(m.Header) > 0 {
 		if e := parseExpectations(cfg, m.Header, &p.msg); e != nil {
@@ -300,7 +300,7 @@ func (b *Bridge) flush(p *flow.Permit, group []*stream) {
 		b.pm.batchTx.Observe(float64(len(batches)))
 		// The flush is not tied to a request: it must finish and answer even while the
 		// bridge stops, so only the statement timeout and Stop's deadline bound it.
-		results, rtt, err := b.db.Append(b.flushCtx, batches, time.Now().UnixNano())
+		results, rtt, err := b.db.Append(b.flushCtx, batches, b.clock.Now().UnixNano())
 		giveBack(p, rtt, err)
 		b.pm.commit.Observe(rtt.Seconds())
 		byID := make(map[int64]*stream, len(group))
@@ -446,7 +446,7 @@ func storeFailed(err error) *server.ApiError {
 
 // answer sends each publisher its PubAck (or the error its expectation produced).
 func (b *Bridge) answer(s *stream, pubs []publish, r pg.AppendResult) {
-	now := time.Now()
+	now := b.clock.Now()
 	for i, pb := range pubs {
 		o := r.Outcomes[i]
 		if o.Err != nil {
@@ -485,7 +485,8 @@ func (b *Bridge) drainIntake(ctx context.Context) error {
 		s.in.mu.Unlock()
 	}
 	// Streams parked in the ready queue still need a permit; the dispatcher is running
-	// until the background work stops, which happens only after this drain.
+	// until the background work stops, which happens only after this drain. The wait is for
+	// the dispatcher, not for time: it stays on the system clock.
 	for !b.ready.empty() {
 		select {
 		case <-ctx.Done():

@@ -52,7 +52,7 @@ func (b *Bridge) maint() *maintainer { return b.maintainer.Load() }
 // it every ack, for the next retention pass; before, retention still follows the consumers'
 // ack floors, and only acks above a floor wait for it.
 func (b *Bridge) startRetention() {
-	m := &maintainer{b: b, kick: make(chan struct{}, 1), lastPrune: time.Now()}
+	m := &maintainer{b: b, kick: make(chan struct{}, 1), lastPrune: b.clock.Now()}
 	b.maintainer.Store(m)
 	b.bg.Go(m.run)
 }
@@ -96,9 +96,10 @@ func (m *maintainer) wake() { poke(m.kick) }
 
 func (m *maintainer) run() {
 	ctx := m.b.ctx
-	tick := time.NewTicker(maintainPeriod)
+	clock := m.b.clock
+	tick := clock.NewTicker(maintainPeriod)
 	defer tick.Stop()
-	retry := time.NewTimer(time.Hour)
+	retry := clock.NewTimer(time.Hour)
 	defer retry.Stop()
 	for {
 		select {
@@ -108,17 +109,17 @@ func (m *maintainer) run() {
 			if m.retainAll(ctx, true) {
 				retry.Reset(retainRetry)
 			}
-		case <-retry.C:
+		case <-retry.C():
 			if m.retainAll(ctx, false) {
 				retry.Reset(retainRetry)
 			}
-		case <-tick.C:
+		case <-tick.C():
 			m.retainAll(ctx, false)
 			m.expire(ctx)
 			m.dropChunks(ctx)
-			if time.Since(m.lastPrune) >= pruneIDsPeriod {
+			if clock.Now().Sub(m.lastPrune) >= pruneIDsPeriod {
 				m.pruneIDs(ctx)
-				m.lastPrune = time.Now()
+				m.lastPrune = clock.Now()
 			}
 		}
 	}
@@ -355,7 +356,7 @@ func (b *Bridge) cachedAny(s *stream, below uint64, seqs []uint64) bool {
 
 // expire applies max_age.
 func (m *maintainer) expire(ctx context.Context) {
-	now := time.Now()
+	now := m.b.clock.Now()
 	for _, s := range m.b.streamList() {
 		cfg := s.config()
 		if cfg.MaxAge <= 0 {
@@ -382,7 +383,7 @@ func (m *maintainer) dropChunks(ctx context.Context) {
 
 // pruneIDs forgets de-duplication ids that their window has passed.
 func (m *maintainer) pruneIDs(ctx context.Context) {
-	now := time.Now()
+	now := m.b.clock.Now()
 	for _, s := range m.b.streamList() {
 		cfg := s.config()
 		if _, err := m.b.db.PruneMsgIDs(ctx, s.id, now.Add(-cfg.Duplicates).UnixNano()); err != nil && ctx.Err() == nil {
@@ -399,7 +400,7 @@ func (b *Bridge) applyLimits(ctx context.Context, s *stream, cfg *server.StreamC
 		return err
 	}
 	if cfg.MaxAge > 0 {
-		expired, err := b.db.ExpireOlder(ctx, s.id, time.Now().Add(-cfg.MaxAge).UnixNano())
+		expired, err := b.db.ExpireOlder(ctx, s.id, b.clock.Now().Add(-cfg.MaxAge).UnixNano())
 		if err != nil {
 			return err
 		}

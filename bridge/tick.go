@@ -2,7 +2,6 @@ package bridge
 
 import (
 	"context"
-	"time"
 
 	"github.com/jetgres/jetgres/pg"
 )
@@ -21,7 +20,7 @@ func (cs *consumerSide) kickTicker() { poke(cs.kick) }
 func (cs *consumerSide) tickLoop() {
 	base := cs.b.cfg.TickPeriod
 	period := base
-	t := time.NewTimer(period)
+	t := cs.b.clock.NewTimer(period)
 	defer t.Stop()
 	for {
 		select {
@@ -34,13 +33,13 @@ func (cs *consumerSide) tickLoop() {
 			period = base
 			if !t.Stop() {
 				select {
-				case <-t.C:
+				case <-t.C():
 				default:
 				}
 			}
 			t.Reset(period)
 			continue
-		case <-t.C:
+		case <-t.C():
 		}
 		if cs.tick(cs.ctx) {
 			period = base

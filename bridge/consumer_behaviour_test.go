@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jetgres/jetgres/internal/testwait"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -315,7 +316,7 @@ func TestConsumerAdmin(t *testing.T) {
 		t.Fatal(err)
 	}
 	name := eph.CachedInfo().Name
-	waitFor(t, 10*time.Second, func() error {
+	testwait.For(t, 10*time.Second, func() error {
 		if _, err := s.Consumer(ctx, name); !errors.Is(err, jetstream.ErrConsumerNotFound) {
 			return fmt.Errorf("ephemeral still there: %v", err)
 		}
@@ -343,7 +344,7 @@ func TestParkedPullWokenByPublish(t *testing.T) {
 		}
 		done <- 0
 	}()
-	waitFor(t, 5*time.Second, func() error {
+	testwait.For(t, 5*time.Second, func() error {
 		info, err := c.Info(ctx)
 		if err != nil || info.NumWaiting != 1 {
 			return fmt.Errorf("waiting %v %v", info, err)

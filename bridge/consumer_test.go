@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/jetgres/jetgres/flow"
+	"github.com/jetgres/jetgres/internal/testwait"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -141,7 +142,7 @@ func TestCursorWritesPaced(t *testing.T) {
 	if err := tb.nc.Flush(); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 5*time.Second, func() error {
+	testwait.For(t, 5*time.Second, func() error {
 		row, err := tb.db.GetConsumer(ctx, id, "C")
 		if err == nil && row.AckStreamSeq != n {
 			err = fmt.Errorf("stored floor %d, want %d", row.AckStreamSeq, n)
@@ -174,7 +175,7 @@ func TestDoubleAckSkipsThePace(t *testing.T) {
 	if err := msgs[0].Ack(); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 5*time.Second, func() error {
+	testwait.For(t, 5*time.Second, func() error {
 		row, err := tb.db.GetConsumer(ctx, id, "C")
 		if err == nil && row.AckStreamSeq != 1 {
 			err = fmt.Errorf("stored floor %d, want 1", row.AckStreamSeq)

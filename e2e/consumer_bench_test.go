@@ -13,6 +13,8 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/jetgres/jetgres/internal/testwait"
 )
 
 // envBench turns on TestConsumerBench, which takes about a minute and wants a quiet machine.
@@ -148,7 +150,7 @@ func fetchAckRate(t *testing.T, url string) float64 {
 		}
 		got += n
 	}
-	eventually(t, time.Minute, time.Millisecond, func() error {
+	testwait.For(t, time.Minute, func() error {
 		info, err := c.Info(ctx)
 		if err != nil {
 			return err

@@ -25,6 +25,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/jetgres/jetgres/embedded/localpg"
+	"github.com/jetgres/jetgres/internal/testwait"
 	"github.com/jetgres/jetgres/pg"
 )
 
@@ -445,7 +446,7 @@ func waitAllAcked(t testing.TB, pubs []*publisher, timeout time.Duration) {
 		p.finishing = true
 		p.mu.Unlock()
 	}
-	eventually(t, timeout, 50*time.Millisecond, func() error {
+	testwait.For(t, timeout, func() error {
 		if s := summarize(pubs); s.unacked > 0 {
 			return fmt.Errorf("%d of %d message ids still without a PubAck, e.g. %s", s.unacked, s.ids, unackedSample(pubs))
 		}

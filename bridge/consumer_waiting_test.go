@@ -172,15 +172,15 @@ func TestGoneInboxGetsNothing(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for m := range batch.Messages() {
-		md, err := m.Metadata()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if md.NumDelivered != 1 || md.Sequence.Consumer != 1 {
-			t.Fatalf("the message was delivered before: %+v", md)
-		}
-		return
+	m, ok := <-batch.Messages()
+	if !ok {
+		t.Fatalf("no message: %v", batch.Error())
 	}
-	t.Fatalf("no message: %v", batch.Error())
+	md, err := m.Metadata()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if md.NumDelivered != 1 || md.Sequence.Consumer != 1 {
+		t.Fatalf("the message was delivered before: %+v", md)
+	}
 }

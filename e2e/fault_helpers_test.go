@@ -899,16 +899,6 @@ func peakRSS(ss []sample) int64 {
 	return p
 }
 
-// firstSample returns the first sample at or after t that satisfies ok.
-func firstSample(ss []sample, t time.Time, ok func(sample) bool) (sample, bool) {
-	for _, s := range ss {
-		if !s.at.Before(t) && ok(s) {
-			return s, true
-		}
-	}
-	return sample{}, false
-}
-
 // limitTrace renders the push lane limit over time, two values a second, for the log.
 func limitTrace(ss []sample, t0 time.Time) string {
 	var b strings.Builder

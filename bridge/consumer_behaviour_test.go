@@ -10,6 +10,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/jetgres/jetgres/internal/testwait"
 )
 
 func fetchSeqs(t *testing.T, c jetstream.Consumer, n int, wait time.Duration, ack func(jetstream.Msg)) []uint64 {
@@ -103,7 +105,7 @@ func TestNakTermProgressAndAckWait(t *testing.T) {
 		}
 	}
 	clock.Advance(ackWait)
-	waitFor(t, 5*time.Second, func() error {
+	testwait.For(t, 5*time.Second, func() error {
 		info, err := c.Info(ctx)
 		if err != nil {
 			return err
@@ -326,7 +328,7 @@ func TestConsumerAdmin(t *testing.T) {
 	}
 	name := eph.CachedInfo().Name
 	clock.Advance(300 * time.Millisecond)
-	waitFor(t, 10*time.Second, func() error {
+	testwait.For(t, 10*time.Second, func() error {
 		if _, err := s.Consumer(ctx, name); !errors.Is(err, jetstream.ErrConsumerNotFound) {
 			return fmt.Errorf("ephemeral still there: %v", err)
 		}
@@ -354,7 +356,7 @@ func TestParkedPullWokenByPublish(t *testing.T) {
 		}
 		done <- 0
 	}()
-	waitFor(t, 5*time.Second, func() error {
+	testwait.For(t, 5*time.Second, func() error {
 		info, err := c.Info(ctx)
 		if err != nil || info.NumWaiting != 1 {
 			return fmt.Errorf("waiting %v %v", info, err)
@@ -401,7 +403,7 @@ func TestConsumeWithHeartbeats(t *testing.T) {
 	}
 	waiting := func(n int) {
 		t.Helper()
-		waitFor(t, 5*time.Second, func() error {
+		testwait.For(t, 5*time.Second, func() error {
 			info, err := c.Info(ctx)
 			if err == nil && info.NumWaiting != n {
 				err = fmt.Errorf("%d pull requests waiting, want %d", info.NumWaiting, n)

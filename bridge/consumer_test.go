@@ -2,11 +2,13 @@ package bridge
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"testing"
 	"time"
 
 	"github.com/jetgres/jetgres/flow"
+	"github.com/jetgres/jetgres/internal/testwait"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -145,7 +147,7 @@ func TestCursorWritesPaced(t *testing.T) {
 	// The clock has stood still since the first write, so the last floor waits for it to
 	// move; it moves once the consumer has taken every ack, or a floor short of the last
 	// would take the write and the last wait for the clock again.
-	waitFor(t, 5*time.Second, func() error {
+	testwait.For(t, 5*time.Second, func() error {
 		info, err := c.Info(ctx)
 		if err == nil && info.AckFloor.Stream != n {
 			err = fmt.Errorf("ack floor %d, want %d", info.AckFloor.Stream, n)
@@ -153,7 +155,7 @@ func TestCursorWritesPaced(t *testing.T) {
 		return err
 	})
 	clock.Advance(CursorIntervalDefault)
-	waitFor(t, 5*time.Second, func() error {
+	testwait.For(t, 5*time.Second, func() error {
 		row, err := tb.db.GetConsumer(ctx, id, "C")
 		if err == nil && row.AckStreamSeq != n {
 			err = fmt.Errorf("stored floor %d, want %d", row.AckStreamSeq, n)
@@ -186,7 +188,7 @@ func TestDoubleAckSkipsThePace(t *testing.T) {
 	if err := msgs[0].Ack(); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 5*time.Second, func() error {
+	testwait.For(t, 5*time.Second, func() error {
 		row, err := tb.db.GetConsumer(ctx, id, "C")
 		if err == nil && row.AckStreamSeq != 1 {
 			err = fmt.Errorf("stored floor %d, want 1", row.AckStreamSeq)
@@ -239,10 +241,20 @@ func TestRecreatedConsumerKeepsItsOwnCursor(t *testing.T) {
 	if err := msgs[1].Ack(); err != nil {
 		t.Fatal(err)
 	}
-	if err := tb.nc.Flush(); err != nil {
-		t.Fatal(err)
+	old := tb.bridge.cs().find("AGAIN", "C")
+	if old == nil {
+		t.Fatal("consumer C is not served")
 	}
-	time.Sleep(200 * time.Millisecond) // the writer now waits out the interval with floor 2
+	// Wherever the writer now is with floor 2 (waiting out the interval, or about to), its
+	// write, if any, has to come after the permits below are taken.
+	testwait.For(t, 5*time.Second, func() error {
+		old.cw.mu.Lock()
+		defer old.cw.mu.Unlock()
+		if old.cw.want.Stream != 2 || !old.cw.inflight {
+			return fmt.Errorf("cursor writer wants floor %d (in flight %v), want floor 2 in flight", old.cw.want.Stream, old.cw.inflight)
+		}
+		return nil
+	})
 	var held []*flow.Permit
 	for {
 		p, ok := lane.TryAcquire()
@@ -261,7 +273,16 @@ func TestRecreatedConsumerKeepsItsOwnCursor(t *testing.T) {
 	for _, p := range held {
 		p.Abandon()
 	}
-	time.Sleep(200 * time.Millisecond)
+	// The old writer ends after any write it was still to make, so once it has ended the
+	// new row shows whether that write reached it.
+	testwait.For(t, 5*time.Second, func() error {
+		old.cw.mu.Lock()
+		defer old.cw.mu.Unlock()
+		if old.cw.inflight {
+			return errors.New("the deleted consumer's cursor writer still runs")
+		}
+		return nil
+	})
 	if row, err := tb.db.GetConsumer(ctx, id, "C"); err != nil || row.AckStreamSeq != 0 {
 		t.Fatalf("the new consumer's stored ack floor: %d, %v; want 0", row.AckStreamSeq, err)
 	}

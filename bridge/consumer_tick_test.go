@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jetgres/jetgres/internal/testwait"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -24,7 +25,7 @@ func TestTickSeesOtherReplicaCommits(t *testing.T) {
 	}
 	// b loads the stream at start and takes publishes for it; a keeps the consumer's lease.
 	b := setup(t, setupOpts{db: a.db, config: func(c *Config) { c.ReplicaName = "b" }})
-	waitFor(t, 5*time.Second, func() error {
+	testwait.For(t, 5*time.Second, func() error {
 		_, err := b.js.Stream(ctx, "TK")
 		return err
 	})
@@ -43,7 +44,7 @@ func TestTickSeesOtherReplicaCommits(t *testing.T) {
 			}
 			got <- seqs
 		}()
-		waitFor(t, 5*time.Second, func() error {
+		testwait.For(t, 5*time.Second, func() error {
 			info, err := c.Info(ctx)
 			if err != nil || info.NumWaiting != 1 {
 				return fmt.Errorf("info %+v, %v", info, err)
@@ -101,7 +102,7 @@ func TestReadAheadFromPostgres(t *testing.T) {
 
 	tb = setup(t, setupOpts{db: db})
 	var c jetstream.Consumer
-	waitFor(t, 5*time.Second, func() error {
+	testwait.For(t, 5*time.Second, func() error {
 		var err error
 		c, err = tb.js.Consumer(ctx, "RA", "C")
 		return err

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jetgres/jetgres/internal/testwait"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -79,7 +80,7 @@ func TestNoWaitRequestsPending(t *testing.T) {
 	}
 	// A request for 10 now waits behind max_ack_pending with 3 messages pending.
 	waiter := pullRaw(t, tb.nc, "NW", "C", server.JSApiConsumerGetNextRequest{Batch: 10, Expires: 20 * time.Second})
-	waitFor(t, 5*time.Second, func() error {
+	testwait.For(t, 5*time.Second, func() error {
 		info, err := c.Info(ctx)
 		if err != nil || info.NumWaiting != 1 || info.NumPending != 3 {
 			return fmt.Errorf("info %+v, %v", info, err)
@@ -99,7 +100,7 @@ func TestNoWaitRequestsPending(t *testing.T) {
 	if err := tb.nc.Flush(); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 5*time.Second, func() error {
+	testwait.For(t, 5*time.Second, func() error {
 		if tb.link.HasInterest(waiter.Subject) {
 			return fmt.Errorf("the link still sees %s", waiter.Subject)
 		}
@@ -139,7 +140,7 @@ func TestGoneInboxGetsNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	sub := pullRaw(t, tb.nc, "GI", "C", server.JSApiConsumerGetNextRequest{Batch: 10, Expires: 30 * time.Second})
-	waitFor(t, 5*time.Second, func() error {
+	testwait.For(t, 5*time.Second, func() error {
 		info, err := c.Info(ctx)
 		if err != nil || info.NumWaiting != 1 {
 			return fmt.Errorf("info %+v, %v", info, err)
@@ -152,7 +153,7 @@ func TestGoneInboxGetsNothing(t *testing.T) {
 	if err := tb.nc.Flush(); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 5*time.Second, func() error {
+	testwait.For(t, 5*time.Second, func() error {
 		if tb.link.HasInterest(sub.Subject) {
 			return fmt.Errorf("the link still sees %s", sub.Subject)
 		}
@@ -160,7 +161,7 @@ func TestGoneInboxGetsNothing(t *testing.T) {
 	})
 	// Well inside the request's first second, where a grace period would still count it.
 	publishN(t, ctx, tb.js, "gi", 1)
-	waitFor(t, 5*time.Second, func() error {
+	testwait.For(t, 5*time.Second, func() error {
 		info, err := c.Info(ctx)
 		if err != nil || info.NumWaiting != 0 || info.NumPending != 1 || info.Delivered.Stream != 0 {
 			return fmt.Errorf("info %+v, %v", info, err)
@@ -171,15 +172,15 @@ func TestGoneInboxGetsNothing(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for m := range batch.Messages() {
-		md, err := m.Metadata()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if md.NumDelivered != 1 || md.Sequence.Consumer != 1 {
-			t.Fatalf("the message was delivered before: %+v", md)
-		}
-		return
+	m, ok := <-batch.Messages()
+	if !ok {
+		t.Fatalf("no message: %v", batch.Error())
 	}
-	t.Fatalf("no message: %v", batch.Error())
+	md, err := m.Metadata()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if md.NumDelivered != 1 || md.Sequence.Consumer != 1 {
+		t.Fatalf("the message was delivered before: %+v", md)
+	}
 }

@@ -129,19 +129,3 @@ func testContext(t testing.TB) context.Context {
 	t.Cleanup(cancel)
 	return ctx
 }
-
-// waitFor polls cond until it holds or the deadline passes.
-func waitFor(t testing.TB, total time.Duration, cond func() error) {
-	t.Helper()
-	deadline := time.Now().Add(total)
-	for {
-		err := cond()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("condition not met within %v: %v", total, err)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}

@@ -17,6 +17,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/jetgres/jetgres/internal/testwait"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -711,7 +712,7 @@ func TestHostileValues(t *testing.T) {
 	if err := nc.Flush(); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 5*time.Second, func() error {
+	testwait.For(t, 5*time.Second, func() error {
 		ci, err := s.Consumer(ctx, "NEW")
 		if err != nil || ci.CachedInfo().NumWaiting != 1 {
 			return fmt.Errorf("NEW waiting: %+v, %v", ci, err)
@@ -918,7 +919,7 @@ func TestForgedAcks(t *testing.T) {
 	if _, err := tb.nc.Request("$JS.ACK.F.AA.1.5.3.0.0", []byte("+ACK"), 5*time.Second); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 5*time.Second, func() error {
+	testwait.For(t, 5*time.Second, func() error {
 		// 6 is not for AA, so the floor passes it too.
 		if s := snapConsumer(t, ctx, tb.js, "F", "AA"); s.AckFloor != (jetstream.SequenceInfo{Consumer: 3, Stream: 6}) || s.AckPending != 0 {
 			return fmt.Errorf("AA after acking 5: %+v", s)
@@ -941,7 +942,7 @@ func TestRepeatedCreateAfterRestart(t *testing.T) {
 	wantAPIOK(t, tb.nc, "$JS.API.CONSUMER.CREATE.R.C", body)
 	tb.stop(t)
 	tb = setup(t, setupOpts{db: tb.db})
-	waitFor(t, 5*time.Second, func() error {
+	testwait.For(t, 5*time.Second, func() error {
 		if r, raw := apiRequest(t, tb.nc, "$JS.API.CONSUMER.CREATE.R.C", []byte(body)); r.Error != nil {
 			return fmt.Errorf("repeated create after a restart: %s", raw)
 		}

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jetgres/jetgres/internal/testwait"
 	"github.com/jetgres/jetgres/pg"
 	"github.com/jetgres/jetgres/pg/pgtest"
 	"github.com/jetgres/jetgres/pg/pgtest/rawsql"
@@ -67,7 +68,7 @@ func TestIntakeTotalBound(t *testing.T) {
 		futures = append(futures, f)
 	}
 	// Refusals come back while the database is still stuck.
-	waitFor(t, 10*time.Second, func() error {
+	testwait.For(t, 10*time.Second, func() error {
 		if n := rejected(t, tb, reasonIntakeAll); n == 0 {
 			return errors.New("no publish refused for the total bound yet")
 		}

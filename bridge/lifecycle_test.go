@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/jetgres/jetgres/internal/startstop"
+	"github.com/jetgres/jetgres/internal/testwait"
 	"github.com/jetgres/jetgres/pg/pgtest/rawsql"
 )
 
@@ -109,7 +110,7 @@ func TestStartFailurePartWayStopsEverything(t *testing.T) {
 	}
 	// The stream subjects were given up: a publish finds nobody, where a bridge left half
 	// running would still store and acknowledge it.
-	waitFor(t, 10*time.Second, func() error {
+	testwait.For(t, 10*time.Second, func() error {
 		_, err := tb.nc.Request("a.x", []byte("after"), 2*time.Second)
 		if errors.Is(err, nats.ErrNoResponders) {
 			return nil
@@ -143,7 +144,7 @@ func TestStopPastDeadlineLeavesNothingRunning(t *testing.T) {
 		_, err := tb.js.Publish(ctx, "s.x", []byte("stuck"))
 		answered <- err
 	}()
-	waitFor(t, 10*time.Second, func() error {
+	testwait.For(t, 10*time.Second, func() error {
 		if n := tb.bridge.cfg.Push.Stats().InFlight; n == 0 {
 			return errors.New("no flush in flight yet")
 		}

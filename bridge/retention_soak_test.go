@@ -13,6 +13,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/jetgres/jetgres/internal/testwait"
 	"github.com/jetgres/jetgres/pg"
 	"github.com/jetgres/jetgres/pg/pgtest"
 )
@@ -180,7 +181,7 @@ func soak(b *testing.B, n int, hold bool) {
 	jetConsume := time.Since(start)
 	stopSampling()
 	var jetAfter tableStats
-	waitFor(b, time.Minute, func() error {
+	testwait.For(b, time.Minute, func() error {
 		st, err := tb.js.Stream(ctx, "SOAK")
 		if err != nil {
 			return err

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jetgres/jetgres/internal/testwait"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -190,7 +191,7 @@ func (tw *twin) states(stream string) ([2]jetstream.StreamState, error) {
 func (tw *twin) settle(stream string, cond func(jetstream.StreamState) bool) jetstream.StreamState {
 	tw.t.Helper()
 	var st [2]jetstream.StreamState
-	waitFor(tw.t, 10*time.Second, func() error {
+	testwait.For(tw.t, 10*time.Second, func() error {
 		var err error
 		if st, err = tw.states(stream); err != nil {
 			return err
@@ -676,7 +677,7 @@ func TestDeliveredPendingAfterRemovals(t *testing.T) {
 		t.Helper()
 		// On a loaded machine a recount can take long enough to put the next one off for a
 		// moment; what is checked here is the count once it is redone.
-		waitFor(t, 10*time.Second, func() error {
+		testwait.For(t, 10*time.Second, func() error {
 			if c := tw.tb.bridge.cs().find("NP", "C"); c == nil || c.stale.Load() {
 				return errors.New("pending count not recounted yet")
 			}

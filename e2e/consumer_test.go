@@ -19,6 +19,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/jetgres/jetgres/embedded/localpg"
+	"github.com/jetgres/jetgres/internal/testwait"
 )
 
 // cliTimeout bounds one nats CLI command.
@@ -182,7 +183,7 @@ func TestNatsCLIStreamsAndConsumers(t *testing.T) {
 
 	// A publish without a reply is stored without an answer, so the CLI exits before the
 	// last of them commit: wait until all ten are there.
-	eventually(t, 10*time.Second, 50*time.Millisecond, func() error {
+	testwait.For(t, 10*time.Second, func() error {
 		out = j.nats(t, "stream", "info", "ORDERS")
 		if !regexp.MustCompile(`Messages: 10\b`).MatchString(out) {
 			return fmt.Errorf("stream info shows fewer than 10 messages:\n%s", out)
@@ -207,7 +208,7 @@ func TestNatsCLIStreamsAndConsumers(t *testing.T) {
 	}
 
 	// The CLI's acks are fire-and-forget: the floor moves a moment after it exits.
-	eventually(t, 10*time.Second, 100*time.Millisecond, func() error {
+	testwait.For(t, 10*time.Second, func() error {
 		out = j.nats(t, "consumer", "info", "ORDERS", "C1")
 		for _, re := range []string{
 			`Last Delivered Message: Consumer sequence: 5 Stream sequence: 5\b`,
@@ -286,7 +287,7 @@ func TestNatsBenchFetch(t *testing.T) {
 		t.Logf("bench js fetch %s: %d messages in %v: %s", r.name, r.msgs, time.Since(start).Round(time.Millisecond), benchSummary(out))
 
 		// Plain acks are fire-and-forget: the last ones may land after the CLI exits.
-		eventually(t, 10*time.Second, 50*time.Millisecond, func() error {
+		testwait.For(t, 10*time.Second, func() error {
 			var ci server.ConsumerInfo
 			if err := json.Unmarshal([]byte(j.nats(t, "consumer", "info", "benchstream", "nats-bench", "--json")), &ci); err != nil {
 				return err
@@ -382,7 +383,7 @@ func TestResumeAfterSIGKILL(t *testing.T) {
 		return uint64(seq)
 	}
 	// Kill once a good part of the floor is in PostgreSQL, with the consumer still busy.
-	eventually(t, time.Minute, 5*time.Millisecond, func() error {
+	testwait.For(t, time.Minute, func() error {
 		if f := storedFloor(); f < total/3 {
 			return fmt.Errorf("stored ack floor %d", f)
 		}
@@ -459,7 +460,7 @@ func TestResumeAfterSIGKILL(t *testing.T) {
 		}
 	}
 	t.Logf("all %d messages acked; %d of them twice, acked before the kill but above the persisted floor", total, twice)
-	eventually(t, 10*time.Second, 50*time.Millisecond, func() error {
+	testwait.For(t, 10*time.Second, func() error {
 		info, err := c2.Info(ctx)
 		if err != nil {
 			return err
@@ -540,7 +541,7 @@ func TestParkedPullsHoldNoConnection(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	eventually(t, 30*time.Second, 100*time.Millisecond, func() error {
+	testwait.For(t, 30*time.Second, func() error {
 		waiting := 0
 		for _, c := range consumers {
 			info, err := c.Info(ctx)

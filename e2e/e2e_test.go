@@ -24,6 +24,7 @@ import (
 	"time"
 
 	"github.com/jetgres/jetgres/internal/syncbuf"
+	"github.com/jetgres/jetgres/internal/testwait"
 
 	"go.uber.org/goleak"
 )
@@ -257,30 +258,27 @@ func (j *jetgres) hasExited() bool {
 // waitReady waits for the ready file and then for /readyz to answer 200.
 func (j *jetgres) waitReady(t testing.TB) {
 	t.Helper()
-	deadline := time.Now().Add(startTimeout)
-	for {
+	testwait.For(t, startTimeout, func() error {
 		if j.hasExited() {
 			t.Fatalf("jetgres exited before it was ready: %v", j.waitErr)
 		}
 		if j.httpAddr == "" {
-			if b, err := os.ReadFile(j.readyFile); err == nil {
-				var r struct{ NATS, HTTP string }
-				if err := json.Unmarshal(b, &r); err != nil {
-					t.Fatalf("ready file %q: %v", b, err)
-				}
-				j.natsURL, j.httpAddr = r.NATS, r.HTTP
+			b, err := os.ReadFile(j.readyFile)
+			if err != nil {
+				return fmt.Errorf("jetgres not ready: %w", err)
 			}
-		}
-		if j.httpAddr != "" {
-			if code, _, err := j.get("/readyz"); err == nil && code == http.StatusOK {
-				return
+			var r struct{ NATS, HTTP string }
+			if err := json.Unmarshal(b, &r); err != nil {
+				t.Fatalf("ready file %q: %v", b, err)
 			}
+			j.natsURL, j.httpAddr = r.NATS, r.HTTP
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("jetgres not ready after %v", startTimeout)
+		code, _, err := j.get("/readyz")
+		if err == nil && code != http.StatusOK {
+			err = fmt.Errorf("/readyz answered %d", code)
 		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return err
+	})
 }
 
 // httpClient keeps no idle connections, which would outlive the jetgres they point at and
@@ -393,35 +391,15 @@ func within(path, dir string) bool {
 // grace period, which lets the children of a stopped postmaster finish exiting.
 func requireNoPostgres(t testing.TB, dir string) {
 	t.Helper()
-	var pids []int
-	for deadline := time.Now().Add(10 * time.Second); ; {
-		if pids = postgresProcesses(t, dir); len(pids) == 0 {
-			return
+	testwait.For(t, 10*time.Second, func() error {
+		var still []string
+		for _, pid := range postgresProcesses(t, dir) {
+			cmdline, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+			still = append(still, fmt.Sprintf("%d: %s", pid, bytes.ReplaceAll(cmdline, []byte{0}, []byte{' '})))
 		}
-		if time.Now().After(deadline) {
-			break
+		if len(still) > 0 {
+			return fmt.Errorf("postgres processes still running in %s:\n%s", dir, strings.Join(still, "\n"))
 		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	for _, pid := range pids {
-		cmdline, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
-		t.Errorf("postgres process %d still running in %s: %s", pid, dir, bytes.ReplaceAll(cmdline, []byte{0}, []byte{' '}))
-	}
-}
-
-// eventually retries check every tick until it returns nil or timeout passes, then fails
-// with its last error.
-func eventually(t testing.TB, timeout, tick time.Duration, check func() error) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		err := check()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("after %v: %v", timeout, err)
-		}
-		time.Sleep(tick)
-	}
+		return nil
+	})
 }

@@ -25,6 +25,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/jetgres/jetgres/embedded/localpg"
+	"github.com/jetgres/jetgres/internal/testwait"
 	"github.com/jetgres/jetgres/pg/pgtest/rawsql"
 )
 
@@ -436,7 +437,7 @@ func waitAllAcked(t testing.TB, pubs []*publisher, timeout time.Duration) {
 		p.finishing = true
 		p.mu.Unlock()
 	}
-	eventually(t, timeout, 50*time.Millisecond, func() error {
+	testwait.For(t, timeout, func() error {
 		if s := summarize(pubs); s.unacked > 0 {
 			return fmt.Errorf("%d of %d message ids still without a PubAck, e.g. %s", s.unacked, s.ids, unackedSample(pubs))
 		}
@@ -887,16 +888,6 @@ func peakRSS(ss []sample) int64 {
 		p = max(p, s.rss)
 	}
 	return p
-}
-
-// firstSample returns the first sample at or after t that satisfies ok.
-func firstSample(ss []sample, t time.Time, ok func(sample) bool) (sample, bool) {
-	for _, s := range ss {
-		if !s.at.Before(t) && ok(s) {
-			return s, true
-		}
-	}
-	return sample{}, false
 }
 
 // limitTrace renders the push lane limit over time, two values a second, for the log.

@@ -16,6 +16,7 @@ import (
 
 	"github.com/jetgres/jetgres/bridge"
 	"github.com/jetgres/jetgres/flow"
+	"github.com/jetgres/jetgres/internal/testwait"
 	"github.com/jetgres/jetgres/pg/pgtest/rawsql"
 )
 
@@ -98,7 +99,7 @@ func TestCrashUnderLoad(t *testing.T) {
 			// Kill once load ran for a while and the consumer's floor moved in PostgreSQL.
 			startFloor, _ := storedFloor(ctx, probe, stream, "C")
 			time.Sleep(loadFor)
-			eventually(t, time.Minute, 10*time.Millisecond, func() error {
+			testwait.For(t, time.Minute, func() error {
 				f, err := storedFloor(ctx, probe, stream, "C")
 				if err != nil {
 					return err
@@ -129,7 +130,7 @@ func TestCrashUnderLoad(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		eventually(t, time.Minute, 50*time.Millisecond, func() error {
+		testwait.For(t, time.Minute, func() error {
 			info, err := c2.Info(ctx)
 			if err != nil {
 				return err
@@ -253,7 +254,7 @@ func TestDatabaseDown(t *testing.T) {
 			t.Fatal(err)
 		}
 		o.downAt = time.Now()
-		eventually(t, stmtTimeout+2*time.Second, 20*time.Millisecond, func() error {
+		testwait.For(t, stmtTimeout+2*time.Second, func() error {
 			if code, _, err := j.get("/readyz"); err != nil || code != 503 {
 				return fmt.Errorf("/readyz answered %d (%v) with PostgreSQL down", code, err)
 			}
@@ -267,7 +268,7 @@ func TestDatabaseDown(t *testing.T) {
 		}
 		o.upAt = time.Now()
 		// Recovery: /readyz, a PubAck, and a delivery, all without restarting jetgres.
-		eventually(t, time.Minute, 10*time.Millisecond, func() error {
+		testwait.For(t, time.Minute, func() error {
 			if o.ready.IsZero() {
 				if code, _, err := j.get("/readyz"); err == nil && code == 200 {
 					o.ready = time.Now()
@@ -313,7 +314,7 @@ func TestDatabaseDown(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 30*time.Second, 0, func() error {
+	testwait.For(t, 30*time.Second, func() error {
 		b, err := c2.Fetch(1000, jetstream.FetchMaxWait(2*time.Second))
 		if err != nil {
 			return err
@@ -493,7 +494,7 @@ func TestSlowDatabase(t *testing.T) {
 	// retrying what failed (that would only prolong the test), and publishing works again.
 	stopPublishing(pubs)
 	var recovered time.Time
-	eventually(t, time.Minute, 10*time.Millisecond, func() error {
+	testwait.For(t, time.Minute, func() error {
 		if recovered = firstAckAfter(pubs, unlockAt); recovered.IsZero() {
 			return errors.New("no PubAck since the lock was released")
 		}
@@ -505,7 +506,7 @@ func TestSlowDatabase(t *testing.T) {
 	// timeout; the publish caught in one is refused, as retryable, and sent again, as a
 	// client would.
 	for i := range streams {
-		eventually(t, time.Minute, 100*time.Millisecond, func() error {
+		testwait.For(t, time.Minute, func() error {
 			if _, err := js.Publish(ctx, fmt.Sprintf("slow%d.after", i), nil); err != nil {
 				return fmt.Errorf("publish after the lock was released: %w", err)
 			}

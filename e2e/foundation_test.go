@@ -79,17 +79,22 @@ func TestFoundation(t *testing.T) {
 	}
 }
 
-// TestRestartAfterSIGKILL kills jetgres without warning, which can leave its PostgreSQL
-// running, and checks that the next start on the same data directory comes up and that
-// nothing is left once that one stops.
+// TestRestartAfterSIGKILL kills jetgres without warning, which leaves its PostgreSQL
+// running (the server is in a process group of its own), and checks that the next start on
+// the same data directory stops that orphan, comes up, and that nothing is left once it stops.
 func TestRestartAfterSIGKILL(t *testing.T) {
 	t.Parallel()
 	dir := newDataDir(t)
 	first := startJetgres(t, options{DataDir: dir})
 	first.kill(t)
-	t.Logf("%d postgres processes outlived the SIGKILL", len(postgresProcesses(t, dir)))
+	if len(postgresProcesses(t, dir)) == 0 {
+		t.Fatal("no postgres process outlived the SIGKILL: the restart below would find no orphan to stop")
+	}
 
 	second := startJetgres(t, options{DataDir: dir})
+	if logs := second.logs.String(); !strings.Contains(logs, "stopping a PostgreSQL server left running by an earlier jetgres") {
+		t.Errorf("the restart did not say it stopped the orphaned server:\n%s", logs)
+	}
 	corePubSub(t, second, "e2e.restart", "after SIGKILL")
 	second.stop(t)
 	requireNoPostgres(t, dir)

@@ -201,6 +201,11 @@ authorization {
 		if err != nil {
 			t.Fatal(err)
 		}
+		info, err := orders.Info(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		last := info.State.LastSeq
 		c, cancel := short()
 		defer cancel()
 		if _, err := js.Publish(c, "orders.forbidden", []byte("x"), jetstream.WithRetryAttempts(0)); err == nil {
@@ -209,9 +214,19 @@ authorization {
 		if err := nc.Publish("orders.forbidden", []byte("core")); err != nil {
 			t.Fatal(err)
 		}
-		_ = nc.Flush()
-		// The stream must not change: give a wrongly stored publish time to show up.
-		time.Sleep(500 * time.Millisecond)
+		if err := nc.Flush(); err != nil {
+			t.Fatal(err)
+		}
+		// Once the flush returns the server has dealt with both publishes, so a forbidden one
+		// that got through would reach the stream ahead of the admin's next publish.
+		ack, err := admin.Publish(ctx, "orders.after", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		before++
+		if ack.Sequence != last+1 {
+			t.Errorf("the admin's publish after the forbidden ones stored at %d, want %d", ack.Sequence, last+1)
+		}
 		if got := streamMsgs(); got != before {
 			t.Errorf("stream holds %d messages, want %d", got, before)
 		}

@@ -130,7 +130,7 @@ func TestGrowHandsNewPermitsToWaiters(t *testing.T) {
 	var waiters []<-chan acquireResult
 	for i := range 3 {
 		waiters = append(waiters, acquireAsync(context.Background(), l))
-		waitFor(t, "waiter to queue", func() bool { return l.Stats().Waiting == i+1 })
+		waitWaiting(t, l, i+1)
 	}
 	ps[0].Release(time.Millisecond) // queue 0: limit 4 → 4 + ln 4, six permits
 	st := l.Stats()
@@ -154,7 +154,7 @@ func TestShrinkDoesNotRevokePermitsInUse(t *testing.T) {
 	idleSample(t, l, time.Millisecond)
 	ps := takeAll(t, l)
 	waiter := acquireAsync(context.Background(), l)
-	waitFor(t, "waiter to queue", func() bool { return l.Stats().Waiting == 1 })
+	waitWaiting(t, l, 1)
 
 	ps[0].Release(30 * time.Second) // limit 16 → 16 − ln 16 ≈ 13.2, fourteen permits
 	ps = ps[1:]
@@ -291,7 +291,7 @@ func TestAcquireCancelledWhileWaitingLeaksNothing(t *testing.T) {
 	held, _ := l.TryAcquire()
 	ctx, cancel := context.WithCancel(context.Background())
 	waiter := acquireAsync(ctx, l)
-	waitFor(t, "waiter to queue", func() bool { return l.Stats().Waiting == 1 })
+	waitWaiting(t, l, 1)
 	cancel()
 	if r := <-waiter; !errors.Is(r.err, context.Canceled) || r.p != nil {
 		t.Fatalf("Acquire = %v, %v, want nil, context.Canceled", r.p, r.err)
@@ -341,7 +341,7 @@ func TestAcquireIsFIFO(t *testing.T) {
 			mu.Unlock()
 			p.Abandon() // hands the permit to the next in line
 		})
-		waitFor(t, "waiter to queue", func() bool { return l.Stats().Waiting == i+1 })
+		waitWaiting(t, l, i+1)
 	}
 	held.Abandon()
 	wg.Wait()
@@ -356,7 +356,7 @@ func TestTryAcquireDoesNotOvertakeWaiter(t *testing.T) {
 	l := NewFixed("fixed", 1)
 	held, _ := l.TryAcquire()
 	waiter := acquireAsync(context.Background(), l)
-	waitFor(t, "waiter to queue", func() bool { return l.Stats().Waiting == 1 })
+	waitWaiting(t, l, 1)
 	held.Abandon()
 	if p, ok := l.TryAcquire(); ok {
 		p.Abandon()
@@ -391,7 +391,7 @@ func TestWaitTotalCountsGrantedWaits(t *testing.T) {
 	l := newTestLane(t, Options{Init: 1, Min: 1, Max: 1, Alpha: 3, Beta: 6, Clock: clock})
 	held, _ := l.TryAcquire()
 	waiter := acquireAsync(context.Background(), l)
-	waitFor(t, "waiter to queue", func() bool { return l.Stats().Waiting == 1 })
+	waitWaiting(t, l, 1)
 	clock.Advance(5 * time.Millisecond)
 	held.Abandon()
 	r := <-waiter

@@ -2,10 +2,12 @@ package flow
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/jetgres/jetgres/internal/testwait"
 	"go.uber.org/goleak"
 )
 
@@ -53,16 +55,15 @@ func newTestLane(t *testing.T, opts Options) *Lane {
 	return l
 }
 
-// waitFor polls cond until it holds, failing the test after a generous deadline.
-func waitFor(t *testing.T, what string, cond func() bool) {
+// waitWaiting waits until n callers are queued in l's Acquire.
+func waitWaiting(t *testing.T, l *Lane, n int) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
+	testwait.For(t, 10*time.Second, func() error {
+		if got := l.Stats().Waiting; got != n {
+			return fmt.Errorf("%d waiters queued, want %d", got, n)
 		}
-		time.Sleep(100 * time.Microsecond)
-	}
+		return nil
+	})
 }
 
 // takeAll takes every free permit of l.

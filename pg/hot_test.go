@@ -3,11 +3,13 @@ package pg_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/jetgres/jetgres/internal/testwait"
 	"github.com/jetgres/jetgres/pg"
 	"github.com/jetgres/jetgres/pg/pgtest"
 )
@@ -33,20 +35,6 @@ func backendPID(t *testing.T, db *pg.DB) int32 {
 		t.Fatal(err)
 	}
 	return pid
-}
-
-// eventually polls cond until it holds or the deadline passes.
-func eventually(t *testing.T, within time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	tick := time.NewTicker(20 * time.Millisecond)
-	defer tick.Stop()
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("not within %v: %s", within, what)
-		}
-		<-tick.C
-	}
 }
 
 func count(t *testing.T, db *pg.DB, sql string, args ...any) int {
@@ -93,8 +81,11 @@ func TestHotTimeoutCancelsOnServer(t *testing.T) {
 	if n := count(t, observer, `SELECT count(*) FROM pg_stat_activity WHERE pid = $1 AND state = 'active'`, pid); n != 0 {
 		t.Errorf("backend %d still active right after the timeout", pid)
 	}
-	eventually(t, 2*time.Second, "the timed-out backend exits", func() bool {
-		return count(t, observer, `SELECT count(*) FROM pg_stat_activity WHERE pid = $1`, pid) == 0
+	testwait.For(t, 2*time.Second, func() error {
+		if count(t, observer, `SELECT count(*) FROM pg_stat_activity WHERE pid = $1`, pid) != 0 {
+			return fmt.Errorf("timed-out backend %d still runs", pid)
+		}
+		return nil
 	})
 	if n := count(t, observer, `SELECT count(*) FROM pg_stat_activity
 		WHERE datname = current_database() AND query LIKE 'SELECT pg_sleep(10)%' AND state = 'active'`); n != 0 {

@@ -3,9 +3,11 @@ package pg_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
+	"github.com/jetgres/jetgres/internal/testwait"
 	"github.com/jetgres/jetgres/pg"
 )
 
@@ -33,8 +35,11 @@ func TestUnavailable(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 10*time.Second, "the terminated backend to exit", func() bool {
-		return count(t, observer, `SELECT count(*) FROM pg_stat_activity WHERE pid = $1`, pid) == 0
+	testwait.For(t, 10*time.Second, func() error {
+		if count(t, observer, `SELECT count(*) FROM pg_stat_activity WHERE pid = $1`, pid) != 0 {
+			return fmt.Errorf("terminated backend %d still runs", pid)
+		}
+		return nil
 	})
 	_, err = db.Hot(t.Context(), func(ctx context.Context, q pg.Querier) error {
 		_, err := q.Exec(ctx, `SELECT 1`)

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/jetgres/jetgres/internal/syncbuf"
+	"github.com/jetgres/jetgres/internal/testwait"
 
 	"github.com/nats-io/nats.go"
 
@@ -228,8 +229,11 @@ func TestQueueSubscriptions(t *testing.T) {
 	b.Store(0)
 	plain.Store(0)
 	publish()
-	waitFor(t, "all queue deliveries", func() bool {
-		return a.Load()+b.Load()+client.Load() == n && plain.Load() == n
+	testwait.For(t, waitTimeout, func() error {
+		if q, p := a.Load()+b.Load()+client.Load(), plain.Load(); q != n || p != n {
+			return fmt.Errorf("%d queue and %d plain deliveries, want %d of each", q, p, n)
+		}
+		return nil
 	})
 	if st := tb.link.Stats(); st.Dropped != 0 {
 		t.Fatalf("stats %+v", st)
@@ -350,8 +354,11 @@ func TestHasInterest(t *testing.T) {
 		t.Fatal("no interest for the second client's inbox")
 	}
 	other.Close()
-	waitFor(t, "interest to vanish after disconnect", func() bool {
-		return !tb.link.HasInterest("_INBOX.gone.1")
+	testwait.For(t, waitTimeout, func() error {
+		if tb.link.HasInterest("_INBOX.gone.1") {
+			return errors.New("interest outlives the disconnected client")
+		}
+		return nil
 	})
 	if !tb.link.HasInterest("events.a") {
 		t.Fatal("the first client's interest vanished too")
@@ -544,7 +551,12 @@ func TestConcurrentPublishers(t *testing.T) {
 	if err := tb.link.Flush(ctx); err != nil {
 		t.Fatalf("flush: %v", err)
 	}
-	waitFor(t, "all messages at the client", func() bool { return got.Load() == publishers*each })
+	testwait.For(t, waitTimeout, func() error {
+		if n := got.Load(); n != publishers*each {
+			return fmt.Errorf("%d messages at the client, want %d", n, publishers*each)
+		}
+		return nil
+	})
 	if st := tb.link.Stats(); st.OutMsgs != publishers*each || st.OutBytes != publishers*each*10 {
 		t.Fatalf("stats %+v", st)
 	}
@@ -574,7 +586,12 @@ func TestCloseDeliversQueuedMessages(t *testing.T) {
 	if err := tb.link.Close(); err != nil {
 		t.Fatalf("second close: %v", err)
 	}
-	waitFor(t, "queued messages after Close", func() bool { return got.Load() == n })
+	testwait.For(t, waitTimeout, func() error {
+		if g := got.Load(); g != n {
+			return fmt.Errorf("%d of %d queued messages delivered after Close", g, n)
+		}
+		return nil
+	})
 
 	if !errors.Is(tb.link.Err(), leaf.ErrClosed) {
 		t.Fatalf("Err() after Close = %v", tb.link.Err())

@@ -105,18 +105,6 @@ func flushBoth(t testing.TB, nc *nats.Conn, link *leaf.Conn) {
 	}
 }
 
-// waitFor polls cond until it holds or the timeout ends.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(waitTimeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
 // recv waits for the next message on ch.
 func recv(t *testing.T, ch <-chan *leaf.Msg) *leaf.Msg {
 	t.Helper()

@@ -6,6 +6,13 @@ import "strings"
 // and finds the patterns a literal subject matches. Every node can carry a
 // value of type T for the pattern that ends there. Lookups allocate nothing.
 // A trie is not safe for concurrent use.
+//
+// nats-server's exported generic sublist (server/gsl) does the same job but does not
+// fit the link's read path: it keeps each node's values in a map, so a match walks a
+// map where this walks a slice, comes back in no fixed order (queue members would be
+// picked at random instead of in rotation), and takes a lock of its own beside the
+// link's. Swapped in, BenchmarkDeliver took about twice as long and
+// BenchmarkHasInterest about a third longer.
 type trie[T any] struct {
 	root tnode[T]
 }

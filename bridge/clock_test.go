@@ -75,6 +75,19 @@ func (c *fakeClock) fireLocked() {
 	}
 }
 
+// timerDueIn reports whether a timer (not a ticker) is armed to fire d from now: a test
+// that knows the one wait lasting d can tell that its goroutine has started waiting.
+func (c *fakeClock) timerDueIn(d time.Duration) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for t := range c.pending {
+		if t.period == 0 && t.at.Equal(c.now.Add(d)) {
+			return true
+		}
+	}
+	return false
+}
+
 // fakeTimer is a fakeClock's timer or, with a period, its ticker. Stop and Reset empty its
 // channel, so that no tick from before them is received after, as with time.Timer.
 type fakeTimer struct {

@@ -174,7 +174,8 @@ func TestCursorWritesPaced(t *testing.T) {
 // double ack must be answered, and its floor stored, long before.
 func TestDoubleAckSkipsThePace(t *testing.T) {
 	t.Parallel()
-	tb := setup(t, setupOpts{config: func(c *Config) { c.CursorInterval = time.Hour }})
+	clock := newFakeClock()
+	tb := setup(t, setupOpts{config: func(c *Config) { c.CursorInterval, c.Clock = time.Hour, clock }})
 	ctx := testContext(t)
 	s := newStream(t, ctx, tb, "HURRY", "hurry.>")
 	publishN(t, ctx, tb.js, "hurry.x", 3)
@@ -199,11 +200,14 @@ func TestDoubleAckSkipsThePace(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Let the writer take the second floor and start waiting out the interval; were the
-	// double ack to come in the same breath, the writer would find it before waiting.
-	if err := tb.nc.Flush(); err != nil {
-		t.Fatal(err)
-	}
-	time.Sleep(200 * time.Millisecond)
+	// double ack to come in the same breath, the writer would find it before waiting. The
+	// clock stands still, so the interval never passes by itself.
+	testwait.For(t, 5*time.Second, func() error {
+		if !clock.timerDueIn(time.Hour) {
+			return errors.New("the cursor writer is not waiting out the interval")
+		}
+		return nil
+	})
 	dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	if err := msgs[2].DoubleAck(dctx); err != nil {

@@ -365,6 +365,38 @@ func TestHasInterest(t *testing.T) {
 	}
 }
 
+func TestInterestChanged(t *testing.T) {
+	t.Parallel()
+	tb := setup(t)
+	drain := func() {
+		select {
+		case <-tb.link.InterestChanged():
+		default:
+		}
+	}
+	wait := func(what string) {
+		t.Helper()
+		select {
+		case <-tb.link.InterestChanged():
+		case <-time.After(waitTimeout):
+			t.Fatalf("no interest change heard after %s", what)
+		}
+	}
+	flushBoth(t, tb.nc, tb.link)
+	drain()
+	sub, err := tb.nc.QueueSubscribeSync("deliver.here", "g")
+	if err != nil {
+		t.Fatalf("queue subscribe: %v", err)
+	}
+	flushBoth(t, tb.nc, tb.link)
+	wait("a subscription")
+	if err := sub.Unsubscribe(); err != nil {
+		t.Fatalf("unsubscribe: %v", err)
+	}
+	flushBoth(t, tb.nc, tb.link)
+	wait("an unsubscription")
+}
+
 func TestInterestKnownAtDial(t *testing.T) {
 	t.Parallel()
 	srv := startServer(t, nil)

@@ -649,6 +649,18 @@ func (c *Conn) HasInterest(subject string) bool {
 	return c.interest.has(subject)
 }
 
+// HasQueueInterest reports whether the server has announced a subscription
+// to exactly subject in queue group group, or a plain subscription when
+// group is empty. It is nats-server's test for a push consumer being bound
+// to its deliver subject: only a subscription to that literal subject
+// counts, not a wildcard one that covers it, and with a deliver group only a
+// queue subscription of that group (a plain subscriber does not bind a
+// grouped consumer, nor a queue subscriber an ungrouped one). After the link
+// ends it reports the last state the server announced.
+func (c *Conn) HasQueueInterest(subject, group string) bool {
+	return c.interest.hasExact(subject, group)
+}
+
 // InterestVersion changes whenever the server announces or withdraws a
 // subscription. A caller that read it before HasInterest reported a match
 // knows the match still holds while it has not changed.

@@ -2,14 +2,18 @@ package bridge
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/jetgres/jetgres/internal/testwait"
 )
 
 // legacyJS is nats.go's JetStreamContext on the bundle's connection: js.Subscribe and its
@@ -350,5 +354,202 @@ func TestPushFlowControlTwin(t *testing.T) {
 	}
 	if got[ours][11].kind != "fc" {
 		t.Fatalf("flow control request not after the 11th message: %v", got[ours])
+	}
+}
+
+// TestPushInterest runs on the fake clock: delivery only while the deliver subject has a
+// subscriber, resumed where it stopped when one comes back; idle heartbeats while bound;
+// and an ephemeral consumer deleted once it had no subscriber for its inactive threshold.
+func TestPushInterest(t *testing.T) {
+	t.Parallel()
+	clock := newFakeClock()
+	tb := setup(t, setupOpts{config: func(c *Config) { c.Clock = clock }})
+	ctx := testContext(t)
+	newStream(t, ctx, tb, "IN", "in.>")
+	js := legacyJS(t, tb.nc)
+	sub, err := tb.nc.SubscribeSync("deliver.in")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const hb = 2 * time.Second
+	ci, err := js.AddConsumer("IN", &nats.ConsumerConfig{DeliverSubject: "deliver.in", AckPolicy: nats.AckNonePolicy, Heartbeat: hb})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ci.Config.InactiveThreshold != 5*time.Second {
+		t.Fatalf("ephemeral inactive threshold %v, want nats-server's 5s", ci.Config.InactiveThreshold)
+	}
+	seqs := func(msgs []*nats.Msg) []uint64 {
+		var out []uint64
+		for _, m := range msgs {
+			md, err := m.Metadata()
+			if err != nil {
+				t.Fatalf("not a delivery: %+v", m)
+			}
+			out = append(out, md.Sequence.Stream)
+		}
+		return out
+	}
+	publishN(t, ctx, tb.js, "in.a", 3)
+	if got := seqs(nextMsgs(t, sub, 3, 5*time.Second)); !slices.Equal(got, []uint64{1, 2, 3}) {
+		t.Fatalf("bound: got %v", got)
+	}
+	clock.Advance(hb)
+	m := nextMsgs(t, sub, 1, 5*time.Second)[0]
+	if m.Header.Get("Status") != "100" || m.Header.Get("Nats-Last-Consumer") != "3" || m.Header.Get("Nats-Last-Stream") != "3" {
+		t.Fatalf("heartbeat %+v", m.Header)
+	}
+
+	if err := sub.Unsubscribe(); err != nil {
+		t.Fatal(err)
+	}
+	if err := tb.nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	publishN(t, ctx, tb.js, "in.a", 2)
+	clock.Advance(4 * time.Second) // short of the threshold
+	if _, err := js.ConsumerInfo("IN", ci.Name); err != nil {
+		t.Fatalf("deleted before its inactive threshold: %v", err)
+	}
+	sub, err = tb.nc.SubscribeSync("deliver.in")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := seqs(nextMsgs(t, sub, 2, 5*time.Second)); !slices.Equal(got, []uint64{4, 5}) {
+		t.Fatalf("bound again: got %v", got)
+	}
+	clock.Advance(4 * time.Second) // bound all along: no threshold runs
+	if _, err := js.ConsumerInfo("IN", ci.Name); err != nil {
+		t.Fatalf("deleted while bound: %v", err)
+	}
+
+	if err := sub.Unsubscribe(); err != nil {
+		t.Fatal(err)
+	}
+	if err := tb.nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	testwait.For(t, 10*time.Second, func() error {
+		clock.Advance(time.Second)
+		if _, err := js.ConsumerInfo("IN", ci.Name); !errors.Is(err, nats.ErrConsumerNotFound) {
+			return fmt.Errorf("consumer info: %v", err)
+		}
+		return nil
+	})
+}
+
+// TestPushQueueSubscribe: three members of a deliver group share the messages, each message
+// going to exactly one of them.
+func TestPushQueueSubscribe(t *testing.T) {
+	t.Parallel()
+	tb := setup(t)
+	ctx := testContext(t)
+	newStream(t, ctx, tb, "Q", "q.>")
+	js := legacyJS(t, tb.nc)
+	const n = 300
+	var mu sync.Mutex
+	got := make([]map[uint64]bool, 3)
+	for i := range got {
+		got[i] = map[uint64]bool{}
+		if _, err := js.QueueSubscribe("q.>", "workers", func(m *nats.Msg) {
+			md, err := m.Metadata()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			got[i][md.Sequence.Stream] = true
+			mu.Unlock()
+			_ = m.Ack()
+		}, nats.Durable("workers"), nats.ManualAck()); err != nil {
+			t.Fatalf("member %d: %v", i, err)
+		}
+	}
+	publishN(t, ctx, tb.js, "q.job", n)
+	testwait.For(t, 10*time.Second, func() error {
+		mu.Lock()
+		defer mu.Unlock()
+		seen := map[uint64]int{}
+		for _, g := range got {
+			for seq := range g {
+				seen[seq]++
+			}
+		}
+		if len(seen) != n {
+			return fmt.Errorf("%d of %d messages delivered", len(seen), n)
+		}
+		for seq, k := range seen {
+			if k != 1 {
+				t.Fatalf("message %d went to %d members", seq, k)
+			}
+		}
+		return nil
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	for i, g := range got {
+		if len(g) == 0 {
+			t.Fatalf("member %d got nothing: %d, %d, %d", i, len(got[0]), len(got[1]), len(got[2]))
+		}
+	}
+	ci, err := js.ConsumerInfo("Q", "workers")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ci.Config.DeliverGroup != "workers" {
+		t.Fatalf("deliver group %q", ci.Config.DeliverGroup)
+	}
+	testwait.For(t, 10*time.Second, func() error {
+		ci, err := js.ConsumerInfo("Q", "workers")
+		if err != nil || ci.AckFloor.Stream != n {
+			return fmt.Errorf("ack floor %+v, %v", ci.AckFloor, err)
+		}
+		return nil
+	})
+}
+
+// TestPushChanSubscribe: nats.go's channel subscription, with acks, and redelivery of what
+// was not acked after ack_wait on the fake clock.
+func TestPushChanSubscribe(t *testing.T) {
+	t.Parallel()
+	clock := newFakeClock()
+	tb := setup(t, setupOpts{config: func(c *Config) { c.Clock = clock }})
+	ctx := testContext(t)
+	newStream(t, ctx, tb, "CH", "ch.>")
+	js := legacyJS(t, tb.nc)
+	ch := make(chan *nats.Msg, 64)
+	sub, err := js.ChanSubscribe("ch.>", ch, nats.Durable("C"), nats.ManualAck(), nats.AckWait(10*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	publishN(t, ctx, tb.js, "ch.x", 4)
+	recv := func() *nats.Msg {
+		t.Helper()
+		select {
+		case m := <-ch:
+			return m
+		case <-time.After(10 * time.Second):
+			t.Fatal("nothing on the channel")
+			return nil
+		}
+	}
+	for i := range 4 {
+		m := recv()
+		md, _ := m.Metadata()
+		if md.Sequence.Stream != uint64(i+1) || md.NumDelivered != 1 {
+			t.Fatalf("message %d: %+v", i, md)
+		}
+		if i%2 == 0 {
+			if err := m.AckSync(); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	clock.Advance(10 * time.Second)
+	for _, want := range []uint64{2, 4} {
+		md, _ := recv().Metadata()
+		if md.Sequence.Stream != want || md.NumDelivered != 2 {
+			t.Fatalf("redelivery %+v, want stream sequence %d", md, want)
+		}
 	}
 }

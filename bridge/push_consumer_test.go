@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -552,4 +553,110 @@ func TestPushChanSubscribe(t *testing.T) {
 			t.Fatalf("redelivery %+v, want stream sequence %d", md, want)
 		}
 	}
+}
+
+// TestPushResumesAfterRestart: a durable push consumer picks up after its persisted ack
+// floor once the process serves it again and its subscriber is back: what was delivered and
+// not acked comes again, what was acked does not.
+func TestPushResumesAfterRestart(t *testing.T) {
+	t.Parallel()
+	tb := setup(t)
+	ctx := testContext(t)
+	newStream(t, ctx, tb, "RP", "rp")
+	publishN(t, ctx, tb.js, "rp", 10)
+	sub, err := tb.nc.SubscribeSync("deliver.rp")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := legacyJS(t, tb.nc).AddConsumer("RP", &nats.ConsumerConfig{Durable: "D", DeliverSubject: "deliver.rp", AckPolicy: nats.AckExplicitPolicy}); err != nil {
+		t.Fatal(err)
+	}
+	for i, m := range nextMsgs(t, sub, 10, 5*time.Second) {
+		if i < 4 {
+			if err := m.AckSync(); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	db := tb.db
+	tb.stop(t)
+	tb2 := setup(t, setupOpts{db: db})
+	sub2, err := tb2.nc.SubscribeSync("deliver.rp")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []uint64
+	for _, m := range nextMsgs(t, sub2, 6, 10*time.Second) {
+		md, err := m.Metadata()
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, md.Sequence.Stream)
+	}
+	if !slices.Equal(got, []uint64{5, 6, 7, 8, 9, 10}) {
+		t.Fatalf("after restart got %v", got)
+	}
+}
+
+// TestPushOrderedChurn creates and drops ordered consumers as clients do on every gap and
+// reconnect, and checks that nothing stays behind: consumers served, their rows, the
+// interest watcher's set and goroutines all come back down. It does not run in parallel,
+// so that the goroutines counted are its own.
+func TestPushOrderedChurn(t *testing.T) {
+	clock := newFakeClock()
+	tb := setup(t, setupOpts{config: func(c *Config) { c.Clock = clock }})
+	ctx := testContext(t)
+	newStream(t, ctx, tb, "CHURN", "churn.>")
+	publishN(t, ctx, tb.js, "churn.a", 3)
+	js := legacyJS(t, tb.nc)
+	id := mustStreamID(t, tb, "CHURN")
+	s := tb.bridge.lookup("CHURN")
+	settle := func(what string, want func() error) {
+		t.Helper()
+		testwait.For(t, 20*time.Second, func() error {
+			clock.Advance(time.Second) // an undeleted ephemeral goes at its inactive threshold
+			if err := want(); err != nil {
+				return fmt.Errorf("%s: %w", what, err)
+			}
+			return nil
+		})
+	}
+	empty := func() error {
+		rows, err := tb.db.Consumers(ctx, id)
+		if err != nil {
+			return err
+		}
+		tb.bridge.cons.pushMu.Lock()
+		pushers := len(tb.bridge.cons.pushers)
+		tb.bridge.cons.pushMu.Unlock()
+		if n := tb.bridge.numConsumers(s); n != 0 || len(rows) != 0 || pushers != 0 {
+			return fmt.Errorf("%d consumers served, %d rows, %d push consumers watched", n, len(rows), pushers)
+		}
+		return nil
+	}
+	// One round first, so that what starts once per process (pools, the tail) is counted.
+	round := func() {
+		sub, err := js.SubscribeSync("churn.>", nats.OrderedConsumer())
+		if err != nil {
+			t.Fatal(err)
+		}
+		nextMsgs(t, sub, 3, 10*time.Second)
+		if err := sub.Unsubscribe(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	round()
+	settle("after one round", empty)
+	base := runtime.NumGoroutine()
+	const rounds = 300
+	for range rounds {
+		round()
+	}
+	settle(fmt.Sprintf("after %d rounds", rounds), empty)
+	settle("goroutines", func() error {
+		if n := runtime.NumGoroutine(); n > base+5 {
+			return fmt.Errorf("%d goroutines, %d before", n, base)
+		}
+		return nil
+	})
 }

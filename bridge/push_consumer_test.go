@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -659,4 +660,101 @@ func TestPushOrderedChurn(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// TestPushPendingTwin compares the ack replies of push consumers with JetStream's, the
+// pending count above all: a key-value watcher's last-per-subject start, a filtered
+// consumer, and a headers-only one, with messages published while they deliver.
+func TestPushPendingTwin(t *testing.T) {
+	t.Parallel()
+	tw := newTwin(t)
+	tw.createStream(jetstream.StreamConfig{Name: "PT", Subjects: []string{"pt.>"}, MaxMsgsPerSubject: 10})
+	for i, subj := range []string{"pt.a", "pt.b", "pt.a", "pt.c", "pt.a", "pt.b", "pt.d.x", "pt.a"} {
+		tw.pub(subj, fmt.Appendf(nil, "v%d", i))
+	}
+	cases := []struct {
+		name    string
+		cfg     nats.ConsumerConfig
+		initial int // messages for it when it starts: earlier cases published more
+		more    int // messages published after
+	}{
+		{"lps", nats.ConsumerConfig{DeliverPolicy: nats.DeliverLastPerSubjectPolicy, FilterSubject: "pt.>", AckPolicy: nats.AckNonePolicy}, 4, 3},
+		{"filtered", nats.ConsumerConfig{FilterSubjects: []string{"pt.a", "pt.d.>"}, AckPolicy: nats.AckExplicitPolicy}, 8, 3},
+		{"headers", nats.ConsumerConfig{HeadersOnly: true, AckPolicy: nats.AckAllPolicy}, 14, 2},
+	}
+	for _, tc := range cases {
+		var got [2][]pushEvent
+		var subs [2]*nats.Subscription
+		for side, js := range tw.js {
+			nc := js.Conn()
+			sub, err := nc.SubscribeSync("deliver.pt." + tc.name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer func() { _ = sub.Unsubscribe() }()
+			subs[side] = sub
+			cfg := tc.cfg
+			cfg.Durable, cfg.DeliverSubject = tc.name, "deliver.pt."+tc.name
+			if _, err := legacyJS(t, nc).AddConsumer("PT", &cfg); err != nil {
+				t.Fatalf("%s: %s: %v", sideName[side], tc.name, err)
+			}
+		}
+		for side, sub := range subs {
+			var fc string
+			for _, m := range nextMsgs(t, sub, tc.initial, 5*time.Second) {
+				e := readPush(t, m, &fc)
+				if tc.cfg.HeadersOnly {
+					e.hdr = m.Header.Get("Nats-Msg-Size") + "/" + strconv.Itoa(len(m.Data))
+				}
+				got[side] = append(got[side], e)
+			}
+		}
+		for i := range tc.more {
+			tw.pub("pt.a", fmt.Appendf(nil, "more%d", i))
+			for side, sub := range subs {
+				var fc string
+				got[side] = append(got[side], readPush(t, nextMsgs(t, sub, 1, 5*time.Second)[0], &fc))
+			}
+		}
+		for side, sub := range subs {
+			if m, err := sub.NextMsg(50 * time.Millisecond); err == nil {
+				t.Fatalf("%s: %s: more than expected: %+v", sideName[side], tc.name, m)
+			}
+		}
+		if !slices.Equal(got[ours], got[theirs]) {
+			t.Fatalf("%s: jetgres sent\n%v\njetstream sent\n%v", tc.name, got[ours], got[theirs])
+		}
+	}
+}
+
+// TestPushRateLimit paces a consumer's deliveries on the fake clock: a burst, then one
+// message's worth of time per message.
+func TestPushRateLimit(t *testing.T) {
+	t.Parallel()
+	clock := newFakeClock()
+	tb := setup(t, setupOpts{config: func(c *Config) { c.Clock = clock }})
+	ctx := testContext(t)
+	newStream(t, ctx, tb, "RL", "rl")
+	const size = 512 << 10 // two fill the 1 MiB burst
+	for range 5 {
+		if _, err := tb.js.Publish(ctx, "rl", make([]byte, size)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sub, err := tb.nc.SubscribeSync("deliver.rl")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// 8 Mbit/s: a message of half a MiB takes half a second.
+	if _, err := legacyJS(t, tb.nc).AddConsumer("RL", &nats.ConsumerConfig{Durable: "D", DeliverSubject: "deliver.rl", AckPolicy: nats.AckNonePolicy, RateLimit: 8 << 20}); err != nil {
+		t.Fatal(err)
+	}
+	nextMsgs(t, sub, 2, 5*time.Second) // the burst
+	for i := 3; i <= 5; i++ {
+		if m, err := sub.NextMsg(100 * time.Millisecond); err == nil {
+			t.Fatalf("message %d before its time: %v", i, m.Reply)
+		}
+		clock.Advance(time.Second / 2)
+		nextMsgs(t, sub, 1, 5*time.Second)
+	}
 }

@@ -357,6 +357,11 @@ func TestPushFlowControlTwin(t *testing.T) {
 	if got[ours][11].kind != "fc" {
 		t.Fatalf("flow control request not after the 11th message: %v", got[ours])
 	}
+	reg := tw.tb.reg
+	if d, r, st, h := counterValue(t, reg, "jetgres_push_delivered_total"), counterValue(t, reg, "jetgres_push_flow_control_requests_total"),
+		counterValue(t, reg, "jetgres_push_flow_control_stalls_total"), counterValue(t, reg, "jetgres_push_heartbeats_total"); d != n || r != 1 || st != 1 || h < 1 {
+		t.Fatalf("metrics: %v delivered, %v flow-control requests, %v stalls, %v heartbeats", d, r, st, h)
+	}
 }
 
 // TestPushInterest runs on the fake clock: delivery only while the deliver subject has a

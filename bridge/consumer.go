@@ -78,9 +78,11 @@ type startPos struct {
 	resume uint64
 }
 
-// consumer is one pull consumer served by this process. One goroutine (run) owns its
-// state: it takes pull requests and acks in arrival order, delivers, expires, and parks.
-// A parked consumer holds no permit and no connection: only its waiting requests.
+// consumer is one pull or push consumer served by this process. One goroutine (run) owns
+// its state: it takes pull requests, acks and flow-control answers in arrival order,
+// delivers, expires, and parks. A push consumer delivers as if to a pull request that never
+// ends, addressed to its deliver subject while that has interest. A parked consumer holds no
+// permit and no connection: only its waiting requests.
 type consumer struct {
 	cs      *consumerSide
 	sc      *streamConsumers

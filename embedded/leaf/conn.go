@@ -150,6 +150,8 @@ type Conn struct {
 	connected  atomic.Bool // the handshake's PONG arrived
 	maxPayload atomic.Int64
 	interest   interest
+	// interestCh receives, without blocking the read loop, after each LS+ or LS-.
+	interestCh chan struct{}
 
 	// subMu guards the local subscriptions; when both are held it is
 	// taken before mu, so that LS+/LS- leave in the order of the changes.
@@ -215,12 +217,13 @@ func Dial(ctx context.Context, cfg Config) (*Conn, error) {
 		return nil, fmt.Errorf("leaf: dial %s: %w", cfg.Addr, err)
 	}
 	c := &Conn{
-		cfg:       cfg,
-		nc:        nc,
-		log:       cfg.Logger.With(slog.String("component", "leaf"), slog.String("name", cfg.Name)),
-		localKeys: make(map[string]int),
-		wake:      make(chan struct{}, 1),
-		done:      make(chan struct{}),
+		cfg:        cfg,
+		nc:         nc,
+		log:        cfg.Logger.With(slog.String("component", "leaf"), slog.String("name", cfg.Name)),
+		localKeys:  make(map[string]int),
+		wake:       make(chan struct{}, 1),
+		interestCh: make(chan struct{}, 1),
+		done:       make(chan struct{}),
 	}
 	c.maxPayload.Store(1 << 20)
 	c.wg.Add(1)
@@ -328,8 +331,10 @@ func (c *Conn) handleOp(op *Op) error {
 		c.deliver(op)
 	case OpSub:
 		c.interest.add(op.Subject, op.Queue)
+		c.interestMoved()
 	case OpUnsub:
 		c.interest.remove(op.Subject, op.Queue)
+		c.interestMoved()
 	case OpPing:
 		// Fails only once the link is down, when no answer is needed.
 		_ = c.enqueueControl(pongFrame)
@@ -570,6 +575,21 @@ func (c *Conn) shutdown(err error) {
 // outbound buffer is full and with ErrClosed once the link is closed or
 // lost. hdr and data are copied before Publish returns.
 func (c *Conn) Publish(subject, reply string, hdr, data []byte) error {
+	return c.publish(subject, reply, "", hdr, data)
+}
+
+// PublishQueue is PublishReplyBytes for the members of queue group queue as
+// well: the server hands a message from a leafnode to a local queue group
+// only when the message names the group, and then to one of its members.
+// Plain subscribers receive it as they do any message.
+func (c *Conn) PublishQueue(subject string, reply []byte, queue string, hdr, data []byte) error {
+	if queue != "" && !validLiteral(queue) {
+		return fmt.Errorf("leaf: publish to queue %q: %w", queue, ErrBadSubject)
+	}
+	return c.publish(subject, bytesToString(reply), queue, hdr, data)
+}
+
+func (c *Conn) publish(subject, reply, queue string, hdr, data []byte) error {
 	if !validLiteral(subject) {
 		return fmt.Errorf("leaf: publish to %q: %w", subject, ErrBadSubject)
 	}
@@ -581,7 +601,7 @@ func (c *Conn) Publish(subject, reply string, hdr, data []byte) error {
 		return fmt.Errorf("leaf: publish %d bytes to %q, limit %d: %w", size, subject, limit, ErrMaxPayload)
 	}
 	// Upper bound of the frame: op, spaces, two sizes, CRLFs.
-	frame := len(subject) + len(reply) + size + 40
+	frame := len(subject) + len(reply) + len(queue) + size + 44
 
 	c.mu.Lock()
 	if c.closing || c.closed {
@@ -595,7 +615,7 @@ func (c *Conn) Publish(subject, reply string, hdr, data []byte) error {
 		return ErrSlowConsumer
 	}
 	wasEmpty := len(c.out) == 0
-	c.out = appendMsg(c.out, subject, reply, hdr, data)
+	c.out = appendMsg(c.out, subject, reply, queue, hdr, data)
 	c.mu.Unlock()
 	if wasEmpty {
 		c.signal()
@@ -612,7 +632,9 @@ func (c *Conn) PublishReplyBytes(subject string, reply, hdr, data []byte) error 
 	return c.Publish(subject, bytesToString(reply), hdr, data)
 }
 
-func appendMsg(b []byte, subject, reply string, hdr, data []byte) []byte {
+// appendMsg writes the leafnode message frame; with a queue group its
+// arguments are "<subject> + <reply> <queue>" or "<subject> | <queue>".
+func appendMsg(b []byte, subject, reply, queue string, hdr, data []byte) []byte {
 	if len(hdr) > 0 {
 		b = append(b, "HMSG "...)
 	} else {
@@ -620,7 +642,13 @@ func appendMsg(b []byte, subject, reply string, hdr, data []byte) []byte {
 	}
 	b = append(b, subject...)
 	b = append(b, ' ')
-	if reply != "" {
+	switch {
+	case queue != "" && reply != "":
+		b = append(append(append(append(b, "+ "...), reply...), ' '), queue...)
+		b = append(b, ' ')
+	case queue != "":
+		b = append(append(append(b, "| "...), queue...), ' ')
+	case reply != "":
 		b = append(b, reply...)
 		b = append(b, ' ')
 	}
@@ -661,6 +689,22 @@ func (c *Conn) HasQueueInterest(subject, group string) bool {
 // knows the match still holds while it has not changed.
 func (c *Conn) InterestVersion() uint64 {
 	return c.interest.version.Load()
+}
+
+// InterestChanged returns a channel that receives after the server announced
+// or withdrew a subscription. Changes coalesce (one receive may stand for
+// many, made before or while it is handled), so a receiver asks HasInterest
+// again rather than count them. The channel is the link's only one: it suits
+// a single receiver that tells whoever else cares.
+func (c *Conn) InterestChanged() <-chan struct{} { return c.interestCh }
+
+// interestMoved tells InterestChanged's receiver, never waiting for it: it
+// runs on the read loop.
+func (c *Conn) interestMoved() {
+	select {
+	case c.interestCh <- struct{}{}:
+	default:
+	}
 }
 
 // Flush sends a PING and waits for the PONG: once it returns nil, the server

@@ -256,3 +256,49 @@ func TestRunCommands(t *testing.T) {
 		t.Errorf("bad flag on bare jetgres: code %d, want 2", code)
 	}
 }
+
+// A usage mistake is shown first and alone, with a one-line pointer to -h, not above (or
+// below) the whole flag list; a bad duration shows the syntax; a bad environment variable
+// shows its name and value.
+func TestUsageErrorsComeFirst(t *testing.T) {
+	tests := []struct {
+		name    string
+		args    []string
+		env     []string
+		mention []string
+	}{
+		{"unknown flag", []string{"--bogus"}, nil, []string{"-bogus"}},
+		{"bad duration", []string{"--stmt-timeout", "5"}, nil, []string{"stmt-timeout", `"5"`, "500ms", "30s", "2m"}},
+		{"bad duration in the environment", nil, []string{"JETGRES_SHUTDOWN_TIMEOUT", "soon"}, []string{`JETGRES_SHUTDOWN_TIMEOUT="soon"`, "500ms"}},
+		{"bad number in the environment", nil, []string{"JETGRES_POOL_SIZE", "many"}, []string{`JETGRES_POOL_SIZE="many"`}},
+		{"bad value", []string{"--log-format", "xml"}, nil, []string{"--log-format", "xml"}},
+		{"unknown command", []string{"frobnicate"}, nil, []string{`"frobnicate"`}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			for i := 0; i < len(tt.env); i += 2 {
+				t.Setenv(tt.env[i], tt.env[i+1])
+			}
+			var out, errOut strings.Builder
+			if code := run(tt.args, &out, &errOut); code != 2 {
+				t.Fatalf("exit code %d, want 2; stderr:\n%s", code, errOut.String())
+			}
+			lines := strings.Split(strings.TrimSuffix(errOut.String(), "\n"), "\n")
+			if len(lines) != 2 || !strings.HasPrefix(lines[0], "jetgres: ") || !strings.Contains(lines[1], "jetgres -h") {
+				t.Fatalf("stderr is not the error and a pointer to -h:\n%s", errOut.String())
+			}
+			for _, m := range tt.mention {
+				if !strings.Contains(lines[0], m) {
+					t.Errorf("error %q does not mention %s", lines[0], m)
+				}
+			}
+			if out.Len() > 0 {
+				t.Errorf("stdout: %q", out.String())
+			}
+		})
+	}
+	var errOut strings.Builder
+	if code := run([]string{"-h"}, io.Discard, &errOut); code != 0 || !strings.Contains(errOut.String(), "--stmt-timeout") {
+		t.Errorf("-h: code %d, usage %q", code, errOut.String())
+	}
+}

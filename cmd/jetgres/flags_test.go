@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"io"
 	"os"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -81,7 +82,7 @@ func TestEnvironmentVariables(t *testing.T) {
 }
 
 // readmeRow is one row of the README's configuration table.
-type readmeRow struct{ env, def string }
+type readmeRow struct{ env, def, meaning string }
 
 func readmeTable(t *testing.T) map[string]readmeRow {
 	t.Helper()
@@ -106,7 +107,7 @@ func readmeTable(t *testing.T) map[string]readmeRow {
 		for _, e := range strings.Split(cells[2], ",") {
 			envs = append(envs, clean(e))
 		}
-		rows[strings.TrimPrefix(clean(cells[1]), "--")] = readmeRow{env: strings.Join(envs, ", "), def: clean(cells[3])}
+		rows[strings.TrimPrefix(clean(cells[1]), "--")] = readmeRow{env: strings.Join(envs, ", "), def: clean(cells[3]), meaning: strings.Join(cells[4:len(cells)-1], "|")}
 	}
 	if err := sc.Err(); err != nil {
 		t.Fatal(err)
@@ -300,5 +301,36 @@ func TestUsageErrorsComeFirst(t *testing.T) {
 	var errOut strings.Builder
 	if code := run([]string{"-h"}, io.Discard, &errOut); code != 0 || !strings.Contains(errOut.String(), "--stmt-timeout") {
 		t.Errorf("-h: code %d, usage %q", code, errOut.String())
+	}
+}
+
+var laneName = regexp.MustCompile(`\b(push|pop|ack)\b`)
+
+// A setting that governs flow-control lanes names the same lanes in -h and in the README: the
+// ack lane takes the push lane's limits (see node.start), and both must say so.
+func TestReadmeAndHelpNameTheSameLanes(t *testing.T) {
+	rows := readmeTable(t)
+	var c config
+	for _, s := range c.settings() {
+		row := rows[s.name]
+		if !strings.Contains(s.usage, "lane") && !strings.Contains(row.meaning, "lane") {
+			continue
+		}
+		lanes := func(text string) []string {
+			var names []string
+			for _, m := range laneName.FindAllString(text, -1) {
+				if !slices.Contains(names, m) {
+					names = append(names, m)
+				}
+			}
+			slices.Sort(names)
+			return names
+		}
+		if help, readme := lanes(s.usage), lanes(row.meaning); !slices.Equal(help, readme) {
+			t.Errorf("--%s: -h names the lanes %v, the README %v", s.name, help, readme)
+		}
+	}
+	if got := laneName.FindAllString(rows["push-limit-max"].meaning, -1); !slices.Contains(got, "ack") {
+		t.Errorf("README: --push-limit-max does not say it bounds the ack lane: %q", rows["push-limit-max"].meaning)
 	}
 }

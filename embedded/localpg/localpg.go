@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 )
 
@@ -68,6 +69,7 @@ type Cluster struct {
 	exitErr  error         // set before exited is closed
 	logsDone chan struct{} // closed when the server's stderr reached EOF
 
+	stopping atomic.Bool // set when Stop begins, for logServer
 	stopOnce sync.Once
 	stopErr  error
 }
@@ -173,6 +175,7 @@ func (c *Cluster) Err() error {
 // exited on its own. Stop is safe to call more than once; later calls return the first result.
 func (c *Cluster) Stop(ctx context.Context) error {
 	c.stopOnce.Do(func() {
+		c.stopping.Store(true)
 		select {
 		case <-c.exited:
 			if c.exitErr != nil {

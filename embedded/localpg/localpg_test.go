@@ -18,6 +18,8 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/jetgres/jetgres/internal/syncbuf"
+	"github.com/jetgres/jetgres/internal/testwait"
 	"github.com/jetgres/jetgres/pg/pgtest/rawsql"
 )
 
@@ -338,6 +340,55 @@ func TestDSNQuoting(t *testing.T) {
 	} {
 		if got := quoteDSNValue(in); got != want {
 			t.Errorf("quoteDSNValue(%q) = %s, want %s", in, got, want)
+		}
+	}
+}
+
+// A clean stop logs nothing above info: the lines with which PostgreSQL ends its sessions and
+// background workers during a fast shutdown that Stop asked for are routine. The same line
+// outside a stop, a session ended by pg_terminate_backend, stays a warning.
+func TestCleanStopWarnsAboutNothing(t *testing.T) {
+	t.Parallel()
+	logs := &syncbuf.Buffer{}
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	c, err := Start(ctx, Config{DataDir: dataDir(t), Settings: testSettings,
+		Logger: slog.New(slog.NewTextHandler(io.MultiWriter(logs, tWriter{t}), &slog.HandlerOptions{Level: slog.LevelDebug}))})
+	if err != nil {
+		t.Fatalf("Start: %v", err)
+	}
+	t.Cleanup(func() { _ = c.Stop(context.Background()) })
+
+	db, err := rawsql.Connect(ctx, c.DSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	victim, err := rawsql.Connect(ctx, c.DSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer victim.Close()
+	var pid int
+	if err := victim.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&pid); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.Exec(ctx, fmt.Sprintf(`SELECT pg_terminate_backend(%d)`, pid)); err != nil {
+		t.Fatal(err)
+	}
+	testwait.For(t, 10*time.Second, func() error {
+		if !strings.Contains(logs.String(), "level=WARN msg=\"terminating connection due to administrator command\"") {
+			return errors.New("the terminated session was not logged as a warning")
+		}
+		return nil
+	})
+
+	before := len(logs.String())
+	// A session still open when the stop begins is ended the same way.
+	stop(t, c)
+	for line := range strings.Lines(logs.String()[before:]) {
+		if strings.Contains(line, "level=WARN") || strings.Contains(line, "level=ERROR") {
+			t.Errorf("a clean stop logged: %s", line)
 		}
 	}
 }

@@ -54,6 +54,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 		// bounded by --shutdown-timeout instead.
 		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 		defer stop()
+		// After NotifyContext, so that the SIGTERM it may bring is a graceful stop.
+		if goRun, err := stopWithGoRun(); err != nil {
+			logger.Warn("jetgres will not stop when the go command running it exits: stop jetgres itself", "err", err)
+		} else if goRun {
+			logger.Debug("jetgres stops when the go command running it exits")
+		}
 		if err := serve(ctx, cfg, logger); err != nil {
 			logger.Error("jetgres stopped with an error", "err", err)
 			return 1

@@ -2,10 +2,13 @@ package e2e
 
 import (
 	"bufio"
+	"encoding/json"
+	"maps"
 	"net"
 	"net/url"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"strings"
@@ -116,12 +119,11 @@ func TestComposeFileAgreesWithBinary(t *testing.T) {
 		}
 	})
 
-	// effective is what the jetgres container runs with: command line over environment
-	// over the binary's default.
-	effective := map[string]string{}
-	for name, f := range flags {
-		effective[name] = f.def
-	}
+	df := readDockerfile(t)
+	image := imageSettings(t, flags, envFlag, df)
+	// effective is what the jetgres container runs with: command line over the service's
+	// environment over the image's.
+	effective := maps.Clone(image)
 	for k, v := range jg.Environment {
 		name, ok := envFlag[k]
 		if !ok {
@@ -206,28 +208,202 @@ func TestComposeFileAgreesWithBinary(t *testing.T) {
 	})
 
 	t.Run("Dockerfile", func(t *testing.T) {
-		df, err := os.ReadFile("../Dockerfile")
-		if err != nil {
-			t.Fatal(err)
-		}
-		var froms, exposed []string
-		for _, line := range strings.Split(string(df), "\n") {
-			f := strings.Fields(line)
-			switch {
-			case len(f) >= 2 && strings.EqualFold(f[0], "FROM"):
-				froms = append(froms, f[1])
-			case len(f) >= 2 && strings.EqualFold(f[0], "EXPOSE"):
-				exposed = append(exposed, f[1:]...)
-			}
-		}
-		if len(froms) < 2 || !strings.HasPrefix(froms[0], "golang:1.26") {
-			t.Errorf("want a multi-stage build from golang:1.26, got stages %v", froms)
+		if len(df.froms) < 2 || !strings.HasPrefix(df.froms[0], "golang:1.26") {
+			t.Errorf("want a multi-stage build from golang:1.26, got stages %v", df.froms)
 		}
 		for _, name := range []string{"listen", "http"} {
 			_, port, _ := net.SplitHostPort(flags[name].def)
-			if !slices.Contains(exposed, port) {
+			if !slices.Contains(df.exposed, port) {
 				t.Errorf("Dockerfile does not EXPOSE %s (--%s)", port, name)
 			}
 		}
 	})
+
+	// `docker run -p 4222:4222 -p 8080:8080 <image>`, without compose and without a
+	// database: both listeners reachable through the published ports, and the private
+	// cluster's binaries in the image, its data in a volume.
+	t.Run("docker run", func(t *testing.T) {
+		for _, name := range []string{"listen", "http"} {
+			host, port, err := net.SplitHostPort(image[name])
+			if err != nil {
+				t.Fatalf("--%s %q: %v", name, image[name], err)
+			}
+			if host != "0.0.0.0" && host != "" {
+				t.Errorf("the image's --%s %s is not reachable through a published port", name, image[name])
+			}
+			if _, defPort, _ := net.SplitHostPort(flags[name].def); port != defPort {
+				t.Errorf("the image's --%s port %s differs from the default %s", name, port, defPort)
+			}
+		}
+		if image["database-url"] != "" {
+			t.Fatalf("the image sets a database URL; docker run would need that database")
+		}
+		if !slices.ContainsFunc(df.runs, func(r string) bool {
+			return strings.Contains(r, "apt-get install") && regexp.MustCompile(`\bpostgresql-\d+\b`).MatchString(r)
+		}) {
+			t.Errorf("the runtime stage installs no PostgreSQL server package: the private cluster cannot start")
+		}
+		dataDir := image["data-dir"]
+		if !filepath.IsAbs(dataDir) || !slices.ContainsFunc(df.volumes, func(v string) bool { return within(dataDir, v) }) {
+			t.Errorf("the image's --data-dir %q is not in one of its volumes %v", dataDir, df.volumes)
+		}
+		if df.user == "" || df.user == "root" || df.user == "0" {
+			t.Errorf("the image runs jetgres as %q; as root it would need a data directory other users can enter", df.user)
+		}
+	})
+}
+
+// dockerfile is what the checks read from the Dockerfile; all but froms are of its last
+// stage, the image.
+type dockerfile struct {
+	froms   []string
+	exposed []string
+	env     map[string]string
+	volumes []string
+	runs    []string
+	user    string
+}
+
+func readDockerfile(t *testing.T) dockerfile {
+	t.Helper()
+	raw, err := os.ReadFile("../Dockerfile")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var df dockerfile
+	// Join continued lines, then read one instruction a line.
+	text := strings.ReplaceAll(string(raw), "\\\n", " ")
+	for _, line := range strings.Split(text, "\n") {
+		f := strings.Fields(line)
+		if len(f) < 2 || strings.HasPrefix(f[0], "#") {
+			continue
+		}
+		switch strings.ToUpper(f[0]) {
+		case "FROM":
+			df.froms = append(df.froms, f[1])
+			df.exposed, df.env, df.volumes, df.runs, df.user = nil, map[string]string{}, nil, nil, ""
+		case "EXPOSE":
+			df.exposed = append(df.exposed, f[1:]...)
+		case "ENV":
+			for _, kv := range f[1:] {
+				k, v, ok := strings.Cut(kv, "=")
+				if !ok {
+					t.Fatalf("Dockerfile: ENV %s: write ENV KEY=value", kv)
+				}
+				df.env[k] = strings.Trim(v, `"`)
+			}
+		case "VOLUME":
+			var vs []string
+			if err := json.Unmarshal([]byte(strings.Join(f[1:], " ")), &vs); err != nil {
+				vs = f[1:]
+			}
+			df.volumes = append(df.volumes, vs...)
+		case "RUN":
+			df.runs = append(df.runs, strings.Join(f[1:], " "))
+		case "USER":
+			df.user = f[1]
+		}
+	}
+	return df
+}
+
+// imageSettings is what the image runs with when given nothing: its environment over the
+// binary's defaults.
+func imageSettings(t *testing.T, flags map[string]binaryFlag, envFlag map[string]string, df dockerfile) map[string]string {
+	t.Helper()
+	settings := map[string]string{}
+	for name, f := range flags {
+		settings[name] = f.def
+	}
+	for k, v := range df.env {
+		if name, ok := envFlag[k]; ok {
+			settings[name] = v
+		} else if strings.HasPrefix(k, "JETGRES_") {
+			t.Errorf("Dockerfile sets %s, which is no flag's environment variable", k)
+		}
+	}
+	return settings
+}
+
+// composeKeys are the keys docker-compose.yml may use: those both Compose v2 and the
+// docker-compose 1.29 that Debian packages accept (1.29 validates against the Compose
+// Specification of its day, without a top-level name; v2 warns about version). Keys
+// starting with x- are extensions, which both accept.
+var composeKeys = map[string][]string{
+	"":            {"services", "volumes", "networks", "secrets", "configs"},
+	"service":     {"build", "command", "container_name", "depends_on", "entrypoint", "env_file", "environment", "expose", "healthcheck", "image", "init", "labels", "logging", "networks", "ports", "restart", "stop_grace_period", "stop_signal", "tmpfs", "ulimits", "user", "volumes", "working_dir"},
+	"build":       {"context", "dockerfile", "args", "labels", "target"},
+	"healthcheck": {"test", "interval", "timeout", "retries", "start_period", "disable"},
+	"depends_on":  {"condition"},
+	"volume":      {"driver", "driver_opts", "external", "labels", "name"},
+}
+
+// TestComposeFileLoadsInBothComposes checks every key of docker-compose.yml against what
+// both Compose v2 and docker-compose 1.29 accept.
+func TestComposeFileLoadsInBothComposes(t *testing.T) {
+	t.Parallel()
+	raw, err := os.ReadFile("../docker-compose.yml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc map[string]any
+	if err := yaml.Unmarshal(raw, &doc); err != nil {
+		t.Fatalf("docker-compose.yml: %v", err)
+	}
+	check := func(where, kind string, m any) map[string]any {
+		t.Helper()
+		mm, ok := m.(map[string]any)
+		if !ok {
+			if m != nil {
+				t.Errorf("%s: %T, want a mapping", where, m)
+			}
+			return nil
+		}
+		for k := range mm {
+			if !strings.HasPrefix(k, "x-") && !slices.Contains(composeKeys[kind], k) {
+				t.Errorf("%s: key %q is not one both Compose v2 and docker-compose 1.29 accept", where, k)
+			}
+		}
+		return mm
+	}
+	top := check("top level", "", doc)
+	volumes, _ := top["volumes"].(map[string]any)
+	for name, v := range volumes {
+		check("volume "+name, "volume", v)
+	}
+	services, _ := top["services"].(map[string]any)
+	if len(services) == 0 {
+		t.Fatal("no services")
+	}
+	for name, v := range services {
+		svc := check("service "+name, "service", v)
+		if b, ok := svc["build"].(map[string]any); ok {
+			check(name+".build", "build", b)
+		}
+		check(name+".healthcheck", "healthcheck", svc["healthcheck"])
+		if deps, ok := svc["depends_on"].(map[string]any); ok {
+			for dep, d := range deps {
+				cond := check(name+".depends_on."+dep, "depends_on", d)
+				// 1.29 knows these two conditions only.
+				if c := cond["condition"]; c != "service_started" && c != "service_healthy" {
+					t.Errorf("%s.depends_on.%s: condition %v", name, dep, c)
+				}
+			}
+		}
+		if env, ok := svc["environment"].(map[string]any); ok {
+			for k, v := range env {
+				if _, ok := v.(string); !ok {
+					t.Errorf("%s.environment.%s: %T %v; quote it so that both read the same string", name, k, v, v)
+				}
+			}
+		}
+		if ports, ok := svc["ports"].([]any); ok {
+			for _, p := range ports {
+				// Unquoted, "4222:4222" would be a number to YAML 1.1 for some values (base 60).
+				if _, ok := p.(string); !ok {
+					t.Errorf("%s.ports: %v is not a quoted string", name, p)
+				}
+			}
+		}
+	}
 }

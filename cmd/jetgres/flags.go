@@ -74,9 +74,9 @@ func (c *config) settings() []setting {
 		{"log-level", envOf("log-level"), "log level: debug, info, warn or error", &c.LogLevel, "info"},
 		{"pool-size", envOf("pool-size"), "maximum PostgreSQL connections", &c.PoolSize, int(pg.MaxConnsDefault)},
 		{"stmt-timeout", envOf("stmt-timeout"), "statement timeout for hot-path SQL", &c.StmtTimeout, pg.StmtTimeoutDefault},
-		{"push-limit-init", envOf("push-limit-init"), "initial Vegas limit of the push (publish) lane", &c.PushLimitInit, flow.PushInitDefault},
-		{"push-limit-min", envOf("push-limit-min"), "minimum Vegas limit of the push lane", &c.PushLimitMin, flow.PushMinDefault},
-		{"push-limit-max", envOf("push-limit-max"), "maximum Vegas limit of the push lane", &c.PushLimitMax, flow.PushMaxDefault},
+		{"push-limit-init", envOf("push-limit-init"), "initial Vegas limit of the push (publish) lane, and of the ack (cursor write) lane", &c.PushLimitInit, flow.PushInitDefault},
+		{"push-limit-min", envOf("push-limit-min"), "minimum Vegas limit of the push and ack lanes", &c.PushLimitMin, flow.PushMinDefault},
+		{"push-limit-max", envOf("push-limit-max"), "maximum Vegas limit of the push and ack lanes", &c.PushLimitMax, flow.PushMaxDefault},
 		{"pop-limit-init", envOf("pop-limit-init"), "initial Vegas limit of the pop (read) lane", &c.PopLimitInit, flow.PopInitDefault},
 		{"pop-limit-min", envOf("pop-limit-min"), "minimum Vegas limit of the pop lane", &c.PopLimitMin, flow.PopMinDefault},
 		{"pop-limit-max", envOf("pop-limit-max"), "maximum Vegas limit of the pop lane", &c.PopLimitMax, flow.PopMaxDefault},
@@ -118,7 +118,8 @@ func newFlagSet(c *config, output io.Writer) *flag.FlagSet {
 		case *float64:
 			fs.Float64Var(p, s.name, s.def.(float64), s.usage)
 		case *time.Duration:
-			fs.DurationVar(p, s.name, s.def.(time.Duration), s.usage)
+			*p = s.def.(time.Duration)
+			fs.Var((*durationValue)(p), s.name, s.usage)
 		case *bool:
 			fs.BoolVar(p, s.name, s.def.(bool), s.usage)
 		default:
@@ -149,11 +150,29 @@ environment, the environment over the default.
 	}
 }
 
+// durationValue is a flag.Value for a time.Duration whose parse error shows the syntax: the
+// flag package's own says only "parse error".
+type durationValue time.Duration
+
+func (d *durationValue) String() string { return time.Duration(*d).String() }
+
+func (d *durationValue) Set(s string) error {
+	v, err := time.ParseDuration(s)
+	if err != nil {
+		return errors.New("not a duration: give a number with a unit, such as 500ms, 30s or 2m")
+	}
+	*d = durationValue(v)
+	return nil
+}
+
 // parseConfig applies defaults, then the environment, then args. lookupEnv is os.LookupEnv
-// outside tests.
+// outside tests. -h writes the usage to output and returns flag.ErrHelp; any other mistake
+// is only returned, so that the caller can show it first rather than after the usage.
 func parseConfig(args []string, lookupEnv func(string) (string, bool), output io.Writer) (config, error) {
 	var c config
-	fs := newFlagSet(&c, output)
+	fs := newFlagSet(&c, io.Discard)
+	usage := fs.Usage
+	fs.Usage = func() {}
 	for _, s := range c.settings() {
 		for _, name := range s.env {
 			v, ok := lookupEnv(name)
@@ -161,12 +180,17 @@ func parseConfig(args []string, lookupEnv func(string) (string, bool), output io
 				continue
 			}
 			if err := fs.Set(s.name, v); err != nil {
-				return config{}, fmt.Errorf("environment variable %s: %w", name, err)
+				// Only numbers, durations and booleans fail to parse, so the value is no secret.
+				return config{}, fmt.Errorf("environment variable %s=%q: %w", name, v, err)
 			}
 			break
 		}
 	}
 	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			fs.SetOutput(output)
+			usage()
+		}
 		return config{}, err
 	}
 	if fs.NArg() > 0 {

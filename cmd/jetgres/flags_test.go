@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"io"
 	"os"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -81,7 +82,7 @@ func TestEnvironmentVariables(t *testing.T) {
 }
 
 // readmeRow is one row of the README's configuration table.
-type readmeRow struct{ env, def string }
+type readmeRow struct{ env, def, meaning string }
 
 func readmeTable(t *testing.T) map[string]readmeRow {
 	t.Helper()
@@ -106,7 +107,7 @@ func readmeTable(t *testing.T) map[string]readmeRow {
 		for _, e := range strings.Split(cells[2], ",") {
 			envs = append(envs, clean(e))
 		}
-		rows[strings.TrimPrefix(clean(cells[1]), "--")] = readmeRow{env: strings.Join(envs, ", "), def: clean(cells[3])}
+		rows[strings.TrimPrefix(clean(cells[1]), "--")] = readmeRow{env: strings.Join(envs, ", "), def: clean(cells[3]), meaning: strings.Join(cells[4:len(cells)-1], "|")}
 	}
 	if err := sc.Err(); err != nil {
 		t.Fatal(err)
@@ -254,5 +255,82 @@ func TestRunCommands(t *testing.T) {
 	}
 	if code := run([]string{"--log-format", "xml"}, &out, io.Discard); code != 2 {
 		t.Errorf("bad flag on bare jetgres: code %d, want 2", code)
+	}
+}
+
+// A usage mistake is shown first and alone, with a one-line pointer to -h, not above (or
+// below) the whole flag list; a bad duration shows the syntax; a bad environment variable
+// shows its name and value.
+func TestUsageErrorsComeFirst(t *testing.T) {
+	tests := []struct {
+		name    string
+		args    []string
+		env     []string
+		mention []string
+	}{
+		{"unknown flag", []string{"--bogus"}, nil, []string{"-bogus"}},
+		{"bad duration", []string{"--stmt-timeout", "5"}, nil, []string{"stmt-timeout", `"5"`, "500ms", "30s", "2m"}},
+		{"bad duration in the environment", nil, []string{"JETGRES_SHUTDOWN_TIMEOUT", "soon"}, []string{`JETGRES_SHUTDOWN_TIMEOUT="soon"`, "500ms"}},
+		{"bad number in the environment", nil, []string{"JETGRES_POOL_SIZE", "many"}, []string{`JETGRES_POOL_SIZE="many"`}},
+		{"bad value", []string{"--log-format", "xml"}, nil, []string{"--log-format", "xml"}},
+		{"unknown command", []string{"frobnicate"}, nil, []string{`"frobnicate"`}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			for i := 0; i < len(tt.env); i += 2 {
+				t.Setenv(tt.env[i], tt.env[i+1])
+			}
+			var out, errOut strings.Builder
+			if code := run(tt.args, &out, &errOut); code != 2 {
+				t.Fatalf("exit code %d, want 2; stderr:\n%s", code, errOut.String())
+			}
+			lines := strings.Split(strings.TrimSuffix(errOut.String(), "\n"), "\n")
+			if len(lines) != 2 || !strings.HasPrefix(lines[0], "jetgres: ") || !strings.Contains(lines[1], "jetgres -h") {
+				t.Fatalf("stderr is not the error and a pointer to -h:\n%s", errOut.String())
+			}
+			for _, m := range tt.mention {
+				if !strings.Contains(lines[0], m) {
+					t.Errorf("error %q does not mention %s", lines[0], m)
+				}
+			}
+			if out.Len() > 0 {
+				t.Errorf("stdout: %q", out.String())
+			}
+		})
+	}
+	var errOut strings.Builder
+	if code := run([]string{"-h"}, io.Discard, &errOut); code != 0 || !strings.Contains(errOut.String(), "--stmt-timeout") {
+		t.Errorf("-h: code %d, usage %q", code, errOut.String())
+	}
+}
+
+var laneName = regexp.MustCompile(`\b(push|pop|ack)\b`)
+
+// A setting that governs flow-control lanes names the same lanes in -h and in the README: the
+// ack lane takes the push lane's limits (see node.start), and both must say so.
+func TestReadmeAndHelpNameTheSameLanes(t *testing.T) {
+	rows := readmeTable(t)
+	var c config
+	for _, s := range c.settings() {
+		row := rows[s.name]
+		if !strings.Contains(s.usage, "lane") && !strings.Contains(row.meaning, "lane") {
+			continue
+		}
+		lanes := func(text string) []string {
+			var names []string
+			for _, m := range laneName.FindAllString(text, -1) {
+				if !slices.Contains(names, m) {
+					names = append(names, m)
+				}
+			}
+			slices.Sort(names)
+			return names
+		}
+		if help, readme := lanes(s.usage), lanes(row.meaning); !slices.Equal(help, readme) {
+			t.Errorf("--%s: -h names the lanes %v, the README %v", s.name, help, readme)
+		}
+	}
+	if got := laneName.FindAllString(rows["push-limit-max"].meaning, -1); !slices.Contains(got, "ack") {
+		t.Errorf("README: --push-limit-max does not say it bounds the ack lane: %q", rows["push-limit-max"].meaning)
 	}
 }

@@ -19,6 +19,10 @@ import (
 	"syscall"
 )
 
+// usageHint follows a usage error instead of the whole flag list, which would push the error
+// off the screen.
+const usageHint = "Run 'jetgres -h' for the commands, flags and environment variables."
+
 func main() {
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 }
@@ -37,7 +41,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 			return 0
 		}
 		if err != nil {
-			fmt.Fprintf(stderr, "jetgres: %v\n", err)
+			fmt.Fprintf(stderr, "jetgres: %v\n%s\n", err, usageHint)
 			return 2
 		}
 		logger, err := newLogger(cfg, stderr, databaseSecrets(cfg.DatabaseURL))
@@ -50,6 +54,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 		// bounded by --shutdown-timeout instead.
 		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 		defer stop()
+		// After NotifyContext, so that the SIGTERM it may bring is a graceful stop.
+		if goRun, err := stopWithGoRun(); err != nil {
+			logger.Warn("jetgres will not stop when the go command running it exits: stop jetgres itself", "err", err)
+		} else if goRun {
+			logger.Debug("jetgres stops when the go command running it exits")
+		}
 		if err := serve(ctx, cfg, logger); err != nil {
 			logger.Error("jetgres stopped with an error", "err", err)
 			return 1
@@ -67,7 +77,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		newFlagSet(&c, stdout).Usage()
 		return 0
 	default:
-		fmt.Fprintf(stderr, "jetgres: unknown command %q (try jetgres -h)\n", cmd)
+		fmt.Fprintf(stderr, "jetgres: unknown command %q\n%s\n", cmd, usageHint)
 		return 2
 	}
 }

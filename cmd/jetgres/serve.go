@@ -108,6 +108,12 @@ func (n *node) start(ctx context.Context) error {
 		dir := filepath.Join(cfg.DataDir, "pg")
 		n.log.Info("starting private PostgreSQL", "data_dir", dir)
 		n.cluster, err = localpg.Start(ctx, localpg.Config{DataDir: dir, Logger: n.log})
+		var access *localpg.AccessError
+		if errors.As(err, &access) {
+			return fmt.Errorf("private PostgreSQL in %s: it runs as OS user %q, which cannot enter %s (mode %04o): "+
+				"give --data-dir a directory outside %s (such as /var/lib/jetgres), or make %s traversable (chmod o+x %s)",
+				dir, access.User, access.Dir, access.Mode, access.Dir, access.Dir, access.Dir)
+		}
 		if err != nil {
 			return fmt.Errorf("private PostgreSQL in %s: %w", dir, err)
 		}

@@ -126,3 +126,33 @@ func TestServeReplicaNameDefault(t *testing.T) {
 		t.Fatalf("serve: %v", err)
 	}
 }
+
+// Run as root with its data directory under a home that only root may enter, jetgres fails
+// with advice that starts with --data-dir, and leaves nothing behind in that home.
+func TestDataDirUnderClosedHome(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("only root runs PostgreSQL as another user")
+	}
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	home := filepath.Join(t.TempDir(), "root")
+	if err := os.Mkdir(home, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	var out, errOut strings.Builder
+	code := run([]string{"--data-dir", filepath.Join(home, "jetgres-data"), "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0"}, &out, &errOut)
+	if code != 1 {
+		t.Fatalf("exit code %d, want 1; stderr:\n%s", code, errOut.String())
+	}
+	msg := errOut.String()
+	dataDir, chmod := strings.Index(msg, "--data-dir"), strings.Index(msg, "chmod o+x "+home)
+	if dataDir < 0 || chmod < 0 || dataDir > chmod {
+		t.Errorf("the advice does not start with --data-dir and then name chmod o+x %s:\n%s", home, msg)
+	}
+	entries, err := os.ReadDir(home)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range entries {
+		t.Errorf("the failed start left %s in %s", e.Name(), home)
+	}
+}

@@ -14,10 +14,12 @@ import (
 )
 
 // ErrNoBinaries is returned by Start when the PostgreSQL server binaries cannot be found.
-var ErrNoBinaries = errors.New("PostgreSQL server binaries (postgres, initdb) not found " +
-	"in Config.BinDir, PATH or /usr/lib/postgresql/<version>/bin: install them " +
-	"(Debian/Ubuntu: apt-get install postgresql, or a versioned package such as postgresql-15) " +
-	"or run jetgres against an existing server with --database-url")
+var ErrNoBinaries = errors.New("PostgreSQL server binaries (postgres, initdb) not found")
+
+// installAdvice follows ErrNoBinaries. It names what to install and the flag that does without,
+// not Config.BinDir, which a user of jetgres cannot set.
+const installAdvice = "install them (Debian/Ubuntu: apt-get install postgresql, or a versioned package such as postgresql-15) " +
+	"or run jetgres against an existing server with --database-url"
 
 // versionedBinGlobs are the layouts distribution packages install to, which are not on PATH:
 // Debian and Ubuntu (/usr/lib/postgresql/15/bin) and the PGDG RPMs (/usr/pgsql-15/bin).
@@ -42,7 +44,7 @@ func findBinaries(ctx context.Context, binDir string) (binaries, error) {
 	switch {
 	case binDir != "":
 		if !hasServerBinaries(binDir) {
-			return binaries{}, fmt.Errorf("Config.BinDir %s: %w", binDir, ErrNoBinaries)
+			return binaries{}, fmt.Errorf("%w in Config.BinDir %s", ErrNoBinaries, binDir)
 		}
 		dir = binDir
 	default:
@@ -51,7 +53,7 @@ func findBinaries(ctx context.Context, binDir string) (binaries, error) {
 			dir = highestVersionedBinDir()
 		}
 		if dir == "" {
-			return binaries{}, ErrNoBinaries
+			return binaries{}, fmt.Errorf("%w on PATH or in %s: %s", ErrNoBinaries, strings.Join(versionedBinGlobs, " or "), installAdvice)
 		}
 	}
 	b := binaries{dir: dir}

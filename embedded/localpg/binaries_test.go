@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 )
 
@@ -29,8 +30,18 @@ func TestBinarySearch(t *testing.T) {
 	t.Setenv("PATH", t.TempDir())
 	versionedBinGlobs = []string{filepath.Join(root, "postgresql/*/bin"), filepath.Join(root, "pgsql-*/bin")}
 
-	if _, err := findBinaries(t.Context(), ""); !errors.Is(err, ErrNoBinaries) {
+	_, err := findBinaries(t.Context(), "")
+	if !errors.Is(err, ErrNoBinaries) {
 		t.Errorf("nothing installed: %v, want ErrNoBinaries", err)
+	}
+	// jetgres cannot set Config.BinDir, so the advice is what to install or which flag to use.
+	for _, want := range []string{"apt-get install postgresql", "postgresql-15", "--database-url"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not mention %q", err, want)
+		}
+	}
+	if strings.Contains(err.Error(), "Config.BinDir") {
+		t.Errorf("error %q names Config.BinDir, which was not set", err)
 	}
 
 	for _, dir := range []string{"postgresql/9.6/bin", "postgresql/13/bin", "pgsql-10/bin"} {

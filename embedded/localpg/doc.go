@@ -26,7 +26,8 @@
 //
 // The server's log is not written to a file: its stderr is streamed to the Config.Logger, one
 // record per line (LOG, ERROR and the like at debug level, WARNING and FATAL at warn, PANIC at
-// error), so that it lands wherever jetgres's own log goes and needs no rotation.
+// error; the FATAL with which the fast shutdown that Stop begins ends each session is at debug),
+// so that it lands wherever jetgres's own log goes and needs no rotation.
 //
 // Settings: jetgres writes its defaults and Config.Settings to jetgres.conf in the data directory
 // at every start; postgresql.conf includes that file, and postgresql.auto.conf (ALTER SYSTEM) is

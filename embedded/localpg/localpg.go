@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 )
 
@@ -68,6 +69,7 @@ type Cluster struct {
 	exitErr  error         // set before exited is closed
 	logsDone chan struct{} // closed when the server's stderr reached EOF
 
+	stopping atomic.Bool // set when Stop begins, for logServer
 	stopOnce sync.Once
 	stopErr  error
 }
@@ -103,6 +105,14 @@ func Start(ctx context.Context, cfg Config) (*Cluster, error) {
 	if err != nil {
 		return nil, fmt.Errorf("localpg: %w", err)
 	}
+	// What can be found wrong without the lock is found before anything is created, so that a
+	// failed first start leaves no directory and no lock file behind.
+	if c.bins, err = findBinaries(ctx, cfg.BinDir); err != nil {
+		return nil, fmt.Errorf("localpg: %w", err)
+	}
+	if err := c.user.checkTraversable(dataDir); err != nil {
+		return nil, fmt.Errorf("localpg: %w", err)
+	}
 	parentMode := fs.FileMode(0o700)
 	if c.user.cred != nil {
 		parentMode = 0o711
@@ -110,10 +120,14 @@ func Start(ctx context.Context, cfg Config) (*Cluster, error) {
 	if err := os.MkdirAll(filepath.Dir(dataDir), parentMode); err != nil {
 		return nil, fmt.Errorf("localpg: creating the parent of the data directory: %w", err)
 	}
+	// Again, now that every ancestor exists: a umask may have taken the mode MkdirAll asked for.
+	if err := c.user.checkTraversable(dataDir); err != nil {
+		return nil, fmt.Errorf("localpg: %w", err)
+	}
 	if err := c.acquireLock(); err != nil {
 		return nil, fmt.Errorf("localpg: %w", err)
 	}
-	if err := c.startLocked(ctx, cfg.BinDir, settings); err != nil {
+	if err := c.startLocked(ctx, settings); err != nil {
 		c.releaseLock()
 		return nil, fmt.Errorf("localpg: %w", err)
 	}
@@ -121,14 +135,7 @@ func Start(ctx context.Context, cfg Config) (*Cluster, error) {
 }
 
 // startLocked does the part of Start that needs the data directory's lock.
-func (c *Cluster) startLocked(ctx context.Context, binDir string, settings map[string]string) error {
-	if err := c.user.checkTraversable(c.dataDir); err != nil {
-		return err
-	}
-	var err error
-	if c.bins, err = findBinaries(ctx, binDir); err != nil {
-		return err
-	}
+func (c *Cluster) startLocked(ctx context.Context, settings map[string]string) error {
 	if err := c.ensureInitialised(ctx, isOff(settings["fsync"])); err != nil {
 		return err
 	}
@@ -173,6 +180,7 @@ func (c *Cluster) Err() error {
 // exited on its own. Stop is safe to call more than once; later calls return the first result.
 func (c *Cluster) Stop(ctx context.Context) error {
 	c.stopOnce.Do(func() {
+		c.stopping.Store(true)
 		select {
 		case <-c.exited:
 			if c.exitErr != nil {

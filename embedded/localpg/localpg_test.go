@@ -18,6 +18,8 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/jetgres/jetgres/internal/syncbuf"
+	"github.com/jetgres/jetgres/internal/testwait"
 	"github.com/jetgres/jetgres/pg/pgtest/rawsql"
 )
 
@@ -295,10 +297,8 @@ func TestMissingBinaries(t *testing.T) {
 	if !errors.Is(err, ErrNoBinaries) {
 		t.Fatalf("Start with an empty BinDir: %v, want ErrNoBinaries", err)
 	}
-	for _, want := range []string{"apt-get install postgresql", "postgresql-15", "--database-url"} {
-		if !strings.Contains(err.Error(), want) {
-			t.Errorf("error %q does not mention %q", err, want)
-		}
+	if !strings.Contains(err.Error(), "Config.BinDir") {
+		t.Errorf("error %q does not name Config.BinDir, which was set", err)
 	}
 }
 
@@ -319,6 +319,24 @@ func TestUntraversableParent(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "cannot enter "+closed+" ") {
 		t.Errorf("Start under a 0700 root directory: %v, want an error naming it", err)
 	}
+	var ae *AccessError
+	if !errors.As(err, &ae) || ae.Dir != closed || ae.Mode != 0o700 {
+		t.Errorf("Start under a 0700 root directory: %#v, want an *AccessError for %s", err, closed)
+	}
+	// The first advice is to move the data directory, not to open up the one above it.
+	if msg := err.Error(); strings.Index(msg, "choose a data directory") > strings.Index(msg, "chmod") {
+		t.Errorf("error %q advises chmod before another data directory", msg)
+	}
+	// Nothing was created: no lock file, and no directory for one, as the start it failed.
+	deep := filepath.Join(closed, "jetgres-data", "pg")
+	if _, err := Start(t.Context(), Config{DataDir: deep}); !errors.As(err, &ae) {
+		t.Errorf("Start in a new directory under a 0700 root directory: %v, want an *AccessError", err)
+	}
+	for _, p := range []string{filepath.Join(closed, "pg.lock"), filepath.Join(closed, "jetgres-data")} {
+		if _, err := os.Lstat(p); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("a failed start left %s behind (%v)", p, err)
+		}
+	}
 }
 
 func TestRefusesPrivacySettings(t *testing.T) {
@@ -338,6 +356,55 @@ func TestDSNQuoting(t *testing.T) {
 	} {
 		if got := quoteDSNValue(in); got != want {
 			t.Errorf("quoteDSNValue(%q) = %s, want %s", in, got, want)
+		}
+	}
+}
+
+// A clean stop logs nothing above info: the lines with which PostgreSQL ends its sessions and
+// background workers during a fast shutdown that Stop asked for are routine. The same line
+// outside a stop, a session ended by pg_terminate_backend, stays a warning.
+func TestCleanStopWarnsAboutNothing(t *testing.T) {
+	t.Parallel()
+	logs := &syncbuf.Buffer{}
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	c, err := Start(ctx, Config{DataDir: dataDir(t), Settings: testSettings,
+		Logger: slog.New(slog.NewTextHandler(io.MultiWriter(logs, tWriter{t}), &slog.HandlerOptions{Level: slog.LevelDebug}))})
+	if err != nil {
+		t.Fatalf("Start: %v", err)
+	}
+	t.Cleanup(func() { _ = c.Stop(context.Background()) })
+
+	db, err := rawsql.Connect(ctx, c.DSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	victim, err := rawsql.Connect(ctx, c.DSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer victim.Close()
+	var pid int
+	if err := victim.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&pid); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.Exec(ctx, fmt.Sprintf(`SELECT pg_terminate_backend(%d)`, pid)); err != nil {
+		t.Fatal(err)
+	}
+	testwait.For(t, 10*time.Second, func() error {
+		if !strings.Contains(logs.String(), "level=WARN msg=\"terminating connection due to administrator command\"") {
+			return errors.New("the terminated session was not logged as a warning")
+		}
+		return nil
+	})
+
+	before := len(logs.String())
+	// A session still open when the stop begins is ended the same way.
+	stop(t, c)
+	for line := range strings.Lines(logs.String()[before:]) {
+		if strings.Contains(line, "level=WARN") || strings.Contains(line, "level=ERROR") {
+			t.Errorf("a clean stop logged: %s", line)
 		}
 	}
 }

@@ -79,23 +79,41 @@ func lookupUser(u *user.User) (osUser, error) {
 	return ou, nil
 }
 
-// checkTraversable fails if the server's user cannot reach dir through its ancestors, because
-// PostgreSQL would fail later with a bare "permission denied" that does not say which directory
-// is at fault. It reads mode bits only; an ACL granting access is not seen.
+// AccessError is returned by Start when the OS user the server runs as cannot enter a directory
+// above the data directory: a data directory under root's home (mode 0700) when jetgres runs as
+// root, for instance.
+type AccessError struct {
+	User string      // the OS user the server runs as
+	Dir  string      // the directory it cannot enter
+	Mode fs.FileMode // Dir's permission bits
+	UID  uint32      // Dir's owner
+	GID  uint32      // Dir's group
+}
+
+func (e *AccessError) Error() string {
+	return fmt.Sprintf("the PostgreSQL server runs as OS user %q, which cannot enter %s (mode %04o, owner uid %d, group gid %d): "+
+		"choose a data directory outside %s, or make it traversable (chmod o+x %s)", e.User, e.Dir, e.Mode, e.UID, e.GID, e.Dir, e.Dir)
+}
+
+// checkTraversable fails with an *AccessError if the server's user cannot reach dir through
+// its ancestors, because PostgreSQL would fail later with a bare "permission denied" that does
+// not say which directory is at fault. Ancestors that do not exist yet are skipped: Start
+// creates them traversable. It reads mode bits only; an ACL granting access is not seen.
 func (u osUser) checkTraversable(dir string) error {
 	if u.cred == nil {
 		return nil
 	}
 	for d := filepath.Dir(dir); ; d = filepath.Dir(d) {
 		fi, err := os.Stat(d)
-		if err != nil {
+		switch {
+		case errors.Is(err, fs.ErrNotExist):
+		case err != nil:
 			return fmt.Errorf("checking access to %s: %w", d, err)
-		}
-		st, ok := fi.Sys().(*syscall.Stat_t)
-		if ok && !u.canEnter(fi.Mode().Perm(), st.Uid, st.Gid) {
-			return fmt.Errorf("the PostgreSQL server runs as OS user %q, which cannot enter %s "+
-				"(mode %04o, owner uid %d, group gid %d): make it traversable (chmod o+x %s) "+
-				"or choose a data directory whose parents are", u.name, d, fi.Mode().Perm(), st.Uid, st.Gid, d)
+		default:
+			st, ok := fi.Sys().(*syscall.Stat_t)
+			if ok && !u.canEnter(fi.Mode().Perm(), st.Uid, st.Gid) {
+				return &AccessError{User: u.name, Dir: d, Mode: fi.Mode().Perm(), UID: st.Uid, GID: st.Gid}
+			}
 		}
 		if d == filepath.Dir(d) {
 			return nil

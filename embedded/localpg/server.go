@@ -122,7 +122,7 @@ func (c *Cluster) start(ctx context.Context) error {
 	go func() {
 		defer close(c.logsDone)
 		defer r.Close()
-		logServer(r, c.log, tail)
+		logServer(r, c.log, tail, &c.stopping)
 	}()
 	go func() {
 		c.exitErr = cmd.Wait()

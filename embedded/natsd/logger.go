@@ -11,6 +11,11 @@ import (
 // through ServerOptions, stay out of ordinary debug output.
 const levelTrace = slog.LevelDebug - 4
 
+// defaultJSDomainWarning is what the server says at every start about default_js_domain,
+// which enforceBridgeOptions sets itself; an operator can do nothing about it, so it is
+// logged at debug level.
+const defaultJSDomainWarning = "The option `default_js_domain` is a temporary backwards compatibility measure and will be removed"
+
 // logAdapter implements server.Logger on top of slog.
 type logAdapter struct {
 	l     *slog.Logger
@@ -33,10 +38,16 @@ func newLogAdapter(l *slog.Logger) logAdapter {
 }
 
 func (a logAdapter) Noticef(format string, v ...any) { a.log(slog.LevelInfo, format, v) }
-func (a logAdapter) Warnf(format string, v ...any)   { a.log(slog.LevelWarn, format, v) }
-func (a logAdapter) Errorf(format string, v ...any)  { a.log(slog.LevelError, format, v) }
-func (a logAdapter) Debugf(format string, v ...any)  { a.log(slog.LevelDebug, format, v) }
-func (a logAdapter) Tracef(format string, v ...any)  { a.log(levelTrace, format, v) }
+func (a logAdapter) Warnf(format string, v ...any) {
+	level := slog.LevelWarn
+	if format == defaultJSDomainWarning {
+		level = slog.LevelDebug
+	}
+	a.log(level, format, v)
+}
+func (a logAdapter) Errorf(format string, v ...any) { a.log(slog.LevelError, format, v) }
+func (a logAdapter) Debugf(format string, v ...any) { a.log(slog.LevelDebug, format, v) }
+func (a logAdapter) Tracef(format string, v ...any) { a.log(levelTrace, format, v) }
 
 // Fatalf logs at error level and returns. The server's own logger exits the
 // process here; in an embedded server the failure surfaces instead through

@@ -229,3 +229,22 @@ func TestServerLogsReachSlog(t *testing.T) {
 		t.Fatal("leaf password appears in the log")
 	}
 }
+
+// A default start warns about nothing: the server's warning about default_js_domain concerns a
+// setting natsd makes itself, so it is kept to debug level.
+func TestDefaultStartWarnsAboutNothing(t *testing.T) {
+	t.Parallel()
+	logs := &syncbuf.Buffer{}
+	s := start(t, natsd.Config{Host: "127.0.0.1", Logger: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))})
+	s.Stop()
+	var sawDomain bool
+	for line := range strings.Lines(logs.String()) {
+		if strings.Contains(line, "level=WARN") || strings.Contains(line, "level=ERROR") {
+			t.Errorf("a default start logged: %s", line)
+		}
+		sawDomain = sawDomain || strings.Contains(line, "default_js_domain")
+	}
+	if !sawDomain {
+		t.Error("the default_js_domain notice is not at debug level either; has the server's wording changed?")
+	}
+}

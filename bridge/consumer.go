@@ -48,6 +48,7 @@ const (
 	evAck
 	evPurged
 	evConfig
+	evFlowControl // a client answered the flow-control request named in reply
 )
 
 // event is work for a consumer's goroutine, in arrival order. Acks come by the thousand
@@ -101,6 +102,10 @@ type consumer struct {
 	// filter holds the consumer's filter subjects. It is read off the goroutine (the commit
 	// path, retention), so a reconfiguration stores a fresh slice rather than writing one.
 	filter atomic.Pointer[[]string]
+	// pushTo and pushActive mirror a push consumer's deliver subject and whether it had
+	// interest when its goroutine last looked, for the interest watcher.
+	pushTo     atomic.Pointer[pushDest]
+	pushActive atomic.Bool
 
 	// mu guards what follows. The goroutine holds it while it works, except around database
 	// reads; API requests take it briefly to report.
@@ -109,6 +114,7 @@ type consumer struct {
 	cfg        server.ConsumerConfig
 	st         *consumerstate.State
 	waiting    []*pullRequest
+	push       *pusher // a push consumer's endless request; nil for a pull consumer
 	start      *startPos
 	ahead      []pg.Message // read from PostgreSQL, not yet delivered
 	aheadUpTo  uint64       // the read-ahead looked through this sequence
@@ -151,6 +157,7 @@ func newConsumer(cs *consumerSide, sc *streamConsumers, row pg.Consumer, cfg ser
 	c.cw.want = floor
 	c.cw.hurry = make(chan struct{}, 1)
 	c.setFilters(&cfg)
+	c.setPush(&cfg, now)
 	return c
 }
 
@@ -269,7 +276,8 @@ func (c *consumer) run() {
 		hw := c.sc.tail.HighWater()
 		c.pump(ctx)
 		wake := c.nextWake(clock.Now())
-		parked := len(c.waiting) > 0
+		// A push consumer waits like a pull request while its deliver subject has interest.
+		parked := len(c.waiting) > 0 || c.isPush() && c.push.active
 		wasParked := c.parked.Swap(parked)
 		c.mu.Unlock()
 		if parked {
@@ -310,11 +318,14 @@ func (c *consumer) handle(ctx context.Context, ev *event, now time.Time) {
 		c.handleAck(ctx, ev, now)
 	case evPurged:
 		c.dropAhead()
+	case evFlowControl:
+		c.flowControlAnswered(ev.reply)
 	case evConfig:
 		old := c.filters()
 		c.cfg = *ev.cfg
 		c.setFilters(&c.cfg)
 		c.st.SetConfig(stateConfig(&c.cfg))
+		c.setPush(&c.cfg, now)
 		c.dropAhead()
 		// The filters are all of the configuration that the count depends on.
 		if !slices.Equal(old, c.filters()) {
@@ -326,6 +337,10 @@ func (c *consumer) handle(ctx context.Context, ev *event, now time.Time) {
 // addRequest queues a pull request, or answers it at once when JetStream would.
 func (c *consumer) addRequest(reply string, body []byte, now time.Time) {
 	link := c.cs.b.link
+	if c.isPush() {
+		_ = link.Publish(reply, "", jswire.StatusHeader(409, jswire.DescPushBased), nil)
+		return
+	}
 	req, bad := jswire.DecodePullRequest(body, now)
 	if bad == nil {
 		bad = jswire.CheckPullLimits(&c.cfg, &req, now)
@@ -412,7 +427,7 @@ func (c *consumer) pump(ctx context.Context) {
 	c.processWaiting(now, false)
 	eos := true
 	sent := 0
-	for len(c.waiting) > 0 && ctx.Err() == nil && !c.paused(now) {
+	for c.wantsMore(now) && ctx.Err() == nil && !c.paused(now) {
 		m, dc, src, found := c.next(ctx)
 		if found != nextFound {
 			eos = found == nextEmpty
@@ -430,13 +445,20 @@ func (c *consumer) pump(ctx context.Context) {
 		reply := jswire.AppendAckSubject(c.reply[:0], info)
 		size := len(m.Subject) + len(reply) + len(hdr) + len(data)
 		now := c.cs.b.clock.Now()
-		wr := c.nextWaiting(size, now)
-		if wr == nil {
+		var wr *pullRequest
+		var to string
+		if c.isPush() {
+			// nats-server counts the deliver subject rather than the message's.
+			to = c.push.subject
+			size += len(to) - len(m.Subject)
+		} else if wr = c.nextWaiting(size, now); wr != nil {
+			to = wr.reply
+		} else {
 			break
 		}
 		reply = append(append(reply, '@'), m.Subject...)
 		c.reply = reply
-		if err := c.cs.b.link.PublishReplyBytes(wr.reply, reply, hdr, data); err != nil {
+		if err := c.cs.b.link.PublishReplyBytes(to, reply, hdr, data); err != nil {
 			// Not sent (the link is full or closing), so not delivered: it stays next in
 			// line and is tried again shortly, not after an ack wait.
 			c.cs.b.log.Debug("delivery not sent", "stream", c.sc.s.name, "consumer", c.name, "err", err)
@@ -459,6 +481,9 @@ func (c *consumer) pump(ctx context.Context) {
 		}
 	}
 	c.processWaiting(c.cs.b.clock.Now(), eos)
+	if c.isPush() {
+		c.pushIdle(c.cs.b.clock.Now())
+	}
 	if sent > 0 {
 		c.prefetch(ctx)
 	}
@@ -468,11 +493,14 @@ func (c *consumer) pump(ctx context.Context) {
 // tally counts per message on the consumer's goroutine what it adds to the metrics once
 // per queue of events and once per pump: an atomic add per message costs more than the
 // counting.
-type tally struct{ delivered, tailHits, acks int }
+type tally struct{ delivered, pushed, tailHits, acks int }
 
 func (t *tally) flush(m *consumerMetrics) {
 	if t.delivered > 0 {
 		m.delivered.Add(float64(t.delivered))
+	}
+	if t.pushed > 0 {
+		m.pushDelivered.Add(float64(t.pushed))
 	}
 	if t.acks > 0 {
 		m.acks.Add(float64(t.acks))
@@ -605,6 +633,9 @@ func (c *consumer) readAhead(ctx context.Context, from, hw uint64) bool {
 		return false
 	}
 	n := min(max(int(c.batchPending()), readAheadMin), readAheadMax)
+	if c.isPush() {
+		n = readAheadMax // its request never ends
+	}
 	filters := c.filters()
 	c.mu.Unlock()
 	msgs, through, err := c.cs.readPop(ctx, pg.ReadParams{StreamID: c.sc.s.id, From: from, UpTo: hw, MaxMsgs: n, MaxBytes: readAheadBytes}, filters)
@@ -769,10 +800,13 @@ func (c *consumer) hasInterest(wr *pullRequest, now time.Time) bool {
 	return !wr.seen && now.Sub(wr.received) < interestGrace
 }
 
-// delivered counts a message against the request at the head of the queue. A request with
-// more to take moves to the back, so that several clients share a consumer in turn.
+// delivered counts a message against the request at the head of the queue, or the push
+// consumer's deliver subject when wr is nil. A request with more to take moves to the
+// back, so that several clients share a consumer in turn.
 func (c *consumer) delivered(wr *pullRequest, size int, m pg.Message, dc uint64, now time.Time) {
-	if wr.sent == 0 {
+	if wr == nil {
+		c.pushed(size, now)
+	} else if wr.sent == 0 {
 		c.cs.m.subLatency.Observe(now.Sub(wr.received).Seconds())
 	}
 	if dc == 1 {
@@ -782,6 +816,9 @@ func (c *consumer) delivered(wr *pullRequest, size int, m pg.Message, dc uint64,
 	}
 	c.tally.delivered++
 	c.lastActive = now
+	if wr == nil {
+		return
+	}
 	wr.sent++
 	wr.batch--
 	if wr.maxBytes > 0 {
@@ -847,7 +884,9 @@ func (c *consumer) nextWake(now time.Time) time.Time {
 			earlier(wr.hbNext)
 		}
 	}
-	if len(c.waiting) > 0 {
+	if c.isPush() {
+		c.pushWake(now, earlier)
+	} else if len(c.waiting) > 0 {
 		earlier(now.Add(interestSweep))
 		if c.retryAt.After(now) {
 			earlier(c.retryAt)
@@ -871,10 +910,26 @@ func (c *consumer) paused(now time.Time) bool {
 	return paused
 }
 
-// inactive reports whether the consumer passed its inactive threshold with no request.
+// inactive reports whether the consumer passed its inactive threshold with no request, or,
+// for a push consumer, without interest in its deliver subject.
 func (c *consumer) inactive(now time.Time) bool {
 	th := c.cfg.InactiveThreshold
-	return th > 0 && len(c.waiting) == 0 && now.Sub(c.lastActive) >= th
+	if th <= 0 || now.Sub(c.lastActive) < th {
+		return false
+	}
+	if c.isPush() {
+		return !c.pushBound(now)
+	}
+	return len(c.waiting) == 0
+}
+
+// wantsMore reports whether a message could go out now: a pull request waits, or a push
+// consumer's deliver subject is ready for it.
+func (c *consumer) wantsMore(now time.Time) bool {
+	if c.isPush() {
+		return c.pushReady(now)
+	}
+	return len(c.waiting) > 0
 }
 
 // shutdown answers the waiting requests as the reason demands. Called with mu held.

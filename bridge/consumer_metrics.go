@@ -32,6 +32,11 @@ type consumerMetrics struct {
 	subLatency    prometheus.Histogram
 	e2eLatency    prometheus.Histogram
 
+	pushDelivered prometheus.Counter
+	fcRequests    prometheus.Counter
+	fcStalls      prometheus.Counter
+	heartbeats    prometheus.Counter
+
 	pendingDesc    *prometheus.Desc
 	ackPendingDesc *prometheus.Desc
 	waitingDesc    *prometheus.Desc
@@ -49,7 +54,7 @@ func newConsumerMetrics(reg prometheus.Registerer, side *consumerSide) *consumer
 	m := &consumerMetrics{
 		side:          side,
 		pulls:         counter("jetgres_pull_requests_total", "Pull requests queued at a consumer."),
-		delivered:     counter("jetgres_consumer_delivered_total", "Messages delivered to pull requests, redeliveries included."),
+		delivered:     counter("jetgres_consumer_delivered_total", "Messages delivered to pull requests and deliver subjects, redeliveries included."),
 		redeliveries:  counter("jetgres_consumer_redelivered_total", "Messages delivered again after ack wait, a nak or a restart."),
 		acks:          counter("jetgres_consumer_acks_total", "Acks that moved a consumer's ack floor."),
 		acksDropped:   counter("jetgres_consumer_acks_dropped_total", "Acks dropped because the consumer's queue was full."),
@@ -64,6 +69,10 @@ func newConsumerMetrics(reg prometheus.Registerer, side *consumerSide) *consumer
 		cursorLatency: latency("jetgres_cursor_write_seconds", "Cursor write latency, permit wait included."),
 		subLatency:    latency("jetgres_subscriber_latency_seconds", "Subscriber latency: pull request received to its first message sent."),
 		e2eLatency:    latency("jetgres_end_to_end_latency_seconds", "End-to-end latency: message stored to first delivered."),
+		pushDelivered: counter("jetgres_push_delivered_total", "Messages push consumers delivered to their deliver subjects, redeliveries included (part of jetgres_consumer_delivered_total)."),
+		fcRequests:    counter("jetgres_push_flow_control_requests_total", "Flow-control requests push consumers sent."),
+		fcStalls:      counter("jetgres_push_flow_control_stalls_total", "Times a push consumer stopped delivering because its client owed the answer to a flow-control request."),
+		heartbeats:    counter("jetgres_push_heartbeats_total", "Idle heartbeats push consumers sent to their deliver subjects."),
 		pendingDesc: prometheus.NewDesc("jetgres_consumer_pending_messages",
 			"Messages a consumer has yet to receive (estimate).", []string{"stream", "consumer"}, nil),
 		ackPendingDesc: prometheus.NewDesc("jetgres_consumer_ack_pending_messages",
@@ -82,7 +91,8 @@ func newConsumerMetrics(reg prometheus.Registerer, side *consumerSide) *consumer
 	if reg != nil {
 		reg.MustRegister(tailBytes, tailEvicted)
 		reg.MustRegister(m.pulls, m.delivered, m.redeliveries, m.acks, m.acksDropped, m.tailHits, m.tailMisses,
-			m.dbReads, m.ticks, m.tickReads, m.cursorWrites, m.recounts, m.recountsLate, m.cursorLatency, m.subLatency, m.e2eLatency, m)
+			m.dbReads, m.ticks, m.tickReads, m.cursorWrites, m.recounts, m.recountsLate, m.cursorLatency, m.subLatency, m.e2eLatency,
+			m.pushDelivered, m.fcRequests, m.fcStalls, m.heartbeats, m)
 	}
 	return m
 }

@@ -103,7 +103,8 @@ func (c *consumer) recountPending(ctx context.Context) {
 	}
 	c.stale.Store(false)
 	through := c.pend.restart()
-	p := pg.PendingParams{StreamID: c.sc.s.id, From: c.st.Next(), UpTo: through, Filters: c.filters()}
+	from, extra := c.countFrom()
+	p := pg.PendingParams{StreamID: c.sc.s.id, From: from, UpTo: through, Filters: c.filters()}
 	c.mu.Unlock()
 	start := clock.Now()
 	n, err := c.cs.b.db.CountPending(ctx, p)
@@ -121,7 +122,18 @@ func (c *consumer) recountPending(ctx context.Context) {
 		c.recountAt = clock.Now().Add(readRetry)
 		return
 	}
-	c.npc = int64(n)
-	c.counted.Store(p.From)
+	c.npc = int64(n + extra)
+	c.counted.Store(c.st.Next())
 	c.cs.m.recounts.Inc()
+}
+
+// countFrom is where a count of num_pending in PostgreSQL starts, and what it must add for
+// messages before that: a consumer still delivering the last message of each subject has
+// those it has not sent yet, then everything after the point it resumes from. A key-value
+// watcher learns from this count when it has seen every current value.
+func (c *consumer) countFrom() (from, extra uint64) {
+	if c.start != nil {
+		return c.start.resume + 1, uint64(len(c.start.skip))
+	}
+	return c.st.Next(), 0
 }

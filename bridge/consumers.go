@@ -58,6 +58,12 @@ type consumerSide struct {
 	tails   *tailcache.Budget
 	mu      sync.RWMutex
 	streams map[*stream]*streamConsumers
+
+	// fcSub takes the answers to push consumers' flow-control requests.
+	fcSub *leaf.Subscription
+	// pushMu guards pushers, the push consumers the interest watcher looks after.
+	pushMu  sync.Mutex
+	pushers map[*consumer]struct{}
 }
 
 // streamConsumers is one stream's consumers and its tail cache.
@@ -132,6 +138,10 @@ func (b *Bridge) startConsumers(ctx context.Context) error {
 		return err
 	}
 	cs.ackSub = sub
+	if cs.fcSub, err = b.link.SubscribeBorrowed(jswire.FCPrefix+">", "", cs.onFlowControl); err != nil {
+		return err
+	}
+	cs.g.Go(cs.interestLoop)
 	cs.g.Go(cs.tickLoop)
 	cs.g.Go(cs.leaseLoop)
 	return nil
@@ -150,6 +160,9 @@ func (b *Bridge) stopConsumers(ctx context.Context) {
 	}
 	if cs.ackSub != nil {
 		_ = cs.ackSub.Unsubscribe()
+	}
+	if cs.fcSub != nil {
+		_ = cs.fcSub.Unsubscribe()
 	}
 	var all []*consumer
 	cs.mu.Lock()
@@ -342,11 +355,12 @@ func (cs *consumerSide) activate(ctx context.Context, sc *streamConsumers, row p
 	}
 	c := newConsumer(cs, sc, row, cfg, start)
 	hw := sc.tail.HighWater()
-	npc, err := cs.b.db.CountPending(ctx, pg.PendingParams{StreamID: sc.s.id, From: c.st.Next(), UpTo: hw, Filters: c.filters()})
+	from, extra := c.countFrom()
+	npc, err := cs.b.db.CountPending(ctx, pg.PendingParams{StreamID: sc.s.id, From: from, UpTo: hw, Filters: c.filters()})
 	if err != nil {
 		return nil, err
 	}
-	c.npc = int64(npc)
+	c.npc = int64(npc + extra)
 	c.counted.Store(c.st.Next())
 	c.pend.through = hw // no commit reaches c before it is registered below
 	sc.mu.Lock()
@@ -356,6 +370,9 @@ func (cs *consumerSide) activate(ctx context.Context, sc *streamConsumers, row p
 	}
 	sc.cons[c.name] = c
 	sc.mu.Unlock()
+	if c.isPush() {
+		cs.trackPush(c, true)
+	}
 	if !cs.g.Go(c.run) {
 		cs.remove(c)
 		close(c.done) // for a stop that listed it meanwhile
@@ -371,6 +388,7 @@ func (cs *consumerSide) remove(c *consumer) {
 		delete(c.sc.cons, c.name)
 	}
 	c.sc.mu.Unlock()
+	cs.trackPush(c, false)
 }
 
 // activateLater loads a consumer that a request named but this process does not serve yet,

@@ -1,8 +1,10 @@
-// Package bridge owns JetStream semantics: the streams and pull consumers this process
-// serves and how they behave. It serves the $JS.API management subjects, takes publishes to
+// Package bridge owns JetStream semantics: the streams and the pull and push consumers this
+// process serves and how they behave. It serves the $JS.API management subjects, takes publishes to
 // stream subjects through push fusion (one PostgreSQL transaction per bundle, a PubAck only
-// after commit), serves pull consumers from a tick-driven tail cache, turns acks into cursor
-// writes, and applies interest and workqueue retention.
+// after commit), serves pull consumers from a tick-driven tail cache, delivers push
+// consumers' messages on the same path while their deliver subject has interest (with flow
+// control and idle heartbeats), turns acks into cursor writes, and applies interest and
+// workqueue retention.
 //
 // What needs no state lives beside it: the wire format (ack subjects and bodies, pull
 // requests and status lines, headers, PubAcks, configuration checks and defaults) in
@@ -46,6 +48,8 @@
 //  12. pendingCommits.mu guards what commits added to a consumer's pending count.
 //  13. cursorWriter.mu guards a consumer's cursor write in flight and the double acks
 //     waiting for it.
+//  14. consumerSide.pushMu guards the set of push consumers the interest watcher looks
+//     after; a stopping consumer leaves it under its own mu.
 //
 // From 9 down each is a leaf: nothing is taken while it is held. A tail's lock
 // (bridge/tailcache) is a leaf too. The link's locks (package leaf) and the flow lanes'

@@ -150,6 +150,8 @@ type Conn struct {
 	connected  atomic.Bool // the handshake's PONG arrived
 	maxPayload atomic.Int64
 	interest   interest
+	// interestCh receives, without blocking the read loop, after each LS+ or LS-.
+	interestCh chan struct{}
 
 	// subMu guards the local subscriptions; when both are held it is
 	// taken before mu, so that LS+/LS- leave in the order of the changes.
@@ -215,12 +217,13 @@ func Dial(ctx context.Context, cfg Config) (*Conn, error) {
 		return nil, fmt.Errorf("leaf: dial %s: %w", cfg.Addr, err)
 	}
 	c := &Conn{
-		cfg:       cfg,
-		nc:        nc,
-		log:       cfg.Logger.With(slog.String("component", "leaf"), slog.String("name", cfg.Name)),
-		localKeys: make(map[string]int),
-		wake:      make(chan struct{}, 1),
-		done:      make(chan struct{}),
+		cfg:        cfg,
+		nc:         nc,
+		log:        cfg.Logger.With(slog.String("component", "leaf"), slog.String("name", cfg.Name)),
+		localKeys:  make(map[string]int),
+		wake:       make(chan struct{}, 1),
+		interestCh: make(chan struct{}, 1),
+		done:       make(chan struct{}),
 	}
 	c.maxPayload.Store(1 << 20)
 	c.wg.Add(1)
@@ -328,8 +331,10 @@ func (c *Conn) handleOp(op *Op) error {
 		c.deliver(op)
 	case OpSub:
 		c.interest.add(op.Subject, op.Queue)
+		c.interestMoved()
 	case OpUnsub:
 		c.interest.remove(op.Subject, op.Queue)
+		c.interestMoved()
 	case OpPing:
 		// Fails only once the link is down, when no answer is needed.
 		_ = c.enqueueControl(pongFrame)
@@ -644,11 +649,39 @@ func (c *Conn) HasInterest(subject string) bool {
 	return c.interest.has(subject)
 }
 
+// HasQueueInterest reports whether the server has announced a subscription
+// to exactly subject in queue group group, or a plain subscription when
+// group is empty. It is nats-server's test for a push consumer being bound
+// to its deliver subject: only a subscription to that literal subject
+// counts, not a wildcard one that covers it, and with a deliver group only a
+// queue subscription of that group (a plain subscriber does not bind a
+// grouped consumer, nor a queue subscriber an ungrouped one). After the link
+// ends it reports the last state the server announced.
+func (c *Conn) HasQueueInterest(subject, group string) bool {
+	return c.interest.hasExact(subject, group)
+}
+
 // InterestVersion changes whenever the server announces or withdraws a
 // subscription. A caller that read it before HasInterest reported a match
 // knows the match still holds while it has not changed.
 func (c *Conn) InterestVersion() uint64 {
 	return c.interest.version.Load()
+}
+
+// InterestChanged returns a channel that receives after the server announced
+// or withdrew a subscription. Changes coalesce (one receive may stand for
+// many, made before or while it is handled), so a receiver asks HasInterest
+// again rather than count them. The channel is the link's only one: it suits
+// a single receiver that tells whoever else cares.
+func (c *Conn) InterestChanged() <-chan struct{} { return c.interestCh }
+
+// interestMoved tells InterestChanged's receiver, never waiting for it: it
+// runs on the read loop.
+func (c *Conn) interestMoved() {
+	select {
+	case c.interestCh <- struct{}{}:
+	default:
+	}
 }
 
 // Flush sends a PING and waits for the PONG: once it returns nil, the server

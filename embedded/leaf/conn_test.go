@@ -365,6 +365,90 @@ func TestHasInterest(t *testing.T) {
 	}
 }
 
+func TestInterestChanged(t *testing.T) {
+	t.Parallel()
+	tb := setup(t)
+	drain := func() {
+		select {
+		case <-tb.link.InterestChanged():
+		default:
+		}
+	}
+	wait := func(what string) {
+		t.Helper()
+		select {
+		case <-tb.link.InterestChanged():
+		case <-time.After(waitTimeout):
+			t.Fatalf("no interest change heard after %s", what)
+		}
+	}
+	flushBoth(t, tb.nc, tb.link)
+	drain()
+	sub, err := tb.nc.QueueSubscribeSync("deliver.here", "g")
+	if err != nil {
+		t.Fatalf("queue subscribe: %v", err)
+	}
+	flushBoth(t, tb.nc, tb.link)
+	wait("a subscription")
+	if err := sub.Unsubscribe(); err != nil {
+		t.Fatalf("unsubscribe: %v", err)
+	}
+	flushBoth(t, tb.nc, tb.link)
+	wait("an unsubscription")
+}
+
+func TestHasQueueInterest(t *testing.T) {
+	t.Parallel()
+	tb := setup(t)
+
+	if _, err := tb.nc.SubscribeSync("deliver.plain"); err != nil {
+		t.Fatalf("subscribe: %v", err)
+	}
+	q1, err := tb.nc.QueueSubscribeSync("deliver.grouped", "workers")
+	if err != nil {
+		t.Fatalf("queue subscribe: %v", err)
+	}
+	q2, err := tb.nc.QueueSubscribeSync("deliver.grouped", "workers")
+	if err != nil {
+		t.Fatalf("queue subscribe: %v", err)
+	}
+	if _, err := tb.nc.SubscribeSync("deliver.wild.*"); err != nil {
+		t.Fatalf("subscribe: %v", err)
+	}
+	flushBoth(t, tb.nc, tb.link)
+	for _, c := range []struct {
+		subject, group string
+		want           bool
+	}{
+		{"deliver.plain", "", true},
+		{"deliver.plain", "workers", false},
+		{"deliver.grouped", "workers", true},
+		{"deliver.grouped", "", false},
+		{"deliver.grouped", "others", false},
+		{"deliver.wild.x", "", false},
+	} {
+		if got := tb.link.HasQueueInterest(c.subject, c.group); got != c.want {
+			t.Errorf("HasQueueInterest(%q, %q) = %v, want %v", c.subject, c.group, got, c.want)
+		}
+	}
+
+	// The group stays while one member does.
+	if err := q1.Unsubscribe(); err != nil {
+		t.Fatalf("unsubscribe: %v", err)
+	}
+	flushBoth(t, tb.nc, tb.link)
+	if !tb.link.HasQueueInterest("deliver.grouped", "workers") {
+		t.Fatal("the group's interest left with one of its two members")
+	}
+	if err := q2.Unsubscribe(); err != nil {
+		t.Fatalf("unsubscribe: %v", err)
+	}
+	flushBoth(t, tb.nc, tb.link)
+	if tb.link.HasQueueInterest("deliver.grouped", "workers") {
+		t.Fatal("the group's interest outlives its last member")
+	}
+}
+
 func TestInterestKnownAtDial(t *testing.T) {
 	t.Parallel()
 	srv := startServer(t, nil)

@@ -76,6 +76,26 @@ func (in *interest) has(subject string) bool {
 	return !in.patterns.match(subject, stopAtFirst)
 }
 
+// hasExact reports whether a subscription was announced for exactly
+// subject in queue group queue, a plain one when queue is empty. Wildcards
+// play no part: subject is compared as announced. Keys that fit in
+// exactKeyBuf are looked up without allocating.
+func (in *interest) hasExact(subject, queue string) bool {
+	var buf [exactKeyBuf]byte
+	key := append(buf[:0], subject...)
+	if queue != "" {
+		key = append(key, ' ')
+		key = append(key, queue...)
+	}
+	in.mu.RLock()
+	defer in.mu.RUnlock()
+	_, ok := in.keys[string(key)]
+	return ok
+}
+
+// exactKeyBuf covers an inbox-style deliver subject with a long group name.
+const exactKeyBuf = 128
+
 // stopAtFirst ends a match at the first pattern found: every pattern in the
 // trie stands for at least one key.
 func stopAtFirst(*int) bool { return false }

@@ -111,6 +111,37 @@ func TestInterestSemantics(t *testing.T) {
 	}
 }
 
+func TestInterestExact(t *testing.T) {
+	var in interest
+	b := func(s string) []byte { return []byte(s) }
+	in.add(b("deliver.a"), nil)
+	in.add(b("deliver.b"), b("workers"))
+	in.add(b("deliver.*"), nil)
+	for _, c := range []struct {
+		subject, queue string
+		want           bool
+	}{
+		{"deliver.a", "", true},
+		{"deliver.a", "workers", false},
+		{"deliver.b", "workers", true},
+		{"deliver.b", "", false},
+		{"deliver.b", "other", false},
+		{"deliver.c", "", false},
+		{"deliver.*", "", true},
+	} {
+		if got := in.hasExact(c.subject, c.queue); got != c.want {
+			t.Errorf("hasExact(%q, %q) = %v, want %v", c.subject, c.queue, got, c.want)
+		}
+	}
+	in.remove(b("deliver.b"), b("workers"))
+	if in.hasExact("deliver.b", "workers") {
+		t.Fatal("queue interest survived LS-")
+	}
+	if n := testing.AllocsPerRun(100, func() { in.hasExact("_INBOX.bUg5xq2Dl0nIzXlO4NIoiAa2", "a-long-deliver-group-name") }); n != 0 {
+		t.Fatalf("hasExact allocates %v times per call", n)
+	}
+}
+
 func BenchmarkHasInterest(b *testing.B) {
 	var in interest
 	for i := range 1000 {

@@ -25,8 +25,8 @@ const (
 // expects. Features jetgres does not serve are refused rather than ignored.
 func CheckConsumerConfig(req server.ConsumerConfig, scfg *server.StreamConfig) (server.ConsumerConfig, *server.ApiError) {
 	cfg := req
-	if cfg.DeliverSubject != "" || cfg.DeliverGroup != "" || cfg.FlowControl || cfg.Heartbeat > 0 {
-		return cfg, server.NewJSConsumerCreateError(errors.New("push consumers are not supported by jetgres: create a pull consumer (no deliver_subject)"))
+	if cfg.DeliverSubject == "" && (cfg.DeliverGroup != "" || cfg.FlowControl) {
+		return cfg, server.NewJSConsumerCreateError(errors.New("deliver_group and flow_control need a deliver_subject"))
 	}
 	if cfg.Direct || cfg.Sourcing {
 		return cfg, server.NewJSConsumerCreateError(errors.New("direct and sourcing consumers are not supported by jetgres"))
@@ -44,7 +44,7 @@ func CheckConsumerConfig(req server.ConsumerConfig, scfg *server.StreamConfig) (
 	if cfg.AckPolicy == server.AckFlowControl {
 		return cfg, server.NewJSConsumerAckFCRequiresPushError()
 	}
-	if cfg.RateLimit > 0 {
+	if cfg.RateLimit > 0 && cfg.DeliverSubject == "" {
 		return cfg, server.NewJSConsumerPullWithRateLimitError()
 	}
 
@@ -73,7 +73,7 @@ func CheckConsumerConfig(req server.ConsumerConfig, scfg *server.StreamConfig) (
 	cfg.MaxRequestExpires = max(cfg.MaxRequestExpires, 0)
 	cfg.MaxRequestMaxBytes = max(cfg.MaxRequestMaxBytes, 0)
 	cfg.InactiveThreshold = max(cfg.InactiveThreshold, 0)
-	if cfg.MaxWaiting == 0 {
+	if cfg.MaxWaiting == 0 && cfg.DeliverSubject == "" {
 		cfg.MaxWaiting = consumerMaxWaitingDefault
 	}
 	if cfg.AckWait == 0 && (cfg.AckPolicy == server.AckExplicit || cfg.AckPolicy == server.AckAll) {

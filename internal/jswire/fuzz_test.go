@@ -127,13 +127,13 @@ func FuzzConsumerConfig(f *testing.F) {
 			return
 		}
 		switch {
-		case cfg.DeliverSubject != "" || cfg.Heartbeat != 0 || cfg.FlowControl:
-			t.Fatalf("accepted a push consumer: %+v", cfg)
+		case cfg.DeliverSubject == "" && (cfg.DeliverGroup != "" || cfg.FlowControl):
+			t.Fatalf("accepted push options on a pull consumer: %+v", cfg)
 		case cfg.AckPolicy != server.AckNone && cfg.AckPolicy != server.AckAll && cfg.AckPolicy != server.AckExplicit:
 			t.Fatalf("accepted ack policy %v", cfg.AckPolicy)
 		case cfg.MaxDeliver != -1 && cfg.MaxDeliver < 1:
 			t.Fatalf("accepted max_deliver %d", cfg.MaxDeliver)
-		case cfg.MaxWaiting < 1 || cfg.AckWait < 0 || cfg.MaxAckPending < -1 || cfg.InactiveThreshold < 0:
+		case cfg.MaxWaiting < 1 && cfg.DeliverSubject == "" || cfg.AckWait < 0 || cfg.MaxAckPending < -1 || cfg.InactiveThreshold < 0:
 			t.Fatalf("accepted limits %+v", cfg)
 		case cfg.AckPolicy != server.AckNone && cfg.AckWait == 0 && (len(cfg.BackOff) == 0 || cfg.BackOff[0] != 0):
 			// nats-server takes the ack wait from the first backoff, a zero one included.

@@ -175,8 +175,8 @@ func (cs *consumerSide) applyConfig(ctx context.Context, c *consumer, cfg server
 	if action == server.ActionCreate && !same {
 		return server.NewJSConsumerAlreadyExistsError()
 	}
-	if err := jswire.CheckConsumerUpdate(&old, &cfg); err != nil {
-		return server.NewJSConsumerCreateError(err)
+	if err := jswire.CheckConsumerUpdate(&old, &cfg, cs.b.link.HasInterest); err != nil {
+		return server.NewJSConsumerCreateError(err, server.Unless(err))
 	}
 	if same {
 		return nil
@@ -326,6 +326,7 @@ func (cs *consumerSide) info(ctx context.Context, c *consumer) (*server.Consumer
 	}
 	filters := c.filters()
 	c.mu.Unlock()
+	info.PushBound = cs.pushBound(&cfg)
 	np, err := cs.b.db.CountPending(ctx, pg.PendingParams{StreamID: c.sc.s.id, From: from, UpTo: c.sc.tail.HighWater(), Filters: filters})
 	if err != nil {
 		return nil, err
@@ -354,9 +355,16 @@ func (cs *consumerSide) rowInfo(ctx context.Context, s *stream, row pg.Consumer,
 	now := cs.b.clock.Now()
 	floor := server.SequenceInfo{Consumer: row.AckConsumerSeq, Stream: row.AckStreamSeq}
 	info := &server.ConsumerInfo{Stream: s.name, Name: row.Name, Created: row.Created.UTC(), Config: &cfg,
-		Delivered: floor, AckFloor: floor, NumPending: np, TimeStamp: now.UTC()}
+		Delivered: floor, AckFloor: floor, NumPending: np, TimeStamp: now.UTC(), PushBound: cs.pushBound(&cfg)}
 	info.Paused, info.PauseRemaining = pausedAt(cfg.PauseUntil, now)
 	return info, nil
+}
+
+// pushBound reports a push consumer's push_bound as nats-server does: true while a client
+// subscribes to exactly its deliver subject, in its deliver group if it has one, as the
+// link hears it from the embedded server.
+func (cs *consumerSide) pushBound(cfg *server.ConsumerConfig) bool {
+	return cfg.DeliverSubject != "" && cs.b.link.HasQueueInterest(cfg.DeliverSubject, cfg.DeliverGroup)
 }
 
 // pausedAt reports whether pause_until holds deliveries back at now, and for how long yet.

@@ -78,9 +78,11 @@ type startPos struct {
 	resume uint64
 }
 
-// consumer is one pull consumer served by this process. One goroutine (run) owns its
-// state: it takes pull requests and acks in arrival order, delivers, expires, and parks.
-// A parked consumer holds no permit and no connection: only its waiting requests.
+// consumer is one pull or push consumer served by this process. One goroutine (run) owns
+// its state: it takes pull requests, acks and flow-control answers in arrival order,
+// delivers, expires, and parks. A push consumer delivers as if to a pull request that never
+// ends, addressed to its deliver subject while that has interest. A parked consumer holds no
+// permit and no connection: only its waiting requests.
 type consumer struct {
 	cs      *consumerSide
 	sc      *streamConsumers
@@ -446,10 +448,10 @@ func (c *consumer) pump(ctx context.Context) {
 		size := len(m.Subject) + len(reply) + len(hdr) + len(data)
 		now := c.cs.b.clock.Now()
 		var wr *pullRequest
-		var to string
+		var to, group string
 		if c.isPush() {
 			// nats-server counts the deliver subject rather than the message's.
-			to = c.push.subject
+			to, group = c.push.subject, c.push.group
 			size += len(to) - len(m.Subject)
 		} else if wr = c.nextWaiting(size, now); wr != nil {
 			to = wr.reply
@@ -458,7 +460,7 @@ func (c *consumer) pump(ctx context.Context) {
 		}
 		reply = append(append(reply, '@'), m.Subject...)
 		c.reply = reply
-		if err := c.cs.b.link.PublishReplyBytes(to, reply, hdr, data); err != nil {
+		if err := c.cs.b.link.PublishQueue(to, reply, group, hdr, data); err != nil {
 			// Not sent (the link is full or closing), so not delivered: it stays next in
 			// line and is tried again shortly, not after an ack wait.
 			c.cs.b.log.Debug("delivery not sent", "stream", c.sc.s.name, "consumer", c.name, "err", err)

@@ -310,8 +310,8 @@ func TestConsumerAdmin(t *testing.T) {
 	if c, err := s.UpdateConsumer(ctx, jetstream.ConsumerConfig{Durable: "A", AckWait: time.Minute}); err != nil || c.CachedInfo().Config.AckWait != time.Minute {
 		t.Fatalf("update: %v", err)
 	}
-	if _, err := s.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{Durable: "P", DeliverSubject: "push.here"}); err == nil {
-		t.Fatal("push consumer accepted")
+	if _, err := s.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{Durable: "P", DeliverSubject: "push.*"}); err == nil {
+		t.Fatal("push consumer with a wildcard deliver subject accepted")
 	}
 	if err := s.DeleteConsumer(ctx, "B"); err != nil {
 		t.Fatal(err)

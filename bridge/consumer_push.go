@@ -180,7 +180,7 @@ func (c *consumer) pushed(size int, now time.Time) {
 func (c *consumer) sendFlowControl() {
 	p := c.push
 	p.fcsz, p.fcid = p.pbytes, jswire.FlowControlSubject(c.sc.s.name, c.name, rand.Uint64())
-	_ = c.cs.b.link.Publish(p.subject, p.fcid, jswire.FlowControlStatus(), nil)
+	_ = c.cs.b.link.PublishQueue(p.subject, []byte(p.fcid), p.group, jswire.FlowControlStatus(), nil)
 	c.cs.m.fcRequests.Inc()
 }
 
@@ -208,7 +208,7 @@ func (c *consumer) pushIdle(now time.Time) {
 		return
 	}
 	d := c.st.Delivered()
-	_ = c.cs.b.link.Publish(p.subject, "", jswire.PushHeartbeatStatus(d.Consumer, d.Stream, p.fcid), nil)
+	_ = c.cs.b.link.PublishQueue(p.subject, nil, p.group, jswire.PushHeartbeatStatus(d.Consumer, d.Stream, p.fcid), nil)
 	c.cs.m.heartbeats.Inc()
 }
 

@@ -1,10 +1,10 @@
 // Package bridge owns JetStream semantics: the streams and the pull and push consumers this
-// process serves and how they behave. It serves the $JS.API management subjects, takes publishes to
-// stream subjects through push fusion (one PostgreSQL transaction per bundle, a PubAck only
-// after commit), serves pull consumers from a tick-driven tail cache, delivers push
-// consumers' messages on the same path while their deliver subject has interest (with flow
-// control and idle heartbeats), turns acks into cursor writes, and applies interest and
-// workqueue retention.
+// process serves and how they behave. It serves the $JS.API management subjects, takes
+// publishes to stream subjects through push fusion (one PostgreSQL transaction per bundle,
+// a PubAck only after commit), serves pull consumers from a tick-driven tail cache,
+// delivers push consumers' messages on the same path while their deliver subject has
+// interest (with flow control and idle heartbeats), turns acks into cursor writes, and
+// applies interest and workqueue retention.
 //
 // What needs no state lives beside it: the wire format (ack subjects and bodies, pull
 // requests and status lines, headers, PubAcks, configuration checks and defaults) in

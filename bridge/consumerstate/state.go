@@ -1,6 +1,6 @@
-// Package consumerstate is the in-memory delivery and acknowledgement state of one pull
-// consumer: which stream sequences are delivered and waiting for an ack, when each of them is
-// due for redelivery, how often each was delivered, and where the ack floor stands.
+// Package consumerstate is the in-memory delivery and acknowledgement state of one pull or
+// push consumer: which stream sequences are delivered and waiting for an ack, when each of
+// them is due for redelivery, how often each was delivered, and where the ack floor stands.
 //
 // It knows nothing about messages, subjects, NATS or PostgreSQL, and it never reads the
 // clock: its owner passes the time to every call that needs it, so that one reading serves a

@@ -37,6 +37,6 @@ func BenchmarkAppendMsg(b *testing.B) {
 	buf := make([]byte, 0, 4096)
 	b.ReportAllocs()
 	for b.Loop() {
-		buf = appendMsg(buf[:0], "_INBOX.abc.7", "$JS.ACK.s.c.1.1.1.1.0@orders.new", hdr, data)
+		buf = appendMsg(buf[:0], "_INBOX.abc.7", "$JS.ACK.s.c.1.1.1.1.0@orders.new", "", hdr, data)
 	}
 }

@@ -575,6 +575,21 @@ func (c *Conn) shutdown(err error) {
 // outbound buffer is full and with ErrClosed once the link is closed or
 // lost. hdr and data are copied before Publish returns.
 func (c *Conn) Publish(subject, reply string, hdr, data []byte) error {
+	return c.publish(subject, reply, "", hdr, data)
+}
+
+// PublishQueue is PublishReplyBytes for the members of queue group queue as
+// well: the server hands a message from a leafnode to a local queue group
+// only when the message names the group, and then to one of its members.
+// Plain subscribers receive it as they do any message.
+func (c *Conn) PublishQueue(subject string, reply []byte, queue string, hdr, data []byte) error {
+	if queue != "" && !validLiteral(queue) {
+		return fmt.Errorf("leaf: publish to queue %q: %w", queue, ErrBadSubject)
+	}
+	return c.publish(subject, bytesToString(reply), queue, hdr, data)
+}
+
+func (c *Conn) publish(subject, reply, queue string, hdr, data []byte) error {
 	if !validLiteral(subject) {
 		return fmt.Errorf("leaf: publish to %q: %w", subject, ErrBadSubject)
 	}
@@ -586,7 +601,7 @@ func (c *Conn) Publish(subject, reply string, hdr, data []byte) error {
 		return fmt.Errorf("leaf: publish %d bytes to %q, limit %d: %w", size, subject, limit, ErrMaxPayload)
 	}
 	// Upper bound of the frame: op, spaces, two sizes, CRLFs.
-	frame := len(subject) + len(reply) + size + 40
+	frame := len(subject) + len(reply) + len(queue) + size + 44
 
 	c.mu.Lock()
 	if c.closing || c.closed {
@@ -600,7 +615,7 @@ func (c *Conn) Publish(subject, reply string, hdr, data []byte) error {
 		return ErrSlowConsumer
 	}
 	wasEmpty := len(c.out) == 0
-	c.out = appendMsg(c.out, subject, reply, hdr, data)
+	c.out = appendMsg(c.out, subject, reply, queue, hdr, data)
 	c.mu.Unlock()
 	if wasEmpty {
 		c.signal()
@@ -617,7 +632,9 @@ func (c *Conn) PublishReplyBytes(subject string, reply, hdr, data []byte) error 
 	return c.Publish(subject, bytesToString(reply), hdr, data)
 }
 
-func appendMsg(b []byte, subject, reply string, hdr, data []byte) []byte {
+// appendMsg writes the leafnode message frame; with a queue group its
+// arguments are "<subject> + <reply> <queue>" or "<subject> | <queue>".
+func appendMsg(b []byte, subject, reply, queue string, hdr, data []byte) []byte {
 	if len(hdr) > 0 {
 		b = append(b, "HMSG "...)
 	} else {
@@ -625,7 +642,13 @@ func appendMsg(b []byte, subject, reply string, hdr, data []byte) []byte {
 	}
 	b = append(b, subject...)
 	b = append(b, ' ')
-	if reply != "" {
+	switch {
+	case queue != "" && reply != "":
+		b = append(append(append(append(b, "+ "...), reply...), ' '), queue...)
+		b = append(b, ' ')
+	case queue != "":
+		b = append(append(append(b, "| "...), queue...), ' ')
+	case reply != "":
 		b = append(b, reply...)
 		b = append(b, ' ')
 	}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -446,6 +447,66 @@ func TestHasQueueInterest(t *testing.T) {
 	flushBoth(t, tb.nc, tb.link)
 	if tb.link.HasQueueInterest("deliver.grouped", "workers") {
 		t.Fatal("the group's interest outlives its last member")
+	}
+}
+
+func TestPublishQueue(t *testing.T) {
+	t.Parallel()
+	tb := setup(t)
+	var members [2]*nats.Subscription
+	for i := range members {
+		sub, err := tb.nc.QueueSubscribeSync("deliver.q", "g")
+		if err != nil {
+			t.Fatalf("queue subscribe: %v", err)
+		}
+		members[i] = sub
+	}
+	plain, err := tb.nc.SubscribeSync("deliver.q")
+	if err != nil {
+		t.Fatalf("subscribe: %v", err)
+	}
+	flushBoth(t, tb.nc, tb.link)
+	const n = 40
+	for i := range n {
+		var reply []byte
+		var hdr []byte
+		if i%2 == 0 {
+			reply = []byte("reply.q")
+		}
+		if i%4 < 2 {
+			hdr = []byte("NATS/1.0\r\nK: v\r\n\r\n")
+		}
+		if err := tb.link.PublishQueue("deliver.q", reply, "g", hdr, []byte(strconv.Itoa(i))); err != nil {
+			t.Fatalf("publish %d: %v", i, err)
+		}
+	}
+	flushBoth(t, tb.nc, tb.link)
+	got := map[string]int{}
+	for _, sub := range members {
+		for {
+			m, err := sub.NextMsg(50 * time.Millisecond)
+			if err != nil {
+				break
+			}
+			got[string(m.Data)]++
+			i, _ := strconv.Atoi(string(m.Data))
+			if wantReply := i%2 == 0; (m.Reply == "reply.q") != wantReply || (m.Header.Get("K") == "v") != (i%4 < 2) {
+				t.Fatalf("message %d: reply %q header %v", i, m.Reply, m.Header)
+			}
+		}
+	}
+	if len(got) != n {
+		t.Fatalf("the group got %d distinct messages of %d", len(got), n)
+	}
+	for data, k := range got {
+		if k != 1 {
+			t.Fatalf("message %s reached %d members", data, k)
+		}
+	}
+	for i := range n {
+		if _, err := plain.NextMsg(waitTimeout); err != nil {
+			t.Fatalf("plain subscriber, message %d: %v", i, err)
+		}
 	}
 }
 

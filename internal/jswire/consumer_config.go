@@ -18,16 +18,18 @@ const (
 	consumerMaxAckPendingDefault = 1000
 	consumerMaxWaitingDefault    = 512
 	ephemeralInactiveDefault     = 5 * time.Second
+	// ackFlowControlHeartbeat is the heartbeat the flow_control ack policy implies and
+	// requires: nats-server's stream source health interval.
+	ackFlowControlHeartbeat = time.Second
+	// pushHeartbeatMin is the shortest idle heartbeat a push consumer may ask for.
+	pushHeartbeatMin = 100 * time.Millisecond
 )
 
-// CheckConsumerConfig fills in JetStream's defaults and validates a requested pull
-// consumer configuration against its stream, returning the JetStream error a client
+// CheckConsumerConfig fills in JetStream's defaults and validates a requested consumer
+// configuration, pull or push, against its stream, returning the JetStream error a client
 // expects. Features jetgres does not serve are refused rather than ignored.
 func CheckConsumerConfig(req server.ConsumerConfig, scfg *server.StreamConfig) (server.ConsumerConfig, *server.ApiError) {
 	cfg := req
-	if cfg.DeliverSubject == "" && (cfg.DeliverGroup != "" || cfg.FlowControl) {
-		return cfg, server.NewJSConsumerCreateError(errors.New("deliver_group and flow_control need a deliver_subject"))
-	}
 	if cfg.Direct || cfg.Sourcing {
 		return cfg, server.NewJSConsumerCreateError(errors.New("direct and sourcing consumers are not supported by jetgres"))
 	}
@@ -40,12 +42,6 @@ func CheckConsumerConfig(req server.ConsumerConfig, scfg *server.StreamConfig) (
 	}
 	if cfg.ReplayPolicy == server.ReplayOriginal {
 		return cfg, server.NewJSConsumerCreateError(errors.New("replay original is not supported by jetgres"))
-	}
-	if cfg.AckPolicy == server.AckFlowControl {
-		return cfg, server.NewJSConsumerAckFCRequiresPushError()
-	}
-	if cfg.RateLimit > 0 && cfg.DeliverSubject == "" {
-		return cfg, server.NewJSConsumerPullWithRateLimitError()
 	}
 
 	// Empty lists are stored as nothing (their JSON is omitempty) and come back nil: make
@@ -72,8 +68,10 @@ func CheckConsumerConfig(req server.ConsumerConfig, scfg *server.StreamConfig) (
 	cfg.MaxRequestBatch = max(cfg.MaxRequestBatch, 0)
 	cfg.MaxRequestExpires = max(cfg.MaxRequestExpires, 0)
 	cfg.MaxRequestMaxBytes = max(cfg.MaxRequestMaxBytes, 0)
+	cfg.Heartbeat = max(cfg.Heartbeat, 0)
 	cfg.InactiveThreshold = max(cfg.InactiveThreshold, 0)
-	if cfg.MaxWaiting == 0 && cfg.DeliverSubject == "" {
+	// A push consumer has no waiting requests to bound.
+	if cfg.DeliverSubject == "" && cfg.MaxWaiting == 0 {
 		cfg.MaxWaiting = consumerMaxWaitingDefault
 	}
 	if cfg.AckWait == 0 && (cfg.AckPolicy == server.AckExplicit || cfg.AckPolicy == server.AckAll) {
@@ -91,11 +89,15 @@ func CheckConsumerConfig(req server.ConsumerConfig, scfg *server.StreamConfig) (
 	if cfg.MaxAckPending == 0 && cfg.AckPolicy != server.AckNone {
 		cfg.MaxAckPending = consumerMaxAckPendingDefault
 	}
+	if cfg.AckPolicy == server.AckFlowControl {
+		cfg.FlowControl = true
+		cfg.Heartbeat = ackFlowControlHeartbeat
+	}
 	if cfg.Durable == "" && cfg.InactiveThreshold == 0 {
 		cfg.InactiveThreshold = ephemeralInactiveDefault
 	}
 
-	// Checks, in checkConsumerCfg's order where they apply to pull consumers.
+	// Checks, in checkConsumerCfg's order.
 	if cfg.Name != "" && !ValidName(cfg.Name) {
 		return cfg, server.NewJSStreamInvalidConfigError(errors.New("consumer name can not contain '.', '*', '>', '\\', '/'"))
 	}
@@ -111,7 +113,7 @@ func CheckConsumerConfig(req server.ConsumerConfig, scfg *server.StreamConfig) (
 	if cfg.Replicas > max(scfg.Replicas, 1) {
 		return cfg, server.NewJSConsumerReplicasExceedsStreamError()
 	}
-	if cfg.AckPolicy < server.AckNone || cfg.AckPolicy > server.AckExplicit {
+	if cfg.AckPolicy < server.AckNone || cfg.AckPolicy > server.AckFlowControl {
 		return cfg, server.NewJSConsumerAckPolicyInvalidError()
 	}
 	if cfg.ReplayPolicy != server.ReplayInstant {
@@ -125,17 +127,21 @@ func CheckConsumerConfig(req server.ConsumerConfig, scfg *server.StreamConfig) (
 	if cfg.AckWait < 0 {
 		return cfg, server.NewJSConsumerAckWaitNegativeError()
 	}
+	if e := checkAckFlowControl(&cfg); e != nil {
+		return cfg, e
+	}
 	if n := len(cfg.BackOff); n > 0 && cfg.MaxDeliver != -1 && n > cfg.MaxDeliver {
 		return cfg, server.NewJSConsumerMaxDeliverBackoffError()
 	}
 	if len(cfg.Description) > server.JSMaxDescriptionLen {
 		return cfg, server.NewJSConsumerDescriptionTooLongError(server.JSMaxDescriptionLen)
 	}
-	if cfg.AckPolicy == server.AckNone && scfg.Retention == server.WorkQueuePolicy {
-		return cfg, server.NewJSConsumerPullRequiresAckError()
-	}
-	if cfg.MaxRequestExpires != 0 && cfg.MaxRequestExpires < time.Millisecond {
-		return cfg, server.NewJSConsumerMaxRequestExpiresTooSmallError()
+	if cfg.DeliverSubject != "" {
+		if e := checkPush(&cfg, scfg); e != nil {
+			return cfg, e
+		}
+	} else if e := checkPull(&cfg, scfg); e != nil {
+		return cfg, e
 	}
 	if lim := scfg.ConsumerLimits.MaxAckPending; lim > 0 && cfg.MaxAckPending > lim {
 		return cfg, server.NewJSConsumerMaxPendingAckExcessError(lim)
@@ -168,6 +174,9 @@ func CheckConsumerConfig(req server.ConsumerConfig, scfg *server.StreamConfig) (
 	if err := checkDeliverPolicy(&cfg); err != nil {
 		return cfg, err
 	}
+	if cfg.FlowControl && cfg.Heartbeat == 0 {
+		return cfg, server.NewJSConsumerWithFlowControlNeedsHeartbeatsError()
+	}
 	if cfg.Durable != "" && cfg.Name != "" && cfg.Name != cfg.Durable {
 		return cfg, server.NewJSConsumerCreateDurableAndNameMismatchError()
 	}
@@ -179,7 +188,7 @@ func CheckConsumerConfig(req server.ConsumerConfig, scfg *server.StreamConfig) (
 		return cfg, server.NewJSConsumerMetadataLengthError(fmt.Sprintf("%dKB", server.JSMaxMetadataLen/1024))
 	}
 	if scfg.Retention == server.WorkQueuePolicy {
-		if cfg.AckPolicy != server.AckExplicit {
+		if cfg.AckPolicy != server.AckExplicit && cfg.AckPolicy != server.AckFlowControl {
 			return cfg, server.NewJSConsumerWQRequiresExplicitAckError()
 		}
 		if cfg.DeliverPolicy != server.DeliverAll {
@@ -189,7 +198,116 @@ func CheckConsumerConfig(req server.ConsumerConfig, scfg *server.StreamConfig) (
 	if e := checkConfigText(cfg); e != nil {
 		return cfg, e
 	}
+	// Checked first so that a malformed one gets nats-server's answer: the policy acks by
+	// flow-control responses for stream sourcing, which jetgres does not do.
+	if cfg.AckPolicy == server.AckFlowControl {
+		return cfg, server.NewJSConsumerCreateError(errors.New("the flow_control ack policy is not supported by jetgres"))
+	}
 	return cfg, nil
+}
+
+// checkAckFlowControl applies the rules of the flow_control ack policy, which needs a
+// push consumer with flow control whose acks come only from flow-control responses.
+func checkAckFlowControl(cfg *server.ConsumerConfig) *server.ApiError {
+	if cfg.AckPolicy != server.AckFlowControl {
+		return nil
+	}
+	switch {
+	case cfg.DeliverSubject == "":
+		return server.NewJSConsumerAckFCRequiresPushError()
+	case !cfg.FlowControl:
+		return server.NewJSConsumerAckFCRequiresFCError()
+	case cfg.Heartbeat != ackFlowControlHeartbeat:
+		return server.NewJSStreamInvalidConfigError(errors.New("flow control ack policy heartbeat needs to be 1s"))
+	case cfg.MaxAckPending <= 0:
+		return server.NewJSConsumerAckFCRequiresMaxAckPendingError()
+	case cfg.AckWait != 0 || len(cfg.BackOff) > 0:
+		return server.NewJSConsumerAckFCRequiresNoAckWaitError()
+	case cfg.MaxDeliver > 0:
+		return server.NewJSConsumerAckFCRequiresNoMaxDeliverError()
+	}
+	return nil
+}
+
+// checkPush applies the rules that only push consumers (with a deliver subject) have.
+func checkPush(cfg *server.ConsumerConfig, scfg *server.StreamConfig) *server.ApiError {
+	switch {
+	case !literalSubject(cfg.DeliverSubject):
+		return server.NewJSConsumerDeliverToWildcardsError()
+	case !server.IsValidSubject(cfg.DeliverSubject) || reservedDeliverSubject(cfg.DeliverSubject):
+		return server.NewJSConsumerInvalidDeliverSubjectError()
+	case deliveryFormsCycle(cfg.DeliverSubject, scfg):
+		return server.NewJSConsumerDeliverCycleError()
+	case cfg.MaxWaiting != 0:
+		return server.NewJSConsumerPushMaxWaitingError()
+	case cfg.MaxAckPending > 0 && cfg.AckPolicy == server.AckNone:
+		return server.NewJSConsumerMaxPendingAckPolicyRequiredError()
+	case cfg.Heartbeat > 0 && cfg.Heartbeat < pushHeartbeatMin:
+		return server.NewJSConsumerSmallHeartbeatError()
+	}
+	return nil
+}
+
+// checkPull applies the rules that only pull consumers have. nats-server accepts a
+// deliver_group and max_request_* limits on either kind; only one kind uses each.
+func checkPull(cfg *server.ConsumerConfig, scfg *server.StreamConfig) *server.ApiError {
+	switch {
+	case cfg.AckPolicy == server.AckNone && scfg.Retention == server.WorkQueuePolicy:
+		return server.NewJSConsumerPullRequiresAckError()
+	case cfg.RateLimit > 0:
+		return server.NewJSConsumerPullWithRateLimitError()
+	case cfg.Heartbeat > 0:
+		return server.NewJSConsumerHBRequiresPushError()
+	case cfg.FlowControl:
+		return server.NewJSConsumerFCRequiresPushError()
+	case cfg.MaxRequestExpires != 0 && cfg.MaxRequestExpires < time.Millisecond:
+		return server.NewJSConsumerMaxRequestExpiresTooSmallError()
+	}
+	return nil
+}
+
+// literalSubject reports whether subject has no wildcard token; unlike
+// server.IsValidLiteralSubject it does not judge the subject otherwise, so that a deliver
+// subject gets nats-server's error for wildcards before the one for being invalid.
+func literalSubject(subject string) bool {
+	for tok := range strings.SplitSeq(subject, ".") {
+		if tok == "*" || tok == ">" {
+			return false
+		}
+	}
+	return true
+}
+
+// reservedDeliverSubject reports whether messages may not be delivered to subject:
+// JetStream's API, ack, flow-control, snapshot and event subjects (a domain's API too),
+// and the reply subjects the server maps for services and gateways.
+func reservedDeliverSubject(subject string) bool {
+	for _, p := range []string{"_R_.", "_GR_.", "$GR."} {
+		if strings.HasPrefix(subject, p) {
+			return true
+		}
+	}
+	rest, ok := strings.CutPrefix(subject, "$JS.")
+	if !ok {
+		return false
+	}
+	kind, rest, _ := strings.Cut(rest, ".")
+	switch kind {
+	case "API", "ACK", "FC", "SNAPSHOT", "EVENT":
+		return true
+	}
+	domainKind, _, _ := strings.Cut(rest, ".")
+	return domainKind == "API"
+}
+
+// deliveryFormsCycle reports whether the stream would store what is delivered to subject.
+func deliveryFormsCycle(subject string, scfg *server.StreamConfig) bool {
+	for _, s := range scfg.Subjects {
+		if server.SubjectMatchesFilter(subject, s) {
+			return true
+		}
+	}
+	return false
 }
 
 func checkDeliverPolicy(cfg *server.ConsumerConfig) *server.ApiError {
@@ -233,8 +351,11 @@ func checkDeliverPolicy(cfg *server.ConsumerConfig) *server.ApiError {
 }
 
 // CheckConsumerUpdate reports why an existing consumer cannot take a new configuration,
-// with nats-server's rules for what may change.
-func CheckConsumerUpdate(old, cfg *server.ConsumerConfig) error {
+// with nats-server's rules for what may change. hasInterest reports whether a subject
+// has subscribers: a push consumer may move to another deliver subject only while its
+// current one has none. An *server.ApiError it returns is the answer as it is.
+func CheckConsumerUpdate(old, cfg *server.ConsumerConfig, hasInterest func(subject string) bool) error {
+	moved := old.DeliverSubject != cfg.DeliverSubject
 	switch {
 	case old.DeliverPolicy != cfg.DeliverPolicy:
 		return errors.New("deliver policy can not be updated")
@@ -249,6 +370,16 @@ func CheckConsumerUpdate(old, cfg *server.ConsumerConfig) error {
 		return errors.New("ack policy can not be updated")
 	case old.ReplayPolicy != cfg.ReplayPolicy:
 		return errors.New("replay policy can not be updated")
+	case old.Heartbeat != cfg.Heartbeat:
+		return errors.New("heart beats can not be updated")
+	case old.FlowControl != cfg.FlowControl:
+		return errors.New("flow control can not be updated")
+	case moved && old.DeliverSubject == "":
+		return errors.New("can not update pull consumer to push based")
+	case moved && cfg.DeliverSubject == "":
+		return errors.New("can not update push consumer to pull based")
+	case moved && hasInterest(old.DeliverSubject):
+		return server.NewJSConsumerNameExistError()
 	case old.MaxWaiting != cfg.MaxWaiting:
 		return errors.New("max waiting can not be updated")
 	}

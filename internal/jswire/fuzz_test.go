@@ -2,6 +2,7 @@ package jswire
 
 import (
 	"encoding/json"
+	"strings"
 	"testing"
 	"time"
 
@@ -95,7 +96,8 @@ func FuzzStreamConfig(f *testing.F) {
 
 // FuzzConsumerConfig feeds CONSUMER.CREATE bodies to DecodeRequest and CheckConsumerConfig,
 // against a limits stream and a work queue stream with consumer limits. What is accepted
-// must be a pull consumer the state machine can run, storable, and a fixed point.
+// must be a pull or push consumer the state machine can run, with the options of its kind
+// only, storable, and a fixed point.
 func FuzzConsumerConfig(f *testing.F) {
 	for _, seed := range []string{
 		`{"stream_name":"S","config":{"durable_name":"C","ack_policy":"explicit"}}`,
@@ -106,6 +108,14 @@ func FuzzConsumerConfig(f *testing.F) {
 		`{"stream_name":"S","config":{"deliver_policy":"last_per_subject","filter_subject":"s.>"}}`,
 		`{"stream_name":"S","config":{"deliver_policy":"by_start_time","opt_start_time":"2024-01-01T00:00:00Z"}}`,
 		`{"stream_name":"S","config":{"deliver_subject":"push"}}`,
+		`{"stream_name":"S","config":{"deliver_subject":"push.d","deliver_group":"g","ack_policy":"explicit","flow_control":true,"idle_heartbeat":5000000000,"rate_limit_bps":1024,"headers_only":true}}`,
+		`{"stream_name":"S","config":{"deliver_subject":"_INBOX.o","ack_policy":"none","max_deliver":1,"flow_control":true,"idle_heartbeat":5000000000,"mem_storage":true,"num_replicas":1,"inactive_threshold":300000000000,"deliver_policy":"by_start_sequence","opt_start_seq":3}}`,
+		`{"stream_name":"S","config":{"deliver_subject":"s.x"}}`,
+		`{"stream_name":"S","config":{"deliver_subject":"$JS.FC.a"}}`,
+		`{"stream_name":"S","config":{"deliver_subject":"push","max_waiting":1}}`,
+		`{"stream_name":"S","config":{"deliver_subject":"push","ack_policy":"flow_control","max_ack_pending":10}}`,
+		`{"stream_name":"S","config":{"flow_control":true,"idle_heartbeat":1000000000}}`,
+		`{"stream_name":"S","config":{"deliver_group":"g","rate_limit_bps":1}}`,
 		`{"stream_name":"S","config":{"max_ack_pending":-5,"max_waiting":-1,"ack_wait":-1}}`,
 		`{"stream_name":"S","config":{"metadata":{"_nats.req.level":"1","k":"\u0000"}}}`,
 		`{"stream_name":"S","action":"update","config":{"durable_name":"C","max_expires":1}}`,
@@ -126,14 +136,23 @@ func FuzzConsumerConfig(f *testing.F) {
 		if e != nil {
 			return
 		}
+		push := cfg.DeliverSubject != ""
 		switch {
-		case cfg.DeliverSubject == "" && (cfg.DeliverGroup != "" || cfg.FlowControl):
-			t.Fatalf("accepted push options on a pull consumer: %+v", cfg)
+		case push && (!server.IsValidPublishSubject(cfg.DeliverSubject) || server.SubjectsCollide(cfg.DeliverSubject, "s.>") ||
+			strings.HasPrefix(cfg.DeliverSubject, "$JS.API.") || strings.HasPrefix(cfg.DeliverSubject, "$JS.ACK.") || strings.HasPrefix(cfg.DeliverSubject, "$JS.FC.")):
+			t.Fatalf("accepted deliver subject %q", cfg.DeliverSubject)
+		case push && (cfg.MaxWaiting != 0 || cfg.Heartbeat != 0 && cfg.Heartbeat < 100*time.Millisecond ||
+			cfg.AckPolicy == server.AckNone && cfg.MaxAckPending > 0):
+			t.Fatalf("accepted a push consumer with %+v", cfg)
+		case !push && (cfg.MaxWaiting < 1 || cfg.Heartbeat != 0 || cfg.FlowControl || cfg.RateLimit != 0):
+			t.Fatalf("accepted a pull consumer with push options: %+v", cfg)
+		case cfg.FlowControl && cfg.Heartbeat == 0:
+			t.Fatalf("accepted flow control without heartbeats: %+v", cfg)
 		case cfg.AckPolicy != server.AckNone && cfg.AckPolicy != server.AckAll && cfg.AckPolicy != server.AckExplicit:
 			t.Fatalf("accepted ack policy %v", cfg.AckPolicy)
 		case cfg.MaxDeliver != -1 && cfg.MaxDeliver < 1:
 			t.Fatalf("accepted max_deliver %d", cfg.MaxDeliver)
-		case cfg.MaxWaiting < 1 && cfg.DeliverSubject == "" || cfg.AckWait < 0 || cfg.MaxAckPending < -1 || cfg.InactiveThreshold < 0:
+		case cfg.MaxWaiting < 0 || cfg.Heartbeat < 0 || cfg.AckWait < 0 || cfg.MaxAckPending < -1 || cfg.InactiveThreshold < 0:
 			t.Fatalf("accepted limits %+v", cfg)
 		case cfg.AckPolicy != server.AckNone && cfg.AckWait == 0 && (len(cfg.BackOff) == 0 || cfg.BackOff[0] != 0):
 			// nats-server takes the ack wait from the first backoff, a zero one included.
@@ -167,7 +186,7 @@ func FuzzConsumerConfig(f *testing.F) {
 		if e != nil || !SameConsumerConfig(again, cfg) {
 			t.Fatalf("checking the accepted configuration again: %+v, %v\nfirst %+v", again, e, cfg)
 		}
-		if err := CheckConsumerUpdate(&cfg, &again); err != nil {
+		if err := CheckConsumerUpdate(&cfg, &again, func(string) bool { return true }); err != nil {
 			t.Fatalf("the accepted configuration is not an update of itself: %v", err)
 		}
 	})

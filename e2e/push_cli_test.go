@@ -175,7 +175,6 @@ func TestPushNatsCLIObjectStore(t *testing.T) {
 func TestPushNatsCLIConsumer(t *testing.T) {
 	t.Parallel()
 	onBoth(t, func(t *testing.T, s natsServer) {
-		notYetOnJetgres(t, s, "deliver groups need h-pcore to publish with the leafnode queue list (LMSG ... | <group>): without it nats-server skips queue subscribers")
 		natsAt(t, s, "stream", "add", "ORDERS", "--subjects", "orders.>", "--defaults")
 		for i := 1; i <= 10; i++ {
 			natsAt(t, s, "req", "orders.new", fmt.Sprintf("hi %d", i))

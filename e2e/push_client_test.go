@@ -336,7 +336,6 @@ func TestPushDeliverGroup(t *testing.T) {
 	t.Parallel()
 	const total = 300
 	onBoth(t, func(t *testing.T, s natsServer) {
-		notYetOnJetgres(t, s, "deliver groups need h-pcore to publish with the leafnode queue list (LMSG ... | <group>): without it nats-server skips queue subscribers")
 		nc := connectURL(t, s.url)
 		js, err := nc.JetStream()
 		if err != nil {

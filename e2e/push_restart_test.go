@@ -41,7 +41,6 @@ func TestPushDurableSurvivesSIGKILL(t *testing.T) {
 	// The same replica name takes the consumer's lease back at once.
 	args := []string{"--replica-name", "e2e-push-sigkill"}
 	j := startWithDatabase(t, dsn, args...)
-	requirePush(t, natsServer{name: "jetgres", url: j.natsURL})
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 
@@ -179,7 +178,6 @@ func TestPushOrderedAcrossRestart(t *testing.T) {
 	dsn := testDatabase(t)
 	args := []string{"--replica-name", "e2e-push-ordered", "--listen", freeAddr(t)}
 	j := startWithDatabase(t, dsn, args...)
-	requirePush(t, natsServer{name: "jetgres", url: j.natsURL})
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 

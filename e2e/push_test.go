@@ -44,37 +44,8 @@ func onBoth(t *testing.T, test func(t *testing.T, s natsServer)) {
 	t.Run("jetgres", func(t *testing.T) {
 		t.Parallel()
 		j := startWithDatabase(t, testDatabase(t))
-		s := natsServer{name: "jetgres", url: j.natsURL}
-		requirePush(t, s)
-		test(t, s)
+		test(t, natsServer{name: "jetgres", url: j.natsURL})
 	})
-}
-
-// requirePush skips a jetgres test while jetgres refuses push consumers (10012), as it did
-// before the push delivery core (branch h-pcore) was merged. Any other answer runs the test
-// in full, so a push consumer that is accepted but misbehaves fails it.
-func requirePush(t *testing.T, s natsServer) {
-	t.Helper()
-	nc := connectURL(t, s.url)
-	const stream = "PUSH_PROBE"
-	apiRequest(t, nc, "$JS.API.STREAM.CREATE."+stream, fmt.Sprintf(`{"name":%q,"subjects":["push.probe"]}`, stream), nil)
-	var created server.JSApiConsumerCreateResponse
-	apiRequest(t, nc, "$JS.API.CONSUMER.CREATE."+stream+".P",
-		fmt.Sprintf(`{"stream_name":%q,"config":{"name":"P","deliver_subject":"push.probe.deliver","ack_policy":"none"}}`, stream), &created)
-	apiRequest(t, nc, "$JS.API.STREAM.DELETE."+stream, "", nil)
-	if e := created.Error; e != nil && e.ErrCode == 10012 && strings.Contains(e.Description, "push consumers are not supported") {
-		t.Skipf("jetgres refuses push consumers until the delivery core (h-pcore) is merged: %s", e.Description)
-	}
-}
-
-// notYetOnJetgres skips the jetgres half of a side-by-side test whose behaviour another
-// part of the work has not brought to this branch yet; reason names it. The JetStream half
-// still runs, so the test stays proven right until the skip is removed.
-func notYetOnJetgres(t *testing.T, s natsServer, reason string) {
-	t.Helper()
-	if s.name == "jetgres" {
-		t.Skip(reason)
-	}
 }
 
 // connectURL opens a plain nats.go connection, closed when the test ends.
@@ -253,6 +224,9 @@ func checkOrderedCreate(t *testing.T, nc *nats.Conn, i int, client, subjectT, bo
 	}
 	if cfg.HeadersOnly != headersOnly {
 		t.Errorf("%s: headers_only %t, want %t", client, cfg.HeadersOnly, headersOnly)
+	}
+	if !ci.PushBound {
+		t.Errorf("%s: push_bound false although the deliver subject has a subscriber", client)
 	}
 	if strings.Contains(bodyT, `"name"`) && ci.Name != name {
 		t.Errorf("%s: consumer named %q, want the client's %q", client, ci.Name, name)
@@ -463,7 +437,6 @@ func TestPushFlowControl(t *testing.T) {
 func TestPushBound(t *testing.T) {
 	t.Parallel()
 	onBoth(t, func(t *testing.T, s natsServer) {
-		notYetOnJetgres(t, s, "push_bound in consumer info comes with h-pcfg, whose jswire changes conflict with h-pcore's and are not merged here")
 		nc := connectURL(t, s.url)
 		apiRequest(t, nc, "$JS.API.STREAM.CREATE.BOUND", `{"name":"BOUND","subjects":["bound.>"]}`, nil)
 		bound := func(name string) bool {

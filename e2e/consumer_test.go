@@ -772,8 +772,8 @@ func TestConsumeAndMessagesIdle(t *testing.T) {
 }
 
 // A key-value bucket through the unmodified CLI: buckets are streams with allow_direct, and
-// the CLI reads keys with direct gets. (Watching and history need ordered push consumers,
-// which jetgres does not serve.)
+// the CLI reads keys with direct gets. (Watching, history and key listing are ordered push
+// consumers: TestPushNatsCLIKeyValue.)
 func TestNatsCLIKeyValue(t *testing.T) {
 	t.Parallel()
 	j := startWithDatabase(t, testDatabase(t))

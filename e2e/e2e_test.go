@@ -346,7 +346,13 @@ func (j *jetgres) wait(timeout time.Duration) error {
 // its own so that no saved context of the machine's user applies.
 func (j *jetgres) natsCmd(t testing.TB, ctx context.Context, args ...string) *exec.Cmd {
 	t.Helper()
-	cmd := exec.CommandContext(ctx, natsCLI(t), append([]string{"--server", j.natsURL}, args...)...)
+	return natsCmdAt(t, ctx, j.natsURL, args...)
+}
+
+// natsCmdAt is natsCmd for any NATS server: jetgres, or the JetStream a test compares it with.
+func natsCmdAt(t testing.TB, ctx context.Context, url string, args ...string) *exec.Cmd {
+	t.Helper()
+	cmd := exec.CommandContext(ctx, natsCLI(t), append([]string{"--server", url}, args...)...)
 	cfg := t.TempDir()
 	cmd.Env = append(cleanEnv(), "XDG_CONFIG_HOME="+cfg, "HOME="+cfg, "NATS_CONTEXT=")
 	return cmd

@@ -81,7 +81,8 @@ func Run(ctx context.Context, cfg Config) (rep *Report, err error) {
 		return nil, fmt.Errorf("bench: %w", err)
 	}
 	sections := map[string]func(context.Context){
-		SectionPub: r.runPub, SectionFetch: r.runFetch, SectionLatency: r.runLatency, SectionOverload: r.runOverload,
+		SectionPub: r.runPub, SectionFetch: r.runFetch, SectionPush: r.runPush, SectionLatency: r.runLatency,
+		SectionOverload: r.runOverload,
 	}
 	for _, s := range Sections {
 		if !cfg.runs(s) {

@@ -16,16 +16,17 @@ import (
 const (
 	SectionPub      = "pub"
 	SectionFetch    = "fetch"
+	SectionPush     = "push"
 	SectionLatency  = "latency"
 	SectionOverload = "overload"
 )
 
 // Sections lists every section, in run order.
-var Sections = []string{SectionPub, SectionFetch, SectionLatency, SectionOverload}
+var Sections = []string{SectionPub, SectionFetch, SectionPush, SectionLatency, SectionOverload}
 
 // Defaults of a full run. A quick run (Config.Quick) scales them down to a CI-sized smoke run.
 const (
-	// MsgsDefault is how many messages the async publish and fetch phases move.
+	// MsgsDefault is how many messages the async publish, fetch and push phases move.
 	MsgsDefault = 200_000
 	// SizeDefault is the payload size in bytes.
 	SizeDefault = 128
@@ -54,7 +55,7 @@ const (
 
 // Config configures Run. The zero value of every field means its default.
 type Config struct {
-	// Msgs bounds the messages of the async publish and fetch phases. Defaults to
+	// Msgs bounds the messages of the async publish, fetch and push phases. Defaults to
 	// MsgsDefault, or 20,000 in a quick run.
 	Msgs int
 	// Size is the payload size in bytes, at least 8 (the send time is stamped in the first

@@ -14,6 +14,8 @@
 //     and the latency of a lone synchronous publisher (p50 / p99);
 //   - fetch: fetch + ack throughput of a pull consumer (Fetch of a batch, an explicit ack per
 //     message) over a stream filled beforehand;
+//   - push: push delivery throughput of nats.go's js.Subscribe over a stream filled
+//     beforehand, with ack explicit, with ack none and as an ordered consumer;
 //   - latency: at fixed offered rates, the producer latency (publish → PubAck), the
 //     subscriber latency (pull request → first message, while a backlog is ready) and the
 //     end-to-end latency (publish → delivery to a consumer reading with Messages, from a send

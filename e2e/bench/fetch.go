@@ -68,7 +68,7 @@ func (r *runner) runFetch(ctx context.Context) {
 
 // turnOrder is the order of the targets in a turn: reversed every other turn, so that none
 // always goes first.
-func turnOrder(ds []*drain, turn int) []*drain {
+func turnOrder[T any](ds []T, turn int) []T {
 	if turn%2 == 0 {
 		return ds
 	}

@@ -2,7 +2,7 @@ package bench
 
 import "fmt"
 
-// goals checks the run against the goals of issues #4, #5 and #7. A goal whose numbers are
+// goals checks the run against the goals of issues #4, #5, #7 and #15. A goal whose numbers are
 // missing (its section did not run or failed) is left out rather than reported as missed.
 func goals(rep *Report) []Goal {
 	var gs []Goal
@@ -31,6 +31,21 @@ func goals(rep *Report) []Goal {
 	}
 	if jgFetch > 0 && jsFetch > 0 {
 		gs = append(gs, atLeast("fetch + ack vs JetStream", jgFetch/jsFetch, 1.0))
+	}
+	for _, mode := range PushModes {
+		var jg, js float64
+		for _, p := range rep.Push {
+			switch {
+			case p.Mode != mode:
+			case p.Target == TargetJetgres:
+				jg = p.MsgsPerSec
+			case p.Target == TargetJetStream:
+				js = p.MsgsPerSec
+			}
+		}
+		if jg > 0 && js > 0 {
+			gs = append(gs, atLeast("push, "+mode+", vs JetStream", jg/js, 1.0))
+		}
 	}
 	var jgSync, pgSync float64
 	for _, s := range rep.Sync {

@@ -160,6 +160,11 @@ which on a shared machine matters more than any absolute number.
   are filled first; then they drain them in eight turns of an eighth each, in alternating
   order, so that the machine's swings fall on both alike. JetStream's sync_always changes only
   its write path, so its read side is measured once.
+- **push**: nats.go's js.Subscribe drains a stream filled beforehand, from its first message,
+  in three modes: ack explicit (an Ack per message), ack none, and an ordered consumer (ack
+  none with flow control and heartbeats). The time runs from the Subscribe call, which creates
+  the consumer, to the last delivery, acks flushed. Each target drains twice per mode, in
+  alternating order; JetStream's sync_always is not measured again.
 - **three latencies** (see three-latencies.md), at each fixed offered rate: producer is
   publish → PubAck; subscriber is pull request → first message, measured by a probe that pulls
   small batches slower than the offered rate, so it always finds messages ready; end-to-end is

@@ -30,6 +30,7 @@ type Report struct {
 	Publish  []PubResult   `json:"publish,omitempty"`
 	Sync     []SyncResult  `json:"sync_publish,omitempty"`
 	Fetch    []FetchResult `json:"fetch,omitempty"`
+	Push     []PushResult  `json:"push,omitempty"`
 	Latency  []LatResult   `json:"latency,omitempty"`
 	Overload []Overload    `json:"overload,omitempty"`
 	Goals    []Goal        `json:"goals,omitempty"`
@@ -114,6 +115,15 @@ type SyncResult struct {
 // FetchResult is one target's fetch + ack throughput.
 type FetchResult struct {
 	Target     string  `json:"target"`
+	Msgs       int     `json:"msgs"`
+	Seconds    float64 `json:"seconds"`
+	MsgsPerSec float64 `json:"msgs_per_sec"`
+}
+
+// PushResult is one target's push delivery throughput in one mode (PushModes).
+type PushResult struct {
+	Target     string  `json:"target"`
+	Mode       string  `json:"mode"`
 	Msgs       int     `json:"msgs"`
 	Seconds    float64 `json:"seconds"`
 	MsgsPerSec float64 `json:"msgs_per_sec"`

@@ -78,6 +78,15 @@ func (rep *Report) summaryRows() []row {
 		fetch[f.Target] = f.MsgsPerSec
 	}
 	add("fetch + ack, msg/s", false, fmtRate, fetch)
+	for _, mode := range PushModes {
+		push := map[string]float64{}
+		for _, p := range rep.Push {
+			if p.Mode == mode {
+				push[p.Target] = p.MsgsPerSec
+			}
+		}
+		add("push, "+mode+", msg/s", false, fmtRate, push)
+	}
 	for _, rate := range rep.Settings.Rates {
 		lat := [6]map[string]float64{{}, {}, {}, {}, {}, {}}
 		achieved := map[string]float64{}

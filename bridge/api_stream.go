@@ -147,6 +147,10 @@ func (b *Bridge) streamInfo(ctx context.Context, s *stream) (*server.StreamInfo,
 	}
 	if st.Msgs == 0 {
 		state.FirstSeq = st.LastSeq + 1
+		if st.LastSeq == 0 {
+			// As JetStream reports a stream that never held a message.
+			state.FirstSeq = 0
+		}
 	}
 	return &server.StreamInfo{Config: s.config(), Created: s.created.UTC(), State: state, TimeStamp: b.clock.Now().UTC()}, nil
 }

@@ -131,13 +131,21 @@ func (b *Bridge) streamInfo(ctx context.Context, s *stream) (*server.StreamInfo,
 		b.log.Error("stream state", "stream", s.name, "err", err)
 		return nil, server.NewJSStreamStoreFailedError(errors.New("database error"))
 	}
+	// JetStream keeps a count of subjects; counting them here costs a grouped read of the
+	// subject index of each chunk, which a stream info is allowed.
+	subjects, err := b.db.SubjectTotals(ctx, s.id, ">")
+	if err != nil {
+		b.log.Error("stream subjects", "stream", s.name, "err", err)
+		return nil, server.NewJSStreamStoreFailedError(errors.New("database error"))
+	}
 	state := server.StreamState{
-		Msgs:       st.Msgs,
-		Bytes:      st.Bytes,
-		FirstSeq:   st.FirstSeq,
-		LastSeq:    st.LastSeq,
-		NumDeleted: int(st.Deleted),
-		Consumers:  b.numConsumers(s),
+		NumSubjects: len(subjects),
+		Msgs:        st.Msgs,
+		Bytes:       st.Bytes,
+		FirstSeq:    st.FirstSeq,
+		LastSeq:     st.LastSeq,
+		NumDeleted:  int(st.Deleted),
+		Consumers:   b.numConsumers(s),
 	}
 	if st.FirstTS > 0 {
 		state.FirstTime = time.Unix(0, st.FirstTS).UTC()

@@ -81,6 +81,11 @@ type State struct {
 	deadlines deadlineQueue
 	lastDlv   time.Time
 	lastAck   time.Time
+	// held is the lowest stream sequence above the floor that was dropped for reaching
+	// MaxDeliver, 0 if none. As in nats-server, the floor moves only along acks in
+	// consumer-sequence order, which such a message breaks: the floor stays below it until
+	// nothing is pending.
+	held uint64
 }
 
 // New returns the state of a consumer whose ack floor is floor and whose first delivery
@@ -365,6 +370,7 @@ func (s *State) Expire(now time.Time) (queued, floorMoved bool) {
 		s.deadlines.popFirst()
 		if s.cfg.MaxDeliver > 0 && s.rdc[d.seq]+1 >= uint64(s.cfg.MaxDeliver) {
 			delete(s.pending, d.seq)
+			s.hold(d.seq)
 			dropped = true
 			continue
 		}
@@ -417,11 +423,18 @@ func (s *State) unqueue(seq uint64) {
 }
 
 // dropPending forgets a delivery that exhausted MaxDeliver; its redelivery count stays, so
-// that NumRedelivered still reports it.
+// that NumRedelivered still reports it. The floor stays below it (see held).
 func (s *State) dropPending(seq uint64) {
 	if _, ok := s.pending[seq]; ok {
 		delete(s.pending, seq)
-		s.settleFloor()
+		s.hold(seq)
+	}
+}
+
+// hold notes that seq, above the floor, was dropped for reaching MaxDeliver.
+func (s *State) hold(seq uint64) {
+	if seq > s.floor.Stream && (s.held == 0 || seq < s.held) {
+		s.held = seq
 	}
 }
 
@@ -430,7 +443,13 @@ func (s *State) dropPending(seq uint64) {
 func (s *State) settleFloor() bool {
 	next := Pair{Consumer: s.dseq - 1, Stream: s.sseq - 1}
 	if low, ok := s.lowestPending(); ok {
+		if s.held > s.floor.Stream && s.held < low {
+			return false
+		}
 		next = Pair{Consumer: s.pending[low].dseq - 1, Stream: low - 1}
+	}
+	if s.held <= next.Stream {
+		s.held = 0
 	}
 	if next.Stream <= s.floor.Stream {
 		return false

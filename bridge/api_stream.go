@@ -339,7 +339,7 @@ func (b *Bridge) apiStreamPurge(ctx context.Context, name string, body []byte) a
 		b.log.Error("purge stream", "stream", name, "err", err)
 		return fail(server.NewJSStreamPurgeFailedError(errors.New("database error")))
 	}
-	b.streamPurged(s)
+	b.streamPurgedBy(ctx, s, req.Subject)
 	return &server.JSApiStreamPurgeResponse{ApiResponse: jswire.APIResponse(server.JSApiStreamPurgeResponseType), Success: true, Purged: purged}
 }
 

@@ -344,6 +344,33 @@ func (s *State) nextDeadline() (deadline, bool) {
 	}
 }
 
+// Purged moves the consumer up to first, the stream's first sequence after a purge of
+// everything below it, as nats-server does: what was delivered below first counts as
+// acknowledged, and the floor and Next follow. It reports whether the ack floor moved.
+func (s *State) Purged(first uint64) bool {
+	s.sseq = max(s.sseq, first)
+	if first == 0 || s.floor.Stream >= first {
+		return false
+	}
+	s.floor.Stream = first - 1
+	for seq, p := range s.pending {
+		if seq <= s.floor.Stream {
+			s.floor.Consumer = max(s.floor.Consumer, p.dseq)
+			delete(s.pending, seq)
+			delete(s.rdc, seq)
+			s.unqueue(seq)
+		}
+	}
+	if len(s.pending) == 0 {
+		s.floor = Pair{Consumer: s.dseq - 1, Stream: s.sseq - 1}
+	}
+	if s.held <= s.floor.Stream {
+		s.held = 0
+	}
+	s.compact()
+	return true
+}
+
 // Gone removes a pending or queued message that no longer exists in the stream, as if it
 // had been terminated. It reports whether the ack floor moved.
 func (s *State) Gone(seq uint64) bool {

@@ -471,11 +471,13 @@ func (c *consumer) pump(ctx context.Context) {
 			eos = false
 			break
 		}
-		c.consume(src)
 		if dc == 1 {
 			c.npc = int64(pending)
 		}
 		_, moved := c.st.Deliver(m.Seq, dc, now)
+		// After Deliver: taking the last of a start list moves Next past what it skipped,
+		// and the floor must then see this delivery pending.
+		c.consume(src)
 		c.delivered(wr, size, m, dc, now)
 		sent++
 		if sent%deliveryYield == 1 {

@@ -131,13 +131,21 @@ func (b *Bridge) streamInfo(ctx context.Context, s *stream) (*server.StreamInfo,
 		b.log.Error("stream state", "stream", s.name, "err", err)
 		return nil, server.NewJSStreamStoreFailedError(errors.New("database error"))
 	}
+	// JetStream keeps a count of subjects; counting them here costs a grouped read of the
+	// subject index of each chunk, which a stream info is allowed.
+	subjects, err := b.db.SubjectTotals(ctx, s.id, ">")
+	if err != nil {
+		b.log.Error("stream subjects", "stream", s.name, "err", err)
+		return nil, server.NewJSStreamStoreFailedError(errors.New("database error"))
+	}
 	state := server.StreamState{
-		Msgs:       st.Msgs,
-		Bytes:      st.Bytes,
-		FirstSeq:   st.FirstSeq,
-		LastSeq:    st.LastSeq,
-		NumDeleted: int(st.Deleted),
-		Consumers:  b.numConsumers(s),
+		NumSubjects: len(subjects),
+		Msgs:        st.Msgs,
+		Bytes:       st.Bytes,
+		FirstSeq:    st.FirstSeq,
+		LastSeq:     st.LastSeq,
+		NumDeleted:  int(st.Deleted),
+		Consumers:   b.numConsumers(s),
 	}
 	if st.FirstTS > 0 {
 		state.FirstTime = time.Unix(0, st.FirstTS).UTC()
@@ -147,6 +155,10 @@ func (b *Bridge) streamInfo(ctx context.Context, s *stream) (*server.StreamInfo,
 	}
 	if st.Msgs == 0 {
 		state.FirstSeq = st.LastSeq + 1
+		if st.LastSeq == 0 {
+			// As JetStream reports a stream that never held a message.
+			state.FirstSeq = 0
+		}
 	}
 	return &server.StreamInfo{Config: s.config(), Created: s.created.UTC(), State: state, TimeStamp: b.clock.Now().UTC()}, nil
 }
@@ -327,7 +339,7 @@ func (b *Bridge) apiStreamPurge(ctx context.Context, name string, body []byte) a
 		b.log.Error("purge stream", "stream", name, "err", err)
 		return fail(server.NewJSStreamPurgeFailedError(errors.New("database error")))
 	}
-	b.streamPurged(s)
+	b.streamPurgedBy(ctx, s, req.Subject)
 	return &server.JSApiStreamPurgeResponse{ApiResponse: jswire.APIResponse(server.JSApiStreamPurgeResponseType), Success: true, Purged: purged}
 }
 

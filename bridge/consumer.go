@@ -56,7 +56,7 @@ const (
 type event struct {
 	kind       evKind
 	ack        jswire.AckKind // what an evAck asks for
-	sseq, dseq uint64         // the delivery an evAck refers to
+	sseq, dseq uint64         // the delivery an evAck refers to; an evPurged's new first sequence
 	reply      string
 	data       []byte
 	cfg        *server.ConsumerConfig
@@ -320,6 +320,9 @@ func (c *consumer) handle(ctx context.Context, ev *event, now time.Time) {
 		c.handleAck(ctx, ev, now)
 	case evPurged:
 		c.dropAhead()
+		if ev.sseq > 0 && c.st.Purged(ev.sseq) {
+			c.floorMoved()
+		}
 	case evFlowControl:
 		c.flowControlAnswered(ev.reply)
 	case evConfig:
@@ -468,11 +471,13 @@ func (c *consumer) pump(ctx context.Context) {
 			eos = false
 			break
 		}
-		c.consume(src)
 		if dc == 1 {
 			c.npc = int64(pending)
 		}
 		_, moved := c.st.Deliver(m.Seq, dc, now)
+		// After Deliver: taking the last of a start list moves Next past what it skipped,
+		// and the floor must then see this delivery pending.
+		c.consume(src)
 		c.delivered(wr, size, m, dc, now)
 		sent++
 		if sent%deliveryYield == 1 {

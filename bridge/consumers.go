@@ -235,6 +235,32 @@ func (b *Bridge) streamPurged(s *stream) {
 	}
 }
 
+// streamPurgedBy tells the consumers about a purge request: a purge of every subject moves
+// each consumer up to the stream's new first sequence, as nats-server does. A purge of some
+// subjects leaves them where they are.
+func (b *Bridge) streamPurgedBy(ctx context.Context, s *stream, subject string) {
+	b.streamPurged(s)
+	if subject != "" && subject != ">" {
+		return
+	}
+	sc := b.consumersOf(s)
+	if sc == nil {
+		return
+	}
+	st, err := b.db.State(ctx, s.id)
+	if err != nil {
+		b.log.Warn("stream state after a purge", "stream", s.name, "err", err)
+		return
+	}
+	first := st.FirstSeq
+	if st.Msgs == 0 {
+		first = st.LastSeq + 1
+	}
+	for _, c := range sc.list() {
+		c.post(event{kind: evPurged, sseq: first})
+	}
+}
+
 // rowsRemoved tells the consumers that retention removed rows outside the tail cache, up to
 // sequence upTo, which they may have counted as pending.
 func (b *Bridge) rowsRemoved(s *stream, upTo uint64) {

@@ -8,6 +8,7 @@ import (
 	"regexp"
 	"slices"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -57,6 +58,12 @@ type twin struct {
 	ctx context.Context
 	tb  *testBundle
 	js  [2]jetstream.JetStream
+	// What the twin made, for compareAll: stream names, and consumers as stream and name.
+	streams []string
+	cons    [][2]string
+	// exactPending compares the pending token of every delivery, for tests that remove no
+	// message a consumer has yet to reach.
+	exactPending bool
 }
 
 func newTwin(t *testing.T) *twin {
@@ -93,6 +100,8 @@ func (tw *twin) createStream(cfg jetstream.StreamConfig) {
 			tw.t.Fatalf("%s: create stream: %v", sideName[side], err)
 		}
 	}
+	tw.streams = append(tw.streams, cfg.Name)
+	tw.compareAll("create stream " + cfg.Name)
 }
 
 func (tw *twin) updateStream(cfg jetstream.StreamConfig) {
@@ -102,6 +111,7 @@ func (tw *twin) updateStream(cfg jetstream.StreamConfig) {
 			tw.t.Fatalf("%s: update stream: %v", sideName[side], err)
 		}
 	}
+	tw.compareAll("update stream " + cfg.Name)
 }
 
 // pub publishes on both sides and checks that both stored it under the same sequence or
@@ -120,6 +130,7 @@ func (tw *twin) pub(subject string, data []byte) (uint64, jetstream.ErrorCode) {
 		tw.t.Fatalf("publish %s: jetgres seq %d err_code %d, jetstream seq %d err_code %d",
 			subject, seq[ours], code[ours], seq[theirs], code[theirs])
 	}
+	tw.compareAll("publish to " + subject)
 	return seq[ours], code[ours]
 }
 
@@ -158,6 +169,7 @@ func (tw *twin) pubAsync(subjects []string, size int) {
 	if !slices.Equal(outcome[ours], outcome[theirs]) {
 		tw.t.Fatalf("async publish outcomes differ:\njetgres   %v\njetstream %v", outcome[ours], outcome[theirs])
 	}
+	tw.compareAll("async publish")
 }
 
 // state reads both streams' state and fails unless they agree.
@@ -230,6 +242,7 @@ func (tw *twin) purge(stream string, opts ...jetstream.StreamPurgeOpt) {
 	if code[ours] != code[theirs] {
 		tw.t.Fatalf("purge: jetgres err_code %d, jetstream err_code %d", code[ours], code[theirs])
 	}
+	tw.compareAll("purge " + stream)
 }
 
 func (tw *twin) deleteMsg(stream string, seq uint64) jetstream.ErrorCode {
@@ -245,6 +258,7 @@ func (tw *twin) deleteMsg(stream string, seq uint64) jetstream.ErrorCode {
 	if code[ours] != code[theirs] {
 		tw.t.Fatalf("delete %d: jetgres err_code %d, jetstream err_code %d", seq, code[ours], code[theirs])
 	}
+	tw.compareAll(fmt.Sprintf("delete %d from %s", seq, stream))
 	return code[ours]
 }
 
@@ -260,6 +274,13 @@ func (tw *twin) consumer(stream string, cfg jetstream.ConsumerConfig) ([2]jetstr
 	if code[ours] != code[theirs] {
 		tw.t.Fatalf("create consumer %s: jetgres err_code %d, jetstream err_code %d", cfg.Durable, code[ours], code[theirs])
 	}
+	if code[ours] == 0 {
+		name := cons[theirs].CachedInfo().Name
+		if !slices.Contains(tw.cons, [2]string{stream, name}) {
+			tw.cons = append(tw.cons, [2]string{stream, name})
+		}
+		tw.compareAll("create consumer " + name)
+	}
 	return cons, code[ours]
 }
 
@@ -270,6 +291,8 @@ func (tw *twin) deleteConsumer(stream, name string) {
 			tw.t.Fatalf("%s: delete consumer: %v", sideName[side], err)
 		}
 	}
+	tw.cons = slices.DeleteFunc(tw.cons, func(c [2]string) bool { return c == [2]string{stream, name} })
+	tw.compareAll("delete consumer " + name)
 }
 
 // fetch fetches up to n messages on both sides and checks that both delivered the same
@@ -278,6 +301,7 @@ func (tw *twin) fetch(cons [2]jetstream.Consumer, n int) [2][]jetstream.Msg {
 	tw.t.Helper()
 	var out [2][]jetstream.Msg
 	var seqs [2][]uint64
+	var mds [2][]*jetstream.MsgMetadata
 	for side, c := range cons {
 		batch, err := c.Fetch(n, jetstream.FetchMaxWait(500*time.Millisecond))
 		if err != nil {
@@ -290,11 +314,18 @@ func (tw *twin) fetch(cons [2]jetstream.Consumer, n int) [2][]jetstream.Msg {
 			}
 			out[side] = append(out[side], m)
 			seqs[side] = append(seqs[side], md.Sequence.Stream)
+			mds[side] = append(mds[side], md)
 		}
 	}
 	if !slices.Equal(seqs[ours], seqs[theirs]) {
 		tw.t.Fatalf("fetch: jetgres delivered %v, jetstream %v", seqs[ours], seqs[theirs])
 	}
+	for i := range mds[ours] {
+		if d := diffDelivery(mds[ours][i], mds[theirs][i], tw.exactPending); len(d) > 0 {
+			tw.t.Fatalf("fetch:\n%s", strings.Join(d, "\n"))
+		}
+	}
+	tw.compareAll("fetch")
 	return out
 }
 
@@ -313,6 +344,7 @@ func (tw *twin) ack(msgs [2][]jetstream.Msg, seqs ...uint64) {
 			}
 		}
 	}
+	tw.compareAll(fmt.Sprintf("ack %v", seqs))
 }
 
 const errStoreFailed = jetstream.ErrorCode(10077)

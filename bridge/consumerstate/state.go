@@ -81,6 +81,11 @@ type State struct {
 	deadlines deadlineQueue
 	lastDlv   time.Time
 	lastAck   time.Time
+	// held is the lowest stream sequence above the floor that was dropped for reaching
+	// MaxDeliver, 0 if none. As in nats-server, the floor moves only along acks in
+	// consumer-sequence order, which such a message breaks: the floor stays below it until
+	// nothing is pending.
+	held uint64
 }
 
 // New returns the state of a consumer whose ack floor is floor and whose first delivery
@@ -339,6 +344,33 @@ func (s *State) nextDeadline() (deadline, bool) {
 	}
 }
 
+// Purged moves the consumer up to first, the stream's first sequence after a purge of
+// everything below it, as nats-server does: what was delivered below first counts as
+// acknowledged, and the floor and Next follow. It reports whether the ack floor moved.
+func (s *State) Purged(first uint64) bool {
+	s.sseq = max(s.sseq, first)
+	if first == 0 || s.floor.Stream >= first {
+		return false
+	}
+	s.floor.Stream = first - 1
+	for seq, p := range s.pending {
+		if seq <= s.floor.Stream {
+			s.floor.Consumer = max(s.floor.Consumer, p.dseq)
+			delete(s.pending, seq)
+			delete(s.rdc, seq)
+			s.unqueue(seq)
+		}
+	}
+	if len(s.pending) == 0 {
+		s.floor = Pair{Consumer: s.dseq - 1, Stream: s.sseq - 1}
+	}
+	if s.held <= s.floor.Stream {
+		s.held = 0
+	}
+	s.compact()
+	return true
+}
+
 // Gone removes a pending or queued message that no longer exists in the stream, as if it
 // had been terminated. It reports whether the ack floor moved.
 func (s *State) Gone(seq uint64) bool {
@@ -365,6 +397,7 @@ func (s *State) Expire(now time.Time) (queued, floorMoved bool) {
 		s.deadlines.popFirst()
 		if s.cfg.MaxDeliver > 0 && s.rdc[d.seq]+1 >= uint64(s.cfg.MaxDeliver) {
 			delete(s.pending, d.seq)
+			s.hold(d.seq)
 			dropped = true
 			continue
 		}
@@ -417,11 +450,18 @@ func (s *State) unqueue(seq uint64) {
 }
 
 // dropPending forgets a delivery that exhausted MaxDeliver; its redelivery count stays, so
-// that NumRedelivered still reports it.
+// that NumRedelivered still reports it. The floor stays below it (see held).
 func (s *State) dropPending(seq uint64) {
 	if _, ok := s.pending[seq]; ok {
 		delete(s.pending, seq)
-		s.settleFloor()
+		s.hold(seq)
+	}
+}
+
+// hold notes that seq, above the floor, was dropped for reaching MaxDeliver.
+func (s *State) hold(seq uint64) {
+	if seq > s.floor.Stream && (s.held == 0 || seq < s.held) {
+		s.held = seq
 	}
 }
 
@@ -430,7 +470,13 @@ func (s *State) dropPending(seq uint64) {
 func (s *State) settleFloor() bool {
 	next := Pair{Consumer: s.dseq - 1, Stream: s.sseq - 1}
 	if low, ok := s.lowestPending(); ok {
+		if s.held > s.floor.Stream && s.held < low {
+			return false
+		}
 		next = Pair{Consumer: s.pending[low].dseq - 1, Stream: low - 1}
+	}
+	if s.held <= next.Stream {
+		s.held = 0
 	}
 	if next.Stream <= s.floor.Stream {
 		return false

@@ -271,7 +271,14 @@ func TestMaxDeliverOnNak(t *testing.T) {
 	if s.NumAckPending() != 0 {
 		t.Fatal("exhausted message still pending")
 	}
-	wantFloor(t, s, 1, 1)
+	// As in nats-server, a message that reached MaxDeliver unacknowledged holds the floor
+	// below it until an ack finds nothing pending.
+	wantFloor(t, s, 0, 0)
+	deliverNew(s, clk, 2, 3)
+	s.Ack(2, 2, clk.t)
+	wantFloor(t, s, 0, 0)
+	s.Ack(3, 3, clk.t)
+	wantFloor(t, s, 3, 3)
 }
 
 func TestMaxAckPending(t *testing.T) {

@@ -158,7 +158,7 @@ func (cs *consumerSide) apiCreate(ctx context.Context, tok []string, data []byte
 	if e != nil {
 		return fail(e)
 	}
-	info, err := cs.info(ctx, c)
+	info, err := cs.createdInfo(ctx, c)
 	if err != nil {
 		return fail(server.NewJSConsumerCreateError(errors.New("database error")))
 	}
@@ -299,11 +299,26 @@ func (cs *consumerSide) startFor(ctx context.Context, s *stream, cfg *server.Con
 
 // info reports a consumer as ConsumerInfo. num_pending is counted in PostgreSQL.
 func (cs *consumerSide) info(ctx context.Context, c *consumer) (*server.ConsumerInfo, error) {
-	now := cs.b.clock.Now()
 	c.mu.Lock()
+	info, from, extra := cs.infoLocked(c)
+	filters := c.filters()
+	c.mu.Unlock()
+	info.PushBound = cs.pushBound(info.Config)
+	np, err := cs.b.db.CountPending(ctx, pg.PendingParams{StreamID: c.sc.s.id, From: from, UpTo: c.sc.tail.HighWater(), Filters: filters})
+	if err != nil {
+		return nil, err
+	}
+	info.NumPending = np + extra
+	return info, nil
+}
+
+// infoLocked reports what c's state holds, all but num_pending and push_bound, and where
+// num_pending counts from. c.mu is held.
+func (cs *consumerSide) infoLocked(c *consumer) (info *server.ConsumerInfo, from, extra uint64) {
+	now := cs.b.clock.Now()
 	cfg := c.cfg
 	d, f := c.st.Delivered(), c.st.AckFloor()
-	info := &server.ConsumerInfo{
+	info = &server.ConsumerInfo{
 		Stream:         c.sc.s.name,
 		Name:           c.name,
 		Created:        c.created.UTC(),
@@ -320,19 +335,21 @@ func (cs *consumerSide) info(ctx context.Context, c *consumer) (*server.Consumer
 			info.NumWaiting++
 		}
 	}
-	from, extra := c.st.Next(), uint64(0)
-	if c.start != nil {
-		from, extra = c.start.resume+1, uint64(len(c.start.skip))
-	}
-	filters := c.filters()
+	from, extra = c.countFrom()
+	return info, from, extra
+}
+
+// createdInfo reports a consumer create just made: its info as of creation if it is still
+// there to take, the current one otherwise (a create that found the consumer existing).
+func (cs *consumerSide) createdInfo(ctx context.Context, c *consumer) (*server.ConsumerInfo, error) {
+	c.mu.Lock()
+	info := c.initial
+	c.initial = nil
 	c.mu.Unlock()
-	info.PushBound = cs.pushBound(&cfg)
-	np, err := cs.b.db.CountPending(ctx, pg.PendingParams{StreamID: c.sc.s.id, From: from, UpTo: c.sc.tail.HighWater(), Filters: filters})
-	if err != nil {
-		return nil, err
+	if info != nil {
+		return info, nil
 	}
-	info.NumPending = np + extra
-	return info, nil
+	return cs.info(ctx, c)
 }
 
 // highWater reads a stream's committed high-water mark from PostgreSQL.

@@ -127,6 +127,11 @@ type consumer struct {
 	lastActive time.Time
 	retryAt    time.Time
 
+	// initial is the consumer's info as of its creation, before its goroutine delivered
+	// anything: the create response reports it, as nats-server's does, since a push
+	// consumer may have delivered by the time the response is written. Taken once.
+	initial *server.ConsumerInfo
+
 	cw         cursorWriter
 	tally      tally
 	ackedFloor bool // an ack moved the floor; the cursor writer is told after the queue

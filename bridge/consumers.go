@@ -389,6 +389,15 @@ func (cs *consumerSide) activate(ctx context.Context, sc *streamConsumers, row p
 	c.npc = int64(npc + extra)
 	c.counted.Store(c.st.Next())
 	c.pend.through = hw // no commit reaches c before it is registered below
+	if start != nil {
+		// A new consumer: its create response reports it as it is now, before its goroutine
+		// runs, with nothing delivered and every matching message pending.
+		c.mu.Lock()
+		c.initial, _, _ = cs.infoLocked(c)
+		c.mu.Unlock()
+		c.initial.NumPending = uint64(c.npc)
+		c.initial.PushBound = cs.pushBound(c.initial.Config)
+	}
 	sc.mu.Lock()
 	if old := sc.cons[c.name]; old != nil {
 		sc.mu.Unlock()

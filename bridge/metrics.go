@@ -66,7 +66,7 @@ func newPushMetrics(reg prometheus.Registerer) *pushMetrics {
 		}),
 		apiReqs: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "jetgres_api_requests_total",
-			Help: "JetStream API requests, by outcome (ok, error, overloaded).",
+			Help: "JetStream API requests, by outcome (ok, error, unavailable: the database could not be reached, overloaded).",
 		}, []string{"outcome"}),
 	}
 	if reg != nil {

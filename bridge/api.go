@@ -61,6 +61,10 @@ func (b *Bridge) apiWorker() {
 func (b *Bridge) serveAPI(ctx context.Context, m *leaf.Msg) {
 	rest := strings.TrimPrefix(m.Subject, apiPrefix)
 	tok := strings.Split(rest, ".")
+	if i := findUnsupported(rest); i >= 0 {
+		b.answerUnsupported(m, i)
+		return
+	}
 	switch {
 	case rest == "INFO":
 		r, err := b.apiAccountInfo(ctx)

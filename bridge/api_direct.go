@@ -57,7 +57,12 @@ func (b *Bridge) directGet(ctx context.Context, m *leaf.Msg, tok []string) {
 			status(code.code, code.desc)
 			return
 		}
-		status(directFailure(err))
+		failed, desc := directFailure(err)
+		status(failed, desc)
+		if failed == 503 {
+			b.log.Warn("direct get: database unavailable", "stream", s.name, "err", err)
+			return
+		}
 		b.log.Error("direct get", "stream", s.name, "err", err)
 	}
 }

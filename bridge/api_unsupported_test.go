@@ -2,6 +2,7 @@ package bridge
 
 import (
 	"encoding/json"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -71,5 +72,23 @@ func TestEveryJetStreamRequestIsServedOrRefused(t *testing.T) {
 	}
 	for name := range unsupported {
 		t.Errorf("%s is listed as unsupported but is no request nats-server knows", name)
+	}
+}
+
+// TestReadmeListsUnsupported keeps the README's list of what jetgres does not serve true.
+func TestReadmeListsUnsupported(t *testing.T) {
+	readme, err := os.ReadFile("../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, section, ok := strings.Cut(string(readme), "\n## Not supported\n")
+	if !ok {
+		t.Fatal(`README has no "## Not supported" section`)
+	}
+	section, _, _ = strings.Cut(section, "\n## ")
+	for _, u := range unsupportedRequests {
+		if !strings.Contains(section, "`"+u.name+"`") {
+			t.Errorf("README's Not supported section does not list %s", u.name)
+		}
 	}
 }

@@ -2,13 +2,14 @@ package bridge
 
 import (
 	"context"
-	"encoding/json"
+	"errors"
 	"strings"
 
 	"github.com/nats-io/nats-server/v2/server"
 
 	"github.com/jetgres/jetgres/embedded/leaf"
 	"github.com/jetgres/jetgres/internal/jswire"
+	"github.com/jetgres/jetgres/pg"
 )
 
 const (
@@ -60,45 +61,35 @@ func (b *Bridge) apiWorker() {
 func (b *Bridge) serveAPI(ctx context.Context, m *leaf.Msg) {
 	rest := strings.TrimPrefix(m.Subject, apiPrefix)
 	tok := strings.Split(rest, ".")
-	var resp any
+	if i := findUnsupported(rest); i >= 0 {
+		b.answerUnsupported(m, i)
+		return
+	}
 	switch {
 	case rest == "INFO":
-		resp = b.apiAccountInfo(ctx)
+		r, err := b.apiAccountInfo(ctx)
+		b.respond(m.Reply, r, &r.ApiResponse, server.NewJSStreamGeneralError, err)
 	case tok[0] == "STREAM":
-		resp = b.streamAPI(ctx, tok[1:], m.Data)
+		b.streamAPI(ctx, tok[1:], m)
 	case tok[0] == "CONSUMER":
-		resp = b.handleConsumerAPI(ctx, tok[1:], m)
+		b.handleConsumerAPI(ctx, tok[1:], m)
 	case len(tok) >= 3 && tok[0] == "DIRECT" && tok[1] == "GET" && tok[2] != "":
 		b.directGet(ctx, m, tok[2:])
-		return
 	default:
-		resp = jswire.ErrorResponse(server.JSApiSystemResponseType, server.NewJSBadRequestError())
+		b.badRequest(m, server.JSApiSystemResponseType)
 	}
-	if resp == nil {
-		return
-	}
-	b.respond(m.Reply, resp)
 }
 
-// respond marshals an API response and sends it, counting errors.
-func (b *Bridge) respond(reply string, resp any) {
-	data, err := json.Marshal(resp)
-	if err != nil {
-		b.log.Error("encoding API response", "err", err)
-		return
-	}
-	outcome := "ok"
-	if r, ok := resp.(interface{ ToError() error }); ok && r.ToError() != nil {
-		outcome = "error"
-	}
-	b.pm.apiReqs.WithLabelValues(outcome).Inc()
-	_ = b.link.Publish(reply, "", nil, data)
+// badRequest answers a request jetgres cannot make sense of, as nats-server does.
+func (b *Bridge) badRequest(m *leaf.Msg, typ string) {
+	r := jswire.ErrorResponse(typ, nil)
+	b.respond(m.Reply, r, r, server.NewJSStreamGeneralError, server.NewJSBadRequestError())
 }
 
 // requestedStream reads an API request about the stream called name: it decodes body into
 // req, or, for subjects that take no request (req nil), refuses any body but an empty one,
 // and then finds the stream. Both checks come in the order nats-server makes them.
-func (b *Bridge) requestedStream(ctx context.Context, name string, body []byte, req any) (*stream, *server.ApiError) {
+func (b *Bridge) requestedStream(ctx context.Context, name string, body []byte, req any) (*stream, error) {
 	if req == nil {
 		if !jswire.IsEmptyRequest(body) {
 			return nil, server.NewJSNotEmptyRequestError()
@@ -106,14 +97,21 @@ func (b *Bridge) requestedStream(ctx context.Context, name string, body []byte, 
 	} else if e := jswire.DecodeRequest(body, req); e != nil {
 		return nil, e
 	}
-	s := b.lookupOrSync(ctx, name)
-	if s == nil {
-		return nil, server.NewJSStreamNotFoundError()
-	}
-	return s, nil
+	return b.findStream(ctx, name)
 }
 
-func (b *Bridge) apiAccountInfo(ctx context.Context) any {
+// findStream finds the stream called name, answering "stream not found" only when
+// PostgreSQL said so; a database it could not read is the database's error.
+func (b *Bridge) findStream(ctx context.Context, name string) (*stream, error) {
+	s, err := b.lookupOrSync(ctx, name)
+	if errors.Is(err, pg.ErrNotFound) {
+		return nil, server.NewJSStreamNotFoundError()
+	}
+	return s, err
+}
+
+func (b *Bridge) apiAccountInfo(ctx context.Context) (*server.JSApiAccountInfoResponse, error) {
+	resp := &server.JSApiAccountInfoResponse{ApiResponse: jswire.APIResponse(server.JSApiAccountInfoResponseType)}
 	var stats server.JetStreamAccountStats
 	stats.API.Level = apiLevel
 	for _, s := range b.streamList() {
@@ -124,5 +122,6 @@ func (b *Bridge) apiAccountInfo(ctx context.Context) any {
 		}
 	}
 	stats.Limits = server.JetStreamAccountLimits{MaxMemory: -1, MaxStore: -1, MaxStreams: -1, MaxConsumers: -1, MaxAckPending: -1, MemoryMaxStreamBytes: -1, StoreMaxStreamBytes: -1}
-	return &server.JSApiAccountInfoResponse{ApiResponse: jswire.APIResponse(server.JSApiAccountInfoResponseType), JetStreamAccountStats: &stats}
+	resp.JetStreamAccountStats = &stats
+	return resp, nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"strings"
 	"time"
 
@@ -20,37 +21,38 @@ var errServedElsewhere = errors.New("consumer is served by another replica")
 
 // handleConsumerAPI serves $JS.API.CONSUMER.* (tok is the subject after "CONSUMER.") on an
 // API worker. MSG.NEXT never comes here: it takes the in-order path of handlePullRequest.
-func (b *Bridge) handleConsumerAPI(ctx context.Context, tok []string, m *leaf.Msg) any {
+func (b *Bridge) handleConsumerAPI(ctx context.Context, tok []string, m *leaf.Msg) {
 	cs := b.cs()
 	switch {
-	case len(tok) >= 2 && tok[0] == "CREATE":
-		return cs.apiCreate(ctx, tok, m.Data)
-	case len(tok) >= 2 && tok[0] == "DURABLE" && tok[1] == "CREATE":
-		return cs.apiCreate(ctx, tok, m.Data)
+	case len(tok) >= 2 && (tok[0] == "CREATE" || tok[0] == "DURABLE" && tok[1] == "CREATE"):
+		r, err := cs.apiCreate(ctx, tok, m.Data)
+		b.respond(m.Reply, r, &r.ApiResponse, server.NewJSConsumerCreateError, err)
 	case len(tok) == 3 && tok[0] == "INFO":
-		return cs.apiInfo(ctx, tok[1], tok[2], m.Data)
+		r, err := cs.apiInfo(ctx, tok[1], tok[2], m.Data)
+		b.respond(m.Reply, r, &r.ApiResponse, server.NewJSStreamGeneralError, err)
 	case len(tok) == 3 && tok[0] == "DELETE":
-		return cs.apiDelete(ctx, tok[1], tok[2], m.Data)
+		r, err := cs.apiDelete(ctx, tok[1], tok[2], m.Data)
+		b.respond(m.Reply, r, &r.ApiResponse, server.NewJSStreamGeneralError, err)
 	case len(tok) == 2 && tok[0] == "NAMES":
-		return cs.apiNames(ctx, tok[1], m.Data)
+		r, err := cs.apiNames(ctx, tok[1], m.Data)
+		b.respond(m.Reply, r, &r.ApiResponse, server.NewJSStreamGeneralError, err)
 	case len(tok) == 2 && tok[0] == "LIST":
-		return cs.apiList(ctx, tok[1], m.Data)
+		r, err := cs.apiList(ctx, tok[1], m.Data)
+		b.respond(m.Reply, r, &r.ApiResponse, server.NewJSStreamGeneralError, err)
 	case len(tok) == 3 && tok[0] == "PAUSE":
-		return cs.apiPause(ctx, tok[1], tok[2], m.Data)
+		r, err := cs.apiPause(ctx, tok[1], tok[2], m.Data)
+		b.respond(m.Reply, r, &r.ApiResponse, server.NewJSConsumerCreateError, err)
+	default:
+		b.badRequest(m, server.JSApiConsumerInfoResponseType)
 	}
-	return jswire.ErrorResponse(server.JSApiConsumerInfoResponseType,
-		server.NewJSBadRequestError())
 }
 
 // apiCreate serves CONSUMER.CREATE.<stream>[.<consumer>[.<filter>]] and
 // CONSUMER.DURABLE.CREATE.<stream>.<consumer>, with nats-server's rules for names,
 // filters in the subject and the create/update action.
-func (cs *consumerSide) apiCreate(ctx context.Context, tok []string, data []byte) any {
+func (cs *consumerSide) apiCreate(ctx context.Context, tok []string, data []byte) (*server.JSApiConsumerCreateResponse, error) {
 	resp := &server.JSApiConsumerCreateResponse{ApiResponse: jswire.APIResponse(server.JSApiConsumerCreateResponseType)}
-	fail := func(e *server.ApiError) any {
-		resp.Error = e
-		return resp
-	}
+	fail := func(e error) (*server.JSApiConsumerCreateResponse, error) { return resp, e }
 	var req server.CreateConsumerRequest
 	if e := jswire.DecodeRequest(data, &req); e != nil {
 		return fail(e)
@@ -104,9 +106,9 @@ func (cs *consumerSide) apiCreate(ctx context.Context, tok []string, data []byte
 	if filter != "" && req.Config.FilterSubject != filter {
 		return fail(server.NewJSConsumerCreateFilterSubjectMismatchError())
 	}
-	s := cs.b.lookupOrSync(ctx, streamName)
-	if s == nil {
-		return fail(server.NewJSStreamNotFoundError())
+	s, err := cs.b.findStream(ctx, streamName)
+	if err != nil {
+		return fail(err)
 	}
 	scfg := s.config()
 	cfg, e := jswire.CheckConsumerConfig(req.Config, &scfg)
@@ -138,15 +140,14 @@ func (cs *consumerSide) apiCreate(ctx context.Context, tok []string, data []byte
 		}
 		info, err := cs.info(ctx, c)
 		if err != nil {
-			return fail(server.NewJSConsumerCreateError(errors.New("database error")))
+			return fail(fmt.Errorf("consumer %q on stream %q: %w", name, streamName, err))
 		}
 		resp.ConsumerInfo = info
-		return resp
+		return resp, nil
 	case errors.Is(err, pg.ErrLeaseHeld):
 		return fail(server.NewJSConsumerCreateError(errServedElsewhere))
 	case !errors.Is(err, pg.ErrNotFound):
-		cs.b.log.Error("looking up consumer", "stream", streamName, "consumer", name, "err", err)
-		return fail(server.NewJSConsumerCreateError(errors.New("database error")))
+		return fail(fmt.Errorf("looking up consumer %q on stream %q: %w", name, streamName, err))
 	}
 	if req.Action == server.ActionUpdate {
 		return fail(server.NewJSConsumerDoesNotExistError())
@@ -154,20 +155,20 @@ func (cs *consumerSide) apiCreate(ctx context.Context, tok []string, data []byte
 	if scfg.MaxConsumers > 0 && cs.b.numConsumers(s) >= scfg.MaxConsumers {
 		return fail(server.NewJSMaximumConsumersLimitError())
 	}
-	c, e = cs.create(ctx, s, name, cfg)
-	if e != nil {
-		return fail(e)
+	c, err = cs.create(ctx, s, name, cfg)
+	if err != nil {
+		return fail(err)
 	}
 	info, err := cs.createdInfo(ctx, c)
 	if err != nil {
-		return fail(server.NewJSConsumerCreateError(errors.New("database error")))
+		return fail(fmt.Errorf("consumer %q on stream %q: %w", name, streamName, err))
 	}
 	resp.ConsumerInfo = info
-	return resp
+	return resp, nil
 }
 
 // applyConfig applies a create request, or a pause, to an existing consumer.
-func (cs *consumerSide) applyConfig(ctx context.Context, c *consumer, cfg server.ConsumerConfig, action server.ConsumerAction) *server.ApiError {
+func (cs *consumerSide) applyConfig(ctx context.Context, c *consumer, cfg server.ConsumerConfig, action server.ConsumerAction) error {
 	c.mu.Lock()
 	old := c.cfg
 	c.mu.Unlock()
@@ -186,8 +187,7 @@ func (cs *consumerSide) applyConfig(ctx context.Context, c *consumer, cfg server
 		return server.NewJSConsumerCreateError(err)
 	}
 	if err := cs.b.db.UpdateConsumerConfig(ctx, c.sc.s.id, c.name, raw); err != nil {
-		cs.b.log.Error("updating consumer", "stream", c.sc.s.name, "consumer", c.name, "err", err)
-		return server.NewJSConsumerCreateError(errors.New("database error"))
+		return fmt.Errorf("updating consumer %q on stream %q: %w", c.name, c.sc.s.name, err)
 	}
 	c.mu.Lock()
 	c.cfg = cfg
@@ -198,12 +198,10 @@ func (cs *consumerSide) applyConfig(ctx context.Context, c *consumer, cfg server
 
 // create stores a new consumer at the start position its deliver policy selects and
 // starts serving it.
-func (cs *consumerSide) create(ctx context.Context, s *stream, name string, cfg server.ConsumerConfig) (*consumer, *server.ApiError) {
-	dbErr := server.NewJSConsumerCreateError(errors.New("database error"))
+func (cs *consumerSide) create(ctx context.Context, s *stream, name string, cfg server.ConsumerConfig) (*consumer, error) {
 	start, err := cs.startFor(ctx, s, &cfg)
 	if err != nil {
-		cs.b.log.Error("choosing consumer start", "stream", s.name, "consumer", name, "err", err)
-		return nil, dbErr
+		return nil, fmt.Errorf("choosing the start of consumer %q on stream %q: %w", name, s.name, err)
 	}
 	raw, err := json.Marshal(cfg)
 	if err != nil {
@@ -217,17 +215,15 @@ func (cs *consumerSide) create(ctx context.Context, s *stream, name string, cfg 
 	case errors.Is(err, pg.ErrNotFound):
 		return nil, server.NewJSStreamNotFoundError()
 	case err != nil:
-		cs.b.log.Error("creating consumer", "stream", s.name, "consumer", name, "err", err)
-		return nil, dbErr
+		return nil, fmt.Errorf("creating consumer %q on stream %q: %w", name, s.name, err)
 	}
 	sc, err := cs.streamLoaded(ctx, s)
 	if err != nil {
-		return nil, dbErr
+		return nil, fmt.Errorf("loading stream %q: %w", s.name, err)
 	}
 	c, err := cs.activate(ctx, sc, row, start)
 	if err != nil {
-		cs.b.log.Error("starting consumer", "stream", s.name, "consumer", name, "err", err)
-		return nil, dbErr
+		return nil, fmt.Errorf("starting consumer %q on stream %q: %w", name, s.name, err)
 	}
 	return c, nil
 }
@@ -400,12 +396,11 @@ func utcOrNil(t time.Time) *time.Time {
 	return &u
 }
 
-func (cs *consumerSide) apiInfo(ctx context.Context, streamName, name string, data []byte) any {
+func (cs *consumerSide) apiInfo(ctx context.Context, streamName, name string, data []byte) (*server.JSApiConsumerInfoResponse, error) {
 	resp := &server.JSApiConsumerInfoResponse{ApiResponse: jswire.APIResponse(server.JSApiConsumerInfoResponseType)}
-	s, e := cs.b.requestedStream(ctx, streamName, data, nil)
-	if e != nil {
-		resp.Error = e
-		return resp
+	s, err := cs.b.requestedStream(ctx, streamName, data, nil)
+	if err != nil {
+		return resp, err
 	}
 	c, err := cs.ensure(ctx, streamName, name)
 	var info *server.ConsumerInfo
@@ -413,8 +408,7 @@ func (cs *consumerSide) apiInfo(ctx context.Context, streamName, name string, da
 	case err == nil:
 		info, err = cs.info(ctx, c)
 	case errors.Is(err, pg.ErrNotFound):
-		resp.Error = server.NewJSConsumerNotFoundError()
-		return resp
+		return resp, server.NewJSConsumerNotFoundError()
 	case errors.Is(err, pg.ErrLeaseHeld):
 		var row pg.Consumer
 		var hw uint64
@@ -425,36 +419,29 @@ func (cs *consumerSide) apiInfo(ctx context.Context, streamName, name string, da
 		}
 	}
 	if err != nil {
-		cs.b.log.Error("consumer info", "stream", streamName, "consumer", name, "err", err)
-		resp.Error = server.NewJSConsumerNotFoundError()
-		return resp
+		return resp, fmt.Errorf("consumer %q on stream %q: %w", name, streamName, err)
 	}
 	resp.ConsumerInfo = info
-	return resp
+	return resp, nil
 }
 
 // apiPause serves CONSUMER.PAUSE.<stream>.<consumer>: pause_until in the future stops
 // deliveries until then (pull requests still queue, expire and get heartbeats); a time in
 // the past or none resumes at once. It is the consumer's pause_until, stored with its config.
-func (cs *consumerSide) apiPause(ctx context.Context, streamName, name string, data []byte) any {
+func (cs *consumerSide) apiPause(ctx context.Context, streamName, name string, data []byte) (*server.JSApiConsumerPauseResponse, error) {
 	resp := &server.JSApiConsumerPauseResponse{ApiResponse: jswire.APIResponse(server.JSApiConsumerPauseResponseType)}
 	var req server.JSApiConsumerPauseRequest
-	if _, e := cs.b.requestedStream(ctx, streamName, data, &req); e != nil {
-		resp.Error = e
-		return resp
+	if _, err := cs.b.requestedStream(ctx, streamName, data, &req); err != nil {
+		return resp, err
 	}
 	c, err := cs.ensure(ctx, streamName, name)
 	switch {
 	case errors.Is(err, pg.ErrNotFound):
-		resp.Error = server.NewJSConsumerNotFoundError()
-		return resp
+		return resp, server.NewJSConsumerNotFoundError()
 	case errors.Is(err, pg.ErrLeaseHeld):
-		resp.Error = server.NewJSConsumerCreateError(errServedElsewhere)
-		return resp
+		return resp, server.NewJSConsumerCreateError(errServedElsewhere)
 	case err != nil:
-		cs.b.log.Error("looking up consumer", "stream", streamName, "consumer", name, "err", err)
-		resp.Error = server.NewJSConsumerNotFoundError()
-		return resp
+		return resp, fmt.Errorf("looking up consumer %q on stream %q: %w", name, streamName, err)
 	}
 	c.mu.Lock()
 	cfg := c.cfg
@@ -464,64 +451,57 @@ func (cs *consumerSide) apiPause(ctx context.Context, streamName, name string, d
 	if !until.IsZero() {
 		cfg.PauseUntil = &until
 	}
-	if e := cs.applyConfig(ctx, c, cfg, server.ActionUpdate); e != nil {
-		resp.Error = e
-		return resp
+	if err := cs.applyConfig(ctx, c, cfg, server.ActionUpdate); err != nil {
+		return resp, err
 	}
 	resp.PauseUntil = until
 	resp.Paused, resp.PauseRemaining = pausedAt(&until, cs.b.clock.Now())
-	return resp
+	return resp, nil
 }
 
-func (cs *consumerSide) apiDelete(ctx context.Context, streamName, name string, data []byte) any {
+func (cs *consumerSide) apiDelete(ctx context.Context, streamName, name string, data []byte) (*server.JSApiConsumerDeleteResponse, error) {
 	resp := &server.JSApiConsumerDeleteResponse{ApiResponse: jswire.APIResponse(server.JSApiConsumerDeleteResponseType)}
-	s, e := cs.b.requestedStream(ctx, streamName, data, nil)
-	if e != nil {
-		resp.Error = e
-		return resp
+	s, err := cs.b.requestedStream(ctx, streamName, data, nil)
+	if err != nil {
+		return resp, err
 	}
-	err := pg.ErrNotFound
+	err = pg.ErrNotFound
 	if jswire.ValidName(name) {
 		err = cs.b.db.DeleteConsumer(ctx, s.id, name)
 	}
 	switch {
 	case errors.Is(err, pg.ErrNotFound):
-		resp.Error = server.NewJSConsumerNotFoundError()
-		return resp
+		return resp, server.NewJSConsumerNotFoundError()
 	case err != nil:
-		cs.b.log.Error("deleting consumer", "stream", streamName, "consumer", name, "err", err)
-		resp.Error = server.NewJSStreamGeneralError(errors.New("database error"))
-		return resp
+		return resp, fmt.Errorf("deleting consumer %q on stream %q: %w", name, streamName, err)
 	}
 	if c := cs.find(streamName, name); c != nil {
 		cs.remove(c)
 		c.stop(stopDeleted)
 	}
 	resp.Success = true
-	return resp
+	return resp, nil
 }
 
 // pagedConsumers reads a stream's stored consumers and the requested offset.
-func (cs *consumerSide) pagedConsumers(ctx context.Context, streamName string, data []byte) (*stream, []pg.Consumer, int, *server.ApiError) {
+func (cs *consumerSide) pagedConsumers(ctx context.Context, streamName string, data []byte) (*stream, []pg.Consumer, int, error) {
 	var req server.JSApiConsumersRequest
-	s, e := cs.b.requestedStream(ctx, streamName, data, &req)
-	if e != nil {
-		return nil, nil, 0, e
+	s, err := cs.b.requestedStream(ctx, streamName, data, &req)
+	if err != nil {
+		return nil, nil, 0, err
 	}
 	rows, err := cs.b.db.Consumers(ctx, s.id)
 	if err != nil {
-		cs.b.log.Error("listing consumers", "stream", streamName, "err", err)
-		return nil, nil, 0, server.NewJSStreamGeneralError(errors.New("database error"))
+		return nil, nil, 0, fmt.Errorf("listing consumers of stream %q: %w", streamName, err)
 	}
 	return s, rows, min(max(req.Offset, 0), len(rows)), nil
 }
 
-func (cs *consumerSide) apiNames(ctx context.Context, streamName string, data []byte) any {
+func (cs *consumerSide) apiNames(ctx context.Context, streamName string, data []byte) (*server.JSApiConsumerNamesResponse, error) {
 	resp := &server.JSApiConsumerNamesResponse{ApiResponse: jswire.APIResponse(server.JSApiConsumerNamesResponseType), Consumers: []string{}}
-	_, rows, offset, e := cs.pagedConsumers(ctx, streamName, data)
-	if e != nil {
-		resp.Error = e
-		return resp
+	_, rows, offset, err := cs.pagedConsumers(ctx, streamName, data)
+	if err != nil {
+		return resp, err
 	}
 	for _, r := range rows[offset:] {
 		if len(resp.Consumers) >= server.JSApiNamesLimit {
@@ -530,15 +510,14 @@ func (cs *consumerSide) apiNames(ctx context.Context, streamName string, data []
 		resp.Consumers = append(resp.Consumers, r.Name)
 	}
 	resp.Total, resp.Offset, resp.Limit = len(rows), offset, server.JSApiNamesLimit
-	return resp
+	return resp, nil
 }
 
-func (cs *consumerSide) apiList(ctx context.Context, streamName string, data []byte) any {
+func (cs *consumerSide) apiList(ctx context.Context, streamName string, data []byte) (*server.JSApiConsumerListResponse, error) {
 	resp := &server.JSApiConsumerListResponse{ApiResponse: jswire.APIResponse(server.JSApiConsumerListResponseType), Consumers: []*server.ConsumerInfo{}}
-	s, rows, offset, e := cs.pagedConsumers(ctx, streamName, data)
-	if e != nil {
-		resp.Error = e
-		return resp
+	s, rows, offset, err := cs.pagedConsumers(ctx, streamName, data)
+	if err != nil {
+		return resp, err
 	}
 	hw := uint64(0)
 	hwRead := false
@@ -566,5 +545,5 @@ func (cs *consumerSide) apiList(ctx context.Context, streamName string, data []b
 		resp.Consumers = append(resp.Consumers, info)
 	}
 	resp.Total, resp.Offset, resp.Limit = len(rows), offset, server.JSApiListLimit
-	return resp
+	return resp, nil
 }

@@ -31,8 +31,11 @@ const (
 
 func (b *Bridge) directGet(ctx context.Context, m *leaf.Msg, tok []string) {
 	status := func(code int, desc string) { _ = b.link.Publish(m.Reply, "", jswire.StatusHeader(code, desc), nil) }
-	s := b.lookupOrSync(ctx, tok[0])
-	if s == nil || !s.config().AllowDirect {
+	s, err := b.lookupOrSync(ctx, tok[0])
+	if err != nil && !errors.Is(err, pg.ErrNotFound) {
+		b.log.Warn("direct get", "stream", tok[0], "err", err)
+	}
+	if err != nil || !s.config().AllowDirect {
 		status(503, "")
 		return
 	}
@@ -54,8 +57,13 @@ func (b *Bridge) directGet(ctx context.Context, m *leaf.Msg, tok []string) {
 			status(code.code, code.desc)
 			return
 		}
+		failed, desc := directFailure(err)
+		status(failed, desc)
+		if failed == 503 {
+			b.log.Warn("direct get: database unavailable", "stream", s.name, "err", err)
+			return
+		}
 		b.log.Error("direct get", "stream", s.name, "err", err)
-		status(500, "Database Error")
 	}
 }
 

@@ -12,112 +12,113 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 
+	"github.com/jetgres/jetgres/embedded/leaf"
 	"github.com/jetgres/jetgres/internal/jswire"
 	"github.com/jetgres/jetgres/pg"
 )
 
 // streamAPI serves $JS.API.STREAM.*; tok follows "STREAM".
-func (b *Bridge) streamAPI(ctx context.Context, tok []string, body []byte) any {
+func (b *Bridge) streamAPI(ctx context.Context, tok []string, m *leaf.Msg) {
 	if len(tok) == 0 {
-		return jswire.ErrorResponse(server.JSApiSystemResponseType, server.NewJSBadRequestError())
+		b.badRequest(m, server.JSApiSystemResponseType)
+		return
 	}
-	op := tok[0]
-	if op == "NAMES" {
-		return b.apiStreamNames(body)
+	op, body := tok[0], m.Data
+	switch {
+	case op == "NAMES":
+		r, err := b.apiStreamNames(body)
+		b.respond(m.Reply, r, &r.ApiResponse, server.NewJSStreamGeneralError, err)
+	case op == "LIST":
+		r, err := b.apiStreamList(ctx, body)
+		b.respond(m.Reply, r, &r.ApiResponse, server.NewJSStreamGeneralError, err)
+	case op == "MSG" && len(tok) == 3 && tok[1] == "GET":
+		r, err := b.apiMsgGet(ctx, tok[2], body)
+		b.respond(m.Reply, r, &r.ApiResponse, server.NewJSStreamStoreFailedError, err)
+	case op == "MSG" && len(tok) == 3 && tok[1] == "DELETE":
+		r, err := b.apiMsgDelete(ctx, tok[2], body)
+		b.respond(m.Reply, r, &r.ApiResponse, server.NewJSStreamMsgDeleteFailedError, err)
+	case len(tok) != 2:
+		b.badRequest(m, server.JSApiSystemResponseType)
+	case op == "CREATE":
+		r, err := b.apiStreamCreate(ctx, tok[1], body)
+		b.respond(m.Reply, r, &r.ApiResponse, server.NewJSStreamCreateError, err)
+	case op == "UPDATE":
+		r, err := b.apiStreamUpdate(ctx, tok[1], body)
+		b.respond(m.Reply, r, &r.ApiResponse, server.NewJSStreamUpdateError, err)
+	case op == "INFO":
+		r, err := b.apiStreamInfo(ctx, tok[1], body)
+		b.respond(m.Reply, r, &r.ApiResponse, server.NewJSStreamStoreFailedError, err)
+	case op == "DELETE":
+		r, err := b.apiStreamDelete(ctx, tok[1], body)
+		b.respond(m.Reply, r, &r.ApiResponse, server.NewJSStreamDeleteError, err)
+	case op == "PURGE":
+		r, err := b.apiStreamPurge(ctx, tok[1], body)
+		b.respond(m.Reply, r, &r.ApiResponse, server.NewJSStreamPurgeFailedError, err)
+	default:
+		b.badRequest(m, server.JSApiSystemResponseType)
 	}
-	if op == "LIST" {
-		return b.apiStreamList(ctx, body)
-	}
-	if op == "MSG" && len(tok) == 3 {
-		switch tok[1] {
-		case "GET":
-			return b.apiMsgGet(ctx, tok[2], body)
-		case "DELETE":
-			return b.apiMsgDelete(ctx, tok[2], body)
-		}
-	}
-	if len(tok) != 2 {
-		return jswire.ErrorResponse(server.JSApiSystemResponseType, server.NewJSBadRequestError())
-	}
-	name := tok[1]
-	switch op {
-	case "CREATE":
-		return b.apiStreamCreate(ctx, name, body)
-	case "UPDATE":
-		return b.apiStreamUpdate(ctx, name, body)
-	case "INFO":
-		return b.apiStreamInfo(ctx, name, body)
-	case "DELETE":
-		return b.apiStreamDelete(ctx, name, body)
-	case "PURGE":
-		return b.apiStreamPurge(ctx, name, body)
-	}
-	return jswire.ErrorResponse(server.JSApiSystemResponseType, server.NewJSBadRequestError())
 }
 
-func createErr(e *server.ApiError) any {
-	return &server.JSApiStreamCreateResponse{ApiResponse: server.ApiResponse{Type: server.JSApiStreamCreateResponseType, Error: e}}
-}
-
-func (b *Bridge) apiStreamCreate(ctx context.Context, name string, body []byte) any {
+func (b *Bridge) apiStreamCreate(ctx context.Context, name string, body []byte) (*server.JSApiStreamCreateResponse, error) {
+	resp := &server.JSApiStreamCreateResponse{ApiResponse: jswire.APIResponse(server.JSApiStreamCreateResponseType)}
 	var req server.StreamConfig
 	if e := jswire.DecodeRequest(body, &req); e != nil {
-		return createErr(e)
+		return resp, e
 	}
 	if req.Name == "" {
 		req.Name = name
 	}
 	if req.Name != name {
-		return createErr(server.NewJSStreamMismatchError())
+		return resp, server.NewJSStreamMismatchError()
 	}
 	cfg, e := jswire.CheckStreamConfig(req, b.cfg.MaxPayload)
 	if e != nil {
-		return createErr(e)
+		return resp, e
 	}
 	if cfg.Sealed {
-		return createErr(server.NewJSStreamInvalidConfigError(errors.New("stream configuration for create can not be sealed")))
+		return resp, server.NewJSStreamInvalidConfigError(errors.New("stream configuration for create can not be sealed"))
 	}
 	b.adminMu.Lock()
 	defer b.adminMu.Unlock()
 	if cur := b.lookup(name); cur != nil {
 		// Creating an existing stream with the same configuration succeeds, as in JetStream.
 		if jswire.SameStreamConfig(cur.config(), cfg) {
-			return b.streamCreateResponse(ctx, cur, false)
+			return b.streamCreated(ctx, resp, cur, false)
 		}
-		return createErr(server.NewJSStreamNameExistError())
+		return resp, server.NewJSStreamNameExistError()
 	}
 	if o := b.overlapping(name, cfg.Subjects); o != nil {
-		return createErr(server.NewJSStreamSubjectOverlapError())
+		return resp, server.NewJSStreamSubjectOverlapError()
 	}
 	raw, err := json.Marshal(cfg)
 	if err != nil {
-		return createErr(server.NewJSStreamCreateError(err))
+		return resp, server.NewJSStreamCreateError(err)
 	}
 	st, err := b.db.CreateStream(ctx, name, raw)
 	if errors.Is(err, pg.ErrExists) {
-		return createErr(server.NewJSStreamNameExistError())
+		return resp, server.NewJSStreamNameExistError()
 	}
 	if err != nil {
-		b.log.Error("create stream", "stream", name, "err", err)
-		return createErr(server.NewJSStreamCreateError(errors.New("database error")))
+		return resp, fmt.Errorf("create stream %q: %w", name, err)
 	}
 	if err := b.addStream(st, cfg); err != nil {
-		return createErr(server.NewJSStreamCreateError(err))
+		return resp, server.NewJSStreamCreateError(err)
 	}
 	b.log.Info("stream created", "stream", name, "subjects", cfg.Subjects)
 	s := b.lookup(name)
-	return b.streamCreateResponse(ctx, s, true)
+	return b.streamCreated(ctx, resp, s, true)
 }
 
-func (b *Bridge) streamCreateResponse(ctx context.Context, s *stream, created bool) any {
-	info, e := b.streamInfo(ctx, s)
-	if e != nil {
-		return createErr(e)
+func (b *Bridge) streamCreated(ctx context.Context, resp *server.JSApiStreamCreateResponse, s *stream, created bool) (*server.JSApiStreamCreateResponse, error) {
+	info, err := b.streamInfo(ctx, s)
+	if err != nil {
+		return resp, err
 	}
-	return &server.JSApiStreamCreateResponse{ApiResponse: jswire.APIResponse(server.JSApiStreamCreateResponseType), StreamInfo: info, DidCreate: created}
+	resp.StreamInfo, resp.DidCreate = info, created
+	return resp, nil
 }
 
-func (b *Bridge) streamInfo(ctx context.Context, s *stream) (*server.StreamInfo, *server.ApiError) {
+func (b *Bridge) streamInfo(ctx context.Context, s *stream) (*server.StreamInfo, error) {
 	// JetStream removes an acknowledged message before it answers the ack; a pass now makes
 	// every ack the consumers applied show, whether or not the maintainer got to it yet.
 	if err := b.settleRetention(ctx, s); err != nil {
@@ -128,15 +129,13 @@ func (b *Bridge) streamInfo(ctx context.Context, s *stream) (*server.StreamInfo,
 		return nil, server.NewJSStreamNotFoundError()
 	}
 	if err != nil {
-		b.log.Error("stream state", "stream", s.name, "err", err)
-		return nil, server.NewJSStreamStoreFailedError(errors.New("database error"))
+		return nil, fmt.Errorf("stream %q state: %w", s.name, err)
 	}
 	// JetStream keeps a count of subjects; counting them here costs a grouped read of the
 	// subject index of each chunk, which a stream info is allowed.
 	subjects, err := b.db.SubjectTotals(ctx, s.id, ">")
 	if err != nil {
-		b.log.Error("stream subjects", "stream", s.name, "err", err)
-		return nil, server.NewJSStreamStoreFailedError(errors.New("database error"))
+		return nil, fmt.Errorf("stream %q subjects: %w", s.name, err)
 	}
 	state := server.StreamState{
 		NumSubjects: len(subjects),
@@ -163,10 +162,9 @@ func (b *Bridge) streamInfo(ctx context.Context, s *stream) (*server.StreamInfo,
 	return &server.StreamInfo{Config: s.config(), Created: s.created.UTC(), State: state, TimeStamp: b.clock.Now().UTC()}, nil
 }
 
-func (b *Bridge) apiStreamUpdate(ctx context.Context, name string, body []byte) any {
-	fail := func(e *server.ApiError) any {
-		return &server.JSApiStreamUpdateResponse{ApiResponse: server.ApiResponse{Type: server.JSApiStreamUpdateResponseType, Error: e}}
-	}
+func (b *Bridge) apiStreamUpdate(ctx context.Context, name string, body []byte) (*server.JSApiStreamUpdateResponse, error) {
+	resp := &server.JSApiStreamUpdateResponse{ApiResponse: jswire.APIResponse(server.JSApiStreamUpdateResponseType)}
+	fail := func(e error) (*server.JSApiStreamUpdateResponse, error) { return resp, e }
 	var req server.StreamConfig
 	if e := jswire.DecodeRequest(body, &req); e != nil {
 		return fail(e)
@@ -213,8 +211,7 @@ func (b *Bridge) apiStreamUpdate(ctx context.Context, name string, body []byte) 
 		return fail(server.NewJSStreamUpdateError(err))
 	}
 	if err := b.db.UpdateStreamConfig(ctx, s.id, raw); err != nil {
-		b.log.Error("update stream", "stream", name, "err", err)
-		return fail(server.NewJSStreamUpdateError(errors.New("database error")))
+		return fail(fmt.Errorf("update stream %q: %w", name, err))
 	}
 	s.setConfig(cfg)
 	if err := b.subscribe(s); err != nil {
@@ -224,49 +221,44 @@ func (b *Bridge) apiStreamUpdate(ctx context.Context, name string, body []byte) 
 		b.retentionChanged(s)
 	}
 	if err := b.applyLimits(ctx, s, &cfg); err != nil {
-		b.log.Error("applying updated limits", "stream", name, "err", err)
-		return fail(server.NewJSStreamUpdateError(errors.New("database error")))
+		return fail(fmt.Errorf("applying updated limits of stream %q: %w", name, err))
 	}
-	info, e := b.streamInfo(ctx, s)
-	if e != nil {
-		return fail(e)
+	info, err := b.streamInfo(ctx, s)
+	if err != nil {
+		return fail(err)
 	}
-	return &server.JSApiStreamUpdateResponse{ApiResponse: jswire.APIResponse(server.JSApiStreamUpdateResponseType), StreamInfo: info}
+	resp.StreamInfo = info
+	return resp, nil
 }
 
-func (b *Bridge) apiStreamInfo(ctx context.Context, name string, body []byte) any {
-	fail := func(e *server.ApiError) any {
-		return &server.JSApiStreamInfoResponse{ApiResponse: server.ApiResponse{Type: server.JSApiStreamInfoResponseType, Error: e}}
-	}
+func (b *Bridge) apiStreamInfo(ctx context.Context, name string, body []byte) (*server.JSApiStreamInfoResponse, error) {
+	resp := &server.JSApiStreamInfoResponse{ApiResponse: jswire.APIResponse(server.JSApiStreamInfoResponseType)}
 	var req server.JSApiStreamInfoRequest
-	s, e := b.requestedStream(ctx, name, body, &req)
-	if e != nil {
-		return fail(e)
+	s, err := b.requestedStream(ctx, name, body, &req)
+	if err != nil {
+		return resp, err
 	}
-	info, e := b.streamInfo(ctx, s)
-	if e != nil {
-		return fail(e)
-	}
-	resp := &server.JSApiStreamInfoResponse{ApiResponse: jswire.APIResponse(server.JSApiStreamInfoResponseType), StreamInfo: info}
-	dbFail := func(what string, err error) any {
-		b.log.Error(what, "stream", name, "err", err)
-		return fail(server.NewJSStreamStoreFailedError(errors.New("database error")))
+	info, err := b.streamInfo(ctx, s)
+	if err != nil {
+		return resp, err
 	}
 	if req.DeletedDetails {
 		deleted, err := b.db.DeletedSeqs(ctx, s.id)
 		if err != nil {
-			return dbFail("deleted details", err)
+			return resp, fmt.Errorf("deleted details of stream %q: %w", name, err)
 		}
 		info.State.Deleted = deleted
 	}
 	if req.SubjectsFilter != "" {
 		totals, err := b.db.SubjectTotals(ctx, s.id, req.SubjectsFilter)
 		if err != nil {
-			return dbFail("subject totals", err)
+			return resp, fmt.Errorf("subject totals of stream %q: %w", name, err)
 		}
+		resp.StreamInfo = info
 		pageSubjects(resp, totals, max(req.Offset, 0))
 	}
-	return resp
+	resp.StreamInfo = info
+	return resp, nil
 }
 
 // pageSubjects puts subject totals into a stream info response as nats-server does: all of
@@ -291,10 +283,9 @@ func pageSubjects(resp *server.JSApiStreamInfoResponse, totals map[string]uint64
 	}
 }
 
-func (b *Bridge) apiStreamDelete(ctx context.Context, name string, body []byte) any {
-	fail := func(e *server.ApiError) any {
-		return &server.JSApiStreamDeleteResponse{ApiResponse: server.ApiResponse{Type: server.JSApiStreamDeleteResponseType, Error: e}}
-	}
+func (b *Bridge) apiStreamDelete(ctx context.Context, name string, body []byte) (*server.JSApiStreamDeleteResponse, error) {
+	resp := &server.JSApiStreamDeleteResponse{ApiResponse: jswire.APIResponse(server.JSApiStreamDeleteResponseType)}
+	fail := func(e error) (*server.JSApiStreamDeleteResponse, error) { return resp, e }
 	if !jswire.IsEmptyRequest(body) {
 		return fail(server.NewJSNotEmptyRequestError())
 	}
@@ -307,23 +298,22 @@ func (b *Bridge) apiStreamDelete(ctx context.Context, name string, body []byte) 
 	s.unsubscribe()
 	err := b.db.DeleteStream(ctx, s.id)
 	if err != nil && !errors.Is(err, pg.ErrNotFound) {
-		b.log.Error("delete stream", "stream", name, "err", err)
 		_ = b.subscribe(s)
-		return fail(server.NewJSStreamDeleteError(errors.New("database error")))
+		return fail(fmt.Errorf("delete stream %q: %w", name, err))
 	}
 	b.removeStream(s)
 	b.log.Info("stream deleted", "stream", name)
-	return &server.JSApiStreamDeleteResponse{ApiResponse: jswire.APIResponse(server.JSApiStreamDeleteResponseType), Success: true}
+	resp.Success = true
+	return resp, nil
 }
 
-func (b *Bridge) apiStreamPurge(ctx context.Context, name string, body []byte) any {
-	fail := func(e *server.ApiError) any {
-		return &server.JSApiStreamPurgeResponse{ApiResponse: server.ApiResponse{Type: server.JSApiStreamPurgeResponseType, Error: e}}
-	}
+func (b *Bridge) apiStreamPurge(ctx context.Context, name string, body []byte) (*server.JSApiStreamPurgeResponse, error) {
+	resp := &server.JSApiStreamPurgeResponse{ApiResponse: jswire.APIResponse(server.JSApiStreamPurgeResponseType)}
+	fail := func(e error) (*server.JSApiStreamPurgeResponse, error) { return resp, e }
 	var req server.JSApiStreamPurgeRequest
-	s, e := b.requestedStream(ctx, name, body, &req)
-	if e != nil {
-		return fail(e)
+	s, err := b.requestedStream(ctx, name, body, &req)
+	if err != nil {
+		return fail(err)
 	}
 	switch cfg := s.config(); {
 	case cfg.Sealed:
@@ -336,11 +326,11 @@ func (b *Bridge) apiStreamPurge(ctx context.Context, name string, body []byte) a
 	}
 	purged, err := b.db.Purge(ctx, s.id, pg.PurgeParams{Filter: req.Subject, UpTo: req.Sequence, Keep: req.Keep})
 	if err != nil {
-		b.log.Error("purge stream", "stream", name, "err", err)
-		return fail(server.NewJSStreamPurgeFailedError(errors.New("database error")))
+		return fail(fmt.Errorf("purge stream %q: %w", name, err))
 	}
 	b.streamPurgedBy(ctx, s, req.Subject)
-	return &server.JSApiStreamPurgeResponse{ApiResponse: jswire.APIResponse(server.JSApiStreamPurgeResponseType), Success: true, Purged: purged}
+	resp.Success, resp.Purged = true, purged
+	return resp, nil
 }
 
 // pagedNames returns the page of names starting at offset.
@@ -372,10 +362,10 @@ func (b *Bridge) streamCovers(s *stream, subject string) bool {
 	return false
 }
 
-func (b *Bridge) apiStreamNames(body []byte) any {
+func (b *Bridge) apiStreamNames(body []byte) (*server.JSApiStreamNamesResponse, error) {
 	var req server.JSApiStreamNamesRequest
 	if e := jswire.DecodeRequest(body, &req); e != nil {
-		return &server.JSApiStreamNamesResponse{ApiResponse: server.ApiResponse{Type: server.JSApiStreamNamesResponseType, Error: e}}
+		return &server.JSApiStreamNamesResponse{ApiResponse: jswire.APIResponse(server.JSApiStreamNamesResponseType)}, e
 	}
 	streams := b.sortedStreams(req.Subject)
 	names := make([]string, len(streams))
@@ -387,13 +377,13 @@ func (b *Bridge) apiStreamNames(body []byte) any {
 		ApiResponse: jswire.APIResponse(server.JSApiStreamNamesResponseType),
 		ApiPaged:    server.ApiPaged{Total: len(names), Offset: offset, Limit: server.JSApiNamesLimit},
 		Streams:     pagedNames(names, offset, server.JSApiNamesLimit),
-	}
+	}, nil
 }
 
-func (b *Bridge) apiStreamList(ctx context.Context, body []byte) any {
+func (b *Bridge) apiStreamList(ctx context.Context, body []byte) (*server.JSApiStreamListResponse, error) {
 	var req server.JSApiStreamListRequest
 	if e := jswire.DecodeRequest(body, &req); e != nil {
-		return &server.JSApiStreamListResponse{ApiResponse: server.ApiResponse{Type: server.JSApiStreamListResponseType, Error: e}}
+		return &server.JSApiStreamListResponse{ApiResponse: jswire.APIResponse(server.JSApiStreamListResponseType)}, e
 	}
 	streams := b.sortedStreams(req.Subject)
 	offset := max(req.Offset, 0)
@@ -404,15 +394,15 @@ func (b *Bridge) apiStreamList(ctx context.Context, body []byte) any {
 	}
 	if offset < len(streams) {
 		for _, s := range streams[offset:min(len(streams), offset+server.JSApiListLimit)] {
-			info, e := b.streamInfo(ctx, s)
-			if e != nil {
+			info, err := b.streamInfo(ctx, s)
+			if err != nil {
 				resp.Missing = append(resp.Missing, s.name)
 				continue
 			}
 			resp.Streams = append(resp.Streams, info)
 		}
 	}
-	return resp
+	return resp, nil
 }
 
 // storedMsg finds the message a get request names: the last of a subject, the next of a
@@ -428,14 +418,13 @@ func (b *Bridge) storedMsg(ctx context.Context, s *stream, req *server.JSApiMsgG
 	}
 }
 
-func (b *Bridge) apiMsgGet(ctx context.Context, name string, body []byte) any {
-	fail := func(e *server.ApiError) any {
-		return &server.JSApiMsgGetResponse{ApiResponse: server.ApiResponse{Type: server.JSApiMsgGetResponseType, Error: e}}
-	}
+func (b *Bridge) apiMsgGet(ctx context.Context, name string, body []byte) (*server.JSApiMsgGetResponse, error) {
+	resp := &server.JSApiMsgGetResponse{ApiResponse: jswire.APIResponse(server.JSApiMsgGetResponseType)}
+	fail := func(e error) (*server.JSApiMsgGetResponse, error) { return resp, e }
 	var req server.JSApiMsgGetRequest
-	s, e := b.requestedStream(ctx, name, body, &req)
-	if e != nil {
-		return fail(e)
+	s, err := b.requestedStream(ctx, name, body, &req)
+	if err != nil {
+		return fail(err)
 	}
 	// A sequence, the last of a subject, or the next of a subject from a sequence.
 	if (req.LastFor != "" && (req.Seq > 0 || req.NextFor != "")) || (req.LastFor == "" && req.NextFor == "" && req.Seq == 0) {
@@ -446,24 +435,23 @@ func (b *Bridge) apiMsgGet(ctx context.Context, name string, body []byte) any {
 		return fail(server.NewJSNoMessageFoundError())
 	}
 	if err != nil {
-		b.log.Error("get message", "stream", name, "err", err)
-		return fail(server.NewJSStreamStoreFailedError(errors.New("database error")))
+		return fail(fmt.Errorf("get message from stream %q: %w", name, err))
 	}
 	sm := &server.StoredMsg{Subject: m.Subject, Sequence: m.Seq, Data: m.Data, Time: time.Unix(0, m.TS).UTC()}
 	if !req.NoHeaders {
 		sm.Header = m.Header
 	}
-	return &server.JSApiMsgGetResponse{ApiResponse: jswire.APIResponse(server.JSApiMsgGetResponseType), Message: sm}
+	resp.Message = sm
+	return resp, nil
 }
 
-func (b *Bridge) apiMsgDelete(ctx context.Context, name string, body []byte) any {
-	fail := func(e *server.ApiError) any {
-		return &server.JSApiMsgDeleteResponse{ApiResponse: server.ApiResponse{Type: server.JSApiMsgDeleteResponseType, Error: e}}
-	}
+func (b *Bridge) apiMsgDelete(ctx context.Context, name string, body []byte) (*server.JSApiMsgDeleteResponse, error) {
+	resp := &server.JSApiMsgDeleteResponse{ApiResponse: jswire.APIResponse(server.JSApiMsgDeleteResponseType)}
+	fail := func(e error) (*server.JSApiMsgDeleteResponse, error) { return resp, e }
 	var req server.JSApiMsgDeleteRequest
-	s, e := b.requestedStream(ctx, name, body, &req)
-	if e != nil {
-		return fail(e)
+	s, err := b.requestedStream(ctx, name, body, &req)
+	if err != nil {
+		return fail(err)
 	}
 	switch cfg := s.config(); {
 	case cfg.Sealed:
@@ -474,14 +462,14 @@ func (b *Bridge) apiMsgDelete(ctx context.Context, name string, body []byte) any
 	if req.Seq == 0 {
 		return fail(server.NewJSBadRequestError())
 	}
-	err := b.db.DeleteMessage(ctx, s.id, req.Seq)
+	err = b.db.DeleteMessage(ctx, s.id, req.Seq)
 	if errors.Is(err, pg.ErrNotFound) {
 		return fail(server.NewJSStreamMsgDeleteFailedError(fmt.Errorf("no message found")))
 	}
 	if err != nil {
-		b.log.Error("delete message", "stream", name, "err", err)
-		return fail(server.NewJSStreamMsgDeleteFailedError(errors.New("database error")))
+		return fail(fmt.Errorf("delete message from stream %q: %w", name, err))
 	}
 	b.streamPurged(s)
-	return &server.JSApiMsgDeleteResponse{ApiResponse: jswire.APIResponse(server.JSApiMsgDeleteResponseType), Success: true}
+	resp.Success = true
+	return resp, nil
 }

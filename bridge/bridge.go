@@ -192,6 +192,8 @@ type Bridge struct {
 	intakeTotal atomic.Int64 // bytes in all streams' intakes
 	apiReqs     chan *leaf.Msg
 	apiSub      *leaf.Subscription
+	// unsupportedLogged[i] is set once unsupportedRequests[i] has been logged.
+	unsupportedLogged [len(unsupportedRequests)]atomic.Bool
 
 	cons       *consumerSide
 	maintainer atomic.Pointer[maintainer] // retention; nil outside Start .. Stop

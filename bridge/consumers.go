@@ -463,9 +463,9 @@ func (cs *consumerSide) ensure(ctx context.Context, streamName, consumerName str
 	if !jswire.ValidName(consumerName) {
 		return nil, pg.ErrNotFound
 	}
-	s := cs.b.lookupOrSync(ctx, streamName)
-	if s == nil {
-		return nil, pg.ErrNotFound
+	s, err := cs.b.lookupOrSync(ctx, streamName)
+	if err != nil {
+		return nil, err
 	}
 	row, err := cs.b.db.AcquireConsumer(ctx, pg.LeaseParams{StreamID: s.id, Name: consumerName, Owner: cs.owner, TTL: consumerLeaseTTL})
 	if err != nil {

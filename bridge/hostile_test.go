@@ -184,7 +184,7 @@ func TestHostileAPIRequests(t *testing.T) {
 		{"$JS.API.STREAM.CREATE.A.B", []string{`{"name":"A"}`}, server.JSBadRequestErr},
 		{"$JS.API.STREAM.INFO.S.extra", []string{""}, server.JSBadRequestErr},
 		{"$JS.API.STREAM.MSG.GET", []string{`{"seq":1}`}, server.JSBadRequestErr},
-		{"$JS.API.STREAM.SNAPSHOT.S", []string{"{}"}, server.JSBadRequestErr},
+		{"$JS.API.STREAM.SNAPSHOT.S", []string{"{}"}, server.JSClusterUnSupportFeatureErr},
 		{"$JS.API.CONSUMER", []string{""}, server.JSBadRequestErr},
 		{"$JS.API.CONSUMER.INFO.S", []string{""}, server.JSBadRequestErr},
 		{"$JS.API.CONSUMER.NAMES", []string{""}, server.JSBadRequestErr},

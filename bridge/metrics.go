@@ -28,6 +28,9 @@ type pushMetrics struct {
 	commit    prometheus.Histogram
 	pubAck    prometheus.Histogram
 	apiReqs   *prometheus.CounterVec
+	// apiUnsupported counts requests jetgres does not serve, by request; the labels are
+	// those of unsupportedRequests, all present from the start.
+	apiUnsupported *prometheus.CounterVec
 }
 
 func newPushMetrics(reg prometheus.Registerer) *pushMetrics {
@@ -66,11 +69,18 @@ func newPushMetrics(reg prometheus.Registerer) *pushMetrics {
 		}),
 		apiReqs: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "jetgres_api_requests_total",
-			Help: "JetStream API requests, by outcome (ok, error, overloaded).",
+			Help: "JetStream API requests, by outcome (ok, error, unavailable: the database could not be reached, overloaded).",
 		}, []string{"outcome"}),
+		apiUnsupported: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "jetgres_api_unsupported_total",
+			Help: "JetStream API requests jetgres does not serve (answered with err_code 10036), by request.",
+		}, []string{"request"}),
+	}
+	for _, u := range unsupportedRequests {
+		m.apiUnsupported.WithLabelValues(u.name)
 	}
 	if reg != nil {
-		reg.MustRegister(m.accepted, m.rejected, m.dropped, m.batchMsgs, m.batchTx, m.commit, m.pubAck, m.apiReqs)
+		reg.MustRegister(m.accepted, m.rejected, m.dropped, m.batchMsgs, m.batchTx, m.commit, m.pubAck, m.apiReqs, m.apiUnsupported)
 	}
 	return m
 }

@@ -440,7 +440,7 @@ func (b *Bridge) workQueueConflict(ctx context.Context, s *stream, name string, 
 	rows, err := b.db.Consumers(ctx, s.id)
 	if err != nil {
 		b.log.Error("listing consumers", "stream", s.name, "err", err)
-		return server.NewJSConsumerCreateError(errors.New("database error"))
+		return apiError(err, server.NewJSConsumerCreateError)
 	}
 	filters := jswire.ConsumerFilters(cfg)
 	exists := false

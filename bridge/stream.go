@@ -82,15 +82,19 @@ func (b *Bridge) lookup(name string) *stream {
 }
 
 // lookupOrSync finds a stream, re-reading the list from PostgreSQL once if it is unknown
-// here: another replica may have just created it.
-func (b *Bridge) lookupOrSync(ctx context.Context, name string) *stream {
+// here: another replica may have just created it. It returns pg.ErrNotFound only when
+// PostgreSQL answered without it, and the database's error when it could not be read.
+func (b *Bridge) lookupOrSync(ctx context.Context, name string) (*stream, error) {
 	if s := b.lookup(name); s != nil {
-		return s
+		return s, nil
 	}
 	if err := b.syncStreams(ctx); err != nil {
-		b.log.Warn("re-reading streams failed", "err", err)
+		return nil, fmt.Errorf("re-reading streams: %w", err)
 	}
-	return b.lookup(name)
+	if s := b.lookup(name); s != nil {
+		return s, nil
+	}
+	return nil, pg.ErrNotFound
 }
 
 func (b *Bridge) streamList() []*stream {

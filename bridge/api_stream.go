@@ -321,8 +321,8 @@ func (b *Bridge) apiStreamPurge(ctx context.Context, name string, body []byte) (
 	case cfg.DenyPurge:
 		return fail(server.NewJSStreamPurgeFailedError(errors.New("stream does not allow purge")))
 	}
-	if req.Sequence > 0 && req.Keep > 0 {
-		return fail(server.NewJSBadRequestError())
+	if e := jswire.CheckPurgeRequest(&req); e != nil {
+		return fail(e)
 	}
 	purged, err := b.db.Purge(ctx, s.id, pg.PurgeParams{Filter: req.Subject, UpTo: req.Sequence, Keep: req.Keep})
 	if err != nil {

@@ -626,8 +626,9 @@ func TestHostileValues(t *testing.T) {
 	}{
 		{`{"max_deliver":-5,"max_ack_pending":-7,"max_waiting":-3,"inactive_threshold":-1,"max_batch":-1,"max_bytes":-1,"max_expires":-1}`, 0},
 		{`{"max_ack_pending":9223372036854775807,"max_waiting":2147483647,"ack_wait":9223372036854775807}`, 0},
-		{`{"deliver_policy":"by_start_sequence","opt_start_seq":18446744073709551615}`, 0},
-		{`{"deliver_policy":"by_start_sequence","opt_start_seq":9223372036854775808}`, 0},
+		{`{"deliver_policy":"by_start_sequence","opt_start_seq":18446744073709551615}`, server.JSConsumerInvalidPolicyErrF},
+		{`{"deliver_policy":"by_start_sequence","opt_start_seq":9223372036854775807}`, server.JSConsumerInvalidPolicyErrF},
+		{`{"deliver_policy":"by_start_sequence","opt_start_seq":9223372036854775806}`, 0},
 		{`{"deliver_policy":"by_start_time","opt_start_time":"9999-12-31T23:59:59Z"}`, 0},
 		{`{"deliver_policy":"by_start_time","opt_start_time":"0001-01-01T00:00:00Z"}`, 0},
 		{`{"ack_wait":-1}`, server.JSConsumerAckWaitNegativeErr},

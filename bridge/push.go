@@ -456,6 +456,8 @@ func (b *Bridge) answer(s *stream, pubs []publish, r pg.AppendResult) {
 			switch {
 			case errors.As(o.Err, &le):
 				e, reason = limitRejected(le), reasonLimit
+			case errors.Is(o.Err, pg.ErrSeqExhausted):
+				reason = reasonLimit
 			case errors.As(o.Err, &ee) && ee.Kind == pg.ExpectLastMsgIDKind:
 				e = server.NewJSStreamWrongLastMsgIDError(ee.LastID)
 			case errors.As(o.Err, &ee):

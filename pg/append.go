@@ -62,7 +62,7 @@ type AppendBatch struct {
 type Outcome struct {
 	Seq       uint64 // the stored sequence, or the original's for a duplicate
 	Duplicate bool
-	Err       error // an *ExpectError when an expectation failed, a *LimitError when a limit refused it
+	Err       error // an *ExpectError when an expectation failed, a *LimitError when a limit refused it, ErrSeqExhausted
 }
 
 // ExpectError reports a failed Nats-Expected-* check together with the actual value.
@@ -241,6 +241,10 @@ func (db *DB) appendTx(ctx context.Context, q querier, batches []AppendBatch, ts
 				return nil, err
 			} else if e != nil {
 				r.Outcomes[j] = Outcome{Err: e}
+				continue
+			}
+			if st.lastSeq >= MaxSeq {
+				r.Outcomes[j] = Outcome{Err: ErrSeqExhausted}
 				continue
 			}
 			size := MessageSize(m.Subject, m.Header, m.Data)

@@ -65,13 +65,14 @@ func (t *tailStates) remember(id int64, st *lockedState) {
 }
 
 // fastEligible reports whether a batch can take the fast path: nothing in it needs a
-// decision under the row lock, and it fits in the current chunk.
+// decision under the row lock, it fits in the current chunk, and its sequences stay within
+// MaxSeq.
 func fastEligible(bt AppendBatch, st tailState) bool {
 	l := bt.Limits
 	if l.MaxMsgs > 0 || l.MaxBytes > 0 || l.MaxMsgsPer > 0 || len(bt.Msgs) >= copyThreshold {
 		return false
 	}
-	if st.chunkRows+int64(len(bt.Msgs)) > bt.chunkRows() {
+	if st.chunkRows+int64(len(bt.Msgs)) > bt.chunkRows() || st.lastSeq > MaxSeq-uint64(len(bt.Msgs)) {
 		return false
 	}
 	for i := range bt.Msgs {

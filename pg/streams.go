@@ -190,8 +190,12 @@ type PurgeParams struct {
 // Purge removes messages from a stream, as JetStream's purge request does. Without a filter
 // it moves the stream's first sequence (reads skip what is below it, the maintainer drops
 // whole chunks later); with a filter it leaves tombstones. No message row is updated or
-// deleted. It returns how many live messages were removed.
+// deleted. It returns how many live messages were removed, or ErrSeqRange when UpTo is
+// above MaxSeq.
 func (db *DB) Purge(ctx context.Context, id int64, p PurgeParams) (purged uint64, err error) {
+	if p.UpTo > MaxSeq {
+		return 0, fmt.Errorf("pg: purge up to %d: %w", p.UpTo, ErrSeqRange)
+	}
 	err = db.backgroundTx(ctx, func(ctx context.Context, q querier) error {
 		st, err := lockState(ctx, q, id)
 		if err != nil {

@@ -90,7 +90,9 @@ func ParseAckSubject(subject string) (AckInfo, bool) {
 		}
 		nums[i] = v
 	}
-	if nums[3] > 1<<63-1 {
+	// No delivery carries a sequence above MaxSeq: such an ack is forged, and must not
+	// reach anything that stores sequences.
+	if nums[3] > 1<<63-1 || nums[1] > MaxSeq || nums[2] > MaxSeq {
 		return AckInfo{}, false
 	}
 	a.Delivered, a.StreamSeq, a.ConsumerSeq, a.TS, a.Pending = nums[0], nums[1], nums[2], int64(nums[3]), nums[4]

@@ -334,6 +334,9 @@ func checkDeliverPolicy(cfg *server.ConsumerConfig) *server.ApiError {
 		if cfg.OptStartSeq == 0 {
 			return notSet("by start sequence", "start sequence")
 		}
+		if cfg.OptStartSeq > MaxSeq {
+			return server.NewJSConsumerInvalidPolicyError(fmt.Errorf("consumer optional start sequence (opt_start_seq) %d is above %d, the largest sequence jetgres stores", cfg.OptStartSeq, MaxSeq))
+		}
 		if cfg.OptStartTime != nil {
 			return badStart("by start sequence", "time")
 		}

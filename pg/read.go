@@ -137,11 +137,14 @@ func readWindow(ctx context.Context, q querier, streamID, chunk int64, from, end
 	if arg != nil {
 		args = append(args, arg)
 	}
+	// The window ends at lo+size-1 or at end, whichever comes first, computed so that it
+	// cannot overflow bigint near the largest sequence.
+	//
 	// Most windows hold no tombstone: one probe of the tombstone index for the whole window
 	// spares the probe per row, which was half of what the read cost PostgreSQL.
 	rows, err := q.Query(ctx, `SELECT b.lo, b.hi, m.seq, m.ts, m.subject, m.hdr, m.data, m.cum_before
-		FROM (SELECT GREATEST($2::bigint, first_seq) AS lo, LEAST($3::bigint, GREATEST($2::bigint, first_seq) + $4::bigint - 1) AS hi
-			FROM jetgres.stream_state WHERE stream_id = $1) w
+		FROM (SELECT lo, lo + LEAST($4::bigint - 1, $3::bigint - lo) AS hi
+			FROM (SELECT GREATEST($2::bigint, first_seq) AS lo FROM jetgres.stream_state WHERE stream_id = $1) f) w
 		CROSS JOIN LATERAL (SELECT w.lo, w.hi,
 			EXISTS (SELECT 1 FROM jetgres.deleted d WHERE d.stream_id = $1 AND d.seq >= w.lo AND d.seq <= w.hi) AS dels) b
 		LEFT JOIN LATERAL (SELECT seq, ts, subject, hdr, data, cum_before FROM `+chunkTable(streamID, chunk)+` m

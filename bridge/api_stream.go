@@ -463,6 +463,10 @@ func (b *Bridge) apiMsgDelete(ctx context.Context, name string, body []byte) (*s
 		return fail(server.NewJSBadRequestError())
 	}
 	err = b.db.DeleteMessage(ctx, s.id, req.Seq)
+	if errors.Is(err, pg.ErrPastLast) {
+		// nats-server's file store's answer, whatever the sequence: up to 2^64-1.
+		return fail(server.NewJSStreamMsgDeleteFailedError(errors.New("stream store EOF")))
+	}
 	if errors.Is(err, pg.ErrNotFound) {
 		return fail(server.NewJSStreamMsgDeleteFailedError(fmt.Errorf("no message found")))
 	}

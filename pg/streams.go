@@ -14,6 +14,9 @@ var (
 	ErrNotFound = errors.New("pg: not found")
 	// ErrExists is returned when creating a stream or consumer whose name is taken.
 	ErrExists = errors.New("pg: already exists")
+	// ErrPastLast is the ErrNotFound of a message delete beyond the stream's last sequence,
+	// which JetStream answers differently from a gap.
+	ErrPastLast = fmt.Errorf("%w: past the last sequence", ErrNotFound)
 )
 
 // Stream is a stream's stored identity and configuration. Config is the JSON the bridge
@@ -298,14 +301,17 @@ func (db *DB) newestNth(ctx context.Context, q querier, st *stateRow, cond strin
 
 // DeleteMessage removes one message by leaving a tombstone that reads skip. Deleting the
 // first message moves the stream's first sequence instead. It returns ErrNotFound when the
-// sequence holds no live message.
+// sequence holds no live message, ErrPastLast when it is beyond the last.
 func (db *DB) DeleteMessage(ctx context.Context, id int64, seq uint64) error {
 	err := db.backgroundTx(ctx, func(ctx context.Context, q querier) error {
 		st, err := lockState(ctx, q, id)
 		if err != nil {
 			return err
 		}
-		if seq < st.first || seq > st.last {
+		switch {
+		case seq > st.last:
+			return ErrPastLast
+		case seq < st.first:
 			return ErrNotFound
 		}
 		if seq == st.first {

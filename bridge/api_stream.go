@@ -94,7 +94,7 @@ func (b *Bridge) apiStreamCreate(ctx context.Context, name string, body []byte) 
 	if err != nil {
 		return resp, server.NewJSStreamCreateError(err)
 	}
-	st, err := b.db.CreateStream(ctx, name, raw)
+	st, err := b.db.CreateStreamFrom(ctx, name, raw, cfg.FirstSeq)
 	if errors.Is(err, pg.ErrExists) {
 		return resp, server.NewJSStreamNameExistError()
 	}

@@ -448,3 +448,44 @@ func TestSeqExhaustedMidBatch(t *testing.T) {
 		}
 	}
 }
+
+// A stream's first_seq is where its first message goes, as in JetStream, up to the largest
+// sequence jetgres stores; above it, the create is refused with a 400 naming the field.
+func TestStreamFirstSeq(t *testing.T) {
+	t.Parallel()
+	tw := newTwin(t)
+	for _, first := range []uint64{0, 1, 100, seqMax} {
+		name := fmt.Sprintf("FS%d", first%1000)
+		subject := strings.ToLower(name) + ".a"
+		tw.createStream(jetstream.StreamConfig{Name: name, Subjects: []string{subject}, FirstSeq: first})
+		if seq, _ := tw.pub(subject, []byte("1")); seq != max(first, 1) {
+			t.Errorf("first_seq %d: the first publish took %d", first, seq)
+		}
+	}
+	badRequest := server.ApiErrors[server.JSBadRequestErr].ErrCode
+	for _, first := range []uint64{seqInt64, seqTopBit, seqUintMax} {
+		body := fmt.Sprintf(`{"name":"BIG","subjects":["big"],"first_seq":%d}`, first)
+		r, raw := apiRequest(t, tw.tb.nc, "$JS.API.STREAM.CREATE.BIG", []byte(body))
+		if r.Error == nil || r.Error.Code != 400 || r.Error.ErrCode != badRequest || !strings.Contains(r.Error.Description, fmt.Sprintf("first_seq %d", first)) {
+			t.Errorf("create with first_seq %d: %s, want 400 err_code %d naming first_seq", first, raw, badRequest)
+		}
+		wantAPIError(t, tw.tb.nc, "$JS.API.STREAM.INFO.BIG", "", server.JSStreamNotFoundErr)
+	}
+	// A new bridge on the same database finds the stream that starts at the largest sequence
+	// full, and refuses the next publish cleanly.
+	tw.tb.stop(t)
+	tb := setup(t, setupOpts{db: tw.tb.db})
+	name := fmt.Sprintf("FS%d", seqMax%1000)
+	testwait.For(t, 10*time.Second, func() error {
+		if r, raw := apiRequest(t, tb.nc, "$JS.API.STREAM.INFO."+name, nil); r.Error != nil {
+			return fmt.Errorf("stream info after a restart: %s", raw)
+		}
+		return nil
+	})
+	if st := streamState(t, tb.nc, name); st.FirstSeq != seqMax || st.LastSeq != seqMax || st.Msgs != 1 {
+		t.Fatalf("after a restart: state %+v", st)
+	}
+	if seq, e := rawPub(t, tb.nc, strings.ToLower(name)+".a"); e == nil || e.Code != 503 {
+		t.Fatalf("publish past the largest sequence: seq %d error %+v", seq, e)
+	}
+}

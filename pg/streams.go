@@ -44,19 +44,30 @@ WITH s AS (
     INSERT INTO jetgres.streams (name, config) VALUES ($1, $2)
     RETURNING id, created
 ), st AS (
-    INSERT INTO jetgres.stream_state (stream_id) SELECT id FROM s
+    INSERT INTO jetgres.stream_state (stream_id, first_seq, last_seq) SELECT id, $3::bigint, $3::bigint - 1 FROM s
 )
 SELECT id, created FROM s`
 
 // CreateStream stores a new stream and creates its first chunk table.
 // It returns ErrExists when the name is taken.
 func (db *DB) CreateStream(ctx context.Context, name string, config []byte) (Stream, error) {
+	return db.CreateStreamFrom(ctx, name, config, 1)
+}
+
+// CreateStreamFrom is CreateStream for a stream whose first message takes sequence
+// firstSeq (JetStream's first_seq; 0 is 1), as though a purge had moved it there. It
+// returns ErrSeqRange when firstSeq is above MaxSeq.
+func (db *DB) CreateStreamFrom(ctx context.Context, name string, config []byte, firstSeq uint64) (Stream, error) {
+	if firstSeq > MaxSeq {
+		return Stream{}, fmt.Errorf("pg: create stream from %d: %w", firstSeq, ErrSeqRange)
+	}
+	firstSeq = max(firstSeq, 1)
 	st := Stream{Name: name, Config: config}
 	err := db.backgroundTx(ctx, func(ctx context.Context, q querier) error {
-		if err := q.QueryRow(ctx, sqlCreateStream, name, config).Scan(&st.ID, &st.Created); err != nil {
+		if err := q.QueryRow(ctx, sqlCreateStream, name, config, int64(firstSeq)).Scan(&st.ID, &st.Created); err != nil {
 			return err
 		}
-		return createChunk(ctx, q, st.ID, 0, 1)
+		return createChunk(ctx, q, st.ID, 0, firstSeq)
 	})
 	if hasSQLState(err, "23505") {
 		return Stream{}, ErrExists

@@ -11,8 +11,8 @@ import (
 
 // FuzzSeqFields feeds sequences at and around the edges of what jetgres stores to the
 // decoders and checks of every request field that becomes a stored sequence: STREAM.PURGE's
-// seq (and keep, a count beside it), a consumer's opt_start_seq, an ack subject's stream and
-// consumer sequences. Nothing accepted may exceed MaxSeq, nothing at or below it may be
+// seq (and keep, a count beside it), a stream's first_seq, a consumer's opt_start_seq, an
+// ack subject's stream and consumer sequences. Nothing accepted may exceed MaxSeq, nothing at or below it may be
 // refused for its size, and a refusal is a 400 that names the field.
 func FuzzSeqFields(f *testing.F) {
 	edges := []uint64{0, 1, 1 << 53, MaxSeq - 1, MaxSeq, MaxSeq + 1, 1 << 63, math.MaxUint64}
@@ -36,6 +36,19 @@ func FuzzSeqFields(f *testing.F) {
 			t.Fatalf("purge seq %d keep %d refused: %+v", a, b, e)
 		case e != nil && a > MaxSeq && b == 0 && !strings.Contains(e.Description, fmt.Sprintf("seq %d", a)):
 			t.Fatalf("purge seq %d refused without naming the field: %+v", a, e)
+		}
+
+		var stream server.StreamConfig
+		if e := DecodeRequest(fmt.Appendf(nil, `{"name":"S","subjects":["s.>"],"first_seq":%d}`, a), &stream); e != nil || stream.FirstSeq != a {
+			t.Fatalf("stream with first_seq %d decoded as %+v (%v)", a, stream, e)
+		}
+		switch cfg, e := CheckStreamConfig(stream, fuzzMaxPayload); {
+		case e == nil && (cfg.FirstSeq > MaxSeq || cfg.FirstSeq != a):
+			t.Fatalf("stream with first_seq %d accepted as %d", a, cfg.FirstSeq)
+		case e != nil && a <= MaxSeq:
+			t.Fatalf("stream with first_seq %d refused: %+v", a, e)
+		case e != nil && (e.Code != 400 || !strings.Contains(e.Description, fmt.Sprintf("first_seq %d", a))):
+			t.Fatalf("stream with first_seq %d: %+v, want a 400 naming first_seq", a, e)
 		}
 
 		var create server.CreateConsumerRequest

@@ -41,6 +41,9 @@ func CheckStreamConfig(req server.StreamConfig, maxPayload int32) (server.Stream
 	case cfg.AllowMsgCounter || cfg.AllowMsgSchedules || cfg.AllowMsgTTL:
 		return cfg, server.NewJSStreamInvalidConfigError(errors.New("counters, schedules and message TTLs are not supported by jetgres"))
 	}
+	if e := CheckSeq("first_seq", cfg.FirstSeq); e != nil {
+		return cfg, e
+	}
 	if cfg.Retention > server.WorkQueuePolicy || cfg.Retention < server.LimitsPolicy {
 		return cfg, server.NewJSStreamInvalidConfigError(errors.New("invalid retention"))
 	}

@@ -14,6 +14,7 @@ var (
 	// ErrSeqExhausted is the outcome of a publish to a stream whose last sequence is
 	// MaxSeq. The stream stays as it was: it can still be read, purged or deleted.
 	ErrSeqExhausted = errors.New("sequence space exhausted: the stream's last sequence is the largest jetgres stores")
-	// ErrSeqRange is returned when a purge names a sequence above MaxSeq.
+	// ErrSeqRange is returned when a purge or a stream create names a sequence above
+	// MaxSeq.
 	ErrSeqRange = errors.New("pg: sequence out of range")
 )

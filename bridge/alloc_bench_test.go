@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -76,6 +77,68 @@ func BenchmarkFetchAck(b *testing.B) {
 		}
 	}
 	m.report(b)
+}
+
+// BenchmarkPush drains a stream with nats.go's js.Subscribe in each of the bench
+// command's push modes: an explicit ack per message, ack none, and an ordered consumer
+// (flow control and heartbeats). Unsubscribing deletes the consumer.
+func BenchmarkPush(b *testing.B) {
+	tb := setup(b)
+	js := allocBenchStream(b, tb)
+	publishAll(b, js)
+	legacy, err := tb.nc.JetStream()
+	if err != nil {
+		b.Fatal(err)
+	}
+	modes := []struct {
+		name string
+		opts []nats.SubOpt
+		ack  bool
+	}{
+		{"AckExplicit", []nats.SubOpt{nats.ManualAck(), nats.AckExplicit()}, true},
+		{"AckNone", []nats.SubOpt{nats.AckNone()}, false},
+		{"Ordered", []nats.SubOpt{nats.OrderedConsumer()}, false},
+	}
+	for _, mode := range modes {
+		b.Run(mode.name, func(b *testing.B) {
+			var m allocMeter
+			var wall time.Duration
+			for b.Loop() {
+				done := make(chan struct{})
+				got := 0
+				m.start()
+				began := time.Now()
+				sub, err := legacy.Subscribe("alloc.x", func(msg *nats.Msg) {
+					if mode.ack {
+						if err := msg.Ack(); err != nil {
+							b.Error(err)
+						}
+					}
+					if got++; got == allocBenchMsgs {
+						close(done)
+					}
+				}, append([]nats.SubOpt{nats.DeliverAll()}, mode.opts...)...)
+				if err != nil {
+					b.Fatal(err)
+				}
+				select {
+				case <-done:
+				case <-time.After(time.Minute):
+					b.Fatalf("%d of %d messages within a minute", got, allocBenchMsgs)
+				}
+				if err := tb.nc.Flush(); err != nil {
+					b.Fatal(err)
+				}
+				wall += time.Since(began)
+				m.stop(allocBenchMsgs)
+				if err := sub.Unsubscribe(); err != nil {
+					b.Fatal(err)
+				}
+			}
+			m.report(b)
+			b.ReportMetric(float64(m.msgs)/wall.Seconds(), "msgs/s")
+		})
+	}
 }
 
 func allocBenchStream(b *testing.B, tb *testBundle) jetstream.JetStream {

@@ -243,7 +243,9 @@ func matchAny(filters []string, subject string) bool {
 		return true
 	}
 	for _, f := range filters {
-		if pg.SubjectMatches(f, subject) {
+		// A literal filter is most often the subject itself, which needs no tokenizing: a
+		// fifth of a push consumer's pump went to matching the filter js.Subscribe sets.
+		if f == subject || pg.SubjectMatches(f, subject) {
 			return true
 		}
 	}
@@ -483,9 +485,13 @@ func (c *consumer) pump(ctx context.Context) {
 		// After Deliver: taking the last of a start list moves Next past what it skipped,
 		// and the floor must then see this delivery pending.
 		c.consume(src)
+		if src == srcAhead && len(c.ahead) <= c.prefetchLow() {
+			// A push consumer's pump may not end before its read-ahead does.
+			c.prefetch(ctx)
+		}
 		c.delivered(wr, size, m, dc, now)
 		sent++
-		if sent%deliveryYield == 1 {
+		if sent%c.yieldEvery() == 1 {
 			runtime.Gosched()
 		}
 		if moved {
@@ -531,6 +537,20 @@ func (t *tally) flush(m *consumerMetrics) {
 // delivery and then every deliveryYield lets the first messages travel while the rest
 // are prepared.
 const deliveryYield = 64
+
+// deliveryYieldPush is deliveryYield for a push consumer, whose pump only ends when the
+// stream, flow control or max_ack_pending does: the first message travels at once all the
+// same, and after that the writer writes larger chunks, in fewer system calls on both ends
+// of the link. Draining a stream with ack none, 512 delivered some 5 % more than 64.
+const deliveryYieldPush = 512
+
+// yieldEvery is how many deliveries pump queues between two yields.
+func (c *consumer) yieldEvery() int {
+	if c.isPush() {
+		return deliveryYieldPush
+	}
+	return deliveryYield
+}
 
 // applyCommitted folds commits counted off the goroutine into num_pending.
 func (c *consumer) applyCommitted() {
@@ -679,12 +699,15 @@ type prefetch struct {
 // from PostgreSQL and its read-ahead runs low; a consumer that keeps up with the tail
 // cache, or waits at the head of the stream, never does. Called with mu held.
 func (c *consumer) prefetch(ctx context.Context) {
-	if c.pf != nil || len(c.ahead) > prefetchBelow || c.aheadUpTo == 0 || c.cs.b.clock.Now().Before(c.retryAt) {
+	if c.pf != nil || len(c.ahead) > c.prefetchLow() || c.aheadUpTo == 0 {
 		return
 	}
 	from, hw := c.aheadUpTo+1, c.sc.tail.HighWater()
 	if from < c.st.Next() || from > hw {
 		return // delivery moved past the read-ahead, or nothing more is committed
+	}
+	if c.cs.b.clock.Now().Before(c.retryAt) {
+		return
 	}
 	if _, _, covered := c.sc.tail.Get(from); covered {
 		return
@@ -701,6 +724,17 @@ func (c *consumer) prefetch(ctx context.Context) {
 		pf.err = errStopping
 		close(pf.done)
 	}
+}
+
+// prefetchLow is how few read-ahead messages start the background read of the next
+// batch. A push consumer with nothing to hold it back delivers a batch in about the time
+// PostgreSQL takes to read the next one, so it starts that read as soon as it takes a
+// batch, where a pull consumer waits until half of it went.
+func (c *consumer) prefetchLow() int {
+	if c.isPush() {
+		return readAheadMax
+	}
+	return prefetchBelow
 }
 
 // takePrefetch appends the background read to the read-ahead, waiting for it if it is

@@ -164,7 +164,10 @@ which on a shared machine matters more than any absolute number.
   in three modes: ack explicit (an Ack per message), ack none, and an ordered consumer (ack
   none with flow control and heartbeats). The time runs from the Subscribe call, which creates
   the consumer, to the last delivery, acks flushed. Each target drains twice per mode, in
-  alternating order; JetStream's sync_always is not measured again.
+  alternating order; JetStream's sync_always is not measured again. The link floor is
+  jetgres's minimum push path, measured after the ack none turns: the same callback drains a
+  core subscription that the bridge's leafnode link feeds with the same messages and ack
+  reply subjects, with no stream, consumer or PostgreSQL behind them.
 - **three latencies** (see three-latencies.md), at each fixed offered rate: producer is
   publish → PubAck; subscriber is pull request → first message, measured by a probe that pulls
   small batches slower than the offered rate, so it always finds messages ready; end-to-end is

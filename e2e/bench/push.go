@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"sync/atomic"
 	"time"
 
@@ -22,6 +23,15 @@ const (
 
 // PushModes lists the push modes in run order.
 var PushModes = []string{PushAckExplicit, PushAckNone, PushOrdered}
+
+// PushFloor is jetgres's minimum push path, measured with the push modes: the same
+// callback drains a core subscription that the bridge's leafnode link feeds with the same
+// messages, ack reply subjects included, without a stream, a consumer or PostgreSQL.
+const PushFloor = "link floor"
+
+// floorWindow bounds how many messages the floor's sender is ahead of the subscriber,
+// which a core subscription would otherwise drop as a slow consumer.
+const floorWindow = 8192
 
 // pushTurns is how many times each target drains its stream in each mode. Like the fetch
 // turns, they alternate in order (jetgres first, then JetStream first) so that both see
@@ -72,6 +82,9 @@ func (r *runner) runPush(ctx context.Context) {
 				msgs[p] += n
 				spent[p] += d
 			}
+		}
+		if mode == PushAckNone {
+			r.runPushFloor(ctx, ps, msgs)
 		}
 		for _, p := range ps {
 			switch {
@@ -174,4 +187,104 @@ func (r *runner) pushDrain(ctx context.Context, p *pushTarget, mode string) (int
 		return 0, 0, fmt.Errorf("ack: %w", ackErr.err)
 	}
 	return int(n), spent, nil
+}
+
+// runPushFloor measures PushFloor on the in-process jetgres, in turns with the ack none
+// drains, for as many messages as they drained there.
+func (r *runner) runPushFloor(ctx context.Context, ps []*pushTarget, drained map[*pushTarget]int) {
+	for _, p := range ps {
+		if p.t.node == nil || drained[p] == 0 || ctx.Err() != nil {
+			continue
+		}
+		var n int
+		var spent time.Duration
+		for turn := range pushTurns {
+			r.prog.phase(fmt.Sprintf("push, %-12s %s, turn %d of %d", PushFloor, p.t.name, turn+1, pushTurns), int64(p.total), 0)
+			got, d, err := r.pushFloor(ctx, p)
+			if err != nil {
+				r.fail(SectionPush+" "+PushFloor, p.t, err)
+				return
+			}
+			n += got
+			spent += d
+		}
+		r.rep.Push = append(r.rep.Push, PushResult{Target: p.t.name, Mode: PushFloor, Msgs: n,
+			Seconds: spent.Seconds(), MsgsPerSec: float64(n) / spent.Seconds()})
+	}
+}
+
+// pushFloor sends the stream's worth of messages through the link to a core subscription
+// of the same client and counts them as pushDrain does.
+func (r *runner) pushFloor(ctx context.Context, p *pushTarget) (int, time.Duration, error) {
+	var got atomic.Int64
+	want := int64(p.total)
+	more := make(chan struct{}, 1)
+	done := make(chan struct{})
+	inbox := nats.NewInbox()
+	start := time.Now()
+	sub, err := p.c.nc.Subscribe(inbox, func(*nats.Msg) {
+		r.prog.add(1)
+		n := got.Add(1)
+		if n%(floorWindow/4) == 0 {
+			select {
+			case more <- struct{}{}:
+			default:
+			}
+		}
+		if n == want {
+			close(done)
+		}
+	})
+	if err == nil {
+		err = sub.SetPendingLimits(-1, -1)
+	}
+	if err == nil {
+		err = p.c.nc.Flush()
+	}
+	if err != nil {
+		return 0, 0, fmt.Errorf("subscribe: %w", err)
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	link := p.t.node.link
+	payload := make([]byte, r.cfg.Size)
+	// A reply of the length of a push delivery's: the consumer's name is 22 characters.
+	prefix := "$JS.ACK.BENCH_PUSH.aBcDeFgHiJkLmNoPqRsTuV.1."
+	reply := make([]byte, 0, 128)
+	deadline := time.NewTimer(r.cfg.Duration)
+	defer deadline.Stop()
+	for sent := int64(0); sent < want; {
+		if sent-got.Load() >= floorWindow {
+			select {
+			case <-more:
+			case <-done:
+			case <-deadline.C:
+				return 0, 0, fmt.Errorf("link floor: %d of %d messages within %v", got.Load(), want, r.cfg.Duration)
+			case <-ctx.Done():
+				return 0, 0, ctx.Err()
+			}
+			continue
+		}
+		seq := uint64(sent + 1)
+		reply = append(reply[:0], prefix...)
+		reply = strconv.AppendUint(reply, seq, 10)
+		reply = append(reply, '.')
+		reply = strconv.AppendUint(reply, seq, 10)
+		reply = append(reply, '.')
+		reply = strconv.AppendInt(reply, time.Now().UnixNano(), 10)
+		reply = append(reply, '.')
+		reply = strconv.AppendUint(reply, uint64(want)-seq, 10)
+		reply = append(append(reply, '@'), "bench.push"...)
+		if err := link.PublishQueue(inbox, reply, "", nil, payload); err != nil {
+			return 0, 0, fmt.Errorf("link floor: publish: %w", err)
+		}
+		sent++
+	}
+	select {
+	case <-done:
+	case <-deadline.C:
+		return 0, 0, fmt.Errorf("link floor: %d of %d messages within %v", got.Load(), want, r.cfg.Duration)
+	case <-ctx.Done():
+		return 0, 0, ctx.Err()
+	}
+	return int(got.Load()), time.Since(start), nil
 }

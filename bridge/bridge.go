@@ -300,6 +300,26 @@ func (b *Bridge) Stop(ctx context.Context) error {
 	return err
 }
 
+// OldestFlush is how long the oldest push transaction still in flight has been running at
+// now, a time of the bridge's clock, or 0 when none is. A commit that hangs (a row lock held
+// elsewhere, a saturated disk) shows here while every publish it carries waits for its
+// PubAck, so readiness can report the stall. Only served streams are looked at: a flush of
+// a stream deleted meanwhile no longer counts.
+func (b *Bridge) OldestFlush(now time.Time) time.Duration {
+	var oldest int64
+	b.mu.RLock()
+	for _, s := range b.streams {
+		if t := s.in.flushSince.Load(); t != 0 && (oldest == 0 || t < oldest) {
+			oldest = t
+		}
+	}
+	b.mu.RUnlock()
+	if oldest == 0 {
+		return 0
+	}
+	return max(now.Sub(time.Unix(0, oldest)), 0)
+}
+
 // streamSyncLoop picks up stream changes that another replica made.
 func (b *Bridge) streamSyncLoop() {
 	t := b.clock.NewTicker(StreamSyncPeriodDefault)

@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
@@ -29,6 +30,10 @@ type intake struct {
 	flushing bool // a transaction for this stream is in flight
 	queued   bool // waiting in the ready queue for a push permit
 	closed   bool // the stream is gone; nothing more is taken in
+	// flushSince is when the stream's flush in flight started, in the bridge clock's Unix
+	// nanoseconds, or 0 with none. It is an atomic apart from mu so that readiness can read
+	// it while a hung commit's flush is in flight, without taking any intake's lock.
+	flushSince atomic.Int64
 }
 
 // publish is one message waiting in an intake, with what is needed to answer it.
@@ -254,6 +259,10 @@ func (b *Bridge) dispatchFlushes() {
 // flush commits what the given streams have accumulated in one transaction, answers every
 // publisher after the commit, and hands the committed rows to the consumers.
 func (b *Bridge) flush(p *flow.Permit, group []*stream) {
+	started := b.clock.Now().UnixNano()
+	for _, s := range group {
+		s.in.flushSince.Store(started)
+	}
 	batches := make([]pg.AppendBatch, 0, len(group))
 	taken := make(map[int64][]publish, len(group))
 	for _, s := range group {
@@ -335,6 +344,7 @@ func (b *Bridge) flush(p *flow.Permit, group []*stream) {
 		}
 	}
 	for _, s := range group {
+		s.in.flushSince.Store(0)
 		s.in.mu.Lock()
 		s.in.flushing = false
 		b.kickLocked(s)

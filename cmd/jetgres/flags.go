@@ -41,6 +41,7 @@ type config struct {
 	TailTotalBytes   int
 	ReplicaName      string
 	ReadyFile        string
+	ReadyStall       time.Duration
 	ShutdownTimeout  time.Duration
 
 	// NATS client security.
@@ -89,6 +90,7 @@ func (c *config) settings() []setting {
 		{"tail-total-bytes", envOf("tail-total-bytes"), "bound on the tail caches of all streams together (each stream's own is 16 MiB); beyond it a growing cache evicts its oldest messages", &c.TailTotalBytes, bridge.TailTotalBytesDefault},
 		{"replica-name", envOf("replica-name"), "this replica's name in consumer leases; stable across restarts, unique among replicas (empty: <host>:<NATS port>)", &c.ReplicaName, ""},
 		{"ready-file", envOf("ready-file"), "once ready, write the bound NATS and HTTP addresses to this file as JSON", &c.ReadyFile, ""},
+		{"ready-stall", envOf("ready-stall"), "/readyz answers 503 once the oldest publish transaction in flight has run this long (a commit hung on a lock or a saturated disk)", &c.ReadyStall, 10 * time.Second},
 		{"shutdown-timeout", envOf("shutdown-timeout"), "how long a graceful shutdown may take before the rest is stopped hard", &c.ShutdownTimeout, 30 * time.Second},
 		{"nats-config", envOf("nats-config"), "nats-server configuration file for client security and limits: users, bcrypt passwords, nkeys, per-user permissions, TLS (--listen, JetStream off and the bridge's leafnode listener win over it)", &c.NATSConfig, ""},
 		{"user", envOf("user"), "user name NATS clients must log in with, with every permission (needs --password; added to --nats-config's users)", &c.User, ""},
@@ -235,6 +237,9 @@ func (c *config) validate() error {
 	}
 	if c.TailTotalBytes < 1 {
 		errs = append(errs, fmt.Errorf("--tail-total-bytes: %d is not positive", c.TailTotalBytes))
+	}
+	if c.ReadyStall <= 0 {
+		errs = append(errs, fmt.Errorf("--ready-stall: %v is not positive", c.ReadyStall))
 	}
 	if c.ShutdownTimeout <= 0 {
 		errs = append(errs, fmt.Errorf("--shutdown-timeout: %v is not positive", c.ShutdownTimeout))

@@ -49,6 +49,7 @@ func TestEnvironmentVariables(t *testing.T) {
 		"tail-total-bytes":   {"JETGRES_TAIL_TOTAL_BYTES"},
 		"replica-name":       {"JETGRES_REPLICA_NAME"},
 		"ready-file":         {"JETGRES_READY_FILE"},
+		"ready-stall":        {"JETGRES_READY_STALL"},
 		"shutdown-timeout":   {"JETGRES_SHUTDOWN_TIMEOUT"},
 		"nats-config":        {"JETGRES_NATS_CONFIG"},
 		"user":               {"JETGRES_USER"},

@@ -46,6 +46,12 @@ func (n *node) notReady(ctx context.Context) string {
 		return "nats: leafnode link closed"
 	default:
 	}
+	// A hung commit leaves the ping below answering: only the age of the oldest publish
+	// transaction shows that every publish is timing out.
+	if age := n.bridge.OldestFlush(time.Now()); age > n.cfg.ReadyStall {
+		return fmt.Sprintf("postgresql: a publish transaction has not committed for %s (--ready-stall %s)",
+			age.Round(time.Millisecond), n.cfg.ReadyStall)
+	}
 	ctx, cancel := context.WithTimeout(ctx, readyPingTimeout)
 	defer cancel()
 	if err := n.db.Ping(ctx); err != nil {

@@ -38,6 +38,7 @@ type node struct {
 	db      *pg.DB
 	nats    *natsd.Server
 	link    *leaf.Conn
+	bridge  *bridge.Bridge
 	push    *flow.Lane
 	pop     *flow.Lane
 	ack     *flow.Lane
@@ -189,6 +190,11 @@ func (n *node) start(ctx context.Context) error {
 	if err := br.Start(ctx); err != nil {
 		return err
 	}
+	n.bridge = br
+	n.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "jetgres_publish_oldest_flush_seconds",
+		Help: "How long the oldest publish transaction in flight has been running; 0 with none. /readyz turns 503 beyond --ready-stall.",
+	}, func() float64 { return br.OldestFlush(time.Now()).Seconds() }))
 
 	if err := n.startHTTP(); err != nil {
 		return err

@@ -449,8 +449,14 @@ func (c *consumer) pump(ctx context.Context) {
 		if c.cfg.HeadersOnly {
 			hdr, data = headersOnly(m.Header, len(m.Data)), nil
 		}
+		uncounted := false
+		if dc == 1 && m.Seq > c.pend.through.Load() {
+			var added int64
+			added, uncounted = c.pend.claim(m.Seq)
+			c.npc += added
+		}
 		pending := uint64(max(c.npc, 0))
-		if dc == 1 && pending > 0 {
+		if dc == 1 && pending > 0 && !uncounted {
 			pending--
 		}
 		info := jswire.AckInfo{Stream: c.sc.s.name, Consumer: c.name, Delivered: dc, StreamSeq: m.Seq, ConsumerSeq: c.st.Delivered().Consumer + 1, TS: m.TS, Pending: pending}
@@ -474,6 +480,9 @@ func (c *consumer) pump(ctx context.Context) {
 			// Not sent (the link is full or closing), so not delivered: it stays next in
 			// line and is tried again shortly, not after an ack wait.
 			c.cs.b.log.Debug("delivery not sent", "stream", c.sc.s.name, "consumer", c.name, "err", err)
+			if uncounted {
+				c.npc++ // claimed from its commit; the next try takes it off again
+			}
 			c.retryAt = c.cs.b.clock.Now().Add(readRetry)
 			eos = false
 			break

@@ -4,6 +4,7 @@ import (
 	"context"
 	"math"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jetgres/jetgres/pg"
@@ -30,9 +31,11 @@ const (
 // by a tick's range read) counts once, and a recount in PostgreSQL ends where later commits
 // start adding.
 type pendingCommits struct {
-	mu      sync.Mutex
-	n       int64
-	through uint64
+	mu sync.Mutex
+	n  int64
+	// through is written under mu and read without it by the goroutine, which needs it
+	// only to tell whether a message it delivers was counted yet.
+	through atomic.Uint64
 }
 
 // add counts the rows past through that match and reports how many did.
@@ -40,16 +43,33 @@ func (p *pendingCommits) add(msgs []pg.Message, match func(subject string) bool)
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	var n int64
+	through := p.through.Load()
 	for i := range msgs {
-		if msgs[i].Seq > p.through && match(msgs[i].Subject) {
+		if msgs[i].Seq > through && match(msgs[i].Subject) {
 			n++
 		}
 	}
-	if last := msgs[len(msgs)-1].Seq; last > p.through {
-		p.through = last
+	if last := msgs[len(msgs)-1].Seq; last > through {
+		p.through.Store(last)
 	}
 	p.n += n
 	return n
+}
+
+// claim is for a first delivery of seq that no commit has counted yet: the goroutine can
+// see a commit's rows (in the tail, in a range read) before the commit counts them. It
+// returns what commits added meanwhile and moves through to seq, so that the commit that
+// brings seq does not count it (or any matching row before it, which in stream order was
+// delivered already) as still pending. It reports false when seq was counted after all.
+func (p *pendingCommits) claim(seq uint64) (added int64, uncounted bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	added, p.n = p.n, 0
+	if seq <= p.through.Load() {
+		return added, false
+	}
+	p.through.Store(seq)
+	return added, true
 }
 
 // take returns what was added since the last take.
@@ -73,7 +93,7 @@ func (p *pendingCommits) restart() uint64 {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.n = 0
-	return p.through
+	return p.through.Load()
 }
 
 // markStale asks for a recount before the next delivery, unless every removed row lies

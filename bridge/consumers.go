@@ -388,7 +388,7 @@ func (cs *consumerSide) activate(ctx context.Context, sc *streamConsumers, row p
 	}
 	c.npc = int64(npc + extra)
 	c.counted.Store(c.st.Next())
-	c.pend.through = hw // no commit reaches c before it is registered below
+	c.pend.through.Store(hw) // no commit reaches c before it is registered below
 	if start != nil {
 		// A new consumer: its create response reports it as it is now, before its goroutine
 		// runs, with nothing delivered and every matching message pending.

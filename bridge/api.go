@@ -114,12 +114,16 @@ func (b *Bridge) apiAccountInfo(ctx context.Context) (*server.JSApiAccountInfoRe
 	resp := &server.JSApiAccountInfoResponse{ApiResponse: jswire.APIResponse(server.JSApiAccountInfoResponseType)}
 	var stats server.JetStreamAccountStats
 	stats.API.Level = apiLevel
+	// One read for all streams: a read per stream took seconds with thousands of them,
+	// beyond the clients' request timeout.
+	totals, err := b.db.AllTotals(ctx)
+	if err != nil {
+		return resp, err
+	}
 	for _, s := range b.streamList() {
 		stats.Streams++
 		stats.Consumers += b.numConsumers(s)
-		if st, err := b.db.State(ctx, s.id); err == nil {
-			stats.Store += st.Bytes
-		}
+		stats.Store += totals[s.id].Bytes
 	}
 	stats.Limits = server.JetStreamAccountLimits{MaxMemory: -1, MaxStore: -1, MaxStreams: -1, MaxConsumers: -1, MaxAckPending: -1, MemoryMaxStreamBytes: -1, StoreMaxStreamBytes: -1}
 	resp.JetStreamAccountStats = &stats

@@ -172,6 +172,8 @@ type Bridge struct {
 	pm   *pushMetrics
 	// clock is Config.Clock, or the system clock.
 	clock Clock
+	// The warnings of attempts that fail together while the database is away, thinned.
+	warnPush, warnRead, warnPending, warnTick, warnFill logEvery
 
 	// bg runs the background work: API workers, the flush dispatcher, the stream sync loop
 	// and the retention maintainer. ctx is its context, from Start until Stop cancels it.

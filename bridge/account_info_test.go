@@ -1,0 +1,111 @@
+package bridge
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// createStreamsInPG creates n streams straight in PostgreSQL, several at a time, and has the
+// bridge serve them: the API would take minutes for the numbers these tests need.
+func createStreamsInPG(t testing.TB, tb *testBundle, prefix string, n int) {
+	t.Helper()
+	ctx := testContext(t)
+	const workers = 8
+	var wg sync.WaitGroup
+	errs := make(chan error, workers)
+	for w := range workers {
+		wg.Go(func() {
+			for i := w; i < n; i += workers {
+				name := fmt.Sprintf("%s%d", prefix, i)
+				cfg, err := json.Marshal(server.StreamConfig{Name: name, Subjects: []string{fmt.Sprintf("%s.%d", prefix, i)}, Storage: server.FileStorage, Retention: server.LimitsPolicy, Replicas: 1})
+				if err == nil {
+					_, err = tb.db.CreateStream(ctx, name, cfg)
+				}
+				if err != nil {
+					errs <- err
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	if err := tb.bridge.syncStreams(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Account information counts every stream and consumer and adds up the bytes the streams'
+// own infos report, for a few hundred streams, some holding messages.
+func TestAccountInfoTotalsManyStreams(t *testing.T) {
+	t.Parallel()
+	tb := setup(t)
+	ctx := testContext(t)
+	createStreamsInPG(t, tb, "ACCT", 300)
+	consumers := 0
+	for i := range 5 {
+		name := fmt.Sprintf("FULL%d", i)
+		s, err := tb.js.CreateStream(ctx, jetstream.StreamConfig{Name: name, Subjects: []string{fmt.Sprintf("full.%d.>", i)}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for j := range 10 * (i + 1) {
+			if _, err := tb.js.Publish(ctx, fmt.Sprintf("full.%d.%d", i, j%3), make([]byte, 10*j)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for range i {
+			if _, err := s.CreateConsumer(ctx, jetstream.ConsumerConfig{AckPolicy: jetstream.AckExplicitPolicy}); err != nil {
+				t.Fatal(err)
+			}
+			consumers++
+		}
+	}
+
+	var bytes uint64
+	var streams, infoConsumers int
+	for info := range tb.js.ListStreams(ctx).Info() {
+		streams++
+		bytes += info.State.Bytes
+		infoConsumers += info.State.Consumers
+	}
+	if streams != 305 || infoConsumers != consumers || bytes == 0 {
+		t.Fatalf("stream infos: %d streams, %d consumers, %d bytes; want 305 streams, %d consumers, some bytes", streams, infoConsumers, bytes, consumers)
+	}
+	acct, err := tb.js.AccountInfo(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if acct.Streams != streams || acct.Consumers != consumers || acct.Store != bytes || acct.Memory != 0 {
+		t.Errorf("account info: %d streams, %d consumers, store %d, memory %d; stream infos: %d streams, %d consumers, %d bytes",
+			acct.Streams, acct.Consumers, acct.Store, acct.Memory, streams, consumers, bytes)
+	}
+}
+
+// BenchmarkAccountInfo10kStreams times $JS.API.INFO over 10,000 streams, which must answer
+// well within the clients' 5 s default request timeout.
+func BenchmarkAccountInfo10kStreams(b *testing.B) {
+	tb := setup(b)
+	createStreamsInPG(b, tb, "BENCH", 10_000)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	for b.Loop() {
+		acct, err := tb.js.AccountInfo(ctx)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if acct.Streams != 10_000 {
+			b.Fatalf("account info counts %d streams, want 10000", acct.Streams)
+		}
+	}
+}

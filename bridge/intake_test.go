@@ -1,10 +1,8 @@
 package bridge
 
 import (
-	"context"
 	"errors"
 	"fmt"
-	"sync"
 	"testing"
 	"time"
 
@@ -39,26 +37,8 @@ func TestIntakeTotalBound(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	locked, release := make(chan struct{}), make(chan struct{})
-	var once sync.Once
-	unlock := func() { once.Do(func() { close(release) }) }
-	t.Cleanup(unlock) // before the bridge stops, should the test end early
-	held := make(chan error, 1)
-	go func() {
-		held <- probe.Tx(ctx, func(ctx context.Context, q rawsql.Querier) error {
-			if err := q.Exec(ctx, `SELECT 1 FROM jetgres.stream_state FOR UPDATE`); err != nil {
-				return err
-			}
-			close(locked)
-			<-release
-			return nil
-		})
-	}()
-	select {
-	case <-locked:
-	case err := <-held:
-		t.Fatalf("locking the stream states: %v", err)
-	}
+	// Released before the bridge stops, should the test end early: cleanups run last first.
+	unlock := probe.HoldRows(t, `SELECT 1 FROM jetgres.stream_state FOR UPDATE`)
 	var futures []jetstream.PubAckFuture
 	for i := range each * streams {
 		f, err := tb.js.PublishAsync(fmt.Sprintf("t%d.x", i%streams), make([]byte, payload))
@@ -75,9 +55,6 @@ func TestIntakeTotalBound(t *testing.T) {
 		return nil
 	})
 	unlock()
-	if err := <-held; err != nil {
-		t.Fatal(err)
-	}
 	stored, refused := 0, 0
 	for _, f := range futures {
 		select {

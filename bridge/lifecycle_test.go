@@ -16,42 +16,6 @@ import (
 	"github.com/jetgres/jetgres/pg/pgtest/rawsql"
 )
 
-// holdRows locks, in a transaction of its own, the rows sql selects (it ends in FOR UPDATE),
-// until the test ends or the returned release is called.
-func holdRows(t *testing.T, db *rawsql.DB, sql string, args ...any) (release func()) {
-	t.Helper()
-	locked := make(chan error, 1)
-	done := make(chan struct{})
-	ended := make(chan struct{})
-	go func() {
-		defer close(ended)
-		err := db.Tx(context.Background(), func(ctx context.Context, q rawsql.Querier) error {
-			if err := q.Exec(ctx, sql, args...); err != nil {
-				return err
-			}
-			locked <- nil
-			<-done
-			return nil
-		})
-		if err != nil {
-			locked <- err
-		}
-	}()
-	if err := <-locked; err != nil {
-		t.Fatalf("lock rows: %v", err)
-	}
-	var once bool
-	release = func() {
-		if !once {
-			once = true
-			close(done)
-			<-ended
-		}
-	}
-	t.Cleanup(release)
-	return release
-}
-
 // idle reports which of the groups still has a goroutine running.
 func idle(groups map[string]*startstop.Group) error {
 	now, cancel := context.WithCancel(context.Background())
@@ -91,7 +55,7 @@ func TestStartFailurePartWayStopsEverything(t *testing.T) {
 
 	tb := setup(t, setupOpts{db: first.db, unstarted: true, config: func(c *Config) { c.ReplicaName = "restarted" }})
 	probe := rawsql.Open(t, first.dbURL)
-	holdRows(t, probe, `SELECT 1 FROM jetgres.consumers WHERE stream_id = $1 FOR UPDATE`, idB)
+	probe.HoldRows(t, `SELECT 1 FROM jetgres.consumers WHERE stream_id = $1 FOR UPDATE`, idB)
 	startCtx, cancel := context.WithTimeout(ctx, 3*time.Second)
 	defer cancel()
 	err := tb.bridge.Start(startCtx)
@@ -135,7 +99,7 @@ func TestStopPastDeadlineLeavesNothingRunning(t *testing.T) {
 	newStream(t, ctx, tb, "S", "s.>")
 	id := tb.bridge.lookup("S").id
 	probe := rawsql.Open(t, tb.dbURL)
-	release := holdRows(t, probe, `SELECT 1 FROM jetgres.stream_state WHERE stream_id = $1 FOR UPDATE`, id)
+	release := probe.HoldRows(t, `SELECT 1 FROM jetgres.stream_state WHERE stream_id = $1 FOR UPDATE`, id)
 
 	answered := make(chan error, 1)
 	go func() {

@@ -23,7 +23,7 @@ func TestOldestFlushOnAHungCommit(t *testing.T) {
 		t.Fatalf("OldestFlush with nothing in flight: %s, want 0", age)
 	}
 	probe := rawsql.Open(t, tb.dbURL)
-	release := holdRows(t, probe, `SELECT 1 FROM jetgres.stream_state WHERE stream_id = $1 FOR UPDATE`, id)
+	release := probe.HoldRows(t, `SELECT 1 FROM jetgres.stream_state WHERE stream_id = $1 FOR UPDATE`, id)
 
 	acked := make(chan error, 1)
 	go func() {

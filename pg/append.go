@@ -128,8 +128,13 @@ type lockedState struct {
 // still be walking it. The results, one per batch, name their streams and come in no
 // particular order.
 func (db *DB) Append(ctx context.Context, batches []AppendBatch, ts int64) ([]AppendResult, time.Duration, error) {
-	batches = slices.Clone(batches)
-	slices.SortFunc(batches, func(a, b AppendBatch) int { return cmp.Compare(a.StreamID, b.StreamID) })
+	// Streams are locked in id order, so that two transactions never deadlock on each other;
+	// most calls hold one batch, or batches already in order, and need no copy.
+	byID := func(a, b AppendBatch) int { return cmp.Compare(a.StreamID, b.StreamID) }
+	if !slices.IsSortedFunc(batches, byID) {
+		batches = slices.Clone(batches)
+		slices.SortFunc(batches, byID)
+	}
 	var results []AppendResult
 	rtt, err := db.hot(ctx, func(ctx context.Context, q querier) error {
 		done, rest, err := db.appendFast(ctx, q, batches, ts)

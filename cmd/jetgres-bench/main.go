@@ -45,16 +45,14 @@ func (e usageError) Unwrap() error { return e.err }
 func run(args []string, stdout, stderr io.Writer) int {
 	err := runBench(context.Background(), args, stdout, stderr)
 	var usage usageError
-	switch {
-	case err == nil, errors.Is(err, flag.ErrHelp):
+	if err == nil || errors.Is(err, flag.ErrHelp) {
 		return 0
-	case errors.As(err, &usage):
-		fmt.Fprintf(stderr, "jetgres-bench: %v\n", err)
-		return 2
-	default:
-		fmt.Fprintf(stderr, "jetgres-bench: %v\n", err)
-		return 1
 	}
+	fmt.Fprintf(stderr, "jetgres-bench: %v\n", err)
+	if errors.As(err, &usage) {
+		return 2
+	}
+	return 1
 }
 
 func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) error {

@@ -11,7 +11,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -88,7 +87,7 @@ func TestReadyzStallsWithAHungCommit(t *testing.T) {
 	if err := db.QueryRow(ctx, `SELECT id FROM jetgres.streams WHERE name = 'S'`).Scan(&id); err != nil {
 		t.Fatal(err)
 	}
-	release := holdRow(t, db, `SELECT 1 FROM jetgres.stream_state WHERE stream_id = $1 FOR UPDATE`, id)
+	release := db.HoldRows(t, `SELECT 1 FROM jetgres.stream_state WHERE stream_id = $1 FOR UPDATE`, id)
 	defer release() // before serve stops, which waits for the held commit
 
 	acked, err := js.PublishAsync("s.x", []byte("held"), jetstream.WithMsgID("held-1"))
@@ -132,39 +131,4 @@ func TestReadyzStallsWithAHungCommit(t *testing.T) {
 	case <-ctx.Done():
 		t.Fatal("the held publish was never acknowledged")
 	}
-}
-
-// holdRow locks, in a transaction of its own, the rows sql selects (it ends in FOR UPDATE),
-// until the returned release is called or the test ends.
-func holdRow(t *testing.T, db *rawsql.DB, sql string, args ...any) (release func()) {
-	t.Helper()
-	locked := make(chan error, 1)
-	done := make(chan struct{})
-	ended := make(chan struct{})
-	go func() {
-		defer close(ended)
-		err := db.Tx(context.Background(), func(ctx context.Context, q rawsql.Querier) error {
-			if err := q.Exec(ctx, sql, args...); err != nil {
-				return err
-			}
-			locked <- nil
-			<-done
-			return nil
-		})
-		if err != nil {
-			locked <- err
-		}
-	}()
-	if err := <-locked; err != nil {
-		t.Fatalf("lock rows: %v", err)
-	}
-	var once sync.Once
-	release = func() {
-		once.Do(func() {
-			close(done)
-			<-ended
-		})
-	}
-	t.Cleanup(release)
-	return release
 }

@@ -10,6 +10,7 @@ package rawsql
 import (
 	"context"
 	"fmt"
+	"sync"
 	"testing"
 	"time"
 
@@ -118,4 +119,40 @@ func (q queries) QueryRow(ctx context.Context, sql string, args ...any) Row {
 
 func (q queries) Query(ctx context.Context, sql string, args ...any) (Rows, error) {
 	return q.q.Query(ctx, sql, args...)
+}
+
+// HoldRows locks, in a transaction of its own, the rows sql selects (it ends in FOR UPDATE),
+// until the returned release is called or t ends: a test's way of making the database hang
+// for whoever needs those rows.
+func (db *DB) HoldRows(t testing.TB, sql string, args ...any) (release func()) {
+	t.Helper()
+	locked := make(chan error, 1)
+	done := make(chan struct{})
+	ended := make(chan struct{})
+	go func() {
+		defer close(ended)
+		err := db.Tx(context.Background(), func(ctx context.Context, q Querier) error {
+			if err := q.Exec(ctx, sql, args...); err != nil {
+				return err
+			}
+			locked <- nil
+			<-done
+			return nil
+		})
+		if err != nil {
+			locked <- err
+		}
+	}()
+	if err := <-locked; err != nil {
+		t.Fatalf("lock rows: %v", err)
+	}
+	var once sync.Once
+	release = func() {
+		once.Do(func() {
+			close(done)
+			<-ended
+		})
+	}
+	t.Cleanup(release)
+	return release
 }

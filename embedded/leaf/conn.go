@@ -330,11 +330,13 @@ func (c *Conn) handleOp(op *Op) error {
 	case OpMsg:
 		c.deliver(op)
 	case OpSub:
-		c.interest.add(op.Subject, op.Queue)
-		c.interestMoved()
+		if c.interest.add(op.Subject, op.Queue) {
+			c.interestMoved()
+		}
 	case OpUnsub:
-		c.interest.remove(op.Subject, op.Queue)
-		c.interestMoved()
+		if c.interest.remove(op.Subject, op.Queue) {
+			c.interestMoved()
+		}
 	case OpPing:
 		// Fails only once the link is down, when no answer is needed.
 		_ = c.enqueueControl(pongFrame)

@@ -25,18 +25,26 @@ type interest struct {
 	version atomic.Uint64
 }
 
+// appendKey appends the key of subject in queue group queue ("subject" or "subject queue")
+// to dst.
+func appendKey[T string | []byte](dst []byte, subject, queue T) []byte {
+	dst = append(dst, subject...)
+	if len(queue) > 0 {
+		dst = append(dst, ' ')
+		dst = append(dst, queue...)
+	}
+	return dst
+}
+
 func interestKey(subject, queue []byte) string {
 	if len(queue) == 0 {
 		return string(subject)
 	}
-	b := make([]byte, 0, len(subject)+1+len(queue))
-	b = append(b, subject...)
-	b = append(b, ' ')
-	b = append(b, queue...)
-	return string(b)
+	return string(appendKey(make([]byte, 0, len(subject)+1+len(queue)), subject, queue))
 }
 
-func (in *interest) add(subject, queue []byte) {
+// add records a subscription and reports whether it was new.
+func (in *interest) add(subject, queue []byte) bool {
 	key := interestKey(subject, queue)
 	in.mu.Lock()
 	defer in.mu.Unlock()
@@ -44,19 +52,21 @@ func (in *interest) add(subject, queue []byte) {
 		in.keys = make(map[string]struct{})
 	}
 	if _, known := in.keys[key]; known {
-		return
+		return false
 	}
 	in.keys[key] = struct{}{}
 	*in.patterns.put(string(subject))++
 	in.version.Add(1)
+	return true
 }
 
-func (in *interest) remove(subject, queue []byte) {
+// remove forgets a subscription and reports whether it was known.
+func (in *interest) remove(subject, queue []byte) bool {
 	key := interestKey(subject, queue)
 	in.mu.Lock()
 	defer in.mu.Unlock()
 	if _, ok := in.keys[key]; !ok {
-		return
+		return false
 	}
 	delete(in.keys, key)
 	in.version.Add(1)
@@ -66,6 +76,7 @@ func (in *interest) remove(subject, queue []byte) {
 			in.patterns.delete(s)
 		}
 	}
+	return true
 }
 
 // has reports whether any announced subscription matches the literal
@@ -82,11 +93,7 @@ func (in *interest) has(subject string) bool {
 // exactKeyBuf are looked up without allocating.
 func (in *interest) hasExact(subject, queue string) bool {
 	var buf [exactKeyBuf]byte
-	key := append(buf[:0], subject...)
-	if queue != "" {
-		key = append(key, ' ')
-		key = append(key, queue...)
-	}
+	key := appendKey(buf[:0], subject, queue)
 	in.mu.RLock()
 	defer in.mu.RUnlock()
 	_, ok := in.keys[string(key)]

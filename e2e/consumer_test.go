@@ -374,17 +374,16 @@ func TestResumeAfterSIGKILL(t *testing.T) {
 		}
 	}()
 	probe := openProbe(t, dsn, 1)
-	storedFloor := func() uint64 {
-		var seq int64
-		err := probe.QueryRow(ctx, `SELECT ack_stream_seq FROM jetgres.consumers WHERE name = 'C'`).Scan(&seq)
+	floorOfC := func() uint64 {
+		f, err := storedFloor(ctx, probe, "KILL", "C")
 		if err != nil {
 			t.Fatal(err)
 		}
-		return uint64(seq)
+		return f
 	}
 	// Kill once a good part of the floor is in PostgreSQL, with the consumer still busy.
 	testwait.For(t, time.Minute, func() error {
-		if f := storedFloor(); f < total/3 {
+		if f := floorOfC(); f < total/3 {
 			return fmt.Errorf("stored ack floor %d", f)
 		}
 		return nil
@@ -405,7 +404,7 @@ func TestResumeAfterSIGKILL(t *testing.T) {
 		t.Fatal(err)
 	}
 	floor := c2.CachedInfo().AckFloor.Stream
-	if stored := storedFloor(); floor != stored || floor < total/3 {
+	if stored := floorOfC(); floor != stored || floor < total/3 {
 		t.Fatalf("ack floor after the restart %d, stored %d", floor, stored)
 	}
 	// Everything at or below the floor was acked before the kill (id i is sequence i+1).

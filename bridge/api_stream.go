@@ -119,6 +119,13 @@ func (b *Bridge) streamCreated(ctx context.Context, resp *server.JSApiStreamCrea
 }
 
 func (b *Bridge) streamInfo(ctx context.Context, s *stream) (*server.StreamInfo, error) {
+	info, _, err := b.streamInfoSubjects(ctx, s)
+	return info, err
+}
+
+// streamInfoSubjects is streamInfo with the message totals of every subject, which it
+// reads to count them, for a request that asks for them too.
+func (b *Bridge) streamInfoSubjects(ctx context.Context, s *stream) (*server.StreamInfo, map[string]uint64, error) {
 	// JetStream removes an acknowledged message before it answers the ack; a pass now makes
 	// every ack the consumers applied show, whether or not the maintainer got to it yet.
 	if err := b.settleRetention(ctx, s); err != nil {
@@ -126,16 +133,16 @@ func (b *Bridge) streamInfo(ctx context.Context, s *stream) (*server.StreamInfo,
 	}
 	st, err := b.db.State(ctx, s.id)
 	if errors.Is(err, pg.ErrNotFound) {
-		return nil, server.NewJSStreamNotFoundError()
+		return nil, nil, server.NewJSStreamNotFoundError()
 	}
 	if err != nil {
-		return nil, fmt.Errorf("stream %q state: %w", s.name, err)
+		return nil, nil, fmt.Errorf("stream %q state: %w", s.name, err)
 	}
 	// JetStream keeps a count of subjects; counting them here costs a grouped read of the
 	// subject index of each chunk, which a stream info is allowed.
 	subjects, err := b.db.SubjectTotals(ctx, s.id, ">")
 	if err != nil {
-		return nil, fmt.Errorf("stream %q subjects: %w", s.name, err)
+		return nil, nil, fmt.Errorf("stream %q subjects: %w", s.name, err)
 	}
 	state := server.StreamState{
 		NumSubjects: len(subjects),
@@ -159,7 +166,7 @@ func (b *Bridge) streamInfo(ctx context.Context, s *stream) (*server.StreamInfo,
 			state.FirstSeq = 0
 		}
 	}
-	return &server.StreamInfo{Config: s.config(), Created: s.created.UTC(), State: state, TimeStamp: b.clock.Now().UTC()}, nil
+	return &server.StreamInfo{Config: s.config(), Created: s.created.UTC(), State: state, TimeStamp: b.clock.Now().UTC()}, subjects, nil
 }
 
 func (b *Bridge) apiStreamUpdate(ctx context.Context, name string, body []byte) (*server.JSApiStreamUpdateResponse, error) {
@@ -238,7 +245,7 @@ func (b *Bridge) apiStreamInfo(ctx context.Context, name string, body []byte) (*
 	if err != nil {
 		return resp, err
 	}
-	info, err := b.streamInfo(ctx, s)
+	info, all, err := b.streamInfoSubjects(ctx, s)
 	if err != nil {
 		return resp, err
 	}
@@ -250,9 +257,11 @@ func (b *Bridge) apiStreamInfo(ctx context.Context, name string, body []byte) (*
 		info.State.Deleted = deleted
 	}
 	if req.SubjectsFilter != "" {
-		totals, err := b.db.SubjectTotals(ctx, s.id, req.SubjectsFilter)
-		if err != nil {
-			return resp, fmt.Errorf("subject totals of stream %q: %w", name, err)
+		totals := all
+		if req.SubjectsFilter != ">" {
+			if totals, err = b.db.SubjectTotals(ctx, s.id, req.SubjectsFilter); err != nil {
+				return resp, fmt.Errorf("subject totals of stream %q: %w", name, err)
+			}
 		}
 		resp.StreamInfo = info
 		pageSubjects(resp, totals, max(req.Offset, 0))

@@ -144,7 +144,7 @@ func (db *DB) Append(ctx context.Context, batches []AppendBatch, ts int64) ([]Ap
 			done, rest = nil, batches
 		}
 		if len(rest) > 0 {
-			slow, err := db.appendTx(ctx, q, rest, ts)
+			slow, err := db.appendTx(ctx, q, rest, ts, "BEGIN")
 			if err != nil {
 				return err
 			}
@@ -159,7 +159,9 @@ func (db *DB) Append(ctx context.Context, batches []AppendBatch, ts int64) ([]Ap
 	return results, rtt, nil
 }
 
-func (db *DB) appendTx(ctx context.Context, q querier, batches []AppendBatch, ts int64) (res []AppendResult, err error) {
+// appendTx runs first, with firstArgs, at the head of its first round trip: BEGIN, or a
+// statement of a transaction the caller opened (MoveStaged's progress).
+func (db *DB) appendTx(ctx context.Context, q querier, batches []AppendBatch, ts int64, first string, firstArgs ...any) (res []AppendResult, err error) {
 	ids := make([]int64, len(batches))
 	for i, b := range batches {
 		ids[i] = b.StreamID
@@ -177,7 +179,7 @@ func (db *DB) appendTx(ctx context.Context, q querier, batches []AppendBatch, ts
 	// what the streams' limits will need: the live messages of the batch's subjects and the
 	// oldest messages an eviction is predicted to take.
 	b := &pgx.Batch{}
-	b.Queue("BEGIN")
+	b.Queue(first, firstArgs...)
 	b.Queue(`SELECT stream_id, first_seq, last_seq, last_ts, cum_bytes, msgs, bytes, chunk, chunk_rows, last_msg_id
 		FROM jetgres.stream_state WHERE stream_id = ANY($1) ORDER BY stream_id FOR UPDATE`, ids)
 	reads := make([]batchReads, len(batches))

@@ -198,6 +198,7 @@ type Bridge struct {
 	unsupportedLogged [len(unsupportedRequests)]atomic.Bool
 
 	cons       *consumerSide
+	sql        *sqlMover
 	maintainer atomic.Pointer[maintainer] // retention; nil outside Start .. Stop
 
 	stopOnce sync.Once
@@ -215,6 +216,7 @@ func New(cfg Config) (*Bridge, error) {
 		link:    cfg.Link,
 		log:     cfg.Logger,
 		pm:      newPushMetrics(cfg.Registerer),
+		sql:     newSQLMover(cfg.Registerer),
 		clock:   clockOrSystem(cfg.Clock),
 		streams: make(map[string]*stream),
 		ready:   newReadyQueue(),
@@ -257,6 +259,7 @@ func (b *Bridge) Start(ctx context.Context) (err error) {
 		return fmt.Errorf("bridge: start consumers: %w", err)
 	}
 	b.startRetention()
+	b.startSQLMover()
 	sub, err := b.link.Subscribe("$JS.API.>", "", b.onAPI)
 	if err != nil {
 		return fmt.Errorf("bridge: subscribe $JS.API.>: %w", err)

@@ -329,16 +329,7 @@ func (b *Bridge) flush(p *flow.Permit, group []*stream) {
 				s := byID[r.StreamID]
 				// Consumers hear of what the commit removed and added before any publisher
 				// hears of the commit, so a fetch sent on a PubAck sees both.
-				switch {
-				case !r.Removed:
-				case b.cachedAny(s, r.FirstSeq-1, r.Tombstoned):
-					b.streamPurged(s)
-				default:
-					b.rowsRemoved(s, removedUpTo(r))
-				}
-				if len(r.Stored) > 0 {
-					b.consumersCommitted(s, r.Stored)
-				}
+				b.appended(s, r)
 				b.answer(s, taken[r.StreamID], r)
 			}
 		}
@@ -409,6 +400,20 @@ func (sp *slicePool[T]) put(b []T) {
 	clear(b[:cap(b)])
 	b = b[:0]
 	sp.classes[i].Put(&b)
+}
+
+// appended tells s's consumers what a committed append removed and added.
+func (b *Bridge) appended(s *stream, r pg.AppendResult) {
+	switch {
+	case !r.Removed:
+	case b.cachedAny(s, r.FirstSeq-1, r.Tombstoned):
+		b.streamPurged(s)
+	default:
+		b.rowsRemoved(s, removedUpTo(r))
+	}
+	if len(r.Stored) > 0 {
+		b.consumersCommitted(s, r.Stored)
+	}
 }
 
 // removedUpTo is the highest sequence a commit removed: below its new first sequence, or

@@ -24,8 +24,9 @@ type StagedMsg struct {
 
 // MovePlan turns the staged messages of one move, in the order they must keep, into the
 // batches to append. Messages it leaves out are moved past all the same: the caller refused
-// them. It runs inside the move's transaction, so it must not block.
-type MovePlan func(staged []StagedMsg) []AppendBatch
+// them. An error ends the move with nothing moved, and MoveStaged returns it. It runs
+// inside the move's transaction, so it must not block.
+type MovePlan func(staged []StagedMsg) ([]AppendBatch, error)
 
 // MoveStaged moves up to max committed staged messages into their streams in one
 // transaction: it locks the mover's progress row (so one replica moves at a time), reads
@@ -60,7 +61,10 @@ func (db *DB) MoveStaged(ctx context.Context, max int, plan MovePlan, ts int64) 
 			return nil // the deferred ROLLBACK ends the transaction
 		}
 		const progress = `UPDATE jetgres.staging SET moved_xid = $1::xid8, moved_call = $2`
-		batches := plan(staged)
+		batches, err := plan(staged)
+		if err != nil {
+			return err
+		}
 		if len(batches) == 0 {
 			if _, err := q.Exec(ctx, progress, lastXID, lastCall); err != nil {
 				return err

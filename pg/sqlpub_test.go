@@ -17,7 +17,7 @@ import (
 )
 
 // movePlan is the bridge's plan at its simplest: every staged message goes to its stream.
-func movePlan(staged []pg.StagedMsg) []pg.AppendBatch {
+func movePlan(staged []pg.StagedMsg) ([]pg.AppendBatch, error) {
 	var out []pg.AppendBatch
 	idx := map[int64]int{}
 	for _, m := range staged {
@@ -29,7 +29,7 @@ func movePlan(staged []pg.StagedMsg) []pg.AppendBatch {
 		}
 		out[i].Msgs = append(out[i].Msgs, pg.AppendMsg{Subject: m.Subject, Header: m.Header, Data: m.Data})
 	}
-	return out
+	return out, nil
 }
 
 func sqlState(err error) string {

@@ -1,0 +1,307 @@
+package bridge
+
+import (
+	"errors"
+	"slices"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/jetgres/jetgres/pg"
+)
+
+// The mover brings what applications published with jetgres.publish into their streams.
+// A commit that published notifies pg.StagedChannel, which wakes it; its timer is the
+// fallback, at the tick period while there is work and backing off to TickIdleMaxDefault
+// while there is none. Each move takes a push lane permit, like a flush, and appends one
+// snapshot-bounded batch of committed staged messages through the same append path, so
+// that sequences, de-duplication and limits apply as to a NATS publish.
+//
+// A move may append to a stream while that stream's own flush is in flight: the state
+// row's lock orders the two in PostgreSQL as it orders the flushes of several replicas,
+// and the tail takes their rows in whichever order they are reported.
+
+const (
+	// stagingRotatePeriod is how long a staging table takes calls before the mover switches
+	// to the other one, which bounds how much staging holds: what a period brings, twice.
+	stagingRotatePeriod = time.Second
+	// listenRetry is the pause before listening again after the connection failed.
+	listenRetry = time.Second
+)
+
+// Refusal reasons at the move, the label values of jetgres_sql_publish_refused_total,
+// besides the publish path's own (reasonSealed, reasonTooLarge, reasonUnstorable,
+// reasonExpected, reasonLimit, reasonDuplicate).
+const (
+	reasonNoStream   = "no_stream"   // the stream was deleted since the call
+	reasonNotTaken   = "not_taken"   // the stream no longer takes the subject
+	reasonFeatureOff = "unsupported" // a header asks for a feature jetgres refuses
+)
+
+var errStreamUnknown = errors.New("bridge: a staged message names a stream this process does not know yet")
+
+type sqlMetrics struct {
+	moved   prometheus.Counter
+	refused *prometheus.CounterVec
+	moves   prometheus.Counter
+}
+
+func newSQLMetrics(reg prometheus.Registerer) *sqlMetrics {
+	m := &sqlMetrics{
+		moved: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "jetgres_sql_publish_moved_total",
+			Help: "Messages published with jetgres.publish and stored in their streams.",
+		}),
+		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "jetgres_sql_publish_refused_total",
+			Help: "Messages published with jetgres.publish that their stream refused when they were moved (duplicates included), by reason.",
+		}, []string{"reason"}),
+		moves: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "jetgres_sql_publish_moves_total",
+			Help: "Transactions that moved staged messages into their streams.",
+		}),
+	}
+	if reg != nil {
+		reg.MustRegister(m.moved, m.refused, m.moves)
+	}
+	return m
+}
+
+// sqlMover is the mover's state.
+type sqlMover struct {
+	m    *sqlMetrics
+	wake chan struct{}
+
+	warnMove, warnRefused, warnListen logEvery
+}
+
+func newSQLMover(reg prometheus.Registerer) *sqlMover {
+	return &sqlMover{m: newSQLMetrics(reg), wake: make(chan struct{}, 1)}
+}
+
+func (b *Bridge) startSQLMover() {
+	b.bg.Go(b.listenStaged)
+	b.bg.Go(b.moveLoop)
+}
+
+// listenStaged wakes the mover on every commit that published, for as long as the bridge runs.
+func (b *Bridge) listenStaged() {
+	for {
+		err := b.db.Listen(b.ctx, pg.StagedChannel, func() { poke(b.sql.wake) })
+		if b.ctx.Err() != nil {
+			return
+		}
+		b.sql.warnListen.warn(b.log, b.clock.Now(), "listening for SQL publishes failed; moving on the timer", "err", err)
+		t := b.clock.NewTimer(listenRetry)
+		select {
+		case <-b.ctx.Done():
+			t.Stop()
+			return
+		case <-t.C():
+		}
+	}
+}
+
+func (b *Bridge) moveLoop() {
+	base := b.cfg.TickPeriod
+	period := base
+	t := b.clock.NewTimer(period)
+	defer t.Stop()
+	for {
+		woken := false
+		select {
+		case <-b.ctx.Done():
+			return
+		case <-b.sql.wake:
+			woken = true
+			if !t.Stop() {
+				select {
+				case <-t.C():
+				default:
+				}
+			}
+		case <-t.C():
+		}
+		moved := false
+		for b.ctx.Err() == nil {
+			n, err := b.moveOnce()
+			moved = moved || n > 0
+			if err != nil || n < b.cfg.FlushMaxMsgs {
+				break
+			}
+		}
+		if b.ctx.Err() == nil {
+			if _, err := b.db.RotateStaging(b.ctx, stagingRotatePeriod); err != nil && b.ctx.Err() == nil {
+				b.sql.warnMove.warn(b.log, b.clock.Now(), "rotating the staging tables failed", "err", err)
+			}
+		}
+		// A commit still running elsewhere may hold staged rows back: keep looking at the
+		// base period while there is work about.
+		if moved || woken {
+			period = base
+		} else {
+			period = min(period*2, max(TickIdleMaxDefault, base))
+		}
+		t.Reset(period)
+	}
+}
+
+// moveOnce moves one batch and reports how many staged messages it took.
+func (b *Bridge) moveOnce() (int, error) {
+	n, err := b.move(false)
+	if errors.Is(err, errStreamUnknown) {
+		// Created on another replica a moment ago, or deleted: read the streams again, and
+		// refuse what still names none.
+		if err := b.syncStreams(b.ctx); err != nil {
+			return 0, err
+		}
+		n, err = b.move(true)
+	}
+	if err != nil && b.ctx.Err() == nil {
+		b.sql.warnMove.warn(b.log, b.clock.Now(), "moving SQL publishes failed", "err", err)
+	}
+	return n, err
+}
+
+// refusal is a staged message refused before the append.
+type refusal struct {
+	stream, subject, reason string
+}
+
+func (b *Bridge) move(refuseUnknown bool) (int, error) {
+	p, err := b.cfg.Push.Acquire(b.ctx)
+	if err != nil {
+		return 0, err
+	}
+	byID := make(map[int64]*stream)
+	for _, s := range b.streamList() {
+		byID[s.id] = s
+	}
+	var refused []refusal
+	var batches []pg.AppendBatch
+	plan := func(staged []pg.StagedMsg) ([]pg.AppendBatch, error) {
+		refused, batches = refused[:0], batches[:0]
+		at := make(map[int64]int)
+		for _, sm := range staged {
+			s := byID[sm.StreamID]
+			if s == nil {
+				if !refuseUnknown {
+					return nil, errStreamUnknown
+				}
+				refused = append(refused, refusal{"", sm.Subject, reasonNoStream})
+				continue
+			}
+			m, reason := b.stagedMsg(s, sm)
+			if reason != "" {
+				refused = append(refused, refusal{s.name, sm.Subject, reason})
+				continue
+			}
+			i, ok := at[s.id]
+			if !ok {
+				cfg := s.cfgView()
+				i = len(batches)
+				at[s.id] = i
+				batches = append(batches, pg.AppendBatch{StreamID: s.id, DupWindow: cfg.Duplicates,
+					ChunkRows: s.chunkRows.Load(), Limits: streamLimits(cfg)})
+			}
+			batches[i].Msgs = append(batches[i].Msgs, m)
+		}
+		for i := range batches {
+			s := byID[batches[i].StreamID]
+			if s.cfgView().Retention != server.InterestPolicy {
+				continue
+			}
+			msgs := batches[i].Msgs
+			subjects := make([]string, len(msgs))
+			for j := range msgs {
+				subjects[j] = msgs[j].Subject
+			}
+			for j, none := range b.noInterest(s, subjects) {
+				msgs[j].NoInterest = none
+			}
+		}
+		return batches, nil
+	}
+	taken, results, rtt, err := b.db.MoveStaged(b.ctx, b.cfg.FlushMaxMsgs, plan, b.clock.Now().UnixNano())
+	giveBack(p, rtt, err)
+	if err != nil || taken == 0 {
+		return 0, err
+	}
+	b.sql.m.moves.Inc()
+	for _, r := range refused {
+		b.refuseStaged(r)
+	}
+	for _, r := range results {
+		s := byID[r.StreamID]
+		b.appended(s, r)
+		for j, o := range r.Outcomes {
+			reason := ""
+			var le *pg.LimitError
+			switch {
+			case o.Duplicate:
+				reason = reasonDuplicate
+			case o.Err == nil:
+				b.sql.m.moved.Inc()
+			case errors.As(o.Err, &le), errors.Is(o.Err, pg.ErrSeqExhausted):
+				reason = reasonLimit
+			default:
+				reason = reasonExpected
+			}
+			if reason != "" {
+				b.refuseStaged(refusal{s.name, batchMsg(batches, r.StreamID, j), reason})
+			}
+		}
+	}
+	return taken, nil
+}
+
+// batchMsg is the subject of message j of stream id's batch.
+func batchMsg(batches []pg.AppendBatch, id int64, j int) string {
+	i := slices.IndexFunc(batches, func(bt pg.AppendBatch) bool { return bt.StreamID == id })
+	if i < 0 || j >= len(batches[i].Msgs) {
+		return ""
+	}
+	return batches[i].Msgs[j].Subject
+}
+
+func (b *Bridge) refuseStaged(r refusal) {
+	b.sql.m.refused.WithLabelValues(r.reason).Inc()
+	if r.reason == reasonDuplicate {
+		return
+	}
+	b.sql.warnRefused.warn(b.log, b.clock.Now(), "a stream refused a message published with jetgres.publish",
+		"stream", r.stream, "subject", r.subject, "reason", r.reason)
+}
+
+// stagedMsg checks a staged message as onPublish checks a NATS publish, against the
+// stream's configuration now, and returns it as an append, or the reason it is refused.
+func (b *Bridge) stagedMsg(s *stream, sm pg.StagedMsg) (pg.AppendMsg, string) {
+	cfg := s.cfgView()
+	m := pg.AppendMsg{Subject: sm.Subject, Header: sm.Header, Data: sm.Data}
+	subjects := cfg.Subjects
+	if len(subjects) == 0 {
+		subjects = []string{cfg.Name}
+	}
+	switch {
+	case cfg.Sealed:
+		return m, reasonSealed
+	case !slices.ContainsFunc(subjects, func(f string) bool { return pg.SubjectMatches(f, sm.Subject) }):
+		return m, reasonNotTaken
+	case cfg.MaxMsgSize > 0 && len(sm.Data)+len(sm.Header) > int(cfg.MaxMsgSize):
+		return m, reasonTooLarge
+	}
+	if len(sm.Header) > 0 {
+		if e := parseExpectations(cfg, sm.Header, &m); e != nil {
+			if e.ErrCode == badRequestCode {
+				return m, reasonUnstorable
+			}
+			if e.ErrCode == server.ApiErrors[server.JSMessageTTLDisabledErr].ErrCode ||
+				e.ErrCode == server.ApiErrors[server.JSAtomicPublishDisabledErr].ErrCode {
+				return m, reasonFeatureOff
+			}
+			return m, reasonExpected
+		}
+	}
+	return m, ""
+}

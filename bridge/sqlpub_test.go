@@ -1,0 +1,374 @@
+package bridge
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/jetgres/jetgres/internal/testwait"
+	"github.com/jetgres/jetgres/pg/pgtest/rawsql"
+)
+
+var errRollback = errors.New("rolled back on purpose")
+
+// sqlTx runs fn in an application transaction and commits it or rolls it back.
+func sqlTx(t testing.TB, ctx context.Context, raw *rawsql.DB, commit bool, fn func(q rawsql.Querier) error) {
+	t.Helper()
+	err := raw.Tx(ctx, func(ctx context.Context, q rawsql.Querier) error {
+		if err := fn(q); err != nil {
+			return err
+		}
+		if !commit {
+			return errRollback
+		}
+		return nil
+	})
+	if err != nil && !errors.Is(err, errRollback) {
+		t.Fatal(err)
+	}
+}
+
+func sqlPublish(ctx context.Context, q rawsql.Querier, subject, data, headers string) error {
+	var h *string
+	if headers != "" {
+		h = &headers
+	}
+	return q.Exec(ctx, `SELECT jetgres.publish($1, $2::text, $3::jsonb)`, subject, data, h)
+}
+
+// A waiting pull consumer gets a committed transaction's message, and never a rolled-back
+// one's.
+func TestSQLPublishCommitDeliveredRollbackNever(t *testing.T) {
+	t.Parallel()
+	tb := setup(t)
+	ctx := testContext(t)
+	s := newStream(t, ctx, tb, "ORDERS", "orders.>")
+	cons, err := s.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{Durable: "C", AckPolicy: jetstream.AckExplicitPolicy})
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw := rawsql.Open(t, tb.dbURL)
+	if err := raw.Exec(ctx, `CREATE TABLE orders (id bigint PRIMARY KEY)`); err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan jetstream.Msg, 10)
+	cc, err := cons.Consume(func(m jetstream.Msg) { got <- m; _ = m.Ack() })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Stop()
+	sqlTx(t, ctx, raw, false, func(q rawsql.Querier) error {
+		if err := q.Exec(ctx, `INSERT INTO orders VALUES (1)`); err != nil {
+			return err
+		}
+		return sqlPublish(ctx, q, "orders.created", "rolled back", "")
+	})
+	sqlTx(t, ctx, raw, true, func(q rawsql.Querier) error {
+		if err := q.Exec(ctx, `INSERT INTO orders VALUES (2)`); err != nil {
+			return err
+		}
+		return sqlPublish(ctx, q, "orders.created", "committed", `{"Order": "2"}`)
+	})
+	select {
+	case m := <-got:
+		if string(m.Data()) != "committed" || m.Headers().Get("Order") != "2" {
+			t.Fatalf("got %q with headers %v, want the committed message", m.Data(), m.Headers())
+		}
+		if md, _ := m.Metadata(); md.Sequence.Stream != 1 {
+			t.Fatalf("stream sequence %d, want 1", md.Sequence.Stream)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the committed message never came")
+	}
+	// Nothing else is on its way: the stream holds the one message.
+	info, err := s.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.State.Msgs != 1 {
+		t.Fatalf("stream holds %d messages, want 1", info.State.Msgs)
+	}
+}
+
+// 200 concurrent application transactions, each inserting a row and publishing one to three
+// messages, committed or rolled back at random: exactly the committed messages arrive, each
+// once, each transaction's in call order.
+func TestSQLPublishConcurrentTransactions(t *testing.T) {
+	t.Parallel()
+	tb := setup(t)
+	ctx := testContext(t)
+	s := newStream(t, ctx, tb, "ORDERS", "orders.>")
+	raw := rawsql.Open(t, tb.dbURL)
+	if err := raw.Exec(ctx, `CREATE TABLE orders (id bigint PRIMARY KEY)`); err != nil {
+		t.Fatal(err)
+	}
+	const txs = 200
+	want := map[string]int{} // "tx.call" -> 1, for committed transactions
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for i := range txs {
+		commit := rand.IntN(2) == 0
+		n := 1 + rand.IntN(3)
+		wg.Go(func() {
+			sqlTx(t, ctx, raw, commit, func(q rawsql.Querier) error {
+				if err := q.Exec(ctx, `INSERT INTO orders VALUES ($1)`, i); err != nil {
+					return err
+				}
+				for c := range n {
+					if err := sqlPublish(ctx, q, fmt.Sprintf("orders.%d", i%7), fmt.Sprintf("%d.%d", i, c), ""); err != nil {
+						return err
+					}
+				}
+				return nil
+			})
+			if commit {
+				mu.Lock()
+				for c := range n {
+					want[fmt.Sprintf("%d.%d", i, c)] = 1
+				}
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	oc, err := s.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]int{}
+	lastCall := map[int]int{}
+	for len(got) < len(want) {
+		m, err := oc.Next(jetstream.FetchMaxWait(10 * time.Second))
+		if err != nil {
+			t.Fatalf("after %d of %d messages: %v", len(got), len(want), err)
+		}
+		d := string(m.Data())
+		got[d]++
+		var tx, call int
+		if _, err := fmt.Sscanf(d, "%d.%d", &tx, &call); err != nil {
+			t.Fatal(err)
+		}
+		if prev, ok := lastCall[tx]; (ok && call != prev+1) || (!ok && call != 0) {
+			t.Errorf("transaction %d: call %d came after %d", tx, call, prev)
+		}
+		lastCall[tx] = call
+	}
+	for k, n := range got {
+		if want[k] != n {
+			t.Errorf("message %s came %d times, want %d", k, n, want[k])
+		}
+	}
+	info, err := s.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.State.Msgs != uint64(len(want)) || info.State.LastSeq != uint64(len(want)) {
+		t.Fatalf("stream holds %d messages up to %d, want %d", info.State.Msgs, info.State.LastSeq, len(want))
+	}
+}
+
+// What applications commit while jetgres is down is delivered once it is back.
+func TestSQLPublishWhileStopped(t *testing.T) {
+	t.Parallel()
+	first := setup(t)
+	ctx := testContext(t)
+	newStream(t, ctx, first, "S", "s.>")
+	first.stop(t)
+	raw := rawsql.Open(t, first.dbURL)
+	sqlTx(t, ctx, raw, true, func(q rawsql.Querier) error {
+		for i := range 3 {
+			if err := sqlPublish(ctx, q, "s.x", strconv.Itoa(i), ""); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	tb := setup(t, setupOpts{db: first.db})
+	s, err := tb.js.Stream(ctx, "S")
+	if err != nil {
+		t.Fatal(err)
+	}
+	oc, err := s.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 3 {
+		m, err := oc.Next(jetstream.FetchMaxWait(10 * time.Second))
+		if err != nil {
+			t.Fatalf("message %d: %v", i, err)
+		}
+		if string(m.Data()) != strconv.Itoa(i) {
+			t.Fatalf("message %d is %q", i, m.Data())
+		}
+	}
+}
+
+// Nats-Msg-Id de-duplicates SQL publishes against NATS publishes and each other, and a
+// message its stream refuses at the move is counted.
+func TestSQLPublishDedupSharedWithNATS(t *testing.T) {
+	t.Parallel()
+	tb := setup(t)
+	ctx := testContext(t)
+	s, err := tb.js.CreateStream(ctx, jetstream.StreamConfig{Name: "S", Subjects: []string{"s.>"}, Duplicates: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw := rawsql.Open(t, tb.dbURL)
+	if _, err := tb.js.Publish(ctx, "s.a", []byte("nats x"), jetstream.WithMsgID("x")); err != nil {
+		t.Fatal(err)
+	}
+	sqlTx(t, ctx, raw, true, func(q rawsql.Querier) error {
+		if err := sqlPublish(ctx, q, "s.a", "sql x", `{"Nats-Msg-Id": "x"}`); err != nil {
+			return err
+		}
+		return sqlPublish(ctx, q, "s.a", "sql y", `{"Nats-Msg-Id": "y"}`)
+	})
+	sqlTx(t, ctx, raw, true, func(q rawsql.Querier) error {
+		return sqlPublish(ctx, q, "s.a", "sql y again", `{"Nats-Msg-Id": "y"}`)
+	})
+	testwait.For(t, 10*time.Second, func() error {
+		info, err := s.Info(ctx)
+		if err != nil {
+			return err
+		}
+		if info.State.Msgs != 2 {
+			return fmt.Errorf("stream holds %d messages, want 2", info.State.Msgs)
+		}
+		return nil
+	})
+	ack, err := tb.js.Publish(ctx, "s.a", []byte("nats y"), jetstream.WithMsgID("y"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !ack.Duplicate || ack.Sequence != 2 {
+		t.Fatalf("NATS publish of y: %+v, want a duplicate of sequence 2", ack)
+	}
+	testwait.For(t, 10*time.Second, func() error {
+		if n := refusedCount(t, tb, reasonDuplicate); n != 2 {
+			return fmt.Errorf("refused duplicates counted %v, want 2", n)
+		}
+		return nil
+	})
+	m, err := s.GetMsg(ctx, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(m.Data) != "sql y" {
+		t.Fatalf("sequence 2 is %q, want the first SQL publish of y", m.Data)
+	}
+}
+
+// jetgres.messages returns exactly what a consumer with deliver policy all receives, after
+// limits, deletes and purges.
+func TestSQLMessagesMatchDeliverAll(t *testing.T) {
+	t.Parallel()
+	tb := setup(t)
+	ctx := testContext(t)
+	s, err := tb.js.CreateStream(ctx, jetstream.StreamConfig{Name: "S", Subjects: []string{"s.>"},
+		MaxMsgs: 60, MaxMsgsPerSubject: 8})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 150 {
+		hdr := nats.Header{"N": []string{strconv.Itoa(i)}, "Two": []string{"a", "b"}}
+		if _, err := tb.js.PublishMsg(ctx, &nats.Msg{Subject: fmt.Sprintf("s.%d", i%9), Data: []byte(strconv.Itoa(i)), Header: hdr}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, seq := range []uint64{145, 147, 149} {
+		if err := s.DeleteMsg(ctx, seq); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.Purge(ctx, jetstream.WithPurgeSubject("s.3")); err != nil {
+		t.Fatal(err)
+	}
+	oc, err := s.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{DeliverPolicy: jetstream.DeliverAllPolicy})
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := s.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var want []string
+	for range info.State.Msgs {
+		m, err := oc.Next(jetstream.FetchMaxWait(10 * time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		md, _ := m.Metadata()
+		want = append(want, fmt.Sprintf("%d %s %s %s %v", md.Sequence.Stream, m.Subject(), m.Data(), m.Headers().Get("N"), m.Headers().Values("Two")))
+	}
+	raw := rawsql.Open(t, tb.dbURL)
+	rows, err := raw.Query(ctx, `SELECT seq, subject, convert_from(data, 'UTF8'), headers->'N'->>0,
+		ARRAY(SELECT jsonb_array_elements_text(headers->'Two')) FROM jetgres.messages('S')`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for rows.Next() {
+		var seq int64
+		var subj, data, n string
+		var two []string
+		if err := rows.Scan(&seq, &subj, &data, &n, &two); err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, fmt.Sprintf("%d %s %s %s %v", seq, subj, data, n, two))
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if len(want) == 0 || !slices.Equal(got, want) {
+		t.Fatalf("jetgres.messages:\n%v\ndeliver all:\n%v", got, want)
+	}
+	var from []string
+	rows, err = raw.Query(ctx, `SELECT seq::text FROM jetgres.messages('S', 140, 's.5')`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rows.Next() {
+		var seq string
+		if err := rows.Scan(&seq); err != nil {
+			t.Fatal(err)
+		}
+		from = append(from, seq)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(from, []string{"141", "150"}) {
+		t.Fatalf("s.5 from 140: %v, want [141 150]", from)
+	}
+}
+
+// refusedCount reads jetgres_sql_publish_refused_total for one reason.
+func refusedCount(t *testing.T, tb *testBundle, reason string) float64 {
+	t.Helper()
+	mfs, err := tb.reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != "jetgres_sql_publish_refused_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "reason" && l.GetValue() == reason {
+					return m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return 0
+}

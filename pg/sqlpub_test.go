@@ -4,10 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"regexp"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/jetgres/jetgres/internal/testwait"
@@ -177,6 +180,112 @@ func TestSQLSubjectMatchesAgreesWithGo(t *testing.T) {
 			if want := pg.SubjectMatches(f, s); got != want {
 				t.Errorf("subject_matches(%q, %q) = %v, Go says %v", f, s, got, want)
 			}
+		}
+	}
+}
+
+// jetgres.messages passes the caller's filters into the statement it runs on each chunk,
+// where the indexes serve them: auto_explain shows those nested statements' plans.
+func TestSQLMessagesUseTheIndexes(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	url := pgtest.NewDB(t)
+	db := pgtest.OpenAt(t, url)
+	st, err := db.CreateStream(ctx, "S", []byte(`{"name":"S","subjects":["s.>"]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var msgs []pg.AppendMsg
+	for i := range 5000 {
+		msgs = append(msgs, pg.AppendMsg{Subject: fmt.Sprintf("s.%d", i%50), Data: []byte("x")})
+	}
+	if _, _, err := db.Append(ctx, []pg.AppendBatch{{StreamID: st.ID, Msgs: msgs}}, 1); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := pgx.ParseConfig(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var plans []string
+	cfg.OnNotice = func(_ *pgconn.PgConn, n *pgconn.Notice) {
+		mu.Lock()
+		plans = append(plans, n.Message)
+		mu.Unlock()
+	}
+	c, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close(context.Background())
+	for _, s := range []string{`LOAD 'auto_explain'`, `SET auto_explain.log_min_duration = 0`,
+		`SET auto_explain.log_nested_statements = on`, `SET auto_explain.log_level = notice`, `ANALYZE`} {
+		if _, err := c.Exec(ctx, s); err != nil {
+			t.Fatalf("%s: %v", s, err)
+		}
+	}
+	for _, c2 := range []struct {
+		query, index string
+	}{
+		{`SELECT count(*) FROM jetgres.messages('S', 4990)`, "_pkey"},
+		{`SELECT count(*) FROM jetgres.messages('S', NULL, 's.7')`, "_subject_seq_idx"},
+	} {
+		mu.Lock()
+		plans = nil
+		mu.Unlock()
+		var n int
+		if err := c.QueryRow(ctx, c2.query).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		mu.Lock()
+		all := strings.Join(plans, "\n")
+		mu.Unlock()
+		if !regexp.MustCompile(`Index (Only )?Scan (using|on) msgs_\d+_\d+` + c2.index).MatchString(all) {
+			t.Errorf("%s: no index scan on %s among the nested plans:\n%s", c2.query, c2.index, all)
+		}
+	}
+}
+
+// jetgres_publisher may publish and nothing else; jetgres_reader may read messages and the
+// views and nothing else.
+func TestSQLRoles(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	url := pgtest.NewDB(t)
+	db := pgtest.OpenAt(t, url)
+	raw := rawsql.Open(t, url)
+	if _, err := db.CreateStream(ctx, "S", []byte(`{"name":"S","subjects":["s.>"]}`)); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		role, sql string
+		ok        bool
+	}{
+		{"jetgres_publisher", `SELECT jetgres.publish('s.a', 'x'::text)`, true},
+		{"jetgres_publisher", `SELECT jetgres.publish('s.a', '{}'::jsonb)`, true},
+		{"jetgres_publisher", `SELECT jetgres.publish('s.a', '\x01'::bytea)`, true},
+		{"jetgres_publisher", `SELECT count(*) FROM jetgres.messages('S')`, false},
+		{"jetgres_publisher", `SELECT count(*) FROM jetgres.stream_list`, false},
+		{"jetgres_publisher", `SELECT count(*) FROM jetgres.staged_0`, false},
+		{"jetgres_publisher", `INSERT INTO jetgres.staged_0 (call, stream_id, subject, data) VALUES (1, 1, 's.a', '')`, false},
+		{"jetgres_reader", `SELECT count(*) FROM jetgres.messages('S')`, true},
+		{"jetgres_reader", `SELECT count(*) FROM jetgres.stream_list`, true},
+		{"jetgres_reader", `SELECT count(*) FROM jetgres.consumer_list`, true},
+		{"jetgres_reader", `SELECT jetgres.publish('s.a', 'x'::text)`, false},
+		{"jetgres_reader", `SELECT count(*) FROM jetgres.streams`, false},
+		{"jetgres_reader", `SELECT count(*) FROM jetgres.msgs_1_0`, false},
+	} {
+		err := raw.Tx(ctx, func(ctx context.Context, q rawsql.Querier) error {
+			if err := q.Exec(ctx, `SET LOCAL ROLE `+c.role); err != nil {
+				t.Fatal(err)
+			}
+			return q.Exec(ctx, c.sql)
+		})
+		if (err == nil) != c.ok {
+			t.Errorf("as %s, %s: err %v, want allowed %v", c.role, c.sql, err, c.ok)
+		}
+		if err != nil && sqlState(err) != "42501" {
+			t.Errorf("as %s, %s: %v, want insufficient privilege (42501)", c.role, c.sql, err)
 		}
 	}
 }

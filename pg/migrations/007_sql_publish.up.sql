@@ -234,8 +234,8 @@ DECLARE
 BEGIN
     SELECT * INTO st FROM jetgres.staging FOR UPDATE;
     other := format('staged_%s', 1 - st.target);
-    EXECUTE format('SELECT EXISTS (SELECT 1 FROM jetgres.%I)', other) INTO left_over;
-    IF left_over THEN
+    -- By size, not by rows: rolled-back rows are invisible but take space all the same.
+    IF pg_relation_size(format('jetgres.%I', other)::regclass) > 0 THEN
         BEGIN
             EXECUTE format('LOCK TABLE jetgres.%I IN ACCESS EXCLUSIVE MODE NOWAIT', other);
         EXCEPTION WHEN lock_not_available THEN
@@ -252,8 +252,7 @@ BEGIN
     IF now() - st.switched < p_period THEN
         RETURN 'idle';
     END IF;
-    EXECUTE format('SELECT EXISTS (SELECT 1 FROM jetgres.staged_%s)', st.target) INTO left_over;
-    IF NOT left_over THEN
+    IF pg_relation_size(format('jetgres.staged_%s', st.target)::regclass) = 0 THEN
         RETURN 'idle';
     END IF;
     UPDATE jetgres.staging SET target = 1 - target, switched = now();

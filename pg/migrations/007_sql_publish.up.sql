@@ -9,7 +9,7 @@
 -- the (xid, call) of the last row it moved, updated in the append's own transaction under
 -- the lock of jetgres.staging's single row: exactly once across a crash and across replicas.
 --
--- Two staging tables take turns (jetgres.staging.target). Once the mover switched the
+-- Two staging tables take turns (jetgres.staging_target). Once the mover switched the
 -- target and everything in the other table is moved, it takes that table's lock without
 -- waiting (NOWAIT: a transaction that still inserts there makes it try again later) and
 -- truncates it: the space of moved and rolled-back rows goes back without VACUUM and with no
@@ -23,26 +23,16 @@
 --          cannot be a NATS header
 -- Everything else a stream decides is decided at the move, as for a NATS publish.
 
--- The same rule as pg.SubjectMatches (nats-server's): '*' matches one token, '>' one or more.
-CREATE FUNCTION jetgres.subject_matches(p_filter text, p_subject text)
-RETURNS boolean
-LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
-DECLARE
-    f  text[] := string_to_array(p_filter, '.');
-    s  text[] := string_to_array(p_subject, '.');
-    nf integer := coalesce(array_length(f, 1), 0);
-    ns integer := coalesce(array_length(s, 1), 0);
-BEGIN
-    FOR i IN 1 .. nf LOOP
-        IF f[i] = '>' THEN
-            RETURN ns >= i;
-        END IF;
-        IF i > ns OR (f[i] <> '*' AND f[i] <> s[i]) THEN
-            RETURN false;
-        END IF;
-    END LOOP;
-    RETURN nf = ns;
-END $$;
+-- A subject filter as an anchored regular expression, the rule of pg.SubjectMatches
+-- (nats-server's): '*' matches one token, '>' one or more; other characters match themselves.
+CREATE FUNCTION jetgres.subject_regexp(p_filter text)
+RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT '^' || string_agg(CASE x.t WHEN '*' THEN '[^.]+' WHEN '>' THEN '.+'
+                             ELSE regexp_replace(x.t, '([^[:alnum:]_])', '\\\1', 'g') END,
+                             '\.' ORDER BY x.n) || '$'
+    FROM unnest(string_to_array(p_filter, '.')) WITH ORDINALITY AS x(t, n)
+$$;
 
 -- A subject a NATS client may publish to and PostgreSQL may index (checkStorable's bound).
 CREATE FUNCTION jetgres.valid_publish_subject(p_subject text)
@@ -66,6 +56,41 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
         ELSE '{}'::text[]
     END
 $$;
+
+-- Which stream takes a subject, kept beside jetgres.streams by a trigger so that a publish
+-- looks it up through an index on the filter's first token instead of reading every
+-- stream's configuration. A route's own rows change only with stream create, update and
+-- delete.
+CREATE TABLE jetgres.stream_routes (
+    stream_id bigint NOT NULL REFERENCES jetgres.streams (id) ON DELETE CASCADE,
+    filter    text   NOT NULL,
+    head      text   NOT NULL, -- the filter's first token
+    pattern   text   NOT NULL, -- jetgres.subject_regexp(filter)
+    max_size  bigint           -- max_msg_size, NULL for none
+);
+CREATE INDEX stream_routes_head ON jetgres.stream_routes (head);
+
+CREATE FUNCTION jetgres.stream_routes_sync()
+RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF TG_OP = 'UPDATE' THEN
+        DELETE FROM jetgres.stream_routes WHERE stream_id = OLD.id;
+    END IF;
+    INSERT INTO jetgres.stream_routes (stream_id, filter, head, pattern, max_size)
+    SELECT NEW.id, f, split_part(f, '.', 1), jetgres.subject_regexp(f),
+           nullif(greatest((NEW.config ->> 'max_msg_size')::bigint, 0), 0)
+    FROM unnest(jetgres.stream_subjects(NEW.name, NEW.config)) f;
+    RETURN NULL;
+END $$;
+
+CREATE TRIGGER streams_routes AFTER INSERT OR UPDATE OF name, config ON jetgres.streams
+    FOR EACH ROW EXECUTE FUNCTION jetgres.stream_routes_sync();
+
+INSERT INTO jetgres.stream_routes (stream_id, filter, head, pattern, max_size)
+SELECT s.id, f, split_part(f, '.', 1), jetgres.subject_regexp(f),
+       nullif(greatest((s.config ->> 'max_msg_size')::bigint, 0), 0)
+FROM jetgres.streams s, unnest(jetgres.stream_subjects(s.name, s.config)) f;
 
 -- NATS header bytes from {"Name": "v"} or {"Name": ["v1", "v2"]}.
 CREATE FUNCTION jetgres.headers_bytes(p_headers jsonb)
@@ -123,14 +148,23 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
           GROUP BY l.name) h
 $$;
 
+-- The mover's progress, updated by every move under this row's lock.
 CREATE TABLE jetgres.staging (
     one        boolean     PRIMARY KEY DEFAULT true CHECK (one),
-    target     smallint    NOT NULL DEFAULT 0 CHECK (target IN (0, 1)), -- the table calls insert into
     moved_xid  xid8        NOT NULL DEFAULT '0',  -- the last row moved: its transaction
-    moved_call bigint      NOT NULL DEFAULT 0,    -- and its call
-    switched   timestamptz NOT NULL DEFAULT now() -- when target last changed
+    moved_call bigint      NOT NULL DEFAULT 0     -- and its call
 ) WITH (fillfactor = 50);
 INSERT INTO jetgres.staging DEFAULT VALUES;
+
+-- The table calls insert into, apart from the progress: every call reads it, and a row
+-- updated by every move would leave its readers walking the versions that a long
+-- transaction keeps from being pruned. This one changes once per rotation.
+CREATE TABLE jetgres.staging_target (
+    one      boolean     PRIMARY KEY DEFAULT true CHECK (one),
+    target   smallint    NOT NULL DEFAULT 0 CHECK (target IN (0, 1)),
+    switched timestamptz NOT NULL DEFAULT now() -- when target last changed
+);
+INSERT INTO jetgres.staging_target DEFAULT VALUES;
 
 -- Call order within a transaction: one session's calls take increasing numbers, whatever
 -- other sessions take from their own cached ranges.
@@ -161,22 +195,23 @@ BEGIN
         RAISE EXCEPTION 'jetgres.publish: invalid subject %', coalesce(to_json(subject)::text, 'null')
             USING ERRCODE = 'JG001';
     END IF;
-    SELECT s.id, nullif((s.config ->> 'max_msg_size')::bigint, 0) INTO v_stream, v_max
-    FROM jetgres.streams s
-    WHERE EXISTS (SELECT 1 FROM unnest(jetgres.stream_subjects(s.name, s.config)) f
-                  WHERE jetgres.subject_matches(f, publish.subject))
-    ORDER BY s.id LIMIT 1;
+    SELECT r.stream_id, r.max_size INTO v_stream, v_max
+    FROM jetgres.stream_routes r
+    WHERE r.head IN (split_part(publish.subject, '.', 1), '*', '>') AND publish.subject ~ r.pattern
+    ORDER BY r.stream_id LIMIT 1;
     IF v_stream IS NULL THEN
         RAISE EXCEPTION 'jetgres.publish: no stream takes subject %', to_json(subject)
             USING ERRCODE = 'JG002';
     END IF;
-    v_hdr := jetgres.headers_bytes(headers);
+    IF headers IS NOT NULL THEN
+        v_hdr := jetgres.headers_bytes(headers);
+    END IF;
     IF v_max > 0 AND octet_length(v_data) + coalesce(octet_length(v_hdr), 0) > v_max THEN
         RAISE EXCEPTION 'jetgres.publish: message of % bytes exceeds the stream''s max_msg_size of %',
             octet_length(v_data) + coalesce(octet_length(v_hdr), 0), v_max
             USING ERRCODE = 'JG003';
     END IF;
-    IF (SELECT st.target FROM jetgres.staging st) = 0 THEN
+    IF (SELECT t.target FROM jetgres.staging_target t) = 0 THEN
         INSERT INTO jetgres.staged_0 (call, stream_id, subject, hdr, data)
         VALUES (nextval('jetgres.staged_call'), v_stream, subject, v_hdr, v_data);
     ELSE
@@ -188,19 +223,23 @@ BEGIN
     PERFORM pg_notify('jetgres_staged', '');
 END $$;
 
+-- The overloads are plpgsql, not sql: a SECURITY DEFINER sql function is planned afresh
+-- on every call, which doubled the cost of a publish.
 CREATE FUNCTION jetgres.publish(subject text, data text, headers jsonb DEFAULT NULL)
 RETURNS void
-LANGUAGE sql VOLATILE SECURITY DEFINER
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp AS $$
-    SELECT jetgres.publish(subject, convert_to(data, 'UTF8'), headers)
-$$;
+BEGIN
+    PERFORM jetgres.publish(subject, convert_to(data, 'UTF8'), headers);
+END $$;
 
 CREATE FUNCTION jetgres.publish(subject text, data jsonb, headers jsonb DEFAULT NULL)
 RETURNS void
-LANGUAGE sql VOLATILE SECURITY DEFINER
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp AS $$
-    SELECT jetgres.publish(subject, convert_to(data::text, 'UTF8'), headers)
-$$;
+BEGIN
+    PERFORM jetgres.publish(subject, convert_to(data::text, 'UTF8'), headers);
+END $$;
 
 -- Every staged row the mover may take now, in the order it takes them: after its progress,
 -- in transactions that ended before every transaction still running.
@@ -228,12 +267,14 @@ CREATE FUNCTION jetgres.staging_rotate(p_period interval)
 RETURNS text
 LANGUAGE plpgsql AS $$
 DECLARE
-    st    jetgres.staging;
-    other text;
+    st        jetgres.staging;
+    tg        jetgres.staging_target;
+    other     text;
     left_over boolean;
 BEGIN
     SELECT * INTO st FROM jetgres.staging FOR UPDATE;
-    other := format('staged_%s', 1 - st.target);
+    SELECT * INTO tg FROM jetgres.staging_target;
+    other := format('staged_%s', 1 - tg.target);
     -- By size, not by rows: rolled-back rows are invisible but take space all the same.
     IF pg_relation_size(format('jetgres.%I', other)::regclass) > 0 THEN
         BEGIN
@@ -249,13 +290,13 @@ BEGIN
         EXECUTE format('TRUNCATE jetgres.%I', other);
         RETURN 'truncated';
     END IF;
-    IF now() - st.switched < p_period THEN
+    IF now() - tg.switched < p_period THEN
         RETURN 'idle';
     END IF;
-    IF pg_relation_size(format('jetgres.staged_%s', st.target)::regclass) = 0 THEN
+    IF pg_relation_size(format('jetgres.staged_%s', tg.target)::regclass) = 0 THEN
         RETURN 'idle';
     END IF;
-    UPDATE jetgres.staging SET target = 1 - target, switched = now();
+    UPDATE jetgres.staging_target SET target = 1 - target, switched = now();
     RETURN 'switched';
 END $$;
 
@@ -289,7 +330,7 @@ BEGIN
     END IF;
     v_cond := CASE
         WHEN messages.filter IS NULL OR messages.filter = '>' THEN ''
-        WHEN messages.filter ~ '(^|\.)[*>](\.|$)' THEN ' AND jetgres.subject_matches($4, m.subject)'
+        WHEN messages.filter ~ '(^|\.)[*>](\.|$)' THEN ' AND m.subject ~ $6'
         ELSE ' AND m.subject = $4' END;
     FOR v_tab IN SELECT l.chunk_table FROM jetgres.live_chunks(v_id, v_from) l LOOP
         EXIT WHEN v_left <= 0;
@@ -300,7 +341,7 @@ BEGIN
                  WHERE m.seq >= $1 AND m.seq <= $2%s
                    AND (SELECT NOT EXISTS (SELECT 1 FROM jetgres.deleted d WHERE d.stream_id = $3 AND d.seq = m.seq))
                  ORDER BY m.seq LIMIT $5', v_tab, v_cond)
-                USING v_from, v_last, v_id, messages.filter, v_left;
+                USING v_from, v_last, v_id, messages.filter, v_left, jetgres.subject_regexp(messages.filter);
         EXCEPTION WHEN undefined_table THEN
             -- Retention dropped the chunk after it was listed: everything in it is gone.
             CONTINUE;

@@ -157,8 +157,12 @@ func TestSQLPublishConcurrentTransactions(t *testing.T) {
 		if _, err := fmt.Sscanf(d, "%d.%d", &tx, &call); err != nil {
 			t.Fatal(err)
 		}
-		if prev, ok := lastCall[tx]; (ok && call != prev+1) || (!ok && call != 0) {
-			t.Errorf("transaction %d: call %d came after %d", tx, call, prev)
+		prev, ok := lastCall[tx]
+		if !ok {
+			prev = -1
+		}
+		if call != prev+1 {
+			t.Errorf("transaction %d: call %d came after call %d (-1: none yet)", tx, call, prev)
 		}
 		lastCall[tx] = call
 	}

@@ -17,7 +17,7 @@ import (
 // same over 1,000,000 messages.
 func TestSQLPublishStagingRotates(t *testing.T) {
 	t.Parallel()
-	soakSQLPublish(t, 20_000)
+	soakSQLPublish(t, 5_000)
 }
 
 // soakSQLPublish publishes total messages from SQL in transactions of 500, one in ten rolled

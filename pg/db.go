@@ -26,6 +26,7 @@ type DB struct {
 	timeouts        atomic.Int64
 	acquireTimeouts atomic.Int64
 	destroyed       atomic.Int64
+	staleRetries    atomic.Int64
 	// closing tracks destroyed connections whose sockets pgx is still closing in the
 	// background, so that Close returns only when they are gone.
 	closing sync.WaitGroup
@@ -87,7 +88,11 @@ func (db *DB) Ping(ctx context.Context) error {
 }
 
 func (db *DB) ping(ctx context.Context, timeout time.Duration) error {
-	_, err := db.run(ctx, timeout, func(ctx context.Context, c *pgx.Conn) error { return c.Ping(ctx) })
+	_, err := db.runRetry(ctx, timeout, func(ctx context.Context, q querier) error {
+		s := q.(*sendCounter)
+		s.count()
+		return s.Ping(ctx)
+	})
 	return err
 }
 
@@ -105,6 +110,7 @@ type Stats struct {
 	Timeouts        int64 // calls that ran past their statement timeout
 	AcquireTimeouts int64 // calls whose wait for a connection ran past the timeout
 	Destroyed       int64 // connections destroyed after a timeout, a cancellation or a broken state
+	StaleRetries    int64 // calls retried on a fresh connection because the pooled one was dead before use
 }
 
 // Stats returns the current pool statistics.
@@ -121,5 +127,6 @@ func (db *DB) Stats() Stats {
 		Timeouts:          db.timeouts.Load(),
 		AcquireTimeouts:   db.acquireTimeouts.Load(),
 		Destroyed:         db.destroyed.Load(),
+		StaleRetries:      db.staleRetries.Load(),
 	}
 }

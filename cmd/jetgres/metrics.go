@@ -129,6 +129,8 @@ var poolMetrics = []statMetric[pg.Stats]{
 		prometheus.CounterValue, func(s pg.Stats) float64 { return float64(s.AcquireTimeouts) }},
 	{"destroyed_conns_total", "Connections destroyed after a timeout, a cancellation or a broken state.",
 		prometheus.CounterValue, func(s pg.Stats) float64 { return float64(s.Destroyed) }},
+	{"stale_retries_total", "Calls retried on a fresh connection because the pooled one was dead before use.",
+		prometheus.CounterValue, func(s pg.Stats) float64 { return float64(s.StaleRetries) }},
 }
 
 var leafMetrics = []statMetric[leaf.Stats]{

@@ -44,6 +44,9 @@ type maintainer struct {
 	kick chan struct{}
 
 	lastPrune time.Time
+	// warn thins the jobs' failure warnings: while the database is away every job fails for
+	// every stream on every pass.
+	warn logEvery
 }
 
 func (b *Bridge) maint() *maintainer { return b.maintainer.Load() }
@@ -143,7 +146,7 @@ func (m *maintainer) retainAll(ctx context.Context, dirtyOnly bool) (again bool)
 		}
 		waiting, err := m.b.retain(ctx, s)
 		if err != nil && !errors.Is(err, pg.ErrNotFound) && ctx.Err() == nil {
-			m.b.log.Warn("retention pass failed", "stream", s.name, "err", err)
+			m.warn.warn(m.b.log, m.b.clock.Now(), "retention pass failed", "stream", s.name, "err", err)
 		}
 		again = again || waiting
 	}
@@ -365,7 +368,7 @@ func (m *maintainer) expire(ctx context.Context) {
 		n, err := m.b.db.ExpireOlder(ctx, s.id, now.Add(-cfg.MaxAge).UnixNano())
 		switch {
 		case err != nil && !errors.Is(err, pg.ErrNotFound) && ctx.Err() == nil:
-			m.b.log.Warn("expiring messages failed", "stream", s.name, "err", err)
+			m.warn.warn(m.b.log, m.b.clock.Now(), "expiring messages failed", "stream", s.name, "err", err)
 		case n > 0:
 			m.b.streamPurged(s)
 		}
@@ -376,7 +379,7 @@ func (m *maintainer) expire(ctx context.Context) {
 func (m *maintainer) dropChunks(ctx context.Context) {
 	for _, s := range m.b.streamList() {
 		if _, err := m.b.db.DropChunks(ctx, s.id, chunkIdleRetire); err != nil && !errors.Is(err, pg.ErrNotFound) && ctx.Err() == nil {
-			m.b.log.Warn("dropping chunks failed", "stream", s.name, "err", err)
+			m.warn.warn(m.b.log, m.b.clock.Now(), "dropping chunks failed", "stream", s.name, "err", err)
 		}
 	}
 }
@@ -387,7 +390,7 @@ func (m *maintainer) pruneIDs(ctx context.Context) {
 	for _, s := range m.b.streamList() {
 		cfg := s.config()
 		if _, err := m.b.db.PruneMsgIDs(ctx, s.id, now.Add(-cfg.Duplicates).UnixNano()); err != nil && ctx.Err() == nil {
-			m.b.log.Warn("pruning message ids failed", "stream", s.name, "err", err)
+			m.warn.warn(m.b.log, m.b.clock.Now(), "pruning message ids failed", "stream", s.name, "err", err)
 		}
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/jetgres/jetgres/bridge"
+	"github.com/jetgres/jetgres/embedded/localpg"
 	"github.com/jetgres/jetgres/flow"
 	"github.com/jetgres/jetgres/pg"
 )
@@ -22,6 +23,7 @@ type config struct {
 	HTTP             string
 	DataDir          string
 	DatabaseURL      string
+	PGFailedStarts   int
 	LogFormat        string
 	LogLevel         string
 	PoolSize         int
@@ -71,6 +73,7 @@ func (c *config) settings() []setting {
 		{"http", envOf("http"), "address for /metrics, /healthz and /readyz (port 0 picks a free one)", &c.HTTP, "127.0.0.1:8080"},
 		{"data-dir", envOf("data-dir"), "directory for local state; the private PostgreSQL cluster lives in <data-dir>/pg", &c.DataDir, "./jetgres-data"},
 		{"database-url", append(envOf("database-url"), "DATABASE_URL"), "PostgreSQL URL or DSN; empty runs a private cluster in <data-dir>/pg", &c.DatabaseURL, ""},
+		{"pg-start-failures", envOf("pg-start-failures"), "restarts of the private PostgreSQL that may fail in a row before jetgres gives up and exits", &c.PGFailedStarts, localpg.DefaultMaxFailedStarts},
 		{"log-format", envOf("log-format"), "log format: text or json", &c.LogFormat, "text"},
 		{"log-level", envOf("log-level"), "log level: debug, info, warn or error", &c.LogLevel, "info"},
 		{"pool-size", envOf("pool-size"), "maximum PostgreSQL connections", &c.PoolSize, int(pg.MaxConnsDefault)},
@@ -237,6 +240,9 @@ func (c *config) validate() error {
 	}
 	if c.TailTotalBytes < 1 {
 		errs = append(errs, fmt.Errorf("--tail-total-bytes: %d is not positive", c.TailTotalBytes))
+	}
+	if c.PGFailedStarts < 1 {
+		errs = append(errs, fmt.Errorf("--pg-start-failures: %d is not positive", c.PGFailedStarts))
 	}
 	if c.ReadyStall <= 0 {
 		errs = append(errs, fmt.Errorf("--ready-stall: %v is not positive", c.ReadyStall))

@@ -30,6 +30,7 @@ func TestEnvironmentVariables(t *testing.T) {
 		"http":               {"JETGRES_HTTP"},
 		"data-dir":           {"JETGRES_DATA_DIR"},
 		"database-url":       {"JETGRES_DATABASE_URL", "DATABASE_URL"},
+		"pg-start-failures":  {"JETGRES_PG_START_FAILURES"},
 		"log-format":         {"JETGRES_LOG_FORMAT"},
 		"log-level":          {"JETGRES_LOG_LEVEL"},
 		"pool-size":          {"JETGRES_POOL_SIZE"},

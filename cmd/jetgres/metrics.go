@@ -5,6 +5,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/jetgres/jetgres/embedded/leaf"
+	"github.com/jetgres/jetgres/embedded/localpg"
 	"github.com/jetgres/jetgres/flow"
 	"github.com/jetgres/jetgres/pg"
 )
@@ -146,4 +147,23 @@ var leafMetrics = []statMetric[leaf.Stats]{
 		prometheus.CounterValue, func(s leaf.Stats) float64 { return float64(s.Dropped) }},
 	{"slow_consumer_total", "Publishes refused because the link's write buffer was full.",
 		prometheus.CounterValue, func(s leaf.Stats) float64 { return float64(s.SlowConsumer) }},
+}
+
+// clusterCollectors report on the private PostgreSQL's supervision.
+func clusterCollectors(c *localpg.Cluster) []prometheus.Collector {
+	return []prometheus.Collector{
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "jetgres_private_postgres_up",
+			Help: "1 while the private PostgreSQL runs and accepts connections, 0 while it is being restarted.",
+		}, func() float64 {
+			if c.Up() {
+				return 1
+			}
+			return 0
+		}),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "jetgres_private_postgres_restarts_total",
+			Help: "Restarts of the private PostgreSQL after it exited on its own.",
+		}, func() float64 { return float64(c.Restarts()) }),
+	}
 }

@@ -49,7 +49,6 @@ func (c *Cluster) supervise() {
 			if c.superCtx.Err() != nil {
 				return
 			}
-			c.log.Error("PostgreSQL cannot come back", "data_dir", c.dataDir, "reason", err)
 			c.finish(err)
 			return
 		}

@@ -85,3 +85,25 @@ func TestSupervisedGivesUpWithoutDataDir(t *testing.T) {
 		t.Errorf("Restarts() = %d, Up() = %v after giving up", c.Restarts(), c.Up())
 	}
 }
+
+// A supervised server that fails every start (its control file is gone) is given up after
+// Config.MaxFailedStarts starts in a row, and Err names that bound.
+func TestSupervisedGivesUpAfterFailedStarts(t *testing.T) {
+	t.Parallel()
+	dir := dataDir(t)
+	c := startSupervised(t, dir)
+	if err := os.Remove(dir + "/global/pg_control"); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Kill(c.current().pid(), syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-c.Done():
+	case <-time.After(time.Minute):
+		t.Fatal("Done not closed a minute after the server died unable to start")
+	}
+	if err := c.Err(); err == nil || !strings.Contains(err.Error(), "3 restarts in a row failed (the bound is 3)") {
+		t.Fatalf("Err() = %v, want the bound of 3 failed starts named", err)
+	}
+}

@@ -72,7 +72,8 @@ func postmasterPID(t *testing.T, pgDir string) int {
 
 func kill(t *testing.T, pid int) {
 	t.Helper()
-	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+	// A server whose data directory was removed may notice by itself and exit first.
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil && !errors.Is(err, syscall.ESRCH) {
 		t.Fatal(err)
 	}
 }
@@ -220,17 +221,27 @@ func TestPrivatePostgresKilledUnderLoad(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if info.State.Msgs != uint64(len(acks)) {
-		t.Errorf("stream holds %d messages for %d acknowledged publishes", info.State.Msgs, len(acks))
+	stored := map[string]uint64{}
+	for seq := info.State.FirstSeq; seq <= info.State.LastSeq; seq++ {
+		m, err := s.GetMsg(ctx, seq)
+		if err != nil {
+			t.Fatalf("sequence %d: %v", seq, err)
+		}
+		id := m.Header.Get(jetstream.MsgIDHeader)
+		if first, ok := stored[id]; ok {
+			t.Fatalf("%s stored twice, at sequences %d and %d", id, first, seq)
+		}
+		stored[id] = seq
 	}
 	for _, a := range acks {
-		m, err := s.GetMsg(ctx, a.seq)
-		if err != nil {
-			t.Fatalf("acknowledged publish %s at sequence %d: %v", a.id, a.seq, err)
+		if seq, ok := stored[a.id]; !ok || seq != a.seq {
+			t.Fatalf("%s was acknowledged at sequence %d, but is stored at %d (found: %v)", a.id, a.seq, seq, ok)
 		}
-		if got := m.Header.Get(jetstream.MsgIDHeader); got != a.id || string(m.Data) != a.id {
-			t.Fatalf("sequence %d holds %q (id %q), acknowledged for %s", a.seq, m.Data, got, a.id)
-		}
+	}
+	// A publish that the end of the load cancelled may have been stored unacknowledged: at
+	// most one per publisher.
+	if extra := len(stored) - len(acks); extra < 0 || extra > publishers {
+		t.Errorf("stream holds %d messages for %d acknowledged publishes", len(stored), len(acks))
 	}
 }
 

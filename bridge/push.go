@@ -336,6 +336,7 @@ func (b *Bridge) flush(p *flow.Permit, group []*stream) {
 				default:
 					b.rowsRemoved(s, removedUpTo(r))
 				}
+				b.gets.committed(s, r.FirstSeq, r.LastSeq, r.Stored)
 				if len(r.Stored) > 0 {
 					b.consumersCommitted(s, r.Stored)
 				}

@@ -253,6 +253,7 @@ func (b *Bridge) retain(ctx context.Context, s *stream) (waiting bool, err error
 		for _, seq := range res.Gone {
 			gone[seq] = true
 		}
+		b.retained(s, res)
 		// A work queue's consumers never share a message, so none can want one that
 		// retention tombstoned; under interest a consumer created since might.
 		if res.Tombstoned > 0 && !p.WorkQueue {
@@ -370,6 +371,7 @@ func (m *maintainer) expire(ctx context.Context) {
 		case err != nil && !errors.Is(err, pg.ErrNotFound) && ctx.Err() == nil:
 			m.warn.warn(m.b.log, m.b.clock.Now(), "expiring messages failed", "stream", s.name, "err", err)
 		case n > 0:
+			m.b.gets.reset(s, 0)
 			m.b.streamPurged(s)
 		}
 	}
@@ -410,6 +412,7 @@ func (b *Bridge) applyLimits(ctx context.Context, s *stream, cfg *server.StreamC
 		n += expired
 	}
 	if n > 0 {
+		b.gets.reset(s, 0)
 		b.streamPurged(s)
 	}
 	return nil

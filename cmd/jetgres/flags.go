@@ -46,6 +46,8 @@ type config struct {
 	ReadyStall       time.Duration
 	ShutdownTimeout  time.Duration
 
+	SubjectIndexBytes int
+
 	// NATS client security.
 	NATSConfig string
 	User       string
@@ -91,6 +93,7 @@ func (c *config) settings() []setting {
 		{"intake-bytes", envOf("intake-bytes"), "per-stream bound on publishes waiting for their transaction; beyond it publishes are rejected at once", &c.IntakeBytes, bridge.IntakeBytesDefault},
 		{"intake-total-bytes", envOf("intake-total-bytes"), "bound on publishes waiting for their transaction over all streams together; beyond it publishes are rejected at once", &c.IntakeTotalBytes, bridge.IntakeTotalBytesDefault},
 		{"tail-total-bytes", envOf("tail-total-bytes"), "bound on the tail caches of all streams together (each stream's own is 16 MiB); beyond it a growing cache evicts its oldest messages", &c.TailTotalBytes, bridge.TailTotalBytesDefault},
+		{"subject-index-bytes", envOf("subject-index-bytes"), "bound on the in-memory index of the last sequence per subject (key-value keys among them) that gets are answered from; beyond it subjects are evicted and read back from PostgreSQL on their next get", &c.SubjectIndexBytes, bridge.SubjectIndexBytesDefault},
 		{"replica-name", envOf("replica-name"), "this replica's name in consumer leases; stable across restarts, unique among replicas (empty: <host>:<NATS port>)", &c.ReplicaName, ""},
 		{"ready-file", envOf("ready-file"), "once ready, write the bound NATS and HTTP addresses to this file as JSON", &c.ReadyFile, ""},
 		{"ready-stall", envOf("ready-stall"), "/readyz answers 503 once the oldest publish transaction in flight has run this long (a commit hung on a lock or a saturated disk)", &c.ReadyStall, 10 * time.Second},
@@ -243,6 +246,9 @@ func (c *config) validate() error {
 	}
 	if c.PGFailedStarts < 1 {
 		errs = append(errs, fmt.Errorf("--pg-start-failures: %d is not positive", c.PGFailedStarts))
+	}
+	if c.SubjectIndexBytes < 1 {
+		errs = append(errs, fmt.Errorf("--subject-index-bytes: %d is not positive", c.SubjectIndexBytes))
 	}
 	if c.ReadyStall <= 0 {
 		errs = append(errs, fmt.Errorf("--ready-stall: %v is not positive", c.ReadyStall))

@@ -59,6 +59,8 @@ func TestEnvironmentVariables(t *testing.T) {
 		"tls-key":            {"JETGRES_TLS_KEY"},
 		"tls-ca":             {"JETGRES_TLS_CA"},
 		"tls-verify":         {"JETGRES_TLS_VERIFY"},
+
+		"subject-index-bytes": {"JETGRES_SUBJECT_INDEX_BYTES"},
 	}
 	var c config
 	seen := map[string]bool{}

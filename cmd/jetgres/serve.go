@@ -186,6 +186,8 @@ func (n *node) start(ctx context.Context) error {
 		CursorInterval:   cfg.CursorInterval,
 		ReplicaName:      replicaName(cfg.ReplicaName, n.nats.NATSServer().Addr().(*net.TCPAddr).Port),
 		MaxPayload:       n.nats.MaxPayload(),
+
+		SubjectIndexBytes: cfg.SubjectIndexBytes,
 	})
 	if err != nil {
 		return err

@@ -128,7 +128,7 @@ which on a shared machine matters more than any absolute number.
 		if nb.Skipped != "" {
 			fmt.Fprintf(w, "Skipped: %s.\n\n", nb.Skipped)
 		} else {
-			fmt.Fprintf(w, "natscli's own benchmark, `nats bench` (natscli %s), run as a user would run it against each target, one target after another: %d messages of %d B for the asynchronous publish and the consumers, %d for the runs of one operation at a time. jetgres runs once with `--synchronous-commit on` (a PubAck after the WAL flush) and once with `off` (before it; see the README's Durability), on the same PostgreSQL. A cell is nats bench's aggregate msg/s and, where it times one operation at a time, that operation's p50; the ratio columns divide jetgres's msg/s by JetStream's (default sync).\n\n",
+			fmt.Fprintf(w, "natscli's own benchmark, `nats bench` (natscli %s), run as a user would run it against each target, one target after another: %d messages of %d B for the asynchronous publish and the consumers, %d for the runs of one operation at a time and for every run of JetStream sync_always, whose fsync per message makes it the slowest writer by far. jetgres runs once with `--synchronous-commit on` (a PubAck after the WAL flush) and once with `off` (before it; see the README's Durability), on the same PostgreSQL. A cell is nats bench's aggregate msg/s and, where it times one operation at a time, that operation's p50; the ratio columns divide jetgres's msg/s by JetStream's (default sync).\n\n",
 				nb.CLIVersion, nb.Msgs, nb.Size, nb.SyncMsgs)
 			mdTable(w, natsBenchHeader(), nb.rows())
 		}

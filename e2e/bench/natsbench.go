@@ -60,7 +60,7 @@ const (
 
 // natsBenchRun is one `nats bench` command of the section.
 type natsBenchRun struct {
-	name    string // as the report shows it: the subcommand, and the clients when more than one
+	name    string // the subcommand, as the report and the goals name it; clients tells the runs apart
 	args    []string
 	clients int
 	// perOp marks the runs whose latencies are per operation; the others' are per batch

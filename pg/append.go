@@ -178,6 +178,7 @@ func (db *DB) appendTx(ctx context.Context, q querier, batches []AppendBatch, ts
 	// oldest messages an eviction is predicted to take.
 	b := &pgx.Batch{}
 	b.Queue("BEGIN")
+	mode := db.queueCommitMode(b)
 	b.Queue(`SELECT stream_id, first_seq, last_seq, last_ts, cum_bytes, msgs, bytes, chunk, chunk_rows, last_msg_id
 		FROM jetgres.stream_state WHERE stream_id = ANY($1) ORDER BY stream_id FOR UPDATE`, ids)
 	reads := make([]batchReads, len(batches))
@@ -203,7 +204,7 @@ func (db *DB) appendTx(ctx context.Context, q querier, batches []AppendBatch, ts
 		}
 	}
 	br := q.SendBatch(ctx, b)
-	states, err := readBatchReads(br, batches, reads)
+	states, err := readBatchReads(br, 1+mode, batches, reads)
 	if cerr := br.Close(); err == nil {
 		err = cerr
 	}
@@ -402,9 +403,10 @@ type subjectRow struct {
 	row     liveRow
 }
 
-// readBatchReads reads the first round trip's results in the order they were queued.
-func readBatchReads(br pgx.BatchResults, batches []AppendBatch, reads []batchReads) (map[int64]*lockedState, error) {
-	if _, err := br.Exec(); err != nil {
+// readBatchReads reads the first round trip's results in the order they were queued, after
+// the skip results of the statements that open the transaction.
+func readBatchReads(br pgx.BatchResults, skip int, batches []AppendBatch, reads []batchReads) (map[int64]*lockedState, error) {
+	if err := skipResults(br, skip); err != nil {
 		return nil, err
 	}
 	states := make(map[int64]*lockedState, len(batches))

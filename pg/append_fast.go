@@ -120,10 +120,11 @@ func (db *DB) appendFast(ctx context.Context, q querier, batches []AppendBatch, 
 		return nil, rest, nil
 	}
 	b := &pgx.Batch{}
+	mode := db.queueCommitMode(b)
 	for _, p := range plans {
 		queueGuardedAppend(b, p.bt.StreamID, p.prev, p.next, p.res.Stored)
 	}
-	applied, err := readFastResults(q.SendBatch(ctx, b), len(plans), func(i int, first uint64) { plans[i].res.FirstSeq = first })
+	applied, err := readFastResults(q.SendBatch(ctx, b), mode, len(plans), func(i int, first uint64) { plans[i].res.FirstSeq = first })
 	if err != nil {
 		for _, p := range plans {
 			db.tails.forget(p.bt.StreamID)
@@ -143,8 +144,13 @@ func (db *DB) appendFast(ctx context.Context, q querier, batches []AppendBatch, 
 	return done, rest, nil
 }
 
-// readFastResults reads, per planned batch, whether its guarded state update matched.
-func readFastResults(br pgx.BatchResults, n int, firstSeq func(i int, first uint64)) ([]bool, error) {
+// readFastResults reads, per planned batch, whether its guarded state update matched, after
+// skip results of the statements before the first.
+func readFastResults(br pgx.BatchResults, skip, n int, firstSeq func(i int, first uint64)) ([]bool, error) {
+	if err := skipResults(br, skip); err != nil {
+		br.Close()
+		return nil, err
+	}
 	applied := make([]bool, n)
 	for i := range n {
 		var first int64

@@ -41,6 +41,28 @@ var (
 	errAcquireDeadline = errors.New("connection wait deadline")
 )
 
+// queueCommitMode queues, as b's next statement, Config.SynchronousCommit for the transaction
+// b runs in, so that it costs no round trip of its own, and returns how many results the
+// reader must skip for it. set_config with is_local is SET LOCAL as a function: it also holds
+// in the implicit transaction of a pipeline without BEGIN, where SET LOCAL would only warn.
+func (db *DB) queueCommitMode(b *pgx.Batch) (results int) {
+	if db.cfg.SynchronousCommit == "" {
+		return 0
+	}
+	b.Queue(`SELECT set_config('synchronous_commit', $1, true)`, db.cfg.SynchronousCommit)
+	return 1
+}
+
+// skipResults reads and discards the next n results of br.
+func skipResults(br pgx.BatchResults, n int) error {
+	for range n {
+		if _, err := br.Exec(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // closeTimeout bounds sending Terminate to a connection being destroyed.
 const closeTimeout = time.Second
 

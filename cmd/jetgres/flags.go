@@ -28,6 +28,7 @@ type config struct {
 	LogLevel         string
 	PoolSize         int
 	StmtTimeout      time.Duration
+	SyncCommit       string
 	PushLimitInit    int
 	PushLimitMin     int
 	PushLimitMax     int
@@ -80,6 +81,7 @@ func (c *config) settings() []setting {
 		{"log-level", envOf("log-level"), "log level: debug, info, warn or error", &c.LogLevel, "info"},
 		{"pool-size", envOf("pool-size"), "maximum PostgreSQL connections", &c.PoolSize, int(pg.MaxConnsDefault)},
 		{"stmt-timeout", envOf("stmt-timeout"), "statement timeout for hot-path SQL", &c.StmtTimeout, pg.StmtTimeoutDefault},
+		{"synchronous-commit", envOf("synchronous-commit"), "PostgreSQL synchronous_commit of publish and cursor transactions: on waits for the WAL flush before acknowledging; off acknowledges first, and a PostgreSQL or operating-system crash can lose the last 3 × wal_writer_delay (600 ms by default) of acknowledged publishes", &c.SyncCommit, "on"},
 		{"push-limit-init", envOf("push-limit-init"), "initial Vegas limit of the push (publish) lane, and of the ack (cursor write) lane", &c.PushLimitInit, flow.PushInitDefault},
 		{"push-limit-min", envOf("push-limit-min"), "minimum Vegas limit of the push and ack lanes", &c.PushLimitMin, flow.PushMinDefault},
 		{"push-limit-max", envOf("push-limit-max"), "maximum Vegas limit of the push and ack lanes", &c.PushLimitMax, flow.PushMaxDefault},
@@ -228,6 +230,9 @@ func (c *config) validate() error {
 	}
 	if c.StmtTimeout <= 0 {
 		errs = append(errs, fmt.Errorf("--stmt-timeout: %v is not positive", c.StmtTimeout))
+	}
+	if c.SyncCommit != "on" && c.SyncCommit != "off" {
+		errs = append(errs, fmt.Errorf("--synchronous-commit: %q is neither on nor off", c.SyncCommit))
 	}
 	if c.TickPeriod <= 0 {
 		errs = append(errs, fmt.Errorf("--tick-period: %v is not positive", c.TickPeriod))

@@ -133,10 +133,11 @@ func (n *node) start(ctx context.Context) error {
 	}
 
 	n.db, err = pg.Open(ctx, pg.Config{
-		URL:         dsn,
-		MaxConns:    int32(cfg.PoolSize),
-		StmtTimeout: cfg.StmtTimeout,
-		Logger:      n.log.With("component", "pg"),
+		URL:               dsn,
+		MaxConns:          int32(cfg.PoolSize),
+		StmtTimeout:       cfg.StmtTimeout,
+		SynchronousCommit: cfg.SyncCommit,
+		Logger:            n.log.With("component", "pg"),
 	})
 	if err != nil {
 		return fmt.Errorf("connect to PostgreSQL: %w", err)

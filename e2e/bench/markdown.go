@@ -123,6 +123,17 @@ which on a shared machine matters more than any absolute number.
 		mdTable(w, overloadHeader, rep.overloadRows())
 	}
 
+	if nb := rep.NatsBench; nb != nil {
+		fmt.Fprint(w, "## nats bench\n\n")
+		if nb.Skipped != "" {
+			fmt.Fprintf(w, "Skipped: %s.\n\n", nb.Skipped)
+		} else {
+			fmt.Fprintf(w, "natscli's own benchmark, `nats bench` (natscli %s), run as a user would run it against each target, one target after another: %d messages of %d B for the asynchronous publish and the consumers, %d for the runs of one operation at a time and for every run of JetStream sync_always, whose fsync per message makes it the slowest writer by far. jetgres runs once with `--synchronous-commit on` (a PubAck after the WAL flush) and once with `off` (before it; see the README's Durability), on the same PostgreSQL. A cell is nats bench's aggregate msg/s and, where it times one operation at a time, that operation's p50; the ratio columns divide jetgres's msg/s by JetStream's (default sync).\n\n",
+				nb.CLIVersion, nb.Msgs, nb.Size, nb.SyncMsgs)
+			mdTable(w, natsBenchHeader(), nb.rows())
+		}
+	}
+
 	if len(rep.Statements) > 0 {
 		fmt.Fprint(w, "## Where PostgreSQL spent its time\n\nThe statements with the most execution time over the whole run, from pg_stat_statements. Execution only: the WAL flush of each commit (the fsync) is not in these times, so what a transaction took beyond the sum of its statements is round trips, the flush, and client-side work:\n\n")
 		var sr [][]string

@@ -217,6 +217,8 @@ func (db *DB) appendTx(ctx context.Context, q querier, batches []AppendBatch, ts
 	var copies []func() error
 	var opened []openedChunk
 	holds := make([]*holdings, len(batches))
+	befores := make([]lockedState, len(batches))
+	indexes := make([]*subjectIndex, len(batches))
 	for i, bt := range batches {
 		st, ok := states[bt.StreamID]
 		if !ok {
@@ -227,6 +229,7 @@ func (db *DB) appendTx(ctx context.Context, q querier, batches []AppendBatch, ts
 		r.Outcomes = make([]Outcome, len(bt.Msgs))
 		r.Stored = make([]Message, 0, len(bt.Msgs))
 		seen := reads[i].seen
+		befores[i], indexes[i] = *st, db.subjects.take(bt.StreamID)
 		h := newHoldings(db, bt.StreamID, st, bt.Limits, reads[i].live, reads[i].subjects)
 		h.head = reads[i].oldest
 		holds[i] = h
@@ -370,6 +373,9 @@ func (db *DB) appendTx(ctx context.Context, q querier, batches []AppendBatch, ts
 		}
 		if h.removed {
 			r.Stored = slices.DeleteFunc(r.Stored, func(m Message) bool { return !h.live(m.Seq) })
+		}
+		if batches[i].Limits.MaxMsgsPer > 0 {
+			db.subjects.afterGeneral(r.StreamID, indexes[i], befores[i], h.st, h.tombs, batchSubjects(batches[i]), r.Stored)
 		}
 	}
 	return res, nil

@@ -32,6 +32,8 @@ type DB struct {
 
 	chunks chunkCache // see chunks.go
 	tails  tailStates // see append_fast.go
+
+	subjects subjectIndexes // see subject_index.go
 }
 
 // Open builds the pool and returns once the database has answered a ping, so that a wrong URL
@@ -105,6 +107,8 @@ type Stats struct {
 	Timeouts        int64 // calls that ran past their statement timeout
 	AcquireTimeouts int64 // calls whose wait for a connection ran past the timeout
 	Destroyed       int64 // connections destroyed after a timeout, a cancellation or a broken state
+
+	SubjectIndexDropped int64 // subject indexes dropped for going past SubjectIndexRows
 }
 
 // Stats returns the current pool statistics.
@@ -121,5 +125,7 @@ func (db *DB) Stats() Stats {
 		Timeouts:          db.timeouts.Load(),
 		AcquireTimeouts:   db.acquireTimeouts.Load(),
 		Destroyed:         db.destroyed.Load(),
+
+		SubjectIndexDropped: db.subjects.dropped.Load(),
 	}
 }

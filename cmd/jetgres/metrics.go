@@ -129,6 +129,8 @@ var poolMetrics = []statMetric[pg.Stats]{
 		prometheus.CounterValue, func(s pg.Stats) float64 { return float64(s.AcquireTimeouts) }},
 	{"destroyed_conns_total", "Connections destroyed after a timeout, a cancellation or a broken state.",
 		prometheus.CounterValue, func(s pg.Stats) float64 { return float64(s.Destroyed) }},
+	{"subject_index_dropped_total", "Subject indexes of per-subject-limited streams dropped for going past their row bound.",
+		prometheus.CounterValue, func(s pg.Stats) float64 { return float64(s.SubjectIndexDropped) }},
 }
 
 var leafMetrics = []statMetric[leaf.Stats]{

@@ -249,10 +249,27 @@ func queueGuardedAppend(b *pgx.Batch, streamID int64, prev, next tailState, msgs
 // sequence the subject index decided: the update sets them and is guarded by all of them,
 // and the tombstones of the rows the per-subject limit replaces go in with the inserts.
 func queueGuardedReplace(b *pgx.Batch, streamID int64, prev, next tailState, msgs []Message, tombs []liveRow) {
-	seqs, tss, subjects, hdrs, datas, cums := insertColumns(msgs)
-	tseqs, tsizes := make([]int64, len(tombs)), make([]int64, len(tombs))
-	for i, t := range tombs {
-		tseqs[i], tsizes[i] = int64(t.seq), int64(t.size)
+	args := []any{streamID, int64(next.firstSeq), int64(next.lastSeq), next.lastTS, int64(next.cumBytes), int64(next.msgs),
+		int64(next.bytes), next.chunkRows, int64(prev.firstSeq), int64(prev.lastSeq), int64(prev.msgs), int64(prev.bytes),
+		prev.chunk, prev.chunkRows}
+	rows := `(VALUES ($15::bigint, $16::bigint, $17::text, $18::bytea, $19::bytea, $20::bigint))`
+	if len(msgs) == 1 {
+		args = append(args, msgs[0].columns()...)
+	} else {
+		rows = `unnest($15::bigint[], $16::bigint[], $17::text[], $18::bytea[], $19::bytea[], $20::bigint[])`
+		seqs, tss, subjects, hdrs, datas, cums := insertColumns(msgs)
+		args = append(args, seqs, tss, subjects, hdrs, datas, cums)
+	}
+	// A put of a new key replaces nothing; its statement leaves the tombstones out.
+	deleted := ""
+	if len(tombs) > 0 {
+		tseqs, tsizes := make([]int64, len(tombs)), make([]int64, len(tombs))
+		for i, t := range tombs {
+			tseqs[i], tsizes[i] = int64(t.seq), int64(t.size)
+		}
+		args = append(args, tseqs, tsizes)
+		deleted = `, d AS (INSERT INTO jetgres.deleted (stream_id, seq, size)
+			SELECT $1, t.s, t.z FROM u, unnest($21::bigint[], $22::bigint[]) AS t(s, z))`
 	}
 	b.Queue(`WITH u AS (UPDATE jetgres.stream_state SET first_seq = $2, last_seq = $3, last_ts = $4, cum_bytes = $5,
 			msgs = $6, bytes = $7, chunk_rows = $8, last_msg_id = ''
@@ -260,12 +277,6 @@ func queueGuardedReplace(b *pgx.Batch, streamID int64, prev, next tailState, msg
 				AND chunk = $13 AND chunk_rows = $14
 			RETURNING first_seq),
 		i AS (INSERT INTO `+chunkTable(streamID, next.chunk)+` (seq, ts, subject, hdr, data, cum_before)
-			SELECT r.* FROM u, unnest($15::bigint[], $16::bigint[], $17::text[], $18::bytea[], $19::bytea[], $20::bigint[])
-				AS r(seq, ts, subject, hdr, data, cum_before)),
-		d AS (INSERT INTO jetgres.deleted (stream_id, seq, size)
-			SELECT $1, t.s, t.z FROM u, unnest($21::bigint[], $22::bigint[]) AS t(s, z))
-		SELECT first_seq FROM u`,
-		streamID, int64(next.firstSeq), int64(next.lastSeq), next.lastTS, int64(next.cumBytes), int64(next.msgs), int64(next.bytes),
-		next.chunkRows, int64(prev.firstSeq), int64(prev.lastSeq), int64(prev.msgs), int64(prev.bytes), prev.chunk, prev.chunkRows,
-		seqs, tss, subjects, hdrs, datas, cums, tseqs, tsizes)
+			SELECT r.* FROM u, `+rows+` AS r(seq, ts, subject, hdr, data, cum_before))`+deleted+`
+		SELECT first_seq FROM u`, args...)
 }

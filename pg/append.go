@@ -230,6 +230,13 @@ func (db *DB) appendTx(ctx context.Context, q querier, batches []AppendBatch, ts
 		r.Stored = make([]Message, 0, len(bt.Msgs))
 		seen := reads[i].seen
 		befores[i], indexes[i] = *st, db.subjects.take(bt.StreamID)
+		if l := bt.Limits; l.MaxMsgsPer > 0 && !l.DiscardNewPer {
+			x, err := db.subjectIndexFor(ctx, q, bt.StreamID, st, indexes[i])
+			if err != nil {
+				return nil, err
+			}
+			indexes[i] = x
+		}
 		h := newHoldings(db, bt.StreamID, st, bt.Limits, reads[i].live, reads[i].subjects)
 		h.head = reads[i].oldest
 		holds[i] = h
@@ -374,7 +381,7 @@ func (db *DB) appendTx(ctx context.Context, q querier, batches []AppendBatch, ts
 		if h.removed {
 			r.Stored = slices.DeleteFunc(r.Stored, func(m Message) bool { return !h.live(m.Seq) })
 		}
-		if batches[i].Limits.MaxMsgsPer > 0 {
+		if indexes[i] != nil {
 			db.subjects.afterGeneral(r.StreamID, indexes[i], befores[i], h.st, h.tombs, batchSubjects(batches[i]), r.Stored)
 		}
 	}

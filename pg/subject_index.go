@@ -1,6 +1,7 @@
 package pg
 
 import (
+	"context"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -13,14 +14,19 @@ import (
 // sequence, message and byte counts). The fast path decides replacements from it and sends
 // the state update guarded by that whole state: any change made elsewhere (another
 // replica's append, a delete, a purge, an expiry) moves at least one of the four, the guard
-// then matches no row, and the general path takes over and drops the index. An index is
-// started only where it is complete for free, on a stream found empty under its row lock,
-// and kept only within SubjectIndexRows.
+// then matches no row, and the general path takes over and drops the index. The general path
+// starts an index on a stream it finds empty under its row lock, or reads one, in the same
+// transaction, for a stream of at most SubjectIndexLoadRows messages (after a restart, or
+// once a delete dropped the index); indexes are kept only within SubjectIndexRows.
 
 // SubjectIndexRows bounds the rows all subject indexes hold together. A stream whose index
 // would go past it loses its index (counted in Stats.SubjectIndexDropped) and appends
 // through the general path until it is found empty again.
 const SubjectIndexRows = 1 << 18
+
+// SubjectIndexLoadRows bounds the stream whose subject index the general path reads in
+// whole: one read of that many rows at most, on an append that found no index.
+const SubjectIndexLoadRows = 1 << 12
 
 // indexedRow is a live row with its subject.
 type indexedRow struct {
@@ -160,12 +166,6 @@ func (s *subjectIndexes) forget(id int64) { _ = s.take(id) }
 // reach, and drops it. A stream found empty starts one.
 func (s *subjectIndexes) afterGeneral(id int64, x *subjectIndex, before lockedState, after *lockedState, tombs []liveRow, subjects []string, stored []Message) {
 	if x == nil || !x.matches(before.firstSeq, before.lastSeq, before.msgs, before.bytes) {
-		x = nil
-		if before.msgs == 0 {
-			x = newSubjectIndex(before.firstSeq, before.lastSeq)
-		}
-	}
-	if x == nil {
 		return
 	}
 	if len(tombs) > 0 {
@@ -196,4 +196,46 @@ func (s *subjectIndexes) afterGeneral(id int64, x *subjectIndex, before lockedSt
 	if x.matches(after.firstSeq, after.lastSeq, after.msgs, after.bytes) {
 		s.put(id, x)
 	}
+}
+
+// subjectIndexFor returns the index of a stream whose state row the general path has
+// locked, at that state: the one taken, if it still describes it; a new one if the stream
+// is empty; one read from the stream's rows if it holds at most SubjectIndexLoadRows; or nil.
+func (db *DB) subjectIndexFor(ctx context.Context, q querier, id int64, st *lockedState, x *subjectIndex) (*subjectIndex, error) {
+	switch {
+	case x != nil && x.matches(st.firstSeq, st.lastSeq, st.msgs, st.bytes):
+		return x, nil
+	case st.msgs == 0:
+		return newSubjectIndex(st.firstSeq, st.lastSeq), nil
+	case st.msgs > SubjectIndexLoadRows:
+		return nil, nil
+	}
+	chunks, err := db.chunks.list(ctx, q, id, st.lastSeq)
+	if err != nil {
+		return nil, err
+	}
+	x = newSubjectIndex(st.firstSeq, st.lastSeq)
+	for _, c := range liveChunks(chunks, st.firstSeq, st.lastSeq) {
+		rows, err := q.Query(ctx, `SELECT m.subject, m.seq, `+sqlSize+` FROM `+chunkTable(id, c.chunk)+` m
+			WHERE m.seq BETWEEN $2 AND $3 AND `+sqlLive+` ORDER BY m.seq`, id, int64(st.firstSeq), int64(st.lastSeq))
+		if err != nil {
+			return nil, err
+		}
+		for rows.Next() {
+			var subj string
+			var r liveRow
+			if err := rows.Scan(&subj, &r.seq, &r.size); err != nil {
+				rows.Close()
+				return nil, err
+			}
+			x.add(subj, r, 0, nil)
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return nil, err
+		}
+	}
+	x.last = st.lastSeq
+	x.settle()
+	return x, nil
 }

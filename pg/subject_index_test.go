@@ -91,7 +91,7 @@ func TestKeyValuePutsStayCounted(t *testing.T) {
 					}
 				}
 			}
-			if indexed < puts/2 {
+			if indexed < puts*3/4 {
 				t.Errorf("%d of %d puts found a subject index, want most", indexed, puts)
 			}
 		})

@@ -218,6 +218,8 @@ func (db *DB) appendTx(ctx context.Context, q querier, batches []AppendBatch, ts
 	var copies []func() error
 	var opened []openedChunk
 	holds := make([]*holdings, len(batches))
+	befores := make([]lockedState, len(batches))
+	indexes := make([]*subjectIndex, len(batches))
 	for i, bt := range batches {
 		st, ok := states[bt.StreamID]
 		if !ok {
@@ -228,6 +230,14 @@ func (db *DB) appendTx(ctx context.Context, q querier, batches []AppendBatch, ts
 		r.Outcomes = make([]Outcome, len(bt.Msgs))
 		r.Stored = make([]Message, 0, len(bt.Msgs))
 		seen := reads[i].seen
+		befores[i], indexes[i] = *st, db.subjects.take(bt.StreamID)
+		if l := bt.Limits; l.MaxMsgsPer > 0 && !l.DiscardNewPer {
+			x, err := db.subjectIndexFor(ctx, q, bt.StreamID, st, indexes[i])
+			if err != nil {
+				return nil, err
+			}
+			indexes[i] = x
+		}
 		h := newHoldings(db, bt.StreamID, st, bt.Limits, reads[i].live, reads[i].subjects)
 		h.head = reads[i].oldest
 		holds[i] = h
@@ -371,6 +381,9 @@ func (db *DB) appendTx(ctx context.Context, q querier, batches []AppendBatch, ts
 		}
 		if h.removed {
 			r.Stored = slices.DeleteFunc(r.Stored, func(m Message) bool { return !h.live(m.Seq) })
+		}
+		if indexes[i] != nil {
+			db.subjects.afterGeneral(r.StreamID, indexes[i], befores[i], h.st, h.tombs, batchSubjects(batches[i]), r.Stored)
 		}
 	}
 	return res, nil

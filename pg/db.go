@@ -33,6 +33,8 @@ type DB struct {
 
 	chunks chunkCache // see chunks.go
 	tails  tailStates // see append_fast.go
+
+	subjects subjectIndexes // see subject_index.go
 }
 
 // Open builds the pool and returns once the database has answered a ping, so that a wrong URL
@@ -107,26 +109,28 @@ type Stats struct {
 	EmptyAcquireCount int64         // of which the caller had to wait because none was idle
 	AcquireWait       time.Duration // total time callers waited for a connection
 
-	Timeouts        int64 // calls that ran past their statement timeout
-	AcquireTimeouts int64 // calls whose wait for a connection ran past the timeout
-	Destroyed       int64 // connections destroyed after a timeout, a cancellation or a broken state
-	StaleRetries    int64 // calls retried on a fresh connection because the pooled one was dead before use
+	Timeouts            int64 // calls that ran past their statement timeout
+	AcquireTimeouts     int64 // calls whose wait for a connection ran past the timeout
+	Destroyed           int64 // connections destroyed after a timeout, a cancellation or a broken state
+	StaleRetries        int64 // calls retried on a fresh connection because the pooled one was dead before use
+	SubjectIndexDropped int64 // subject indexes dropped for going past SubjectIndexRows
 }
 
 // Stats returns the current pool statistics.
 func (db *DB) Stats() Stats {
 	s := db.pool.Stat()
 	return Stats{
-		Acquired:          s.AcquiredConns(),
-		Idle:              s.IdleConns(),
-		Total:             s.TotalConns(),
-		Max:               s.MaxConns(),
-		AcquireCount:      s.AcquireCount(),
-		EmptyAcquireCount: s.EmptyAcquireCount(),
-		AcquireWait:       s.AcquireDuration(),
-		Timeouts:          db.timeouts.Load(),
-		AcquireTimeouts:   db.acquireTimeouts.Load(),
-		Destroyed:         db.destroyed.Load(),
-		StaleRetries:      db.staleRetries.Load(),
+		Acquired:            s.AcquiredConns(),
+		Idle:                s.IdleConns(),
+		Total:               s.TotalConns(),
+		Max:                 s.MaxConns(),
+		AcquireCount:        s.AcquireCount(),
+		EmptyAcquireCount:   s.EmptyAcquireCount(),
+		AcquireWait:         s.AcquireDuration(),
+		Timeouts:            db.timeouts.Load(),
+		AcquireTimeouts:     db.acquireTimeouts.Load(),
+		Destroyed:           db.destroyed.Load(),
+		StaleRetries:        db.staleRetries.Load(),
+		SubjectIndexDropped: db.subjects.dropped.Load(),
 	}
 }

@@ -132,6 +132,8 @@ var poolMetrics = []statMetric[pg.Stats]{
 		prometheus.CounterValue, func(s pg.Stats) float64 { return float64(s.Destroyed) }},
 	{"stale_retries_total", "Calls retried on a fresh connection because the pooled one was dead before use.",
 		prometheus.CounterValue, func(s pg.Stats) float64 { return float64(s.StaleRetries) }},
+	{"subject_index_dropped_total", "Subject indexes of per-subject-limited streams dropped for going past their row bound.",
+		prometheus.CounterValue, func(s pg.Stats) float64 { return float64(s.SubjectIndexDropped) }},
 }
 
 var leafMetrics = []statMetric[leaf.Stats]{

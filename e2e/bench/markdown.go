@@ -113,7 +113,7 @@ which on a shared machine matters more than any absolute number.
 
 	if len(rep.Overload) > 0 {
 		fmt.Fprint(w, "## Overload\n\n")
-		fmt.Fprintf(w, "Closed-loop synchronous publishers spread over %d streams. A target's capacity is its throughput with %d publishers; n publishers offer n ÷ (lone publish p50) messages per second, and the load levels choose n to offer 1× to 10× of capacity; a last level runs %d publishers. The fixed run is jetgres with both lanes held at %d permits instead of the Vegas limiter, at the same publisher counts.\n\n",
+		fmt.Fprintf(w, "Closed-loop synchronous publishers spread over %d streams. A target's capacity is its throughput with %d publishers; n publishers offer n ÷ (lone publish p50) messages per second, and the load levels choose n to offer 1× to 10× of the first target's capacity, every target running the same n at each level; a last level runs %d publishers. The fixed run is jetgres with both lanes held at %d permits instead of the Vegas limiter, at the same publisher counts.\n\n",
 			s.OverloadStreams, calibrationPublishers, MaxPublishers, FixedConcurrency)
 		var cal [][]string
 		for _, ov := range rep.Overload {

@@ -3,9 +3,11 @@ package pg_test
 import (
 	"context"
 	"fmt"
+	"io/fs"
 	"strings"
 	"sync"
 	"testing"
+	"testing/fstest"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -210,5 +212,64 @@ func TestMsgIDLookupPlanOnFreshDatabase(t *testing.T) {
 	}
 	if !strings.Contains(plan, "Index Cond: (msg_id = ANY") || strings.Contains(plan, "Seq Scan") || strings.Contains(plan, "Rows Removed by Filter") {
 		t.Fatalf("bucket lookup does not read by its key alone:\n%s", plan)
+	}
+}
+
+// Migration 006 moves the ids still inside their stream's window from the old table into
+// buckets, where they keep answering as duplicates, and leaves the expired ones behind.
+func TestMsgIDMigrationMovesLiveIDs(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	url := pgtest.NewDB(t)
+	raw := rawsql.Open(t, url)
+	db, err := pg.Open(ctx, pg.Config{URL: url})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(db.Close)
+	before := fstest.MapFS{}
+	files, err := fs.Glob(pg.EmbeddedMigrations, "migrations/*.up.sql")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range files {
+		if strings.Compare(f, "migrations/006") < 0 {
+			data, err := fs.ReadFile(pg.EmbeddedMigrations, f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			before[f] = &fstest.MapFile{Data: data}
+		}
+	}
+	if err := db.MigrateFS(ctx, before); err != nil {
+		t.Fatal(err)
+	}
+	const window = time.Minute
+	st, err := db.CreateStream(ctx, "OLD", fmt.Appendf(nil, `{"duplicate_window": %d}`, window.Nanoseconds()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now().UnixNano()
+	if err := raw.Exec(ctx, `INSERT INTO jetgres.msg_ids (stream_id, msg_id, seq, ts) VALUES
+		($1, 'live-1', 7, $2), ($1, 'live-2', 8, $3), ($1, 'expired', 9, $4)`,
+		st.ID, now-int64(10*time.Second), now-int64(time.Second), now-int64(2*window)); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var old *string
+	if err := raw.QueryRow(ctx, `SELECT to_regclass('jetgres.msg_ids')::text`).Scan(&old); err != nil || old != nil {
+		t.Fatalf("old table after the migration: %v, %v; want it gone", old, err)
+	}
+	if got := idBuckets(t, raw, st.ID); len(got) != 1 {
+		t.Fatalf("buckets %v, want one", got)
+	}
+	out := appendIDs(t, db, st.ID, window, time.Now().UnixNano(), "live-1", "expired", "live-2")
+	want := []pg.Outcome{{Seq: 7, Duplicate: true}, {Seq: 1}, {Seq: 8, Duplicate: true}}
+	for i := range want {
+		if out[i] != want[i] {
+			t.Fatalf("outcomes %+v, want %+v", out, want)
+		}
 	}
 }

@@ -383,6 +383,11 @@ func (m *maintainer) dropChunks(ctx context.Context) {
 // pruneIDs forgets de-duplication ids that their window has passed, in each stream that
 // has gone a window (at most pruneIDsPeriod) without a prune. A stream seen for the first
 // time waits a period too.
+//
+// A flush looks ids up as of the time it started, which may be well before it gets to the
+// stream's row (a slow connection, a busy database): the window is measured back from the
+// start of the stream's flush in flight, if that is older than now. A flush that starts
+// after now was read measures from later still.
 func (m *maintainer) pruneIDs(ctx context.Context) {
 	now := m.b.clock.Now()
 	streams := m.b.streamList()
@@ -398,7 +403,11 @@ func (m *maintainer) pruneIDs(ctx context.Context) {
 			continue
 		}
 		pruned[s] = now
-		if _, err := m.b.db.PruneMsgIDs(ctx, s.id, now.Add(-cfg.Duplicates).UnixNano()); err != nil && ctx.Err() == nil {
+		from := now.UnixNano()
+		if f := s.in.flushSince.Load(); f != 0 {
+			from = min(from, f)
+		}
+		if _, err := m.b.db.PruneMsgIDs(ctx, s.id, from-cfg.Duplicates.Nanoseconds()); err != nil && ctx.Err() == nil {
 			m.b.log.Warn("pruning message ids failed", "stream", s.name, "err", err)
 		}
 	}

@@ -22,8 +22,8 @@ const (
 	// tables the first sequence has passed, and re-reads the ack floors of interest and
 	// workqueue streams. JetStream expires on a timer of about the same grain.
 	maintainPeriod = time.Second
-	// pruneIDsPeriod is how often, at most, a stream's de-duplication id buckets are looked
-	// at to drop those past the window; a stream whose window is shorter is looked at once a
+	// pruneIDsPeriod is the longest a stream goes between looks at its de-duplication id
+	// buckets, to drop those past the window; a stream whose window is shorter is looked at once a
 	// window (but not more often than maintainPeriod), so that it keeps the ids of about three
 	// windows. A late prune costs nothing but space: expired ids no longer match.
 	pruneIDsPeriod = time.Minute

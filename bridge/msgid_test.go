@@ -44,11 +44,12 @@ func TestMsgIDsDroppedOnceTheWindowHasPassed(t *testing.T) {
 	clk.Advance(window / 2)
 	pub("a", 1, true)
 	clk.Advance(window)
-	pub("b", 2, false) // a window after "a": a second table
+	pub("b", 2, false) // a window after "a": a table of its own
 	pub("a", 3, false) // past its window: stored anew
 	pub("b", 2, true)
-	if n := buckets(); n != 2 {
-		t.Fatalf("%d id tables, want 2", n)
+	// The maintainer may or may not have dropped the first table yet.
+	if n := buckets(); n < 1 || n > 2 {
+		t.Fatalf("%d id tables, want 1 or 2", n)
 	}
 	testwait.For(t, 30*time.Second, func() error {
 		clk.Advance(time.Second)

@@ -22,8 +22,10 @@ const (
 	// tables the first sequence has passed, and re-reads the ack floors of interest and
 	// workqueue streams. JetStream expires on a timer of about the same grain.
 	maintainPeriod = time.Second
-	// pruneIDsPeriod is how often de-duplication ids past their window are deleted. A
-	// late prune costs nothing but rows: expired ids no longer match.
+	// pruneIDsPeriod is the longest a stream goes between looks at its de-duplication id
+	// buckets, to drop those past the window; a stream whose window is shorter is looked at once a
+	// window (but not more often than maintainPeriod), so that it keeps the ids of about three
+	// windows. A late prune costs nothing but space: expired ids no longer match.
 	pruneIDsPeriod = time.Minute
 	// chunkIdleRetire is how long an emptied stream must go without appends before its last
 	// chunk is retired so that it can be dropped too.
@@ -43,7 +45,7 @@ type maintainer struct {
 	b    *Bridge
 	kick chan struct{}
 
-	lastPrune time.Time
+	pruned map[*stream]time.Time // when each stream's ids were last pruned
 	// warn thins the jobs' failure warnings: while the database is away every job fails for
 	// every stream on every pass.
 	warn logEvery
@@ -55,7 +57,7 @@ func (b *Bridge) maint() *maintainer { return b.maintainer.Load() }
 // it every ack, for the next retention pass; before, retention still follows the consumers'
 // ack floors, and only acks above a floor wait for it.
 func (b *Bridge) startRetention() {
-	m := &maintainer{b: b, kick: make(chan struct{}, 1), lastPrune: b.clock.Now()}
+	m := &maintainer{b: b, kick: make(chan struct{}, 1), pruned: make(map[*stream]time.Time)}
 	b.maintainer.Store(m)
 	b.bg.Go(m.run)
 }
@@ -120,10 +122,7 @@ func (m *maintainer) run() {
 			m.retainAll(ctx, false)
 			m.expire(ctx)
 			m.dropChunks(ctx)
-			if clock.Now().Sub(m.lastPrune) >= pruneIDsPeriod {
-				m.pruneIDs(ctx)
-				m.lastPrune = clock.Now()
-			}
+			m.pruneIDs(ctx)
 		}
 	}
 }
@@ -386,15 +385,38 @@ func (m *maintainer) dropChunks(ctx context.Context) {
 	}
 }
 
-// pruneIDs forgets de-duplication ids that their window has passed.
+// pruneIDs forgets de-duplication ids that their window has passed, in each stream that
+// has gone a window (at most pruneIDsPeriod) without a prune. A stream seen for the first
+// time waits a period too.
+//
+// A flush looks ids up as of the time it started, which may be well before it gets to the
+// stream's row (a slow connection, a busy database): the window is measured back from the
+// start of the stream's flush in flight, if that is older than now. A flush that starts
+// after now was read measures from later still.
 func (m *maintainer) pruneIDs(ctx context.Context) {
 	now := m.b.clock.Now()
-	for _, s := range m.b.streamList() {
+	streams := m.b.streamList()
+	pruned := make(map[*stream]time.Time, len(streams))
+	for _, s := range streams {
 		cfg := s.config()
-		if _, err := m.b.db.PruneMsgIDs(ctx, s.id, now.Add(-cfg.Duplicates).UnixNano()); err != nil && ctx.Err() == nil {
+		last, ok := m.pruned[s]
+		if !ok || now.Sub(last) < min(max(cfg.Duplicates, maintainPeriod), pruneIDsPeriod) {
+			if !ok {
+				last = now
+			}
+			pruned[s] = last
+			continue
+		}
+		pruned[s] = now
+		from := now.UnixNano()
+		if f := s.in.flushSince.Load(); f != 0 {
+			from = min(from, f)
+		}
+		if _, err := m.b.db.PruneMsgIDs(ctx, s.id, from-cfg.Duplicates.Nanoseconds()); err != nil && ctx.Err() == nil {
 			m.warn.warn(m.b.log, m.b.clock.Now(), "pruning message ids failed", "stream", s.name, "err", err)
 		}
 	}
+	m.pruned = pruned
 }
 
 // applyLimits applies a stream's limits to what it already holds, as JetStream does when

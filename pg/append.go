@@ -185,7 +185,7 @@ func (db *DB) appendTx(ctx context.Context, q querier, batches []AppendBatch, ts
 	for i, bt := range batches {
 		rd := &reads[i]
 		if msgIDs := batchMsgIDs(bt); len(msgIDs) > 0 && bt.DupWindow > 0 {
-			b.Queue(`SELECT msg_id, seq FROM jetgres.msg_ids WHERE stream_id = $1 AND msg_id = ANY($2) AND ts > $3`,
+			b.Queue(`SELECT msg_id, seq FROM jetgres.msg_ids_seen($1, $2, $3)`,
 				bt.StreamID, msgIDs, ts-bt.DupWindow.Nanoseconds())
 			rd.dups = true
 		}
@@ -334,10 +334,8 @@ func (db *DB) appendTx(ctx context.Context, q querier, batches []AppendBatch, ts
 			queueInsert(b, chunkTable(bt.StreamID, st.chunk), part)
 		}
 		if len(newIDs) > 0 {
-			b.Queue(`INSERT INTO jetgres.msg_ids (stream_id, msg_id, seq, ts)
-				SELECT $1, id, seq, $4 FROM unnest($2::text[], $3::bigint[]) AS u(id, seq)
-				ON CONFLICT (stream_id, msg_id) DO UPDATE SET seq = excluded.seq, ts = excluded.ts`,
-				bt.StreamID, newIDs, newIDSeqs, ts)
+			b.Queue(`SELECT jetgres.msg_ids_put($1, $2, $3, $4, $5)`,
+				bt.StreamID, newIDs, newIDSeqs, ts, bt.DupWindow.Nanoseconds())
 		}
 		if len(h.tombs) > 0 {
 			seqs, sizes := make([]int64, len(h.tombs)), make([]int64, len(h.tombs))

@@ -114,6 +114,14 @@ func (db *DB) DeleteStream(ctx context.Context, id int64) error {
 		if err != nil {
 			return err
 		}
+		rows, err = q.Query(ctx, `SELECT bucket FROM jetgres.id_buckets WHERE stream_id = $1`, id)
+		if err != nil {
+			return err
+		}
+		buckets, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+		if err != nil {
+			return err
+		}
 		tag, err := q.Exec(ctx, `DELETE FROM jetgres.streams WHERE id = $1`, id)
 		if err != nil {
 			return err
@@ -123,6 +131,11 @@ func (db *DB) DeleteStream(ctx context.Context, id int64) error {
 		}
 		for _, c := range chunks {
 			if _, err := q.Exec(ctx, `DROP TABLE IF EXISTS `+chunkTable(id, c)); err != nil {
+				return err
+			}
+		}
+		for _, b := range buckets {
+			if _, err := q.Exec(ctx, `DROP TABLE IF EXISTS `+idBucketTable(id, b)); err != nil {
 				return err
 			}
 		}

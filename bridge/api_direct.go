@@ -196,7 +196,7 @@ func (dg *directGet) multiLast(ctx context.Context) error {
 		if seq < req.Seq {
 			continue
 		}
-		m, err := db.GetMessage(ctx, dg.s.id, seq)
+		m, err := dg.b.getBySeq(ctx, dg.s, dg.b.gets.of(dg.s), seq)
 		if errors.Is(err, pg.ErrNotFound) {
 			continue // removed since: as if it had never matched
 		}

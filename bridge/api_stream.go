@@ -337,6 +337,7 @@ func (b *Bridge) apiStreamPurge(ctx context.Context, name string, body []byte) (
 	if err != nil {
 		return fail(fmt.Errorf("purge stream %q: %w", name, err))
 	}
+	b.gets.reset(s, 0)
 	b.streamPurgedBy(ctx, s, req.Subject)
 	resp.Success, resp.Purged = true, purged
 	return resp, nil
@@ -414,19 +415,6 @@ func (b *Bridge) apiStreamList(ctx context.Context, body []byte) (*server.JSApiS
 	return resp, nil
 }
 
-// storedMsg finds the message a get request names: the last of a subject, the next of a
-// subject from the request's sequence, or that sequence itself.
-func (b *Bridge) storedMsg(ctx context.Context, s *stream, req *server.JSApiMsgGetRequest) (*pg.Message, error) {
-	switch {
-	case req.LastFor != "":
-		return b.db.LastBySubject(ctx, s.id, req.LastFor)
-	case req.NextFor != "":
-		return b.db.NextBySubject(ctx, s.id, req.NextFor, max(req.Seq, 1))
-	default:
-		return b.db.GetMessage(ctx, s.id, req.Seq)
-	}
-}
-
 func (b *Bridge) apiMsgGet(ctx context.Context, name string, body []byte) (*server.JSApiMsgGetResponse, error) {
 	resp := &server.JSApiMsgGetResponse{ApiResponse: jswire.APIResponse(server.JSApiMsgGetResponseType)}
 	fail := func(e error) (*server.JSApiMsgGetResponse, error) { return resp, e }
@@ -482,6 +470,7 @@ func (b *Bridge) apiMsgDelete(ctx context.Context, name string, body []byte) (*s
 	if err != nil {
 		return fail(fmt.Errorf("delete message from stream %q: %w", name, err))
 	}
+	b.gets.reset(s, 0)
 	b.streamPurged(s)
 	resp.Success = true
 	return resp, nil

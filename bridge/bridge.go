@@ -65,6 +65,9 @@ type Config struct {
 	IntakeTotalBytes int
 	// TailTotalBytes bounds all streams' tail caches together. Defaults to TailTotalBytesDefault.
 	TailTotalBytes int
+	// SubjectIndexBytes bounds the index of the last sequence per subject that gets are
+	// answered from. Defaults to SubjectIndexBytesDefault.
+	SubjectIndexBytes int
 	// FlushMaxMsgs caps one stream's messages per transaction. Defaults to FlushMaxMsgsDefault.
 	FlushMaxMsgs int
 	// FlushMaxStreams caps the streams that share one transaction. Defaults to FlushMaxStreamsDefault.
@@ -112,6 +115,7 @@ func (c *Config) validate() error {
 		{"IntakeBytes", int64(c.IntakeBytes)},
 		{"IntakeTotalBytes", int64(c.IntakeTotalBytes)},
 		{"TailTotalBytes", int64(c.TailTotalBytes)},
+		{"SubjectIndexBytes", int64(c.SubjectIndexBytes)},
 		{"FlushMaxMsgs", int64(c.FlushMaxMsgs)},
 		{"FlushMaxStreams", int64(c.FlushMaxStreams)},
 		{"MaxPayload", int64(c.MaxPayload)},
@@ -142,6 +146,9 @@ func (c *Config) applyDefaults() {
 	}
 	if c.TailTotalBytes == 0 {
 		c.TailTotalBytes = TailTotalBytesDefault
+	}
+	if c.SubjectIndexBytes == 0 {
+		c.SubjectIndexBytes = SubjectIndexBytesDefault
 	}
 	if c.FlushMaxMsgs == 0 {
 		c.FlushMaxMsgs = FlushMaxMsgsDefault
@@ -198,6 +205,7 @@ type Bridge struct {
 	unsupportedLogged [len(unsupportedRequests)]atomic.Bool
 
 	cons       *consumerSide
+	gets       *getIndex
 	sql        *sqlMover
 	maintainer atomic.Pointer[maintainer] // retention; nil outside Start .. Stop
 
@@ -223,6 +231,7 @@ func New(cfg Config) (*Bridge, error) {
 		apiReqs: make(chan *leaf.Msg, APIQueueDefault),
 	}
 	b.initConsumers(cfg.Registerer)
+	b.gets = newGetIndex(cfg.SubjectIndexBytes, cfg.Registerer)
 	return b, nil
 }
 

@@ -52,7 +52,8 @@
 //     after; a stopping consumer leaves it under its own mu.
 //
 // From 9 down each is a leaf: nothing is taken while it is held. A tail's lock
-// (bridge/tailcache) is a leaf too. The link's locks (package leaf) and the flow lanes'
+// (bridge/tailcache) is a leaf too, and so are the get index's (getIndex.mu, flightMu and
+// each subjectIndex.mu, taken one at a time). The link's locks (package leaf) and the flow lanes'
 // come after all of these: the bridge publishes, subscribes and takes permits while holding
 // some of them, and the link calls its handlers with none of its own locks held.
 package bridge

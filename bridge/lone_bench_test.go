@@ -2,6 +2,7 @@ package bridge
 
 import (
 	"context"
+	"strconv"
 	"testing"
 	"time"
 
@@ -56,6 +57,25 @@ func BenchmarkInsertBehindNATS(b *testing.B) {
 	data := make([]byte, 128)
 	pgtest.VersusInsert(b, "behind", 2000, func(context.Context) error {
 		_, err := tb.nc.Request("behind.x", data, 10*time.Second)
+		return err
+	})
+}
+
+// BenchmarkKVPut is BenchmarkLonePublish for a key-value put, each to a new key as `nats
+// bench kv put` writes them: a publish into a stream with max_msgs_per_subject. Its ratio
+// to the bare INSERT, set against BenchmarkLonePublish's from the same run, is what the
+// per-subject limit costs.
+func BenchmarkKVPut(b *testing.B) {
+	tb := setup(b)
+	kv, err := tb.js.CreateKeyValue(context.Background(), jetstream.KeyValueConfig{Bucket: "LONEKV"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	data := make([]byte, 128)
+	key := 0
+	pgtest.VersusInsert(b, "kvput", 2000, func(ctx context.Context) error {
+		key++
+		_, err := kv.Put(ctx, strconv.Itoa(key), data)
 		return err
 	})
 }

@@ -411,6 +411,7 @@ func (b *Bridge) appended(s *stream, r pg.AppendResult) {
 	default:
 		b.rowsRemoved(s, removedUpTo(r))
 	}
+	b.gets.committed(s, r.FirstSeq, r.LastSeq, r.Stored)
 	if len(r.Stored) > 0 {
 		b.consumersCommitted(s, r.Stored)
 	}

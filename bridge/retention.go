@@ -22,8 +22,10 @@ const (
 	// tables the first sequence has passed, and re-reads the ack floors of interest and
 	// workqueue streams. JetStream expires on a timer of about the same grain.
 	maintainPeriod = time.Second
-	// pruneIDsPeriod is how often de-duplication ids past their window are deleted. A
-	// late prune costs nothing but rows: expired ids no longer match.
+	// pruneIDsPeriod is the longest a stream goes between looks at its de-duplication id
+	// buckets, to drop those past the window; a stream whose window is shorter is looked at once a
+	// window (but not more often than maintainPeriod), so that it keeps the ids of about three
+	// windows. A late prune costs nothing but space: expired ids no longer match.
 	pruneIDsPeriod = time.Minute
 	// chunkIdleRetire is how long an emptied stream must go without appends before its last
 	// chunk is retired so that it can be dropped too.
@@ -43,7 +45,10 @@ type maintainer struct {
 	b    *Bridge
 	kick chan struct{}
 
-	lastPrune time.Time
+	pruned map[*stream]time.Time // when each stream's ids were last pruned
+	// warn thins the jobs' failure warnings: while the database is away every job fails for
+	// every stream on every pass.
+	warn logEvery
 }
 
 func (b *Bridge) maint() *maintainer { return b.maintainer.Load() }
@@ -52,7 +57,7 @@ func (b *Bridge) maint() *maintainer { return b.maintainer.Load() }
 // it every ack, for the next retention pass; before, retention still follows the consumers'
 // ack floors, and only acks above a floor wait for it.
 func (b *Bridge) startRetention() {
-	m := &maintainer{b: b, kick: make(chan struct{}, 1), lastPrune: b.clock.Now()}
+	m := &maintainer{b: b, kick: make(chan struct{}, 1), pruned: make(map[*stream]time.Time)}
 	b.maintainer.Store(m)
 	b.bg.Go(m.run)
 }
@@ -117,10 +122,7 @@ func (m *maintainer) run() {
 			m.retainAll(ctx, false)
 			m.expire(ctx)
 			m.dropChunks(ctx)
-			if clock.Now().Sub(m.lastPrune) >= pruneIDsPeriod {
-				m.pruneIDs(ctx)
-				m.lastPrune = clock.Now()
-			}
+			m.pruneIDs(ctx)
 		}
 	}
 }
@@ -143,7 +145,7 @@ func (m *maintainer) retainAll(ctx context.Context, dirtyOnly bool) (again bool)
 		}
 		waiting, err := m.b.retain(ctx, s)
 		if err != nil && !errors.Is(err, pg.ErrNotFound) && ctx.Err() == nil {
-			m.b.log.Warn("retention pass failed", "stream", s.name, "err", err)
+			m.warn.warn(m.b.log, m.b.clock.Now(), "retention pass failed", "stream", s.name, "err", err)
 		}
 		again = again || waiting
 	}
@@ -250,6 +252,7 @@ func (b *Bridge) retain(ctx context.Context, s *stream) (waiting bool, err error
 		for _, seq := range res.Gone {
 			gone[seq] = true
 		}
+		b.retained(s, res)
 		// A work queue's consumers never share a message, so none can want one that
 		// retention tombstoned; under interest a consumer created since might.
 		if res.Tombstoned > 0 && !p.WorkQueue {
@@ -365,8 +368,9 @@ func (m *maintainer) expire(ctx context.Context) {
 		n, err := m.b.db.ExpireOlder(ctx, s.id, now.Add(-cfg.MaxAge).UnixNano())
 		switch {
 		case err != nil && !errors.Is(err, pg.ErrNotFound) && ctx.Err() == nil:
-			m.b.log.Warn("expiring messages failed", "stream", s.name, "err", err)
+			m.warn.warn(m.b.log, m.b.clock.Now(), "expiring messages failed", "stream", s.name, "err", err)
 		case n > 0:
+			m.b.gets.reset(s, 0)
 			m.b.streamPurged(s)
 		}
 	}
@@ -376,20 +380,43 @@ func (m *maintainer) expire(ctx context.Context) {
 func (m *maintainer) dropChunks(ctx context.Context) {
 	for _, s := range m.b.streamList() {
 		if _, err := m.b.db.DropChunks(ctx, s.id, chunkIdleRetire); err != nil && !errors.Is(err, pg.ErrNotFound) && ctx.Err() == nil {
-			m.b.log.Warn("dropping chunks failed", "stream", s.name, "err", err)
+			m.warn.warn(m.b.log, m.b.clock.Now(), "dropping chunks failed", "stream", s.name, "err", err)
 		}
 	}
 }
 
-// pruneIDs forgets de-duplication ids that their window has passed.
+// pruneIDs forgets de-duplication ids that their window has passed, in each stream that
+// has gone a window (at most pruneIDsPeriod) without a prune. A stream seen for the first
+// time waits a period too.
+//
+// A flush looks ids up as of the time it started, which may be well before it gets to the
+// stream's row (a slow connection, a busy database): the window is measured back from the
+// start of the stream's flush in flight, if that is older than now. A flush that starts
+// after now was read measures from later still.
 func (m *maintainer) pruneIDs(ctx context.Context) {
 	now := m.b.clock.Now()
-	for _, s := range m.b.streamList() {
+	streams := m.b.streamList()
+	pruned := make(map[*stream]time.Time, len(streams))
+	for _, s := range streams {
 		cfg := s.config()
-		if _, err := m.b.db.PruneMsgIDs(ctx, s.id, now.Add(-cfg.Duplicates).UnixNano()); err != nil && ctx.Err() == nil {
-			m.b.log.Warn("pruning message ids failed", "stream", s.name, "err", err)
+		last, ok := m.pruned[s]
+		if !ok || now.Sub(last) < min(max(cfg.Duplicates, maintainPeriod), pruneIDsPeriod) {
+			if !ok {
+				last = now
+			}
+			pruned[s] = last
+			continue
+		}
+		pruned[s] = now
+		from := now.UnixNano()
+		if f := s.in.flushSince.Load(); f != 0 {
+			from = min(from, f)
+		}
+		if _, err := m.b.db.PruneMsgIDs(ctx, s.id, from-cfg.Duplicates.Nanoseconds()); err != nil && ctx.Err() == nil {
+			m.warn.warn(m.b.log, m.b.clock.Now(), "pruning message ids failed", "stream", s.name, "err", err)
 		}
 	}
+	m.pruned = pruned
 }
 
 // applyLimits applies a stream's limits to what it already holds, as JetStream does when
@@ -407,6 +434,7 @@ func (b *Bridge) applyLimits(ctx context.Context, s *stream, cfg *server.StreamC
 		n += expired
 	}
 	if n > 0 {
+		b.gets.reset(s, 0)
 		b.streamPurged(s)
 	}
 	return nil

@@ -166,6 +166,7 @@ func (b *Bridge) removeStream(s *stream) {
 	}
 	b.mu.Unlock()
 	b.dropConsumers(s)
+	b.gets.drop(s)
 	b.closeIntake(s, server.NewJSStreamNotFoundError())
 }
 

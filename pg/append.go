@@ -180,13 +180,14 @@ func (db *DB) appendTx(ctx context.Context, q querier, batches []AppendBatch, ts
 	// oldest messages an eviction is predicted to take.
 	b := &pgx.Batch{}
 	b.Queue(first, firstArgs...)
+	mode := db.queueCommitMode(b)
 	b.Queue(`SELECT stream_id, first_seq, last_seq, last_ts, cum_bytes, msgs, bytes, chunk, chunk_rows, last_msg_id
 		FROM jetgres.stream_state WHERE stream_id = ANY($1) ORDER BY stream_id FOR UPDATE`, ids)
 	reads := make([]batchReads, len(batches))
 	for i, bt := range batches {
 		rd := &reads[i]
 		if msgIDs := batchMsgIDs(bt); len(msgIDs) > 0 && bt.DupWindow > 0 {
-			b.Queue(`SELECT msg_id, seq FROM jetgres.msg_ids WHERE stream_id = $1 AND msg_id = ANY($2) AND ts > $3`,
+			b.Queue(`SELECT msg_id, seq FROM jetgres.msg_ids_seen($1, $2, $3)`,
 				bt.StreamID, msgIDs, ts-bt.DupWindow.Nanoseconds())
 			rd.dups = true
 		}
@@ -205,7 +206,7 @@ func (db *DB) appendTx(ctx context.Context, q querier, batches []AppendBatch, ts
 		}
 	}
 	br := q.SendBatch(ctx, b)
-	states, err := readBatchReads(br, batches, reads)
+	states, err := readBatchReads(br, 1+mode, batches, reads)
 	if cerr := br.Close(); err == nil {
 		err = cerr
 	}
@@ -219,6 +220,8 @@ func (db *DB) appendTx(ctx context.Context, q querier, batches []AppendBatch, ts
 	var copies []func() error
 	var opened []openedChunk
 	holds := make([]*holdings, len(batches))
+	befores := make([]lockedState, len(batches))
+	indexes := make([]*subjectIndex, len(batches))
 	for i, bt := range batches {
 		st, ok := states[bt.StreamID]
 		if !ok {
@@ -229,6 +232,14 @@ func (db *DB) appendTx(ctx context.Context, q querier, batches []AppendBatch, ts
 		r.Outcomes = make([]Outcome, len(bt.Msgs))
 		r.Stored = make([]Message, 0, len(bt.Msgs))
 		seen := reads[i].seen
+		befores[i], indexes[i] = *st, db.subjects.take(bt.StreamID)
+		if l := bt.Limits; l.MaxMsgsPer > 0 && !l.DiscardNewPer {
+			x, err := db.subjectIndexFor(ctx, q, bt.StreamID, st, indexes[i])
+			if err != nil {
+				return nil, err
+			}
+			indexes[i] = x
+		}
 		h := newHoldings(db, bt.StreamID, st, bt.Limits, reads[i].live, reads[i].subjects)
 		h.head = reads[i].oldest
 		holds[i] = h
@@ -325,10 +336,8 @@ func (db *DB) appendTx(ctx context.Context, q querier, batches []AppendBatch, ts
 			queueInsert(b, chunkTable(bt.StreamID, st.chunk), part)
 		}
 		if len(newIDs) > 0 {
-			b.Queue(`INSERT INTO jetgres.msg_ids (stream_id, msg_id, seq, ts)
-				SELECT $1, id, seq, $4 FROM unnest($2::text[], $3::bigint[]) AS u(id, seq)
-				ON CONFLICT (stream_id, msg_id) DO UPDATE SET seq = excluded.seq, ts = excluded.ts`,
-				bt.StreamID, newIDs, newIDSeqs, ts)
+			b.Queue(`SELECT jetgres.msg_ids_put($1, $2, $3, $4, $5)`,
+				bt.StreamID, newIDs, newIDSeqs, ts, bt.DupWindow.Nanoseconds())
 		}
 		if len(h.tombs) > 0 {
 			seqs, sizes := make([]int64, len(h.tombs)), make([]int64, len(h.tombs))
@@ -373,6 +382,9 @@ func (db *DB) appendTx(ctx context.Context, q querier, batches []AppendBatch, ts
 		if h.removed {
 			r.Stored = slices.DeleteFunc(r.Stored, func(m Message) bool { return !h.live(m.Seq) })
 		}
+		if indexes[i] != nil {
+			db.subjects.afterGeneral(r.StreamID, indexes[i], befores[i], h.st, h.tombs, batchSubjects(batches[i]), r.Stored)
+		}
 	}
 	return res, nil
 }
@@ -404,9 +416,10 @@ type subjectRow struct {
 	row     liveRow
 }
 
-// readBatchReads reads the first round trip's results in the order they were queued.
-func readBatchReads(br pgx.BatchResults, batches []AppendBatch, reads []batchReads) (map[int64]*lockedState, error) {
-	if _, err := br.Exec(); err != nil {
+// readBatchReads reads the first round trip's results in the order they were queued, after
+// the skip results of the statements that open the transaction.
+func readBatchReads(br pgx.BatchResults, skip int, batches []AppendBatch, reads []batchReads) (map[int64]*lockedState, error) {
+	if err := skipResults(br, skip); err != nil {
 		return nil, err
 	}
 	states := make(map[int64]*lockedState, len(batches))

@@ -9,3 +9,34 @@ import (
 func (db *DB) RetireIdleChunk(ctx context.Context, id int64, idle time.Duration) error {
 	return db.retireIdleChunk(ctx, id, idle)
 }
+
+// SubjectIndexed reports whether the stream has a subject index, the fast path's way
+// through a per-subject limit.
+func (db *DB) SubjectIndexed(id int64) bool {
+	db.subjects.mu.Lock()
+	defer db.subjects.mu.Unlock()
+	_, ok := db.subjects.m[id]
+	return ok
+}
+
+// LiveBySubject counts the live messages of each of the given subjects, from the rows.
+func (db *DB) LiveBySubject(ctx context.Context, id int64, subjects []string) (map[string]int, error) {
+	out := make(map[string]int)
+	err := db.background(ctx, func(ctx context.Context, q querier) error {
+		rows, err := q.Query(ctx, `SELECT subject, count(*) FROM jetgres.subject_live($1, $2, NULL) GROUP BY subject`, id, subjects)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var s string
+			var n int
+			if err := rows.Scan(&s, &n); err != nil {
+				return err
+			}
+			out[s] = n
+		}
+		return rows.Err()
+	})
+	return out, err
+}

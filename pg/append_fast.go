@@ -3,6 +3,7 @@ package pg
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync"
 
 	"github.com/jackc/pgx/v5"
@@ -25,6 +26,7 @@ import (
 // tailState is what this process last committed for a stream: the fast path's starting
 // point, and, for streams with limits, what the next append predicts its evictions from.
 type tailState struct {
+	firstSeq          uint64
 	lastSeq, cumBytes uint64
 	msgs, bytes       uint64
 	lastTS            int64
@@ -60,7 +62,7 @@ func (t *tailStates) forget(id int64) {
 }
 
 func (t *tailStates) remember(id int64, st *lockedState) {
-	t.set(id, tailState{lastSeq: st.lastSeq, cumBytes: st.cumBytes, msgs: st.msgs, bytes: st.bytes,
+	t.set(id, tailState{firstSeq: st.firstSeq, lastSeq: st.lastSeq, cumBytes: st.cumBytes, msgs: st.msgs, bytes: st.bytes,
 		lastTS: st.lastTS, chunk: st.chunk, chunkRows: st.chunkRows})
 }
 
@@ -69,7 +71,16 @@ func (t *tailStates) remember(id int64, st *lockedState) {
 // MaxSeq.
 func fastEligible(bt AppendBatch, st tailState) bool {
 	l := bt.Limits
-	if l.MaxMsgs > 0 || l.MaxBytes > 0 || l.MaxMsgsPer > 0 || len(bt.Msgs) >= copyThreshold {
+	if l.MaxMsgs > 0 || l.MaxBytes > 0 || l.MaxMsgsPer > 0 {
+		return false
+	}
+	return fastShape(bt, st)
+}
+
+// fastShape reports whether a batch's messages need no decision under the row lock, fit in
+// the current chunk, and keep their sequences within MaxSeq.
+func fastShape(bt AppendBatch, st tailState) bool {
+	if len(bt.Msgs) >= copyThreshold {
 		return false
 	}
 	if st.chunkRows+int64(len(bt.Msgs)) > bt.chunkRows() || st.lastSeq > MaxSeq-uint64(len(bt.Msgs)) {
@@ -84,6 +95,19 @@ func fastEligible(bt AppendBatch, st tailState) bool {
 	return true
 }
 
+// fastIndexed reports whether a batch for a stream with limits can take the fast path with
+// the stream's subject index x: x describes the state this process last committed, no
+// per-subject limit refuses, and the batch stays within max_msgs and max_bytes even before
+// any replacement, so that no limit refuses or evicts.
+func fastIndexed(bt AppendBatch, st tailState, x *subjectIndex) bool {
+	l := bt.Limits
+	if x == nil || l.MaxMsgsPer <= 0 || l.DiscardNewPer || !fastShape(bt, st) || !x.matches(st.firstSeq, st.lastSeq, st.msgs, st.bytes) {
+		return false
+	}
+	n, nbytes := batchSize(bt)
+	return (l.MaxMsgs <= 0 || x.msgs+uint64(n) <= uint64(l.MaxMsgs)) && (l.MaxBytes <= 0 || x.bytes+nbytes <= uint64(l.MaxBytes))
+}
+
 // appendFast appends the batches that are eligible in one round trip and returns their
 // results; rest holds the batches the general path must take. It writes nothing when no
 // batch is eligible.
@@ -92,15 +116,25 @@ func (db *DB) appendFast(ctx context.Context, q querier, batches []AppendBatch, 
 		bt         AppendBatch
 		prev, next tailState
 		res        AppendResult
+		idx        *subjectIndex // for a stream with limits: its index, moved to next
+		tombs      []liveRow     // the rows the per-subject limit replaces
 	}
 	var plans []planned
 	for _, bt := range batches {
 		st, ok := db.tails.get(bt.StreamID)
-		if !ok || !fastEligible(bt, st) {
+		var idx *subjectIndex
+		if ok && bt.Limits.MaxMsgsPer > 0 {
+			idx = db.subjects.take(bt.StreamID)
+		}
+		if !ok || !fastEligible(bt, st) && !fastIndexed(bt, st, idx) {
+			if idx != nil {
+				// The general path brings the index along, or drops it.
+				db.subjects.put(bt.StreamID, idx)
+			}
 			rest = append(rest, bt)
 			continue
 		}
-		p := planned{bt: bt, prev: st, next: st}
+		p := planned{bt: bt, prev: st, next: st, idx: idx}
 		p.next.lastTS = max(st.lastTS, ts)
 		p.res = AppendResult{StreamID: bt.StreamID, Outcomes: make([]Outcome, len(bt.Msgs)), Stored: make([]Message, 0, len(bt.Msgs))}
 		for j, m := range bt.Msgs {
@@ -109,10 +143,23 @@ func (db *DB) appendFast(ctx context.Context, q querier, batches []AppendBatch, 
 			p.next.cumBytes += msg.Size()
 			p.res.Stored = append(p.res.Stored, msg)
 			p.res.Outcomes[j] = Outcome{Seq: msg.Seq}
+			if idx != nil {
+				p.tombs = idx.add(m.Subject, liveRow{seq: msg.Seq, size: msg.Size()}, bt.Limits.MaxMsgsPer, p.tombs)
+			}
 		}
 		p.next.chunkRows += int64(len(bt.Msgs))
 		p.next.msgs += uint64(len(bt.Msgs))
 		p.next.bytes += p.next.cumBytes - st.cumBytes
+		if idx != nil {
+			idx.settle()
+			p.next.firstSeq, p.next.msgs, p.next.bytes = idx.first, idx.msgs, idx.bytes
+			if len(p.tombs) > 0 {
+				p.res.Removed = true
+				for _, t := range p.tombs {
+					p.res.Tombstoned = append(p.res.Tombstoned, t.seq)
+				}
+			}
+		}
 		p.res.LastSeq = p.next.lastSeq
 		plans = append(plans, p)
 	}
@@ -120,10 +167,17 @@ func (db *DB) appendFast(ctx context.Context, q querier, batches []AppendBatch, 
 		return nil, rest, nil
 	}
 	b := &pgx.Batch{}
+	mode := db.queueCommitMode(b)
 	for _, p := range plans {
+		if p.idx != nil {
+			queueGuardedReplace(b, p.bt.StreamID, p.prev, p.next, p.res.Stored, p.tombs)
+			continue
+		}
 		queueGuardedAppend(b, p.bt.StreamID, p.prev, p.next, p.res.Stored)
 	}
-	applied, err := readFastResults(q.SendBatch(ctx, b), len(plans), func(i int, first uint64) { plans[i].res.FirstSeq = first })
+	applied, err := readFastResults(q.SendBatch(ctx, b), mode, len(plans), func(i int, first uint64) {
+		plans[i].res.FirstSeq, plans[i].next.firstSeq = first, first
+	})
 	if err != nil {
 		for _, p := range plans {
 			db.tails.forget(p.bt.StreamID)
@@ -137,14 +191,26 @@ func (db *DB) appendFast(ctx context.Context, q querier, batches []AppendBatch, 
 			continue
 		}
 		db.tails.set(p.bt.StreamID, p.next)
+		if p.idx != nil {
+			db.subjects.put(p.bt.StreamID, p.idx)
+			// A row the batch itself replaced was inserted for its tombstone, but is not held.
+			if len(p.tombs) > 0 {
+				p.res.Stored = slices.DeleteFunc(p.res.Stored, func(m Message) bool { return slices.Contains(p.res.Tombstoned, m.Seq) })
+			}
+		}
 		db.chunks.committed(p.bt.StreamID, p.next.chunk, p.next.lastSeq)
 		done = append(done, p.res)
 	}
 	return done, rest, nil
 }
 
-// readFastResults reads, per planned batch, whether its guarded state update matched.
-func readFastResults(br pgx.BatchResults, n int, firstSeq func(i int, first uint64)) ([]bool, error) {
+// readFastResults reads, per planned batch, whether its guarded state update matched, after
+// skip results of the statements before the first.
+func readFastResults(br pgx.BatchResults, skip, n int, firstSeq func(i int, first uint64)) ([]bool, error) {
+	if err := skipResults(br, skip); err != nil {
+		br.Close()
+		return nil, err
+	}
 	applied := make([]bool, n)
 	for i := range n {
 		var first int64
@@ -182,5 +248,41 @@ func queueGuardedAppend(b *pgx.Batch, streamID int64, prev, next tailState, msgs
 			RETURNING first_seq),
 		i AS (INSERT INTO `+chunkTable(streamID, next.chunk)+` (seq, ts, subject, hdr, data, cum_before)
 			SELECT r.* FROM u, `+rows+` AS r(seq, ts, subject, hdr, data, cum_before))
+		SELECT first_seq FROM u`, args...)
+}
+
+// queueGuardedReplace is queueGuardedAppend for a stream with limits, whose counts and first
+// sequence the subject index decided: the update sets them and is guarded by all of them,
+// and the tombstones of the rows the per-subject limit replaces go in with the inserts.
+func queueGuardedReplace(b *pgx.Batch, streamID int64, prev, next tailState, msgs []Message, tombs []liveRow) {
+	args := []any{streamID, int64(next.firstSeq), int64(next.lastSeq), next.lastTS, int64(next.cumBytes), int64(next.msgs),
+		int64(next.bytes), next.chunkRows, int64(prev.firstSeq), int64(prev.lastSeq), int64(prev.msgs), int64(prev.bytes),
+		prev.chunk, prev.chunkRows}
+	rows := `(VALUES ($15::bigint, $16::bigint, $17::text, $18::bytea, $19::bytea, $20::bigint))`
+	if len(msgs) == 1 {
+		args = append(args, msgs[0].columns()...)
+	} else {
+		rows = `unnest($15::bigint[], $16::bigint[], $17::text[], $18::bytea[], $19::bytea[], $20::bigint[])`
+		seqs, tss, subjects, hdrs, datas, cums := insertColumns(msgs)
+		args = append(args, seqs, tss, subjects, hdrs, datas, cums)
+	}
+	// A put of a new key replaces nothing; its statement leaves the tombstones out.
+	deleted := ""
+	if len(tombs) > 0 {
+		tseqs, tsizes := make([]int64, len(tombs)), make([]int64, len(tombs))
+		for i, t := range tombs {
+			tseqs[i], tsizes[i] = int64(t.seq), int64(t.size)
+		}
+		args = append(args, tseqs, tsizes)
+		deleted = `, d AS (INSERT INTO jetgres.deleted (stream_id, seq, size)
+			SELECT $1, t.s, t.z FROM u, unnest($21::bigint[], $22::bigint[]) AS t(s, z))`
+	}
+	b.Queue(`WITH u AS (UPDATE jetgres.stream_state SET first_seq = $2, last_seq = $3, last_ts = $4, cum_bytes = $5,
+			msgs = $6, bytes = $7, chunk_rows = $8, last_msg_id = ''
+			WHERE stream_id = $1 AND first_seq = $9 AND last_seq = $10 AND msgs = $11 AND bytes = $12
+				AND chunk = $13 AND chunk_rows = $14
+			RETURNING first_seq),
+		i AS (INSERT INTO `+chunkTable(streamID, next.chunk)+` (seq, ts, subject, hdr, data, cum_before)
+			SELECT r.* FROM u, `+rows+` AS r(seq, ts, subject, hdr, data, cum_before))`+deleted+`
 		SELECT first_seq FROM u`, args...)
 }

@@ -45,6 +45,14 @@ type Config struct {
 	// BackgroundTimeoutDefault.
 	BackgroundTimeout time.Duration
 
+	// SynchronousCommit is PostgreSQL's synchronous_commit ("on" or "off") for the
+	// transactions of the push path (Append) and the cursor path (WriteCursor), set per
+	// transaction; every other statement keeps the server's setting. "off" acknowledges a
+	// publish before its commit reaches the disk: a crash of PostgreSQL or of the operating
+	// system can lose the commits of the last 3 × wal_writer_delay (600 ms by default), never
+	// consistency. Empty leaves those transactions at the server's setting too.
+	SynchronousCommit string
+
 	// Logger receives pg's records. Defaults to discarding them.
 	Logger *slog.Logger
 }
@@ -77,6 +85,11 @@ func (c *Config) validate() error {
 	}
 	if c.BackgroundTimeout < 0 {
 		errs = append(errs, fmt.Errorf("Config.BackgroundTimeout must not be negative, got %s", c.BackgroundTimeout))
+	}
+	switch c.SynchronousCommit {
+	case "", "on", "off":
+	default:
+		errs = append(errs, fmt.Errorf(`Config.SynchronousCommit must be "on" or "off", got %q`, c.SynchronousCommit))
 	}
 	return errors.Join(errs...)
 }

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // ErrLeaseHeld is returned when another replica serves the consumer: its lease is live and
@@ -136,9 +137,20 @@ type CursorParams struct {
 // Owner holds the lease, and ErrLeaseLost says it did not.
 func (db *DB) WriteCursor(ctx context.Context, p CursorParams) (time.Duration, error) {
 	rtt, err := db.hot(ctx, func(ctx context.Context, q querier) error {
-		tag, err := q.Exec(ctx, `UPDATE jetgres.consumers SET ack_stream_seq = $3, ack_consumer_seq = $4
+		b := &pgx.Batch{}
+		mode := db.queueCommitMode(b)
+		b.Queue(`UPDATE jetgres.consumers SET ack_stream_seq = $3, ack_consumer_seq = $4
 			WHERE stream_id = $1 AND name = $2 AND owner = $5 AND created = $6`,
 			p.StreamID, p.Name, int64(p.AckStreamSeq), int64(p.AckConsumerSeq), p.Owner, p.Created)
+		br := q.SendBatch(ctx, b)
+		err := skipResults(br, mode)
+		var tag pgconn.CommandTag
+		if err == nil {
+			tag, err = br.Exec()
+		}
+		if cerr := br.Close(); err == nil {
+			err = cerr
+		}
 		if err != nil {
 			return err
 		}

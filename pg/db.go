@@ -26,12 +26,15 @@ type DB struct {
 	timeouts        atomic.Int64
 	acquireTimeouts atomic.Int64
 	destroyed       atomic.Int64
+	staleRetries    atomic.Int64
 	// closing tracks destroyed connections whose sockets pgx is still closing in the
 	// background, so that Close returns only when they are gone.
 	closing sync.WaitGroup
 
 	chunks chunkCache // see chunks.go
 	tails  tailStates // see append_fast.go
+
+	subjects subjectIndexes // see subject_index.go
 }
 
 // Open builds the pool and returns once the database has answered a ping, so that a wrong URL
@@ -87,7 +90,11 @@ func (db *DB) Ping(ctx context.Context) error {
 }
 
 func (db *DB) ping(ctx context.Context, timeout time.Duration) error {
-	_, err := db.run(ctx, timeout, func(ctx context.Context, c *pgx.Conn) error { return c.Ping(ctx) })
+	_, err := db.runRetry(ctx, timeout, func(ctx context.Context, q querier) error {
+		s := q.(*sendCounter)
+		s.count()
+		return s.Ping(ctx)
+	})
 	return err
 }
 
@@ -102,24 +109,28 @@ type Stats struct {
 	EmptyAcquireCount int64         // of which the caller had to wait because none was idle
 	AcquireWait       time.Duration // total time callers waited for a connection
 
-	Timeouts        int64 // calls that ran past their statement timeout
-	AcquireTimeouts int64 // calls whose wait for a connection ran past the timeout
-	Destroyed       int64 // connections destroyed after a timeout, a cancellation or a broken state
+	Timeouts            int64 // calls that ran past their statement timeout
+	AcquireTimeouts     int64 // calls whose wait for a connection ran past the timeout
+	Destroyed           int64 // connections destroyed after a timeout, a cancellation or a broken state
+	StaleRetries        int64 // calls retried on a fresh connection because the pooled one was dead before use
+	SubjectIndexDropped int64 // subject indexes dropped for going past SubjectIndexRows
 }
 
 // Stats returns the current pool statistics.
 func (db *DB) Stats() Stats {
 	s := db.pool.Stat()
 	return Stats{
-		Acquired:          s.AcquiredConns(),
-		Idle:              s.IdleConns(),
-		Total:             s.TotalConns(),
-		Max:               s.MaxConns(),
-		AcquireCount:      s.AcquireCount(),
-		EmptyAcquireCount: s.EmptyAcquireCount(),
-		AcquireWait:       s.AcquireDuration(),
-		Timeouts:          db.timeouts.Load(),
-		AcquireTimeouts:   db.acquireTimeouts.Load(),
-		Destroyed:         db.destroyed.Load(),
+		Acquired:            s.AcquiredConns(),
+		Idle:                s.IdleConns(),
+		Total:               s.TotalConns(),
+		Max:                 s.MaxConns(),
+		AcquireCount:        s.AcquireCount(),
+		EmptyAcquireCount:   s.EmptyAcquireCount(),
+		AcquireWait:         s.AcquireDuration(),
+		Timeouts:            db.timeouts.Load(),
+		AcquireTimeouts:     db.acquireTimeouts.Load(),
+		Destroyed:           db.destroyed.Load(),
+		StaleRetries:        db.staleRetries.Load(),
+		SubjectIndexDropped: db.subjects.dropped.Load(),
 	}
 }

@@ -41,6 +41,28 @@ var (
 	errAcquireDeadline = errors.New("connection wait deadline")
 )
 
+// queueCommitMode queues, as b's next statement, Config.SynchronousCommit for the transaction
+// b runs in, so that it costs no round trip of its own, and returns how many results the
+// reader must skip for it. set_config with is_local is SET LOCAL as a function: it also holds
+// in the implicit transaction of a pipeline without BEGIN, where SET LOCAL would only warn.
+func (db *DB) queueCommitMode(b *pgx.Batch) (results int) {
+	if db.cfg.SynchronousCommit == "" {
+		return 0
+	}
+	b.Queue(`SELECT set_config('synchronous_commit', $1, true)`, db.cfg.SynchronousCommit)
+	return 1
+}
+
+// skipResults reads and discards the next n results of br.
+func skipResults(br pgx.BatchResults, n int) error {
+	for range n {
+		if _, err := br.Exec(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // closeTimeout bounds sending Terminate to a connection being destroyed.
 const closeTimeout = time.Second
 
@@ -53,24 +75,24 @@ const closeTimeout = time.Second
 // ErrTimeout. The wait for a connection is bounded by ctx and, separately, by the statement
 // timeout. fn's own errors are returned unchanged; fn must not keep q or rows past its return.
 func (db *DB) hot(ctx context.Context, fn func(ctx context.Context, q querier) error) (rtt time.Duration, err error) {
-	return db.run(ctx, db.cfg.StmtTimeout, func(ctx context.Context, c *pgx.Conn) error { return fn(ctx, c) })
+	return db.runRetry(ctx, db.cfg.StmtTimeout, fn)
 }
 
 // background runs fn like hot, for work that bypasses the flow limiter (maintenance, admin,
 // metrics), under Config.BackgroundTimeout.
 func (db *DB) background(ctx context.Context, fn func(ctx context.Context, q querier) error) error {
-	_, err := db.run(ctx, db.cfg.BackgroundTimeout, func(ctx context.Context, c *pgx.Conn) error { return fn(ctx, c) })
+	_, err := db.runRetry(ctx, db.cfg.BackgroundTimeout, fn)
 	return err
 }
 
 // backgroundTx is background inside BEGIN … COMMIT: the transaction commits if fn returns nil
 // and rolls back otherwise.
 func (db *DB) backgroundTx(ctx context.Context, fn func(ctx context.Context, q querier) error) error {
-	_, err := db.run(ctx, db.cfg.BackgroundTimeout, func(ctx context.Context, c *pgx.Conn) error { return inTx(ctx, c, fn) })
+	_, err := db.runRetry(ctx, db.cfg.BackgroundTimeout, func(ctx context.Context, q querier) error { return inTx(ctx, q, fn) })
 	return err
 }
 
-func inTx(ctx context.Context, c *pgx.Conn, fn func(ctx context.Context, q querier) error) error {
+func inTx(ctx context.Context, c querier, fn func(ctx context.Context, q querier) error) error {
 	tx, err := c.Begin(ctx)
 	if err != nil {
 		return fmt.Errorf("beginning transaction: %w", err)
@@ -89,10 +111,84 @@ func inTx(ctx context.Context, c *pgx.Conn, fn func(ctx context.Context, q queri
 	return nil
 }
 
+// runRetry is run for fn written against querier, with one retry on a fresh connection when
+// the pooled one turned out dead before anything reached the server: a backend terminated
+// (pg_terminate_backend, a restarted server) while its connection sat idle in the pool would
+// otherwise cost the whole call, a publish batch included. It retries only when the first
+// statement fn sent on a live connection failed without a byte written (pgconn.SafeToRetry),
+// so nothing fn did can have committed; a later statement's failure could follow a commit of
+// fn's own, and is returned as it is.
+func (db *DB) runRetry(ctx context.Context, timeout time.Duration, fn func(ctx context.Context, q querier) error) (time.Duration, error) {
+	var q *sendCounter
+	attempt := func(ctx context.Context, c *pgx.Conn) error {
+		q = &sendCounter{Conn: c}
+		return fn(ctx, q)
+	}
+	rtt, err := db.run(ctx, timeout, attempt)
+	if err == nil || q == nil || q.sent != 1 || !errors.Is(err, ErrUnavailable) || !pgconn.SafeToRetry(err) {
+		return rtt, err
+	}
+	db.staleRetries.Add(1)
+	db.log.Debug("pooled connection was dead before use; retrying on a live one", "err", err)
+	return db.runOn(ctx, timeout, attempt, true)
+}
+
+// sendCounter counts the calls fn starts on a connection that is still open; a call on a
+// connection already closed cannot reach the server.
+type sendCounter struct {
+	*pgx.Conn
+	sent int
+}
+
+func (s *sendCounter) count() {
+	if !s.PgConn().IsClosed() {
+		s.sent++
+	}
+}
+
+func (s *sendCounter) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	s.count()
+	return s.Conn.Exec(ctx, sql, args...)
+}
+
+func (s *sendCounter) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	s.count()
+	return s.Conn.Query(ctx, sql, args...)
+}
+
+func (s *sendCounter) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	s.count()
+	return s.Conn.QueryRow(ctx, sql, args...)
+}
+
+func (s *sendCounter) CopyFrom(ctx context.Context, table pgx.Identifier, columns []string, src pgx.CopyFromSource) (int64, error) {
+	s.count()
+	return s.Conn.CopyFrom(ctx, table, columns, src)
+}
+
+func (s *sendCounter) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
+	s.count()
+	return s.Conn.SendBatch(ctx, b)
+}
+
+func (s *sendCounter) Begin(ctx context.Context) (pgx.Tx, error) {
+	s.count()
+	return s.Conn.Begin(ctx)
+}
+
 // run is the one path by which pg uses a pooled connection. timeout 0 means no timeout of
 // run's own (Migrate: bounded by ctx only).
 func (db *DB) run(ctx context.Context, timeout time.Duration, fn func(ctx context.Context, c *pgx.Conn) error) (rtt time.Duration, err error) {
-	pc, err := db.acquire(ctx, timeout)
+	return db.runOn(ctx, timeout, fn, false)
+}
+
+// runOn is run on a connection that answered a ping first when live is set.
+func (db *DB) runOn(ctx context.Context, timeout time.Duration, fn func(ctx context.Context, c *pgx.Conn) error, live bool) (rtt time.Duration, err error) {
+	acquire := db.acquire
+	if live {
+		acquire = db.acquireLive
+	}
+	pc, err := acquire(ctx, timeout)
 	if err != nil {
 		return 0, err
 	}
@@ -144,6 +240,35 @@ func (db *DB) acquire(ctx context.Context, timeout time.Duration) (*pgxpool.Conn
 		return nil, fmt.Errorf("acquiring a connection: %w", err)
 	}
 	return nil, fmt.Errorf("%w: acquiring a connection: %w", ErrUnavailable, err)
+}
+
+// acquireLive acquires a connection that answers a ping. The server that ended one idle
+// connection has often ended them all (a restart, an administrator clearing a database), so
+// the pool may hand out several dead ones in a row; each is destroyed, up to the pool's size.
+func (db *DB) acquireLive(ctx context.Context, timeout time.Duration) (*pgxpool.Conn, error) {
+	for range db.cfg.MaxConns {
+		pc, err := db.acquire(ctx, timeout)
+		if err != nil {
+			return nil, err
+		}
+		pctx, cancel := ctx, context.CancelFunc(func() {})
+		if timeout > 0 {
+			pctx, cancel = context.WithTimeout(ctx, timeout)
+		}
+		err = pc.Conn().Ping(pctx)
+		cancel()
+		if err == nil {
+			return pc, nil
+		}
+		db.destroy(pc)
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("acquiring a connection: %w", err)
+		}
+		if !pgconn.SafeToRetry(err) {
+			return nil, fmt.Errorf("%w: %w", ErrUnavailable, err)
+		}
+	}
+	return db.acquire(ctx, timeout)
 }
 
 // release returns a connection to the pool only if it is certainly reusable: idle, outside a

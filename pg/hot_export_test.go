@@ -3,8 +3,6 @@ package pg
 import (
 	"context"
 	"time"
-
-	"github.com/jackc/pgx/v5"
 )
 
 // Querier is querier, for the tests of how pg runs work.
@@ -17,7 +15,7 @@ func (db *DB) Hot(ctx context.Context, fn func(ctx context.Context, q Querier) e
 
 // HotTx is Hot inside BEGIN … COMMIT, as backgroundTx runs a transaction.
 func (db *DB) HotTx(ctx context.Context, fn func(ctx context.Context, q Querier) error) (time.Duration, error) {
-	return db.run(ctx, db.cfg.StmtTimeout, func(ctx context.Context, c *pgx.Conn) error { return inTx(ctx, c, fn) })
+	return db.runRetry(ctx, db.cfg.StmtTimeout, func(ctx context.Context, q querier) error { return inTx(ctx, q, fn) })
 }
 
 // Background exposes background to the tests.

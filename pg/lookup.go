@@ -3,6 +3,7 @@ package pg
 import (
 	"context"
 	"fmt"
+	"sort"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -21,39 +22,92 @@ func streamBounds(ctx context.Context, q querier, streamID int64) (first, last u
 	return first, last, err
 }
 
-// GetMessage returns the message with sequence seq, or ErrNotFound.
+// GetMessage returns the message with sequence seq, or ErrNotFound. It is one statement: the
+// chunk list is cached, and the stream's bounds are read in the same query as the row.
 func (db *DB) GetMessage(ctx context.Context, streamID int64, seq uint64) (*Message, error) {
 	var m *Message
 	err := db.background(ctx, func(ctx context.Context, q querier) error {
-		first, last, err := streamBounds(ctx, q, streamID)
+		chunks, err := db.chunks.list(ctx, q, streamID, seq)
 		if err != nil {
 			return err
 		}
-		if seq < first || seq > last {
+		k := sort.Search(len(chunks), func(i int) bool { return chunks[i].firstSeq > seq }) - 1
+		if k < 0 {
 			return nil
 		}
-		m, err = db.messageAt(ctx, q, streamID, seq, seq)
+		rows, err := q.Query(ctx, `SELECT m.seq, m.ts, m.subject, m.hdr, m.data, m.cum_before FROM `+chunkTable(streamID, chunks[k].chunk)+
+			` m, jetgres.stream_state st WHERE st.stream_id = $2 AND m.seq = $1 AND m.seq >= st.first_seq AND m.seq <= st.last_seq AND `+notTombstoned("$2"),
+			int64(seq), streamID)
+		if err != nil {
+			if isUndefinedTable(err) {
+				return nil
+			}
+			return err
+		}
+		msgs, err := pgx.CollectRows(rows, scanMessage)
+		if len(msgs) > 0 {
+			m = &msgs[0]
+		}
 		return err
 	})
 	if err != nil {
 		return nil, fmt.Errorf("pg: get message: %w", err)
 	}
-	if m == nil || m.Seq != seq {
+	if m == nil {
 		return nil, ErrNotFound
 	}
 	return m, nil
 }
 
-// LastBySubject returns the newest message whose subject matches filter, or ErrNotFound.
+// LastBySubject returns the newest message whose subject matches filter, or ErrNotFound. It
+// looks through the chunks newest first, one statement each that reads the stream's bounds
+// too: the newest chunk answers a subject written lately in one round trip.
 func (db *DB) LastBySubject(ctx context.Context, streamID int64, filter string) (*Message, error) {
 	var m *Message
 	err := db.background(ctx, func(ctx context.Context, q querier) error {
-		first, last, err := streamBounds(ctx, q, streamID)
+		// The cached chunk list first; the stream's last sequence, read with the newest
+		// chunk, tells whether another replica opened chunks since.
+		chunks, err := db.chunks.list(ctx, q, streamID, 0)
 		if err != nil {
 			return err
 		}
-		m, err = db.lastMatching(ctx, q, streamID, filter, first, last)
-		return err
+		cond, arg := subjectMatch(filter, 1)
+		for i := len(chunks) - 1; i >= 0; i-- {
+			var first, last int64
+			var seq *int64
+			var found Message
+			var cum int64
+			err := q.QueryRow(ctx, `SELECT st.first_seq, st.last_seq, m.seq, COALESCE(m.ts, 0), COALESCE(m.subject, ''), m.hdr, m.data, COALESCE(m.cum_before, 0)
+				FROM jetgres.stream_state st LEFT JOIN LATERAL (SELECT seq, ts, subject, hdr, data, cum_before FROM `+chunkTable(streamID, chunks[i].chunk)+
+				` m WHERE `+cond+` AND seq >= st.first_seq AND seq <= st.last_seq AND `+notTombstoned("$2")+`
+				ORDER BY seq DESC LIMIT 1) m ON true WHERE st.stream_id = $2`, arg, streamID).
+				Scan(&first, &last, &seq, &found.TS, &found.Subject, &found.Header, &found.Data, &cum)
+			if err != nil {
+				if isUndefinedTable(err) {
+					return nil
+				}
+				return err
+			}
+			if i == len(chunks)-1 {
+				newer, err := db.chunks.list(ctx, q, streamID, uint64(last))
+				if err != nil {
+					return err
+				}
+				if len(newer) > 0 && newer[len(newer)-1].chunk != chunks[i].chunk {
+					chunks, i = newer, len(newer)
+					continue
+				}
+			}
+			if seq != nil {
+				found.Seq, found.cumBefore = uint64(*seq), uint64(cum)
+				m = &found
+				return nil
+			}
+			if chunks[i].firstSeq <= uint64(first) {
+				return nil
+			}
+		}
+		return nil
 	})
 	if err != nil {
 		return nil, fmt.Errorf("pg: last by subject: %w", err)

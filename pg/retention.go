@@ -353,17 +353,76 @@ func scanLiveRow(r pgx.CollectableRow) (liveRow, error) {
 	return lr, err
 }
 
-// PruneMsgIDs forgets a stream's de-duplication ids recorded before cutoff (unix ns): they
-// are outside the duplicate window and can no longer match.
+// PruneMsgIDs forgets a stream's de-duplication ids recorded before cutoff (unix ns), which
+// are outside the duplicate window and can no longer match, by dropping the id buckets that
+// hold nothing newer; it returns how many it dropped. Ids are never deleted one by one, so
+// id handling leaves no dead tuples. A bucket followed by one opened at or before cutoff
+// holds only older ids; the newest bucket, which an idle stream keeps, is read to be sure
+// once its first id is older than cutoff. The stream's state row is locked first, as an
+// append locks it before it lists the buckets to read: no append can be reading a bucket
+// this drops, and a drop that would wait long gives up until the next prune.
 func (db *DB) PruneMsgIDs(ctx context.Context, id int64, cutoff int64) (int64, error) {
 	var n int64
-	err := db.background(ctx, func(ctx context.Context, q querier) error {
-		tag, err := q.Exec(ctx, `DELETE FROM jetgres.msg_ids WHERE stream_id = $1 AND ts < $2`, id, cutoff)
-		n = tag.RowsAffected()
-		return err
+	err := db.backgroundTx(ctx, func(ctx context.Context, q querier) error {
+		if _, err := q.Exec(ctx, fmt.Sprintf(`SET LOCAL lock_timeout = %d`, ChunkDropLockTimeout.Milliseconds())); err != nil {
+			return err
+		}
+		rows, err := q.Query(ctx, `SELECT k.bucket, k.next_ts IS NULL FROM jetgres.stream_state st, LATERAL (
+				SELECT b.bucket, b.first_ts, lead(b.first_ts) OVER (ORDER BY b.bucket) AS next_ts
+				FROM jetgres.id_buckets b WHERE b.stream_id = st.stream_id) k
+			WHERE st.stream_id = $1 AND (k.next_ts <= $2 OR k.next_ts IS NULL AND k.first_ts <= $2)
+			ORDER BY k.bucket
+			FOR UPDATE OF st`, id, cutoff)
+		if err != nil {
+			return err
+		}
+		type candidate struct {
+			bucket int64
+			newest bool
+		}
+		cands, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (candidate, error) {
+			var c candidate
+			err := r.Scan(&c.bucket, &c.newest)
+			return c, err
+		})
+		if err != nil {
+			return err
+		}
+		var drop []int64
+		for _, c := range cands {
+			if c.newest {
+				var live bool
+				if err := q.QueryRow(ctx, `SELECT EXISTS (SELECT FROM `+idBucketTable(id, c.bucket)+` WHERE ts > $1)`, cutoff).Scan(&live); err != nil {
+					return err
+				}
+				if live {
+					continue
+				}
+			}
+			if _, err := q.Exec(ctx, `DROP TABLE IF EXISTS `+idBucketTable(id, c.bucket)); err != nil {
+				return err
+			}
+			drop = append(drop, c.bucket)
+		}
+		if len(drop) > 0 {
+			if _, err := q.Exec(ctx, `DELETE FROM jetgres.id_buckets WHERE stream_id = $1 AND bucket = ANY($2)`, id, drop); err != nil {
+				return err
+			}
+		}
+		n = int64(len(drop))
+		return nil
 	})
+	if isLockTimeout(err) {
+		return 0, nil
+	}
 	if err != nil {
 		return 0, fmt.Errorf("pg: prune message ids: %w", err)
 	}
 	return n, nil
+}
+
+// idBucketTable is the quoted, schema-qualified name of a de-duplication id bucket, as
+// jetgres.id_bucket_table spells it in SQL. Only numbers go into it.
+func idBucketTable(streamID, bucket int64) string {
+	return pgx.Identifier{"jetgres", fmt.Sprintf("ids_%d_%d", streamID, bucket)}.Sanitize()
 }

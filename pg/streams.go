@@ -114,6 +114,14 @@ func (db *DB) DeleteStream(ctx context.Context, id int64) error {
 		if err != nil {
 			return err
 		}
+		rows, err = q.Query(ctx, `SELECT bucket FROM jetgres.id_buckets WHERE stream_id = $1`, id)
+		if err != nil {
+			return err
+		}
+		buckets, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+		if err != nil {
+			return err
+		}
 		tag, err := q.Exec(ctx, `DELETE FROM jetgres.streams WHERE id = $1`, id)
 		if err != nil {
 			return err
@@ -126,11 +134,17 @@ func (db *DB) DeleteStream(ctx context.Context, id int64) error {
 				return err
 			}
 		}
+		for _, b := range buckets {
+			if _, err := q.Exec(ctx, `DROP TABLE IF EXISTS `+idBucketTable(id, b)); err != nil {
+				return err
+			}
+		}
 		return nil
 	})
 	if err == nil {
 		db.chunks.forget(id)
 		db.tails.forget(id)
+		db.subjects.forget(id)
 	}
 	if err != nil && !errors.Is(err, ErrNotFound) {
 		return fmt.Errorf("pg: delete stream: %w", err)

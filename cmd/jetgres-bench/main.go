@@ -70,6 +70,8 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.IntVar(&cfg.Size, "size", bench.SizeDefault, "payload size in bytes (at least 8)")
 	fs.DurationVar(&cfg.Duration, "duration", 0, fmt.Sprintf("time limit of each timed phase (default %s, 2s with --quick)", bench.DurationDefault))
 	fs.IntVar(&cfg.Window, "window", bench.WindowDefault, "async publish window: PubAcks outstanding at once")
+	fs.IntVar(&cfg.NatsBenchMsgs, "natsbench-msgs", 0, fmt.Sprintf("messages of each nats bench throughput run; its runs of one operation at a time move a tenth (default %d, %s with --quick)", bench.NatsBenchMsgsDefault, "2000"))
+	fs.StringVar(&cfg.SynchronousCommit, "synchronous-commit", "on", "--synchronous-commit of the in-process jetgres (on or off), or the one the jetgres given by --url runs with; the natsbench section measures both")
 	fs.BoolVar(&cfg.Quick, "quick", false, "a CI-sized smoke run of every section, well under a minute")
 	fs.StringVar(&only, "only", strings.Join(bench.Sections, ","), "comma-separated sections to run: "+strings.Join(bench.Sections, ", "))
 	fs.StringVar(&cfg.DatabaseURL, "database-url", "", "a running PostgreSQL (Unix socket or loopback) instead of a private cluster in a temporary directory")

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/jetgres/jetgres/bridge"
+	"github.com/jetgres/jetgres/embedded/localpg"
 	"github.com/jetgres/jetgres/flow"
 	"github.com/jetgres/jetgres/pg"
 )
@@ -22,10 +23,12 @@ type config struct {
 	HTTP             string
 	DataDir          string
 	DatabaseURL      string
+	PGFailedStarts   int
 	LogFormat        string
 	LogLevel         string
 	PoolSize         int
 	StmtTimeout      time.Duration
+	SyncCommit       string
 	PushLimitInit    int
 	PushLimitMin     int
 	PushLimitMax     int
@@ -43,6 +46,8 @@ type config struct {
 	ReadyFile        string
 	ReadyStall       time.Duration
 	ShutdownTimeout  time.Duration
+
+	SubjectIndexBytes int
 
 	// NATS client security.
 	NATSConfig string
@@ -71,10 +76,12 @@ func (c *config) settings() []setting {
 		{"http", envOf("http"), "address for /metrics, /healthz and /readyz (port 0 picks a free one)", &c.HTTP, "127.0.0.1:8080"},
 		{"data-dir", envOf("data-dir"), "directory for local state; the private PostgreSQL cluster lives in <data-dir>/pg", &c.DataDir, "./jetgres-data"},
 		{"database-url", append(envOf("database-url"), "DATABASE_URL"), "PostgreSQL URL or DSN; empty runs a private cluster in <data-dir>/pg", &c.DatabaseURL, ""},
+		{"pg-start-failures", envOf("pg-start-failures"), "restarts of the private PostgreSQL that may fail in a row before jetgres gives up and exits", &c.PGFailedStarts, localpg.DefaultMaxFailedStarts},
 		{"log-format", envOf("log-format"), "log format: text or json", &c.LogFormat, "text"},
 		{"log-level", envOf("log-level"), "log level: debug, info, warn or error", &c.LogLevel, "info"},
 		{"pool-size", envOf("pool-size"), "maximum PostgreSQL connections", &c.PoolSize, int(pg.MaxConnsDefault)},
 		{"stmt-timeout", envOf("stmt-timeout"), "statement timeout for hot-path SQL", &c.StmtTimeout, pg.StmtTimeoutDefault},
+		{"synchronous-commit", envOf("synchronous-commit"), "PostgreSQL synchronous_commit of publish and cursor transactions: on waits for the WAL flush before acknowledging; off acknowledges first, and a PostgreSQL or operating-system crash can lose the last 3 × wal_writer_delay (600 ms by default) of acknowledged publishes", &c.SyncCommit, "on"},
 		{"push-limit-init", envOf("push-limit-init"), "initial Vegas limit of the push (publish) lane, and of the ack (cursor write) lane", &c.PushLimitInit, flow.PushInitDefault},
 		{"push-limit-min", envOf("push-limit-min"), "minimum Vegas limit of the push and ack lanes", &c.PushLimitMin, flow.PushMinDefault},
 		{"push-limit-max", envOf("push-limit-max"), "maximum Vegas limit of the push and ack lanes", &c.PushLimitMax, flow.PushMaxDefault},
@@ -88,6 +95,7 @@ func (c *config) settings() []setting {
 		{"intake-bytes", envOf("intake-bytes"), "per-stream bound on publishes waiting for their transaction; beyond it publishes are rejected at once", &c.IntakeBytes, bridge.IntakeBytesDefault},
 		{"intake-total-bytes", envOf("intake-total-bytes"), "bound on publishes waiting for their transaction over all streams together; beyond it publishes are rejected at once", &c.IntakeTotalBytes, bridge.IntakeTotalBytesDefault},
 		{"tail-total-bytes", envOf("tail-total-bytes"), "bound on the tail caches of all streams together (each stream's own is 16 MiB); beyond it a growing cache evicts its oldest messages", &c.TailTotalBytes, bridge.TailTotalBytesDefault},
+		{"subject-index-bytes", envOf("subject-index-bytes"), "bound on the in-memory index of the last sequence per subject (key-value keys among them) that gets are answered from; beyond it subjects are evicted and read back from PostgreSQL on their next get", &c.SubjectIndexBytes, bridge.SubjectIndexBytesDefault},
 		{"replica-name", envOf("replica-name"), "this replica's name in consumer leases; stable across restarts, unique among replicas (empty: <host>:<NATS port>)", &c.ReplicaName, ""},
 		{"ready-file", envOf("ready-file"), "once ready, write the bound NATS and HTTP addresses to this file as JSON", &c.ReadyFile, ""},
 		{"ready-stall", envOf("ready-stall"), "/readyz answers 503 once the oldest publish transaction in flight has run this long (a commit hung on a lock or a saturated disk)", &c.ReadyStall, 10 * time.Second},
@@ -223,6 +231,9 @@ func (c *config) validate() error {
 	if c.StmtTimeout <= 0 {
 		errs = append(errs, fmt.Errorf("--stmt-timeout: %v is not positive", c.StmtTimeout))
 	}
+	if c.SyncCommit != "on" && c.SyncCommit != "off" {
+		errs = append(errs, fmt.Errorf("--synchronous-commit: %q is neither on nor off", c.SyncCommit))
+	}
 	if c.TickPeriod <= 0 {
 		errs = append(errs, fmt.Errorf("--tick-period: %v is not positive", c.TickPeriod))
 	}
@@ -237,6 +248,12 @@ func (c *config) validate() error {
 	}
 	if c.TailTotalBytes < 1 {
 		errs = append(errs, fmt.Errorf("--tail-total-bytes: %d is not positive", c.TailTotalBytes))
+	}
+	if c.PGFailedStarts < 1 {
+		errs = append(errs, fmt.Errorf("--pg-start-failures: %d is not positive", c.PGFailedStarts))
+	}
+	if c.SubjectIndexBytes < 1 {
+		errs = append(errs, fmt.Errorf("--subject-index-bytes: %d is not positive", c.SubjectIndexBytes))
 	}
 	if c.ReadyStall <= 0 {
 		errs = append(errs, fmt.Errorf("--ready-stall: %v is not positive", c.ReadyStall))

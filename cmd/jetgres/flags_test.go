@@ -30,10 +30,12 @@ func TestEnvironmentVariables(t *testing.T) {
 		"http":               {"JETGRES_HTTP"},
 		"data-dir":           {"JETGRES_DATA_DIR"},
 		"database-url":       {"JETGRES_DATABASE_URL", "DATABASE_URL"},
+		"pg-start-failures":  {"JETGRES_PG_START_FAILURES"},
 		"log-format":         {"JETGRES_LOG_FORMAT"},
 		"log-level":          {"JETGRES_LOG_LEVEL"},
 		"pool-size":          {"JETGRES_POOL_SIZE"},
 		"stmt-timeout":       {"JETGRES_STMT_TIMEOUT"},
+		"synchronous-commit": {"JETGRES_SYNCHRONOUS_COMMIT"},
 		"push-limit-init":    {"JETGRES_PUSH_LIMIT_INIT"},
 		"push-limit-min":     {"JETGRES_PUSH_LIMIT_MIN"},
 		"push-limit-max":     {"JETGRES_PUSH_LIMIT_MAX"},
@@ -58,6 +60,8 @@ func TestEnvironmentVariables(t *testing.T) {
 		"tls-key":            {"JETGRES_TLS_KEY"},
 		"tls-ca":             {"JETGRES_TLS_CA"},
 		"tls-verify":         {"JETGRES_TLS_VERIFY"},
+
+		"subject-index-bytes": {"JETGRES_SUBJECT_INDEX_BYTES"},
 	}
 	var c config
 	seen := map[string]bool{}
@@ -152,7 +156,7 @@ func TestParseConfigPrecedence(t *testing.T) {
 	}{
 		{"default", nil, envMap(),
 			func(c config) bool {
-				return c.Listen == "0.0.0.0:4222" && c.StmtTimeout == 30*time.Second && c.DatabaseURL == ""
+				return c.Listen == "0.0.0.0:4222" && c.StmtTimeout == 30*time.Second && c.DatabaseURL == "" && c.SyncCommit == "on"
 			}},
 		{"env over default", nil, envMap("JETGRES_LISTEN", "127.0.0.1:1", "JETGRES_VEGAS_BETA", "7.5"),
 			func(c config) bool { return c.Listen == "127.0.0.1:1" && c.VegasBeta == 7.5 }},
@@ -164,6 +168,8 @@ func TestParseConfigPrecedence(t *testing.T) {
 			func(c config) bool { return c.DatabaseURL == "postgres://c/d" }},
 		{"empty variable counts as unset", nil, envMap("JETGRES_DATABASE_URL", "", "DATABASE_URL", "postgres://a/b"),
 			func(c config) bool { return c.DatabaseURL == "postgres://a/b" }},
+		{"synchronous commit from the environment", nil, envMap("JETGRES_SYNCHRONOUS_COMMIT", "off"),
+			func(c config) bool { return c.SyncCommit == "off" }},
 		{"single dash flag", []string{"-stmt-timeout=5s"}, envMap(),
 			func(c config) bool { return c.StmtTimeout == 5*time.Second }},
 		{"security from the environment", nil, envMap("JETGRES_USER", "app", "JETGRES_PASSWORD", "$2a$11$x",
@@ -197,6 +203,7 @@ func TestParseConfigErrorsNameTheSource(t *testing.T) {
 		{"bad env value", nil, envMap("JETGRES_POOL_SIZE", "many"), "JETGRES_POOL_SIZE"},
 		{"bad log format", []string{"--log-format", "xml"}, envMap(), "--log-format"},
 		{"bad log level", []string{"--log-level", "loud"}, envMap(), "--log-level"},
+		{"bad synchronous commit", []string{"--synchronous-commit", "local"}, envMap(), "--synchronous-commit"},
 		{"bad listen", []string{"--listen", "4222"}, envMap(), "--listen"},
 		{"zero pool", []string{"--pool-size", "0"}, envMap(), "--pool-size"},
 		{"stray argument", []string{"extra"}, envMap(), "extra"},

@@ -46,6 +46,9 @@ func (n *node) notReady(ctx context.Context) string {
 		return "nats: leafnode link closed"
 	default:
 	}
+	if n.cluster != nil && !n.cluster.Up() {
+		return "postgresql: the private server is restarting"
+	}
 	// A hung commit leaves the ping below answering: only the age of the oldest publish
 	// transaction shows that every publish is timing out.
 	if age := n.bridge.OldestFlush(time.Now()); age > n.cfg.ReadyStall {

@@ -5,6 +5,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/jetgres/jetgres/embedded/leaf"
+	"github.com/jetgres/jetgres/embedded/localpg"
 	"github.com/jetgres/jetgres/flow"
 	"github.com/jetgres/jetgres/pg"
 )
@@ -129,6 +130,10 @@ var poolMetrics = []statMetric[pg.Stats]{
 		prometheus.CounterValue, func(s pg.Stats) float64 { return float64(s.AcquireTimeouts) }},
 	{"destroyed_conns_total", "Connections destroyed after a timeout, a cancellation or a broken state.",
 		prometheus.CounterValue, func(s pg.Stats) float64 { return float64(s.Destroyed) }},
+	{"stale_retries_total", "Calls retried on a fresh connection because the pooled one was dead before use.",
+		prometheus.CounterValue, func(s pg.Stats) float64 { return float64(s.StaleRetries) }},
+	{"subject_index_dropped_total", "Subject indexes of per-subject-limited streams dropped for going past their row bound.",
+		prometheus.CounterValue, func(s pg.Stats) float64 { return float64(s.SubjectIndexDropped) }},
 }
 
 var leafMetrics = []statMetric[leaf.Stats]{
@@ -144,4 +149,23 @@ var leafMetrics = []statMetric[leaf.Stats]{
 		prometheus.CounterValue, func(s leaf.Stats) float64 { return float64(s.Dropped) }},
 	{"slow_consumer_total", "Publishes refused because the link's write buffer was full.",
 		prometheus.CounterValue, func(s leaf.Stats) float64 { return float64(s.SlowConsumer) }},
+}
+
+// clusterCollectors report on the private PostgreSQL's supervision.
+func clusterCollectors(c *localpg.Cluster) []prometheus.Collector {
+	return []prometheus.Collector{
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "jetgres_private_postgres_up",
+			Help: "1 while the private PostgreSQL runs and accepts connections, 0 while it is being restarted.",
+		}, func() float64 {
+			if c.Up() {
+				return 1
+			}
+			return 0
+		}),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "jetgres_private_postgres_restarts_total",
+			Help: "Restarts of the private PostgreSQL after it exited on its own.",
+		}, func() float64 { return float64(c.Restarts()) }),
+	}
 }

@@ -108,7 +108,8 @@ func (n *node) start(ctx context.Context) error {
 	if dsn == "" {
 		dir := filepath.Join(cfg.DataDir, "pg")
 		n.log.Info("starting private PostgreSQL", "data_dir", dir)
-		n.cluster, err = localpg.Start(ctx, localpg.Config{DataDir: dir, Logger: n.log})
+		n.cluster, err = localpg.Start(ctx, localpg.Config{DataDir: dir, Logger: n.log,
+			Restart: true, MaxFailedStarts: cfg.PGFailedStarts})
 		var access *localpg.AccessError
 		if errors.As(err, &access) {
 			return fmt.Errorf("private PostgreSQL in %s: it runs as OS user %q, which cannot enter %s (mode %04o): "+
@@ -121,16 +122,22 @@ func (n *node) start(ctx context.Context) error {
 		n.onStop("private PostgreSQL", func(context.Context) error {
 			ctx, cancel := context.WithTimeout(context.Background(), privateClusterStopTimeout)
 			defer cancel()
-			return n.cluster.Stop(ctx)
+			if err := n.cluster.Stop(ctx); err != nil && n.cluster.Err() == nil {
+				return err
+			}
+			// A cluster that could not come back has said why once, through wait.
+			return nil
 		})
 		dsn = n.cluster.DSN()
+		n.reg.MustRegister(clusterCollectors(n.cluster)...)
 	}
 
 	n.db, err = pg.Open(ctx, pg.Config{
-		URL:         dsn,
-		MaxConns:    int32(cfg.PoolSize),
-		StmtTimeout: cfg.StmtTimeout,
-		Logger:      n.log.With("component", "pg"),
+		URL:               dsn,
+		MaxConns:          int32(cfg.PoolSize),
+		StmtTimeout:       cfg.StmtTimeout,
+		SynchronousCommit: cfg.SyncCommit,
+		Logger:            n.log.With("component", "pg"),
 	})
 	if err != nil {
 		return fmt.Errorf("connect to PostgreSQL: %w", err)
@@ -180,6 +187,8 @@ func (n *node) start(ctx context.Context) error {
 		CursorInterval:   cfg.CursorInterval,
 		ReplicaName:      replicaName(cfg.ReplicaName, n.nats.NATSServer().Addr().(*net.TCPAddr).Port),
 		MaxPayload:       n.nats.MaxPayload(),
+
+		SubjectIndexBytes: cfg.SubjectIndexBytes,
 	})
 	if err != nil {
 		return err
@@ -303,7 +312,9 @@ func writeReadyFile(path, natsURL, httpAddr string) error {
 }
 
 // wait blocks until a signal or until a component that must stay up fails. jetgres cannot
-// serve without any of them, so it exits and leaves the restart to its supervisor.
+// serve without any of them, so it exits and leaves the restart to its supervisor. The
+// private PostgreSQL counts as failed only once it cannot come back: localpg restarts it
+// while it can, and publishes are answered 503 meanwhile, as for an external database.
 func (n *node) wait(ctx context.Context) error {
 	var clusterDone <-chan struct{} // nil, so never ready, with --database-url
 	if n.cluster != nil {
@@ -318,7 +329,7 @@ func (n *node) wait(ctx context.Context) error {
 	case <-n.link.Done():
 		return ended("leafnode link to the NATS server closed", n.link.Err())
 	case <-clusterDone:
-		return ended("private PostgreSQL exited", n.cluster.Err())
+		return ended("private PostgreSQL cannot come back", n.cluster.Err())
 	}
 }
 

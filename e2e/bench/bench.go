@@ -16,7 +16,6 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 
 	"github.com/jetgres/jetgres/embedded/localpg"
-	"github.com/jetgres/jetgres/flow"
 	"github.com/jetgres/jetgres/internal/jstwin"
 	"github.com/jetgres/jetgres/pg/pgtest"
 )
@@ -82,7 +81,7 @@ func Run(ctx context.Context, cfg Config) (rep *Report, err error) {
 	}
 	sections := map[string]func(context.Context){
 		SectionPub: r.runPub, SectionFetch: r.runFetch, SectionPush: r.runPush, SectionLatency: r.runLatency,
-		SectionOverload: r.runOverload,
+		SectionOverload: r.runOverload, SectionNatsBench: r.runNatsBench,
 	}
 	for _, s := range Sections {
 		if !cfg.runs(s) {
@@ -101,7 +100,7 @@ func Run(ctx context.Context, cfg Config) (rep *Report, err error) {
 		}
 		r.rep.Statements = sts
 	}
-	r.rep.Goals = goals(r.rep)
+	r.rep.Goals = append(goals(r.rep), natsBenchGoals(r.rep.NatsBench)...)
 	return r.rep, nil
 }
 
@@ -191,22 +190,11 @@ func (r *runner) start(ctx context.Context) (func() error, error) {
 	r.prog.phase("starting jetgres and JetStream", 0, 0)
 	jg := &target{name: TargetJetgres, url: r.cfg.URL}
 	if jg.url == "" {
-		push, err := flow.NewLane("push", flow.Options{Init: flow.PushInitDefault, Min: flow.PushMinDefault,
-			Max: flow.PushMaxDefault, Alpha: flow.AlphaDefault, Beta: flow.BetaDefault})
+		push, pop, ack, err := defaultLanes()
 		if err != nil {
 			return stop, err
 		}
-		pop, err := flow.NewLane("pop", flow.Options{Init: flow.PopInitDefault, Min: flow.PopMinDefault,
-			Max: flow.PopMaxDefault, Alpha: flow.AlphaDefault, Beta: flow.BetaDefault})
-		if err != nil {
-			return stop, err
-		}
-		ack, err := flow.NewLane("ack", flow.Options{Init: flow.PushInitDefault, Min: flow.PushMinDefault,
-			Max: flow.PushMaxDefault, Alpha: flow.AlphaDefault, Beta: flow.BetaDefault})
-		if err != nil {
-			return stop, err
-		}
-		node, err := startJetgres(ctx, r.dsn, push, pop, ack, r.log)
+		node, err := startJetgres(ctx, r.dsn, r.cfg.SynchronousCommit, push, pop, ack, r.log)
 		if err != nil {
 			return stop, err
 		}

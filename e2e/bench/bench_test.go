@@ -72,6 +72,7 @@ func TestQuickRun(t *testing.T) {
 	if len(rep.Goals) == 0 {
 		t.Error("no goal was checked")
 	}
+	checkNatsBench(t, rep.NatsBench)
 	// The private cluster preloads pg_stat_statements, and the naive baseline's INSERT is
 	// among the statements it ran most.
 	if !slices.ContainsFunc(rep.Statements, func(s Statement) bool {
@@ -106,7 +107,7 @@ func TestQuickRun(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"## Machine", "## Results", "## Goals", "## Overload", "## Plots", "go run ./cmd/jetgres-bench --quick"} {
+	for _, want := range []string{"## Machine", "## Results", "## Goals", "## Overload", "## nats bench", "## Plots", "go run ./cmd/jetgres-bench --quick"} {
 		if !strings.Contains(string(md), want) {
 			t.Errorf("BENCHMARKS.md has no %q", want)
 		}
@@ -167,5 +168,34 @@ func checkLatency(t *testing.T, what string, s LatencySummary) {
 	}
 	if !(s.P50us > 0 && s.P50us <= s.P99us && s.P99us <= s.MaxUs) {
 		t.Errorf("%s: p50 %.0f µs, p99 %.0f µs, max %.0f µs are not ordered", what, s.P50us, s.P99us, s.MaxUs)
+	}
+}
+
+// checkNatsBench checks that nats bench ran every command against every target, or says why
+// the section was skipped.
+func checkNatsBench(t *testing.T, nb *NatsBench) {
+	t.Helper()
+	switch {
+	case nb == nil:
+		t.Error("the nats bench section did not run")
+		return
+	case nb.Skipped != "":
+		t.Logf("nats bench skipped: %s", nb.Skipped)
+		return
+	case nb.CLIVersion == "":
+		t.Error("nats bench: the natscli version is not named")
+	}
+	for _, target := range natsBenchTargets {
+		for _, run := range natsBenchRuns() {
+			res, ok := nb.result(run.name, max(run.clients, 1), target)
+			switch {
+			case !ok:
+				t.Errorf("nats bench %s (%d clients) on %s: no result", run.name, max(run.clients, 1), target)
+			case !(res.MsgsPerSec > 0):
+				t.Errorf("nats bench %s on %s: %v msg/s", run.name, target, res.MsgsPerSec)
+			case run.perOp && !(res.P50us > 0 && res.P50us <= res.P99us):
+				t.Errorf("nats bench %s on %s: p50 %v µs, p99 %v µs", run.name, target, res.P50us, res.P99us)
+			}
+		}
 	}
 }

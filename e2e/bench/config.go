@@ -19,10 +19,12 @@ const (
 	SectionPush     = "push"
 	SectionLatency  = "latency"
 	SectionOverload = "overload"
+	// SectionNatsBench runs natscli's nats bench (natsbench.go).
+	SectionNatsBench = "natsbench"
 )
 
 // Sections lists every section, in run order.
-var Sections = []string{SectionPub, SectionFetch, SectionPush, SectionLatency, SectionOverload}
+var Sections = []string{SectionPub, SectionFetch, SectionPush, SectionLatency, SectionOverload, SectionNatsBench}
 
 // Defaults of a full run. A quick run (Config.Quick) scales them down to a CI-sized smoke run.
 const (
@@ -51,6 +53,8 @@ const (
 const (
 	quickMsgs     = 20_000
 	quickDuration = 2 * time.Second
+	// quickNatsBenchMsgs is NatsBenchMsgs in a quick run.
+	quickNatsBenchMsgs = 2_000
 )
 
 // Config configures Run. The zero value of every field means its default.
@@ -65,6 +69,14 @@ type Config struct {
 	Duration time.Duration
 	// Window is the async publish window. Defaults to WindowDefault.
 	Window int
+	// NatsBenchMsgs is the message count of nats bench's throughput runs; its runs of one
+	// operation at a time move a tenth of it. Defaults to NatsBenchMsgsDefault, or 2,000 in a
+	// quick run.
+	NatsBenchMsgs int
+	// SynchronousCommit is the --synchronous-commit of the in-process jetgres ("on" or
+	// "off"), or the one the jetgres given by URL runs with. Defaults to "on". The nats bench
+	// section measures jetgres in both modes whatever it is.
+	SynchronousCommit string
 	// Quick shrinks everything to a smoke run that checks the machinery, not the numbers.
 	Quick bool
 	// Only lists the sections to run. Defaults to all of Sections.
@@ -106,6 +118,15 @@ func (c *Config) setDefaults() error {
 	if c.Window == 0 {
 		c.Window = WindowDefault
 	}
+	if c.NatsBenchMsgs == 0 {
+		c.NatsBenchMsgs = NatsBenchMsgsDefault
+		if c.Quick {
+			c.NatsBenchMsgs = quickNatsBenchMsgs
+		}
+	}
+	if c.SynchronousCommit == "" {
+		c.SynchronousCommit = "on"
+	}
 	if len(c.Only) == 0 {
 		c.Only = Sections
 	}
@@ -124,6 +145,12 @@ func (c *Config) setDefaults() error {
 	}
 	if c.Window < 1 || c.Window > 100_000 {
 		errs = append(errs, fmt.Errorf("Config.Window is %d, must be within [1, 100000]", c.Window))
+	}
+	if c.NatsBenchMsgs < 1 {
+		errs = append(errs, fmt.Errorf("Config.NatsBenchMsgs is %d, must be at least 1", c.NatsBenchMsgs))
+	}
+	if c.SynchronousCommit != "on" && c.SynchronousCommit != "off" {
+		errs = append(errs, fmt.Errorf("Config.SynchronousCommit is %q, must be on or off", c.SynchronousCommit))
 	}
 	for _, s := range c.Only {
 		if !slices.Contains(Sections, s) {

@@ -113,7 +113,7 @@ which on a shared machine matters more than any absolute number.
 
 	if len(rep.Overload) > 0 {
 		fmt.Fprint(w, "## Overload\n\n")
-		fmt.Fprintf(w, "Closed-loop synchronous publishers spread over %d streams. A target's capacity is its throughput with %d publishers; n publishers offer n ÷ (lone publish p50) messages per second, and the load levels choose n to offer 1× to 10× of capacity; a last level runs %d publishers. The fixed run is jetgres with both lanes held at %d permits instead of the Vegas limiter, at the same publisher counts.\n\n",
+		fmt.Fprintf(w, "Closed-loop synchronous publishers spread over %d streams. A target's capacity is its throughput with %d publishers; n publishers offer n ÷ (lone publish p50) messages per second, and the load levels choose n to offer 1× to 10× of the first target's capacity, every target running the same n at each level; a last level runs %d publishers. The fixed run is jetgres with both lanes held at %d permits instead of the Vegas limiter, at the same publisher counts.\n\n",
 			s.OverloadStreams, calibrationPublishers, MaxPublishers, FixedConcurrency)
 		var cal [][]string
 		for _, ov := range rep.Overload {
@@ -121,6 +121,17 @@ which on a shared machine matters more than any absolute number.
 		}
 		mdTable(w, []string{"target", "lone publish p50", "capacity, msg/s", "peak, msg/s"}, cal)
 		mdTable(w, overloadHeader, rep.overloadRows())
+	}
+
+	if nb := rep.NatsBench; nb != nil {
+		fmt.Fprint(w, "## nats bench\n\n")
+		if nb.Skipped != "" {
+			fmt.Fprintf(w, "Skipped: %s.\n\n", nb.Skipped)
+		} else {
+			fmt.Fprintf(w, "natscli's own benchmark, `nats bench` (natscli %s), run as a user would run it against each target, one target after another: %d messages of %d B for the asynchronous publish and the consumers, %d for the runs of one operation at a time and for every run of JetStream sync_always, whose fsync per message makes it the slowest writer by far. jetgres runs once with `--synchronous-commit on` (a PubAck after the WAL flush) and once with `off` (before it; see the README's Durability), on the same PostgreSQL. A cell is nats bench's aggregate msg/s and, where it times one operation at a time, that operation's p50; the ratio columns divide jetgres's msg/s by JetStream's (default sync).\n\n",
+				nb.CLIVersion, nb.Msgs, nb.Size, nb.SyncMsgs)
+			mdTable(w, natsBenchHeader(), nb.rows())
+		}
 	}
 
 	if len(rep.Statements) > 0 {

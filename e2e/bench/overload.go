@@ -42,17 +42,23 @@ func (r *runner) overloadStreams() int {
 // stepDuration is the measured part of one load level; a fifth of it runs before as warm-up.
 func (r *runner) stepDuration() time.Duration { return r.cfg.Duration / 2 }
 
-// runOverload sweeps every target from 1× to 10× of its capacity. For jetgres started
-// in-process it then starts a second node whose lanes are fixed at FixedConcurrency and
-// sweeps it with the same publisher counts, so the two differ only in the limiter.
+// runOverload sweeps the first target from 1× to 10× of its capacity, and every other
+// target with the same publisher counts, so that each level compares the targets under the
+// same number of clients. For jetgres started in-process it then starts a second node whose
+// lanes are fixed at FixedConcurrency and sweeps it with those counts too, so the two differ
+// only in the limiter.
 func (r *runner) runOverload(ctx context.Context) {
+	var first *Overload
 	for _, t := range r.targets {
-		ov, err := r.overload(ctx, t, nil)
+		ov, err := r.overload(ctx, t, nil, first)
 		if err != nil {
 			r.fail(SectionOverload, t, err)
 			continue
 		}
 		r.rep.Overload = append(r.rep.Overload, ov)
+		if first == nil {
+			first = &ov
+		}
 		if t.node == nil || t.name != TargetJetgres {
 			continue
 		}
@@ -61,7 +67,7 @@ func (r *runner) runOverload(ctx context.Context) {
 			r.fail(SectionOverload, &target{name: TargetJetgresFixed}, err)
 			continue
 		}
-		ovf, err := r.overload(ctx, fixed, &ov)
+		ovf, err := r.overload(ctx, fixed, &ov, nil)
 		if stopErr := fixed.node.stop(); stopErr != nil {
 			r.fail(SectionOverload, fixed, stopErr)
 		}
@@ -76,7 +82,7 @@ func (r *runner) runOverload(ctx context.Context) {
 // fixedTarget starts the jetgres node whose limiter is disabled: both lanes hold
 // FixedConcurrency permits whatever the round trips do.
 func (r *runner) fixedTarget(ctx context.Context) (*target, error) {
-	n, err := startJetgres(ctx, r.dsn, flow.NewFixed("push", FixedConcurrency), flow.NewFixed("pop", FixedConcurrency),
+	n, err := startJetgres(ctx, r.dsn, r.cfg.SynchronousCommit, flow.NewFixed("push", FixedConcurrency), flow.NewFixed("pop", FixedConcurrency),
 		flow.NewFixed("ack", FixedConcurrency), r.log)
 	if err != nil {
 		return nil, err
@@ -85,8 +91,10 @@ func (r *runner) fixedTarget(ctx context.Context) (*target, error) {
 }
 
 // overload runs one target's sweep. like, when set, is a sweep of the same system to copy
-// the load levels from, so that two configurations see identical publisher counts.
-func (r *runner) overload(ctx context.Context, t *target, like *Overload) (Overload, error) {
+// the calibration and load levels from, so that two configurations see identical publisher
+// counts. counts, when set, is another target's sweep to copy only the publisher counts
+// from: the target is still calibrated, but its levels keep the other's multiples.
+func (r *runner) overload(ctx context.Context, t *target, like, counts *Overload) (Overload, error) {
 	nstreams := r.overloadStreams()
 	subjects := make([]string, nstreams)
 	for i := range subjects {
@@ -151,9 +159,12 @@ func (r *runner) overload(ctx context.Context, t *target, like *Overload) (Overl
 	prev := 0
 	for i, k := range multiples {
 		var n int
-		if like != nil && i < len(like.Steps) {
+		switch {
+		case like != nil && i < len(like.Steps):
 			n = like.Steps[i].Publishers
-		} else {
+		case counts != nil && i < len(counts.Steps):
+			n = counts.Steps[i].Publishers
+		default:
 			// n publishers offer n / lone-latency messages per second if the target answered
 			// each as fast as when idle; pick n so that this is k × capacity.
 			n = int(math.Round(k * ov.Capacity * ov.LoneP50us / 1e6))

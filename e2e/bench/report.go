@@ -33,7 +33,9 @@ type Report struct {
 	Push     []PushResult  `json:"push,omitempty"`
 	Latency  []LatResult   `json:"latency,omitempty"`
 	Overload []Overload    `json:"overload,omitempty"`
-	Goals    []Goal        `json:"goals,omitempty"`
+	// NatsBench is what natscli's nats bench measured, when its section ran.
+	NatsBench *NatsBench `json:"nats_bench,omitempty"`
+	Goals     []Goal     `json:"goals,omitempty"`
 	// Statements are the statements PostgreSQL spent the most time on over the whole run,
 	// from pg_stat_statements, when the server has it.
 	Statements []Statement `json:"statements,omitempty"`
@@ -168,6 +170,30 @@ type OverloadStep struct {
 	Latency    LatencySummary `json:"latency"`
 	// PushLimit is the push lane's limit at the end of the step (jetgres in-process only).
 	PushLimit int `json:"push_limit,omitempty"`
+}
+
+// NatsBench is the nats bench section: the natscli it ran, its message counts, and a result
+// per command and target, or why it was skipped.
+type NatsBench struct {
+	CLIVersion string            `json:"cli_version,omitempty"`
+	Skipped    string            `json:"skipped,omitempty"`
+	Msgs       int               `json:"msgs"`
+	SyncMsgs   int               `json:"sync_msgs"`
+	Size       int               `json:"size"`
+	Results    []NatsBenchResult `json:"results,omitempty"`
+}
+
+// NatsBenchResult is one nats bench command against one target, as nats bench reports it:
+// the aggregate rate, and the latency percentiles of one operation (zero where it measures
+// none, or per batch).
+type NatsBenchResult struct {
+	Bench      string  `json:"bench"`
+	Clients    int     `json:"clients"`
+	Target     string  `json:"target"`
+	MsgsPerSec float64 `json:"msgs_per_sec"`
+	P50us      float64 `json:"p50_us,omitempty"`
+	P90us      float64 `json:"p90_us,omitempty"`
+	P99us      float64 `json:"p99_us,omitempty"`
 }
 
 // Goal is one of the targets issue #7 sets, checked against this run.

@@ -204,6 +204,13 @@ func (rep *Report) WriteText(w io.Writer) error {
 			line(cells)
 		}
 	}
+	if rows := rep.NatsBench.rows(); len(rows) > 0 {
+		fmt.Fprintln(tw)
+		line(natsBenchHeader())
+		for _, cells := range rows {
+			line(cells)
+		}
+	}
 	if err := tw.Flush(); err != nil {
 		return err
 	}

@@ -42,15 +42,33 @@ type jetgresNode struct {
 	reg *prometheus.Registry
 }
 
-// startJetgres starts a node on dsn whose bridge uses the given lanes.
-func startJetgres(ctx context.Context, dsn string, push, pop, ack *flow.Lane, log *slog.Logger) (_ *jetgresNode, err error) {
+// defaultLanes are the lanes `jetgres serve` makes with its default flags.
+func defaultLanes() (push, pop, ack *flow.Lane, err error) {
+	pushOpts := flow.Options{Init: flow.PushInitDefault, Min: flow.PushMinDefault, Max: flow.PushMaxDefault,
+		Alpha: flow.AlphaDefault, Beta: flow.BetaDefault}
+	if push, err = flow.NewLane("push", pushOpts); err != nil {
+		return nil, nil, nil, err
+	}
+	if pop, err = flow.NewLane("pop", flow.Options{Init: flow.PopInitDefault, Min: flow.PopMinDefault,
+		Max: flow.PopMaxDefault, Alpha: flow.AlphaDefault, Beta: flow.BetaDefault}); err != nil {
+		return nil, nil, nil, err
+	}
+	if ack, err = flow.NewLane("ack", pushOpts); err != nil {
+		return nil, nil, nil, err
+	}
+	return push, pop, ack, nil
+}
+
+// startJetgres starts a node on dsn whose transactions commit with synchronous_commit set to
+// commit ("on" or "off", as --synchronous-commit) and whose bridge uses the given lanes.
+func startJetgres(ctx context.Context, dsn, commit string, push, pop, ack *flow.Lane, log *slog.Logger) (_ *jetgresNode, err error) {
 	n := &jetgresNode{push: push, reg: prometheus.NewRegistry()}
 	defer func() {
 		if err != nil {
 			n.stop()
 		}
 	}()
-	n.db, err = pg.Open(ctx, pg.Config{URL: dsn, MaxConns: PoolSize, Logger: log.With("component", "pg")})
+	n.db, err = pg.Open(ctx, pg.Config{URL: dsn, MaxConns: PoolSize, SynchronousCommit: commit, Logger: log.With("component", "pg")})
 	if err != nil {
 		return nil, fmt.Errorf("jetgres: connect to PostgreSQL: %w", err)
 	}

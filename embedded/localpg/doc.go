@@ -24,6 +24,14 @@
 // shutdown and starts a fresh server. If another live process holds the lock, Start fails with
 // ErrInUse instead of touching its server.
 //
+// With Config.Restart the Cluster supervises its server, which is its child: when the server
+// dies (the OOM killer, a kill -9 of the postmaster), the supervisor knows at once, kills the
+// dead server's surviving children (a new postmaster must not start while they hold the old
+// shared memory), removes the stale pid file and starts the server again, which runs crash
+// recovery; a failed start is retried with exponential backoff. Up is false meanwhile. Done
+// is closed only when the server cannot come back: its data directory is gone, or
+// Config.MaxFailedStarts starts in a row failed.
+//
 // The server's log is not written to a file: its stderr is streamed to the Config.Logger, one
 // record per line (LOG, ERROR and the like at debug level, WARNING and FATAL at warn, PANIC at
 // error; the FATAL with which the fast shutdown that Stop begins ends each session is at debug),

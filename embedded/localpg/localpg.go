@@ -42,7 +42,23 @@ type Config struct {
 	// (listen_addresses, unix_socket_directories, unix_socket_permissions, port) and the logging
 	// settings localpg relies on are refused. Defaults to none.
 	Settings map[string]string
+
+	// Restart makes the Cluster supervise its server: when the server exits on its own (the
+	// OOM killer, a kill -9), it is restarted at once, crash recovery included, and again with
+	// exponential backoff while starts fail. Done is then closed only when the server cannot
+	// come back: its data directory is gone, or MaxFailedStarts starts in a row failed; Err
+	// says which. Without Restart, Done is closed when the server exits.
+	Restart bool
+
+	// MaxFailedStarts bounds the consecutive failed restarts before a supervised Cluster gives
+	// up. Defaults to DefaultMaxFailedStarts.
+	MaxFailedStarts int
 }
+
+// DefaultMaxFailedStarts is Config.MaxFailedStarts's default. With the backoff between starts
+// (restartBackoffMin doubling up to restartBackoffMax) it gives a failing server about a
+// minute to come back.
+const DefaultMaxFailedStarts = 10
 
 // Superuser and Database are the role and database jetgres uses in a local cluster.
 const (
@@ -64,14 +80,35 @@ type Cluster struct {
 	log     *slog.Logger
 	lock    *os.File
 
-	cmd      *exec.Cmd
-	exited   chan struct{} // closed when the postmaster has exited
-	exitErr  error         // set before exited is closed
-	logsDone chan struct{} // closed when the server's stderr reached EOF
+	restart         bool
+	maxFailedStarts int
+
+	mu   sync.Mutex
+	proc *proc // the server process running now, or the last one
+
+	up       atomic.Bool
+	restarts atomic.Int64
+
+	done     chan struct{} // closed when the server has exited for good
+	doneErr  error         // set before done is closed
+	doneOnce sync.Once
+
+	// superCtx ends when Stop begins; superDone is closed when the supervisor has returned.
+	superCtx    context.Context
+	superCancel context.CancelFunc
+	superDone   chan struct{}
 
 	stopping atomic.Bool // set when Stop begins, for logServer
 	stopOnce sync.Once
 	stopErr  error
+}
+
+// proc is one run of the postmaster.
+type proc struct {
+	cmd      *exec.Cmd
+	exited   chan struct{} // closed when the postmaster has exited
+	exitErr  error         // set before exited is closed
+	logsDone chan struct{} // closed when the server's stderr reached EOF
 }
 
 // Start returns a running cluster in cfg.DataDir, creating it on first use, or an error naming
@@ -97,7 +134,11 @@ func Start(ctx context.Context, cfg Config) (*Cluster, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	c := &Cluster{dataDir: dataDir, log: log}
+	c := &Cluster{dataDir: dataDir, log: log, restart: cfg.Restart, maxFailedStarts: cfg.MaxFailedStarts,
+		done: make(chan struct{}), superDone: make(chan struct{})}
+	if c.maxFailedStarts <= 0 {
+		c.maxFailedStarts = DefaultMaxFailedStarts
+	}
 	if c.user, err = resolveUser(cfg.User); err != nil {
 		return nil, fmt.Errorf("localpg: %w", err)
 	}
@@ -131,6 +172,9 @@ func Start(ctx context.Context, cfg Config) (*Cluster, error) {
 		c.releaseLock()
 		return nil, fmt.Errorf("localpg: %w", err)
 	}
+	c.up.Store(true)
+	c.superCtx, c.superCancel = context.WithCancel(context.Background())
+	go c.supervise()
 	return c, nil
 }
 
@@ -160,17 +204,39 @@ func (c *Cluster) DSN() string {
 // SocketDir is the directory holding the server's Unix socket (the data directory).
 func (c *Cluster) SocketDir() string { return c.dataDir }
 
-// Done is closed when the server process has exited, whether stopped or crashed.
-func (c *Cluster) Done() <-chan struct{} { return c.exited }
+// Done is closed when the server has exited for good: stopped, crashed without Config.Restart,
+// or unable to come back with it.
+func (c *Cluster) Done() <-chan struct{} { return c.done }
 
-// Err is the server's exit status once Done is closed, and nil before.
+// Err is, once Done is closed, the server's exit status or why it cannot come back; nil
+// before, and after a Stop.
 func (c *Cluster) Err() error {
 	select {
-	case <-c.exited:
-		return c.exitErr
+	case <-c.done:
+		return c.doneErr
 	default:
 		return nil
 	}
+}
+
+// Up reports whether the server runs and accepts connections; false while a supervised
+// server is being restarted.
+func (c *Cluster) Up() bool { return c.up.Load() }
+
+// Restarts counts the successful restarts of a supervised server.
+func (c *Cluster) Restarts() int64 { return c.restarts.Load() }
+
+func (c *Cluster) current() *proc {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.proc
+}
+
+func (c *Cluster) finish(err error) {
+	c.doneOnce.Do(func() {
+		c.doneErr = err
+		close(c.done)
+	})
 }
 
 // Stop shuts the server down: a fast shutdown (open transactions roll back, clients are
@@ -181,19 +247,30 @@ func (c *Cluster) Err() error {
 func (c *Cluster) Stop(ctx context.Context) error {
 	c.stopOnce.Do(func() {
 		c.stopping.Store(true)
+		c.superCancel()
+		<-c.superDone
+		p := c.current()
 		select {
-		case <-c.exited:
-			if c.exitErr != nil {
-				c.stopErr = fmt.Errorf("localpg: server had already exited: %w", c.exitErr)
+		case <-c.done:
+			if c.doneErr != nil {
+				c.stopErr = fmt.Errorf("localpg: server had already exited: %w", c.doneErr)
 			}
 		default:
-			c.log.Info("stopping PostgreSQL (fast shutdown)", "pid", c.cmd.Process.Pid)
-			if err := shutdown(ctx, c.cmd.Process.Pid, c.hasExited, c.waitExited); err != nil {
+			if p.hasExited() {
+				if p.exitErr != nil {
+					c.stopErr = fmt.Errorf("localpg: server had already exited: %w", p.exitErr)
+				}
+				break
+			}
+			c.log.Info("stopping PostgreSQL (fast shutdown)", "pid", p.pid())
+			if err := shutdown(ctx, p.pid(), p.hasExited, p.waitExited); err != nil {
 				c.stopErr = fmt.Errorf("localpg: stopping server: %w", err)
 			}
 		}
-		<-c.exited
-		<-c.logsDone
+		<-p.exited
+		<-p.logsDone
+		c.up.Store(false)
+		c.finish(nil)
 		c.releaseLock()
 		if c.stopErr == nil {
 			c.log.Info("PostgreSQL stopped")
@@ -202,21 +279,23 @@ func (c *Cluster) Stop(ctx context.Context) error {
 	return c.stopErr
 }
 
-func (c *Cluster) hasExited() bool {
+func (p *proc) pid() int { return p.cmd.Process.Pid }
+
+func (p *proc) hasExited() bool {
 	select {
-	case <-c.exited:
+	case <-p.exited:
 		return true
 	default:
 		return false
 	}
 }
 
-func (c *Cluster) waitExited(stop <-chan struct{}) bool {
+func (p *proc) waitExited(stop <-chan struct{}) bool {
 	select {
-	case <-c.exited:
+	case <-p.exited:
 		return true
 	case <-stop:
-		return c.hasExited()
+		return p.hasExited()
 	}
 }
 

@@ -44,7 +44,7 @@ func runHelper(dir string) {
 		fmt.Printf("error %v\n", err)
 		os.Exit(1)
 	}
-	fmt.Printf("ready %d\n", c.cmd.Process.Pid)
+	fmt.Printf("ready %d\n", c.current().pid())
 	_, _ = io.Copy(io.Discard, os.Stdin)
 	os.Exit(0)
 }
@@ -208,7 +208,7 @@ func TestOrphanRecovery(t *testing.T) {
 	if !processGone(orphan) {
 		t.Errorf("orphaned postmaster %d still running after Start", orphan)
 	}
-	if c.cmd.Process.Pid == orphan {
+	if c.current().pid() == orphan {
 		t.Errorf("Start reused the orphan")
 	}
 	var one int
@@ -275,7 +275,7 @@ func TestInUse(t *testing.T) {
 func TestCrashIsReported(t *testing.T) {
 	t.Parallel()
 	c := start(t, dataDir(t))
-	if err := syscall.Kill(-c.cmd.Process.Pid, syscall.SIGKILL); err != nil {
+	if err := syscall.Kill(-c.current().pid(), syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
 	select {

@@ -115,18 +115,19 @@ func (c *Cluster) start(ctx context.Context) error {
 		r.Close()
 		return fmt.Errorf("starting %s: %w", cmd.Path, err)
 	}
-	c.cmd = cmd
-	c.exited = make(chan struct{})
-	c.logsDone = make(chan struct{})
+	p := &proc{cmd: cmd, exited: make(chan struct{}), logsDone: make(chan struct{})}
+	c.mu.Lock()
+	c.proc = p
+	c.mu.Unlock()
 	tail := &lineTail{}
 	go func() {
-		defer close(c.logsDone)
+		defer close(p.logsDone)
 		defer r.Close()
 		logServer(r, c.log, tail, &c.stopping)
 	}()
 	go func() {
-		c.exitErr = cmd.Wait()
-		close(c.exited)
+		p.exitErr = cmd.Wait()
+		close(p.exited)
 	}()
 
 	pid := cmd.Process.Pid
@@ -137,12 +138,12 @@ func (c *Cluster) start(ctx context.Context) error {
 			break
 		}
 		select {
-		case <-c.exited:
-			<-c.logsDone
-			return fmt.Errorf("postgres exited while starting (%v): %s", c.exitErr, tail.String())
+		case <-p.exited:
+			<-p.logsDone
+			return fmt.Errorf("postgres exited while starting (%v): %s", p.exitErr, tail.String())
 		case <-ctx.Done():
-			_ = shutdown(ctx, pid, c.hasExited, c.waitExited)
-			<-c.logsDone
+			_ = shutdown(ctx, pid, p.hasExited, p.waitExited)
+			<-p.logsDone
 			return fmt.Errorf("waiting for PostgreSQL to accept connections: %w (server log: %s)", context.Cause(ctx), tail.String())
 		case <-t.C:
 		}

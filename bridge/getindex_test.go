@@ -1,0 +1,272 @@
+package bridge
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/jetgres/jetgres/internal/testwait"
+	"github.com/jetgres/jetgres/pg"
+)
+
+// compareGets asks both sides every get that memory may answer: each sequence up to one
+// past the last, the last of each subject (direct, by subject token and by STREAM.MSG.GET)
+// and the next of a wildcard from each sequence. Both must answer alike.
+func (tw *twin) compareGets(step, stream string, subjects []string) {
+	tw.t.Helper()
+	last := tw.state(stream).LastSeq
+	type ask struct{ subject, body string }
+	var asks []ask
+	for seq := uint64(1); seq <= last+1; seq++ {
+		asks = append(asks,
+			ask{"$JS.API.DIRECT.GET." + stream, fmt.Sprintf(`{"seq":%d}`, seq)},
+			ask{"$JS.API.DIRECT.GET." + stream, fmt.Sprintf(`{"seq":%d,"next_by_subj":"k.*"}`, seq)},
+			ask{"$JS.API.STREAM.MSG.GET." + stream, fmt.Sprintf(`{"seq":%d}`, seq)})
+	}
+	for _, subj := range subjects {
+		asks = append(asks,
+			ask{"$JS.API.DIRECT.GET." + stream, fmt.Sprintf(`{"last_by_subj":%q}`, subj)},
+			ask{"$JS.API.DIRECT.GET." + stream + "." + subj, ""},
+			ask{"$JS.API.STREAM.MSG.GET." + stream, fmt.Sprintf(`{"last_by_subj":%q}`, subj)})
+	}
+	for _, a := range asks {
+		var got [2]string
+		for side, js := range tw.js {
+			got[side] = getAnswer(tw.t, js.Conn(), a.subject, a.body)
+		}
+		if got[ours] != got[theirs] {
+			tw.t.Errorf("%s: %s %s:\n jetgres   %s\n JetStream %s", step, a.subject, a.body, got[ours], got[theirs])
+		}
+	}
+}
+
+// getAnswer describes a get's answer: a direct get's as directAnswers does, STREAM.MSG.GET's
+// message or error code.
+func getAnswer(t *testing.T, nc *nats.Conn, subject, body string) string {
+	t.Helper()
+	if len(subject) < len("$JS.API.STREAM") || subject[:len("$JS.API.STREAM")] != "$JS.API.STREAM" {
+		return fmt.Sprint(directAnswers(t, nc, subject, body, false))
+	}
+	m, err := nc.Request(subject, []byte(body), 5*time.Second)
+	if err != nil {
+		return "no answer: " + err.Error()
+	}
+	var resp struct {
+		Error *struct {
+			ErrCode int `json:"err_code"`
+		} `json:"error"`
+		Message *struct {
+			Subject string `json:"subject"`
+			Seq     uint64 `json:"seq"`
+			Data    []byte `json:"data"`
+		} `json:"message"`
+	}
+	if err := json.Unmarshal(m.Data, &resp); err != nil {
+		return "bad answer: " + string(m.Data)
+	}
+	if resp.Error != nil {
+		return fmt.Sprintf("err_code %d", resp.Error.ErrCode)
+	}
+	if resp.Message == nil {
+		return "no message"
+	}
+	return fmt.Sprintf("%s #%d %q", resp.Message.Subject, resp.Message.Seq, resp.Message.Data)
+}
+
+// gets reads jetgres_gets_total and jetgres_subject_index_lookups_total.
+func gets(t *testing.T, b *Bridge, vec string, label string) float64 {
+	t.Helper()
+	v := b.gets.m.served
+	if vec == "lookups" {
+		v = b.gets.m.lookups
+	}
+	var m dto.Metric
+	if err := v.WithLabelValues(label).Write(&m); err != nil {
+		t.Fatal(err)
+	}
+	return m.GetCounter().GetValue()
+}
+
+// Gets answered from memory must follow every way a message stops being there, as
+// JetStream's do: replacement by max_msgs_per_subject (a key-value put), eviction by
+// max_msgs, a delete, purges of a subject and of everything, a rollup.
+func TestGetsFromMemoryFollowRemovals(t *testing.T) {
+	t.Parallel()
+	tw := newTwin(t)
+	tw.createStream(jetstream.StreamConfig{Name: "KV", Subjects: []string{"k.>"}, AllowDirect: true, MaxMsgsPerSubject: 2, MaxMsgs: 8})
+	subjects := []string{"k.a", "k.b", "k.c", "k.d"}
+	for i, subj := range []string{"k.a", "k.b", "k.a", "k.c", "k.a"} {
+		tw.pub(subj, fmt.Appendf(nil, "v%d", i))
+	}
+	tw.compareGets("replaced", "KV", subjects)
+	for i, subj := range []string{"k.d", "k.b", "k.d", "k.c", "k.d", "k.b"} {
+		tw.pub(subj, fmt.Appendf(nil, "w%d", i))
+	}
+	tw.compareGets("evicted by max_msgs", "KV", subjects)
+	last := tw.state("KV").LastSeq
+	tw.deleteMsg("KV", last) // the last of k.b: its revision before it is last again
+	tw.compareGets("deleted", "KV", subjects)
+	tw.purge("KV", jetstream.WithPurgeSubject("k.d"))
+	tw.compareGets("purged k.d", "KV", subjects)
+	tw.pub("k.d", []byte("back"))
+	tw.compareGets("k.d again", "KV", subjects)
+	tw.purge("KV")
+	tw.compareGets("purged", "KV", subjects)
+	tw.pub("k.a", []byte("after"))
+	tw.pub("k.b", []byte("after"))
+	tw.compareGets("after the purge", "KV", subjects)
+	if n := gets(t, tw.tb.bridge, "served", "memory"); n == 0 {
+		t.Error("no get was answered from memory")
+	}
+	if n := gets(t, tw.tb.bridge, "lookups", "hit"); n == 0 {
+		t.Error("the subject index answered no last-by-subject get")
+	}
+}
+
+// Interest and workqueue retention leave the tail as it was for the consumers: gets must
+// not answer what they removed, at the front or in the middle.
+func TestGetsFromMemoryFollowRetention(t *testing.T) {
+	t.Parallel()
+	tw := newTwin(t)
+	tw.createStream(jetstream.StreamConfig{Name: "WQ", Subjects: []string{"k.*"}, Retention: jetstream.WorkQueuePolicy, AllowDirect: true})
+	subjects := []string{"k.a", "k.b"}
+	tw.pubN("k.a", 3, 4)
+	tw.pubN("k.b", 3, 4)
+	tw.compareGets("stored", "WQ", subjects)
+	cons, _ := tw.consumer("WQ", jetstream.ConsumerConfig{Durable: "w", AckPolicy: jetstream.AckExplicitPolicy})
+	msgs := tw.fetch(cons, 6)
+	tw.ack(msgs, 1, 2)
+	tw.want("WQ", 4, 3, 6, 0)
+	tw.compareGets("front acked", "WQ", subjects)
+	tw.ack(msgs, 4, 6)
+	tw.want("WQ", 2, 3, 6, 2)
+	tw.compareGets("middle acked", "WQ", subjects)
+	tw.pub("k.b", nil)
+	tw.compareGets("published again", "WQ", subjects)
+}
+
+// After a restart the index is empty: a last-by-subject get reads PostgreSQL once and
+// fills it, the next is answered through it.
+func TestSubjectIndexFillsAfterRestart(t *testing.T) {
+	t.Parallel()
+	tb := setup(t)
+	ctx := testContext(t)
+	if _, err := tb.js.CreateStream(ctx, jetstream.StreamConfig{Name: "R", Subjects: []string{"r.>"}, AllowDirect: true}); err != nil {
+		t.Fatal(err)
+	}
+	for _, subj := range []string{"r.a", "r.b", "r.a"} {
+		if _, err := tb.js.Publish(ctx, subj, []byte(subj)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	db := tb.db
+	tb.stop(t)
+	tb = setup(t, setupOpts{db: db})
+	s, err := tb.js.Stream(ctx, "R")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 2 {
+		m, err := s.GetLastMsgForSubject(ctx, "r.a")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if m.Sequence != 3 {
+			t.Fatalf("get %d: last of r.a is %d, want 3", i, m.Sequence)
+		}
+	}
+	if miss, hit := gets(t, tb.bridge, "lookups", "miss"), gets(t, tb.bridge, "lookups", "hit"); miss != 1 || hit != 1 {
+		t.Errorf("index lookups: %v misses, %v hits; want 1 and 1", miss, hit)
+	}
+	if db := gets(t, tb.bridge, "served", "database"); db != 2 {
+		t.Errorf("database reads: %v, want 2 (the fill, then the message by sequence outside the tail)", db)
+	}
+}
+
+// Identical gets that arrive while one reads PostgreSQL wait for its answer: one read.
+func TestGetsShareReads(t *testing.T) {
+	g := newGetIndex(1<<20, nil)
+	release := make(chan struct{})
+	var reads sync.WaitGroup
+	var mu sync.Mutex
+	n := 0
+	read := func() (*pg.Message, error) {
+		mu.Lock()
+		n++
+		mu.Unlock()
+		<-release
+		return &pg.Message{Seq: 7}, nil
+	}
+	k := getKey{kind: getBySeq, seq: 7}
+	results := make(chan uint64, 4)
+	for range 4 {
+		reads.Add(1)
+		go func() {
+			defer reads.Done()
+			m, err := g.shared(context.Background(), k, read)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			results <- m.Seq
+		}()
+	}
+	// Every get but the first waits on the first's flight.
+	testwait.For(t, 5*time.Second, func() error {
+		var m dto.Metric
+		if err := g.m.served.WithLabelValues("shared").Write(&m); err != nil {
+			return err
+		}
+		if v := m.GetCounter().GetValue(); v != 3 {
+			return fmt.Errorf("%v gets wait for the read in flight, want 3", v)
+		}
+		return nil
+	})
+	close(release)
+	reads.Wait()
+	close(results)
+	for seq := range results {
+		if seq != 7 {
+			t.Errorf("shared answer %d, want 7", seq)
+		}
+	}
+	if n != 1 {
+		t.Errorf("%d reads, want 1", n)
+	}
+}
+
+// The index stays within its bound and counts what it evicts.
+func TestSubjectIndexBound(t *testing.T) {
+	g := newGetIndex(10*(subjectEntryBytes+4), nil)
+	s := &stream{}
+	var msgs []pg.Message
+	for i := range 30 {
+		msgs = append(msgs, pg.Message{Seq: uint64(i + 1), Subject: fmt.Sprintf("k.%02d", i)})
+	}
+	g.committed(s, 1, 30, msgs)
+	if used := g.used.Load(); used > g.max {
+		t.Errorf("index holds %d bytes, bound %d", used, g.max)
+	}
+	var m dto.Metric
+	if err := g.m.evictions.Write(&m); err != nil {
+		t.Fatal(err)
+	}
+	if m.GetCounter().GetValue() != 20 {
+		t.Errorf("%v evictions, want 20", m.GetCounter().GetValue())
+	}
+	x := g.of(s)
+	if seq, _, ok := g.lastOf(x, "k.29", 30); !ok || seq != 30 {
+		t.Errorf("the newest subject is not indexed: %d %v", seq, ok)
+	}
+	g.drop(s)
+	if used := g.used.Load(); used != 0 {
+		t.Errorf("a dropped stream left %d bytes", used)
+	}
+}

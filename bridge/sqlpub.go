@@ -124,7 +124,14 @@ func (b *Bridge) moveLoop() {
 		case <-t.C():
 		}
 		moved := false
-		for b.ctx.Err() == nil {
+		// Ask first, without a permit: a wake-up may find nothing ready (the one at start,
+		// or a commit that an older open transaction holds back), and a mover that took a
+		// push permit only to find that would hold back the publishes that need it.
+		work, err := b.db.StagedWaiting(b.ctx)
+		if err != nil && b.ctx.Err() == nil {
+			b.sql.warnMove.warn(b.log, b.clock.Now(), "looking for SQL publishes failed", "err", err)
+		}
+		for work && b.ctx.Err() == nil {
 			n, err := b.moveOnce()
 			moved = moved || n > 0
 			if err != nil || n < b.cfg.FlushMaxMsgs {

@@ -111,6 +111,19 @@ func readStaged(br pgx.BatchResults) (staged []StagedMsg, lastXID string, lastCa
 	return staged, lastXID, lastCall, rows.Err()
 }
 
+// StagedWaiting reports whether a staged message is ready to move. It runs outside the
+// flow lanes, so that a mover polling on its timer holds no push permit while nothing waits.
+func (db *DB) StagedWaiting(ctx context.Context) (bool, error) {
+	var ready bool
+	err := db.background(ctx, func(ctx context.Context, q querier) error {
+		return q.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM jetgres.staged_ready(1))`).Scan(&ready)
+	})
+	if err != nil {
+		return false, fmt.Errorf("pg: staged waiting: %w", err)
+	}
+	return ready, nil
+}
+
 // RotateStaging runs one step of the staging tables' rotation (see migration 007): it
 // truncates the table calls no longer insert into once everything in it is moved and no
 // transaction holds it, or else switches the target once it has held rows for period. It

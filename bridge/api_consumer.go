@@ -207,8 +207,19 @@ func (cs *consumerSide) create(ctx context.Context, s *stream, name string, cfg 
 	if err != nil {
 		return nil, server.NewJSConsumerCreateError(err)
 	}
+	// The lock comes first: a replica looking for consumers nobody serves must not take one
+	// that is being created here.
+	owner := cs.owner
+	if ok, err := cs.lockNew(ctx, s, name); err != nil {
+		return nil, fmt.Errorf("creating consumer %q on stream %q: %w", name, s.name, err)
+	} else if !ok {
+		owner = ""
+	}
 	row, err := cs.b.db.CreateConsumer(ctx, pg.Consumer{StreamID: s.id, Name: name, Config: raw, AckStreamSeq: start.next - 1},
-		cs.owner, consumerLeaseTTL)
+		owner, cs.b.cfg.Lease)
+	if err != nil && owner != "" {
+		cs.release(s, name)
+	}
 	switch {
 	case errors.Is(err, pg.ErrExists):
 		return nil, server.NewJSConsumerNameExistError()
@@ -220,6 +231,10 @@ func (cs *consumerSide) create(ctx context.Context, s *stream, name string, cfg 
 	sc, err := cs.streamLoaded(ctx, s)
 	if err != nil {
 		return nil, fmt.Errorf("loading stream %q: %w", s.name, err)
+	}
+	if owner == "" {
+		// Its lock key collides with a consumer another replica serves, which takes it over.
+		return nil, fmt.Errorf("creating consumer %q on stream %q: %w", name, s.name, pg.ErrLeaseHeld)
 	}
 	c, err := cs.activate(ctx, sc, row, start)
 	if err != nil {

@@ -84,6 +84,13 @@ type Config struct {
 	// MaxPayload is the largest message the embedded server accepts; streams without a
 	// max_msg_size report it. Defaults to 1 MiB.
 	MaxPayload int32
+	// Lease is how long a consumer's lease lasts without renewal. A replica confirms its
+	// ownership session claimsPerLease times per lease and stops serving every consumer when
+	// it cannot, within a fifth of the lease. Defaults to LeaseDefault.
+	Lease time.Duration
+	// ClusterName is the NATS cluster's name, reported with the serving replica in stream
+	// and consumer info; empty reports no cluster.
+	ClusterName string
 	// Clock tells the bridge the time (see Clock). Nil means the system clock, the only
 	// right one outside tests.
 	Clock Clock
@@ -116,6 +123,7 @@ func (c *Config) validate() error {
 		{"FlushMaxStreams", int64(c.FlushMaxStreams)},
 		{"MaxPayload", int64(c.MaxPayload)},
 		{"CursorInterval", int64(c.CursorInterval)},
+		{"Lease", int64(c.Lease)},
 	} {
 		if f.v < 0 {
 			errs = append(errs, fmt.Errorf("%s must not be negative, got %d", "Config."+f.name, f.v))
@@ -157,6 +165,9 @@ func (c *Config) applyDefaults() {
 	}
 	if c.MaxPayload == 0 {
 		c.MaxPayload = MaxPayloadDefault
+	}
+	if c.Lease == 0 {
+		c.Lease = LeaseDefault
 	}
 }
 
@@ -257,7 +268,7 @@ func (b *Bridge) Start(ctx context.Context) (err error) {
 		return fmt.Errorf("bridge: start consumers: %w", err)
 	}
 	b.startRetention()
-	sub, err := b.link.Subscribe("$JS.API.>", "", b.onAPI)
+	sub, err := b.link.Subscribe("$JS.API.>", QueueGroup, b.onAPI)
 	if err != nil {
 		return fmt.Errorf("bridge: subscribe $JS.API.>: %w", err)
 	}

@@ -66,7 +66,7 @@ func (b *Bridge) subscribe(s *stream) error {
 	defer s.cfgMu.Unlock()
 	s.unsubscribeLocked()
 	for _, subj := range s.cfgView().Subjects {
-		sub, err := b.link.Subscribe(subj, "", func(m *leaf.Msg) { b.onPublish(s, m) })
+		sub, err := b.link.Subscribe(subj, QueueGroup, func(m *leaf.Msg) { b.onPublish(s, m) })
 		if err != nil {
 			return fmt.Errorf("subscribe %q: %w", subj, err)
 		}

@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -180,6 +181,8 @@ func (n *node) start(ctx context.Context) error {
 		CursorInterval:   cfg.CursorInterval,
 		ReplicaName:      replicaName(cfg.ReplicaName, n.nats.NATSServer().Addr().(*net.TCPAddr).Port),
 		MaxPayload:       n.nats.MaxPayload(),
+		Lease:            cfg.Lease,
+		ClusterName:      n.nats.ClusterName(),
 	})
 	if err != nil {
 		return err
@@ -230,8 +233,19 @@ func natsConfig(cfg config, host string, port int, log *slog.Logger) natsd.Confi
 	return natsd.Config{
 		Host: host, Port: port, Logger: log,
 		ConfigFile: cfg.NATSConfig, User: cfg.User, Password: cfg.Password,
-		TLS: natsd.TLSConfig{Cert: cfg.TLSCert, Key: cfg.TLSKey, CA: cfg.TLSCA, Verify: cfg.TLSVerify},
+		TLS:     natsd.TLSConfig{Cert: cfg.TLSCert, Key: cfg.TLSKey, CA: cfg.TLSCA, Verify: cfg.TLSVerify},
+		Cluster: natsd.ClusterConfig{Listen: cfg.Cluster, Routes: splitRoutes(cfg.Routes), Name: cfg.ClusterName},
 	}
+}
+
+func splitRoutes(s string) []string {
+	var out []string
+	for r := range strings.SplitSeq(s, ",") {
+		if r = strings.TrimSpace(r); r != "" {
+			out = append(out, r)
+		}
+	}
+	return out
 }
 
 // splitListen turns --listen into the embedded server's host and port. An empty host means

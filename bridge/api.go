@@ -122,7 +122,7 @@ func (b *Bridge) apiAccountInfo(ctx context.Context) (*server.JSApiAccountInfoRe
 	}
 	for _, s := range b.streamList() {
 		stats.Streams++
-		stats.Consumers += b.numConsumers(s)
+		stats.Consumers += b.numConsumers(ctx, s)
 		stats.Store += totals[s.id].Bytes
 	}
 	stats.Limits = server.JetStreamAccountLimits{MaxMemory: -1, MaxStore: -1, MaxStreams: -1, MaxConsumers: -1, MaxAckPending: -1, MemoryMaxStreamBytes: -1, StoreMaxStreamBytes: -1}

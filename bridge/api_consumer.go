@@ -152,7 +152,7 @@ func (cs *consumerSide) apiCreate(ctx context.Context, tok []string, data []byte
 	if req.Action == server.ActionUpdate {
 		return fail(server.NewJSConsumerDoesNotExistError())
 	}
-	if scfg.MaxConsumers > 0 && cs.b.numConsumers(s) >= scfg.MaxConsumers {
+	if scfg.MaxConsumers > 0 && cs.b.numConsumers(ctx, s) >= scfg.MaxConsumers {
 		return fail(server.NewJSMaximumConsumersLimitError())
 	}
 	c, err = cs.create(ctx, s, name, cfg)
@@ -339,6 +339,7 @@ func (cs *consumerSide) infoLocked(c *consumer) (info *server.ConsumerInfo, from
 		NumAckPending:  c.st.NumAckPending(),
 		NumRedelivered: c.st.NumRedelivered(),
 		TimeStamp:      now.UTC(),
+		Cluster:        cs.b.clusterInfo(cs.owner),
 	}
 	info.Paused, info.PauseRemaining = pausedAt(cfg.PauseUntil, now)
 	for _, wr := range c.waiting {
@@ -385,6 +386,7 @@ func (cs *consumerSide) rowInfo(ctx context.Context, s *stream, row pg.Consumer,
 	info := &server.ConsumerInfo{Stream: s.name, Name: row.Name, Created: row.Created.UTC(), Config: &cfg,
 		Delivered: floor, AckFloor: floor, NumPending: np, TimeStamp: now.UTC(), PushBound: cs.pushBound(&cfg)}
 	info.Paused, info.PauseRemaining = pausedAt(cfg.PauseUntil, now)
+	info.Cluster = cs.b.clusterInfo(row.Owner)
 	return info, nil
 }
 

@@ -208,6 +208,9 @@ type Bridge struct {
 	// unsupportedLogged[i] is set once unsupportedRequests[i] has been logged.
 	unsupportedLogged [len(unsupportedRequests)]atomic.Bool
 
+	// metaKick wakes the stream sync loop when another replica changed a stream.
+	metaKick chan struct{}
+
 	cons       *consumerSide
 	maintainer atomic.Pointer[maintainer] // retention; nil outside Start .. Stop
 
@@ -221,15 +224,16 @@ func New(cfg Config) (*Bridge, error) {
 	}
 	cfg.applyDefaults()
 	b := &Bridge{
-		cfg:     cfg,
-		db:      cfg.DB,
-		link:    cfg.Link,
-		log:     cfg.Logger,
-		pm:      newPushMetrics(cfg.Registerer),
-		clock:   clockOrSystem(cfg.Clock),
-		streams: make(map[string]*stream),
-		ready:   newReadyQueue(),
-		apiReqs: make(chan *leaf.Msg, APIQueueDefault),
+		cfg:      cfg,
+		db:       cfg.DB,
+		link:     cfg.Link,
+		log:      cfg.Logger,
+		pm:       newPushMetrics(cfg.Registerer),
+		clock:    clockOrSystem(cfg.Clock),
+		streams:  make(map[string]*stream),
+		ready:    newReadyQueue(),
+		apiReqs:  make(chan *leaf.Msg, APIQueueDefault),
+		metaKick: make(chan struct{}, 1),
 	}
 	b.initConsumers(cfg.Registerer)
 	return b, nil
@@ -264,6 +268,7 @@ func (b *Bridge) Start(ctx context.Context) (err error) {
 		b.bg.Go(b.apiWorker)
 	}
 	b.bg.Go(b.streamSyncLoop)
+	b.bg.Go(func() { b.db.ListenMeta(b.ctx, b.metaChanged) })
 	if err := b.startConsumers(ctx); err != nil {
 		return fmt.Errorf("bridge: start consumers: %w", err)
 	}
@@ -333,7 +338,24 @@ func (b *Bridge) OldestFlush(now time.Time) time.Duration {
 	return max(now.Sub(time.Unix(0, oldest)), 0)
 }
 
-// streamSyncLoop picks up stream changes that another replica made.
+// metaChanged is told of each stream and consumer change any replica commits (0: some may
+// have been missed): the streams are re-read, and the leases looked at, at once.
+func (b *Bridge) metaChanged(int64) {
+	select {
+	case b.metaKick <- struct{}{}:
+	default:
+	}
+	if cs := b.cs(); cs != nil {
+		select {
+		case cs.leaseKick <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// streamSyncLoop picks up stream changes that another replica made: at once when
+// PostgreSQL notifies of them, and every StreamSyncPeriodDefault in case a notification was
+// lost.
 func (b *Bridge) streamSyncLoop() {
 	t := b.clock.NewTicker(StreamSyncPeriodDefault)
 	defer t.Stop()
@@ -342,9 +364,10 @@ func (b *Bridge) streamSyncLoop() {
 		case <-b.ctx.Done():
 			return
 		case <-t.C():
-			if err := b.syncStreams(b.ctx); err != nil && b.ctx.Err() == nil {
-				b.log.Warn("re-reading streams failed", "err", err)
-			}
+		case <-b.metaKick:
+		}
+		if err := b.syncStreams(b.ctx); err != nil && b.ctx.Err() == nil {
+			b.log.Warn("re-reading streams failed", "err", err)
 		}
 	}
 }

@@ -46,11 +46,13 @@ type consumerSide struct {
 	m     *consumerMetrics
 	// g runs the ticker, the lease keeper, every consumer's goroutine and their background
 	// reads and cursor writes; ctx is its context, nil until startConsumers.
-	g       startstop.Group
-	ctx     context.Context
-	ackSub  *leaf.Subscription
-	kick    chan struct{}
-	activeN chan struct{} // activation slots
+	g      startstop.Group
+	ctx    context.Context
+	ackSub *leaf.Subscription
+	kick   chan struct{}
+	// leaseKick makes the lease loop look at once: a consumer may have been deleted elsewhere.
+	leaseKick chan struct{}
+	activeN   chan struct{} // activation slots
 
 	tails   *tailcache.Budget
 	mu      sync.RWMutex
@@ -107,12 +109,13 @@ func (b *Bridge) consumersOf(s *stream) *streamConsumers {
 
 func (b *Bridge) initConsumers(reg prometheus.Registerer) {
 	cs := &consumerSide{
-		b:       b,
-		owner:   b.cfg.ReplicaName,
-		kick:    make(chan struct{}, 1),
-		activeN: make(chan struct{}, activationsMax),
-		streams: make(map[*stream]*streamConsumers),
-		tails:   tailcache.NewBudget(int64(b.cfg.TailTotalBytes)),
+		b:         b,
+		owner:     b.cfg.ReplicaName,
+		kick:      make(chan struct{}, 1),
+		leaseKick: make(chan struct{}, 1),
+		activeN:   make(chan struct{}, activationsMax),
+		streams:   make(map[*stream]*streamConsumers),
+		tails:     tailcache.NewBudget(int64(b.cfg.TailTotalBytes)),
 	}
 	cs.m = newConsumerMetrics(reg, cs)
 	cs.own = newOwnership(reg, cs)
@@ -277,7 +280,12 @@ func (b *Bridge) rowsRemoved(s *stream, upTo uint64) {
 	}
 }
 
-func (b *Bridge) numConsumers(s *stream) int {
+// numConsumers counts the stream's consumers, whichever replica serves them; when
+// PostgreSQL cannot be asked, the ones this replica serves.
+func (b *Bridge) numConsumers(ctx context.Context, s *stream) int {
+	if n, err := b.db.CountConsumers(ctx, s.id); err == nil {
+		return n
+	}
 	sc := b.consumersOf(s)
 	if sc == nil {
 		return 0
@@ -500,6 +508,7 @@ func (cs *consumerSide) leaseLoop() {
 		case <-cs.ctx.Done():
 			return
 		case <-t.C:
+		case <-cs.leaseKick:
 		}
 		renewed := time.Now()
 		held, err := cs.b.db.RenewConsumerLeases(cs.ctx, cs.owner, cs.b.cfg.Lease)

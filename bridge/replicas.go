@@ -6,6 +6,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/jetgres/jetgres/embedded/leaf"
@@ -273,4 +274,14 @@ func (cs *consumerSide) lockNew(ctx context.Context, s *stream, name string) (bo
 		return false, errStopping
 	}
 	return own.TryLock(ctx, pg.ConsumerKey{StreamID: s.id, Name: name})
+}
+
+// clusterInfo is the cluster block of stream and consumer info, as JetStream reports its
+// cluster and the leader: for a stream the replica that answers (every replica appends),
+// for a consumer the replica that serves it. Without a cluster there is none.
+func (b *Bridge) clusterInfo(leader string) *server.ClusterInfo {
+	if b.cfg.ClusterName == "" {
+		return nil
+	}
+	return &server.ClusterInfo{Name: b.cfg.ClusterName, Leader: leader}
 }

@@ -29,6 +29,8 @@ type Consumer struct {
 	Created        time.Time
 	AckStreamSeq   uint64
 	AckConsumerSeq uint64
+	// Owner is the replica that serves it, "" for none.
+	Owner string
 }
 
 // ConsumerKey names one consumer.
@@ -37,12 +39,12 @@ type ConsumerKey struct {
 	Name     string
 }
 
-const sqlConsumerCols = `stream_id, name, config, created, ack_stream_seq, ack_consumer_seq`
+const sqlConsumerCols = `stream_id, name, config, created, ack_stream_seq, ack_consumer_seq, owner`
 
 func scanConsumer(r pgx.Row) (Consumer, error) {
 	var c Consumer
 	var as, ac int64
-	err := r.Scan(&c.StreamID, &c.Name, &c.Config, &c.Created, &as, &ac)
+	err := r.Scan(&c.StreamID, &c.Name, &c.Config, &c.Created, &as, &ac, &c.Owner)
 	c.AckStreamSeq, c.AckConsumerSeq = uint64(as), uint64(ac)
 	return c, err
 }
@@ -52,15 +54,17 @@ func scanConsumer(r pgx.Row) (Consumer, error) {
 // the stream is gone.
 func (db *DB) CreateConsumer(ctx context.Context, c Consumer, owner string, ttl time.Duration) (Consumer, error) {
 	var out Consumer
-	err := db.background(ctx, func(ctx context.Context, q querier) error {
+	err := db.backgroundTx(ctx, func(ctx context.Context, q querier) error {
 		row := q.QueryRow(ctx, `INSERT INTO jetgres.consumers
 			(stream_id, name, config, ack_stream_seq, ack_consumer_seq, owner, lease_until)
 			VALUES ($1, $2, $3, $4, $5, $6, CASE WHEN $6 = '' THEN '-infinity'::timestamptz ELSE now() + $7::interval END)
 			RETURNING `+sqlConsumerCols,
 			c.StreamID, c.Name, c.Config, int64(c.AckStreamSeq), int64(c.AckConsumerSeq), owner, ttl)
 		var err error
-		out, err = scanConsumer(row)
-		return err
+		if out, err = scanConsumer(row); err != nil {
+			return err
+		}
+		return notifyMeta(ctx, q, c.StreamID)
 	})
 	switch {
 	case hasSQLState(err, "23505"):
@@ -75,12 +79,42 @@ func (db *DB) CreateConsumer(ctx context.Context, c Consumer, owner string, ttl 
 
 // UpdateConsumerConfig replaces a consumer's stored configuration.
 func (db *DB) UpdateConsumerConfig(ctx context.Context, streamID int64, name string, config []byte) error {
-	return db.execOne(ctx, "update consumer", `UPDATE jetgres.consumers SET config = $3 WHERE stream_id = $1 AND name = $2`, streamID, name, config)
+	return db.execOneNotify(ctx, "update consumer", streamID, `UPDATE jetgres.consumers SET config = $3 WHERE stream_id = $1 AND name = $2`, streamID, name, config)
 }
 
 // DeleteConsumer removes a consumer; ErrNotFound if there is none.
 func (db *DB) DeleteConsumer(ctx context.Context, streamID int64, name string) error {
-	return db.execOne(ctx, "delete consumer", `DELETE FROM jetgres.consumers WHERE stream_id = $1 AND name = $2`, streamID, name)
+	return db.execOneNotify(ctx, "delete consumer", streamID, `DELETE FROM jetgres.consumers WHERE stream_id = $1 AND name = $2`, streamID, name)
+}
+
+// execOneNotify is execOne that notifies MetaChannel of the stream in the same transaction.
+func (db *DB) execOneNotify(ctx context.Context, what string, streamID int64, sql string, args ...any) error {
+	err := db.backgroundTx(ctx, func(ctx context.Context, q querier) error {
+		tag, err := q.Exec(ctx, sql, args...)
+		if err != nil {
+			return err
+		}
+		if tag.RowsAffected() == 0 {
+			return ErrNotFound
+		}
+		return notifyMeta(ctx, q, streamID)
+	})
+	if err != nil && !errors.Is(err, ErrNotFound) {
+		return fmt.Errorf("pg: %s: %w", what, err)
+	}
+	return err
+}
+
+// CountConsumers counts a stream's consumers, whichever replica serves them.
+func (db *DB) CountConsumers(ctx context.Context, streamID int64) (int, error) {
+	var n int
+	err := db.background(ctx, func(ctx context.Context, q querier) error {
+		return q.QueryRow(ctx, `SELECT count(*) FROM jetgres.consumers WHERE stream_id = $1`, streamID).Scan(&n)
+	})
+	if err != nil {
+		return 0, fmt.Errorf("pg: count consumers: %w", err)
+	}
+	return n, nil
 }
 
 // GetConsumer reads one consumer; ErrNotFound if there is none.

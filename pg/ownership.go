@@ -222,8 +222,8 @@ func (db *DB) TakeLease(ctx context.Context, p LeaseParams) (Consumer, string, e
 		err := q.QueryRow(ctx, `WITH prev AS (SELECT owner FROM jetgres.consumers WHERE stream_id = $1 AND name = $2 FOR UPDATE)
 			UPDATE jetgres.consumers c SET owner = $3, lease_until = now() + $4::interval FROM prev
 			WHERE c.stream_id = $1 AND c.name = $2
-			RETURNING c.stream_id, c.name, c.config, c.created, c.ack_stream_seq, c.ack_consumer_seq, prev.owner`,
-			p.StreamID, p.Name, p.Owner, p.TTL).Scan(&c.StreamID, &c.Name, &c.Config, &c.Created, &as, &ac, &prev)
+			RETURNING c.stream_id, c.name, c.config, c.created, c.ack_stream_seq, c.ack_consumer_seq, c.owner, prev.owner`,
+			p.StreamID, p.Name, p.Owner, p.TTL).Scan(&c.StreamID, &c.Name, &c.Config, &c.Created, &as, &ac, &c.Owner, &prev)
 		c.AckStreamSeq, c.AckConsumerSeq = uint64(as), uint64(ac)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return ErrNotFound
@@ -236,26 +236,3 @@ func (db *DB) TakeLease(ctx context.Context, p LeaseParams) (Consumer, string, e
 	return c, prev, err
 }
 
-// ConsumerOwners returns the replica serving each consumer of a stream ("" for none), by name.
-func (db *DB) ConsumerOwners(ctx context.Context, streamID int64) (map[string]string, error) {
-	out := make(map[string]string)
-	err := db.background(ctx, func(ctx context.Context, q querier) error {
-		rows, err := q.Query(ctx, `SELECT name, owner FROM jetgres.consumers WHERE stream_id = $1`, streamID)
-		if err != nil {
-			return err
-		}
-		defer rows.Close()
-		for rows.Next() {
-			var name, owner string
-			if err := rows.Scan(&name, &owner); err != nil {
-				return err
-			}
-			out[name] = owner
-		}
-		return rows.Err()
-	})
-	if err != nil {
-		return nil, fmt.Errorf("pg: consumer owners: %w", err)
-	}
-	return out, nil
-}

@@ -23,7 +23,7 @@ const streamAdminLockKey int64 = 0x6a65746772657302
 const metaReconnectDelay = time.Second
 
 func notifyMeta(ctx context.Context, q querier, streamID int64) error {
-	_, err := q.Exec(ctx, `SELECT pg_notify('`+MetaChannel+`', $1::text)`, streamID)
+	_, err := q.Exec(ctx, `SELECT pg_notify('`+MetaChannel+`', $1::bigint::text)`, streamID)
 	return err
 }
 

@@ -235,4 +235,3 @@ func (db *DB) TakeLease(ctx context.Context, p LeaseParams) (Consumer, string, e
 	}
 	return c, prev, err
 }
-

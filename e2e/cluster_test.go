@@ -8,9 +8,11 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -21,7 +23,7 @@ import (
 )
 
 // freePorts returns n loopback ports free at the time of the call.
-func freePorts(t *testing.T, n int) []int {
+func freePorts(t testing.TB, n int) []int {
 	t.Helper()
 	var out []int
 	var lns []net.Listener
@@ -39,43 +41,122 @@ func freePorts(t *testing.T, n int) []int {
 	return out
 }
 
+// cluster is n replicas on one database, each routed to all the others.
+type cluster struct {
+	t    testing.TB
+	args [][]string
+	mu   sync.Mutex // guards reps against the load generators' reads
+	reps []*jetgres
+}
+
 // startCluster starts n replicas on dsn, each routed to all the others, and waits until
 // each one's clients learn of the others' URLs (the cluster formed).
-func startCluster(t *testing.T, dsn string, n int, args ...string) []*jetgres {
+func startCluster(t testing.TB, dsn string, n int, args ...string) []*jetgres {
+	return newCluster(t, dsn, n, args...).reps
+}
+
+func newCluster(t testing.TB, dsn string, n int, args ...string) *cluster {
 	t.Helper()
 	ports := freePorts(t, n)
 	var routes []string
 	for _, p := range ports {
 		routes = append(routes, "nats://127.0.0.1:"+strconv.Itoa(p))
 	}
-	var js []*jetgres
+	c := &cluster{t: t}
 	for i, p := range ports {
-		a := append([]string{"--database-url", dsn,
+		c.args = append(c.args, append([]string{"--database-url", dsn,
 			"--replica-name", fmt.Sprintf("r%d", i+1),
 			"--cluster", "127.0.0.1:" + strconv.Itoa(p),
 			"--routes", strings.Join(routes, ","),
-		}, args...)
-		j := launchJetgres(t, options{Args: a})
+		}, args...))
+		j := launchJetgres(t, options{Args: c.args[i]})
 		failOnRace(t, j)
-		js = append(js, j)
+		c.reps = append(c.reps, j)
 	}
-	for _, j := range js {
+	for _, j := range c.reps {
 		j.waitReady(t)
 	}
-	for _, j := range js {
-		nc, err := nats.Connect(j.natsURL, nats.MaxReconnects(0))
-		if err != nil {
-			t.Fatal(err)
-		}
-		testwait.For(t, 30*time.Second, func() error {
-			if got := len(nc.DiscoveredServers()); got < n-1 {
-				return fmt.Errorf("%s knows %d other servers, want %d", j.natsURL, got, n-1)
-			}
-			return nil
-		})
-		nc.Close()
+	for _, j := range c.reps {
+		c.waitRouted(j)
 	}
-	return js
+	return c
+}
+
+// waitRouted waits until a client of j learns of every other replica.
+func (c *cluster) waitRouted(j *jetgres) {
+	c.t.Helper()
+	nc, err := nats.Connect(j.natsURL, nats.MaxReconnects(0))
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	defer nc.Close()
+	testwait.For(c.t, 30*time.Second, func() error {
+		if got := len(nc.DiscoveredServers()); got < len(c.reps)-1 {
+			return fmt.Errorf("%s knows %d other servers, want %d", j.natsURL, got, len(c.reps)-1)
+		}
+		return nil
+	})
+}
+
+// restart starts replica i again, under its name and route port, after it stopped.
+func (c *cluster) restart(i int) {
+	c.t.Helper()
+	j := startJetgres(c.t, options{Args: c.args[i]})
+	failOnRace(c.t, j)
+	c.mu.Lock()
+	c.reps[i] = j
+	c.mu.Unlock()
+	c.waitRouted(j)
+}
+
+// stop stops every replica.
+func (c *cluster) stop() {
+	c.t.Helper()
+	for i := range c.reps {
+		if r := c.rep(i); !r.hasExited() {
+			r.stop(c.t)
+		}
+	}
+}
+
+// rep returns replica i as it runs now.
+func (c *cluster) rep(i int) *jetgres {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.reps[i]
+}
+
+// urls lists the client URLs of the replicas running now.
+func (c *cluster) urls() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var out []string
+	for _, r := range c.reps {
+		if !r.hasExited() {
+			out = append(out, r.natsURL)
+		}
+	}
+	return strings.Join(out, ",")
+}
+
+// serving returns the replica that serves count consumers, or -1.
+func (c *cluster) serving(count float64) int {
+	c.mu.Lock()
+	reps := slices.Clone(c.reps)
+	c.mu.Unlock()
+	for i, r := range reps {
+		if r.hasExited() {
+			continue
+		}
+		code, body, err := r.get("/metrics")
+		if err != nil || code != 200 {
+			continue
+		}
+		if parseMetrics(body)["jetgres_consumers_served"] == count {
+			return i
+		}
+	}
+	return -1
 }
 
 // TestThreeReplicas runs three clustered replicas on one PostgreSQL: publishes through every
@@ -203,16 +284,70 @@ func TestThreeReplicas(t *testing.T) {
 		}
 	}
 
-	// SIGKILL the replica that serves the consumer; another serves it within 2 s.
-	serving := -1
+	// A push consumer with a deliver group, its members on every replica.
+	if _, err := jss[0].CreateOrUpdateConsumer(ctx, stream, jetstream.ConsumerConfig{Durable: "pushwork",
+		DeliverSubject: "deliver.trio", DeliverGroup: "grp", AckPolicy: jetstream.AckExplicitPolicy}); err != nil {
+		t.Fatal(err)
+	}
+	pushed := make([]map[uint64]bool, len(reps))
 	for i, r := range reps {
-		_, body := r.mustGet(t, "/metrics")
-		if metricValue(t, body, "jetgres_consumers_served") == 1 {
-			serving = i
+		pushed[i] = make(map[uint64]bool)
+		nc, _ := r.connect(t)
+		if _, err := nc.QueueSubscribe("deliver.trio", "grp", func(m *nats.Msg) {
+			md, err := m.Metadata()
+			if err != nil {
+				return
+			}
+			seenMu.Lock()
+			pushed[i][md.Sequence.Stream] = true
+			seenMu.Unlock()
+			_ = m.Ack()
+		}); err != nil {
+			t.Fatal(err)
 		}
 	}
-	if serving < 0 {
-		t.Fatal("no replica reports serving the consumer")
+	testwait.For(t, 3*time.Minute, func() error {
+		seenMu.Lock()
+		defer seenMu.Unlock()
+		n := 0
+		for _, m := range pushed {
+			n += len(m)
+		}
+		if n < int(total) {
+			return fmt.Errorf("%d of %d pushed", n, total)
+		}
+		return nil
+	})
+	seenMu.Lock()
+	clear(union)
+	var spread []int
+	for _, m := range pushed {
+		spread = append(spread, len(m))
+		for seq := range m {
+			union[seq]++
+		}
+	}
+	seenMu.Unlock()
+	for seq := uint64(1); seq <= total; seq++ {
+		if union[seq] != 1 {
+			t.Fatalf("pushed sequence %d reached %d members of the group, want 1", seq, union[seq])
+		}
+	}
+	t.Logf("push deliveries per group member: %v", spread)
+
+	// SIGKILL the replica that serves the consumer; another serves it within 2 s.
+	info, err := jss[0].Consumer(ctx, stream, "work")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cl := info.CachedInfo().Cluster
+	serving := -1
+	if cl != nil {
+		_, _ = fmt.Sscanf(cl.Leader, "r%d", &serving)
+		serving--
+	}
+	if serving < 0 || cl.Name != "jetgres" {
+		t.Fatalf("consumer info's cluster block %+v names no replica of cluster jetgres", cl)
 	}
 	other := (serving + 1) % len(reps)
 	if _, err := jss[other].Publish(ctx, "trio.after", []byte("x")); err != nil {
@@ -241,5 +376,301 @@ func TestThreeReplicas(t *testing.T) {
 	t.Logf("FIGURES replicas=3 published=%d takeover_after_sigkill=%v", total, resumed.Round(time.Millisecond))
 	if resumed > 2*time.Second {
 		t.Errorf("delivery resumed %v after the SIGKILL, want within 2 s", resumed)
+	}
+}
+
+// deliveryLog is what the fetchers of one consumer received.
+type deliveryLog struct {
+	mu     sync.Mutex
+	times  []time.Time
+	counts map[uint64]int
+	again  int // deliveries the server marked as redeliveries
+}
+
+func (d *deliveryLog) note(seq uint64, redelivered bool) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.times = append(d.times, time.Now())
+	d.counts[seq]++
+	if redelivered {
+		d.again++
+	}
+}
+
+// firstAfter returns the first delivery at or after t, or the zero time.
+func (d *deliveryLog) firstAfter(t time.Time) time.Time {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for _, at := range d.times {
+		if !at.Before(t) {
+			return at
+		}
+	}
+	return time.Time{}
+}
+
+func (d *deliveryLog) distinct() int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return len(d.counts)
+}
+
+// TestReplicaKillsUnderLoad SIGKILLs the replica serving a durable pull consumer, under
+// publish load spread over all three replicas, five times in a row, starting it again after
+// each. Publishers retry what was not acknowledged with the same Nats-Msg-Id, wherever they
+// can connect. Every round, delivery resumes on another replica within 2 s; in the end every
+// acknowledged publish is stored exactly once, with no gap, and was delivered.
+func TestReplicaKillsUnderLoad(t *testing.T) {
+	t.Parallel()
+	const stream = "KILLS"
+	rounds := 5
+	dsn := testDatabase(t)
+	c := newCluster(t, dsn, 3, "--lease", "2s")
+	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+	defer cancel()
+	_, js := c.rep(0).connect(t)
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: stream, Subjects: []string{"kills.>"}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.CreateOrUpdateConsumer(ctx, stream, jetstream.ConsumerConfig{Durable: "work", AckPolicy: jetstream.AckExplicitPolicy, AckWait: 2 * time.Second}); err != nil {
+		t.Fatal(err)
+	}
+
+	pubCtx, stopPub := context.WithCancel(ctx)
+	defer stopPub()
+	var pubWG sync.WaitGroup
+	var pubs []*publisher
+	for i := range 3 {
+		p := newPublisher(fmt.Sprintf("p%d", i+1), stream, fmt.Sprintf("kills.p%d", i+1), 64, 256)
+		p.rate.Store(1000)
+		pubs = append(pubs, p)
+		pubWG.Go(func() {
+			for k := i; pubCtx.Err() == nil; k++ {
+				r := c.rep(k % 3)
+				if r.hasExited() {
+					continue
+				}
+				if err := p.run(pubCtx, r.natsURL, time.Second); err != nil {
+					time.Sleep(50 * time.Millisecond) // a replica starting again
+				}
+			}
+		})
+	}
+
+	log := &deliveryLog{counts: make(map[uint64]int)}
+	fetchCtx, stopFetch := context.WithCancel(ctx)
+	defer stopFetch()
+	var fetchWG sync.WaitGroup
+	var fetchErrs atomic.Int64 // a Fetch refused at once, while the client reconnects
+	for range 2 {
+		nc, err := nats.Connect(c.urls(), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(nc.Close)
+		fjs, err := jetstream.New(nc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cons, err := fjs.Consumer(ctx, stream, "work")
+		if err != nil {
+			t.Fatal(err)
+		}
+		fetchWG.Go(func() {
+			for fetchCtx.Err() == nil {
+				batch, err := cons.Fetch(50, jetstream.FetchMaxWait(500*time.Millisecond))
+				if err != nil {
+					fetchErrs.Add(1)
+					continue
+				}
+				for m := range batch.Messages() {
+					md, err := m.Metadata()
+					if err != nil {
+						continue
+					}
+					log.note(md.Sequence.Stream, md.NumDelivered > 1)
+					_ = m.Ack()
+				}
+			}
+		})
+	}
+
+	var resumes, takeovers []time.Duration
+	for round := range rounds {
+		before := log.distinct()
+		testwait.For(t, time.Minute, func() error {
+			if log.distinct() < before+500 {
+				return fmt.Errorf("round %d: %d delivered, waiting for 500 more under load", round+1, log.distinct()-before)
+			}
+			return nil
+		})
+		victim := c.serving(1)
+		if victim < 0 {
+			t.Fatalf("round %d: no replica reports serving the consumer", round+1)
+		}
+		c.rep(victim).kill(t)
+		killed := time.Now()
+		var taken time.Time
+		testwait.For(t, 30*time.Second, func() error {
+			if c.serving(1) < 0 {
+				return errors.New("no replica serves the consumer yet")
+			}
+			taken = time.Now()
+			return nil
+		})
+		var resumed time.Time
+		testwait.For(t, 30*time.Second, func() error {
+			if resumed = log.firstAfter(taken); resumed.IsZero() {
+				return errors.New("no delivery since the takeover")
+			}
+			return nil
+		})
+		resumes = append(resumes, resumed.Sub(killed))
+		takeovers = append(takeovers, taken.Sub(killed))
+		c.restart(victim)
+	}
+
+	waitAllAcked(t, pubs, 2*time.Minute)
+	stopPub()
+	pubWG.Wait()
+	acked := ackedSeqs(pubs)
+	testwait.For(t, 2*time.Minute, func() error {
+		if n := log.distinct(); n < len(acked) {
+			return fmt.Errorf("%d of %d acknowledged publishes delivered", n, len(acked))
+		}
+		return nil
+	})
+	stopFetch()
+	fetchWG.Wait()
+
+	_, ajs := c.rep(0).connect(t)
+	r := auditStream(t, ctx, ajs, stream, acked)
+	log.mu.Lock()
+	deliveries, again := len(log.times), log.again
+	log.mu.Unlock()
+	t.Logf("FIGURES rounds=%d acked=%d stored=%d lost=%d stored_twice=%d deliveries=%d redelivered=%d fetch_refused=%d takeover_seen_after=%v resume_after_sigkill=%v",
+		rounds, len(acked), r.msgs, r.lost, r.dupIDs, deliveries, again, fetchErrs.Load(), takeovers, resumes)
+	if r.lost != 0 || r.dupIDs != 0 || r.wrongSeq != 0 || r.foreign != 0 {
+		t.Errorf("%d acknowledged publishes lost, %d stored twice, %d at another sequence, %d foreign", r.lost, r.dupIDs, r.wrongSeq, r.foreign)
+	}
+	for i, d := range resumes {
+		if d > 2*time.Second {
+			t.Errorf("round %d: delivery resumed %v after the SIGKILL, want within 2 s", i+1, d)
+		}
+	}
+}
+
+// BenchmarkReplicas measures async publish and fetch throughput of one replica against three
+// on the same PostgreSQL, in one run, and the time from the SIGKILL of the replica serving
+// a consumer to its first delivery from another:
+//
+//	go test -run '^$' -bench BenchmarkReplicas -benchtime 20000x ./e2e/
+//
+// Publishes and fetches are spread over the replicas' clients evenly. On one small machine
+// the replicas share its cores with PostgreSQL: three must not be slower than one.
+func BenchmarkReplicas(b *testing.B) {
+	pgs := startPGServer(b)
+	for _, n := range []int{1, 3} {
+		stream := fmt.Sprintf("BENCH%d", n)
+		c := newCluster(b, pgs.dsn(), n, "--lease", "2s")
+		ctx := context.Background()
+		jss := make([]jetstream.JetStream, n)
+		for i := range n {
+			_, jss[i] = c.rep(i).connect(b)
+		}
+		if _, err := jss[0].CreateStream(ctx, jetstream.StreamConfig{Name: stream, Subjects: []string{strings.ToLower(stream) + ".>"}}); err != nil {
+			b.Fatal(err)
+		}
+		b.Run(fmt.Sprintf("replicas=%d/publish", n), func(b *testing.B) {
+			b.SetBytes(128)
+			var wg sync.WaitGroup
+			for i := range n {
+				share := b.N / n
+				if i == 0 {
+					share += b.N % n
+				}
+				wg.Go(func() {
+					publishAll(b, ctx, jss[i], fmt.Sprintf("%s.r%d", strings.ToLower(stream), i), share, func(int) []byte { return make([]byte, 128) })
+				})
+			}
+			wg.Wait()
+			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "msgs/s")
+		})
+		b.Run(fmt.Sprintf("replicas=%d/fetch", n), func(b *testing.B) {
+			b.StopTimer()
+			name := fmt.Sprintf("f%d", b.N)
+			if _, err := jss[0].CreateOrUpdateConsumer(ctx, stream, jetstream.ConsumerConfig{Durable: name, AckPolicy: jetstream.AckExplicitPolicy}); err != nil {
+				b.Fatal(err)
+			}
+			b.StartTimer()
+			var got atomic.Int64
+			var wg sync.WaitGroup
+			for i := range n {
+				wg.Go(func() {
+					cons, err := jss[i].Consumer(ctx, stream, name)
+					if err != nil {
+						b.Error(err)
+						return
+					}
+					for got.Load() < int64(b.N) {
+						batch, err := cons.Fetch(500, jetstream.FetchMaxWait(time.Second))
+						if err != nil {
+							continue
+						}
+						for m := range batch.Messages() {
+							got.Add(1)
+							_ = m.Ack()
+						}
+					}
+				})
+			}
+			wg.Wait()
+			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "msgs/s")
+		})
+		if n < 3 {
+			// Nothing of it may run beside the next cluster.
+			c.stop()
+			continue
+		}
+		b.Run("replicas=3/takeover", func(b *testing.B) {
+			b.StopTimer()
+			if _, err := jss[0].CreateOrUpdateConsumer(ctx, stream, jetstream.ConsumerConfig{Durable: "takeover", AckPolicy: jetstream.AckExplicitPolicy}); err != nil {
+				b.Fatal(err)
+			}
+			var total time.Duration
+			for range b.N {
+				nc, err := nats.Connect(c.urls())
+				if err != nil {
+					b.Fatal(err)
+				}
+				js, _ := jetstream.New(nc)
+				cons, err := js.Consumer(ctx, stream, "takeover")
+				if err != nil {
+					b.Fatal(err)
+				}
+				var victim int
+				if _, err := fmt.Sscanf(cons.CachedInfo().Cluster.Leader, "r%d", &victim); err != nil {
+					b.Fatalf("consumer leader %q: %v", cons.CachedInfo().Cluster.Leader, err)
+				}
+				victim--
+				killed := time.Now()
+				c.rep(victim).kill(b)
+				for {
+					if time.Since(killed) > 30*time.Second {
+						b.Fatal("no delivery within 30 s of the SIGKILL")
+					}
+					batch, err := cons.Fetch(1, jetstream.FetchMaxWait(100*time.Millisecond))
+					if err == nil {
+						if _, ok := <-batch.Messages(); ok {
+							break
+						}
+					}
+				}
+				total += time.Since(killed)
+				nc.Close()
+				c.restart(victim)
+			}
+			b.ReportMetric(float64(total.Microseconds())/1000/float64(b.N), "ms/takeover")
+		})
 	}
 }

@@ -74,7 +74,9 @@ func (o *Ownership) Reconnect(ctx context.Context) error {
 	cfg.RuntimeParams["tcp_keepalives_interval"] = "1"
 	cfg.RuntimeParams["tcp_keepalives_count"] = "3"
 	cfg.RuntimeParams["application_name"] = cfg.RuntimeParams["application_name"] + " ownership"
-	ctx, cancel := context.WithTimeout(ctx, o.db.cfg.StmtTimeout)
+	// Bounded by the lease rather than the statement timeout: the session is useless to a
+	// replica that cannot get it within a lease, and other calls wait for it meanwhile.
+	ctx, cancel := context.WithTimeout(ctx, min(o.db.cfg.StmtTimeout, o.keepalive))
 	defer cancel()
 	conn, err := pgx.ConnectConfig(ctx, cfg)
 	if err != nil {

@@ -134,7 +134,7 @@ func (b *Bridge) startConsumers(ctx context.Context) error {
 	cs.ctx = cctx
 	// Ownership is a session of its own; PostgreSQL gives a replica that is cut off its
 	// keepalive probes only after a whole lease of silence.
-	if cs.own.own, err = b.db.OpenOwnership(ctx, b.cfg.Lease); err != nil {
+	if cs.own.own, err = b.db.OpenOwnership(ctx, b.cfg.Lease, b.cfg.Lease/confirmsPerLease); err != nil {
 		return err
 	}
 	cs.claimFree(ctx)
@@ -150,6 +150,7 @@ func (b *Bridge) startConsumers(ctx context.Context) error {
 	cs.g.Go(cs.tickLoop)
 	cs.g.Go(cs.leaseLoop)
 	cs.g.Go(cs.ownershipLoop)
+	cs.g.Go(cs.fenceLoop)
 	return nil
 }
 

@@ -17,17 +17,22 @@ const (
 	// LeaseDefault is Config.Lease's default.
 	LeaseDefault = 10 * time.Second
 	// QueueGroup is the queue group of every replica's stream-subject and $JS.API
-	// subscriptions: NATS hands each publish and each API request to one replica, the local
-	// one when it has a member.
+	// subscriptions: NATS hands each publish and each API request to one replica. The
+	// bridges are leafnodes of their servers, which nats-server does not prefer over a
+	// routed member: the pick is at random.
 	QueueGroup = "jetgres"
 
 	// claimsPerLease is how many times per lease a replica confirms its ownership session
 	// and looks for consumers nobody serves: with the default lease, every 250 ms, which
 	// bounds the time a dead replica's consumers stay silent.
 	claimsPerLease = 40
-	// confirmsPerLease sets the ownership session's confirmation timeout, a tenth of the
-	// lease: a replica that cannot confirm stops delivering well before half the lease.
+	// confirmsPerLease sets the timeout of every statement of the ownership session, a
+	// tenth of the lease: one that runs past it breaks the session.
 	confirmsPerLease = 10
+	// fencePerLease sets the fencing deadline, a fifth of the lease: a replica that has not
+	// confirmed its session for that long stops serving every consumer, whatever else it is
+	// waiting for. PostgreSQL gives a silent session's locks away only after a whole lease.
+	fencePerLease = 5
 )
 
 // consumerRef names a consumer by its stream's name, as requests do.
@@ -178,6 +183,8 @@ func (cs *consumerSide) ownershipLoop() {
 		}
 		own := cs.own.own
 		if !own.Connected() {
+			// The session is gone, and its locks with it, or soon.
+			cs.fence(pg.ErrOwnershipLost)
 			if err := own.Reconnect(cs.ctx); err != nil {
 				if cs.ctx.Err() == nil {
 					cs.b.warnTick.warn(cs.b.log, time.Now(), "reconnecting the ownership session failed", "err", err)
@@ -185,13 +192,32 @@ func (cs *consumerSide) ownershipLoop() {
 				continue
 			}
 		}
-		if err := own.Confirm(cs.ctx, lease/confirmsPerLease); err != nil {
+		if err := own.Confirm(cs.ctx); err != nil {
 			if cs.ctx.Err() == nil {
 				cs.fence(err)
 			}
 			continue
 		}
 		cs.claimFree(cs.ctx)
+	}
+}
+
+// fenceLoop stops serving every consumer once the ownership session has not been confirmed
+// within the fencing deadline, even while the ownership loop waits on a statement or a
+// connection. It runs on the system clock, as PostgreSQL's keepalives do.
+func (cs *consumerSide) fenceLoop() {
+	lease := cs.b.cfg.Lease
+	t := time.NewTicker(lease / claimsPerLease)
+	defer t.Stop()
+	for {
+		select {
+		case <-cs.ctx.Done():
+			return
+		case <-t.C:
+		}
+		if last := cs.own.own.Confirmed(); last.IsZero() || time.Since(last) > lease/fencePerLease {
+			cs.fence(errors.New("ownership session not confirmed within the fencing deadline"))
+		}
 	}
 }
 

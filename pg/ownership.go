@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -22,6 +23,7 @@ import (
 type Ownership struct {
 	db        *DB
 	keepalive time.Duration
+	timeout   time.Duration // of every statement on conn
 
 	mu   sync.Mutex // one statement at a time on conn
 	conn *pgx.Conn  // nil once broken or closed
@@ -30,6 +32,10 @@ type Ownership struct {
 	pid     uint32
 	started time.Time
 	held    map[ConsumerKey]int // this session's lock count per consumer
+	// confirmed is when (unix ns) the last statement that succeeded on conn was sent: the
+	// session held its locks then. Zero while there is no connection. Atomic, so that a
+	// watchdog reads it while a statement holds mu.
+	confirmed atomic.Int64
 }
 
 const (
@@ -52,8 +58,10 @@ const (
 // OpenOwnership opens the dedicated connection. keepalive is how long PostgreSQL waits on a
 // silent connection before probing it (then three probes a second apart): a replica cut off
 // from the database has stopped delivering long before PostgreSQL gives its locks away.
-func (db *DB) OpenOwnership(ctx context.Context, keepalive time.Duration) (*Ownership, error) {
-	o := &Ownership{db: db, keepalive: keepalive, held: make(map[ConsumerKey]int)}
+// timeout bounds every statement on the connection; one that runs past it breaks the
+// connection, so that the caller learns at once that it can vouch for nothing.
+func (db *DB) OpenOwnership(ctx context.Context, keepalive, timeout time.Duration) (*Ownership, error) {
+	o := &Ownership{db: db, keepalive: keepalive, timeout: timeout, held: make(map[ConsumerKey]int)}
 	if err := o.Reconnect(ctx); err != nil {
 		return nil, err
 	}
@@ -93,6 +101,7 @@ func (o *Ownership) Reconnect(ctx context.Context) error {
 		}
 	}
 	o.conn, o.pid, o.started = conn, conn.PgConn().PID(), started
+	o.confirmed.Store(time.Now().UnixNano())
 	clear(o.held)
 	return nil
 }
@@ -104,18 +113,30 @@ func (o *Ownership) Connected() bool {
 	return o.conn != nil
 }
 
-// exec runs fn on the connection within timeout. Any failure breaks the connection: its
-// session's locks can no longer be vouched for.
-func (o *Ownership) exec(ctx context.Context, timeout time.Duration, fn func(ctx context.Context, c *pgx.Conn) error) error {
+// Confirmed is when the last statement that succeeded on the connection was sent, the
+// zero time while there is none: every lock this process holds was held then.
+func (o *Ownership) Confirmed() time.Time {
+	ns := o.confirmed.Load()
+	if ns == 0 {
+		return time.Time{}
+	}
+	return time.Unix(0, ns)
+}
+
+// exec runs fn on the connection within the statement timeout. Any failure breaks the
+// connection: its session's locks can no longer be vouched for.
+func (o *Ownership) exec(ctx context.Context, fn func(ctx context.Context, c *pgx.Conn) error) error {
 	if o.conn == nil {
 		return ErrOwnershipLost
 	}
-	ctx, cancel := context.WithTimeout(ctx, timeout)
+	sent := time.Now()
+	ctx, cancel := context.WithTimeout(ctx, o.timeout)
 	defer cancel()
 	if err := fn(ctx, o.conn); err != nil {
 		o.breakLocked()
 		return fmt.Errorf("%w: %w", ErrOwnershipLost, err)
 	}
+	o.confirmed.Store(sent.UnixNano())
 	return nil
 }
 
@@ -125,6 +146,7 @@ func (o *Ownership) breakLocked() {
 		o.conn = nil
 		go func() { _ = c.Close(context.Background()) }()
 	}
+	o.confirmed.Store(0)
 	clear(o.held)
 }
 
@@ -132,11 +154,11 @@ func (o *Ownership) breakLocked() {
 // gone, and the consumers it vouched for must stop.
 var ErrOwnershipLost = errors.New("pg: ownership connection lost")
 
-// Confirm checks within timeout that the session holding the locks is alive.
-func (o *Ownership) Confirm(ctx context.Context, timeout time.Duration) error {
+// Confirm checks that the session holding the locks is alive.
+func (o *Ownership) Confirm(ctx context.Context) error {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	return o.exec(ctx, timeout, func(ctx context.Context, c *pgx.Conn) error { return c.Ping(ctx) })
+	return o.exec(ctx, func(ctx context.Context, c *pgx.Conn) error { return c.Ping(ctx) })
 }
 
 // TryLock takes the consumer's lock unless another session holds it.
@@ -148,7 +170,7 @@ func (o *Ownership) TryLock(ctx context.Context, k ConsumerKey) (bool, error) {
 		return true, nil
 	}
 	var ok bool
-	err := o.exec(ctx, o.db.cfg.StmtTimeout, func(ctx context.Context, c *pgx.Conn) error {
+	err := o.exec(ctx, func(ctx context.Context, c *pgx.Conn) error {
 		return c.QueryRow(ctx, sqlTryLock, k.StreamID, k.Name).Scan(&ok)
 	})
 	if ok {
@@ -169,7 +191,7 @@ func (o *Ownership) Unlock(ctx context.Context, k ConsumerKey) error {
 		return nil
 	}
 	delete(o.held, k)
-	return o.exec(ctx, o.db.cfg.StmtTimeout, func(ctx context.Context, c *pgx.Conn) error {
+	return o.exec(ctx, func(ctx context.Context, c *pgx.Conn) error {
 		_, err := c.Exec(ctx, sqlUnlock, k.StreamID, k.Name)
 		return err
 	})
@@ -184,7 +206,7 @@ func (o *Ownership) ClaimFree(ctx context.Context, streamIDs []int64) ([]Consume
 		mine = append(mine, strconv.FormatInt(k.StreamID, 10)+"/"+k.Name)
 	}
 	var out []ConsumerKey
-	err := o.exec(ctx, o.db.cfg.StmtTimeout, func(ctx context.Context, c *pgx.Conn) error {
+	err := o.exec(ctx, func(ctx context.Context, c *pgx.Conn) error {
 		rows, err := c.Query(ctx, sqlClaimFree, streamIDs, mine)
 		if err != nil {
 			return err
@@ -210,6 +232,7 @@ func (o *Ownership) Close() {
 		_ = o.conn.Close(context.Background())
 		o.conn = nil
 	}
+	o.confirmed.Store(0)
 	clear(o.held)
 }
 

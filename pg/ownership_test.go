@@ -14,7 +14,7 @@ import (
 
 func openOwnership(t *testing.T, db *pg.DB) *pg.Ownership {
 	t.Helper()
-	o, err := db.OpenOwnership(context.Background(), 10*time.Second)
+	o, err := db.OpenOwnership(context.Background(), 10*time.Second, 5*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -72,10 +72,10 @@ func TestOwnershipLocks(t *testing.T) {
 		}
 		return nil
 	})
-	if err := r1.Confirm(ctx, time.Second); !errors.Is(err, pg.ErrOwnershipLost) {
+	if err := r1.Confirm(ctx); !errors.Is(err, pg.ErrOwnershipLost) {
 		t.Fatalf("r1 confirms after its session ended: %v, want ErrOwnershipLost", err)
 	}
-	if r1.Connected() {
+	if r1.Connected() || !r1.Confirmed().IsZero() {
 		t.Fatal("r1 still reports a connection")
 	}
 	if err := r1.Reconnect(ctx); err != nil {

@@ -79,30 +79,19 @@ func (db *DB) CreateConsumer(ctx context.Context, c Consumer, owner string, ttl 
 
 // UpdateConsumerConfig replaces a consumer's stored configuration.
 func (db *DB) UpdateConsumerConfig(ctx context.Context, streamID int64, name string, config []byte) error {
-	return db.execOneNotify(ctx, "update consumer", streamID, `UPDATE jetgres.consumers SET config = $3 WHERE stream_id = $1 AND name = $2`, streamID, name, config)
+	return db.execOne(ctx, "update consumer", notifying(`UPDATE jetgres.consumers SET config = $3 WHERE stream_id = $1 AND name = $2`), streamID, name, config)
 }
 
 // DeleteConsumer removes a consumer; ErrNotFound if there is none.
 func (db *DB) DeleteConsumer(ctx context.Context, streamID int64, name string) error {
-	return db.execOneNotify(ctx, "delete consumer", streamID, `DELETE FROM jetgres.consumers WHERE stream_id = $1 AND name = $2`, streamID, name)
+	return db.execOne(ctx, "delete consumer", notifying(`DELETE FROM jetgres.consumers WHERE stream_id = $1 AND name = $2`), streamID, name)
 }
 
-// execOneNotify is execOne that notifies MetaChannel of the stream in the same transaction.
-func (db *DB) execOneNotify(ctx context.Context, what string, streamID int64, sql string, args ...any) error {
-	err := db.backgroundTx(ctx, func(ctx context.Context, q querier) error {
-		tag, err := q.Exec(ctx, sql, args...)
-		if err != nil {
-			return err
-		}
-		if tag.RowsAffected() == 0 {
-			return ErrNotFound
-		}
-		return notifyMeta(ctx, q, streamID)
-	})
-	if err != nil && !errors.Is(err, ErrNotFound) {
-		return fmt.Errorf("pg: %s: %w", what, err)
-	}
-	return err
+// notifying makes a statement on consumers notify MetaChannel of each row it touched, in the
+// same transaction; it still reports the rows it touched.
+func notifying(sql string) string {
+	return `WITH touched AS (` + sql + ` RETURNING stream_id)
+		SELECT pg_notify('` + MetaChannel + `', stream_id::text) FROM touched`
 }
 
 // CountConsumers counts a stream's consumers, whichever replica serves them.

@@ -122,6 +122,32 @@ func TestMetaNotifyAndCheck(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("no notification of a created stream")
 	}
+	wantNote := func(what string) {
+		t.Helper()
+		select {
+		case id := <-got:
+			if id != st.ID {
+				t.Fatalf("%s: notified %d, want %d", what, id, st.ID)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("no notification of %s", what)
+		}
+	}
+	if _, err := db.CreateConsumer(ctx, pg.Consumer{StreamID: st.ID, Name: "C", Config: []byte(`{}`)}, "", 0); err != nil {
+		t.Fatal(err)
+	}
+	wantNote("a created consumer")
+	if err := db.UpdateConsumerConfig(ctx, st.ID, "C", []byte(`{"a":1}`)); err != nil {
+		t.Fatal(err)
+	}
+	wantNote("an updated consumer")
+	if err := db.DeleteConsumer(ctx, st.ID, "C"); err != nil {
+		t.Fatal(err)
+	}
+	wantNote("a deleted consumer")
+	if err := db.DeleteConsumer(ctx, st.ID, "C"); !errors.Is(err, pg.ErrNotFound) {
+		t.Fatalf("deleting it again: %v, want ErrNotFound", err)
+	}
 	refused := errors.New("refused")
 	var seen []string
 	_, err = db.CreateStreamChecked(ctx, "M", []byte(`{}`), 1, func(others []pg.Stream) error {

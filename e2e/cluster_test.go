@@ -197,6 +197,27 @@ func TestThreeReplicas(t *testing.T) {
 			t.Fatalf("stream info through replica %d: %v", i+1, err)
 		}
 	}
+	// Each API request gets one answer, whichever replica the client is on.
+	for i, r := range reps {
+		nc, _ := r.connect(t)
+		for _, subj := range []string{"$JS.API.INFO", "$JS.API.STREAM.INFO." + stream, "$JS.API.STREAM.NAMES"} {
+			inbox := nats.NewInbox()
+			sub, err := nc.SubscribeSync(inbox)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := nc.PublishRequest(subj, inbox, nil); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := sub.NextMsg(10 * time.Second); err != nil {
+				t.Fatalf("%s through replica %d: %v", subj, i+1, err)
+			}
+			if m, err := sub.NextMsg(300 * time.Millisecond); err == nil {
+				t.Fatalf("%s through replica %d answered twice: %s", subj, i+1, m.Data)
+			}
+			_ = sub.Unsubscribe()
+		}
+	}
 	// Two overlapping streams are refused whichever replica is asked.
 	if _, err := jss[2].CreateStream(ctx, jetstream.StreamConfig{Name: "OVER", Subjects: []string{"trio.a"}}); err == nil {
 		t.Fatal("a stream overlapping TRIO was created")
@@ -613,25 +634,39 @@ func BenchmarkReplicas(b *testing.B) {
 			if _, err := jss[0].CreateOrUpdateConsumer(ctx, stream, jetstream.ConsumerConfig{Durable: name, AckPolicy: jetstream.AckExplicitPolicy}); err != nil {
 				b.Fatal(err)
 			}
+			conses := make([]jetstream.Consumer, n)
+			for i := range n {
+				var err error
+				if conses[i], err = jss[i].Consumer(ctx, stream, name); err != nil {
+					b.Fatal(err)
+				}
+			}
 			b.StartTimer()
+			// The last message ends every fetcher's pull at once: the others would otherwise
+			// wait for theirs to expire.
+			fctx, done := context.WithCancel(ctx)
+			defer done()
 			var got atomic.Int64
 			var wg sync.WaitGroup
 			for i := range n {
 				wg.Go(func() {
-					cons, err := jss[i].Consumer(ctx, stream, name)
-					if err != nil {
-						b.Error(err)
-						return
-					}
-					for got.Load() < int64(b.N) {
-						batch, err := cons.Fetch(500, jetstream.FetchMaxWait(time.Second))
+					for fctx.Err() == nil {
+						pull, cancel := context.WithTimeout(fctx, time.Second)
+						batch, err := conses[i].Fetch(500, jetstream.FetchContext(pull))
 						if err != nil {
-							continue
+							cancel()
+							if fctx.Err() == nil {
+								b.Error(err)
+							}
+							return
 						}
 						for m := range batch.Messages() {
-							got.Add(1)
 							_ = m.Ack()
+							if got.Add(1) == int64(b.N) {
+								done()
+							}
 						}
+						cancel()
 					}
 				})
 			}

@@ -224,17 +224,17 @@ func New(cfg Config) (*Bridge, error) {
 	}
 	cfg.applyDefaults()
 	b := &Bridge{
-		cfg:      cfg,
-		db:       cfg.DB,
-		link:     cfg.Link,
-		log:      cfg.Logger,
-		pm:       newPushMetrics(cfg.Registerer),
-		clock:    clockOrSystem(cfg.Clock),
-		streams:  make(map[string]*stream),
-		ready:    newReadyQueue(),
-		apiReqs:  make(chan *leaf.Msg, APIQueueDefault),
-		metaKick: make(chan struct{}, 1),
+		cfg:     cfg,
+		db:      cfg.DB,
+		link:    cfg.Link,
+		log:     cfg.Logger,
+		pm:      newPushMetrics(cfg.Registerer),
+		clock:   clockOrSystem(cfg.Clock),
+		streams: make(map[string]*stream),
+		ready:   newReadyQueue(),
+		apiReqs: make(chan *leaf.Msg, APIQueueDefault),
 	}
+	b.metaKick = make(chan struct{}, 1)
 	b.initConsumers(cfg.Registerer)
 	return b, nil
 }

@@ -46,13 +46,11 @@ type consumerSide struct {
 	m     *consumerMetrics
 	// g runs the ticker, the lease keeper, every consumer's goroutine and their background
 	// reads and cursor writes; ctx is its context, nil until startConsumers.
-	g      startstop.Group
-	ctx    context.Context
-	ackSub *leaf.Subscription
-	kick   chan struct{}
-	// leaseKick makes the lease loop look at once: a consumer may have been deleted elsewhere.
-	leaseKick chan struct{}
-	activeN   chan struct{} // activation slots
+	g       startstop.Group
+	ctx     context.Context
+	ackSub  *leaf.Subscription
+	kick    chan struct{}
+	activeN chan struct{} // activation slots
 
 	tails   *tailcache.Budget
 	mu      sync.RWMutex
@@ -60,6 +58,8 @@ type consumerSide struct {
 
 	// own says which consumers this replica serves; see replicas.go.
 	own *ownership
+	// leaseKick makes the lease loop look at once: a consumer may have been deleted elsewhere.
+	leaseKick chan struct{}
 
 	// fcSub takes the answers to push consumers' flow-control requests.
 	fcSub *leaf.Subscription
@@ -109,14 +109,14 @@ func (b *Bridge) consumersOf(s *stream) *streamConsumers {
 
 func (b *Bridge) initConsumers(reg prometheus.Registerer) {
 	cs := &consumerSide{
-		b:         b,
-		owner:     b.cfg.ReplicaName,
-		kick:      make(chan struct{}, 1),
-		leaseKick: make(chan struct{}, 1),
-		activeN:   make(chan struct{}, activationsMax),
-		streams:   make(map[*stream]*streamConsumers),
-		tails:     tailcache.NewBudget(int64(b.cfg.TailTotalBytes)),
+		b:       b,
+		owner:   b.cfg.ReplicaName,
+		kick:    make(chan struct{}, 1),
+		activeN: make(chan struct{}, activationsMax),
+		streams: make(map[*stream]*streamConsumers),
+		tails:   tailcache.NewBudget(int64(b.cfg.TailTotalBytes)),
 	}
+	cs.leaseKick = make(chan struct{}, 1)
 	cs.m = newConsumerMetrics(reg, cs)
 	cs.own = newOwnership(reg, cs)
 	b.cons = cs

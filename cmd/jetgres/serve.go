@@ -232,9 +232,9 @@ func replicaName(flag string, natsPort int) string {
 func natsConfig(cfg config, host string, port int, log *slog.Logger) natsd.Config {
 	return natsd.Config{
 		Host: host, Port: port, Logger: log,
+		Cluster:    natsd.ClusterConfig{Listen: cfg.Cluster, Routes: splitRoutes(cfg.Routes), Name: cfg.ClusterName},
 		ConfigFile: cfg.NATSConfig, User: cfg.User, Password: cfg.Password,
-		TLS:     natsd.TLSConfig{Cert: cfg.TLSCert, Key: cfg.TLSKey, CA: cfg.TLSCA, Verify: cfg.TLSVerify},
-		Cluster: natsd.ClusterConfig{Listen: cfg.Cluster, Routes: splitRoutes(cfg.Routes), Name: cfg.ClusterName},
+		TLS: natsd.TLSConfig{Cert: cfg.TLSCert, Key: cfg.TLSKey, CA: cfg.TLSCA, Verify: cfg.TLSVerify},
 	}
 }
 

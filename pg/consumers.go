@@ -6,14 +6,13 @@ import (
 	"fmt"
 	"slices"
 	"sort"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 )
 
-// ErrLeaseHeld is returned when another replica serves the consumer: its lease is live and
-// not ours. ErrLeaseLost is returned by a cursor write after the lease moved on (or the
+// ErrLeaseHeld says another replica serves the consumer: another session holds its lock (see
+// Ownership). ErrLeaseLost is returned by a cursor write after the lease moved on (or the
 // consumer was deleted): the caller must stop serving it.
 var (
 	ErrLeaseHeld = errors.New("pg: consumer is served by another replica")
@@ -182,56 +181,6 @@ type LeaseParams struct {
 	Name     string
 	Owner    string
 	TTL      time.Duration
-}
-
-// AcquireConsumer takes the consumer's lease if it is free, expired or already Owner's,
-// and returns the consumer as stored. ErrLeaseHeld says another replica serves it,
-// ErrNotFound that it does not exist.
-func (db *DB) AcquireConsumer(ctx context.Context, p LeaseParams) (Consumer, error) {
-	var c Consumer
-	err := db.background(ctx, func(ctx context.Context, q querier) error {
-		var err error
-		c, err = scanConsumer(q.QueryRow(ctx, `UPDATE jetgres.consumers SET owner = $3, lease_until = now() + $4::interval
-			WHERE stream_id = $1 AND name = $2 AND (owner = $3 OR owner = '' OR lease_until < now())
-			RETURNING `+sqlConsumerCols, p.StreamID, p.Name, p.Owner, p.TTL))
-		if !errors.Is(err, pgx.ErrNoRows) {
-			return err
-		}
-		var one int
-		err = q.QueryRow(ctx, `SELECT 1 FROM jetgres.consumers WHERE stream_id = $1 AND name = $2`, p.StreamID, p.Name).Scan(&one)
-		if errors.Is(err, pgx.ErrNoRows) {
-			return ErrNotFound
-		}
-		if err != nil {
-			return err
-		}
-		return ErrLeaseHeld
-	})
-	if err != nil && !errors.Is(err, ErrNotFound) && !errors.Is(err, ErrLeaseHeld) {
-		return Consumer{}, fmt.Errorf("pg: acquire consumer: %w", err)
-	}
-	return c, err
-}
-
-// AcquireConsumers takes, in one statement, the lease of every consumer of a stream that
-// is free, expired or already owner's, and returns those consumers ordered by name.
-func (db *DB) AcquireConsumers(ctx context.Context, streamID int64, owner string, ttl time.Duration) ([]Consumer, error) {
-	var out []Consumer
-	err := db.background(ctx, func(ctx context.Context, q querier) error {
-		rows, err := q.Query(ctx, `UPDATE jetgres.consumers SET owner = $2, lease_until = now() + $3::interval
-			WHERE stream_id = $1 AND (owner = $2 OR owner = '' OR lease_until < now())
-			RETURNING `+sqlConsumerCols, streamID, owner, ttl)
-		if err != nil {
-			return err
-		}
-		out, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (Consumer, error) { return scanConsumer(r) })
-		return err
-	})
-	if err != nil {
-		return nil, fmt.Errorf("pg: acquire consumers: %w", err)
-	}
-	slices.SortFunc(out, func(a, b Consumer) int { return strings.Compare(a.Name, b.Name) })
-	return out, nil
 }
 
 // RenewConsumerLeases extends every lease owner holds by ttl, in one statement, and returns

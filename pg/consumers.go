@@ -93,6 +93,31 @@ func notifying(sql string) string {
 		SELECT pg_notify('` + MetaChannel + `', stream_id::text) FROM touched`
 }
 
+// ConsumerCounts counts the consumers of every stream that has any, in one read.
+func (db *DB) ConsumerCounts(ctx context.Context) (map[int64]int, error) {
+	out := make(map[int64]int)
+	err := db.background(ctx, func(ctx context.Context, q querier) error {
+		rows, err := q.Query(ctx, `SELECT stream_id, count(*) FROM jetgres.consumers GROUP BY stream_id`)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var id int64
+			var n int
+			if err := rows.Scan(&id, &n); err != nil {
+				return err
+			}
+			out[id] = n
+		}
+		return rows.Err()
+	})
+	if err != nil {
+		return nil, fmt.Errorf("pg: consumer counts: %w", err)
+	}
+	return out, nil
+}
+
 // CountConsumers counts a stream's consumers, whichever replica serves them.
 func (db *DB) CountConsumers(ctx context.Context, streamID int64) (int, error) {
 	var n int

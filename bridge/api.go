@@ -120,9 +120,14 @@ func (b *Bridge) apiAccountInfo(ctx context.Context) (*server.JSApiAccountInfoRe
 	if err != nil {
 		return resp, err
 	}
+	// Every replica's consumers, in one read too.
+	counts, err := b.db.ConsumerCounts(ctx)
+	if err != nil {
+		return resp, err
+	}
 	for _, s := range b.streamList() {
 		stats.Streams++
-		stats.Consumers += b.numConsumers(s)
+		stats.Consumers += counts[s.id]
 		stats.Store += totals[s.id].Bytes
 	}
 	stats.Limits = server.JetStreamAccountLimits{MaxMemory: -1, MaxStore: -1, MaxStreams: -1, MaxConsumers: -1, MaxAckPending: -1, MemoryMaxStreamBytes: -1, StoreMaxStreamBytes: -1}

@@ -152,7 +152,7 @@ func (cs *consumerSide) apiCreate(ctx context.Context, tok []string, data []byte
 	if req.Action == server.ActionUpdate {
 		return fail(server.NewJSConsumerDoesNotExistError())
 	}
-	if scfg.MaxConsumers > 0 && cs.b.numConsumers(s) >= scfg.MaxConsumers {
+	if scfg.MaxConsumers > 0 && cs.b.numConsumers(ctx, s) >= scfg.MaxConsumers {
 		return fail(server.NewJSMaximumConsumersLimitError())
 	}
 	c, err = cs.create(ctx, s, name, cfg)
@@ -207,8 +207,19 @@ func (cs *consumerSide) create(ctx context.Context, s *stream, name string, cfg 
 	if err != nil {
 		return nil, server.NewJSConsumerCreateError(err)
 	}
+	// The lock comes first: a replica looking for consumers nobody serves must not take one
+	// that is being created here.
+	owner := cs.owner
+	if ok, err := cs.lockNew(ctx, s, name); err != nil {
+		return nil, fmt.Errorf("creating consumer %q on stream %q: %w", name, s.name, err)
+	} else if !ok {
+		owner = ""
+	}
 	row, err := cs.b.db.CreateConsumer(ctx, pg.Consumer{StreamID: s.id, Name: name, Config: raw, AckStreamSeq: start.next - 1},
-		cs.owner, consumerLeaseTTL)
+		owner, cs.b.cfg.Lease)
+	if err != nil && owner != "" {
+		cs.release(s, name)
+	}
 	switch {
 	case errors.Is(err, pg.ErrExists):
 		return nil, server.NewJSConsumerNameExistError()
@@ -220,6 +231,10 @@ func (cs *consumerSide) create(ctx context.Context, s *stream, name string, cfg 
 	sc, err := cs.streamLoaded(ctx, s)
 	if err != nil {
 		return nil, fmt.Errorf("loading stream %q: %w", s.name, err)
+	}
+	if owner == "" {
+		// Its lock key collides with a consumer another replica serves, which takes it over.
+		return nil, fmt.Errorf("creating consumer %q on stream %q: %w", name, s.name, pg.ErrLeaseHeld)
 	}
 	c, err := cs.activate(ctx, sc, row, start)
 	if err != nil {
@@ -324,6 +339,7 @@ func (cs *consumerSide) infoLocked(c *consumer) (info *server.ConsumerInfo, from
 		NumAckPending:  c.st.NumAckPending(),
 		NumRedelivered: c.st.NumRedelivered(),
 		TimeStamp:      now.UTC(),
+		Cluster:        cs.b.clusterInfo(cs.owner),
 	}
 	info.Paused, info.PauseRemaining = pausedAt(cfg.PauseUntil, now)
 	for _, wr := range c.waiting {
@@ -370,6 +386,7 @@ func (cs *consumerSide) rowInfo(ctx context.Context, s *stream, row pg.Consumer,
 	info := &server.ConsumerInfo{Stream: s.name, Name: row.Name, Created: row.Created.UTC(), Config: &cfg,
 		Delivered: floor, AckFloor: floor, NumPending: np, TimeStamp: now.UTC(), PushBound: cs.pushBound(&cfg)}
 	info.Paused, info.PauseRemaining = pausedAt(cfg.PauseUntil, now)
+	info.Cluster = cs.b.clusterInfo(row.Owner)
 	return info, nil
 }
 

@@ -94,7 +94,10 @@ func (b *Bridge) apiStreamCreate(ctx context.Context, name string, body []byte) 
 	if err != nil {
 		return resp, server.NewJSStreamCreateError(err)
 	}
-	st, err := b.db.CreateStreamFrom(ctx, name, raw, cfg.FirstSeq)
+	st, err := b.db.CreateStreamChecked(ctx, name, raw, cfg.FirstSeq, b.overlapCheck(cfg.Subjects))
+	if errors.Is(err, errOverlap) {
+		return resp, server.NewJSStreamSubjectOverlapError()
+	}
 	if errors.Is(err, pg.ErrExists) {
 		return resp, server.NewJSStreamNameExistError()
 	}
@@ -151,7 +154,7 @@ func (b *Bridge) streamInfoSubjects(ctx context.Context, s *stream) (*server.Str
 		FirstSeq:    st.FirstSeq,
 		LastSeq:     st.LastSeq,
 		NumDeleted:  int(st.Deleted),
-		Consumers:   b.numConsumers(s),
+		Consumers:   b.numConsumers(ctx, s),
 	}
 	if st.FirstTS > 0 {
 		state.FirstTime = time.Unix(0, st.FirstTS).UTC()
@@ -166,7 +169,8 @@ func (b *Bridge) streamInfoSubjects(ctx context.Context, s *stream) (*server.Str
 			state.FirstSeq = 0
 		}
 	}
-	return &server.StreamInfo{Config: s.config(), Created: s.created.UTC(), State: state, TimeStamp: b.clock.Now().UTC()}, subjects, nil
+	return &server.StreamInfo{Config: s.config(), Created: s.created.UTC(), State: state, TimeStamp: b.clock.Now().UTC(),
+		Cluster: b.clusterInfo(b.cfg.ReplicaName)}, subjects, nil
 }
 
 func (b *Bridge) apiStreamUpdate(ctx context.Context, name string, body []byte) (*server.JSApiStreamUpdateResponse, error) {
@@ -217,7 +221,10 @@ func (b *Bridge) apiStreamUpdate(ctx context.Context, name string, body []byte) 
 	if err != nil {
 		return fail(server.NewJSStreamUpdateError(err))
 	}
-	if err := b.db.UpdateStreamConfig(ctx, s.id, raw); err != nil {
+	if err := b.db.UpdateStreamChecked(ctx, s.id, name, raw, b.overlapCheck(cfg.Subjects)); err != nil {
+		if errors.Is(err, errOverlap) {
+			return fail(server.NewJSStreamSubjectOverlapError())
+		}
 		return fail(fmt.Errorf("update stream %q: %w", name, err))
 	}
 	s.setConfig(cfg)

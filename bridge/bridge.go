@@ -87,6 +87,13 @@ type Config struct {
 	// MaxPayload is the largest message the embedded server accepts; streams without a
 	// max_msg_size report it. Defaults to 1 MiB.
 	MaxPayload int32
+	// Lease is how long a consumer's lease lasts without renewal. A replica confirms its
+	// ownership session claimsPerLease times per lease and stops serving every consumer when
+	// it cannot, within a fifth of the lease. Defaults to LeaseDefault.
+	Lease time.Duration
+	// ClusterName is the NATS cluster's name, reported with the serving replica in stream
+	// and consumer info; empty reports no cluster.
+	ClusterName string
 	// Clock tells the bridge the time (see Clock). Nil means the system clock, the only
 	// right one outside tests.
 	Clock Clock
@@ -120,6 +127,7 @@ func (c *Config) validate() error {
 		{"FlushMaxStreams", int64(c.FlushMaxStreams)},
 		{"MaxPayload", int64(c.MaxPayload)},
 		{"CursorInterval", int64(c.CursorInterval)},
+		{"Lease", int64(c.Lease)},
 	} {
 		if f.v < 0 {
 			errs = append(errs, fmt.Errorf("%s must not be negative, got %d", "Config."+f.name, f.v))
@@ -165,6 +173,9 @@ func (c *Config) applyDefaults() {
 	if c.MaxPayload == 0 {
 		c.MaxPayload = MaxPayloadDefault
 	}
+	if c.Lease == 0 {
+		c.Lease = LeaseDefault
+	}
 }
 
 // errStopping is what work refused because the bridge is stopping fails with.
@@ -204,6 +215,9 @@ type Bridge struct {
 	// unsupportedLogged[i] is set once unsupportedRequests[i] has been logged.
 	unsupportedLogged [len(unsupportedRequests)]atomic.Bool
 
+	// metaKick wakes the stream sync loop when another replica changed a stream.
+	metaKick chan struct{}
+
 	cons       *consumerSide
 	gets       *getIndex
 	sql        *sqlMover
@@ -230,6 +244,7 @@ func New(cfg Config) (*Bridge, error) {
 		ready:   newReadyQueue(),
 		apiReqs: make(chan *leaf.Msg, APIQueueDefault),
 	}
+	b.metaKick = make(chan struct{}, 1)
 	b.initConsumers(cfg.Registerer)
 	b.gets = newGetIndex(cfg.SubjectIndexBytes, cfg.Registerer)
 	return b, nil
@@ -264,12 +279,13 @@ func (b *Bridge) Start(ctx context.Context) (err error) {
 		b.bg.Go(b.apiWorker)
 	}
 	b.bg.Go(b.streamSyncLoop)
+	b.bg.Go(func() { b.db.ListenMeta(b.ctx, b.metaChanged) })
 	if err := b.startConsumers(ctx); err != nil {
 		return fmt.Errorf("bridge: start consumers: %w", err)
 	}
 	b.startRetention()
 	b.startSQLMover()
-	sub, err := b.link.Subscribe("$JS.API.>", "", b.onAPI)
+	sub, err := b.link.Subscribe("$JS.API.>", QueueGroup, b.onAPI)
 	if err != nil {
 		return fmt.Errorf("bridge: subscribe $JS.API.>: %w", err)
 	}
@@ -334,7 +350,24 @@ func (b *Bridge) OldestFlush(now time.Time) time.Duration {
 	return max(now.Sub(time.Unix(0, oldest)), 0)
 }
 
-// streamSyncLoop picks up stream changes that another replica made.
+// metaChanged is told of each stream and consumer change any replica commits (0: some may
+// have been missed): the streams are re-read, and the leases looked at, at once.
+func (b *Bridge) metaChanged(int64) {
+	select {
+	case b.metaKick <- struct{}{}:
+	default:
+	}
+	if cs := b.cs(); cs != nil {
+		select {
+		case cs.leaseKick <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// streamSyncLoop picks up stream changes that another replica made: at once when
+// PostgreSQL notifies of them, and every StreamSyncPeriodDefault in case a notification was
+// lost.
 func (b *Bridge) streamSyncLoop() {
 	t := b.clock.NewTicker(StreamSyncPeriodDefault)
 	defer t.Stop()
@@ -343,9 +376,10 @@ func (b *Bridge) streamSyncLoop() {
 		case <-b.ctx.Done():
 			return
 		case <-t.C():
-			if err := b.syncStreams(b.ctx); err != nil && b.ctx.Err() == nil {
-				b.log.Warn("re-reading streams failed", "err", err)
-			}
+		case <-b.metaKick:
+		}
+		if err := b.syncStreams(b.ctx); err != nil && b.ctx.Err() == nil {
+			b.log.Warn("re-reading streams failed", "err", err)
 		}
 	}
 }

@@ -18,9 +18,15 @@ import (
 	"github.com/jetgres/jetgres/pg"
 )
 
+// ReadAheadMsgs caps the messages one read of PostgreSQL fetches for a consumer behind the
+// tail, and ReadAheadBytes the bytes: a push consumer always reads that many, one read in
+// flight.
 const (
-	// readAheadMax caps the messages one read of PostgreSQL fetches for a consumer behind
-	// the tail, and readAheadBytes the bytes.
+	ReadAheadMsgs  = readAheadMax
+	ReadAheadBytes = readAheadBytes
+)
+
+const (
 	readAheadMax   = 1000
 	readAheadMin   = 64
 	readAheadBytes = 8 << 20

@@ -30,9 +30,6 @@ const (
 	// high-water marks it polls do not move.
 	TickIdleMaxDefault = time.Second
 
-	// consumerLeaseTTL is how long a replica's claim on a consumer lasts without renewal;
-	// leases are renewed every third of it.
-	consumerLeaseTTL = 30 * time.Second
 	// consumerQueueMax bounds the pull requests and acks waiting for one consumer's
 	// goroutine; beyond it pull requests get 409 and acks are dropped (and redelivered).
 	consumerQueueMax = 1 << 16
@@ -58,6 +55,11 @@ type consumerSide struct {
 	tails   *tailcache.Budget
 	mu      sync.RWMutex
 	streams map[*stream]*streamConsumers
+
+	// own says which consumers this replica serves; see replicas.go.
+	own *ownership
+	// leaseKick makes the lease loop look at once: a consumer may have been deleted elsewhere.
+	leaseKick chan struct{}
 
 	// fcSub takes the answers to push consumers' flow-control requests.
 	fcSub *leaf.Subscription
@@ -114,7 +116,9 @@ func (b *Bridge) initConsumers(reg prometheus.Registerer) {
 		streams: make(map[*stream]*streamConsumers),
 		tails:   tailcache.NewBudget(int64(b.cfg.TailTotalBytes)),
 	}
+	cs.leaseKick = make(chan struct{}, 1)
 	cs.m = newConsumerMetrics(reg, cs)
+	cs.own = newOwnership(reg, cs)
 	b.cons = cs
 }
 
@@ -128,11 +132,12 @@ func (b *Bridge) startConsumers(ctx context.Context) error {
 		return err
 	}
 	cs.ctx = cctx
-	for _, s := range b.streamList() {
-		if err := cs.loadStream(ctx, s); err != nil {
-			return err
-		}
+	// Ownership is a session of its own; PostgreSQL gives a replica that is cut off its
+	// keepalive probes only after a whole lease of silence.
+	if cs.own.own, err = b.db.OpenOwnership(ctx, b.cfg.Lease, b.cfg.Lease/confirmsPerLease); err != nil {
+		return err
 	}
+	cs.claimFree(ctx)
 	sub, err := b.link.SubscribeBorrowed(jswire.AckPrefix+">", "", cs.onAck)
 	if err != nil {
 		return err
@@ -144,6 +149,8 @@ func (b *Bridge) startConsumers(ctx context.Context) error {
 	cs.g.Go(cs.interestLoop)
 	cs.g.Go(cs.tickLoop)
 	cs.g.Go(cs.leaseLoop)
+	cs.g.Go(cs.ownershipLoop)
+	cs.g.Go(cs.fenceLoop)
 	return nil
 }
 
@@ -185,6 +192,9 @@ func (b *Bridge) stopConsumers(ctx context.Context) {
 	cs.g.Stop()
 	if err := b.db.ReleaseConsumerLeases(context.WithoutCancel(ctx), cs.owner); err != nil {
 		b.log.Warn("releasing consumer leases failed", "err", err)
+	}
+	if cs.own.own != nil {
+		cs.own.own.Close()
 	}
 }
 
@@ -271,7 +281,12 @@ func (b *Bridge) rowsRemoved(s *stream, upTo uint64) {
 	}
 }
 
-func (b *Bridge) numConsumers(s *stream) int {
+// numConsumers counts the stream's consumers, whichever replica serves them; when
+// PostgreSQL cannot be asked, the ones this replica serves.
+func (b *Bridge) numConsumers(ctx context.Context, s *stream) int {
+	if n, err := b.db.CountConsumers(ctx, s.id); err == nil {
+		return n
+	}
 	sc := b.consumersOf(s)
 	if sc == nil {
 		return 0
@@ -281,9 +296,21 @@ func (b *Bridge) numConsumers(s *stream) int {
 	return len(sc.cons)
 }
 
-// handlePullRequest runs on the link's read loop: it only hands the request to the
-// consumer's goroutine, in arrival order with that consumer's acks.
+// handlePullRequest takes a pull request that reached this replica through the $JS.API
+// queue group. The replica serving the consumer has its own subscription to the consumer's
+// subject and so has the request already, whether it is this one or another: only a request
+// for a consumer served nowhere is taken here, by taking the consumer over.
 func (b *Bridge) handlePullRequest(m *leaf.Msg, streamName, consumerName string) {
+	cs := b.cs()
+	if cs == nil || cs.own.holds(streamName, consumerName) || b.link.HasQueueInterest(m.Subject, "") {
+		return
+	}
+	b.servePull(m, streamName, consumerName)
+}
+
+// servePull runs on the link's read loop: it only hands the request to the consumer's
+// goroutine, in arrival order with that consumer's acks.
+func (b *Bridge) servePull(m *leaf.Msg, streamName, consumerName string) {
 	if m.Reply == "" {
 		return
 	}
@@ -351,27 +378,6 @@ func (cs *consumerSide) streamLoaded(ctx context.Context, s *stream) (*streamCon
 	return sc, nil
 }
 
-// loadStream starts serving every stored consumer of the stream whose lease is free.
-func (cs *consumerSide) loadStream(ctx context.Context, s *stream) error {
-	rows, err := cs.b.db.AcquireConsumers(ctx, s.id, cs.owner, consumerLeaseTTL)
-	if err != nil {
-		return err
-	}
-	if len(rows) == 0 {
-		return nil
-	}
-	sc, err := cs.streamLoaded(ctx, s)
-	if err != nil {
-		return err
-	}
-	for _, row := range rows {
-		if _, err := cs.activate(ctx, sc, row, nil); err != nil {
-			cs.b.log.Error("loading consumer failed", "stream", s.name, "consumer", row.Name, "err", err)
-		}
-	}
-	return nil
-}
-
 // activate starts serving a stored consumer whose lease this process holds. start, for a
 // consumer just created, carries the start position decided at creation.
 func (cs *consumerSide) activate(ctx context.Context, sc *streamConsumers, row pg.Consumer, start *startPos) (*consumer, error) {
@@ -384,6 +390,7 @@ func (cs *consumerSide) activate(ctx context.Context, sc *streamConsumers, row p
 	from, extra := c.countFrom()
 	npc, err := cs.b.db.CountPending(ctx, pg.PendingParams{StreamID: sc.s.id, From: from, UpTo: hw, Filters: c.filters()})
 	if err != nil {
+		cs.release(sc.s, row.Name)
 		return nil, err
 	}
 	c.npc = int64(npc + extra)
@@ -401,6 +408,7 @@ func (cs *consumerSide) activate(ctx context.Context, sc *streamConsumers, row p
 	sc.mu.Lock()
 	if old := sc.cons[c.name]; old != nil {
 		sc.mu.Unlock()
+		cs.release(sc.s, row.Name) // the lock counted twice
 		return old, nil
 	}
 	sc.cons[c.name] = c
@@ -408,12 +416,22 @@ func (cs *consumerSide) activate(ctx context.Context, sc *streamConsumers, row p
 	if c.isPush() {
 		cs.trackPush(c, true)
 	}
+	cs.hold(c)
 	if !cs.g.Go(c.run) {
 		cs.remove(c)
 		close(c.done) // for a stop that listed it meanwhile
 		return nil, errStopping
 	}
 	return c, nil
+}
+
+// release gives back one count of a consumer's lock that no served consumer stands for.
+func (cs *consumerSide) release(s *stream, name string) {
+	if own := cs.own.own; own != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), cs.b.cfg.Lease)
+		defer cancel()
+		_ = own.Unlock(ctx, pg.ConsumerKey{StreamID: s.id, Name: name})
+	}
 }
 
 // remove forgets a consumer that stopped.
@@ -424,6 +442,7 @@ func (cs *consumerSide) remove(c *consumer) {
 	}
 	c.sc.mu.Unlock()
 	cs.trackPush(c, false)
+	cs.unhold(c)
 }
 
 // activateLater loads a consumer that a request named but this process does not serve yet,
@@ -467,12 +486,13 @@ func (cs *consumerSide) ensure(ctx context.Context, streamName, consumerName str
 	if err != nil {
 		return nil, err
 	}
-	row, err := cs.b.db.AcquireConsumer(ctx, pg.LeaseParams{StreamID: s.id, Name: consumerName, Owner: cs.owner, TTL: consumerLeaseTTL})
+	row, err := cs.claim(ctx, s, consumerName)
 	if err != nil {
 		return nil, err
 	}
 	sc, err := cs.streamLoaded(ctx, s)
 	if err != nil {
+		cs.release(s, consumerName)
 		return nil, err
 	}
 	return cs.activate(ctx, sc, row, nil)
@@ -482,16 +502,17 @@ func (cs *consumerSide) ensure(ctx context.Context, streamName, consumerName str
 // lease it lost (deleted or taken over elsewhere). It runs on the system clock, not the
 // bridge's: PostgreSQL judges lease expiry by its own.
 func (cs *consumerSide) leaseLoop() {
-	t := time.NewTicker(consumerLeaseTTL / 3)
+	t := time.NewTicker(cs.b.cfg.Lease / 3)
 	defer t.Stop()
 	for {
 		select {
 		case <-cs.ctx.Done():
 			return
 		case <-t.C:
+		case <-cs.leaseKick:
 		}
 		renewed := time.Now()
-		held, err := cs.b.db.RenewConsumerLeases(cs.ctx, cs.owner, consumerLeaseTTL)
+		held, err := cs.b.db.RenewConsumerLeases(cs.ctx, cs.owner, cs.b.cfg.Lease)
 		if err != nil {
 			if cs.ctx.Err() == nil {
 				cs.b.log.Warn("renewing consumer leases failed", "err", err)

@@ -17,6 +17,33 @@
 // It reaches PostgreSQL only through package pg, and every hot-path database call holds a
 // permit of a flow lane first: push for appends, pop for reads behind the tail cache.
 //
+// # Several replicas
+//
+// Replicas share one PostgreSQL and one NATS cluster (see replicas.go and the README's
+// "Several replicas"). Stream subjects and $JS.API.> are queue subscriptions of QueueGroup,
+// so each publish is appended and each request answered by one replica; every replica
+// appends, serialised by the stream's row lock. A consumer is served by the replica whose
+// ownership session (pg.Ownership) holds its advisory lock; that replica alone subscribes
+// the consumer's MSG.NEXT subject. A pull request that reaches a replica through the queue
+// group is dropped when the replica serves the consumer (its own subscription has the
+// request too) or when the server announces another replica's subscription to that subject;
+// otherwise the consumer is served nowhere and the replica takes it over.
+//
+// The two races that remain, and why they are harmless:
+//   - No answer: a request published after the old server dropped its subscription and
+//     before the new one subscribed reaches a replica that either cannot take the lock (the
+//     old session is not yet over; it drops the request) or takes it and serves the request.
+//     A dropped request ends as the client's pull timeout; its next pull is served.
+//   - Double take: between the new server's Subscribe and its noting the subscription, a
+//     request that reached it through both subscriptions is queued twice at the consumer.
+//     Both are answered by the one serving replica, never by two; the client gets more than
+//     it asked, and what it does not acknowledge comes again after ack_wait.
+//
+// Fencing keeps two replicas from serving one consumer: the session is confirmed
+// claimsPerLease times per lease, and a failed confirmation stops every consumer at once,
+// while PostgreSQL frees a silent session's locks only after a whole lease and its keepalive
+// probes. A cursor write also lands only while the row names this replica as owner.
+//
 // # Locks
 //
 // The package's mutexes, in the order in which they may be held together: a goroutine that
@@ -50,6 +77,10 @@
 //     waiting for it.
 //  14. consumerSide.pushMu guards the set of push consumers the interest watcher looks
 //     after; a stopping consumer leaves it under its own mu.
+//  15. ownership.mu guards the MSG.NEXT subscriptions of the consumers this replica serves;
+//     a stopping consumer drops its own under its mu. The link's Subscribe and Unsubscribe
+//     run outside it, and so does the ownership session (pg.Ownership has its own lock,
+//     taken with none of these held: a lock given back goes from a goroutine of its own).
 //
 // From 9 down each is a leaf: nothing is taken while it is held. A tail's lock
 // (bridge/tailcache) is a leaf too, and so are the get index's (getIndex.mu, flightMu and

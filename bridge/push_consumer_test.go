@@ -635,7 +635,7 @@ func TestPushOrderedChurn(t *testing.T) {
 		tb.bridge.cons.pushMu.Lock()
 		pushers := len(tb.bridge.cons.pushers)
 		tb.bridge.cons.pushMu.Unlock()
-		if n := tb.bridge.numConsumers(s); n != 0 || len(rows) != 0 || pushers != 0 {
+		if n := tb.bridge.numConsumers(ctx, s); n != 0 || len(rows) != 0 || pushers != 0 {
 			return fmt.Errorf("%d consumers served, %d rows, %d push consumers watched", n, len(rows), pushers)
 		}
 		return nil

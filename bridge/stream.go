@@ -3,6 +3,7 @@ package bridge
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -66,7 +67,7 @@ func (b *Bridge) subscribe(s *stream) error {
 	defer s.cfgMu.Unlock()
 	s.unsubscribeLocked()
 	for _, subj := range s.cfgView().Subjects {
-		sub, err := b.link.Subscribe(subj, "", func(m *leaf.Msg) { b.onPublish(s, m) })
+		sub, err := b.link.Subscribe(subj, QueueGroup, func(m *leaf.Msg) { b.onPublish(s, m) })
 		if err != nil {
 			return fmt.Errorf("subscribe %q: %w", subj, err)
 		}
@@ -168,6 +169,31 @@ func (b *Bridge) removeStream(s *stream) {
 	b.dropConsumers(s)
 	b.gets.drop(s)
 	b.closeIntake(s, server.NewJSStreamNotFoundError())
+}
+
+// errOverlap is the overlap check's refusal.
+var errOverlap = errors.New("subjects overlap with an existing stream")
+
+// overlapCheck is the subject-overlap check as PostgreSQL decides it: run in the transaction
+// that stores a stream, on every other stream stored, under a lock that serialises stream
+// creation across replicas, so two replicas cannot both create overlapping streams.
+func (b *Bridge) overlapCheck(subjects []string) pg.StreamCheck {
+	return func(others []pg.Stream) error {
+		for _, o := range others {
+			var cfg server.StreamConfig
+			if err := json.Unmarshal(o.Config, &cfg); err != nil {
+				return fmt.Errorf("stored config of stream %q: %w", o.Name, err)
+			}
+			for _, a := range cfg.Subjects {
+				for _, c := range subjects {
+					if server.SubjectsCollide(a, c) {
+						return errOverlap
+					}
+				}
+			}
+		}
+		return nil
+	}
 }
 
 // overlapping reports the first stream other than name whose subjects collide with subjects.

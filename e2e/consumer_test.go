@@ -61,7 +61,7 @@ func startWithDatabase(t *testing.T, dsn string, args ...string) *jetgres {
 // failOnRace fails the test if jetgres, built with the race detector when the tests are,
 // reports a data race: the process keeps running after one, so nothing else would notice.
 // The harness prints jetgres's output for a failed test.
-func failOnRace(t *testing.T, j *jetgres) {
+func failOnRace(t testing.TB, j *jetgres) {
 	t.Cleanup(func() {
 		if strings.Contains(j.logs.String(), "WARNING: DATA RACE") {
 			t.Error("jetgres reported a data race")

@@ -140,6 +140,9 @@ type publisher struct {
 	maxPending int
 	backoff    time.Duration
 	rate       atomic.Uint64 // publishes a second, retries included; 0 is as fast as acks allow
+	// ackTimeout, when set, gives up on a PubAck after it and retries: with several replicas
+	// a publish can die with another server than the client's, on a connection that lives.
+	ackTimeout time.Duration
 
 	mu        sync.Mutex
 	finishing bool // no new ids, only retries
@@ -188,10 +191,15 @@ func (p *publisher) run(ctx context.Context, url string, drain time.Duration) er
 		return err
 	}
 	defer nc.Close()
-	js, err := jetstream.New(nc,
+	opts := []jetstream.JetStreamOpt{
 		jetstream.WithPublishAsyncMaxPending(p.maxPending),
 		jetstream.WithPublishAsyncAckHandler(p.onAck),
-		jetstream.WithPublishAsyncErrHandler(p.onErr))
+		jetstream.WithPublishAsyncErrHandler(p.onErr),
+	}
+	if p.ackTimeout > 0 {
+		opts = append(opts, jetstream.WithPublishAsyncTimeout(p.ackTimeout))
+	}
+	js, err := jetstream.New(nc, opts...)
 	if err != nil {
 		return err
 	}

@@ -6,15 +6,14 @@ import (
 	"fmt"
 	"slices"
 	"sort"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
-// ErrLeaseHeld is returned when another replica serves the consumer: its lease is live and
-// not ours. ErrLeaseLost is returned by a cursor write after the lease moved on (or the
+// ErrLeaseHeld says another replica serves the consumer: another session holds its lock (see
+// Ownership). ErrLeaseLost is returned by a cursor write after the lease moved on (or the
 // consumer was deleted): the caller must stop serving it.
 var (
 	ErrLeaseHeld = errors.New("pg: consumer is served by another replica")
@@ -30,6 +29,8 @@ type Consumer struct {
 	Created        time.Time
 	AckStreamSeq   uint64
 	AckConsumerSeq uint64
+	// Owner is the replica that serves it, "" for none.
+	Owner string
 }
 
 // ConsumerKey names one consumer.
@@ -38,12 +39,12 @@ type ConsumerKey struct {
 	Name     string
 }
 
-const sqlConsumerCols = `stream_id, name, config, created, ack_stream_seq, ack_consumer_seq`
+const sqlConsumerCols = `stream_id, name, config, created, ack_stream_seq, ack_consumer_seq, owner`
 
 func scanConsumer(r pgx.Row) (Consumer, error) {
 	var c Consumer
 	var as, ac int64
-	err := r.Scan(&c.StreamID, &c.Name, &c.Config, &c.Created, &as, &ac)
+	err := r.Scan(&c.StreamID, &c.Name, &c.Config, &c.Created, &as, &ac, &c.Owner)
 	c.AckStreamSeq, c.AckConsumerSeq = uint64(as), uint64(ac)
 	return c, err
 }
@@ -53,15 +54,17 @@ func scanConsumer(r pgx.Row) (Consumer, error) {
 // the stream is gone.
 func (db *DB) CreateConsumer(ctx context.Context, c Consumer, owner string, ttl time.Duration) (Consumer, error) {
 	var out Consumer
-	err := db.background(ctx, func(ctx context.Context, q querier) error {
+	err := db.backgroundTx(ctx, func(ctx context.Context, q querier) error {
 		row := q.QueryRow(ctx, `INSERT INTO jetgres.consumers
 			(stream_id, name, config, ack_stream_seq, ack_consumer_seq, owner, lease_until)
 			VALUES ($1, $2, $3, $4, $5, $6, CASE WHEN $6 = '' THEN '-infinity'::timestamptz ELSE now() + $7::interval END)
 			RETURNING `+sqlConsumerCols,
 			c.StreamID, c.Name, c.Config, int64(c.AckStreamSeq), int64(c.AckConsumerSeq), owner, ttl)
 		var err error
-		out, err = scanConsumer(row)
-		return err
+		if out, err = scanConsumer(row); err != nil {
+			return err
+		}
+		return notifyMeta(ctx, q, c.StreamID)
 	})
 	switch {
 	case hasSQLState(err, "23505"):
@@ -76,12 +79,56 @@ func (db *DB) CreateConsumer(ctx context.Context, c Consumer, owner string, ttl 
 
 // UpdateConsumerConfig replaces a consumer's stored configuration.
 func (db *DB) UpdateConsumerConfig(ctx context.Context, streamID int64, name string, config []byte) error {
-	return db.execOne(ctx, "update consumer", `UPDATE jetgres.consumers SET config = $3 WHERE stream_id = $1 AND name = $2`, streamID, name, config)
+	return db.execOne(ctx, "update consumer", notifying(`UPDATE jetgres.consumers SET config = $3 WHERE stream_id = $1 AND name = $2`), streamID, name, config)
 }
 
 // DeleteConsumer removes a consumer; ErrNotFound if there is none.
 func (db *DB) DeleteConsumer(ctx context.Context, streamID int64, name string) error {
-	return db.execOne(ctx, "delete consumer", `DELETE FROM jetgres.consumers WHERE stream_id = $1 AND name = $2`, streamID, name)
+	return db.execOne(ctx, "delete consumer", notifying(`DELETE FROM jetgres.consumers WHERE stream_id = $1 AND name = $2`), streamID, name)
+}
+
+// notifying makes a statement on consumers notify MetaChannel of each row it touched, in the
+// same transaction; it still reports the rows it touched.
+func notifying(sql string) string {
+	return `WITH touched AS (` + sql + ` RETURNING stream_id)
+		SELECT pg_notify('` + MetaChannel + `', stream_id::text) FROM touched`
+}
+
+// ConsumerCounts counts the consumers of every stream that has any, in one read.
+func (db *DB) ConsumerCounts(ctx context.Context) (map[int64]int, error) {
+	out := make(map[int64]int)
+	err := db.background(ctx, func(ctx context.Context, q querier) error {
+		rows, err := q.Query(ctx, `SELECT stream_id, count(*) FROM jetgres.consumers GROUP BY stream_id`)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var id int64
+			var n int
+			if err := rows.Scan(&id, &n); err != nil {
+				return err
+			}
+			out[id] = n
+		}
+		return rows.Err()
+	})
+	if err != nil {
+		return nil, fmt.Errorf("pg: consumer counts: %w", err)
+	}
+	return out, nil
+}
+
+// CountConsumers counts a stream's consumers, whichever replica serves them.
+func (db *DB) CountConsumers(ctx context.Context, streamID int64) (int, error) {
+	var n int
+	err := db.background(ctx, func(ctx context.Context, q querier) error {
+		return q.QueryRow(ctx, `SELECT count(*) FROM jetgres.consumers WHERE stream_id = $1`, streamID).Scan(&n)
+	})
+	if err != nil {
+		return 0, fmt.Errorf("pg: count consumers: %w", err)
+	}
+	return n, nil
 }
 
 // GetConsumer reads one consumer; ErrNotFound if there is none.
@@ -171,56 +218,6 @@ type LeaseParams struct {
 	Name     string
 	Owner    string
 	TTL      time.Duration
-}
-
-// AcquireConsumer takes the consumer's lease if it is free, expired or already Owner's,
-// and returns the consumer as stored. ErrLeaseHeld says another replica serves it,
-// ErrNotFound that it does not exist.
-func (db *DB) AcquireConsumer(ctx context.Context, p LeaseParams) (Consumer, error) {
-	var c Consumer
-	err := db.background(ctx, func(ctx context.Context, q querier) error {
-		var err error
-		c, err = scanConsumer(q.QueryRow(ctx, `UPDATE jetgres.consumers SET owner = $3, lease_until = now() + $4::interval
-			WHERE stream_id = $1 AND name = $2 AND (owner = $3 OR owner = '' OR lease_until < now())
-			RETURNING `+sqlConsumerCols, p.StreamID, p.Name, p.Owner, p.TTL))
-		if !errors.Is(err, pgx.ErrNoRows) {
-			return err
-		}
-		var one int
-		err = q.QueryRow(ctx, `SELECT 1 FROM jetgres.consumers WHERE stream_id = $1 AND name = $2`, p.StreamID, p.Name).Scan(&one)
-		if errors.Is(err, pgx.ErrNoRows) {
-			return ErrNotFound
-		}
-		if err != nil {
-			return err
-		}
-		return ErrLeaseHeld
-	})
-	if err != nil && !errors.Is(err, ErrNotFound) && !errors.Is(err, ErrLeaseHeld) {
-		return Consumer{}, fmt.Errorf("pg: acquire consumer: %w", err)
-	}
-	return c, err
-}
-
-// AcquireConsumers takes, in one statement, the lease of every consumer of a stream that
-// is free, expired or already owner's, and returns those consumers ordered by name.
-func (db *DB) AcquireConsumers(ctx context.Context, streamID int64, owner string, ttl time.Duration) ([]Consumer, error) {
-	var out []Consumer
-	err := db.background(ctx, func(ctx context.Context, q querier) error {
-		rows, err := q.Query(ctx, `UPDATE jetgres.consumers SET owner = $2, lease_until = now() + $3::interval
-			WHERE stream_id = $1 AND (owner = $2 OR owner = '' OR lease_until < now())
-			RETURNING `+sqlConsumerCols, streamID, owner, ttl)
-		if err != nil {
-			return err
-		}
-		out, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (Consumer, error) { return scanConsumer(r) })
-		return err
-	})
-	if err != nil {
-		return nil, fmt.Errorf("pg: acquire consumers: %w", err)
-	}
-	slices.SortFunc(out, func(a, b Consumer) int { return strings.Compare(a.Name, b.Name) })
-	return out, nil
 }
 
 // RenewConsumerLeases extends every lease owner holds by ttl, in one statement, and returns

@@ -47,10 +47,7 @@ func TestConsumerRowsAndLeases(t *testing.T) {
 	if _, err := db.CreateConsumer(ctx, pg.Consumer{StreamID: st.ID + 100, Name: "X", Config: []byte(`{}`)}, "", 0); !errors.Is(err, pg.ErrNotFound) {
 		t.Fatalf("create on a missing stream: %v", err)
 	}
-	// Held by r1: r2 cannot take it nor write its cursor.
-	if _, err := db.AcquireConsumer(ctx, pg.LeaseParams{StreamID: st.ID, Name: "C", Owner: "r2", TTL: time.Minute}); !errors.Is(err, pg.ErrLeaseHeld) {
-		t.Fatalf("acquire held lease: %v", err)
-	}
+	// Held by r1: r2 cannot write its cursor.
 	if _, err := db.WriteCursor(ctx, pg.CursorParams{StreamID: st.ID, Name: "C", Created: c.Created, Owner: "r2", AckStreamSeq: 9}); !errors.Is(err, pg.ErrLeaseLost) {
 		t.Fatalf("cursor write without the lease: %v", err)
 	}
@@ -72,8 +69,8 @@ func TestConsumerRowsAndLeases(t *testing.T) {
 	if err := db.ReleaseConsumerLeases(ctx, "r1"); err != nil {
 		t.Fatal(err)
 	}
-	if rows, err := db.AcquireConsumers(ctx, st.ID, "r2", time.Minute); err != nil || len(rows) != 1 {
-		t.Fatalf("acquire released: %v %v", rows, err)
+	if row, prev, err := db.TakeLease(ctx, pg.LeaseParams{StreamID: st.ID, Name: "C", Owner: "r2", TTL: time.Minute}); err != nil || prev != "" || row.Owner != "r2" {
+		t.Fatalf("take released: %+v, previous %q, %v", row, prev, err)
 	}
 	if err := db.UpdateConsumerConfig(ctx, st.ID, "C", []byte(`{"b":2}`)); err != nil {
 		t.Fatal(err)
@@ -88,8 +85,8 @@ func TestConsumerRowsAndLeases(t *testing.T) {
 	if err := db.DeleteConsumer(ctx, st.ID, "C"); !errors.Is(err, pg.ErrNotFound) {
 		t.Fatalf("second delete: %v", err)
 	}
-	if _, err := db.AcquireConsumer(ctx, pg.LeaseParams{StreamID: st.ID, Name: "C", Owner: "r1", TTL: time.Minute}); !errors.Is(err, pg.ErrNotFound) {
-		t.Fatalf("acquire deleted: %v", err)
+	if _, _, err := db.TakeLease(ctx, pg.LeaseParams{StreamID: st.ID, Name: "C", Owner: "r1", TTL: time.Minute}); !errors.Is(err, pg.ErrNotFound) {
+		t.Fatalf("take deleted: %v", err)
 	}
 }
 

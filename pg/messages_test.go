@@ -279,19 +279,22 @@ func TestReadInEveryExecMode(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%s: %v", mode, err)
 		}
-		got, through, _, err := other.ReadFiltered(ctx, pg.ReadParams{StreamID: st.ID, From: 1, UpTo: 3, MaxMsgs: 10}, nil)
-		other.Close()
-		if err != nil {
-			t.Fatalf("%s: %v", mode, err)
-		}
-		if through != 3 || len(got) != len(want) {
-			t.Fatalf("%s: %d messages through %d, want %d through 3", mode, len(got), through, len(want))
-		}
-		for i := range want {
-			g, w := got[i], want[i]
-			if g.Seq != w.Seq || g.TS != w.TS || g.Subject != w.Subject || string(g.Header) != string(w.Header) || string(g.Data) != string(w.Data) || (g.Header == nil) != (w.Header == nil) {
-				t.Errorf("%s: message %d = %+v, want %+v", mode, i, g, w)
+		// Unfiltered and filtered reads take different statements.
+		for _, filters := range [][]string{nil, {"a.one", "b.two"}} {
+			got, through, _, err := other.ReadFiltered(ctx, pg.ReadParams{StreamID: st.ID, From: 1, UpTo: 3, MaxMsgs: 10}, filters)
+			if err != nil {
+				t.Fatalf("%s %v: %v", mode, filters, err)
+			}
+			if through != 3 || len(got) != len(want) {
+				t.Fatalf("%s %v: %d messages through %d, want %d through 3", mode, filters, len(got), through, len(want))
+			}
+			for i := range want {
+				g, w := got[i], want[i]
+				if g.Seq != w.Seq || g.TS != w.TS || g.Subject != w.Subject || string(g.Header) != string(w.Header) || string(g.Data) != string(w.Data) || (g.Header == nil) != (w.Header == nil) {
+					t.Errorf("%s %v: message %d = %+v, want %+v", mode, filters, i, g, w)
+				}
 			}
 		}
+		other.Close()
 	}
 }

@@ -58,17 +58,40 @@ func (db *DB) CreateStream(ctx context.Context, name string, config []byte) (Str
 // firstSeq (JetStream's first_seq; 0 is 1), as though a purge had moved it there. It
 // returns ErrSeqRange when firstSeq is above MaxSeq.
 func (db *DB) CreateStreamFrom(ctx context.Context, name string, config []byte, firstSeq uint64) (Stream, error) {
+	return db.CreateStreamChecked(ctx, name, config, firstSeq, nil)
+}
+
+// CreateStreamChecked is CreateStreamFrom that stores the stream only when check, run in
+// the same transaction under a lock that serialises stream creation across replicas,
+// accepts the streams stored already. check's error is returned as it is.
+func (db *DB) CreateStreamChecked(ctx context.Context, name string, config []byte, firstSeq uint64, check StreamCheck) (Stream, error) {
 	if firstSeq > MaxSeq {
 		return Stream{}, fmt.Errorf("pg: create stream from %d: %w", firstSeq, ErrSeqRange)
 	}
 	firstSeq = max(firstSeq, 1)
 	st := Stream{Name: name, Config: config}
+	var checkErr error
 	err := db.backgroundTx(ctx, func(ctx context.Context, q querier) error {
+		if check != nil {
+			others, err := streamsForCheck(ctx, q, name)
+			if err != nil {
+				return err
+			}
+			if checkErr = check(others); checkErr != nil {
+				return checkErr
+			}
+		}
 		if err := q.QueryRow(ctx, sqlCreateStream, name, config, int64(firstSeq)).Scan(&st.ID, &st.Created); err != nil {
 			return err
 		}
-		return createChunk(ctx, q, st.ID, 0, firstSeq)
+		if err := createChunk(ctx, q, st.ID, 0, firstSeq); err != nil {
+			return err
+		}
+		return notifyMeta(ctx, q, st.ID)
 	})
+	if checkErr != nil {
+		return Stream{}, checkErr
+	}
 	if hasSQLState(err, "23505") {
 		return Stream{}, ErrExists
 	}
@@ -80,7 +103,7 @@ func (db *DB) CreateStreamFrom(ctx context.Context, name string, config []byte, 
 
 // UpdateStreamConfig replaces a stream's stored configuration.
 func (db *DB) UpdateStreamConfig(ctx context.Context, id int64, config []byte) error {
-	return db.execOne(ctx, "update stream", `UPDATE jetgres.streams SET config = $2, updated = now() WHERE id = $1`, id, config)
+	return db.UpdateStreamChecked(ctx, id, "", config, nil)
 }
 
 // execOne runs a background statement that must touch exactly one row: ErrNotFound when it
@@ -139,7 +162,7 @@ func (db *DB) DeleteStream(ctx context.Context, id int64) error {
 				return err
 			}
 		}
-		return nil
+		return notifyMeta(ctx, q, id)
 	})
 	if err == nil {
 		db.chunks.forget(id)

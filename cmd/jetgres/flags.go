@@ -57,6 +57,12 @@ type config struct {
 	TLSKey     string
 	TLSCA      string
 	TLSVerify  bool
+
+	// Several replicas: the embedded servers' NATS cluster and consumer ownership.
+	Cluster     string
+	Routes      string
+	ClusterName string
+	Lease       time.Duration
 }
 
 // setting describes one flag. Every setting lives in this one table so that the flag set,
@@ -107,6 +113,10 @@ func (c *config) settings() []setting {
 		{"tls-key", envOf("tls-key"), "PEM private key of --tls-cert", &c.TLSKey, ""},
 		{"tls-ca", envOf("tls-ca"), "PEM certificate authorities that NATS client certificates must chain to (with --tls-verify; empty: the system's)", &c.TLSCA, ""},
 		{"tls-verify", envOf("tls-verify"), "require every NATS client to present a valid certificate", &c.TLSVerify, false},
+		{"cluster", envOf("cluster"), "host:port of the NATS cluster (route) listener that joins replicas' embedded servers into one cluster; empty: no cluster (route TLS and authorization through --nats-config)", &c.Cluster, ""},
+		{"routes", envOf("routes"), "comma-separated route URLs of the other replicas (nats://host:port), as nats-server's --routes", &c.Routes, ""},
+		{"cluster-name", envOf("cluster-name"), "name of the NATS cluster, the same on every replica; stream and consumer info report it", &c.ClusterName, "jetgres"},
+		{"lease", envOf("lease"), "consumer ownership lease between replicas; a replica that cannot confirm its ownership stops delivering after a fifth of it", &c.Lease, bridge.LeaseDefault},
 	}
 }
 
@@ -260,6 +270,20 @@ func (c *config) validate() error {
 	}
 	if c.ShutdownTimeout <= 0 {
 		errs = append(errs, fmt.Errorf("--shutdown-timeout: %v is not positive", c.ShutdownTimeout))
+	}
+	if c.Cluster != "" {
+		if _, _, err := net.SplitHostPort(c.Cluster); err != nil {
+			errs = append(errs, fmt.Errorf("--cluster: %w", err))
+		}
+	}
+	if c.Routes != "" && c.Cluster == "" {
+		errs = append(errs, errors.New("--routes: needs --cluster"))
+	}
+	if c.ClusterName == "" || strings.ContainsAny(c.ClusterName, " \t.*>") {
+		errs = append(errs, fmt.Errorf("--cluster-name: %q is empty or holds a space, '.', '*' or '>'", c.ClusterName))
+	}
+	if c.Lease < time.Second {
+		errs = append(errs, fmt.Errorf("--lease: %v is shorter than 1s", c.Lease))
 	}
 	if (c.User == "") != (c.Password == "") {
 		errs = append(errs, errors.New("--user and --password: set both or neither"))

@@ -60,6 +60,10 @@ func TestEnvironmentVariables(t *testing.T) {
 		"tls-key":            {"JETGRES_TLS_KEY"},
 		"tls-ca":             {"JETGRES_TLS_CA"},
 		"tls-verify":         {"JETGRES_TLS_VERIFY"},
+		"cluster":            {"JETGRES_CLUSTER"},
+		"routes":             {"JETGRES_ROUTES"},
+		"cluster-name":       {"JETGRES_CLUSTER_NAME"},
+		"lease":              {"JETGRES_LEASE"},
 
 		"subject-index-bytes": {"JETGRES_SUBJECT_INDEX_BYTES"},
 	}

@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -187,6 +188,8 @@ func (n *node) start(ctx context.Context) error {
 		CursorInterval:   cfg.CursorInterval,
 		ReplicaName:      replicaName(cfg.ReplicaName, n.nats.NATSServer().Addr().(*net.TCPAddr).Port),
 		MaxPayload:       n.nats.MaxPayload(),
+		Lease:            cfg.Lease,
+		ClusterName:      n.nats.ClusterName(),
 
 		SubjectIndexBytes: cfg.SubjectIndexBytes,
 	})
@@ -238,9 +241,20 @@ func replicaName(flag string, natsPort int) string {
 func natsConfig(cfg config, host string, port int, log *slog.Logger) natsd.Config {
 	return natsd.Config{
 		Host: host, Port: port, Logger: log,
+		Cluster:    natsd.ClusterConfig{Listen: cfg.Cluster, Routes: splitRoutes(cfg.Routes), Name: cfg.ClusterName},
 		ConfigFile: cfg.NATSConfig, User: cfg.User, Password: cfg.Password,
 		TLS: natsd.TLSConfig{Cert: cfg.TLSCert, Key: cfg.TLSKey, CA: cfg.TLSCA, Verify: cfg.TLSVerify},
 	}
+}
+
+func splitRoutes(s string) []string {
+	var out []string
+	for r := range strings.SplitSeq(s, ",") {
+		if r = strings.TrimSpace(r); r != "" {
+			out = append(out, r)
+		}
+	}
+	return out
 }
 
 // splitListen turns --listen into the embedded server's host and port. An empty host means

@@ -38,14 +38,18 @@ func TestQuickRun(t *testing.T) {
 	checkTargets(t, "publish", all, collect(rep.Publish, func(p PubResult) (string, float64) { return p.Target, p.MsgsPerSec }))
 	checkTargets(t, "sync publish", all, collect(rep.Sync, func(s SyncResult) (string, float64) { return s.Target, s.MsgsPerSec }))
 	checkTargets(t, "fetch", []string{TargetJetgres, TargetJetStream}, collect(rep.Fetch, func(f FetchResult) (string, float64) { return f.Target, f.MsgsPerSec }))
-	for _, mode := range PushModes {
+	for _, mode := range append([]string{PushFloor, PushReadFloor}, PushModes...) {
+		targets := []string{TargetJetgres, TargetJetStream}
+		if mode == PushFloor || mode == PushReadFloor {
+			targets = targets[:1]
+		}
 		var inMode []PushResult
 		for _, p := range rep.Push {
 			if p.Mode == mode {
 				inMode = append(inMode, p)
 			}
 		}
-		checkTargets(t, "push "+mode, []string{TargetJetgres, TargetJetStream}, collect(inMode, func(p PushResult) (string, float64) { return p.Target, p.MsgsPerSec }))
+		checkTargets(t, "push "+mode, targets, collect(inMode, func(p PushResult) (string, float64) { return p.Target, p.MsgsPerSec }))
 	}
 	checkTargets(t, "latency", natsTargets, collect(rep.Latency, func(l LatResult) (string, float64) { return l.Target, l.Achieved }))
 	checkTargets(t, "overload", append([]string{TargetJetgresFixed}, all...), collect(rep.Overload, func(o Overload) (string, float64) { return o.Target, o.Peak }))

@@ -178,7 +178,9 @@ which on a shared machine matters more than any absolute number.
   alternating order; JetStream's sync_always is not measured again. The link floor is
   jetgres's minimum push path, measured after the ack none turns: the same callback drains a
   core subscription that the bridge's leafnode link feeds with the same messages and ack
-  reply subjects, with no stream, consumer or PostgreSQL behind them.
+  reply subjects, with no stream, consumer or PostgreSQL behind them. The read floor is the
+  rate at which jetgres reads the same stream back from PostgreSQL, one read at a time in the
+  windows a push consumer behind the tail cache uses, with nothing delivered.
 - **three latencies** (see three-latencies.md), at each fixed offered rate: producer is
   publish → PubAck; subscriber is pull request → first message, measured by a probe that pulls
   small batches slower than the offered rate, so it always finds messages ready; end-to-end is

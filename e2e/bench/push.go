@@ -4,11 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
+
+	"github.com/jetgres/jetgres/bridge"
+	"github.com/jetgres/jetgres/pg"
 )
 
 // Push delivery modes: one nats.go js.Subscribe call, with three sets of options.
@@ -28,6 +32,13 @@ var PushModes = []string{PushAckExplicit, PushAckNone, PushOrdered}
 // callback drains a core subscription that the bridge's leafnode link feeds with the same
 // messages, ack reply subjects included, without a stream, a consumer or PostgreSQL.
 const PushFloor = "link floor"
+
+// PushReadFloor is the rate at which jetgres reads a push consumer's backlog from
+// PostgreSQL, measured with the push modes: the stream's messages read in order, in the
+// windows and through the call a push consumer behind the tail cache uses, one read at a
+// time as it keeps one in flight, with nothing delivered. A consumer that starts before the
+// tail cache delivers no faster than this while it reads.
+const PushReadFloor = "read floor"
 
 // floorWindow bounds how many messages the floor's sender is ahead of the subscriber,
 // which a core subscription would otherwise drop as a slow consumer.
@@ -85,6 +96,7 @@ func (r *runner) runPush(ctx context.Context) {
 		}
 		if mode == PushAckNone {
 			r.runPushFloor(ctx, ps, msgs)
+			r.runPushReadFloor(ctx, ps, msgs)
 		}
 		for _, p := range ps {
 			switch {
@@ -287,4 +299,55 @@ func (r *runner) pushFloor(ctx context.Context, p *pushTarget) (int, time.Durati
 		return 0, 0, ctx.Err()
 	}
 	return int(got.Load()), time.Since(start), nil
+}
+
+// runPushReadFloor measures PushReadFloor on the in-process jetgres, in turns with the ack
+// none drains, for as many messages as they drained there.
+func (r *runner) runPushReadFloor(ctx context.Context, ps []*pushTarget, drained map[*pushTarget]int) {
+	for _, p := range ps {
+		if p.t.node == nil || drained[p] == 0 || ctx.Err() != nil {
+			continue
+		}
+		var n int
+		var spent time.Duration
+		for turn := range pushTurns {
+			r.prog.phase(fmt.Sprintf("push, %-12s %s, turn %d of %d", PushReadFloor, p.t.name, turn+1, pushTurns), int64(p.total), 0)
+			got, d, err := r.pushReadFloor(ctx, p)
+			if err != nil {
+				r.fail(SectionPush+" "+PushReadFloor, p.t, err)
+				return
+			}
+			n += got
+			spent += d
+		}
+		r.rep.Push = append(r.rep.Push, PushResult{Target: p.t.name, Mode: PushReadFloor, Msgs: n,
+			Seconds: spent.Seconds(), MsgsPerSec: float64(n) / spent.Seconds()})
+	}
+}
+
+// pushReadFloor reads the push stream from its first message to its last as a push
+// consumer's read-ahead does, and counts the messages.
+func (r *runner) pushReadFloor(ctx context.Context, p *pushTarget) (int, time.Duration, error) {
+	db := p.t.node.db
+	streams, err := db.Streams(ctx)
+	if err != nil {
+		return 0, 0, fmt.Errorf("read floor: %w", err)
+	}
+	i := slices.IndexFunc(streams, func(s pg.Stream) bool { return s.Name == "BENCH_PUSH" })
+	if i < 0 {
+		return 0, 0, errors.New("read floor: no stream BENCH_PUSH")
+	}
+	id, upTo := streams[i].ID, uint64(p.total)
+	got := 0
+	start := time.Now()
+	for from := uint64(1); from <= upTo; {
+		msgs, through, _, err := db.ReadFiltered(ctx, pg.ReadParams{StreamID: id, From: from, UpTo: upTo, MaxMsgs: bridge.ReadAheadMsgs, MaxBytes: bridge.ReadAheadBytes}, nil)
+		if err != nil {
+			return 0, 0, fmt.Errorf("read floor: %w", err)
+		}
+		r.prog.add(int64(len(msgs)))
+		got += len(msgs)
+		from = through + 1
+	}
+	return got, time.Since(start), nil
 }

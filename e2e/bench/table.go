@@ -87,13 +87,15 @@ func (rep *Report) summaryRows() []row {
 		}
 		add("push, "+mode+", msg/s", false, fmtRate, push)
 	}
-	floor := map[string]float64{}
-	for _, p := range rep.Push {
-		if p.Mode == PushFloor {
-			floor[p.Target] = p.MsgsPerSec
+	for _, mode := range []string{PushFloor, PushReadFloor} {
+		floor := map[string]float64{}
+		for _, p := range rep.Push {
+			if p.Mode == mode {
+				floor[p.Target] = p.MsgsPerSec
+			}
 		}
+		add("push, "+mode+", msg/s", false, fmtRate, floor)
 	}
-	add("push, "+PushFloor+", msg/s", false, fmtRate, floor)
 	for _, rate := range rep.Settings.Rates {
 		lat := [6]map[string]float64{{}, {}, {}, {}, {}, {}}
 		achieved := map[string]float64{}

@@ -18,6 +18,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/url"
 	"strconv"
 	"strings"
 	"sync"
@@ -85,6 +86,12 @@ type Config struct {
 	// combined with a tls block in ConfigFile. Defaults to no TLS.
 	TLS TLSConfig
 
+	// Cluster, when Cluster.Listen is set, joins this server to a NATS cluster of
+	// jetgres replicas through routes. Route TLS and authorization come from
+	// ConfigFile's cluster block; Cluster's fields win over the ones it names.
+	// Defaults to no cluster (or ConfigFile's).
+	Cluster ClusterConfig
+
 	// Logger receives the server's log lines.
 	// Defaults to slog.Default().
 	Logger *slog.Logger
@@ -109,6 +116,55 @@ type TLSConfig struct {
 	CA string
 	// Verify requires every client to present a valid certificate.
 	Verify bool
+}
+
+// ClusterConfig is the route side of a cluster, in nats-server's terms.
+type ClusterConfig struct {
+	// Listen is host:port of the route listener; port 0 picks a free one.
+	Listen string
+	// Routes are the other servers' route URLs (nats://host:port).
+	Routes []string
+	// Name is the cluster's name, the same on every server.
+	Name string
+}
+
+// apply sets the route listener, routes and name on opts.
+func (cc ClusterConfig) apply(opts *server.Options) error {
+	if cc.Listen == "" {
+		if len(cc.Routes) > 0 {
+			return errors.New("natsd: Cluster.Routes needs Cluster.Listen")
+		}
+		return nil
+	}
+	host, p, err := net.SplitHostPort(cc.Listen)
+	if err != nil {
+		return fmt.Errorf("natsd: Cluster.Listen %q: %w", cc.Listen, err)
+	}
+	port, err := strconv.Atoi(p)
+	if err != nil || port < 0 || port > 65535 {
+		return fmt.Errorf("natsd: Cluster.Listen %q: bad port", cc.Listen)
+	}
+	if port == 0 {
+		port = -1
+	}
+	if host == "" {
+		host = "0.0.0.0"
+	}
+	opts.Cluster.Host, opts.Cluster.Port = host, port
+	if cc.Name != "" {
+		opts.Cluster.Name = cc.Name
+	}
+	if len(cc.Routes) > 0 {
+		opts.Routes = opts.Routes[:0]
+		for _, r := range cc.Routes {
+			u, err := url.Parse(strings.TrimSpace(r))
+			if err != nil || u.Host == "" {
+				return fmt.Errorf("natsd: route %q is not a URL such as nats://host:6222", r)
+			}
+			opts.Routes = append(opts.Routes, u)
+		}
+	}
+	return nil
 }
 
 // LeafEndpoint is where and how the bridge attaches as a leafnode.
@@ -243,6 +299,9 @@ func (cfg Config) serverOptions() (*server.Options, error) {
 	opts.Host, opts.Port = cfg.Host, cfg.Port
 	if cfg.MaxPayload != 0 {
 		opts.MaxPayload = cfg.MaxPayload
+	}
+	if err := cfg.Cluster.apply(opts); err != nil {
+		return nil, err
 	}
 	if cfg.User != "" {
 		if err := addUser(opts, cfg.User, cfg.Password); err != nil {
@@ -430,6 +489,22 @@ func randomToken(n int) (string, error) {
 		return "", err
 	}
 	return base64.RawURLEncoding.EncodeToString(b), nil
+}
+
+// ClusterURL is the URL other servers route to, or "" without a cluster.
+func (s *Server) ClusterURL() string {
+	if a := s.ns.ClusterAddr(); a != nil {
+		return "nats://" + a.String()
+	}
+	return ""
+}
+
+// ClusterName is the NATS cluster's name, or "" without a cluster.
+func (s *Server) ClusterName() string {
+	if s.ns.ClusterAddr() == nil {
+		return ""
+	}
+	return s.ns.ClusterName()
 }
 
 // ClientURL is the URL NATS clients connect to.

@@ -85,7 +85,8 @@ DECLARE
 BEGIN
     SELECT b.bucket, b.first_ts INTO v_bucket, v_first
     FROM jetgres.id_buckets b WHERE b.stream_id = p_stream ORDER BY b.bucket DESC LIMIT 1;
-    IF v_bucket IS NULL OR p_ts >= v_first + p_width THEN
+    -- Subtracting keeps a window near the top of bigint (JetStream allows any) from overflowing.
+    IF v_bucket IS NULL OR p_ts - v_first >= p_width THEN
         v_tab := jetgres.create_id_bucket(p_stream, coalesce(v_bucket, 0) + 1, p_ts);
     ELSE
         v_tab := jetgres.id_bucket_table(p_stream, v_bucket);

@@ -1,0 +1,313 @@
+package bridge
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/jetgres/jetgres/embedded/leaf"
+	"github.com/jetgres/jetgres/pg"
+)
+
+const (
+	// LeaseDefault is Config.Lease's default.
+	LeaseDefault = 10 * time.Second
+	// QueueGroup is the queue group of every replica's stream-subject and $JS.API
+	// subscriptions: NATS hands each publish and each API request to one replica. The
+	// bridges are leafnodes of their servers, which nats-server does not prefer over a
+	// routed member: the pick is at random.
+	QueueGroup = "jetgres"
+
+	// claimsPerLease is how many times per lease a replica confirms its ownership session
+	// and looks for consumers nobody serves: with the default lease, every 250 ms, which
+	// bounds the time a dead replica's consumers stay silent.
+	claimsPerLease = 40
+	// confirmsPerLease sets the timeout of every statement of the ownership session, a
+	// tenth of the lease: one that runs past it breaks the session.
+	confirmsPerLease = 10
+	// fencePerLease sets the fencing deadline, a fifth of the lease: a replica that has not
+	// confirmed its session for that long stops serving every consumer, whatever else it is
+	// waiting for. PostgreSQL gives a silent session's locks away only after a whole lease.
+	fencePerLease = 5
+)
+
+// consumerRef names a consumer by its stream's name, as requests do.
+type consumerRef struct{ stream, consumer string }
+
+// heldNext is the MSG.NEXT subscription of a consumer this replica serves.
+type heldNext struct {
+	c   *consumer
+	sub *leaf.Subscription
+}
+
+// ownership is the consumer side's share of several replicas: the session whose advisory
+// locks say which consumers this replica serves, and the MSG.NEXT subscription of each.
+type ownership struct {
+	own *pg.Ownership // nil outside startConsumers .. stopConsumers
+
+	// mu guards next. It is a leaf: nothing is taken while it is held.
+	mu   sync.Mutex
+	next map[consumerRef]heldNext
+
+	served    prometheus.GaugeFunc
+	takeovers prometheus.Counter
+	fencings  prometheus.Counter
+}
+
+func newOwnership(reg prometheus.Registerer, cs *consumerSide) *ownership {
+	o := &ownership{
+		next: make(map[consumerRef]heldNext),
+		takeovers: prometheus.NewCounter(prometheus.CounterOpts{Name: "jetgres_consumer_takeovers_total",
+			Help: "Consumers this replica took over from another replica that had served them."}),
+		fencings: prometheus.NewCounter(prometheus.CounterOpts{Name: "jetgres_consumer_fencings_total",
+			Help: "Times this replica could not confirm its ownership session and stopped serving every consumer."}),
+	}
+	o.served = prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "jetgres_consumers_served",
+		Help: "Consumers this replica serves."}, func() float64 { return float64(o.count()) })
+	if reg != nil {
+		reg.MustRegister(o.served, o.takeovers, o.fencings)
+	}
+	return o
+}
+
+func (o *ownership) count() int {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return len(o.next)
+}
+
+// holds reports whether this replica's own subscription to the consumer's MSG.NEXT subject
+// receives its pull requests.
+func (o *ownership) holds(streamName, consumerName string) bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	_, ok := o.next[consumerRef{streamName, consumerName}]
+	return ok
+}
+
+// hold subscribes the consumer's own MSG.NEXT subject, so that its pull requests reach this
+// replica wherever the client is connected, as they reach a JetStream consumer's leader.
+func (cs *consumerSide) hold(c *consumer) {
+	ref := consumerRef{c.sc.s.name, c.name}
+	subj := apiMsgNext + ref.stream + "." + ref.consumer
+	sub, err := cs.b.link.Subscribe(subj, "", func(m *leaf.Msg) { cs.b.servePull(m, ref.stream, ref.consumer) })
+	if err != nil {
+		cs.b.log.Warn("subscribing a consumer's pull requests failed", "stream", ref.stream, "consumer", ref.consumer, "err", err)
+		return
+	}
+	o := cs.own
+	o.mu.Lock()
+	old, had := o.next[ref]
+	o.next[ref] = heldNext{c, sub}
+	o.mu.Unlock()
+	if had {
+		_ = old.sub.Unsubscribe()
+	}
+}
+
+// unhold drops the consumer's MSG.NEXT subscription and gives its lock back, so that another
+// replica may serve it.
+func (cs *consumerSide) unhold(c *consumer) {
+	ref := consumerRef{c.sc.s.name, c.name}
+	o := cs.own
+	o.mu.Lock()
+	h, ok := o.next[ref]
+	if ok && h.c == c {
+		delete(o.next, ref)
+	}
+	o.mu.Unlock()
+	if !ok || h.c != c {
+		return
+	}
+	_ = h.sub.Unsubscribe()
+	if own := o.own; own != nil {
+		k := pg.ConsumerKey{StreamID: c.sc.s.id, Name: c.name}
+		// Off the caller's locks: the statement waits for the ownership session.
+		go func() {
+			ctx, cancel := context.WithTimeout(context.Background(), cs.b.cfg.Lease)
+			defer cancel()
+			_ = own.Unlock(ctx, k)
+		}()
+	}
+}
+
+// claim takes the consumer's lock and lease, or fails with pg.ErrLeaseHeld when another
+// replica's session holds the lock.
+func (cs *consumerSide) claim(ctx context.Context, s *stream, name string) (pg.Consumer, error) {
+	own := cs.own.own
+	if own == nil {
+		return pg.Consumer{}, errStopping
+	}
+	k := pg.ConsumerKey{StreamID: s.id, Name: name}
+	ok, err := own.TryLock(ctx, k)
+	if err != nil {
+		return pg.Consumer{}, err
+	}
+	if !ok {
+		return pg.Consumer{}, pg.ErrLeaseHeld
+	}
+	return cs.takeLease(ctx, k)
+}
+
+// takeLease records this replica as the server of a consumer whose lock it holds.
+func (cs *consumerSide) takeLease(ctx context.Context, k pg.ConsumerKey) (pg.Consumer, error) {
+	row, prev, err := cs.b.db.TakeLease(ctx, pg.LeaseParams{StreamID: k.StreamID, Name: k.Name, Owner: cs.owner, TTL: cs.b.cfg.Lease})
+	if err != nil {
+		_ = cs.own.own.Unlock(context.WithoutCancel(ctx), k)
+		return pg.Consumer{}, err
+	}
+	if prev != "" && prev != cs.owner {
+		cs.own.takeovers.Inc()
+		cs.b.log.Info("took a consumer over", "stream_id", k.StreamID, "consumer", k.Name, "from", prev)
+	}
+	return row, nil
+}
+
+// ownershipLoop confirms the ownership session and takes over the consumers nobody serves,
+// claimsPerLease times per lease. When the session cannot be confirmed, this replica stops
+// serving every consumer at once: PostgreSQL may already have given their locks to another.
+// It runs on the system clock, as the lease loop does.
+func (cs *consumerSide) ownershipLoop() {
+	lease := cs.b.cfg.Lease
+	t := time.NewTicker(lease / claimsPerLease)
+	defer t.Stop()
+	for {
+		select {
+		case <-cs.ctx.Done():
+			return
+		case <-t.C:
+		}
+		own := cs.own.own
+		if !own.Connected() {
+			// The session is gone, and its locks with it, or soon.
+			cs.fence(pg.ErrOwnershipLost)
+			if err := own.Reconnect(cs.ctx); err != nil {
+				if cs.ctx.Err() == nil {
+					cs.b.warnTick.warn(cs.b.log, time.Now(), "reconnecting the ownership session failed", "err", err)
+				}
+				continue
+			}
+		}
+		if err := own.Confirm(cs.ctx); err != nil {
+			if cs.ctx.Err() == nil {
+				cs.fence(err)
+			}
+			continue
+		}
+		cs.claimFree(cs.ctx)
+	}
+}
+
+// fenceLoop stops serving every consumer once the ownership session has not been confirmed
+// within the fencing deadline, even while the ownership loop waits on a statement or a
+// connection. It runs on the system clock, as PostgreSQL's keepalives do.
+func (cs *consumerSide) fenceLoop() {
+	lease := cs.b.cfg.Lease
+	t := time.NewTicker(lease / claimsPerLease)
+	defer t.Stop()
+	for {
+		select {
+		case <-cs.ctx.Done():
+			return
+		case <-t.C:
+		}
+		if last := cs.own.own.Confirmed(); last.IsZero() || time.Since(last) > lease/fencePerLease {
+			cs.fence(errors.New("ownership session not confirmed within the fencing deadline"))
+		}
+	}
+}
+
+// fence stops serving every consumer: their locks can no longer be vouched for.
+func (cs *consumerSide) fence(cause error) {
+	all := cs.all()
+	if len(all) == 0 {
+		return
+	}
+	cs.own.fencings.Inc()
+	cs.b.log.Warn("ownership session lost: stopping every consumer this replica serves", "consumers", len(all), "err", cause)
+	for _, c := range all {
+		c.stop(stopLost)
+	}
+}
+
+func (cs *consumerSide) all() []*consumer {
+	cs.mu.RLock()
+	defer cs.mu.RUnlock()
+	var out []*consumer
+	for _, sc := range cs.streams {
+		out = append(out, sc.list()...)
+	}
+	return out
+}
+
+// claimFree takes over every consumer of a known stream that no replica serves.
+func (cs *consumerSide) claimFree(ctx context.Context) {
+	streams := cs.b.streamList()
+	if len(streams) == 0 {
+		return
+	}
+	byID := make(map[int64]*stream, len(streams))
+	ids := make([]int64, 0, len(streams))
+	for _, s := range streams {
+		byID[s.id] = s
+		ids = append(ids, s.id)
+	}
+	keys, err := cs.own.own.ClaimFree(ctx, ids)
+	if err != nil {
+		if ctx.Err() == nil {
+			cs.b.warnTick.warn(cs.b.log, time.Now(), "looking for consumers nobody serves failed", "err", err)
+		}
+		return
+	}
+	for _, k := range keys {
+		s := byID[k.StreamID]
+		if err := cs.serveClaimed(ctx, s, k); err != nil && !errors.Is(err, errStopping) && ctx.Err() == nil {
+			cs.b.log.Warn("taking a consumer over failed", "stream", s.name, "consumer", k.Name, "err", err)
+		}
+	}
+}
+
+// serveClaimed starts serving a consumer whose lock this replica just took.
+func (cs *consumerSide) serveClaimed(ctx context.Context, s *stream, k pg.ConsumerKey) error {
+	if cs.served(s, k.Name) != nil {
+		// Still stopping after a fence: the lock is this session's now, the next pass serves it.
+		return cs.own.own.Unlock(ctx, k)
+	}
+	row, err := cs.takeLease(ctx, k)
+	if errors.Is(err, pg.ErrNotFound) {
+		return nil // deleted meanwhile
+	}
+	if err != nil {
+		return err
+	}
+	sc, err := cs.streamLoaded(ctx, s)
+	if err != nil {
+		_ = cs.own.own.Unlock(context.WithoutCancel(ctx), k)
+		return err
+	}
+	_, err = cs.activate(ctx, sc, row, nil)
+	return err
+}
+
+// lockNew takes the lock of a consumer about to be created here.
+func (cs *consumerSide) lockNew(ctx context.Context, s *stream, name string) (bool, error) {
+	own := cs.own.own
+	if own == nil {
+		return false, errStopping
+	}
+	return own.TryLock(ctx, pg.ConsumerKey{StreamID: s.id, Name: name})
+}
+
+// clusterInfo is the cluster block of stream and consumer info, as JetStream reports its
+// cluster and the leader: for a stream the replica that answers (every replica appends),
+// for a consumer the replica that serves it. Without a cluster there is none.
+func (b *Bridge) clusterInfo(leader string) *server.ClusterInfo {
+	if b.cfg.ClusterName == "" {
+		return nil
+	}
+	return &server.ClusterInfo{Name: b.cfg.ClusterName, Leader: leader}
+}

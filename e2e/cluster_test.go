@@ -1,0 +1,1015 @@
+package e2e
+
+// Several replicas: three jetgres processes on one PostgreSQL, their embedded servers routed
+// into one NATS cluster with the clustering flags.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"gopkg.in/yaml.v3"
+
+	"github.com/jetgres/jetgres/embedded/localpg"
+	"github.com/jetgres/jetgres/internal/testwait"
+)
+
+// freePorts returns n loopback ports free at the time of the call.
+func freePorts(t testing.TB, n int) []int {
+	t.Helper()
+	var out []int
+	var lns []net.Listener
+	for range n {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		lns = append(lns, ln)
+		out = append(out, ln.Addr().(*net.TCPAddr).Port)
+	}
+	for _, ln := range lns {
+		_ = ln.Close()
+	}
+	return out
+}
+
+// cluster is n replicas on one database, each routed to all the others.
+type cluster struct {
+	t    testing.TB
+	args [][]string
+	mu   sync.Mutex // guards reps against the load generators' reads
+	reps []*jetgres
+}
+
+// startCluster starts n replicas on dsn, each routed to all the others, and waits until
+// each one's clients learn of the others' URLs (the cluster formed).
+func startCluster(t testing.TB, dsn string, n int, args ...string) []*jetgres {
+	return newCluster(t, dsn, n, args...).reps
+}
+
+func newCluster(t testing.TB, dsn string, n int, args ...string) *cluster {
+	t.Helper()
+	return newClusterOn(t, slices.Repeat([]string{dsn}, n), args...)
+}
+
+// newClusterOn starts one replica per database URL, all of one database.
+func newClusterOn(t testing.TB, dsns []string, args ...string) *cluster {
+	t.Helper()
+	n := len(dsns)
+	ports := freePorts(t, n)
+	var routes []string
+	for _, p := range ports {
+		routes = append(routes, "nats://127.0.0.1:"+strconv.Itoa(p))
+	}
+	c := &cluster{t: t}
+	for i, p := range ports {
+		c.args = append(c.args, append([]string{"--database-url", dsns[i],
+			"--replica-name", fmt.Sprintf("r%d", i+1),
+			"--cluster", "127.0.0.1:" + strconv.Itoa(p),
+			"--routes", strings.Join(routes, ","),
+		}, args...))
+		j := launchJetgres(t, options{Args: c.args[i]})
+		failOnRace(t, j)
+		c.reps = append(c.reps, j)
+	}
+	for _, j := range c.reps {
+		j.waitReady(t)
+	}
+	for _, j := range c.reps {
+		c.waitRouted(j)
+	}
+	return c
+}
+
+// waitRouted waits until a client of j learns of every other replica.
+func (c *cluster) waitRouted(j *jetgres) {
+	c.t.Helper()
+	nc, err := nats.Connect(j.natsURL, nats.MaxReconnects(0))
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	defer nc.Close()
+	testwait.For(c.t, 30*time.Second, func() error {
+		if got := len(nc.DiscoveredServers()); got < len(c.reps)-1 {
+			return fmt.Errorf("%s knows %d other servers, want %d", j.natsURL, got, len(c.reps)-1)
+		}
+		return nil
+	})
+}
+
+// restart starts replica i again, under its name and route port, after it stopped.
+func (c *cluster) restart(i int) {
+	c.t.Helper()
+	j := startJetgres(c.t, options{Args: c.args[i]})
+	failOnRace(c.t, j)
+	c.mu.Lock()
+	c.reps[i] = j
+	c.mu.Unlock()
+	c.waitRouted(j)
+}
+
+// stop stops every replica.
+func (c *cluster) stop() {
+	c.t.Helper()
+	for i := range c.reps {
+		if r := c.rep(i); !r.hasExited() {
+			r.stop(c.t)
+		}
+	}
+}
+
+// rep returns replica i as it runs now.
+func (c *cluster) rep(i int) *jetgres {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.reps[i]
+}
+
+// urls lists the client URLs of the replicas running now.
+func (c *cluster) urls() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var out []string
+	for _, r := range c.reps {
+		if !r.hasExited() {
+			out = append(out, r.natsURL)
+		}
+	}
+	return strings.Join(out, ",")
+}
+
+// serving returns the replica that serves count consumers, or -1.
+func (c *cluster) serving(count float64) int {
+	c.mu.Lock()
+	reps := slices.Clone(c.reps)
+	c.mu.Unlock()
+	for i, r := range reps {
+		if r.hasExited() {
+			continue
+		}
+		code, body, err := r.get("/metrics")
+		if err != nil || code != 200 {
+			continue
+		}
+		if parseMetrics(body)["jetgres_consumers_served"] == count {
+			return i
+		}
+	}
+	return -1
+}
+
+// TestThreeReplicas runs three clustered replicas on one PostgreSQL: publishes through every
+// replica are stored once each with dense sequences, every API call gets one answer, three
+// clients of one durable pull consumer on different replicas share its messages without
+// overlap, and after a SIGKILL of the replica serving it another delivers within 2 s.
+func TestThreeReplicas(t *testing.T) {
+	t.Parallel()
+	const stream = "TRIO"
+	perReplica := 10_000
+	if soak() {
+		perReplica = 34_000
+	}
+	dsn := testDatabase(t)
+	reps := startCluster(t, dsn, 3, "--lease", "2s")
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+
+	// One answer per API call: the CLI fails on a second, contradicting one.
+	out := reps[1].nats(t, "stream", "add", stream, "--subjects", "trio.>", "--defaults")
+	if strings.Contains(out, "already in use") {
+		t.Fatalf("nats stream add answered twice:\n%s", out)
+	}
+	jss := make([]jetstream.JetStream, len(reps))
+	for i, r := range reps {
+		_, jss[i] = r.connect(t)
+		// Seen at once by every replica.
+		if _, err := jss[i].Stream(ctx, stream); err != nil {
+			t.Fatalf("stream info through replica %d: %v", i+1, err)
+		}
+	}
+	// Each API request gets one answer, whichever replica the client is on.
+	for i, r := range reps {
+		nc, _ := r.connect(t)
+		for _, subj := range []string{"$JS.API.INFO", "$JS.API.STREAM.INFO." + stream, "$JS.API.STREAM.NAMES"} {
+			inbox := nats.NewInbox()
+			sub, err := nc.SubscribeSync(inbox)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := nc.PublishRequest(subj, inbox, nil); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := sub.NextMsg(10 * time.Second); err != nil {
+				t.Fatalf("%s through replica %d: %v", subj, i+1, err)
+			}
+			if m, err := sub.NextMsg(300 * time.Millisecond); err == nil {
+				t.Fatalf("%s through replica %d answered twice: %s", subj, i+1, m.Data)
+			}
+			_ = sub.Unsubscribe()
+		}
+	}
+	// Two overlapping streams are refused whichever replica is asked.
+	if _, err := jss[2].CreateStream(ctx, jetstream.StreamConfig{Name: "OVER", Subjects: []string{"trio.a"}}); err == nil {
+		t.Fatal("a stream overlapping TRIO was created")
+	}
+
+	var wg sync.WaitGroup
+	for i := range reps {
+		wg.Go(func() {
+			publishAll(t, ctx, jss[i], fmt.Sprintf("trio.r%d", i+1), perReplica, func(k int) []byte { return []byte(strconv.Itoa(k)) })
+		})
+	}
+	wg.Wait()
+	total := uint64(3 * perReplica)
+	for i := range reps {
+		s, err := jss[i].Stream(ctx, stream)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st := s.CachedInfo().State; st.Msgs != total || st.FirstSeq != 1 || st.LastSeq != total {
+			t.Fatalf("through replica %d: %d messages, sequences %d..%d; want %d stored once, 1..%d",
+				i+1, st.Msgs, st.FirstSeq, st.LastSeq, total, total)
+		}
+	}
+
+	if _, err := jss[0].CreateOrUpdateConsumer(ctx, stream, jetstream.ConsumerConfig{Durable: "work", AckPolicy: jetstream.AckExplicitPolicy}); err != nil {
+		t.Fatal(err)
+	}
+	seen := make([]map[uint64]bool, len(reps))
+	var seenMu sync.Mutex
+	countAll := func() int {
+		seenMu.Lock()
+		defer seenMu.Unlock()
+		n := 0
+		for _, m := range seen {
+			n += len(m)
+		}
+		return n
+	}
+	fetchCtx, stopFetch := context.WithCancel(ctx)
+	var fetchers sync.WaitGroup
+	fetchErrs := make(chan error, len(reps))
+	for i := range reps {
+		seen[i] = make(map[uint64]bool)
+		fetchers.Go(func() {
+			cons, err := jss[i].Consumer(ctx, stream, "work")
+			if err != nil {
+				fetchErrs <- err
+				return
+			}
+			for fetchCtx.Err() == nil {
+				batch, err := cons.Fetch(100, jetstream.FetchMaxWait(time.Second))
+				if err != nil {
+					continue
+				}
+				for m := range batch.Messages() {
+					md, err := m.Metadata()
+					if err != nil {
+						fetchErrs <- err
+						return
+					}
+					seenMu.Lock()
+					seen[i][md.Sequence.Stream] = true
+					seenMu.Unlock()
+					_ = m.Ack()
+				}
+			}
+		})
+	}
+	testwait.For(t, 3*time.Minute, func() error {
+		select {
+		case err := <-fetchErrs:
+			t.Fatalf("fetch: %v", err)
+		default:
+		}
+		if n := countAll(); n < int(total) {
+			return fmt.Errorf("%d of %d fetched", n, total)
+		}
+		return nil
+	})
+	stopFetch()
+	fetchers.Wait()
+	union := make(map[uint64]int)
+	for i, m := range seen {
+		if len(m) == 0 {
+			t.Errorf("the client on replica %d received nothing", i+1)
+		}
+		for seq := range m {
+			union[seq]++
+		}
+	}
+	for seq := uint64(1); seq <= total; seq++ {
+		if union[seq] != 1 {
+			t.Fatalf("sequence %d was received by %d clients, want 1", seq, union[seq])
+		}
+	}
+
+	// A push consumer with a deliver group, its members on every replica.
+	if _, err := jss[0].CreateOrUpdateConsumer(ctx, stream, jetstream.ConsumerConfig{Durable: "pushwork",
+		DeliverSubject: "deliver.trio", DeliverGroup: "grp", AckPolicy: jetstream.AckExplicitPolicy}); err != nil {
+		t.Fatal(err)
+	}
+	pushed := make([]map[uint64]bool, len(reps))
+	for i, r := range reps {
+		pushed[i] = make(map[uint64]bool)
+		nc, _ := r.connect(t)
+		if _, err := nc.QueueSubscribe("deliver.trio", "grp", func(m *nats.Msg) {
+			md, err := m.Metadata()
+			if err != nil {
+				return
+			}
+			seenMu.Lock()
+			pushed[i][md.Sequence.Stream] = true
+			seenMu.Unlock()
+			_ = m.Ack()
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	testwait.For(t, 3*time.Minute, func() error {
+		seenMu.Lock()
+		defer seenMu.Unlock()
+		n := 0
+		for _, m := range pushed {
+			n += len(m)
+		}
+		if n < int(total) {
+			return fmt.Errorf("%d of %d pushed", n, total)
+		}
+		return nil
+	})
+	seenMu.Lock()
+	clear(union)
+	var spread []int
+	for _, m := range pushed {
+		spread = append(spread, len(m))
+		for seq := range m {
+			union[seq]++
+		}
+	}
+	seenMu.Unlock()
+	for seq := uint64(1); seq <= total; seq++ {
+		if union[seq] != 1 {
+			t.Fatalf("pushed sequence %d reached %d members of the group, want 1", seq, union[seq])
+		}
+	}
+	t.Logf("push deliveries per group member: %v", spread)
+
+	// SIGKILL the replica that serves the consumer; another serves it within 2 s.
+	info, err := jss[0].Consumer(ctx, stream, "work")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cl := info.CachedInfo().Cluster
+	serving := -1
+	if cl != nil {
+		_, _ = fmt.Sscanf(cl.Leader, "r%d", &serving)
+		serving--
+	}
+	if serving < 0 || cl.Name != "jetgres" {
+		t.Fatalf("consumer info's cluster block %+v names no replica of cluster jetgres", cl)
+	}
+	other := (serving + 1) % len(reps)
+	if _, err := jss[other].Publish(ctx, "trio.after", []byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	cons, err := jss[other].Consumer(ctx, stream, "work")
+	if err != nil {
+		t.Fatal(err)
+	}
+	reps[serving].kill(t)
+	killed := time.Now()
+	var resumed time.Duration
+	for resumed == 0 {
+		if time.Since(killed) > 30*time.Second {
+			t.Fatal("no delivery within 30 s of the SIGKILL")
+		}
+		batch, err := cons.Fetch(1, jetstream.FetchMaxWait(250*time.Millisecond))
+		if err != nil && !errors.Is(err, nats.ErrTimeout) {
+			continue
+		}
+		for m := range batch.Messages() {
+			resumed = time.Since(killed)
+			_ = m.Ack()
+		}
+	}
+	t.Logf("FIGURES replicas=3 published=%d takeover_after_sigkill=%v", total, resumed.Round(time.Millisecond))
+	if resumed > 2*time.Second {
+		t.Errorf("delivery resumed %v after the SIGKILL, want within 2 s", resumed)
+	}
+}
+
+// deliveryLog is what the fetchers of one consumer received.
+type deliveryLog struct {
+	mu     sync.Mutex
+	times  []time.Time
+	counts map[uint64]int
+	again  int // deliveries the server marked as redeliveries
+}
+
+func (d *deliveryLog) note(seq uint64, redelivered bool) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.times = append(d.times, time.Now())
+	d.counts[seq]++
+	if redelivered {
+		d.again++
+	}
+}
+
+// firstAfter returns the first delivery at or after t, or the zero time.
+func (d *deliveryLog) firstAfter(t time.Time) time.Time {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for _, at := range d.times {
+		if !at.Before(t) {
+			return at
+		}
+	}
+	return time.Time{}
+}
+
+func (d *deliveryLog) distinct() int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return len(d.counts)
+}
+
+// TestReplicaKillsUnderLoad SIGKILLs the replica serving a durable pull consumer, under
+// publish load spread over all three replicas, five times in a row, starting it again after
+// each. Publishers retry what was not acknowledged with the same Nats-Msg-Id, wherever they
+// can connect. Every round, delivery resumes on another replica within 2 s; in the end every
+// acknowledged publish is stored exactly once, with no gap, and was delivered.
+func TestReplicaKillsUnderLoad(t *testing.T) {
+	t.Parallel()
+	const stream = "KILLS"
+	rounds := 5
+	dsn := testDatabase(t)
+	c := newCluster(t, dsn, 3, "--lease", "2s")
+	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+	defer cancel()
+	_, js := c.rep(0).connect(t)
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: stream, Subjects: []string{"kills.>"}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.CreateOrUpdateConsumer(ctx, stream, jetstream.ConsumerConfig{Durable: "work", AckPolicy: jetstream.AckExplicitPolicy, AckWait: 2 * time.Second}); err != nil {
+		t.Fatal(err)
+	}
+
+	pubCtx, stopPub := context.WithCancel(ctx)
+	defer stopPub()
+	var pubWG sync.WaitGroup
+	var pubs []*publisher
+	for i := range 3 {
+		p := newPublisher(fmt.Sprintf("p%d", i+1), stream, fmt.Sprintf("kills.p%d", i+1), 64, 256)
+		p.rate.Store(1000)
+		p.ackTimeout = 3 * time.Second
+		pubs = append(pubs, p)
+		pubWG.Go(func() {
+			for k := i; pubCtx.Err() == nil; k++ {
+				r := c.rep(k % 3)
+				if r.hasExited() {
+					continue
+				}
+				if err := p.run(pubCtx, r.natsURL, time.Second); err != nil {
+					time.Sleep(50 * time.Millisecond) // a replica starting again
+				}
+			}
+		})
+	}
+
+	log := &deliveryLog{counts: make(map[uint64]int)}
+	fetchCtx, stopFetch := context.WithCancel(ctx)
+	defer stopFetch()
+	var fetchWG sync.WaitGroup
+	var fetchErrs atomic.Int64 // a Fetch refused at once, while the client reconnects
+	for range 2 {
+		nc, err := nats.Connect(c.urls(), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(nc.Close)
+		fjs, err := jetstream.New(nc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cons, err := fjs.Consumer(ctx, stream, "work")
+		if err != nil {
+			t.Fatal(err)
+		}
+		fetchWG.Go(func() {
+			for fetchCtx.Err() == nil {
+				batch, err := cons.Fetch(50, jetstream.FetchMaxWait(500*time.Millisecond))
+				if err != nil {
+					fetchErrs.Add(1)
+					continue
+				}
+				for m := range batch.Messages() {
+					md, err := m.Metadata()
+					if err != nil {
+						continue
+					}
+					log.note(md.Sequence.Stream, md.NumDelivered > 1)
+					_ = m.Ack()
+				}
+			}
+		})
+	}
+
+	var resumes, takeovers []time.Duration
+	for round := range rounds {
+		before := log.distinct()
+		testwait.For(t, time.Minute, func() error {
+			if log.distinct() < before+500 {
+				return fmt.Errorf("round %d: %d delivered, waiting for 500 more under load", round+1, log.distinct()-before)
+			}
+			return nil
+		})
+		victim := c.serving(1)
+		if victim < 0 {
+			t.Fatalf("round %d: no replica reports serving the consumer", round+1)
+		}
+		c.rep(victim).kill(t)
+		killed := time.Now()
+		var taken time.Time
+		testwait.For(t, 30*time.Second, func() error {
+			if c.serving(1) < 0 {
+				return errors.New("no replica serves the consumer yet")
+			}
+			taken = time.Now()
+			return nil
+		})
+		var resumed time.Time
+		testwait.For(t, 30*time.Second, func() error {
+			if resumed = log.firstAfter(taken); resumed.IsZero() {
+				return errors.New("no delivery since the takeover")
+			}
+			return nil
+		})
+		resumes = append(resumes, resumed.Sub(killed))
+		takeovers = append(takeovers, taken.Sub(killed))
+		c.restart(victim)
+	}
+
+	waitAllAcked(t, pubs, 2*time.Minute)
+	stopPub()
+	pubWG.Wait()
+	acked := ackedSeqs(pubs)
+	testwait.For(t, 2*time.Minute, func() error {
+		if n := log.distinct(); n < len(acked) {
+			return fmt.Errorf("%d of %d acknowledged publishes delivered", n, len(acked))
+		}
+		return nil
+	})
+	stopFetch()
+	fetchWG.Wait()
+
+	_, ajs := c.rep(0).connect(t)
+	r := auditStream(t, ctx, ajs, stream, acked)
+	log.mu.Lock()
+	deliveries, again := len(log.times), log.again
+	log.mu.Unlock()
+	t.Logf("FIGURES rounds=%d acked=%d stored=%d lost=%d stored_twice=%d deliveries=%d redelivered=%d fetch_refused=%d takeover_seen_after=%v resume_after_sigkill=%v",
+		rounds, len(acked), r.msgs, r.lost, r.dupIDs, deliveries, again, fetchErrs.Load(), takeovers, resumes)
+	if r.lost != 0 || r.dupIDs != 0 || r.wrongSeq != 0 || r.foreign != 0 {
+		t.Errorf("%d acknowledged publishes lost, %d stored twice, %d at another sequence, %d foreign", r.lost, r.dupIDs, r.wrongSeq, r.foreign)
+	}
+	for i, d := range resumes {
+		if d > 2*time.Second {
+			t.Errorf("round %d: delivery resumed %v after the SIGKILL, want within 2 s", i+1, d)
+		}
+	}
+}
+
+// BenchmarkReplicas measures async publish and fetch throughput of one replica against three
+// on the same PostgreSQL, in one run, and the time from the SIGKILL of the replica serving
+// a consumer to its first delivery from another (pulls of 100 ms, so that a pull lost with
+// the dead replica costs the client little):
+//
+//	go test -run '^$' -bench BenchmarkReplicas -benchtime 20000x ./e2e/
+//
+// Publishes and fetches are spread over the replicas' clients evenly. On one small machine
+// the replicas share its cores with PostgreSQL: three must not be slower than one.
+func BenchmarkReplicas(b *testing.B) {
+	pgs := startPGServer(b)
+	for _, n := range []int{1, 3} {
+		stream := fmt.Sprintf("BENCH%d", n)
+		c := newCluster(b, pgs.dsn(), n, "--lease", "2s")
+		ctx := context.Background()
+		jss := make([]jetstream.JetStream, n)
+		for i := range n {
+			_, jss[i] = c.rep(i).connect(b)
+		}
+		if _, err := jss[0].CreateStream(ctx, jetstream.StreamConfig{Name: stream, Subjects: []string{strings.ToLower(stream) + ".>"}}); err != nil {
+			b.Fatal(err)
+		}
+		b.Run(fmt.Sprintf("replicas=%d/publish", n), func(b *testing.B) {
+			b.SetBytes(128)
+			var wg sync.WaitGroup
+			for i := range n {
+				share := b.N / n
+				if i == 0 {
+					share += b.N % n
+				}
+				wg.Go(func() {
+					publishAll(b, ctx, jss[i], fmt.Sprintf("%s.r%d", strings.ToLower(stream), i), share, func(int) []byte { return make([]byte, 128) })
+				})
+			}
+			wg.Wait()
+			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "msgs/s")
+		})
+		b.Run(fmt.Sprintf("replicas=%d/fetch", n), func(b *testing.B) {
+			b.StopTimer()
+			name := fmt.Sprintf("f%d", b.N)
+			if _, err := jss[0].CreateOrUpdateConsumer(ctx, stream, jetstream.ConsumerConfig{Durable: name, AckPolicy: jetstream.AckExplicitPolicy}); err != nil {
+				b.Fatal(err)
+			}
+			conses := make([]jetstream.Consumer, n)
+			for i := range n {
+				var err error
+				if conses[i], err = jss[i].Consumer(ctx, stream, name); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.StartTimer()
+			// The last message ends every fetcher's pull at once: the others would otherwise
+			// wait for theirs to expire.
+			fctx, done := context.WithCancel(ctx)
+			defer done()
+			var got atomic.Int64
+			var wg sync.WaitGroup
+			for i := range n {
+				wg.Go(func() {
+					for fctx.Err() == nil {
+						pull, cancel := context.WithTimeout(fctx, time.Second)
+						batch, err := conses[i].Fetch(500, jetstream.FetchContext(pull))
+						if err != nil {
+							cancel()
+							if fctx.Err() == nil {
+								b.Error(err)
+							}
+							return
+						}
+						for m := range batch.Messages() {
+							_ = m.Ack()
+							if got.Add(1) == int64(b.N) {
+								done()
+							}
+						}
+						cancel()
+					}
+				})
+			}
+			wg.Wait()
+			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "msgs/s")
+		})
+		if n < 3 {
+			// Nothing of it may run beside the next cluster.
+			c.stop()
+			continue
+		}
+		b.Run("replicas=3/takeover", func(b *testing.B) {
+			b.StopTimer()
+			if _, err := jss[0].CreateOrUpdateConsumer(ctx, stream, jetstream.ConsumerConfig{Durable: "takeover", AckPolicy: jetstream.AckExplicitPolicy}); err != nil {
+				b.Fatal(err)
+			}
+			// Each round kills a replica and starts it again: five are enough, whatever
+			// -benchtime asks of the publish and fetch runs.
+			rounds := min(b.N, 5)
+			var total time.Duration
+			for range rounds {
+				nc, err := nats.Connect(c.urls())
+				if err != nil {
+					b.Fatal(err)
+				}
+				js, _ := jetstream.New(nc)
+				cons, err := js.Consumer(ctx, stream, "takeover")
+				if err != nil {
+					b.Fatal(err)
+				}
+				var victim int
+				if _, err := fmt.Sscanf(cons.CachedInfo().Cluster.Leader, "r%d", &victim); err != nil {
+					b.Fatalf("consumer leader %q: %v", cons.CachedInfo().Cluster.Leader, err)
+				}
+				victim--
+				killed := time.Now()
+				c.rep(victim).kill(b)
+				for {
+					if time.Since(killed) > 30*time.Second {
+						b.Fatal("no delivery within 30 s of the SIGKILL")
+					}
+					batch, err := cons.Fetch(1, jetstream.FetchMaxWait(100*time.Millisecond))
+					if err == nil {
+						if _, ok := <-batch.Messages(); ok {
+							break
+						}
+					}
+				}
+				total += time.Since(killed)
+				nc.Close()
+				c.restart(victim)
+			}
+			b.ReportMetric(float64(total.Microseconds())/1000/float64(rounds), "ms/takeover")
+		})
+	}
+}
+
+// cutProxy forwards TCP connections to PostgreSQL's Unix socket until it is cut: then it
+// forwards nothing more, in either direction, and keeps every connection open, as a network
+// partition does. sever closes them, as PostgreSQL does once its keepalives give up; heal
+// lets new connections through again.
+type cutProxy struct {
+	ln     net.Listener
+	target string
+	mu     sync.Mutex
+	cut    bool
+	healed chan struct{} // closed by heal
+	conns  []net.Conn
+}
+
+func startCutProxy(t *testing.T, socket string) *cutProxy {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &cutProxy{ln: ln, target: socket, healed: make(chan struct{})}
+	t.Cleanup(func() {
+		_ = ln.Close()
+		p.sever()
+	})
+	go p.accept()
+	return p
+}
+
+func (p *cutProxy) port() int { return p.ln.Addr().(*net.TCPAddr).Port }
+
+func (p *cutProxy) accept() {
+	for {
+		c, err := p.ln.Accept()
+		if err != nil {
+			return
+		}
+		go p.serve(c)
+	}
+}
+
+func (p *cutProxy) serve(c net.Conn) {
+	p.mu.Lock()
+	cut, healed := p.cut, p.healed
+	p.conns = append(p.conns, c)
+	p.mu.Unlock()
+	if cut {
+		<-healed
+	}
+	up, err := net.Dial("unix", p.target)
+	if err != nil {
+		_ = c.Close()
+		return
+	}
+	p.mu.Lock()
+	p.conns = append(p.conns, up)
+	p.mu.Unlock()
+	go p.pipe(up, c)
+	p.pipe(c, up)
+}
+
+// pipe copies from src to dst until either fails; once cut, what it reads goes nowhere and
+// it reads no more.
+func (p *cutProxy) pipe(dst, src net.Conn) {
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := src.Read(buf)
+		if err != nil {
+			_ = dst.Close()
+			return
+		}
+		p.mu.Lock()
+		cut, healed := p.cut, p.healed
+		p.mu.Unlock()
+		if cut {
+			<-healed
+			_ = dst.Close()
+			_ = src.Close()
+			return
+		}
+		if _, err := dst.Write(buf[:n]); err != nil {
+			_ = src.Close()
+			return
+		}
+	}
+}
+
+func (p *cutProxy) cutOff() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.cut = true
+}
+
+func (p *cutProxy) sever() {
+	p.mu.Lock()
+	conns := p.conns
+	p.conns = nil
+	p.mu.Unlock()
+	for _, c := range conns {
+		_ = c.Close()
+	}
+}
+
+func (p *cutProxy) heal() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.cut {
+		p.cut = false
+		close(p.healed)
+		p.healed = make(chan struct{})
+	}
+}
+
+// TestReplicaCutFromDatabase cuts the replica serving a consumer off from PostgreSQL (each
+// replica reaches it through a proxy of its own) while its NATS side lives and it still
+// holds messages in memory: it stops delivering within the
+// lease, and no other replica delivers until PostgreSQL has ended the cut replica's session.
+func TestReplicaCutFromDatabase(t *testing.T) {
+	t.Parallel()
+	const (
+		stream = "CUT"
+		lease  = 2 * time.Second
+	)
+	pgs := startPGServer(t)
+	var proxies []*cutProxy
+	var dsns []string
+	for range 3 {
+		p := startCutProxy(t, filepath.Join(pgs.dir, ".s.PGSQL.5432"))
+		proxies = append(proxies, p)
+		dsns = append(dsns, fmt.Sprintf("host=127.0.0.1 port=%d user=%s dbname=%s sslmode=disable", p.port(), localpg.Superuser, localpg.Database))
+	}
+	c := newClusterOn(t, dsns, "--lease", lease.String())
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	_, js1 := c.rep(0).connect(t)
+	if _, err := js1.CreateStream(ctx, jetstream.StreamConfig{Name: stream, Subjects: []string{"cut.>"}}); err != nil {
+		t.Fatal(err)
+	}
+	cons1, err := js1.CreateOrUpdateConsumer(ctx, stream, jetstream.ConsumerConfig{Durable: "work", AckPolicy: jetstream.AckExplicitPolicy})
+	if err != nil {
+		t.Fatal(err)
+	}
+	victim := -1
+	if l := cons1.CachedInfo().Cluster; l != nil {
+		_, _ = fmt.Sscanf(l.Leader, "r%d", &victim)
+		victim--
+	}
+	if victim < 0 {
+		t.Fatalf("consumer info names no serving replica: %+v", cons1.CachedInfo().Cluster)
+	}
+	proxy := proxies[victim]
+	publishAll(t, ctx, js1, "cut.x", 3000, func(int) []byte { return []byte("x") })
+
+	log := &deliveryLog{counts: make(map[uint64]int)}
+	_, js2 := c.rep((victim + 1) % 3).connect(t)
+	cons, err := js2.Consumer(ctx, stream, "work")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fetchCtx, stopFetch := context.WithCancel(ctx)
+	defer stopFetch()
+	var fetchWG sync.WaitGroup
+	fetchWG.Go(func() {
+		for fetchCtx.Err() == nil {
+			batch, err := cons.Fetch(5, jetstream.FetchMaxWait(200*time.Millisecond))
+			if err != nil {
+				continue
+			}
+			for m := range batch.Messages() {
+				if md, err := m.Metadata(); err == nil {
+					log.note(md.Sequence.Stream, md.NumDelivered > 1)
+				}
+				_ = m.Ack()
+			}
+			time.Sleep(20 * time.Millisecond) // a slow client, so that r1 still holds most
+		}
+	})
+	testwait.For(t, time.Minute, func() error {
+		if n := log.distinct(); n < 200 {
+			return fmt.Errorf("%d delivered", n)
+		}
+		return nil
+	})
+	proxy.cutOff()
+	cutAt := time.Now()
+	// Past the lease, nothing is delivered any more, by anyone.
+	testwait.For(t, time.Minute, func() error {
+		if time.Since(cutAt) < lease+time.Second {
+			return errors.New("within the lease")
+		}
+		return nil
+	})
+	log.mu.Lock()
+	last := log.times[len(log.times)-1]
+	cutSeqs := make(map[uint64]bool, len(log.counts))
+	for seq := range log.counts {
+		cutSeqs[seq] = true
+	}
+	log.mu.Unlock()
+	stoppedAfter := last.Sub(cutAt)
+	if stoppedAfter > lease {
+		t.Errorf("the replica cut from the database delivered %v after the cut, beyond the lease (%v)", stoppedAfter, lease)
+	}
+	_, body := c.rep(victim).mustGet(t, "/metrics")
+	if f := metricValue(t, body, "jetgres_consumer_fencings_total"); f < 1 {
+		t.Errorf("jetgres_consumer_fencings_total = %v on the cut replica", f)
+	}
+
+	// PostgreSQL ends the cut replica's sessions; another replica takes over.
+	severedAt := time.Now()
+	proxy.sever()
+	proxy.heal()
+	testwait.For(t, 30*time.Second, func() error {
+		if log.firstAfter(severedAt).IsZero() {
+			return errors.New("no delivery since the sessions ended")
+		}
+		return nil
+	})
+	resumed := log.firstAfter(severedAt).Sub(severedAt)
+	stopFetch()
+	fetchWG.Wait()
+	log.mu.Lock()
+	again := 0
+	for seq, n := range log.counts {
+		if n > 1 && cutSeqs[seq] {
+			again++
+		}
+	}
+	log.mu.Unlock()
+	t.Logf("FIGURES lease=%v delivered_after_cut=%v resumed_after_session_end=%v delivered_again_from_floor=%d", lease, stoppedAfter.Round(time.Millisecond), resumed.Round(time.Millisecond), again)
+}
+
+// TestReplicasComposeFile checks docker-compose.replicas.yml, which no test can run here:
+// three jetgres services on one PostgreSQL, each routed to the three, with distinct names and
+// ports, setting only variables and flags the binary has.
+func TestReplicasComposeFile(t *testing.T) {
+	t.Parallel()
+	raw, err := os.ReadFile("../docker-compose.replicas.yml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cf composeFile
+	if err := yaml.Unmarshal(raw, &cf); err != nil {
+		t.Fatalf("docker-compose.replicas.yml: %v", err)
+	}
+	flags := binaryFlags(t)
+	envs := map[string]bool{}
+	for _, f := range flags {
+		for _, e := range f.env {
+			envs[e] = true
+		}
+	}
+	if pg, ok := cf.Services["postgres"]; !ok || pg.Healthcheck == nil {
+		t.Fatal("no postgres service with a healthcheck")
+	}
+	names, ports := map[string]bool{}, map[string]bool{}
+	for _, svc := range []string{"jetgres1", "jetgres2", "jetgres3"} {
+		s, ok := cf.Services[svc]
+		if !ok {
+			t.Fatalf("no %s service", svc)
+		}
+		for k := range s.Environment {
+			if !envs[k] {
+				t.Errorf("%s sets %s, which is no flag's environment variable", svc, k)
+			}
+		}
+		if !strings.Contains(s.Environment["JETGRES_ROUTES"], "nats://"+svc+":6222") || s.Environment["JETGRES_CLUSTER"] != "0.0.0.0:6222" {
+			t.Errorf("%s: cluster %q, routes %q do not route to it", svc, s.Environment["JETGRES_CLUSTER"], s.Environment["JETGRES_ROUTES"])
+		}
+		if s.DependsOn["postgres"].Condition != "service_healthy" {
+			t.Errorf("%s does not wait for a healthy postgres", svc)
+		}
+		args := s.Command
+		if len(args) != 3 || args[0] != "serve" || args[1] != "--replica-name" {
+			t.Fatalf("%s: command %v, want serve --replica-name <name>", svc, args)
+		}
+		names[args[2]] = true
+		for _, p := range s.Ports {
+			if ports[p] {
+				t.Errorf("%s: port %s published twice", svc, p)
+			}
+			ports[p] = true
+		}
+	}
+	if len(names) != 3 {
+		t.Errorf("replica names %v are not distinct", names)
+	}
+}

@@ -1,0 +1,262 @@
+package pg
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Ownership is a replica's claim on the consumers it serves: a session-level advisory lock
+// per consumer, held on one dedicated connection. PostgreSQL releases a session's advisory
+// locks the moment the session ends, so the consumers of a replica that died are free for
+// another at once, while the lease columns (owner, lease_until) keep saying who serves what
+// and guard cursor writes.
+//
+// A consumer's lock key is (stream id, hashtext(name)) in the two-key space, apart from the
+// one-key locks of migrations. Two consumers whose keys collide are served by one replica.
+type Ownership struct {
+	db        *DB
+	keepalive time.Duration
+	timeout   time.Duration // of every statement on conn
+
+	mu   sync.Mutex // one statement at a time on conn
+	conn *pgx.Conn  // nil once broken or closed
+	// pid and started name the session conn is, so that a new one can end an old one that
+	// PostgreSQL has not noticed is gone (its locks would stay held).
+	pid     uint32
+	started time.Time
+	held    map[ConsumerKey]int // this session's lock count per consumer
+	// confirmed is when (unix ns) the last statement that succeeded on conn was sent: the
+	// session held its locks then. Zero while there is no connection. Atomic, so that a
+	// watchdog reads it while a statement holds mu.
+	confirmed atomic.Int64
+}
+
+const (
+	sqlLockKey      = `(($1::bigint % 2147483647)::int4, hashtext($2))`
+	sqlTryLock      = `SELECT pg_try_advisory_lock` + sqlLockKey
+	sqlUnlock       = `SELECT pg_advisory_unlock` + sqlLockKey
+	sqlSessionStart = `SELECT backend_start FROM pg_stat_activity WHERE pid = pg_backend_pid()`
+	sqlEndSession   = `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE pid = $1 AND backend_start = $2`
+	// sqlClaimFree locks, in one statement, every consumer of the given streams whose lock
+	// no session holds, leaving out the ones this session holds already (a second lock
+	// would only count up). The candidates are materialised first so that the lock is tried
+	// only on them.
+	sqlClaimFree = `WITH cand AS MATERIALIZED (
+			SELECT stream_id, name FROM jetgres.consumers
+			WHERE stream_id = ANY($1) AND NOT (stream_id::text || '/' || name = ANY($2)))
+		SELECT stream_id, name FROM cand
+		WHERE pg_try_advisory_lock((stream_id % 2147483647)::int4, hashtext(name))`
+)
+
+// OpenOwnership opens the dedicated connection. keepalive is how long PostgreSQL waits on a
+// silent connection before probing it (then three probes a second apart): a replica cut off
+// from the database has stopped delivering long before PostgreSQL gives its locks away.
+// timeout bounds every statement on the connection; one that runs past it breaks the
+// connection, so that the caller learns at once that it can vouch for nothing.
+func (db *DB) OpenOwnership(ctx context.Context, keepalive, timeout time.Duration) (*Ownership, error) {
+	o := &Ownership{db: db, keepalive: keepalive, timeout: timeout, held: make(map[ConsumerKey]int)}
+	if err := o.Reconnect(ctx); err != nil {
+		return nil, err
+	}
+	return o, nil
+}
+
+// Reconnect replaces a broken connection by a new session holding no locks, and ends the old
+// session if PostgreSQL still runs it. Without a broken connection it does nothing.
+func (o *Ownership) Reconnect(ctx context.Context) error {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.conn != nil {
+		return nil
+	}
+	cfg := o.db.pool.Config().ConnConfig.Copy()
+	secs := strconv.Itoa(max(int(o.keepalive/time.Second), 1))
+	cfg.RuntimeParams["tcp_keepalives_idle"] = secs
+	cfg.RuntimeParams["tcp_keepalives_interval"] = "1"
+	cfg.RuntimeParams["tcp_keepalives_count"] = "3"
+	cfg.RuntimeParams["application_name"] = cfg.RuntimeParams["application_name"] + " ownership"
+	// Bounded by the lease rather than the statement timeout: the session is useless to a
+	// replica that cannot get it within a lease, and other calls wait for it meanwhile.
+	ctx, cancel := context.WithTimeout(ctx, min(o.db.cfg.StmtTimeout, o.keepalive))
+	defer cancel()
+	conn, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		return fmt.Errorf("pg: ownership connection: %w", err)
+	}
+	var started time.Time
+	if err := conn.QueryRow(ctx, sqlSessionStart).Scan(&started); err != nil {
+		_ = conn.Close(context.Background())
+		return fmt.Errorf("pg: ownership connection: %w", err)
+	}
+	if o.pid != 0 {
+		if _, err := conn.Exec(ctx, sqlEndSession, o.pid, o.started); err != nil {
+			o.db.log.Warn("ending the previous ownership session failed", "pid", o.pid, "err", err)
+		}
+	}
+	o.conn, o.pid, o.started = conn, conn.PgConn().PID(), started
+	o.confirmed.Store(time.Now().UnixNano())
+	clear(o.held)
+	return nil
+}
+
+// Connected reports whether the connection is up as far as this process knows.
+func (o *Ownership) Connected() bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.conn != nil
+}
+
+// Confirmed is when the last statement that succeeded on the connection was sent, the
+// zero time while there is none: every lock this process holds was held then.
+func (o *Ownership) Confirmed() time.Time {
+	ns := o.confirmed.Load()
+	if ns == 0 {
+		return time.Time{}
+	}
+	return time.Unix(0, ns)
+}
+
+// exec runs fn on the connection within the statement timeout. Any failure breaks the
+// connection: its session's locks can no longer be vouched for.
+func (o *Ownership) exec(ctx context.Context, fn func(ctx context.Context, c *pgx.Conn) error) error {
+	if o.conn == nil {
+		return ErrOwnershipLost
+	}
+	sent := time.Now()
+	ctx, cancel := context.WithTimeout(ctx, o.timeout)
+	defer cancel()
+	if err := fn(ctx, o.conn); err != nil {
+		o.breakLocked()
+		return fmt.Errorf("%w: %w", ErrOwnershipLost, err)
+	}
+	o.confirmed.Store(sent.UnixNano())
+	return nil
+}
+
+func (o *Ownership) breakLocked() {
+	if o.conn != nil {
+		c := o.conn
+		o.conn = nil
+		go func() { _ = c.Close(context.Background()) }()
+	}
+	o.confirmed.Store(0)
+	clear(o.held)
+}
+
+// ErrOwnershipLost says the ownership connection failed: every lock it held must be taken as
+// gone, and the consumers it vouched for must stop.
+var ErrOwnershipLost = errors.New("pg: ownership connection lost")
+
+// Confirm checks that the session holding the locks is alive.
+func (o *Ownership) Confirm(ctx context.Context) error {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.exec(ctx, func(ctx context.Context, c *pgx.Conn) error { return c.Ping(ctx) })
+}
+
+// TryLock takes the consumer's lock unless another session holds it.
+func (o *Ownership) TryLock(ctx context.Context, k ConsumerKey) (bool, error) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.held[k] > 0 {
+		o.held[k]++
+		return true, nil
+	}
+	var ok bool
+	err := o.exec(ctx, func(ctx context.Context, c *pgx.Conn) error {
+		return c.QueryRow(ctx, sqlTryLock, k.StreamID, k.Name).Scan(&ok)
+	})
+	if ok {
+		o.held[k] = 1
+	}
+	return ok, err
+}
+
+// Unlock gives one TryLock of the consumer back; the last one frees it for other replicas.
+func (o *Ownership) Unlock(ctx context.Context, k ConsumerKey) error {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	switch n := o.held[k]; {
+	case n == 0:
+		return nil
+	case n > 1:
+		o.held[k] = n - 1
+		return nil
+	}
+	delete(o.held, k)
+	return o.exec(ctx, func(ctx context.Context, c *pgx.Conn) error {
+		_, err := c.Exec(ctx, sqlUnlock, k.StreamID, k.Name)
+		return err
+	})
+}
+
+// ClaimFree locks every consumer of the given streams that no session holds, and returns them.
+func (o *Ownership) ClaimFree(ctx context.Context, streamIDs []int64) ([]ConsumerKey, error) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	mine := make([]string, 0, len(o.held))
+	for k := range o.held {
+		mine = append(mine, strconv.FormatInt(k.StreamID, 10)+"/"+k.Name)
+	}
+	var out []ConsumerKey
+	err := o.exec(ctx, func(ctx context.Context, c *pgx.Conn) error {
+		rows, err := c.Query(ctx, sqlClaimFree, streamIDs, mine)
+		if err != nil {
+			return err
+		}
+		out, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (ConsumerKey, error) {
+			var k ConsumerKey
+			err := r.Scan(&k.StreamID, &k.Name)
+			return k, err
+		})
+		return err
+	})
+	for _, k := range out {
+		o.held[k] = 1
+	}
+	return out, err
+}
+
+// Close ends the session, which frees every lock it held.
+func (o *Ownership) Close() {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.conn != nil {
+		_ = o.conn.Close(context.Background())
+		o.conn = nil
+	}
+	o.confirmed.Store(0)
+	clear(o.held)
+}
+
+// TakeLease records owner as the consumer's server, for a consumer whose lock owner's
+// session holds, and returns it as stored with the owner it had before. ErrNotFound says it
+// does not exist.
+func (db *DB) TakeLease(ctx context.Context, p LeaseParams) (Consumer, string, error) {
+	var c Consumer
+	var prev string
+	err := db.background(ctx, func(ctx context.Context, q querier) error {
+		var as, ac int64
+		err := q.QueryRow(ctx, `WITH prev AS (SELECT owner FROM jetgres.consumers WHERE stream_id = $1 AND name = $2 FOR UPDATE)
+			UPDATE jetgres.consumers c SET owner = $3, lease_until = now() + $4::interval FROM prev
+			WHERE c.stream_id = $1 AND c.name = $2
+			RETURNING c.stream_id, c.name, c.config, c.created, c.ack_stream_seq, c.ack_consumer_seq, c.owner, prev.owner`,
+			p.StreamID, p.Name, p.Owner, p.TTL).Scan(&c.StreamID, &c.Name, &c.Config, &c.Created, &as, &ac, &c.Owner, &prev)
+		c.AckStreamSeq, c.AckConsumerSeq = uint64(as), uint64(ac)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return ErrNotFound
+		}
+		return err
+	})
+	if err != nil && !errors.Is(err, ErrNotFound) {
+		return Consumer{}, "", fmt.Errorf("pg: take lease: %w", err)
+	}
+	return c, prev, err
+}

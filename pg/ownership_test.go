@@ -1,0 +1,168 @@
+package pg_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/jetgres/jetgres/internal/testwait"
+	"github.com/jetgres/jetgres/pg"
+	"github.com/jetgres/jetgres/pg/pgtest"
+	"github.com/jetgres/jetgres/pg/pgtest/rawsql"
+)
+
+func openOwnership(t *testing.T, db *pg.DB) *pg.Ownership {
+	t.Helper()
+	o, err := db.OpenOwnership(context.Background(), 10*time.Second, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(o.Close)
+	return o
+}
+
+// One session holds a consumer's lock at a time; the moment that session ends, however it
+// ends, another claims the consumer, and the ended one knows it has lost everything.
+func TestOwnershipLocks(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url := pgtest.NewDB(t)
+	db := pgtest.OpenAt(t, url)
+	raw := rawsql.Open(t, url)
+	st := consumerTestStream(t, ctx, db)
+	for _, name := range []string{"A", "B"} {
+		if _, err := db.CreateConsumer(ctx, pg.Consumer{StreamID: st.ID, Name: name, Config: []byte(`{}`)}, "", 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r1, r2 := openOwnership(t, db), openOwnership(t, db)
+	a := pg.ConsumerKey{StreamID: st.ID, Name: "A"}
+	if ok, err := r1.TryLock(ctx, a); !ok || err != nil {
+		t.Fatalf("r1 locks A: %v %v", ok, err)
+	}
+	if ok, err := r2.TryLock(ctx, a); ok || err != nil {
+		t.Fatalf("r2 locks A that r1 holds: %v %v", ok, err)
+	}
+	got, err := r2.ClaimFree(ctx, []int64{st.ID})
+	if err != nil || len(got) != 1 || got[0].Name != "B" {
+		t.Fatalf("r2 claims the free consumers: %v %v, want B alone", got, err)
+	}
+	if got, err := r2.ClaimFree(ctx, []int64{st.ID}); err != nil || len(got) != 0 {
+		t.Fatalf("r2 claims again: %v %v, want none", got, err)
+	}
+	c, prev, err := db.TakeLease(ctx, pg.LeaseParams{StreamID: st.ID, Name: "B", Owner: "r2", TTL: time.Minute})
+	if err != nil || prev != "" || c.Owner != "r2" {
+		t.Fatalf("r2 takes B's lease: %+v, previous %q, %v", c, prev, err)
+	}
+
+	// r1's session is ended from outside, as PostgreSQL ends a dead client's.
+	if err := raw.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name LIKE '%ownership' AND pid IN (
+		SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted) AND datname = current_database()
+		AND pid NOT IN (SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND objid = hashtext('B')::oid)`); err != nil {
+		t.Fatal(err)
+	}
+	testwait.For(t, 10*time.Second, func() error {
+		got, err := r2.ClaimFree(ctx, []int64{st.ID})
+		if err != nil {
+			return err
+		}
+		if len(got) != 1 || got[0].Name != "A" {
+			return errors.New("A not free yet")
+		}
+		return nil
+	})
+	if err := r1.Confirm(ctx); !errors.Is(err, pg.ErrOwnershipLost) {
+		t.Fatalf("r1 confirms after its session ended: %v, want ErrOwnershipLost", err)
+	}
+	if r1.Connected() || !r1.Confirmed().IsZero() {
+		t.Fatal("r1 still reports a connection")
+	}
+	if err := r1.Reconnect(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := r1.TryLock(ctx, a); ok || err != nil {
+		t.Fatalf("r1 locks A that r2 took over: %v %v", ok, err)
+	}
+	// Unlocking gives it back.
+	if err := r2.Unlock(ctx, a); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := r1.TryLock(ctx, a); !ok || err != nil {
+		t.Fatalf("r1 locks A once r2 let go: %v %v", ok, err)
+	}
+}
+
+// A stream or consumer change notifies at its commit; a check run in the creating
+// transaction refuses a stream.
+func TestMetaNotifyAndCheck(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	db := pgtest.Open(t)
+	got := make(chan int64, 16)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		db.ListenMeta(ctx, func(id int64) { got <- id })
+	}()
+	defer func() { cancel(); <-done }()
+	if id := <-got; id != 0 {
+		t.Fatalf("first call %d, want 0 (re-read everything)", id)
+	}
+	st, err := db.CreateStream(ctx, "N", []byte(`{}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case id := <-got:
+		if id != st.ID {
+			t.Fatalf("notified %d, want %d", id, st.ID)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("no notification of a created stream")
+	}
+	wantNote := func(what string) {
+		t.Helper()
+		select {
+		case id := <-got:
+			if id != st.ID {
+				t.Fatalf("%s: notified %d, want %d", what, id, st.ID)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("no notification of %s", what)
+		}
+	}
+	if _, err := db.CreateConsumer(ctx, pg.Consumer{StreamID: st.ID, Name: "C", Config: []byte(`{}`)}, "", 0); err != nil {
+		t.Fatal(err)
+	}
+	wantNote("a created consumer")
+	if err := db.UpdateConsumerConfig(ctx, st.ID, "C", []byte(`{"a":1}`)); err != nil {
+		t.Fatal(err)
+	}
+	wantNote("an updated consumer")
+	if err := db.DeleteConsumer(ctx, st.ID, "C"); err != nil {
+		t.Fatal(err)
+	}
+	wantNote("a deleted consumer")
+	if err := db.DeleteConsumer(ctx, st.ID, "C"); !errors.Is(err, pg.ErrNotFound) {
+		t.Fatalf("deleting it again: %v, want ErrNotFound", err)
+	}
+	refused := errors.New("refused")
+	var seen []string
+	_, err = db.CreateStreamChecked(ctx, "M", []byte(`{}`), 1, func(others []pg.Stream) error {
+		for _, o := range others {
+			seen = append(seen, o.Name)
+		}
+		return refused
+	})
+	if !errors.Is(err, refused) || len(seen) != 1 || seen[0] != "N" {
+		t.Fatalf("checked create: %v, check saw %v", err, seen)
+	}
+	if _, err := db.CreateStreamChecked(ctx, "M", []byte(`{}`), 1, func([]pg.Stream) error { return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := db.CountConsumers(ctx, st.ID); err != nil || n != 0 {
+		t.Fatalf("consumers: %d %v", n, err)
+	}
+}

@@ -684,8 +684,9 @@ func (c *consumer) readAhead(ctx context.Context, from, hw uint64) bool {
 		n = readAheadMax // its request never ends
 	}
 	filters := c.filters()
+	upTo := c.behindTail(from, hw)
 	c.mu.Unlock()
-	msgs, through, err := c.cs.readPop(ctx, pg.ReadParams{StreamID: c.sc.s.id, From: from, UpTo: hw, MaxMsgs: n, MaxBytes: readAheadBytes}, filters)
+	msgs, through, err := c.cs.readPop(ctx, pg.ReadParams{StreamID: c.sc.s.id, From: from, UpTo: upTo, MaxMsgs: n, MaxBytes: readAheadBytes}, filters)
 	c.mu.Lock()
 	if err != nil {
 		if ctx.Err() == nil {
@@ -697,6 +698,15 @@ func (c *consumer) readAhead(ctx context.Context, from, hw uint64) bool {
 	c.dropAhead()
 	c.ahead, c.aheadUpTo = msgs, through
 	return true
+}
+
+// behindTail is where a read of PostgreSQL from from should stop: before the tail cache
+// starts, when from is behind it, since the consumer continues from the cache there.
+func (c *consumer) behindTail(from, hw uint64) uint64 {
+	if start := c.sc.tail.Start(); start > from {
+		return min(hw, start-1)
+	}
+	return hw
 }
 
 // prefetch is a read of the batch after the read-ahead, made in the background.
@@ -729,7 +739,7 @@ func (c *consumer) prefetch(ctx context.Context) {
 	}
 	pf := &prefetch{gen: c.aheadGen, from: from, done: make(chan struct{})}
 	c.pf = pf
-	p := pg.ReadParams{StreamID: c.sc.s.id, From: from, UpTo: hw, MaxMsgs: readAheadMax, MaxBytes: readAheadBytes}
+	p := pg.ReadParams{StreamID: c.sc.s.id, From: from, UpTo: c.behindTail(from, hw), MaxMsgs: readAheadMax, MaxBytes: readAheadBytes}
 	filters := c.filters()
 	if !c.cs.g.Go(func() {
 		pf.msgs, pf.through, pf.err = c.cs.readPop(ctx, p, filters)

@@ -132,6 +132,7 @@ type consumer struct {
 	recountAt  time.Time    // no recount of npc before this, after an expensive one
 	lastActive time.Time
 	retryAt    time.Time
+	unlocked   bool // mu was released to wait for a read: the pump's reading of the clock is old
 
 	// initial is the consumer's info as of its creation, before its goroutine delivered
 	// anything: the create response reports it, as nats-server's does, since a push
@@ -445,6 +446,9 @@ func (c *consumer) pump(ctx context.Context) {
 	c.processWaiting(now, false)
 	eos := true
 	sent := 0
+	// Deliveries that move the ack floor (every one, with ack none) tell the cursor writer
+	// once per yield and at the end, not each: the write is fused all the same.
+	floorMoved := false
 	for c.wantsMore(now) && ctx.Err() == nil && !c.paused(now) {
 		m, dc, src, found := c.next(ctx)
 		if found != nextFound {
@@ -468,7 +472,13 @@ func (c *consumer) pump(ctx context.Context) {
 		info := jswire.AckInfo{Stream: c.sc.s.name, Consumer: c.name, Delivered: dc, StreamSeq: m.Seq, ConsumerSeq: c.st.Delivered().Consumer + 1, TS: m.TS, Pending: pending}
 		reply := jswire.AppendAckSubject(c.reply[:0], info)
 		size := len(m.Subject) + len(reply) + len(hdr) + len(data)
-		now := c.cs.b.clock.Now()
+		// The clock is read once every clockEvery deliveries: a time a few microseconds old
+		// serves ack deadlines and latencies as well, and reading it was an eighth of a
+		// push consumer's pump.
+		if sent%clockEvery == 0 || c.unlocked {
+			c.unlocked = false
+			now = c.cs.b.clock.Now()
+		}
 		var wr *pullRequest
 		var to, group string
 		if c.isPush() {
@@ -506,12 +516,17 @@ func (c *consumer) pump(ctx context.Context) {
 		}
 		c.delivered(wr, size, m, dc, now)
 		sent++
+		floorMoved = floorMoved || moved
 		if sent%c.yieldEvery() == 1 {
+			if floorMoved {
+				floorMoved = false
+				c.floorMoved()
+			}
 			runtime.Gosched()
 		}
-		if moved {
-			c.floorMoved()
-		}
+	}
+	if floorMoved {
+		c.floorMoved()
 	}
 	c.processWaiting(c.cs.b.clock.Now(), eos)
 	if c.isPush() {
@@ -543,6 +558,9 @@ func (t *tally) flush(m *consumerMetrics) {
 	}
 	*t = tally{}
 }
+
+// clockEvery is how many deliveries pump makes with one reading of the clock.
+const clockEvery = 32
 
 // deliveryYield is how many deliveries pump queues on the link between two yields of its
 // processor. A delivery readies the link's writer on this goroutine's processor, where it
@@ -685,6 +703,7 @@ func (c *consumer) readAhead(ctx context.Context, from, hw uint64) bool {
 	}
 	filters := c.filters()
 	upTo := c.behindTail(from, hw)
+	c.unlocked = true
 	c.mu.Unlock()
 	msgs, through, err := c.cs.readPop(ctx, pg.ReadParams{StreamID: c.sc.s.id, From: from, UpTo: upTo, MaxMsgs: n, MaxBytes: readAheadBytes}, filters)
 	c.mu.Lock()
@@ -773,6 +792,7 @@ func (c *consumer) takePrefetch(ctx context.Context) bool {
 	select {
 	case <-pf.done:
 	default:
+		c.unlocked = true
 		c.mu.Unlock()
 		select {
 		case <-pf.done:
@@ -820,6 +840,7 @@ func (c *consumer) load(ctx context.Context, seq uint64) (pg.Message, bool, erro
 	if c.cs.b.clock.Now().Before(c.retryAt) {
 		return pg.Message{}, false, errRetryLater
 	}
+	c.unlocked = true
 	c.mu.Unlock()
 	msgs, _, err := c.cs.readPop(ctx, pg.ReadParams{StreamID: c.sc.s.id, From: seq, UpTo: seq, MaxMsgs: 1}, nil)
 	c.mu.Lock()

@@ -705,7 +705,7 @@ func (c *consumer) readAhead(ctx context.Context, from, hw uint64) bool {
 	upTo := c.behindTail(from, hw)
 	c.unlocked = true
 	c.mu.Unlock()
-	msgs, through, err := c.cs.readPop(ctx, pg.ReadParams{StreamID: c.sc.s.id, From: from, UpTo: upTo, MaxMsgs: n, MaxBytes: readAheadBytes}, filters)
+	msgs, through, err := c.sc.reads.read(ctx, c.cs, pg.ReadParams{StreamID: c.sc.s.id, From: from, UpTo: upTo, MaxMsgs: n, MaxBytes: readAheadBytes}, filters)
 	c.mu.Lock()
 	if err != nil {
 		if ctx.Err() == nil {
@@ -761,7 +761,7 @@ func (c *consumer) prefetch(ctx context.Context) {
 	p := pg.ReadParams{StreamID: c.sc.s.id, From: from, UpTo: c.behindTail(from, hw), MaxMsgs: readAheadMax, MaxBytes: readAheadBytes}
 	filters := c.filters()
 	if !c.cs.g.Go(func() {
-		pf.msgs, pf.through, pf.err = c.cs.readPop(ctx, p, filters)
+		pf.msgs, pf.through, pf.err = c.sc.reads.read(ctx, c.cs, p, filters)
 		close(pf.done)
 		c.signal()
 	}) {

@@ -132,6 +132,7 @@ type consumer struct {
 	recountAt  time.Time    // no recount of npc before this, after an expensive one
 	lastActive time.Time
 	retryAt    time.Time
+	unlocked   bool // mu was released to wait for a read: the pump's reading of the clock is old
 
 	// initial is the consumer's info as of its creation, before its goroutine delivered
 	// anything: the create response reports it, as nats-server's does, since a push
@@ -445,6 +446,9 @@ func (c *consumer) pump(ctx context.Context) {
 	c.processWaiting(now, false)
 	eos := true
 	sent := 0
+	// Deliveries that move the ack floor (every one, with ack none) tell the cursor writer
+	// once per yield and at the end, not each: the write is fused all the same.
+	floorMoved := false
 	for c.wantsMore(now) && ctx.Err() == nil && !c.paused(now) {
 		m, dc, src, found := c.next(ctx)
 		if found != nextFound {
@@ -468,7 +472,13 @@ func (c *consumer) pump(ctx context.Context) {
 		info := jswire.AckInfo{Stream: c.sc.s.name, Consumer: c.name, Delivered: dc, StreamSeq: m.Seq, ConsumerSeq: c.st.Delivered().Consumer + 1, TS: m.TS, Pending: pending}
 		reply := jswire.AppendAckSubject(c.reply[:0], info)
 		size := len(m.Subject) + len(reply) + len(hdr) + len(data)
-		now := c.cs.b.clock.Now()
+		// The clock is read once every clockEvery deliveries: a time a few microseconds old
+		// serves ack deadlines and latencies as well, and reading it was an eighth of a
+		// push consumer's pump.
+		if sent%clockEvery == 0 || c.unlocked {
+			c.unlocked = false
+			now = c.cs.b.clock.Now()
+		}
 		var wr *pullRequest
 		var to, group string
 		if c.isPush() {
@@ -506,12 +516,17 @@ func (c *consumer) pump(ctx context.Context) {
 		}
 		c.delivered(wr, size, m, dc, now)
 		sent++
+		floorMoved = floorMoved || moved
 		if sent%c.yieldEvery() == 1 {
+			if floorMoved {
+				floorMoved = false
+				c.floorMoved()
+			}
 			runtime.Gosched()
 		}
-		if moved {
-			c.floorMoved()
-		}
+	}
+	if floorMoved {
+		c.floorMoved()
 	}
 	c.processWaiting(c.cs.b.clock.Now(), eos)
 	if c.isPush() {
@@ -543,6 +558,9 @@ func (t *tally) flush(m *consumerMetrics) {
 	}
 	*t = tally{}
 }
+
+// clockEvery is how many deliveries pump makes with one reading of the clock.
+const clockEvery = 32
 
 // deliveryYield is how many deliveries pump queues on the link between two yields of its
 // processor. A delivery readies the link's writer on this goroutine's processor, where it
@@ -684,8 +702,10 @@ func (c *consumer) readAhead(ctx context.Context, from, hw uint64) bool {
 		n = readAheadMax // its request never ends
 	}
 	filters := c.filters()
+	upTo := c.behindTail(from, hw)
+	c.unlocked = true
 	c.mu.Unlock()
-	msgs, through, err := c.cs.readPop(ctx, pg.ReadParams{StreamID: c.sc.s.id, From: from, UpTo: hw, MaxMsgs: n, MaxBytes: readAheadBytes}, filters)
+	msgs, through, err := c.sc.reads.read(ctx, c.cs, pg.ReadParams{StreamID: c.sc.s.id, From: from, UpTo: upTo, MaxMsgs: n, MaxBytes: readAheadBytes}, filters)
 	c.mu.Lock()
 	if err != nil {
 		if ctx.Err() == nil {
@@ -697,6 +717,15 @@ func (c *consumer) readAhead(ctx context.Context, from, hw uint64) bool {
 	c.dropAhead()
 	c.ahead, c.aheadUpTo = msgs, through
 	return true
+}
+
+// behindTail is where a read of PostgreSQL from from should stop: before the tail cache
+// starts, when from is behind it, since the consumer continues from the cache there.
+func (c *consumer) behindTail(from, hw uint64) uint64 {
+	if start := c.sc.tail.Start(); start > from {
+		return min(hw, start-1)
+	}
+	return hw
 }
 
 // prefetch is a read of the batch after the read-ahead, made in the background.
@@ -729,10 +758,10 @@ func (c *consumer) prefetch(ctx context.Context) {
 	}
 	pf := &prefetch{gen: c.aheadGen, from: from, done: make(chan struct{})}
 	c.pf = pf
-	p := pg.ReadParams{StreamID: c.sc.s.id, From: from, UpTo: hw, MaxMsgs: readAheadMax, MaxBytes: readAheadBytes}
+	p := pg.ReadParams{StreamID: c.sc.s.id, From: from, UpTo: c.behindTail(from, hw), MaxMsgs: readAheadMax, MaxBytes: readAheadBytes}
 	filters := c.filters()
 	if !c.cs.g.Go(func() {
-		pf.msgs, pf.through, pf.err = c.cs.readPop(ctx, p, filters)
+		pf.msgs, pf.through, pf.err = c.sc.reads.read(ctx, c.cs, p, filters)
 		close(pf.done)
 		c.signal()
 	}) {
@@ -763,6 +792,7 @@ func (c *consumer) takePrefetch(ctx context.Context) bool {
 	select {
 	case <-pf.done:
 	default:
+		c.unlocked = true
 		c.mu.Unlock()
 		select {
 		case <-pf.done:
@@ -810,6 +840,7 @@ func (c *consumer) load(ctx context.Context, seq uint64) (pg.Message, bool, erro
 	if c.cs.b.clock.Now().Before(c.retryAt) {
 		return pg.Message{}, false, errRetryLater
 	}
+	c.unlocked = true
 	c.mu.Unlock()
 	msgs, _, err := c.cs.readPop(ctx, pg.ReadParams{StreamID: c.sc.s.id, From: seq, UpTo: seq, MaxMsgs: 1}, nil)
 	c.mu.Lock()

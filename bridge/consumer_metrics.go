@@ -23,6 +23,7 @@ type consumerMetrics struct {
 	tailHits      prometheus.Counter
 	tailMisses    prometheus.Counter
 	dbReads       prometheus.Counter
+	readsShared   prometheus.Counter
 	ticks         prometheus.Counter
 	tickReads     prometheus.Counter
 	cursorWrites  prometheus.Counter
@@ -61,6 +62,7 @@ func newConsumerMetrics(reg prometheus.Registerer, side *consumerSide) *consumer
 		tailHits:      counter("jetgres_tail_cache_hits_total", "Consumer reads served by a stream's tail cache."),
 		tailMisses:    counter("jetgres_tail_cache_misses_total", "Consumer reads that were behind the tail cache."),
 		dbReads:       counter("jetgres_consumer_db_reads_total", "Range reads of PostgreSQL through the pop lane."),
+		readsShared:   counter("jetgres_consumer_db_reads_shared_total", "Consumer reads of PostgreSQL that joined another consumer's read of the same rows in flight instead of reading them again."),
 		ticks:         counter("jetgres_ticks_total", "Ticker polls of stream high-water marks."),
 		tickReads:     counter("jetgres_tick_range_reads_total", "Shared range reads a tick made into a tail cache."),
 		cursorWrites:  counter("jetgres_cursor_writes_total", "Consumer cursor (ack floor) writes."),
@@ -91,7 +93,7 @@ func newConsumerMetrics(reg prometheus.Registerer, side *consumerSide) *consumer
 	if reg != nil {
 		reg.MustRegister(tailBytes, tailEvicted)
 		reg.MustRegister(m.pulls, m.delivered, m.redeliveries, m.acks, m.acksDropped, m.tailHits, m.tailMisses,
-			m.dbReads, m.ticks, m.tickReads, m.cursorWrites, m.recounts, m.recountsLate, m.cursorLatency, m.subLatency, m.e2eLatency,
+			m.dbReads, m.readsShared, m.ticks, m.tickReads, m.cursorWrites, m.recounts, m.recountsLate, m.cursorLatency, m.subLatency, m.e2eLatency,
 			m.pushDelivered, m.fcRequests, m.fcStalls, m.heartbeats, m)
 	}
 	return m

@@ -6,7 +6,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jetgres/jetgres/flow"
 	"github.com/jetgres/jetgres/internal/testwait"
+	"github.com/jetgres/jetgres/pg"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -139,4 +142,116 @@ func counterValue(t *testing.T, reg *prometheus.Registry, name string) float64 {
 	}
 	t.Fatalf("no counter %s", name)
 	return 0
+}
+
+// TestCatchUpSwitchesToTail drains, with a push consumer, a backlog of which the tail
+// cache holds only the newest messages: the read-ahead reads PostgreSQL up to where the
+// cache starts and no further, and every message from there on comes from the cache.
+func TestCatchUpSwitchesToTail(t *testing.T) {
+	t.Parallel()
+	const total = 3000
+	data := make([]byte, 100)
+	msgSize := int((&pg.Message{Subject: "cu.x", Data: data}).Size())
+	tb := setup(t, setupOpts{config: func(c *Config) { c.TailTotalBytes = 300 * msgSize }})
+	ctx := testContext(t)
+	newStream(t, ctx, tb, "CU", "cu.>")
+	for i := 1; i <= total; i++ {
+		if _, err := tb.js.PublishAsync("cu.x", data); err != nil {
+			t.Fatal(err)
+		}
+		if i%1000 == 0 {
+			<-tb.js.PublishAsyncComplete()
+		}
+	}
+	s := tb.bridge.lookup("CU")
+	tail := tb.bridge.cs().registry(s).tail
+	start := tail.Start()
+	if start <= readAheadMax || start > total {
+		t.Fatalf("the tail starts at %d: the test wants a backlog well behind it", start)
+	}
+	sub, err := legacyJS(t, tb.nc).SubscribeSync("cu.>", nats.AckNone(), nats.DeliverAll())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, m := range nextMsgs(t, sub, total, 30*time.Second) {
+		md, err := m.Metadata()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if md.Sequence.Stream != uint64(i+1) {
+			t.Fatalf("message %d has sequence %d", i+1, md.Sequence.Stream)
+		}
+	}
+	if got := tail.Start(); got != start {
+		t.Fatalf("the tail moved from %d to %d with nothing published", start, got)
+	}
+	hits := counterValue(t, tb.reg, "jetgres_tail_cache_hits_total")
+	if want := float64(total - start + 1); hits != want {
+		t.Fatalf("%v deliveries from the tail cache, want the %v it holds", hits, want)
+	}
+}
+
+// TestCatchUpSharesReads starts two push consumers at the start of a backlog behind the
+// tail cache while the pop lane's only permit is held: the second joins the first one's
+// read of PostgreSQL rather than read the same rows again, and both get every message.
+func TestCatchUpSharesReads(t *testing.T) {
+	t.Parallel()
+	const total = 3000
+	data := make([]byte, 100)
+	msgSize := int((&pg.Message{Subject: "sr.x", Data: data}).Size())
+	pop, err := flow.NewLane("pop", flow.Options{Init: 1, Min: 1, Max: 1, Alpha: flow.AlphaDefault, Beta: flow.BetaDefault})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tb := setup(t, setupOpts{config: func(c *Config) {
+		c.TailTotalBytes = 300 * msgSize
+		c.Pop = pop
+	}})
+	ctx := testContext(t)
+	newStream(t, ctx, tb, "SR", "sr.>")
+	for i := 1; i <= total; i++ {
+		if _, err := tb.js.PublishAsync("sr.x", data); err != nil {
+			t.Fatal(err)
+		}
+		if i%1000 == 0 {
+			<-tb.js.PublishAsyncComplete()
+		}
+	}
+	permit, err := pop.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	js := legacyJS(t, tb.nc)
+	var subs []*nats.Subscription
+	for range 2 {
+		sub, err := js.SubscribeSync("sr.>", nats.AckNone(), nats.DeliverAll())
+		if err != nil {
+			permit.Abandon()
+			t.Fatal(err)
+		}
+		subs = append(subs, sub)
+	}
+	// Both consumers went to PostgreSQL, where the first waits for the permit.
+	testwait.For(t, 10*time.Second, func() error {
+		if n := counterValue(t, tb.reg, "jetgres_tail_cache_misses_total"); n < 2 {
+			return fmt.Errorf("%v consumers behind the tail", n)
+		}
+		return nil
+	})
+	permit.Abandon()
+	for _, sub := range subs {
+		for i, m := range nextMsgs(t, sub, total, 30*time.Second) {
+			md, err := m.Metadata()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if md.Sequence.Stream != uint64(i+1) {
+				t.Fatalf("message %d has sequence %d", i+1, md.Sequence.Stream)
+			}
+		}
+	}
+	if shared := counterValue(t, tb.reg, "jetgres_consumer_db_reads_shared_total"); shared < 1 {
+		t.Fatalf("%v reads shared by consumers at the same position", shared)
+	}
+	t.Logf("%v reads of PostgreSQL, %v shared", counterValue(t, tb.reg, "jetgres_consumer_db_reads_total"), counterValue(t, tb.reg, "jetgres_consumer_db_reads_shared_total"))
 }

@@ -70,8 +70,9 @@ type consumerSide struct {
 
 // streamConsumers is one stream's consumers and its tail cache.
 type streamConsumers struct {
-	s    *stream
-	tail *tailcache.Tail
+	s     *stream
+	tail  *tailcache.Tail
+	reads sharedReads
 
 	mu   sync.RWMutex
 	cons map[string]*consumer
@@ -239,6 +240,7 @@ func (b *Bridge) streamPurged(s *stream) {
 		return
 	}
 	sc.tail.Clear()
+	sc.reads.forget()
 	for _, c := range sc.list() {
 		c.markStale(allRows)
 		c.post(event{kind: evPurged})

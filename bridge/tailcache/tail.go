@@ -148,6 +148,15 @@ func (t *Tail) Missing() (from, upTo uint64, ok bool) {
 	return t.through + 1, t.hw, t.hw > t.through
 }
 
+// Start is the first sequence the cache covers: from there on, up to what it has taken,
+// every live message is in memory. A consumer behind it reads PostgreSQL only up to Start
+// and then continues from the cache, rather than read again rows the cache holds.
+func (t *Tail) Start() uint64 {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	return t.from
+}
+
 // Clear drops everything: after a purge or a delete the cached rows may no longer be live.
 func (t *Tail) Clear() {
 	t.mu.Lock()

@@ -489,6 +489,12 @@ func (c *Conn) enqueueControl(frame []byte) error {
 	return nil
 }
 
+// writeRetained bounds the buffer the writer keeps for the next burst. A push consumer
+// draining a backlog queues megabytes while a write is in progress; with a smaller bound
+// every such burst grew a fresh buffer from empty, copying it at each doubling (over a
+// tenth of the link's publish cost).
+const writeRetained = 8 << 20
+
 // writeLoop writes whatever accumulated while the previous write was in
 // progress with one call, so a burst of publishes costs one syscall.
 func (c *Conn) writeLoop() {
@@ -517,7 +523,7 @@ func (c *Conn) writeLoop() {
 
 			c.mu.Lock()
 			c.inflight = 0
-			if cap(buf) <= maxRetained {
+			if cap(buf) <= writeRetained {
 				c.spare = buf[:0]
 			}
 			c.mu.Unlock()

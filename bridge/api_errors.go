@@ -37,7 +37,7 @@ var errDatabase = errors.New("database error")
 // dbTransient reports whether err means the database could not be reached in time, as
 // opposed to a database that answered.
 func dbTransient(err error) bool {
-	return errors.Is(err, pg.ErrUnavailable) || errors.Is(err, pg.ErrTimeout) ||
+	return errors.Is(err, pg.ErrUnavailable) || errors.Is(err, pg.ErrTimeout) || errors.Is(err, pg.ErrOwnershipLost) ||
 		errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)
 }
 

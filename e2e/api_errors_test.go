@@ -74,7 +74,8 @@ func apiReplyTo(t testing.TB, nc *nats.Conn, subject, body string) (apiReply, er
 // cannot make are "JetStream system temporarily unavailable" (503, err_code 10008), which
 // clients retry, never "stream not found" (10059) or "consumer not found" (10014), which
 // they take as final; a direct get hears 503, as from a JetStream with no server for the
-// stream. Once PostgreSQL is back, the same requests succeed.
+// stream. What memory holds is still answered: a direct get of a message in the tail cache.
+// Once PostgreSQL is back, the same requests succeed.
 func TestDatabaseDownIsUnavailable(t *testing.T) {
 	db := startPGServer(t)
 	j := startWithDatabase(t, db.dsn(), "--stmt-timeout", "2s", "--replica-name", "e2e-errs")
@@ -89,13 +90,15 @@ func TestDatabaseDownIsUnavailable(t *testing.T) {
 	if _, err := js.CreateOrUpdateConsumer(ctx, "ERRS", jetstream.ConsumerConfig{Durable: "C", AckPolicy: jetstream.AckExplicitPolicy}); err != nil {
 		t.Fatal(err)
 	}
+	const inMemory = "direct get of a message in the tail cache"
 	requests := []struct{ what, subject, body string }{
 		{"stream info", "$JS.API.STREAM.INFO.ERRS", ""},
 		{"stream info of a stream this process has not seen", "$JS.API.STREAM.INFO.OTHER", ""},
 		{"consumer info", "$JS.API.CONSUMER.INFO.ERRS.C", ""},
 		{"consumer create", "$JS.API.CONSUMER.CREATE.ERRS.D", `{"stream_name":"ERRS","config":{"durable_name":"D","ack_policy":"explicit"}}`},
 		{"consumer info of a consumer this process does not serve", "$JS.API.CONSUMER.INFO.ERRS.E", ""},
-		{"direct get", "$JS.API.DIRECT.GET.ERRS", `{"seq":1}`},
+		{"direct get of a subject memory does not hold", "$JS.API.DIRECT.GET.ERRS", `{"last_by_subj":"errs.b"}`},
+		{inMemory, "$JS.API.DIRECT.GET.ERRS", `{"seq":1}`},
 	}
 
 	if err := db.stop(); err != nil {
@@ -109,6 +112,9 @@ func TestDatabaseDownIsUnavailable(t *testing.T) {
 		want := apiReply{code: 503, errCode: 10008, desc: "JetStream system temporarily unavailable"}
 		if strings.HasPrefix(r.subject, "$JS.API.DIRECT.") {
 			want = apiReply{status: "503"}
+		}
+		if r.what == inMemory {
+			want = apiReply{}
 		}
 		if got != want {
 			t.Errorf("%s with the database down: %v, want %v", r.what, got, want)
@@ -139,6 +145,8 @@ func TestDatabaseDownIsUnavailable(t *testing.T) {
 				want = apiReply{code: 404, errCode: 10059, desc: "stream not found"}
 			case strings.HasSuffix(r.subject, ".E"):
 				want = apiReply{code: 404, errCode: 10014, desc: "consumer not found"}
+			case strings.Contains(r.body, "last_by_subj"):
+				want = apiReply{status: "404", desc: "Message Not Found"}
 			}
 			if got != want {
 				return fmt.Errorf("%s with the database back: %v, want %v", r.what, got, want)

@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"os"
 	"os/exec"
@@ -14,6 +15,8 @@ import (
 	"time"
 
 	"github.com/jetgres/jetgres/internal/syncbuf"
+	"github.com/jetgres/jetgres/internal/testwait"
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 // TestFoundation runs the README's quick start against a jetgres with its private
@@ -170,12 +173,10 @@ func corePubSub(t *testing.T, j *jetgres, subject, payload string) {
 	}
 }
 
-// TestExitsWhenPrivatePostgresDies kills the private PostgreSQL under a running jetgres:
-// jetgres cannot serve without it, so it must exit with an error, leaving nothing behind.
-func TestExitsWhenPrivatePostgresDies(t *testing.T) {
-	t.Parallel()
-	j := startJetgres(t, options{})
-	pidFile, err := os.ReadFile(filepath.Join(j.dataDir, "pg", "postmaster.pid"))
+// postmasterPID reads the private PostgreSQL's pid from its postmaster.pid.
+func postmasterPID(t *testing.T, dataDir string) int {
+	t.Helper()
+	pidFile, err := os.ReadFile(filepath.Join(dataDir, "pg", "postmaster.pid"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -184,16 +185,72 @@ func TestExitsWhenPrivatePostgresDies(t *testing.T) {
 	if err != nil {
 		t.Fatalf("postmaster.pid: %v", err)
 	}
+	return pid
+}
+
+// TestPrivatePostgresRestartedWhenItDies kills the private PostgreSQL under a running
+// jetgres: jetgres restarts it, with crash recovery, and serves again without a restart of
+// its own, with what was published before the kill still there.
+func TestPrivatePostgresRestartedWhenItDies(t *testing.T) {
+	t.Parallel()
+	j := startJetgres(t, options{})
+	_, js := j.connect(t)
+	ctx := t.Context()
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "SURVIVE", Subjects: []string{"survive.>"}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.Publish(ctx, "survive.a", []byte("before")); err != nil {
+		t.Fatal(err)
+	}
+	pid := postmasterPID(t, j.dataDir)
 	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	err = j.wait(stopTimeout)
+	testwait.For(t, 60*time.Second, func() error {
+		if j.hasExited() {
+			t.Fatalf("jetgres exited after its PostgreSQL died:\n%s", j.logs.String())
+		}
+		if code, body := j.mustGet(t, "/readyz"); code != http.StatusOK {
+			return fmt.Errorf("/readyz %d %q", code, body)
+		}
+		_, err := js.Publish(ctx, "survive.b", []byte("after"))
+		return err
+	})
+	if now := postmasterPID(t, j.dataDir); now == pid {
+		t.Errorf("postmaster pid still %d after the kill", pid)
+	}
+	stream, err := js.Stream(ctx, "SURVIVE")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := stream.GetMsg(ctx, 1)
+	if err != nil || string(m.Data) != "before" {
+		t.Fatalf("message published before the kill: %v, %v", m, err)
+	}
+	j.stop(t)
+	requireNoPostgres(t, j.dataDir)
+}
+
+// TestExitsWhenPrivatePostgresCannotComeBack takes the private PostgreSQL's data directory
+// away and kills the server: jetgres cannot restart it, so it exits with an error that says
+// why, leaving nothing behind.
+func TestExitsWhenPrivatePostgresCannotComeBack(t *testing.T) {
+	t.Parallel()
+	j := startJetgres(t, options{})
+	pid := postmasterPID(t, j.dataDir)
+	if err := os.Remove(filepath.Join(j.dataDir, "pg", "PG_VERSION")); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	err := j.wait(stopTimeout)
 	var exit *exec.ExitError
 	if !errors.As(err, &exit) || exit.ExitCode() != 1 {
-		t.Fatalf("jetgres after its PostgreSQL died: %v, want exit code 1", err)
+		t.Fatalf("jetgres after its PostgreSQL could not come back: %v, want exit code 1", err)
 	}
-	if logs := j.logs.String(); !strings.Contains(logs, "private PostgreSQL exited") {
-		t.Errorf("logs do not say PostgreSQL exited:\n%s", logs)
+	if logs := j.logs.String(); !strings.Contains(logs, "private PostgreSQL cannot come back") {
+		t.Errorf("logs do not say why PostgreSQL cannot come back:\n%s", logs)
 	}
 	requireNoPostgres(t, j.dataDir)
 }

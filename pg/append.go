@@ -180,7 +180,7 @@ func (db *DB) appendTx(ctx context.Context, q querier, batches []AppendBatch, ts
 	// oldest messages an eviction is predicted to take.
 	b := &pgx.Batch{}
 	b.Queue(first, firstArgs...)
-	mode := db.queueCommitMode(b)
+	mode := db.queueCommitMode(q, b)
 	b.Queue(`SELECT stream_id, first_seq, last_seq, last_ts, cum_bytes, msgs, bytes, chunk, chunk_rows, last_msg_id
 		FROM jetgres.stream_state WHERE stream_id = ANY($1) ORDER BY stream_id FOR UPDATE`, ids)
 	reads := make([]batchReads, len(batches))

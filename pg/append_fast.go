@@ -167,7 +167,7 @@ func (db *DB) appendFast(ctx context.Context, q querier, batches []AppendBatch, 
 		return nil, rest, nil
 	}
 	b := &pgx.Batch{}
-	mode := db.queueCommitMode(b)
+	mode := db.queueCommitMode(q, b)
 	for _, p := range plans {
 		if p.idx != nil {
 			queueGuardedReplace(b, p.bt.StreamID, p.prev, p.next, p.res.Stored, p.tombs)

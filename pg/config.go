@@ -47,7 +47,8 @@ type Config struct {
 
 	// SynchronousCommit is PostgreSQL's synchronous_commit ("on" or "off") for the
 	// transactions of the push path (Append) and the cursor path (WriteCursor), set per
-	// transaction; every other statement keeps the server's setting. "off" acknowledges a
+	// transaction where the connection's own setting differs; every other statement keeps the
+	// server's setting as it was when its connection opened. "off" acknowledges a
 	// publish before its commit reaches the disk: a crash of PostgreSQL or of the operating
 	// system can lose the commits of the last 3 × wal_writer_delay (600 ms by default), never
 	// consistency. Empty leaves those transactions at the server's setting too.

@@ -185,7 +185,7 @@ type CursorParams struct {
 func (db *DB) WriteCursor(ctx context.Context, p CursorParams) (time.Duration, error) {
 	rtt, err := db.hot(ctx, func(ctx context.Context, q querier) error {
 		b := &pgx.Batch{}
-		mode := db.queueCommitMode(b)
+		mode := db.queueCommitMode(q, b)
 		b.Queue(`UPDATE jetgres.consumers SET ack_stream_seq = $3, ack_consumer_seq = $4
 			WHERE stream_id = $1 AND name = $2 AND owner = $5 AND created = $6`,
 			p.StreamID, p.Name, int64(p.AckStreamSeq), int64(p.AckConsumerSeq), p.Owner, p.Created)

@@ -59,6 +59,7 @@ func Open(ctx context.Context, cfg Config) (*DB, error) {
 	// A connection can come back to the pool marked by pgx-internal work, such as the liveness
 	// ping pgxpool runs on acquire, having been cancelled.
 	pcfg.PrepareConn = func(_ context.Context, c *pgx.Conn) (bool, error) { return !cancelSent(c), nil }
+	pcfg.AfterConnect = db.pinCommitMode
 
 	db.pool, err = pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {

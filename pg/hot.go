@@ -42,15 +42,44 @@ var (
 )
 
 // queueCommitMode queues, as b's next statement, Config.SynchronousCommit for the transaction
-// b runs in, so that it costs no round trip of its own, and returns how many results the
-// reader must skip for it. set_config with is_local is SET LOCAL as a function: it also holds
-// in the implicit transaction of a pipeline without BEGIN, where SET LOCAL would only warn.
-func (db *DB) queueCommitMode(b *pgx.Batch) (results int) {
+// b runs in on q's connection, so that it costs no round trip of its own, and returns how
+// many results the reader must skip for it. set_config with is_local is SET LOCAL as a
+// function: it also holds in the implicit transaction of a pipeline without BEGIN, where SET
+// LOCAL would only warn. A connection whose own setting is already the one asked for (see
+// pinCommitMode) needs nothing queued: the statement would cost the lone publish a fifth of a
+// bare INSERT.
+func (db *DB) queueCommitMode(q querier, b *pgx.Batch) (results int) {
 	if db.cfg.SynchronousCommit == "" {
 		return 0
 	}
+	if c, ok := q.(interface{ PgConn() *pgconn.PgConn }); ok {
+		if pinned, _ := c.PgConn().CustomData()[commitPinned].(bool); pinned {
+			return 0
+		}
+	}
 	b.Queue(`SELECT set_config('synchronous_commit', $1, true)`, db.cfg.SynchronousCommit)
 	return 1
+}
+
+// commitPinned is the key of a connection's custom data that says its session's
+// synchronous_commit is Config.SynchronousCommit.
+const commitPinned = "jetgres.commit_pinned"
+
+// pinCommitMode runs on every new connection. It makes the session's synchronous_commit, as
+// the server, the role and the database set it, a setting of the session's own, which a
+// later reload of the server's configuration cannot change under it; every statement keeps
+// the server's setting as it was when the connection opened. Where that is already
+// Config.SynchronousCommit, the push and cursor transactions need no setting of their own.
+func (db *DB) pinCommitMode(ctx context.Context, c *pgx.Conn) error {
+	if db.cfg.SynchronousCommit == "" {
+		return nil
+	}
+	var mode string
+	if err := c.QueryRow(ctx, `SELECT set_config('synchronous_commit', current_setting('synchronous_commit'), false)`).Scan(&mode); err != nil {
+		return fmt.Errorf("reading synchronous_commit: %w", err)
+	}
+	c.PgConn().CustomData()[commitPinned] = mode == db.cfg.SynchronousCommit
+	return nil
 }
 
 // skipResults reads and discards the next n results of br.

@@ -65,7 +65,9 @@ func TestAccountInfoTotalsManyStreams(t *testing.T) {
 			}
 		}
 		for range i {
-			if _, err := s.CreateConsumer(ctx, jetstream.ConsumerConfig{AckPolicy: jetstream.AckExplicitPolicy}); err != nil {
+			// An ephemeral consumer goes after inactive_threshold (5 s by default) without
+			// interest: on a loaded machine the test could outlast it.
+			if _, err := s.CreateConsumer(ctx, jetstream.ConsumerConfig{AckPolicy: jetstream.AckExplicitPolicy, InactiveThreshold: time.Hour}); err != nil {
 				t.Fatal(err)
 			}
 			consumers++

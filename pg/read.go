@@ -199,11 +199,18 @@ func readWindow(ctx context.Context, q querier, streamID, chunk int64, from, end
 		}
 		msgs = append(msgs, m)
 	}
-	if err := rows.Err(); err != nil {
-		if isUndefinedTable(err) {
+	return windowResult(rows.Err(), msgs, hi, end, limit)
+}
+
+// windowResult ends a window read of either form once its rows are read: rowsErr is the
+// rows' error, hi the sequence through which the read looked, end the window's end.
+func windowResult(rowsErr error, msgs []Message, hi, end uint64, limit int) ([]Message, uint64, error) {
+	if rowsErr != nil {
+		// The chunk was dropped while it was being read: nothing of it is left to read.
+		if isUndefinedTable(rowsErr) {
 			return nil, end, nil
 		}
-		return nil, 0, err
+		return nil, 0, rowsErr
 	}
 	// A join of one row keeps the order of the rows joined to it; sorting the whole result
 	// in PostgreSQL to make sure of that would cost more than the read.
@@ -264,19 +271,7 @@ func readPlainWindow(ctx context.Context, q querier, streamID, chunk int64, from
 		}
 		msgs = append(msgs, m)
 	}
-	if err := rows.Err(); err != nil {
-		if isUndefinedTable(err) {
-			return nil, end, nil
-		}
-		return nil, 0, err
-	}
-	if !slices.IsSortedFunc(msgs, bySeq) {
-		slices.SortFunc(msgs, bySeq)
-	}
-	if len(msgs) == limit {
-		hi = msgs[len(msgs)-1].Seq
-	}
-	return msgs, hi, nil
+	return windowResult(rows.Err(), msgs, hi, end, limit)
 }
 
 // plainFormats asks for every column of a plain window read in binary: seq, ts, subject,

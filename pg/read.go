@@ -158,11 +158,7 @@ func readWindow(ctx context.Context, q querier, streamID, chunk int64, from, end
 		LEFT JOIN LATERAL (SELECT seq, ts, subject, hdr, data, cum_before FROM `+chunkTable(streamID, chunk)+` m
 			WHERE seq >= b.lo AND seq <= b.hi AND (NOT b.dels OR `+notTombstoned("$1")+`)`+cond+` ORDER BY seq LIMIT $5) m ON true`, args...)
 	if err != nil {
-		if isUndefinedTable(err) {
-			// Retention dropped the chunk: everything in it is gone.
-			return nil, end, nil
-		}
-		return nil, 0, err
+		return windowErr(err, end)
 	}
 	defer rows.Close()
 	var msgs []Message
@@ -206,11 +202,7 @@ func readWindow(ctx context.Context, q querier, streamID, chunk int64, from, end
 // rows' error, hi the sequence through which the read looked, end the window's end.
 func windowResult(rowsErr error, msgs []Message, hi, end uint64, limit int) ([]Message, uint64, error) {
 	if rowsErr != nil {
-		// The chunk was dropped while it was being read: nothing of it is left to read.
-		if isUndefinedTable(rowsErr) {
-			return nil, end, nil
-		}
-		return nil, 0, rowsErr
+		return windowErr(rowsErr, end)
 	}
 	// A join of one row keeps the order of the rows joined to it; sorting the whole result
 	// in PostgreSQL to make sure of that would cost more than the read.
@@ -221,6 +213,16 @@ func windowResult(rowsErr error, msgs []Message, hi, end uint64, limit int) ([]M
 		hi = msgs[len(msgs)-1].Seq
 	}
 	return msgs, hi, nil
+}
+
+// windowErr answers a window read that failed with err, at its query or while its rows
+// came, as far as end, the window's end.
+func windowErr(err error, end uint64) ([]Message, uint64, error) {
+	if isUndefinedTable(err) {
+		// Retention dropped the chunk: everything in it is gone.
+		return nil, end, nil
+	}
+	return nil, 0, err
 }
 
 func bySeq(a, b Message) int { return cmp.Compare(a.Seq, b.Seq) }
@@ -243,10 +245,7 @@ func readPlainWindow(ctx context.Context, q querier, streamID, chunk int64, from
 				OR `+notTombstoned("$1")+`)
 		ORDER BY seq LIMIT $4`, plainFormats, streamID, int64(from), int64(hi), limit)
 	if err != nil {
-		if isUndefinedTable(err) {
-			return nil, end, nil
-		}
-		return nil, 0, err
+		return windowErr(err, end)
 	}
 	defer rows.Close()
 	var msgs []Message

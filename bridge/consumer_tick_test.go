@@ -128,6 +128,33 @@ func TestReadAheadFromPostgres(t *testing.T) {
 	}
 }
 
+// publishBacklog publishes total messages of data to subject, a thousand at a time.
+func publishBacklog(t *testing.T, tb *testBundle, subject string, data []byte, total int) {
+	t.Helper()
+	for i := 1; i <= total; i++ {
+		if _, err := tb.js.PublishAsync(subject, data); err != nil {
+			t.Fatal(err)
+		}
+		if i%1000 == 0 {
+			<-tb.js.PublishAsyncComplete()
+		}
+	}
+}
+
+// wantAllInOrder reads total messages from sub and wants stream sequences 1 to total.
+func wantAllInOrder(t *testing.T, sub *nats.Subscription, total int) {
+	t.Helper()
+	for i, m := range nextMsgs(t, sub, total, 30*time.Second) {
+		md, err := m.Metadata()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if md.Sequence.Stream != uint64(i+1) {
+			t.Fatalf("message %d has sequence %d", i+1, md.Sequence.Stream)
+		}
+	}
+}
+
 // counterValue reads a counter without labels from reg.
 func counterValue(t *testing.T, reg *prometheus.Registry, name string) float64 {
 	t.Helper()
@@ -155,14 +182,7 @@ func TestCatchUpSwitchesToTail(t *testing.T) {
 	tb := setup(t, setupOpts{config: func(c *Config) { c.TailTotalBytes = 300 * msgSize }})
 	ctx := testContext(t)
 	newStream(t, ctx, tb, "CU", "cu.>")
-	for i := 1; i <= total; i++ {
-		if _, err := tb.js.PublishAsync("cu.x", data); err != nil {
-			t.Fatal(err)
-		}
-		if i%1000 == 0 {
-			<-tb.js.PublishAsyncComplete()
-		}
-	}
+	publishBacklog(t, tb, "cu.x", data, total)
 	s := tb.bridge.lookup("CU")
 	tail := tb.bridge.cs().registry(s).tail
 	start := tail.Start()
@@ -173,15 +193,7 @@ func TestCatchUpSwitchesToTail(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for i, m := range nextMsgs(t, sub, total, 30*time.Second) {
-		md, err := m.Metadata()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if md.Sequence.Stream != uint64(i+1) {
-			t.Fatalf("message %d has sequence %d", i+1, md.Sequence.Stream)
-		}
-	}
+	wantAllInOrder(t, sub, total)
 	if got := tail.Start(); got != start {
 		t.Fatalf("the tail moved from %d to %d with nothing published", start, got)
 	}
@@ -209,14 +221,7 @@ func TestCatchUpSharesReads(t *testing.T) {
 	}})
 	ctx := testContext(t)
 	newStream(t, ctx, tb, "SR", "sr.>")
-	for i := 1; i <= total; i++ {
-		if _, err := tb.js.PublishAsync("sr.x", data); err != nil {
-			t.Fatal(err)
-		}
-		if i%1000 == 0 {
-			<-tb.js.PublishAsyncComplete()
-		}
-	}
+	publishBacklog(t, tb, "sr.x", data, total)
 	permit, err := pop.Acquire(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -240,15 +245,7 @@ func TestCatchUpSharesReads(t *testing.T) {
 	})
 	permit.Abandon()
 	for _, sub := range subs {
-		for i, m := range nextMsgs(t, sub, total, 30*time.Second) {
-			md, err := m.Metadata()
-			if err != nil {
-				t.Fatal(err)
-			}
-			if md.Sequence.Stream != uint64(i+1) {
-				t.Fatalf("message %d has sequence %d", i+1, md.Sequence.Stream)
-			}
-		}
+		wantAllInOrder(t, sub, total)
 	}
 	if shared := counterValue(t, tb.reg, "jetgres_consumer_db_reads_shared_total"); shared < 1 {
 		t.Fatalf("%v reads shared by consumers at the same position", shared)

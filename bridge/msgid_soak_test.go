@@ -3,7 +3,6 @@ package bridge
 import (
 	"context"
 	"fmt"
-	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -31,13 +30,7 @@ import (
 //
 // JETGRES_IDSOAK_MSGS sets the publish count (default 2,000,000).
 func BenchmarkMsgIDStorage(b *testing.B) {
-	n := 2_000_000
-	if v := os.Getenv("JETGRES_IDSOAK_MSGS"); v != "" {
-		var err error
-		if n, err = strconv.Atoi(v); err != nil || n <= 0 {
-			b.Fatalf("JETGRES_IDSOAK_MSGS=%q: want a positive number", v)
-		}
-	}
+	n := envCount(b, "JETGRES_IDSOAK_MSGS", 2_000_000)
 	for b.Loop() {
 		idSoak(b, n)
 	}

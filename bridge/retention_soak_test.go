@@ -30,17 +30,26 @@ import (
 // keeps a REPEATABLE READ transaction open through both consumptions, as a lagging replica
 // or a forgotten session would.
 func BenchmarkSoakWorkQueue(b *testing.B) {
-	n := 1_000_000
-	if v := os.Getenv("JETGRES_SOAK_MSGS"); v != "" {
-		var err error
-		if n, err = strconv.Atoi(v); err != nil || n <= 0 {
-			b.Fatalf("JETGRES_SOAK_MSGS=%q: want a positive number", v)
-		}
-	}
+	n := envCount(b, "JETGRES_SOAK_MSGS", 1_000_000)
 	hold := os.Getenv("JETGRES_SOAK_HOLD_SNAPSHOT") == "1"
 	for b.Loop() {
 		soak(b, n, hold)
 	}
+}
+
+// envCount is the positive number the environment variable name sets, or def when it is
+// unset: the message count of a soak.
+func envCount(b *testing.B, name string, def int) int {
+	b.Helper()
+	v := os.Getenv(name)
+	if v == "" {
+		return def
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n <= 0 {
+		b.Fatalf("%s=%q: want a positive number", name, v)
+	}
+	return n
 }
 
 const (

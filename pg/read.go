@@ -158,11 +158,7 @@ func readWindow(ctx context.Context, q querier, streamID, chunk int64, from, end
 		LEFT JOIN LATERAL (SELECT seq, ts, subject, hdr, data, cum_before FROM `+chunkTable(streamID, chunk)+` m
 			WHERE seq >= b.lo AND seq <= b.hi AND (NOT b.dels OR `+notTombstoned("$1")+`)`+cond+` ORDER BY seq LIMIT $5) m ON true`, args...)
 	if err != nil {
-		if isUndefinedTable(err) {
-			// Retention dropped the chunk: everything in it is gone.
-			return nil, end, nil
-		}
-		return nil, 0, err
+		return windowErr(err, end)
 	}
 	defer rows.Close()
 	var msgs []Message
@@ -199,11 +195,14 @@ func readWindow(ctx context.Context, q querier, streamID, chunk int64, from, end
 		}
 		msgs = append(msgs, m)
 	}
-	if err := rows.Err(); err != nil {
-		if isUndefinedTable(err) {
-			return nil, end, nil
-		}
-		return nil, 0, err
+	return windowResult(rows.Err(), msgs, hi, end, limit)
+}
+
+// windowResult ends a window read of either form once its rows are read: rowsErr is the
+// rows' error, hi the sequence through which the read looked, end the window's end.
+func windowResult(rowsErr error, msgs []Message, hi, end uint64, limit int) ([]Message, uint64, error) {
+	if rowsErr != nil {
+		return windowErr(rowsErr, end)
 	}
 	// A join of one row keeps the order of the rows joined to it; sorting the whole result
 	// in PostgreSQL to make sure of that would cost more than the read.
@@ -214,6 +213,16 @@ func readWindow(ctx context.Context, q querier, streamID, chunk int64, from, end
 		hi = msgs[len(msgs)-1].Seq
 	}
 	return msgs, hi, nil
+}
+
+// windowErr answers a window read that failed with err, at its query or while its rows
+// came, as far as end, the window's end.
+func windowErr(err error, end uint64) ([]Message, uint64, error) {
+	if isUndefinedTable(err) {
+		// Retention dropped the chunk: everything in it is gone.
+		return nil, end, nil
+	}
+	return nil, 0, err
 }
 
 func bySeq(a, b Message) int { return cmp.Compare(a.Seq, b.Seq) }
@@ -236,10 +245,7 @@ func readPlainWindow(ctx context.Context, q querier, streamID, chunk int64, from
 				OR `+notTombstoned("$1")+`)
 		ORDER BY seq LIMIT $4`, plainFormats, streamID, int64(from), int64(hi), limit)
 	if err != nil {
-		if isUndefinedTable(err) {
-			return nil, end, nil
-		}
-		return nil, 0, err
+		return windowErr(err, end)
 	}
 	defer rows.Close()
 	var msgs []Message
@@ -264,19 +270,7 @@ func readPlainWindow(ctx context.Context, q querier, streamID, chunk int64, from
 		}
 		msgs = append(msgs, m)
 	}
-	if err := rows.Err(); err != nil {
-		if isUndefinedTable(err) {
-			return nil, end, nil
-		}
-		return nil, 0, err
-	}
-	if !slices.IsSortedFunc(msgs, bySeq) {
-		slices.SortFunc(msgs, bySeq)
-	}
-	if len(msgs) == limit {
-		hi = msgs[len(msgs)-1].Seq
-	}
-	return msgs, hi, nil
+	return windowResult(rows.Err(), msgs, hi, end, limit)
 }
 
 // plainFormats asks for every column of a plain window read in binary: seq, ts, subject,

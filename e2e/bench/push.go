@@ -95,8 +95,8 @@ func (r *runner) runPush(ctx context.Context) {
 			}
 		}
 		if mode == PushAckNone {
-			r.runPushFloor(ctx, ps, msgs)
-			r.runPushReadFloor(ctx, ps, msgs)
+			r.runPushFloors(ctx, ps, msgs, PushFloor, r.pushFloor)
+			r.runPushFloors(ctx, ps, msgs, PushReadFloor, r.pushReadFloor)
 		}
 		for _, p := range ps {
 			switch {
@@ -201,9 +201,11 @@ func (r *runner) pushDrain(ctx context.Context, p *pushTarget, mode string) (int
 	return int(n), spent, nil
 }
 
-// runPushFloor measures PushFloor on the in-process jetgres, in turns with the ack none
-// drains, for as many messages as they drained there.
-func (r *runner) runPushFloor(ctx context.Context, ps []*pushTarget, drained map[*pushTarget]int) {
+// runPushFloors measures a floor mode on the in-process jetgres, in turns with the ack none
+// drains, for as many messages as they drained there: measure is PushFloor's pushFloor or
+// PushReadFloor's pushReadFloor.
+func (r *runner) runPushFloors(ctx context.Context, ps []*pushTarget, drained map[*pushTarget]int, mode string,
+	measure func(context.Context, *pushTarget) (int, time.Duration, error)) {
 	for _, p := range ps {
 		if p.t.node == nil || drained[p] == 0 || ctx.Err() != nil {
 			continue
@@ -211,16 +213,16 @@ func (r *runner) runPushFloor(ctx context.Context, ps []*pushTarget, drained map
 		var n int
 		var spent time.Duration
 		for turn := range pushTurns {
-			r.prog.phase(fmt.Sprintf("push, %-12s %s, turn %d of %d", PushFloor, p.t.name, turn+1, pushTurns), int64(p.total), 0)
-			got, d, err := r.pushFloor(ctx, p)
+			r.prog.phase(fmt.Sprintf("push, %-12s %s, turn %d of %d", mode, p.t.name, turn+1, pushTurns), int64(p.total), 0)
+			got, d, err := measure(ctx, p)
 			if err != nil {
-				r.fail(SectionPush+" "+PushFloor, p.t, err)
+				r.fail(SectionPush+" "+mode, p.t, err)
 				return
 			}
 			n += got
 			spent += d
 		}
-		r.rep.Push = append(r.rep.Push, PushResult{Target: p.t.name, Mode: PushFloor, Msgs: n,
+		r.rep.Push = append(r.rep.Push, PushResult{Target: p.t.name, Mode: mode, Msgs: n,
 			Seconds: spent.Seconds(), MsgsPerSec: float64(n) / spent.Seconds()})
 	}
 }
@@ -299,30 +301,6 @@ func (r *runner) pushFloor(ctx context.Context, p *pushTarget) (int, time.Durati
 		return 0, 0, ctx.Err()
 	}
 	return int(got.Load()), time.Since(start), nil
-}
-
-// runPushReadFloor measures PushReadFloor on the in-process jetgres, in turns with the ack
-// none drains, for as many messages as they drained there.
-func (r *runner) runPushReadFloor(ctx context.Context, ps []*pushTarget, drained map[*pushTarget]int) {
-	for _, p := range ps {
-		if p.t.node == nil || drained[p] == 0 || ctx.Err() != nil {
-			continue
-		}
-		var n int
-		var spent time.Duration
-		for turn := range pushTurns {
-			r.prog.phase(fmt.Sprintf("push, %-12s %s, turn %d of %d", PushReadFloor, p.t.name, turn+1, pushTurns), int64(p.total), 0)
-			got, d, err := r.pushReadFloor(ctx, p)
-			if err != nil {
-				r.fail(SectionPush+" "+PushReadFloor, p.t, err)
-				return
-			}
-			n += got
-			spent += d
-		}
-		r.rep.Push = append(r.rep.Push, PushResult{Target: p.t.name, Mode: PushReadFloor, Msgs: n,
-			Seconds: spent.Seconds(), MsgsPerSec: float64(n) / spent.Seconds()})
-	}
 }
 
 // pushReadFloor reads the push stream from its first message to its last as a push

@@ -291,3 +291,86 @@ func TestSQLRoles(t *testing.T) {
 		}
 	}
 }
+
+func TestSQLPublishNotifiesOnlyWhileNoMoverIsAwake(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	url := pgtest.NewDB(t)
+	db := pgtest.OpenAt(t, url)
+	raw := rawsql.Open(t, url)
+	if _, err := db.CreateStream(ctx, "ORDERS", []byte(`{"name":"ORDERS","subjects":["orders.>"]}`)); err != nil {
+		t.Fatal(err)
+	}
+	listener, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = listener.Close(context.Background()) }()
+	if _, err := listener.Exec(ctx, "LISTEN "+pg.StagedChannel); err != nil {
+		t.Fatal(err)
+	}
+	// heard counts the publishes' notifications up to a fence of the test's own: they
+	// arrive in commit order, so every commit before the fence has been heard by then.
+	heard := func() int {
+		t.Helper()
+		if err := raw.Exec(ctx, `SELECT pg_notify($1, 'fence')`, pg.StagedChannel); err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		for {
+			wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			nt, err := listener.WaitForNotification(wctx)
+			cancel()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if nt.Payload == "fence" {
+				return n
+			}
+			n++
+		}
+	}
+	publish := func() {
+		t.Helper()
+		if err := raw.Exec(ctx, `SELECT jetgres.publish('orders.1', 'x'::text)`); err != nil {
+			t.Fatal(err)
+		}
+	}
+	publish()
+	if n := heard(); n != 1 {
+		t.Fatalf("heard %d notifications with no mover awake, want 1", n)
+	}
+
+	awake := db.MoverAwake()
+	defer awake.Close()
+	if held, err := awake.Hold(ctx); err != nil || !held {
+		t.Fatalf("hold: %v, %v; want held", held, err)
+	}
+	other := db.MoverAwake()
+	defer other.Close()
+	if held, err := other.Hold(ctx); err != nil || held {
+		t.Fatalf("a second mover's hold: %v, %v; want not held while the first is awake", held, err)
+	}
+	publish()
+	if n := heard(); n != 0 {
+		t.Fatalf("heard %d notifications while a mover was awake, want none", n)
+	}
+	horizon, err := awake.Release(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	publish()
+	if n := heard(); n != 1 {
+		t.Fatalf("heard %d notifications once the mover let go, want 1", n)
+	}
+	testwait.For(t, 30*time.Second, func() error {
+		ok, err := db.StagedSettled(ctx, horizon)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !ok {
+			return errors.New("transactions below the release's horizon still running")
+		}
+		return nil
+	})
+}

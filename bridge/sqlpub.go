@@ -26,6 +26,9 @@ const (
 	// stagingRotatePeriod is how long a staging table takes calls before the mover switches
 	// to the other one, which bounds how much staging holds: what a period brings, twice.
 	stagingRotatePeriod = time.Second
+	// stagingRotateEvery is how often the mover takes a step of the rotation at most: a
+	// switch comes up to this late, and staging holds that much more.
+	stagingRotateEvery = 100 * time.Millisecond
 	// listenRetry is the pause before listening again after the connection failed.
 	listenRetry = time.Second
 	// moverAwakePoll is how often an awake mover looks for committed messages, and so the
@@ -117,7 +120,7 @@ func (b *Bridge) moveLoop() {
 	awake := b.db.MoverAwake()
 	defer awake.Close()
 	held := false // awake's lock: commits that publish do not notify
-	var lastWork time.Time
+	var lastWork, lastRotate time.Time
 	settle := "" // the horizon of the last release, until every transaction below it ended
 	for {
 		woken := false
@@ -165,12 +168,15 @@ func (b *Bridge) moveLoop() {
 				break
 			}
 		}
-		if b.ctx.Err() == nil {
+		now := b.clock.Now()
+		// Not every poll: a rotation step locks the progress row, which makes it a commit
+		// with a WAL flush of its own, on the path of every message an awake mover moves.
+		if now.Sub(lastRotate) >= stagingRotateEvery && b.ctx.Err() == nil {
+			lastRotate = now
 			if _, err := b.db.RotateStaging(b.ctx, stagingRotatePeriod); err != nil && b.ctx.Err() == nil {
 				b.sql.warnMove.warn(b.log, b.clock.Now(), "rotating the staging tables failed", "err", err)
 			}
 		}
-		now := b.clock.Now()
 		if moved {
 			lastWork = now
 		}

@@ -154,6 +154,9 @@ func BenchmarkSQLPublishLatency(b *testing.B) {
 	raw := rawsql.Open(b, pgtest.WithParam(b, url, "pool_max_conns", "16"))
 	sent := make([]atomic.Int64, b.N)
 	lat := make([]time.Duration, 0, b.N)
+	// commits is how long each COMMIT took from the moment it was sent: the application's
+	// own WAL flush, a floor under the latency that no mover can go below.
+	commits := make([]time.Duration, b.N)
 	var mu sync.Mutex
 	all := make(chan struct{})
 	cc, err := cons.Consume(func(m jetstream.Msg) {
@@ -189,6 +192,7 @@ func BenchmarkSQLPublishLatency(b *testing.B) {
 			if err != nil {
 				b.Error(err)
 			}
+			commits[i] = time.Since(time.Unix(0, sent[i].Load()))
 		})
 	}
 	wg.Wait()
@@ -199,8 +203,10 @@ func BenchmarkSQLPublishLatency(b *testing.B) {
 	}
 	b.StopTimer()
 	slices.Sort(lat)
-	q := func(p float64) float64 { return float64(lat[int(p*float64(len(lat)-1))]) / 1e6 }
-	b.ReportMetric(q(0.5), "p50-ms")
-	b.ReportMetric(q(0.99), "p99-ms")
+	slices.Sort(commits)
+	q := func(d []time.Duration, p float64) float64 { return float64(d[int(p*float64(len(d)-1))]) / 1e6 }
+	b.ReportMetric(q(lat, 0.5), "p50-ms")
+	b.ReportMetric(q(lat, 0.99), "p99-ms")
+	b.ReportMetric(q(commits, 0.5), "commit-p50-ms")
 	b.ReportMetric(0, "ns/op")
 }

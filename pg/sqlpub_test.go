@@ -374,3 +374,65 @@ func TestSQLPublishNotifiesOnlyWhileNoMoverIsAwake(t *testing.T) {
 		return nil
 	})
 }
+
+// A transaction keeps its last route: the next subject that route does not take must
+// still find its own stream, or raise JG002.
+func TestSQLPublishRouteKeptInTheTransaction(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	url := pgtest.NewDB(t)
+	db := pgtest.OpenAt(t, url)
+	raw := rawsql.Open(t, url)
+	for _, s := range []string{`{"name":"A","subjects":["a.>"]}`, `{"name":"B","subjects":["b.x"]}`} {
+		if _, err := db.CreateStream(ctx, strings.Split(s, `"`)[3], []byte(s)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	err := raw.Tx(ctx, func(ctx context.Context, q rawsql.Querier) error {
+		for _, s := range []string{"a.1", "b.x", "a.2.3", "a.4"} {
+			if err := q.Exec(ctx, `SELECT jetgres.publish($1, 'x'::text)`, s); err != nil {
+				return err
+			}
+		}
+		err := q.Exec(ctx, `SELECT jetgres.publish('b.y', 'x'::text)`)
+		if sqlState(err) != "JG002" {
+			t.Errorf("b.y after a.4 in one transaction: %v; want JG002", err)
+		}
+		return nil
+	})
+	if err == nil {
+		t.Fatal("the transaction committed after an error")
+	}
+	// The error aborted that transaction; the same calls again, committed, without it.
+	if err := raw.Tx(ctx, func(ctx context.Context, q rawsql.Querier) error {
+		for _, s := range []string{"a.1", "b.x", "a.2.3", "a.4"} {
+			if err := q.Exec(ctx, `SELECT jetgres.publish($1, 'x'::text)`, s); err != nil {
+				return err
+			}
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	rows, err := raw.Query(ctx, `SELECT s.name || ' ' || g.subject FROM (
+		SELECT call, stream_id, subject FROM jetgres.staged_0 UNION ALL SELECT call, stream_id, subject FROM jetgres.staged_1) g
+		JOIN jetgres.streams s ON s.id = g.stream_id ORDER BY g.call`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for rows.Next() {
+		var r string
+		if err := rows.Scan(&r); err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, r)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	// The aborted transaction's rows take space until a rotation, but no snapshot sees them.
+	if want := "A a.1,B b.x,A a.2.3,A a.4"; strings.Join(got, ",") != want {
+		t.Fatalf("staged: %s; want %s", strings.Join(got, ","), want)
+	}
+}

@@ -12,7 +12,10 @@ import (
 )
 
 // The mover brings what applications published with jetgres.publish into their streams.
-// A commit that published notifies pg.StagedChannel, which wakes it; its timer is the
+// A commit that published notifies pg.StagedChannel, which wakes it, unless a mover is
+// awake (pg.MoverAwake): an awake mover looks every moverAwakePoll on its own, and lets go
+// moverLinger after its last move, then keeps to the tick period until every transaction
+// that may have committed without notifying has ended (pg.StagedSettled). Its timer is the
 // fallback, at the tick period while there is work and backing off to TickIdleMaxDefault
 // while there is none. Each move takes a push lane permit, like a flush, and appends one
 // snapshot-bounded batch of committed staged messages through the same append path, so

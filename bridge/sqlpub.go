@@ -12,7 +12,10 @@ import (
 )
 
 // The mover brings what applications published with jetgres.publish into their streams.
-// A commit that published notifies pg.StagedChannel, which wakes it; its timer is the
+// A commit that published notifies pg.StagedChannel, which wakes it, unless a mover is
+// awake (pg.MoverAwake): an awake mover looks every moverAwakePoll on its own, and lets go
+// moverLinger after its last move, then keeps to the tick period until every transaction
+// that may have committed without notifying has ended (pg.StagedSettled). Its timer is the
 // fallback, at the tick period while there is work and backing off to TickIdleMaxDefault
 // while there is none. Each move takes a push lane permit, like a flush, and appends one
 // snapshot-bounded batch of committed staged messages through the same append path, so
@@ -26,8 +29,17 @@ const (
 	// stagingRotatePeriod is how long a staging table takes calls before the mover switches
 	// to the other one, which bounds how much staging holds: what a period brings, twice.
 	stagingRotatePeriod = time.Second
+	// stagingRotateEvery is how often the mover takes a step of the rotation at most: a
+	// switch comes up to this late, and staging holds that much more.
+	stagingRotateEvery = 100 * time.Millisecond
 	// listenRetry is the pause before listening again after the connection failed.
 	listenRetry = time.Second
+	// moverAwakePoll is how often an awake mover looks for committed messages, and so the
+	// longest a message waits to be moved while commits do not notify; moverLinger is how
+	// long it stays awake after its last move. Awake, it costs one small query a poll; the
+	// commits it spares a NOTIFY share their WAL flushes instead of taking turns.
+	moverAwakePoll = 2 * time.Millisecond
+	moverLinger    = 100 * time.Millisecond
 )
 
 // Refusal reasons at the move, the label values of jetgres_sql_publish_refused_total,
@@ -108,6 +120,11 @@ func (b *Bridge) moveLoop() {
 	period := base
 	t := b.clock.NewTimer(period)
 	defer t.Stop()
+	awake := b.db.MoverAwake()
+	defer awake.Close()
+	held := false // awake's lock: commits that publish do not notify
+	var lastWork, lastRotate time.Time
+	settle := "" // the horizon of the last release, until every transaction below it ended
 	for {
 		woken := false
 		select {
@@ -124,12 +141,28 @@ func (b *Bridge) moveLoop() {
 		case <-t.C():
 		}
 		moved := false
+		if settle != "" {
+			// Asked before looking for work, so that what those transactions committed is
+			// seen by the look that follows.
+			if ok, err := b.db.StagedSettled(b.ctx, settle); err == nil && ok {
+				settle = ""
+			}
+		}
 		// Ask first, without a permit: a wake-up may find nothing ready (the one at start,
 		// or a commit that an older open transaction holds back), and a mover that took a
 		// push permit only to find that would hold back the publishes that need it.
 		work, err := b.db.StagedWaiting(b.ctx)
 		if err != nil && b.ctx.Err() == nil {
 			b.sql.warnMove.warn(b.log, b.clock.Now(), "looking for SQL publishes failed", "err", err)
+		}
+		if work && !held {
+			// Held from now on, commits stop notifying; one that read the lock free a
+			// moment ago notifies all the same, which costs a wake-up and no more.
+			if ok, err := awake.Hold(b.ctx); err == nil {
+				held = ok
+			} else if b.ctx.Err() == nil {
+				b.sql.warnMove.warn(b.log, b.clock.Now(), "taking the SQL mover's awake lock failed", "err", err)
+			}
 		}
 		for work && b.ctx.Err() == nil {
 			n, err := b.moveOnce()
@@ -138,16 +171,36 @@ func (b *Bridge) moveLoop() {
 				break
 			}
 		}
-		if b.ctx.Err() == nil {
+		now := b.clock.Now()
+		// Not every poll: a rotation step locks the progress row, which makes it a commit
+		// with a WAL flush of its own, on the path of every message an awake mover moves.
+		if now.Sub(lastRotate) >= stagingRotateEvery && b.ctx.Err() == nil {
+			lastRotate = now
 			if _, err := b.db.RotateStaging(b.ctx, stagingRotatePeriod); err != nil && b.ctx.Err() == nil {
 				b.sql.warnMove.warn(b.log, b.clock.Now(), "rotating the staging tables failed", "err", err)
 			}
 		}
-		// A commit still running elsewhere may hold staged rows back: keep looking at the
-		// base period while there is work about.
-		if moved || woken {
+		if moved {
+			lastWork = now
+		}
+		if held && now.Sub(lastWork) >= moverLinger && b.ctx.Err() == nil {
+			h, err := awake.Release(b.ctx)
+			held = false
+			if err != nil {
+				b.sql.warnMove.warn(b.log, b.clock.Now(), "letting the SQL mover's awake lock go failed", "err", err)
+			}
+			// Without a horizon, the idle back-off bounds how late an unnotified commit moves.
+			settle = h
+		}
+		// Awake, nobody notifies: look often. A commit still running elsewhere may hold
+		// staged rows back, and one that began before the release may commit unnotified:
+		// keep looking at the base period while either may be about.
+		switch {
+		case held:
+			period = min(moverAwakePoll, base)
+		case moved || woken || settle != "":
 			period = base
-		} else {
+		default:
 			period = min(period*2, max(TickIdleMaxDefault, base))
 		}
 		t.Reset(period)

@@ -124,6 +124,83 @@ func (db *DB) StagedWaiting(ctx context.Context) (bool, error) {
 	return ready, nil
 }
 
+// StagedSettled reports whether every transaction that was running when a mover let its
+// awake lock go (horizon, from MoverAwake.Release) has ended: until then one of them may
+// commit staged messages without notifying, and the mover must keep looking on its timer.
+func (db *DB) StagedSettled(ctx context.Context, horizon string) (bool, error) {
+	var settled bool
+	err := db.background(ctx, func(ctx context.Context, q querier) error {
+		return q.QueryRow(ctx, `SELECT pg_snapshot_xmin(pg_current_snapshot()) >= $1::xid8`, horizon).Scan(&settled)
+	})
+	if err != nil {
+		return false, fmt.Errorf("pg: staged settled: %w", err)
+	}
+	return settled, nil
+}
+
+// moverAwakeKey is the session-level advisory lock an awake mover holds ("jetgres" and 3 in
+// ASCII); jetgres.publish notifies only when it could take it shared (migration 007).
+const moverAwakeKey int64 = 0x6a65746772657303
+
+// MoverAwake is a mover's claim that it is awake, so that commits that publish need not
+// notify: a session-level advisory lock on a connection of its own, which PostgreSQL lets
+// go the moment that connection ends. Its methods are not safe for concurrent use.
+type MoverAwake struct {
+	db   *DB
+	conn *pgx.Conn // nil until Hold connects, and after an error
+}
+
+// MoverAwake returns a mover's awake lock, not yet held and not yet connected.
+func (db *DB) MoverAwake() *MoverAwake { return &MoverAwake{db: db} }
+
+// Hold takes the lock without waiting, connecting first if need be. It reports false when
+// another session holds it: another replica's mover is awake.
+func (a *MoverAwake) Hold(ctx context.Context) (bool, error) {
+	if a.conn == nil {
+		c, err := pgx.ConnectConfig(ctx, a.db.pool.Config().ConnConfig.Copy())
+		if err != nil {
+			return false, fmt.Errorf("pg: mover awake: connecting: %w", err)
+		}
+		a.conn = c
+	}
+	var held bool
+	if err := a.conn.QueryRow(ctx, `SELECT pg_try_advisory_lock($1)`, moverAwakeKey).Scan(&held); err != nil {
+		a.Close()
+		return false, fmt.Errorf("pg: mover awake: %w", err)
+	}
+	return held, nil
+}
+
+// Release lets the lock go and returns the horizon for StagedSettled: transactions below
+// it may have published while the lock was held. When the unlock fails the connection is
+// closed, which lets the lock go all the same.
+func (a *MoverAwake) Release(ctx context.Context) (horizon string, err error) {
+	if a.conn != nil {
+		if err := a.conn.QueryRow(ctx, `SELECT pg_advisory_unlock($1)`, moverAwakeKey).Scan(new(bool)); err != nil {
+			a.Close()
+		}
+	}
+	// Read after the unlock, so that every transaction that found the lock held is below.
+	err = a.db.background(ctx, func(ctx context.Context, q querier) error {
+		return q.QueryRow(ctx, `SELECT pg_snapshot_xmax(pg_current_snapshot())::text`).Scan(&horizon)
+	})
+	if err != nil {
+		return "", fmt.Errorf("pg: mover awake: release: %w", err)
+	}
+	return horizon, nil
+}
+
+// Close ends the connection, and the lock with it.
+func (a *MoverAwake) Close() {
+	if a.conn == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), closeTimeout)
+	defer cancel()
+	_ = a.conn.Close(ctx)
+	a.conn = nil
+}
+
 // RotateStaging runs one step of the staging tables' rotation (see migration 007): it
 // truncates the table calls no longer insert into once everything in it is moved and no
 // transaction holds it, or else switches the target once it has held rows for period. It

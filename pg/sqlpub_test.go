@@ -291,3 +291,148 @@ func TestSQLRoles(t *testing.T) {
 		}
 	}
 }
+
+func TestSQLPublishNotifiesOnlyWhileNoMoverIsAwake(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	url := pgtest.NewDB(t)
+	db := pgtest.OpenAt(t, url)
+	raw := rawsql.Open(t, url)
+	if _, err := db.CreateStream(ctx, "ORDERS", []byte(`{"name":"ORDERS","subjects":["orders.>"]}`)); err != nil {
+		t.Fatal(err)
+	}
+	listener, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = listener.Close(context.Background()) }()
+	if _, err := listener.Exec(ctx, "LISTEN "+pg.StagedChannel); err != nil {
+		t.Fatal(err)
+	}
+	// heard counts the publishes' notifications up to a fence of the test's own: they
+	// arrive in commit order, so every commit before the fence has been heard by then.
+	heard := func() int {
+		t.Helper()
+		if err := raw.Exec(ctx, `SELECT pg_notify($1, 'fence')`, pg.StagedChannel); err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		for {
+			wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			nt, err := listener.WaitForNotification(wctx)
+			cancel()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if nt.Payload == "fence" {
+				return n
+			}
+			n++
+		}
+	}
+	publish := func() {
+		t.Helper()
+		if err := raw.Exec(ctx, `SELECT jetgres.publish('orders.1', 'x'::text)`); err != nil {
+			t.Fatal(err)
+		}
+	}
+	publish()
+	if n := heard(); n != 1 {
+		t.Fatalf("heard %d notifications with no mover awake, want 1", n)
+	}
+
+	awake := db.MoverAwake()
+	defer awake.Close()
+	if held, err := awake.Hold(ctx); err != nil || !held {
+		t.Fatalf("hold: %v, %v; want held", held, err)
+	}
+	other := db.MoverAwake()
+	defer other.Close()
+	if held, err := other.Hold(ctx); err != nil || held {
+		t.Fatalf("a second mover's hold: %v, %v; want not held while the first is awake", held, err)
+	}
+	publish()
+	if n := heard(); n != 0 {
+		t.Fatalf("heard %d notifications while a mover was awake, want none", n)
+	}
+	horizon, err := awake.Release(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	publish()
+	if n := heard(); n != 1 {
+		t.Fatalf("heard %d notifications once the mover let go, want 1", n)
+	}
+	testwait.For(t, 30*time.Second, func() error {
+		ok, err := db.StagedSettled(ctx, horizon)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !ok {
+			return errors.New("transactions below the release's horizon still running")
+		}
+		return nil
+	})
+}
+
+// A transaction keeps its last route: the next subject that route does not take must
+// still find its own stream, or raise JG002.
+func TestSQLPublishRouteKeptInTheTransaction(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	url := pgtest.NewDB(t)
+	db := pgtest.OpenAt(t, url)
+	raw := rawsql.Open(t, url)
+	for _, s := range []string{`{"name":"A","subjects":["a.>"]}`, `{"name":"B","subjects":["b.x"]}`} {
+		if _, err := db.CreateStream(ctx, strings.Split(s, `"`)[3], []byte(s)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	err := raw.Tx(ctx, func(ctx context.Context, q rawsql.Querier) error {
+		for _, s := range []string{"a.1", "b.x", "a.2.3", "a.4"} {
+			if err := q.Exec(ctx, `SELECT jetgres.publish($1, 'x'::text)`, s); err != nil {
+				return err
+			}
+		}
+		err := q.Exec(ctx, `SELECT jetgres.publish('b.y', 'x'::text)`)
+		if sqlState(err) != "JG002" {
+			t.Errorf("b.y after a.4 in one transaction: %v; want JG002", err)
+		}
+		return nil
+	})
+	if err == nil {
+		t.Fatal("the transaction committed after an error")
+	}
+	// The error aborted that transaction; the same calls again, committed, without it.
+	if err := raw.Tx(ctx, func(ctx context.Context, q rawsql.Querier) error {
+		for _, s := range []string{"a.1", "b.x", "a.2.3", "a.4"} {
+			if err := q.Exec(ctx, `SELECT jetgres.publish($1, 'x'::text)`, s); err != nil {
+				return err
+			}
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	rows, err := raw.Query(ctx, `SELECT s.name || ' ' || g.subject FROM (
+		SELECT call, stream_id, subject FROM jetgres.staged_0 UNION ALL SELECT call, stream_id, subject FROM jetgres.staged_1) g
+		JOIN jetgres.streams s ON s.id = g.stream_id ORDER BY g.call`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for rows.Next() {
+		var r string
+		if err := rows.Scan(&r); err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, r)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	// The aborted transaction's rows take space until a rotation, but no snapshot sees them.
+	if want := "A a.1,B b.x,A a.2.3,A a.4"; strings.Join(got, ",") != want {
+		t.Fatalf("staged: %s; want %s", strings.Join(got, ","), want)
+	}
+}

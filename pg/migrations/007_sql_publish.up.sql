@@ -181,27 +181,55 @@ CREATE TABLE jetgres.staged_0 (
 CREATE INDEX staged_0_order ON jetgres.staged_0 (xid, call);
 CREATE TABLE jetgres.staged_1 (LIKE jetgres.staged_0 INCLUDING ALL);
 
+-- A commit that published wakes the mover with NOTIFY only while no mover is awake: every
+-- transaction that queued a notification takes one global lock at commit and holds it
+-- through its WAL flush, so notifying commits cannot share a flush. An awake mover holds
+-- this session-level advisory lock ('jetgres' and 3 in ASCII) and moves on its own; a call
+-- that can take it shared for a moment knows none is awake and notifies. The call looks
+-- after its insert, once the transaction has its id, so that a mover which lets the lock
+-- go and then waits for every transaction older than that moment to end (pg.StagedSettled)
+-- sees each commit that did not notify.
+-- A transaction that publishes many messages pays for the route lookup and the lock look
+-- once: the call keeps them in transaction-local settings (set_config(…, true)), gone at
+-- commit or rollback. jetgres.publish_route is '<target> <stream id> <max_msg_size>
+-- <pattern>' of the last route found; a later subject that the pattern matches takes that
+-- stream (streams' subjects never overlap). jetgres.publish_looked is set once the call
+-- looked at the awake lock. A session can set either itself; what that gets it past the
+-- call, the move refuses, as it refuses a message whose stream changed since the call.
 CREATE FUNCTION jetgres.publish(subject text, data bytea, headers jsonb DEFAULT NULL)
 RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
-    v_stream bigint;
-    v_max    bigint;
-    v_hdr    bytea;
-    v_data   bytea := coalesce(data, ''::bytea);
+    v_route   text := current_setting('jetgres.publish_route', true);
+    v_stream  bigint;
+    v_max     bigint;
+    v_target  smallint;
+    v_pattern text;
+    v_hdr     bytea;
+    v_data    bytea := coalesce(data, ''::bytea);
 BEGIN
     IF NOT jetgres.valid_publish_subject(subject) THEN
         RAISE EXCEPTION 'jetgres.publish: invalid subject %', coalesce(to_json(subject)::text, 'null')
             USING ERRCODE = 'JG001';
     END IF;
-    SELECT r.stream_id, r.max_size INTO v_stream, v_max
-    FROM jetgres.stream_routes r
-    WHERE r.head IN (split_part(publish.subject, '.', 1), '*', '>') AND publish.subject ~ r.pattern
-    ORDER BY r.stream_id LIMIT 1;
-    IF v_stream IS NULL THEN
-        RAISE EXCEPTION 'jetgres.publish: no stream takes subject %', to_json(subject)
-            USING ERRCODE = 'JG002';
+    IF v_route <> '' AND subject ~ split_part(v_route, ' ', 4) THEN
+        v_target := split_part(v_route, ' ', 1)::smallint;
+        v_stream := split_part(v_route, ' ', 2)::bigint;
+        v_max := nullif(split_part(v_route, ' ', 3), '')::bigint;
+    ELSE
+        -- One statement for the route and the staging target, and a plain one: a lateral
+        -- join with ORDER BY … LIMIT cost a call three times the insert.
+        SELECT r.stream_id, r.max_size, r.pattern, (SELECT t.target FROM jetgres.staging_target t)
+        INTO v_stream, v_max, v_pattern, v_target
+        FROM jetgres.stream_routes r
+        WHERE r.head IN (split_part(publish.subject, '.', 1), '*', '>') AND publish.subject ~ r.pattern;
+        IF v_stream IS NULL THEN
+            RAISE EXCEPTION 'jetgres.publish: no stream takes subject %', to_json(subject)
+                USING ERRCODE = 'JG002';
+        END IF;
+        PERFORM set_config('jetgres.publish_route',
+            v_target || ' ' || v_stream || ' ' || coalesce(v_max::text, '') || ' ' || v_pattern, true);
     END IF;
     IF headers IS NOT NULL THEN
         v_hdr := jetgres.headers_bytes(headers);
@@ -211,35 +239,39 @@ BEGIN
             octet_length(v_data) + coalesce(octet_length(v_hdr), 0), v_max
             USING ERRCODE = 'JG003';
     END IF;
-    IF (SELECT t.target FROM jetgres.staging_target t) = 0 THEN
+    IF v_target = 0 THEN
         INSERT INTO jetgres.staged_0 (call, stream_id, subject, hdr, data)
         VALUES (nextval('jetgres.staged_call'), v_stream, subject, v_hdr, v_data);
     ELSE
         INSERT INTO jetgres.staged_1 (call, stream_id, subject, hdr, data)
         VALUES (nextval('jetgres.staged_call'), v_stream, subject, v_hdr, v_data);
     END IF;
-    -- Delivered only if the transaction commits, and once per transaction however many
-    -- messages it published.
-    PERFORM pg_notify('jetgres_staged', '');
+    -- Once per transaction, after its first insert gave it its id: a mover that was awake
+    -- then waits for this transaction after letting go. The notification is delivered only
+    -- if the transaction commits.
+    IF current_setting('jetgres.publish_looked', true) IS DISTINCT FROM 'y' THEN
+        PERFORM set_config('jetgres.publish_looked', 'y', true);
+        IF pg_try_advisory_lock_shared(7666661928317842179) THEN
+            PERFORM pg_advisory_unlock_shared(7666661928317842179);
+            PERFORM pg_notify('jetgres_staged', '');
+        END IF;
+    END IF;
 END $$;
 
--- The overloads are plpgsql, not sql: a SECURITY DEFINER sql function is planned afresh
--- on every call, which doubled the cost of a publish.
+-- The overloads are sql functions that only convert, and are neither SECURITY DEFINER nor
+-- SET anything, so that PostgreSQL inlines them into the caller's statement: a call costs
+-- one function call, the one above, rather than two.
 CREATE FUNCTION jetgres.publish(subject text, data text, headers jsonb DEFAULT NULL)
 RETURNS void
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp AS $$
-BEGIN
-    PERFORM jetgres.publish(subject, convert_to(data, 'UTF8'), headers);
-END $$;
+LANGUAGE sql VOLATILE AS $$
+    SELECT jetgres.publish(subject, pg_catalog.convert_to(data, 'UTF8'), headers)
+$$;
 
 CREATE FUNCTION jetgres.publish(subject text, data jsonb, headers jsonb DEFAULT NULL)
 RETURNS void
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp AS $$
-BEGIN
-    PERFORM jetgres.publish(subject, convert_to(data::text, 'UTF8'), headers);
-END $$;
+LANGUAGE sql VOLATILE AS $$
+    SELECT jetgres.publish(subject, pg_catalog.convert_to(CAST(data AS text), 'UTF8'), headers)
+$$;
 
 -- Every staged row the mover may take now, in the order it takes them: after its progress,
 -- in transactions that ended before every transaction still running.

@@ -19,7 +19,8 @@ import (
 // and guard cursor writes.
 //
 // A consumer's lock key is (stream id, hashtext(name)) in the two-key space, apart from the
-// one-key locks of migrations and of replicaLockKey. Two consumers whose keys collide are served by one replica.
+// one-key locks of migrations, stream administration and replicaLockKey. Two consumers whose
+// keys collide are served by one replica.
 type Ownership struct {
 	db        *DB
 	keepalive time.Duration
@@ -40,7 +41,8 @@ type Ownership struct {
 
 // replicaLockKey is the one-key advisory lock every ownership session holds shared, so that
 // the live replicas can be counted in pg_locks: a dead replica's drops out with its session.
-const replicaLockKey int64 = 0x6a65746772657302
+// It is "jgreplic", away from the numbered keys of migrateLockKey and streamAdminLockKey.
+const replicaLockKey int64 = 0x6a677265706c6963
 
 const (
 	sqlLockKey      = `(($1::bigint % 2147483647)::int4, hashtext($2))`

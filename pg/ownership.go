@@ -55,8 +55,9 @@ const (
 	sqlReplica = `SELECT pg_advisory_lock_shared($1)`
 	// sqlClaimFree locks, in one statement, this replica's share of the consumers of the
 	// given streams whose lock no session holds: as many as bring it to its fair share of
-	// them all among the live replicas ($5 is how many it holds), and at least one, so that
-	// a consumer nobody takes is never left free. The ones this session holds already are
+	// them all among the live replicas ($5 is how many it holds), and at least one while a
+	// free consumer's lease has run out, so that one the others leave (a replica that is
+	// alive but does not look, say) is still taken within a lease. The ones this session holds already are
 	// left out (a second lock would only count up); so are those pg_locks shows another
 	// session holding, and the candidates are chosen at random and materialised first, so
 	// that the lock is tried on no more than the share and two replicas looking at once
@@ -77,7 +78,14 @@ const (
 				AND NOT EXISTS (SELECT 1 FROM locked
 					WHERE k1 = c.stream_id % 2147483647 AND k2 = hashtext(c.name)::bigint & 4294967295)
 			ORDER BY random()
-			LIMIT (SELECT greatest(ceil(total.n::numeric / live.n)::bigint - $5, 1) FROM total, live))
+			LIMIT (SELECT greatest(ceil(total.n::numeric / live.n)::bigint - $5,
+				(SELECT count(*) FROM (SELECT FROM jetgres.consumers c
+					WHERE stream_id = ANY($1) AND lease_until < now()
+						AND NOT (stream_id::text || '/' || name = ANY($2))
+						AND NOT EXISTS (SELECT 1 FROM locked
+							WHERE k1 = c.stream_id % 2147483647 AND k2 = hashtext(c.name)::bigint & 4294967295)
+					LIMIT 1) expired))
+				FROM total, live))
 		SELECT stream_id, name FROM cand
 		WHERE pg_try_advisory_lock((stream_id % 2147483647)::int4, hashtext(name))`
 )
@@ -230,7 +238,7 @@ func (o *Ownership) Unlock(ctx context.Context, k ConsumerKey) error {
 
 // ClaimFree locks this replica's fair share of the consumers of the given streams that no
 // session holds, and returns them: enough to bring it to its share of them all among the
-// live replicas, and at least one while any is free.
+// live replicas, and at least one while a free one's lease has run out.
 func (o *Ownership) ClaimFree(ctx context.Context, streamIDs []int64) ([]ConsumerKey, error) {
 	o.mu.Lock()
 	defer o.mu.Unlock()

@@ -214,9 +214,34 @@ func TestOwnershipClaimsFairShare(t *testing.T) {
 	if n := claim(reps[1]); n != 1 {
 		t.Fatalf("the second of 2 replicas left claimed %d of 1 freed consumer, want 1", n)
 	}
-	// At least one per look, whatever the share: none stays free.
+	// The last replica's share is everything.
 	reps[1].Close()
 	if n := claimOnceFreed(reps[0]); n != 4 {
 		t.Fatalf("the last replica claimed %d of 4 freed consumers, want 4", n)
+	}
+
+	// A replica at its share takes no more while the freed consumers' leases run; once
+	// they have run out, it takes one per look, so that none stays free for good.
+	for _, name := range []string{"A", "B", "C", "D", "E", "F", "G", "H", "I"} {
+		if _, _, err := db.TakeLease(ctx, pg.LeaseParams{StreamID: st.ID, Name: name, Owner: "r1", TTL: time.Hour}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r4, r5 := openOwnership(t, db), openOwnership(t, db)
+	reps[0].Close()
+	if n := claimOnceFreed(r4); n != 5 {
+		t.Fatalf("the first of 2 replicas left claimed %d of 9 freed consumers, want 5", n)
+	}
+	if n := claim(r4); n != 0 {
+		t.Fatalf("a replica at its share claimed %d leased consumers, want none", n)
+	}
+	if err := db.ReleaseConsumerLeases(ctx, "r1"); err != nil {
+		t.Fatal(err)
+	}
+	if n := claim(r4); n != 1 {
+		t.Fatalf("a replica at its share claimed %d consumers whose leases ran out, want 1", n)
+	}
+	if n := claim(r5); n != 3 {
+		t.Fatalf("the second of 2 replicas left claimed %d of 3 free consumers, want 3", n)
 	}
 }

@@ -59,7 +59,11 @@ func (b *Bridge) apiWorker() {
 
 // serveAPI routes one API request by its subject, after the "$JS.API." prefix.
 func (b *Bridge) serveAPI(ctx context.Context, m *leaf.Msg) {
-	rest := strings.TrimPrefix(m.Subject, apiPrefix)
+	rest, forwarded := strings.CutPrefix(m.Subject, b.forwardPrefix(b.cfg.ReplicaName))
+	if forwarded {
+		m.Subject = apiPrefix + rest
+	}
+	rest = strings.TrimPrefix(m.Subject, apiPrefix)
 	tok := strings.Split(rest, ".")
 	if i := findUnsupported(rest); i >= 0 {
 		b.answerUnsupported(m, i)
@@ -72,7 +76,7 @@ func (b *Bridge) serveAPI(ctx context.Context, m *leaf.Msg) {
 	case tok[0] == "STREAM":
 		b.streamAPI(ctx, tok[1:], m)
 	case tok[0] == "CONSUMER":
-		b.handleConsumerAPI(ctx, tok[1:], m)
+		b.handleConsumerAPI(ctx, tok[1:], m, forwarded)
 	case len(tok) >= 3 && tok[0] == "DIRECT" && tok[1] == "GET" && tok[2] != "":
 		b.directGet(ctx, m, tok[2:])
 	default:

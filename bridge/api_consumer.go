@@ -16,16 +16,27 @@ import (
 	"github.com/jetgres/jetgres/pg"
 )
 
-// errServedElsewhere refuses changes to a consumer whose lease another replica holds.
+// errServedElsewhere refuses changes to a consumer whose lease another replica holds, when
+// the request cannot reach that replica.
 var errServedElsewhere = errors.New("consumer is served by another replica")
 
+// servedBy says that the replica called owner serves the consumer a request would change:
+// the request goes there (see forward).
+type servedBy struct{ owner string }
+
+func (e *servedBy) Error() string { return errServedElsewhere.Error() }
+
 // handleConsumerAPI serves $JS.API.CONSUMER.* (tok is the subject after "CONSUMER.") on an
-// API worker. MSG.NEXT never comes here: it takes the in-order path of handlePullRequest.
-func (b *Bridge) handleConsumerAPI(ctx context.Context, tok []string, m *leaf.Msg) {
+// API worker; forwarded says another replica sent it here as the consumer's server. MSG.NEXT
+// never comes here: it takes the in-order path of handlePullRequest.
+func (b *Bridge) handleConsumerAPI(ctx context.Context, tok []string, m *leaf.Msg, forwarded bool) {
 	cs := b.cs()
 	switch {
 	case len(tok) >= 2 && (tok[0] == "CREATE" || tok[0] == "DURABLE" && tok[1] == "CREATE"):
 		r, err := cs.apiCreate(ctx, tok, m.Data)
+		if err = b.forward(m, err, forwarded); err == errForwarded {
+			return
+		}
 		b.respond(m.Reply, r, &r.ApiResponse, server.NewJSConsumerCreateError, err)
 	case len(tok) == 3 && tok[0] == "INFO":
 		r, err := cs.apiInfo(ctx, tok[1], tok[2], m.Data)
@@ -41,6 +52,9 @@ func (b *Bridge) handleConsumerAPI(ctx context.Context, tok []string, m *leaf.Ms
 		b.respond(m.Reply, r, &r.ApiResponse, server.NewJSStreamGeneralError, err)
 	case len(tok) == 3 && tok[0] == "PAUSE":
 		r, err := cs.apiPause(ctx, tok[1], tok[2], m.Data)
+		if err = b.forward(m, err, forwarded); err == errForwarded {
+			return
+		}
 		b.respond(m.Reply, r, &r.ApiResponse, server.NewJSConsumerCreateError, err)
 	default:
 		b.badRequest(m, server.JSApiConsumerInfoResponseType)
@@ -145,7 +159,7 @@ func (cs *consumerSide) apiCreate(ctx context.Context, tok []string, data []byte
 		resp.ConsumerInfo = info
 		return resp, nil
 	case errors.Is(err, pg.ErrLeaseHeld):
-		return fail(server.NewJSConsumerCreateError(errServedElsewhere))
+		return fail(cs.servedBy(ctx, s, name))
 	case !errors.Is(err, pg.ErrNotFound):
 		return fail(fmt.Errorf("looking up consumer %q on stream %q: %w", name, streamName, err))
 	}
@@ -448,7 +462,8 @@ func (cs *consumerSide) apiInfo(ctx context.Context, streamName, name string, da
 func (cs *consumerSide) apiPause(ctx context.Context, streamName, name string, data []byte) (*server.JSApiConsumerPauseResponse, error) {
 	resp := &server.JSApiConsumerPauseResponse{ApiResponse: jswire.APIResponse(server.JSApiConsumerPauseResponseType)}
 	var req server.JSApiConsumerPauseRequest
-	if _, err := cs.b.requestedStream(ctx, streamName, data, &req); err != nil {
+	s, err := cs.b.requestedStream(ctx, streamName, data, &req)
+	if err != nil {
 		return resp, err
 	}
 	c, err := cs.ensure(ctx, streamName, name)
@@ -456,7 +471,7 @@ func (cs *consumerSide) apiPause(ctx context.Context, streamName, name string, d
 	case errors.Is(err, pg.ErrNotFound):
 		return resp, server.NewJSConsumerNotFoundError()
 	case errors.Is(err, pg.ErrLeaseHeld):
-		return resp, server.NewJSConsumerCreateError(errServedElsewhere)
+		return resp, cs.servedBy(ctx, s, name)
 	case err != nil:
 		return resp, fmt.Errorf("looking up consumer %q on stream %q: %w", name, streamName, err)
 	}

@@ -138,6 +138,11 @@ func (b *Bridge) startConsumers(ctx context.Context) error {
 	if cs.own.own, err = b.db.OpenOwnership(ctx, b.cfg.Lease, b.cfg.Lease/confirmsPerLease); err != nil {
 		return err
 	}
+	// Before any consumer is served here: other replicas forward its updates once its lease
+	// names this one.
+	if cs.own.fwd, err = b.link.Subscribe(b.forwardPrefix(cs.owner)+"CONSUMER.>", "", b.onAPI); err != nil {
+		return err
+	}
 	cs.claimFree(ctx)
 	sub, err := b.link.SubscribeBorrowed(jswire.AckPrefix+">", "", cs.onAck)
 	if err != nil {
@@ -171,6 +176,9 @@ func (b *Bridge) stopConsumers(ctx context.Context) {
 	}
 	if cs.fcSub != nil {
 		_ = cs.fcSub.Unsubscribe()
+	}
+	if cs.own.fwd != nil {
+		_ = cs.own.fwd.Unsubscribe()
 	}
 	var all []*consumer
 	cs.mu.Lock()

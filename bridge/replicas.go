@@ -2,7 +2,9 @@ package bridge
 
 import (
 	"context"
+	"encoding/hex"
 	"errors"
+	"strings"
 	"sync"
 	"time"
 
@@ -21,6 +23,11 @@ const (
 	// bridges are leafnodes of their servers, which nats-server does not prefer over a
 	// routed member: the pick is at random.
 	QueueGroup = "jetgres"
+	// ForwardPrefix begins the subjects on which replicas hand each other consumer requests:
+	// ForwardPrefix, the replica's name in hex, a dot, and the request's subject after
+	// "$JS.API.". Clients have no business there; deployments that restrict subjects can
+	// deny it to them.
+	ForwardPrefix = "$JETGRES.REPLICA."
 
 	// claimsPerLease is how many times per lease a replica confirms its ownership session
 	// and looks for consumers nobody serves: with the default lease, every 250 ms, which
@@ -53,9 +60,13 @@ type ownership struct {
 	mu   sync.Mutex
 	next map[consumerRef]heldNext
 
+	// fwd receives the consumer requests other replicas forward to this one.
+	fwd *leaf.Subscription
+
 	served    prometheus.GaugeFunc
 	takeovers prometheus.Counter
 	fencings  prometheus.Counter
+	forwards  prometheus.Counter
 }
 
 func newOwnership(reg prometheus.Registerer, cs *consumerSide) *ownership {
@@ -65,11 +76,13 @@ func newOwnership(reg prometheus.Registerer, cs *consumerSide) *ownership {
 			Help: "Consumers this replica took over from another replica that had served them."}),
 		fencings: prometheus.NewCounter(prometheus.CounterOpts{Name: "jetgres_consumer_fencings_total",
 			Help: "Times this replica could not confirm its ownership session and stopped serving every consumer."}),
+		forwards: prometheus.NewCounter(prometheus.CounterOpts{Name: "jetgres_consumer_requests_forwarded_total",
+			Help: "Consumer updates and pauses this replica forwarded to the replica that serves the consumer."}),
 	}
 	o.served = prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "jetgres_consumers_served",
 		Help: "Consumers this replica serves."}, func() float64 { return float64(o.count()) })
 	if reg != nil {
-		reg.MustRegister(o.served, o.takeovers, o.fencings)
+		reg.MustRegister(o.served, o.takeovers, o.fencings, o.forwards)
 	}
 	return o
 }
@@ -300,6 +313,52 @@ func (cs *consumerSide) lockNew(ctx context.Context, s *stream, name string) (bo
 		return false, errStopping
 	}
 	return own.TryLock(ctx, pg.ConsumerKey{StreamID: s.id, Name: name})
+}
+
+// forwardPrefix is where the replica called name receives forwarded requests. The name is
+// in hex: a replica's default name has dots and colons, which a subject token cannot hold.
+func (b *Bridge) forwardPrefix(name string) string {
+	return ForwardPrefix + hex.EncodeToString([]byte(name)) + "."
+}
+
+// errForwarded says that forward sent the request on: its answer comes from there.
+var errForwarded = errors.New("forwarded to the consumer's replica")
+
+// forward sends a consumer request that err says another replica serves to that replica,
+// with the client's reply subject, so that the replica holding the consumer's state decides
+// and answers it exactly as if it had received it, as a JetStream consumer's leader does.
+// It returns errForwarded then, and otherwise the error to answer with: a request forwarded
+// once is never forwarded again (the lock may have moved meanwhile), and one whose replica
+// the server does not know of (no cluster, or the owner just died and another holds the
+// lock before its lease names it) is refused as before.
+func (b *Bridge) forward(m *leaf.Msg, err error, forwarded bool) error {
+	var sb *servedBy
+	if !errors.As(err, &sb) {
+		return err
+	}
+	refuse := server.NewJSConsumerCreateError(errServedElsewhere)
+	if forwarded || sb.owner == "" || sb.owner == b.cfg.ReplicaName {
+		return refuse
+	}
+	subj := b.forwardPrefix(sb.owner) + strings.TrimPrefix(m.Subject, apiPrefix)
+	if !b.link.HasInterest(subj) {
+		return refuse
+	}
+	if e := b.link.Publish(subj, m.Reply, m.Header, m.Data); e != nil {
+		return refuse
+	}
+	b.cons.own.forwards.Inc()
+	return errForwarded
+}
+
+// servedBy names the replica whose lease says it serves a consumer that another session
+// holds the lock of.
+func (cs *consumerSide) servedBy(ctx context.Context, s *stream, name string) error {
+	row, err := cs.b.db.GetConsumer(ctx, s.id, name)
+	if err != nil {
+		return server.NewJSConsumerCreateError(errServedElsewhere)
+	}
+	return &servedBy{owner: row.Owner}
 }
 
 // clusterInfo is the cluster block of stream and consumer info, as JetStream reports its

@@ -367,6 +367,77 @@ func TestThreeReplicas(t *testing.T) {
 	}
 	t.Logf("push deliveries per group member: %v", spread)
 
+	// Update and pause the pull consumer through each replica in turn: the one that serves
+	// it decides and answers, and every replica's info then agrees.
+	leaderOf := func(info *jetstream.ConsumerInfo) string {
+		if info.Cluster == nil {
+			return ""
+		}
+		return info.Cluster.Leader
+	}
+	for i := range reps {
+		desc := fmt.Sprintf("updated through replica %d", i+1)
+		upd, err := jss[i].UpdateConsumer(ctx, stream, jetstream.ConsumerConfig{Durable: "work", AckPolicy: jetstream.AckExplicitPolicy, Description: desc})
+		if err != nil {
+			t.Fatalf("updating the consumer through replica %d: %v", i+1, err)
+		}
+		if got := upd.CachedInfo(); got.Config.Description != desc || leaderOf(got) == "" {
+			t.Fatalf("update through replica %d answered description %q, leader %q", i+1, got.Config.Description, leaderOf(got))
+		}
+		until := time.Now().Add(time.Hour).UTC().Truncate(time.Second)
+		if p, err := jss[i].PauseConsumer(ctx, stream, "work", until); err != nil || !p.Paused || !p.PauseUntil.Equal(until) {
+			t.Fatalf("pausing the consumer through replica %d: %+v %v", i+1, p, err)
+		}
+		leader := leaderOf(upd.CachedInfo())
+		for j := range reps {
+			c, err := jss[j].Consumer(ctx, stream, "work")
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := c.CachedInfo()
+			if got.Config.Description != desc || !got.Paused || got.Config.PauseUntil == nil || !got.Config.PauseUntil.Equal(until) || leaderOf(got) != leader {
+				t.Fatalf("info through replica %d after changes through replica %d: description %q, paused %v until %v, leader %q; want %q, paused until %v, leader %q",
+					j+1, i+1, got.Config.Description, got.Paused, got.Config.PauseUntil, leaderOf(got), desc, until, leader)
+			}
+		}
+		if p, err := jss[(i+1)%len(reps)].ResumeConsumer(ctx, stream, "work"); err != nil || p.Paused {
+			t.Fatalf("resuming the consumer through replica %d: %+v %v", (i+1)%len(reps)+1, p, err)
+		}
+	}
+	for j := range reps {
+		c, err := jss[j].Consumer(ctx, stream, "work")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c.CachedInfo().Paused {
+			t.Fatalf("info through replica %d: still paused after the resume", j+1)
+		}
+	}
+
+	// More consumers, so that the takeover below shows how the killed replica's spread.
+	const spreadN = 11
+	for k := range spreadN - 1 {
+		if _, err := jss[k%len(reps)].CreateOrUpdateConsumer(ctx, stream, jetstream.ConsumerConfig{Durable: fmt.Sprintf("spread%d", k), AckPolicy: jetstream.AckExplicitPolicy}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	leaders := func(via int) (map[string]int, error) {
+		out := make(map[string]int)
+		st, err := jss[via].Stream(ctx, stream)
+		if err != nil {
+			return nil, err
+		}
+		l := st.ListConsumers(ctx)
+		for info := range l.Info() {
+			out[leaderOf(info)]++
+		}
+		return out, l.Err()
+	}
+	before, err := leaders(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+
 	// SIGKILL the replica that serves the consumer; another serves it within 2 s.
 	info, err := jss[0].Consumer(ctx, stream, "work")
 	if err != nil {
@@ -408,6 +479,32 @@ func TestThreeReplicas(t *testing.T) {
 	t.Logf("FIGURES replicas=3 published=%d takeover_after_sigkill=%v", total, resumed.Round(time.Millisecond))
 	if resumed > 2*time.Second {
 		t.Errorf("delivery resumed %v after the SIGKILL, want within 2 s", resumed)
+	}
+
+	// The killed replica's consumers spread over the two left: each takes no more than its
+	// share while their leases run (one more when it looked twice before the other did).
+	dead := fmt.Sprintf("r%d", serving+1)
+	var after map[string]int
+	testwait.For(t, 30*time.Second, func() error {
+		var err error
+		if after, err = leaders(other); err != nil {
+			return err
+		}
+		if after[dead] > 0 || after[""] > 0 {
+			return fmt.Errorf("served by: %v", after)
+		}
+		return nil
+	})
+	t.Logf("consumers per replica before the SIGKILL of %s: %v; after: %v", dead, before, after)
+	all := 0
+	for _, n := range before {
+		all += n
+	}
+	share := (all + 1) / 2
+	for name, n := range after {
+		if n > max(share+1, before[name]) {
+			t.Errorf("%s serves %d of %d consumers after the takeover (%d before), want at most %d", name, n, all, before[name], max(share+1, before[name]))
+		}
 	}
 }
 

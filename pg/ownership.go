@@ -19,7 +19,8 @@ import (
 // and guard cursor writes.
 //
 // A consumer's lock key is (stream id, hashtext(name)) in the two-key space, apart from the
-// one-key locks of migrations. Two consumers whose keys collide are served by one replica.
+// one-key locks of migrations, stream administration and replicaLockKey. Two consumers whose
+// keys collide are served by one replica.
 type Ownership struct {
 	db        *DB
 	keepalive time.Duration
@@ -38,19 +39,53 @@ type Ownership struct {
 	confirmed atomic.Int64
 }
 
+// replicaLockKey is the one-key advisory lock every ownership session holds shared, so that
+// the live replicas can be counted in pg_locks: a dead replica's drops out with its session.
+// It is "jgreplic", away from the numbered keys of migrateLockKey and streamAdminLockKey.
+const replicaLockKey int64 = 0x6a677265706c6963
+
 const (
 	sqlLockKey      = `(($1::bigint % 2147483647)::int4, hashtext($2))`
 	sqlTryLock      = `SELECT pg_try_advisory_lock` + sqlLockKey
 	sqlUnlock       = `SELECT pg_advisory_unlock` + sqlLockKey
 	sqlSessionStart = `SELECT backend_start FROM pg_stat_activity WHERE pid = pg_backend_pid()`
 	sqlEndSession   = `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE pid = $1 AND backend_start = $2`
-	// sqlClaimFree locks, in one statement, every consumer of the given streams whose lock
-	// no session holds, leaving out the ones this session holds already (a second lock
-	// would only count up). The candidates are materialised first so that the lock is tried
-	// only on them.
-	sqlClaimFree = `WITH cand AS MATERIALIZED (
-			SELECT stream_id, name FROM jetgres.consumers
-			WHERE stream_id = ANY($1) AND NOT (stream_id::text || '/' || name = ANY($2)))
+	// sqlReplica takes the shared lock every ownership session holds while it lives:
+	// counting its holders counts the live replicas.
+	sqlReplica = `SELECT pg_advisory_lock_shared($1)`
+	// sqlClaimFree locks, in one statement, this replica's share of the consumers of the
+	// given streams whose lock no session holds: as many as bring it to its fair share of
+	// them all among the live replicas ($5 is how many it holds), and at least one while a
+	// free consumer's lease has run out, so that one the others leave (a replica that is
+	// alive but does not look, say) is still taken within a lease. The ones this session holds already are
+	// left out (a second lock would only count up); so are those pg_locks shows another
+	// session holding, and the candidates are chosen at random and materialised first, so
+	// that the lock is tried on no more than the share and two replicas looking at once
+	// mostly try different ones.
+	sqlClaimFree = `WITH here AS (SELECT oid FROM pg_database WHERE datname = current_database()),
+		locked AS MATERIALIZED (
+			SELECT l.classid::bigint AS k1, l.objid::bigint AS k2 FROM pg_locks l, here
+			WHERE l.locktype = 'advisory' AND l.objsubid = 2 AND l.granted AND l.database = here.oid
+				AND l.pid <> pg_backend_pid()),
+		live AS (
+			SELECT greatest(count(*), 1) AS n FROM pg_locks l, here
+			WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted AND l.database = here.oid
+				AND l.classid::bigint = $3 AND l.objid::bigint = $4),
+		total AS (SELECT count(*) AS n FROM jetgres.consumers WHERE stream_id = ANY($1)),
+		cand AS MATERIALIZED (
+			SELECT stream_id, name FROM jetgres.consumers c
+			WHERE stream_id = ANY($1) AND NOT (stream_id::text || '/' || name = ANY($2))
+				AND NOT EXISTS (SELECT 1 FROM locked
+					WHERE k1 = c.stream_id % 2147483647 AND k2 = hashtext(c.name)::bigint & 4294967295)
+			ORDER BY random()
+			LIMIT (SELECT greatest(ceil(total.n::numeric / live.n)::bigint - $5,
+				(SELECT count(*) FROM (SELECT FROM jetgres.consumers c
+					WHERE stream_id = ANY($1) AND lease_until < now()
+						AND NOT (stream_id::text || '/' || name = ANY($2))
+						AND NOT EXISTS (SELECT 1 FROM locked
+							WHERE k1 = c.stream_id % 2147483647 AND k2 = hashtext(c.name)::bigint & 4294967295)
+					LIMIT 1) expired))
+				FROM total, live))
 		SELECT stream_id, name FROM cand
 		WHERE pg_try_advisory_lock((stream_id % 2147483647)::int4, hashtext(name))`
 )
@@ -92,6 +127,10 @@ func (o *Ownership) Reconnect(ctx context.Context) error {
 	}
 	var started time.Time
 	if err := conn.QueryRow(ctx, sqlSessionStart).Scan(&started); err != nil {
+		_ = conn.Close(context.Background())
+		return fmt.Errorf("pg: ownership connection: %w", err)
+	}
+	if _, err := conn.Exec(ctx, sqlReplica, replicaLockKey); err != nil {
 		_ = conn.Close(context.Background())
 		return fmt.Errorf("pg: ownership connection: %w", err)
 	}
@@ -197,7 +236,9 @@ func (o *Ownership) Unlock(ctx context.Context, k ConsumerKey) error {
 	})
 }
 
-// ClaimFree locks every consumer of the given streams that no session holds, and returns them.
+// ClaimFree locks this replica's fair share of the consumers of the given streams that no
+// session holds, and returns them: enough to bring it to its share of them all among the
+// live replicas, and at least one while a free one's lease has run out.
 func (o *Ownership) ClaimFree(ctx context.Context, streamIDs []int64) ([]ConsumerKey, error) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
@@ -207,7 +248,7 @@ func (o *Ownership) ClaimFree(ctx context.Context, streamIDs []int64) ([]Consume
 	}
 	var out []ConsumerKey
 	err := o.exec(ctx, func(ctx context.Context, c *pgx.Conn) error {
-		rows, err := c.Query(ctx, sqlClaimFree, streamIDs, mine)
+		rows, err := c.Query(ctx, sqlClaimFree, streamIDs, mine, replicaLockKey>>32, replicaLockKey&0xffffffff, len(mine))
 		if err != nil {
 			return err
 		}

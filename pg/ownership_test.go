@@ -166,3 +166,82 @@ func TestMetaNotifyAndCheck(t *testing.T) {
 		t.Fatalf("consumers: %d %v", n, err)
 	}
 }
+
+// Each replica claims its fair share of the free consumers among the live ones, so that the
+// consumers of a replica that died spread over those left rather than go to the first that
+// looks.
+func TestOwnershipClaimsFairShare(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.Open(t)
+	st := consumerTestStream(t, ctx, db)
+	for _, name := range []string{"A", "B", "C", "D", "E", "F", "G", "H", "I"} {
+		if _, err := db.CreateConsumer(ctx, pg.Consumer{StreamID: st.ID, Name: name, Config: []byte(`{}`)}, "", 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	reps := []*pg.Ownership{openOwnership(t, db), openOwnership(t, db), openOwnership(t, db)}
+	claim := func(o *pg.Ownership) int {
+		t.Helper()
+		got, err := o.ClaimFree(ctx, []int64{st.ID})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(got)
+	}
+	for i, o := range reps {
+		if n := claim(o); n != 3 {
+			t.Fatalf("replica %d of 3 claimed %d of 9 free consumers, want 3", i+1, n)
+		}
+	}
+	// A closed session ends on the server a moment later; then all its locks go at once.
+	claimOnceFreed := func(o *pg.Ownership) int {
+		t.Helper()
+		n := 0
+		testwait.For(t, 10*time.Second, func() error {
+			if n = claim(o); n == 0 {
+				return errors.New("nothing freed yet")
+			}
+			return nil
+		})
+		return n
+	}
+	reps[2].Close()
+	// Two live replicas holding 3 each: a share is 5, so the first takes 2 of the 3 freed.
+	if n := claimOnceFreed(reps[0]); n != 2 {
+		t.Fatalf("the first of 2 replicas left claimed %d of 3 freed consumers, want 2", n)
+	}
+	if n := claim(reps[1]); n != 1 {
+		t.Fatalf("the second of 2 replicas left claimed %d of 1 freed consumer, want 1", n)
+	}
+	// The last replica's share is everything.
+	reps[1].Close()
+	if n := claimOnceFreed(reps[0]); n != 4 {
+		t.Fatalf("the last replica claimed %d of 4 freed consumers, want 4", n)
+	}
+
+	// A replica at its share takes no more while the freed consumers' leases run; once
+	// they have run out, it takes one per look, so that none stays free for good.
+	for _, name := range []string{"A", "B", "C", "D", "E", "F", "G", "H", "I"} {
+		if _, _, err := db.TakeLease(ctx, pg.LeaseParams{StreamID: st.ID, Name: name, Owner: "r1", TTL: time.Hour}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r4, r5 := openOwnership(t, db), openOwnership(t, db)
+	reps[0].Close()
+	if n := claimOnceFreed(r4); n != 5 {
+		t.Fatalf("the first of 2 replicas left claimed %d of 9 freed consumers, want 5", n)
+	}
+	if n := claim(r4); n != 0 {
+		t.Fatalf("a replica at its share claimed %d leased consumers, want none", n)
+	}
+	if err := db.ReleaseConsumerLeases(ctx, "r1"); err != nil {
+		t.Fatal(err)
+	}
+	if n := claim(r4); n != 1 {
+		t.Fatalf("a replica at its share claimed %d consumers whose leases ran out, want 1", n)
+	}
+	if n := claim(r5); n != 3 {
+		t.Fatalf("the second of 2 replicas left claimed %d of 3 free consumers, want 3", n)
+	}
+}

@@ -608,7 +608,10 @@ func TestReplicaKillsUnderLoad(t *testing.T) {
 		}
 		fetchWG.Go(func() {
 			for fetchCtx.Err() == nil {
-				batch, err := cons.Fetch(50, jetstream.FetchMaxWait(500*time.Millisecond))
+				// A pull waiting at the killed replica is lost with it; the client pulls again
+				// after the wait plus a second, so a short wait leaves the 2 s bound room on a
+				// loaded machine.
+				batch, err := cons.Fetch(50, jetstream.FetchMaxWait(250*time.Millisecond))
 				if err != nil {
 					fetchErrs.Add(1)
 					continue

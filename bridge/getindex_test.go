@@ -81,7 +81,7 @@ func getAnswer(t *testing.T, nc *nats.Conn, subject, body string) string {
 }
 
 // gets reads jetgres_gets_total and jetgres_subject_index_lookups_total.
-func gets(t *testing.T, b *Bridge, vec string, label string) float64 {
+func gets(t testing.TB, b *Bridge, vec string, label string) float64 {
 	t.Helper()
 	v := b.gets.m.served
 	if vec == "lookups" {

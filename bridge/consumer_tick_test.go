@@ -171,6 +171,29 @@ func counterValue(t *testing.T, reg *prometheus.Registry, name string) float64 {
 	return 0
 }
 
+// reasonCount reads the reason series of a counter labelled by reason from reg, 0 before
+// the first.
+func reasonCount(t *testing.T, reg *prometheus.Registry, name, reason string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "reason" && l.GetValue() == reason {
+					return m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return 0
+}
+
 // TestCatchUpSwitchesToTail drains, with a push consumer, a backlog of which the tail
 // cache holds only the newest messages: the read-ahead reads PostgreSQL up to where the
 // cache starts and no further, and every message from there on comes from the cache.

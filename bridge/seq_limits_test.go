@@ -12,7 +12,6 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/jetgres/jetgres/internal/jswire"
 	"github.com/jetgres/jetgres/internal/testwait"
@@ -56,28 +55,6 @@ func rawPub(t *testing.T, nc *nats.Conn, subject string, hdr ...string) (uint64,
 		t.Fatalf("publish to %s: %q", subject, r.Data)
 	}
 	return a.Sequence, nil
-}
-
-// limitRejections reads jetgres_publish_rejected_total{reason="limit"}, 0 before the first.
-func limitRejections(t *testing.T, reg *prometheus.Registry) float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != "jetgres_publish_rejected_total" {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if l.GetName() == "reason" && l.GetValue() == reasonLimit {
-					return m.GetCounter().GetValue()
-				}
-			}
-		}
-	}
-	return 0
 }
 
 // streamState reads a stream's state with a raw STREAM.INFO request.
@@ -275,12 +252,12 @@ func TestSeqOverflowRefused(t *testing.T) {
 	}
 	exhausted := func(what string) {
 		t.Helper()
-		before := limitRejections(t, tb.reg)
+		before := reasonCount(t, tb.reg, "jetgres_publish_rejected_total", reasonLimit)
 		seq, e := rawPub(t, nc, "o.a")
 		if e == nil || e.Code != 503 || e.ErrCode != server.ApiErrors[server.JSStreamStoreFailedF].ErrCode || !strings.Contains(e.Description, "sequence space exhausted") {
 			t.Fatalf("%s: publish got seq %d error %+v, want 503 err_code 10077 sequence space exhausted", what, seq, e)
 		}
-		if after := limitRejections(t, tb.reg); after != before+1 {
+		if after := reasonCount(t, tb.reg, "jetgres_publish_rejected_total", reasonLimit); after != before+1 {
 			t.Errorf("%s: rejected{reason=limit} went from %v to %v", what, before, after)
 		}
 	}

@@ -257,7 +257,7 @@ func TestSQLPublishDedupSharedWithNATS(t *testing.T) {
 		t.Fatalf("NATS publish of y: %+v, want a duplicate of sequence 2", ack)
 	}
 	testwait.For(t, 10*time.Second, func() error {
-		if n := refusedCount(t, tb, reasonDuplicate); n != 2 {
+		if n := reasonCount(t, tb.reg, "jetgres_sql_publish_refused_total", reasonDuplicate); n != 2 {
 			return fmt.Errorf("refused duplicates counted %v, want 2", n)
 		}
 		return nil
@@ -353,26 +353,4 @@ func TestSQLMessagesMatchDeliverAll(t *testing.T) {
 	if !slices.Equal(from, []string{"141", "150"}) {
 		t.Fatalf("s.5 from 140: %v, want [141 150]", from)
 	}
-}
-
-// refusedCount reads jetgres_sql_publish_refused_total for one reason.
-func refusedCount(t *testing.T, tb *testBundle, reason string) float64 {
-	t.Helper()
-	mfs, err := tb.reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != "jetgres_sql_publish_refused_total" {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if l.GetName() == "reason" && l.GetValue() == reason {
-					return m.GetCounter().GetValue()
-				}
-			}
-		}
-	}
-	return 0
 }

@@ -19,15 +19,7 @@ import (
 // come back on the same one after a restart, where its clients reconnect.
 func freeAddr(t *testing.T) string {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := l.Addr().String()
-	if err := l.Close(); err != nil {
-		t.Fatal(err)
-	}
-	return addr
+	return net.JoinHostPort("127.0.0.1", strconv.Itoa(freePorts(t, 1)[0]))
 }
 
 // TestPushDurableSurvivesSIGKILL kills jetgres while a durable push consumer (nats.go

@@ -2,6 +2,7 @@ package pg_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"regexp"
@@ -43,15 +44,31 @@ func sqlState(err error) string {
 	return ""
 }
 
+// sqlDB opens a fresh database with the streams of configs (their JSON configurations)
+// created, and a raw connection to it for calling the SQL functions.
+func sqlDB(t *testing.T, configs ...string) (url string, db *pg.DB, raw *rawsql.DB) {
+	t.Helper()
+	url = pgtest.NewDB(t)
+	db = pgtest.OpenAt(t, url)
+	raw = rawsql.Open(t, url)
+	for _, c := range configs {
+		var cfg struct {
+			Name string `json:"name"`
+		}
+		if err := json.Unmarshal([]byte(c), &cfg); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := db.CreateStream(t.Context(), cfg.Name, []byte(c)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return url, db, raw
+}
+
 func TestSQLPublishMovesCommittedInCallOrder(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
-	url := pgtest.NewDB(t)
-	db := pgtest.OpenAt(t, url)
-	raw := rawsql.Open(t, url)
-	if _, err := db.CreateStream(ctx, "ORDERS", []byte(`{"name":"ORDERS","subjects":["orders.>"]}`)); err != nil {
-		t.Fatal(err)
-	}
+	_, db, raw := sqlDB(t, `{"name":"ORDERS","subjects":["orders.>"]}`)
 	publish := func(commit bool, subjects ...string) {
 		t.Helper()
 		errRollback := errors.New("rollback")
@@ -127,15 +144,7 @@ func TestSQLPublishMovesCommittedInCallOrder(t *testing.T) {
 func TestSQLPublishErrorsAtTheCall(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
-	url := pgtest.NewDB(t)
-	db := pgtest.OpenAt(t, url)
-	raw := rawsql.Open(t, url)
-	if _, err := db.CreateStream(ctx, "S", []byte(`{"name":"S","subjects":["s.*"],"max_msg_size":30}`)); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := db.CreateStream(ctx, "BARE", []byte(`{"name":"BARE"}`)); err != nil {
-		t.Fatal(err)
-	}
+	_, _, raw := sqlDB(t, `{"name":"S","subjects":["s.*"],"max_msg_size":30}`, `{"name":"BARE"}`)
 	for _, c := range []struct {
 		sql, state string
 	}{
@@ -166,9 +175,7 @@ func TestSQLPublishErrorsAtTheCall(t *testing.T) {
 func TestSQLSubjectMatchesAgreesWithGo(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
-	url := pgtest.NewDB(t)
-	pgtest.OpenAt(t, url)
-	raw := rawsql.Open(t, url)
+	_, _, raw := sqlDB(t)
 	filters := []string{">", "*", "a", "a.b", "a.*", "a.>", "*.b", "*.*", "*.>", "a.*.c", "a.b.>", "b.>", "a.b.c.d",
 		"a+b.*", "$KV.x.>", "é.[x]", "a\\b.>", "(a|b)"}
 	subjects := []string{"a", "b", "a.b", "a.c", "b.b", "a.b.c", "a.x.c", "a.b.c.d", "x.y.z",
@@ -253,12 +260,7 @@ func TestSQLMessagesUseTheIndexes(t *testing.T) {
 func TestSQLRoles(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
-	url := pgtest.NewDB(t)
-	db := pgtest.OpenAt(t, url)
-	raw := rawsql.Open(t, url)
-	if _, err := db.CreateStream(ctx, "S", []byte(`{"name":"S","subjects":["s.>"]}`)); err != nil {
-		t.Fatal(err)
-	}
+	_, _, raw := sqlDB(t, `{"name":"S","subjects":["s.>"]}`)
 	for _, c := range []struct {
 		role, sql string
 		ok        bool
@@ -295,12 +297,7 @@ func TestSQLRoles(t *testing.T) {
 func TestSQLPublishNotifiesOnlyWhileNoMoverIsAwake(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
-	url := pgtest.NewDB(t)
-	db := pgtest.OpenAt(t, url)
-	raw := rawsql.Open(t, url)
-	if _, err := db.CreateStream(ctx, "ORDERS", []byte(`{"name":"ORDERS","subjects":["orders.>"]}`)); err != nil {
-		t.Fatal(err)
-	}
+	url, db, raw := sqlDB(t, `{"name":"ORDERS","subjects":["orders.>"]}`)
 	listener, err := pgx.Connect(ctx, url)
 	if err != nil {
 		t.Fatal(err)
@@ -380,14 +377,7 @@ func TestSQLPublishNotifiesOnlyWhileNoMoverIsAwake(t *testing.T) {
 func TestSQLPublishRouteKeptInTheTransaction(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
-	url := pgtest.NewDB(t)
-	db := pgtest.OpenAt(t, url)
-	raw := rawsql.Open(t, url)
-	for _, s := range []string{`{"name":"A","subjects":["a.>"]}`, `{"name":"B","subjects":["b.x"]}`} {
-		if _, err := db.CreateStream(ctx, strings.Split(s, `"`)[3], []byte(s)); err != nil {
-			t.Fatal(err)
-		}
-	}
+	_, _, raw := sqlDB(t, `{"name":"A","subjects":["a.>"]}`, `{"name":"B","subjects":["b.x"]}`)
 	err := raw.Tx(ctx, func(ctx context.Context, q rawsql.Querier) error {
 		for _, s := range []string{"a.1", "b.x", "a.2.3", "a.4"} {
 			if err := q.Exec(ctx, `SELECT jetgres.publish($1, 'x'::text)`, s); err != nil {

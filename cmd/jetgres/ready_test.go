@@ -2,13 +2,10 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"net/http"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -37,8 +34,7 @@ func TestReadyzStallsWithAHungCommit(t *testing.T) {
 	defer cancel()
 	serveCtx, stop := context.WithCancel(ctx)
 	defer stop()
-	served := make(chan error, 1)
-	go func() { served <- serve(serveCtx, cfg, slog.New(slog.DiscardHandler)) }()
+	addrs, served := serveReady(t, serveCtx, cfg)
 	defer func() {
 		stop()
 		if err := <-served; err != nil && !errors.Is(err, context.Canceled) {
@@ -46,14 +42,6 @@ func TestReadyzStallsWithAHungCommit(t *testing.T) {
 		}
 	}()
 
-	var addrs struct{ NATS, HTTP string }
-	testwait.For(t, 30*time.Second, func() error {
-		b, err := os.ReadFile(ready)
-		if err != nil {
-			return err
-		}
-		return json.Unmarshal(b, &addrs)
-	})
 	readyz := func() (int, string) {
 		t.Helper()
 		resp, err := http.Get("http://" + addrs.HTTP + "/readyz")

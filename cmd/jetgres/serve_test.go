@@ -18,6 +18,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/goleak"
 
+	"github.com/jetgres/jetgres/internal/testwait"
 	"github.com/jetgres/jetgres/pg/pgtest"
 	"github.com/jetgres/jetgres/pg/pgtest/rawsql"
 )
@@ -35,6 +36,27 @@ func serveConfig(t *testing.T, dbURL string, args ...string) config {
 		t.Fatal(err)
 	}
 	return cfg
+}
+
+// serveReady runs serve on cfg in the background and returns, once it is ready, the
+// addresses it wrote to cfg's --ready-file and the channel serve's result arrives on.
+func serveReady(t *testing.T, ctx context.Context, cfg config) (addrs struct{ NATS, HTTP string }, served chan error) {
+	t.Helper()
+	served = make(chan error, 1)
+	go func() { served <- serve(ctx, cfg, slog.New(slog.DiscardHandler)) }()
+	testwait.For(t, time.Minute, func() error {
+		select {
+		case err := <-served:
+			t.Fatalf("serve ended before it was ready: %v", err)
+		default:
+		}
+		b, err := os.ReadFile(cfg.ReadyFile)
+		if err != nil {
+			return err
+		}
+		return json.Unmarshal(b, &addrs)
+	})
+	return addrs, served
 }
 
 // A start that fails after the bridge is up (here the HTTP address is taken) stops everything
@@ -66,28 +88,10 @@ func TestServeReplicaNameDefault(t *testing.T) {
 	cfg := serveConfig(t, dbURL, "--ready-file", ready)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	served := make(chan error, 1)
 	serveCtx, stop := context.WithCancel(ctx)
 	defer stop()
-	go func() { served <- serve(serveCtx, cfg, slog.New(slog.DiscardHandler)) }()
+	addrs, served := serveReady(t, serveCtx, cfg)
 
-	var addrs struct{ NATS string }
-	for {
-		b, err := os.ReadFile(ready)
-		if err == nil {
-			if err := json.Unmarshal(b, &addrs); err != nil {
-				t.Fatal(err)
-			}
-			break
-		}
-		select {
-		case err := <-served:
-			t.Fatalf("serve ended before it was ready: %v", err)
-		case <-ctx.Done():
-			t.Fatal("jetgres did not get ready")
-		case <-time.After(20 * time.Millisecond):
-		}
-	}
 	nc, err := nats.Connect(addrs.NATS)
 	if err != nil {
 		t.Fatal(err)

@@ -2,11 +2,9 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -40,20 +38,7 @@ func privateNode(t *testing.T, ctx context.Context) (addrs struct{ NATS, HTTP st
 	if err != nil {
 		t.Fatal(err)
 	}
-	served = make(chan error, 1)
-	go func() { served <- serve(ctx, cfg, slog.New(slog.DiscardHandler)) }()
-	testwait.For(t, time.Minute, func() error {
-		select {
-		case err := <-served:
-			t.Fatalf("serve ended before it was ready: %v", err)
-		default:
-		}
-		b, err := os.ReadFile(ready)
-		if err != nil {
-			return err
-		}
-		return json.Unmarshal(b, &addrs)
-	})
+	addrs, served = serveReady(t, ctx, cfg)
 	return addrs, filepath.Join(cfg.DataDir, "pg"), served
 }
 

@@ -72,6 +72,15 @@ type natsBenchRun struct {
 	fresh bool
 }
 
+// label names the run in progress lines, failures and the report's table: its subcommand,
+// and its client count when there are several.
+func (run natsBenchRun) label() string {
+	if run.clients > 1 {
+		return fmt.Sprintf("%s, %d clients", run.name, run.clients)
+	}
+	return run.name
+}
+
 // natsBenchRuns lists the runs in the order they run on each target: the publishes fill the
 // stream the consumers and gets then read, and the key-value puts fill the bucket the gets read.
 func natsBenchRuns() []natsBenchRun {
@@ -200,10 +209,7 @@ func (r *runner) natsBenchOn(ctx context.Context, bin string, t *target, nb *Nat
 		if run.sync || t.name == TargetJetStreamSync {
 			msgs = nb.SyncMsgs
 		}
-		label := run.name
-		if run.clients > 1 {
-			label = fmt.Sprintf("%s, %d clients", run.name, run.clients)
-		}
+		label := run.label()
 		r.prog.phase(fmt.Sprintf("nats bench     %s on %s", label, t.name), 0, 0)
 		if run.fresh {
 			if err := deleteNatsBenchState(t.url, false); err != nil {
@@ -367,11 +373,7 @@ func (nb *NatsBench) rows() [][]string {
 	var rows [][]string
 	for _, run := range natsBenchRuns() {
 		clients := max(run.clients, 1)
-		label := run.name
-		if clients > 1 {
-			label = fmt.Sprintf("%s, %d clients", run.name, clients)
-		}
-		cells := []string{label}
+		cells := []string{run.label()}
 		seen := false
 		for _, t := range natsBenchTargets {
 			res, ok := nb.result(run.name, clients, t)

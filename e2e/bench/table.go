@@ -3,6 +3,7 @@ package bench
 import (
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"text/tabwriter"
 )
@@ -78,7 +79,7 @@ func (rep *Report) summaryRows() []row {
 		fetch[f.Target] = f.MsgsPerSec
 	}
 	add("fetch + ack, msg/s", false, fmtRate, fetch)
-	for _, mode := range PushModes {
+	for _, mode := range slices.Concat(PushModes, []string{PushFloor, PushReadFloor}) {
 		push := map[string]float64{}
 		for _, p := range rep.Push {
 			if p.Mode == mode {
@@ -86,15 +87,6 @@ func (rep *Report) summaryRows() []row {
 			}
 		}
 		add("push, "+mode+", msg/s", false, fmtRate, push)
-	}
-	for _, mode := range []string{PushFloor, PushReadFloor} {
-		floor := map[string]float64{}
-		for _, p := range rep.Push {
-			if p.Mode == mode {
-				floor[p.Target] = p.MsgsPerSec
-			}
-		}
-		add("push, "+mode+", msg/s", false, fmtRate, floor)
 	}
 	for _, rate := range rep.Settings.Rates {
 		lat := [6]map[string]float64{{}, {}, {}, {}, {}, {}}

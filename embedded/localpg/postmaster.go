@@ -56,15 +56,23 @@ func processGone(pid int) bool {
 	if errors.Is(err, syscall.ESRCH) {
 		return true
 	}
+	f := procStat(pid)
+	return len(f) > 0 && string(f[0]) == "Z"
+}
+
+// procStat is the fields of /proc/<pid>/stat after the parenthesised command name (which may
+// itself contain ") "): the state first, then the parent's pid and the process group. It is
+// nil when the file cannot be read.
+func procStat(pid int) [][]byte {
 	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
-		return false
+		return nil
 	}
-	// The state follows the parenthesised command name, which may itself contain ") ".
-	if i := bytes.LastIndexByte(stat, ')'); i >= 0 && i+2 < len(stat) {
-		return stat[i+2] == 'Z'
+	i := bytes.LastIndexByte(stat, ')')
+	if i < 0 {
+		return nil
 	}
-	return false
+	return bytes.Fields(stat[i+1:])
 }
 
 // isPostmasterOf reports whether pid is a live PostgreSQL server for dataDir. On Linux the

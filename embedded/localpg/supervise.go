@@ -1,7 +1,7 @@
 package localpg
 
 import (
-	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -97,16 +97,14 @@ func (c *Cluster) restartServer() error {
 func (c *Cluster) startAgain() error {
 	pgid := c.current().pid()
 	_ = syscall.Kill(-pgid, syscall.SIGKILL)
-	deadline := time.Now().Add(groupGrace)
-	for !groupGone(pgid) {
-		if time.Now().After(deadline) {
-			return fmt.Errorf("processes of the dead server (process group %d) still run after %s", pgid, groupGrace)
-		}
-		select {
-		case <-time.After(pollInterval):
-		case <-c.superCtx.Done():
-			return c.superCtx.Err()
-		}
+	graceCtx, cancel := context.WithTimeout(c.superCtx, groupGrace)
+	defer cancel()
+	gone := waitPoll(func() bool { return groupGone(pgid) })(graceCtx.Done())
+	if err := c.superCtx.Err(); err != nil {
+		return err
+	}
+	if !gone {
+		return fmt.Errorf("processes of the dead server (process group %d) still run after %s", pgid, groupGrace)
 	}
 	if err := c.clearPidFile(c.superCtx); err != nil {
 		return err
@@ -130,16 +128,8 @@ func groupGone(pgid int) bool {
 		if err != nil {
 			continue
 		}
-		stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-		if err != nil {
-			continue
-		}
-		// After the parenthesised command name: state, ppid, pgrp.
-		i := bytes.LastIndexByte(stat, ')')
-		if i < 0 {
-			continue
-		}
-		f := bytes.Fields(stat[i+1:])
+		// Its state, parent and process group.
+		f := procStat(pid)
 		if len(f) < 3 || string(f[0]) == "Z" {
 			continue
 		}

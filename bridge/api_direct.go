@@ -191,12 +191,13 @@ func (dg *directGet) multiLast(ctx context.Context) error {
 	}
 	var last uint64
 	pending, sent, bytes := len(seqs), 0, 0
+	x := dg.b.gets.of(dg.s)
 	for _, seq := range seqs {
 		pending--
 		if seq < req.Seq {
 			continue
 		}
-		m, err := dg.b.getBySeq(ctx, dg.s, dg.b.gets.of(dg.s), seq)
+		m, err := dg.b.getBySeq(ctx, dg.s, x, seq)
 		if errors.Is(err, pg.ErrNotFound) {
 			continue // removed since: as if it had never matched
 		}

@@ -189,11 +189,7 @@ func (g *getIndex) resetLocked(x *subjectIndex) {
 func (b *Bridge) retained(s *stream, res pg.RetainResult) {
 	switch {
 	case res.Tombstoned > 0:
-		var hw uint64
-		if sc := b.consumersOf(s); sc != nil {
-			hw = sc.tail.HighWater()
-		}
-		b.gets.reset(s, hw+1)
+		b.gets.reset(s, b.tailHighWater(s)+1)
 		b.gets.moved(s, res.FirstSeq)
 	case res.Removed > 0:
 		b.gets.moved(s, res.FirstSeq)
@@ -351,10 +347,7 @@ func (b *Bridge) getBySeq(ctx context.Context, s *stream, x *subjectIndex, seq u
 // one read of the newest match, which fills the index.
 func (b *Bridge) lastBySubject(ctx context.Context, s *stream, x *subjectIndex, subject string) (*pg.Message, error) {
 	g := b.gets
-	var hw uint64
-	if sc := b.consumersOf(s); sc != nil {
-		hw = sc.tail.HighWater()
-	}
+	hw := b.tailHighWater(s)
 	literal := subjectIsLiteral(subject)
 	if literal {
 		if seq, gen, ok := g.lastOf(x, subject, hw); ok {
@@ -383,6 +376,14 @@ func (b *Bridge) lastBySubject(ctx context.Context, s *stream, x *subjectIndex, 
 		g.fill(x, gen, subject, m.Seq)
 	}
 	return m, err
+}
+
+// tailHighWater is the high-water mark of s's tail cache, 0 while s has no consumer side.
+func (b *Bridge) tailHighWater(s *stream) uint64 {
+	if sc := b.consumersOf(s); sc != nil {
+		return sc.tail.HighWater()
+	}
+	return 0
 }
 
 // tailGet answers a get by sequence from the tail cache: ok is false when memory cannot

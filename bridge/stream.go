@@ -184,12 +184,8 @@ func (b *Bridge) overlapCheck(subjects []string) pg.StreamCheck {
 			if err := json.Unmarshal(o.Config, &cfg); err != nil {
 				return fmt.Errorf("stored config of stream %q: %w", o.Name, err)
 			}
-			for _, a := range cfg.Subjects {
-				for _, c := range subjects {
-					if server.SubjectsCollide(a, c) {
-						return errOverlap
-					}
-				}
+			if subjectsCollide(cfg.Subjects, subjects) {
+				return errOverlap
 			}
 		}
 		return nil
@@ -202,13 +198,21 @@ func (b *Bridge) overlapping(name string, subjects []string) *stream {
 		if s.name == name {
 			continue
 		}
-		for _, a := range s.config().Subjects {
-			for _, c := range subjects {
-				if server.SubjectsCollide(a, c) {
-					return s
-				}
-			}
+		if subjectsCollide(s.config().Subjects, subjects) {
+			return s
 		}
 	}
 	return nil
+}
+
+// subjectsCollide reports whether a subject of as and one of bs can match the same message.
+func subjectsCollide(as, bs []string) bool {
+	for _, a := range as {
+		for _, b := range bs {
+			if server.SubjectsCollide(a, b) {
+				return true
+			}
+		}
+	}
+	return false
 }

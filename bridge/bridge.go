@@ -212,6 +212,9 @@ type Bridge struct {
 	intakeTotal atomic.Int64 // bytes in all streams' intakes
 	apiReqs     chan *leaf.Msg
 	apiSub      *leaf.Subscription
+	// ownForward is forwardPrefix(cfg.ReplicaName): the subjects of the requests other
+	// replicas forward here.
+	ownForward string
 	// unsupportedLogged[i] is set once unsupportedRequests[i] has been logged.
 	unsupportedLogged [len(unsupportedRequests)]atomic.Bool
 
@@ -245,6 +248,7 @@ func New(cfg Config) (*Bridge, error) {
 		apiReqs: make(chan *leaf.Msg, APIQueueDefault),
 	}
 	b.metaKick = make(chan struct{}, 1)
+	b.ownForward = b.forwardPrefix(cfg.ReplicaName)
 	b.initConsumers(cfg.Registerer)
 	b.gets = newGetIndex(cfg.SubjectIndexBytes, cfg.Registerer)
 	return b, nil

@@ -357,15 +357,9 @@ func (b *Bridge) OldestFlush(now time.Time) time.Duration {
 // metaChanged is told of each stream and consumer change any replica commits (0: some may
 // have been missed): the streams are re-read, and the leases looked at, at once.
 func (b *Bridge) metaChanged(int64) {
-	select {
-	case b.metaKick <- struct{}{}:
-	default:
-	}
+	poke(b.metaKick)
 	if cs := b.cs(); cs != nil {
-		select {
-		case cs.leaseKick <- struct{}{}:
-		default:
-		}
+		poke(cs.leaseKick)
 	}
 }
 

@@ -59,7 +59,7 @@ func (b *Bridge) apiWorker() {
 
 // serveAPI routes one API request by its subject, after the "$JS.API." prefix.
 func (b *Bridge) serveAPI(ctx context.Context, m *leaf.Msg) {
-	rest, forwarded := strings.CutPrefix(m.Subject, b.forwardPrefix(b.cfg.ReplicaName))
+	rest, forwarded := strings.CutPrefix(m.Subject, b.ownForward)
 	if forwarded {
 		m.Subject = apiPrefix + rest
 	}

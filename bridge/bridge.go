@@ -212,6 +212,9 @@ type Bridge struct {
 	intakeTotal atomic.Int64 // bytes in all streams' intakes
 	apiReqs     chan *leaf.Msg
 	apiSub      *leaf.Subscription
+	// ownForward is forwardPrefix(cfg.ReplicaName): the subjects of the requests other
+	// replicas forward here.
+	ownForward string
 	// unsupportedLogged[i] is set once unsupportedRequests[i] has been logged.
 	unsupportedLogged [len(unsupportedRequests)]atomic.Bool
 
@@ -245,6 +248,7 @@ func New(cfg Config) (*Bridge, error) {
 		apiReqs: make(chan *leaf.Msg, APIQueueDefault),
 	}
 	b.metaKick = make(chan struct{}, 1)
+	b.ownForward = b.forwardPrefix(cfg.ReplicaName)
 	b.initConsumers(cfg.Registerer)
 	b.gets = newGetIndex(cfg.SubjectIndexBytes, cfg.Registerer)
 	return b, nil
@@ -353,15 +357,9 @@ func (b *Bridge) OldestFlush(now time.Time) time.Duration {
 // metaChanged is told of each stream and consumer change any replica commits (0: some may
 // have been missed): the streams are re-read, and the leases looked at, at once.
 func (b *Bridge) metaChanged(int64) {
-	select {
-	case b.metaKick <- struct{}{}:
-	default:
-	}
+	poke(b.metaKick)
 	if cs := b.cs(); cs != nil {
-		select {
-		case cs.leaseKick <- struct{}{}:
-		default:
-		}
+		poke(cs.leaseKick)
 	}
 }
 

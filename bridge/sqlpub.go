@@ -339,14 +339,10 @@ func (b *Bridge) refuseStaged(r refusal) {
 func (b *Bridge) stagedMsg(s *stream, sm pg.StagedMsg) (pg.AppendMsg, string) {
 	cfg := s.cfgView()
 	m := pg.AppendMsg{Subject: sm.Subject, Header: sm.Header, Data: sm.Data}
-	subjects := cfg.Subjects
-	if len(subjects) == 0 {
-		subjects = []string{cfg.Name}
-	}
 	switch {
 	case cfg.Sealed:
 		return m, reasonSealed
-	case !slices.ContainsFunc(subjects, func(f string) bool { return pg.SubjectMatches(f, sm.Subject) }):
+	case !slices.ContainsFunc(cfg.Subjects, func(f string) bool { return pg.SubjectMatches(f, sm.Subject) }):
 		return m, reasonNotTaken
 	case cfg.MaxMsgSize > 0 && len(sm.Data)+len(sm.Header) > int(cfg.MaxMsgSize):
 		return m, reasonTooLarge

@@ -340,10 +340,7 @@ func (db *DB) appendTx(ctx context.Context, q querier, batches []AppendBatch, ts
 				bt.StreamID, newIDs, newIDSeqs, ts, bt.DupWindow.Nanoseconds())
 		}
 		if len(h.tombs) > 0 {
-			seqs, sizes := make([]int64, len(h.tombs)), make([]int64, len(h.tombs))
-			for k, t := range h.tombs {
-				seqs[k], sizes[k] = int64(t.seq), int64(t.size)
-			}
+			seqs, sizes := tombColumns(h.tombs)
 			b.Queue(`INSERT INTO jetgres.deleted (stream_id, seq, size)
 				SELECT $1, s, z FROM unnest($2::bigint[], $3::bigint[]) AS t(s, z)`, bt.StreamID, seqs, sizes)
 		}
@@ -584,6 +581,16 @@ func queueInsert(b *pgx.Batch, table string, msgs []Message) {
 	b.Queue(`INSERT INTO `+table+` (seq, ts, subject, hdr, data, cum_before)
 		SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::text[], $4::bytea[], $5::bytea[], $6::bigint[])`,
 		seqs, tss, subjects, hdrs, datas, cums)
+}
+
+// tombColumns lays tombstoned rows out as the column arrays an unnest insert into
+// jetgres.deleted takes.
+func tombColumns(tombs []liveRow) (seqs, sizes []int64) {
+	seqs, sizes = make([]int64, len(tombs)), make([]int64, len(tombs))
+	for i, t := range tombs {
+		seqs[i], sizes[i] = int64(t.seq), int64(t.size)
+	}
+	return seqs, sizes
 }
 
 // insertColumns lays msgs out as the column arrays an unnest insert takes.

@@ -279,10 +279,7 @@ func queueGuardedReplace(b *pgx.Batch, streamID int64, prev, next tailState, msg
 	// A put of a new key replaces nothing; its statement leaves the tombstones out.
 	deleted := ""
 	if len(tombs) > 0 {
-		tseqs, tsizes := make([]int64, len(tombs)), make([]int64, len(tombs))
-		for i, t := range tombs {
-			tseqs[i], tsizes[i] = int64(t.seq), int64(t.size)
-		}
+		tseqs, tsizes := tombColumns(tombs)
 		args = append(args, tseqs, tsizes)
 		deleted = `, d AS (INSERT INTO jetgres.deleted (stream_id, seq, size)
 			SELECT $1, t.s, t.z FROM u, unnest($21::bigint[], $22::bigint[]) AS t(s, z))`

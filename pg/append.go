@@ -130,10 +130,9 @@ type lockedState struct {
 func (db *DB) Append(ctx context.Context, batches []AppendBatch, ts int64) ([]AppendResult, time.Duration, error) {
 	// Streams are locked in id order, so that two transactions never deadlock on each other;
 	// most calls hold one batch, or batches already in order, and need no copy.
-	byID := func(a, b AppendBatch) int { return cmp.Compare(a.StreamID, b.StreamID) }
-	if !slices.IsSortedFunc(batches, byID) {
+	if !slices.IsSortedFunc(batches, byStreamID) {
 		batches = slices.Clone(batches)
-		slices.SortFunc(batches, byID)
+		slices.SortFunc(batches, byStreamID)
 	}
 	var results []AppendResult
 	rtt, err := db.hot(ctx, func(ctx context.Context, q querier) error {
@@ -158,6 +157,9 @@ func (db *DB) Append(ctx context.Context, batches []AppendBatch, ts int64) ([]Ap
 	}
 	return results, rtt, nil
 }
+
+// byStreamID orders batches as their streams are locked.
+func byStreamID(a, b AppendBatch) int { return cmp.Compare(a.StreamID, b.StreamID) }
 
 // appendTx runs first, with firstArgs, at the head of its first round trip: BEGIN, or a
 // statement of a transaction the caller opened (MoveStaged's progress).

@@ -130,10 +130,9 @@ type lockedState struct {
 func (db *DB) Append(ctx context.Context, batches []AppendBatch, ts int64) ([]AppendResult, time.Duration, error) {
 	// Streams are locked in id order, so that two transactions never deadlock on each other;
 	// most calls hold one batch, or batches already in order, and need no copy.
-	byID := func(a, b AppendBatch) int { return cmp.Compare(a.StreamID, b.StreamID) }
-	if !slices.IsSortedFunc(batches, byID) {
+	if !slices.IsSortedFunc(batches, byStreamID) {
 		batches = slices.Clone(batches)
-		slices.SortFunc(batches, byID)
+		slices.SortFunc(batches, byStreamID)
 	}
 	var results []AppendResult
 	rtt, err := db.hot(ctx, func(ctx context.Context, q querier) error {
@@ -158,6 +157,9 @@ func (db *DB) Append(ctx context.Context, batches []AppendBatch, ts int64) ([]Ap
 	}
 	return results, rtt, nil
 }
+
+// byStreamID orders batches as their streams are locked.
+func byStreamID(a, b AppendBatch) int { return cmp.Compare(a.StreamID, b.StreamID) }
 
 // appendTx runs first, with firstArgs, at the head of its first round trip: BEGIN, or a
 // statement of a transaction the caller opened (MoveStaged's progress).
@@ -340,10 +342,7 @@ func (db *DB) appendTx(ctx context.Context, q querier, batches []AppendBatch, ts
 				bt.StreamID, newIDs, newIDSeqs, ts, bt.DupWindow.Nanoseconds())
 		}
 		if len(h.tombs) > 0 {
-			seqs, sizes := make([]int64, len(h.tombs)), make([]int64, len(h.tombs))
-			for k, t := range h.tombs {
-				seqs[k], sizes[k] = int64(t.seq), int64(t.size)
-			}
+			seqs, sizes := tombColumns(h.tombs)
 			b.Queue(`INSERT INTO jetgres.deleted (stream_id, seq, size)
 				SELECT $1, s, z FROM unnest($2::bigint[], $3::bigint[]) AS t(s, z)`, bt.StreamID, seqs, sizes)
 		}
@@ -584,6 +583,16 @@ func queueInsert(b *pgx.Batch, table string, msgs []Message) {
 	b.Queue(`INSERT INTO `+table+` (seq, ts, subject, hdr, data, cum_before)
 		SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::text[], $4::bytea[], $5::bytea[], $6::bigint[])`,
 		seqs, tss, subjects, hdrs, datas, cums)
+}
+
+// tombColumns lays tombstoned rows out as the column arrays an unnest insert into
+// jetgres.deleted takes.
+func tombColumns(tombs []liveRow) (seqs, sizes []int64) {
+	seqs, sizes = make([]int64, len(tombs)), make([]int64, len(tombs))
+	for i, t := range tombs {
+		seqs[i], sizes[i] = int64(t.seq), int64(t.size)
+	}
+	return seqs, sizes
 }
 
 // insertColumns lays msgs out as the column arrays an unnest insert takes.

@@ -227,21 +227,38 @@ func readFastResults(br pgx.BatchResults, skip, n int, firstSeq func(i int, firs
 	return applied, br.Close()
 }
 
+// guardedRows is how a guarded statement reads the rows it inserts, from the parameters
+// after its own: one message as scalar parameters, which costs PostgreSQL less than
+// unnesting arrays of one, several as arrays.
+type guardedRows struct{ one, many string }
+
+var (
+	appendRows = guardedRows{
+		one:  `(VALUES ($11::bigint, $12::bigint, $13::text, $14::bytea, $15::bytea, $16::bigint))`,
+		many: `unnest($11::bigint[], $12::bigint[], $13::text[], $14::bytea[], $15::bytea[], $16::bigint[])`,
+	}
+	replaceRows = guardedRows{
+		one:  `(VALUES ($15::bigint, $16::bigint, $17::text, $18::bytea, $19::bytea, $20::bigint))`,
+		many: `unnest($15::bigint[], $16::bigint[], $17::text[], $18::bytea[], $19::bytea[], $20::bigint[])`,
+	}
+)
+
+// bind appends msgs' columns to args and returns the rows expression that reads them.
+func (g guardedRows) bind(args []any, msgs []Message) (string, []any) {
+	if len(msgs) == 1 {
+		return g.one, append(args, msgs[0].columns()...)
+	}
+	seqs, tss, subjects, hdrs, datas, cums := insertColumns(msgs)
+	return g.many, append(args, seqs, tss, subjects, hdrs, datas, cums)
+}
+
 // queueGuardedAppend moves a stream's state row from prev to next and inserts msgs, in one
 // statement that returns the stream's first sequence: the insert reads the update's
-// result, so it inserts nothing when the row was not at prev. One message goes as scalar
-// parameters, which costs PostgreSQL less than unnesting arrays of one.
+// result, so it inserts nothing when the row was not at prev.
 func queueGuardedAppend(b *pgx.Batch, streamID int64, prev, next tailState, msgs []Message) {
 	args := []any{streamID, int64(next.lastSeq), next.lastTS, int64(next.cumBytes), int64(len(msgs)),
 		int64(next.cumBytes - prev.cumBytes), next.chunkRows, int64(prev.lastSeq), prev.chunk, prev.chunkRows}
-	rows := `(VALUES ($11::bigint, $12::bigint, $13::text, $14::bytea, $15::bytea, $16::bigint))`
-	if len(msgs) == 1 {
-		args = append(args, msgs[0].columns()...)
-	} else {
-		rows = `unnest($11::bigint[], $12::bigint[], $13::text[], $14::bytea[], $15::bytea[], $16::bigint[])`
-		seqs, tss, subjects, hdrs, datas, cums := insertColumns(msgs)
-		args = append(args, seqs, tss, subjects, hdrs, datas, cums)
-	}
+	rows, args := appendRows.bind(args, msgs)
 	b.Queue(`WITH u AS (UPDATE jetgres.stream_state SET last_seq = $2, last_ts = $3, cum_bytes = $4, msgs = msgs + $5,
 			bytes = bytes + $6, chunk_rows = $7, last_msg_id = ''
 			WHERE stream_id = $1 AND last_seq = $8 AND chunk = $9 AND chunk_rows = $10
@@ -258,21 +275,11 @@ func queueGuardedReplace(b *pgx.Batch, streamID int64, prev, next tailState, msg
 	args := []any{streamID, int64(next.firstSeq), int64(next.lastSeq), next.lastTS, int64(next.cumBytes), int64(next.msgs),
 		int64(next.bytes), next.chunkRows, int64(prev.firstSeq), int64(prev.lastSeq), int64(prev.msgs), int64(prev.bytes),
 		prev.chunk, prev.chunkRows}
-	rows := `(VALUES ($15::bigint, $16::bigint, $17::text, $18::bytea, $19::bytea, $20::bigint))`
-	if len(msgs) == 1 {
-		args = append(args, msgs[0].columns()...)
-	} else {
-		rows = `unnest($15::bigint[], $16::bigint[], $17::text[], $18::bytea[], $19::bytea[], $20::bigint[])`
-		seqs, tss, subjects, hdrs, datas, cums := insertColumns(msgs)
-		args = append(args, seqs, tss, subjects, hdrs, datas, cums)
-	}
+	rows, args := replaceRows.bind(args, msgs)
 	// A put of a new key replaces nothing; its statement leaves the tombstones out.
 	deleted := ""
 	if len(tombs) > 0 {
-		tseqs, tsizes := make([]int64, len(tombs)), make([]int64, len(tombs))
-		for i, t := range tombs {
-			tseqs[i], tsizes[i] = int64(t.seq), int64(t.size)
-		}
+		tseqs, tsizes := tombColumns(tombs)
 		args = append(args, tseqs, tsizes)
 		deleted = `, d AS (INSERT INTO jetgres.deleted (stream_id, seq, size)
 			SELECT $1, t.s, t.z FROM u, unnest($21::bigint[], $22::bigint[]) AS t(s, z))`

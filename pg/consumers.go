@@ -49,6 +49,13 @@ func scanConsumer(r pgx.Row) (Consumer, error) {
 	return c, err
 }
 
+// scanConsumerKey reads a row of stream_id, name.
+func scanConsumerKey(r pgx.CollectableRow) (ConsumerKey, error) {
+	var k ConsumerKey
+	err := r.Scan(&k.StreamID, &k.Name)
+	return k, err
+}
+
 // CreateConsumer stores a new consumer with its starting cursor and, when owner is not
 // empty, its lease for ttl. It returns ErrExists when the name is taken and ErrNotFound when
 // the stream is gone.
@@ -230,11 +237,7 @@ func (db *DB) RenewConsumerLeases(ctx context.Context, owner string, ttl time.Du
 		if err != nil {
 			return err
 		}
-		out, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (ConsumerKey, error) {
-			var k ConsumerKey
-			err := r.Scan(&k.StreamID, &k.Name)
-			return k, err
-		})
+		out, err = pgx.CollectRows(rows, scanConsumerKey)
 		return err
 	})
 	if err != nil {

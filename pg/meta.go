@@ -31,6 +31,21 @@ func notifyMeta(ctx context.Context, q querier, streamID int64) error {
 // stored next to the others as PostgreSQL holds them (every stream but itself).
 type StreamCheck func(others []Stream) error
 
+// runStreamCheck runs check, when there is one, on the streams streamsForCheck reads.
+// check's refusal is returned and also kept in *refused, so that the caller can tell it from
+// the database's errors once the transaction has rolled back.
+func runStreamCheck(ctx context.Context, q querier, name string, check StreamCheck, refused *error) error {
+	if check == nil {
+		return nil
+	}
+	others, err := streamsForCheck(ctx, q, name)
+	if err != nil {
+		return err
+	}
+	*refused = check(others)
+	return *refused
+}
+
 // streamsForCheck takes the stream-admin lock and reads every stream but the one named.
 func streamsForCheck(ctx context.Context, q querier, name string) ([]Stream, error) {
 	if _, err := q.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, streamAdminLockKey); err != nil {
@@ -52,14 +67,8 @@ func streamsForCheck(ctx context.Context, q querier, name string) ([]Stream, err
 func (db *DB) UpdateStreamChecked(ctx context.Context, id int64, name string, config []byte, check StreamCheck) error {
 	var checkErr error
 	err := db.backgroundTx(ctx, func(ctx context.Context, q querier) error {
-		if check != nil {
-			others, err := streamsForCheck(ctx, q, name)
-			if err != nil {
-				return err
-			}
-			if checkErr = check(others); checkErr != nil {
-				return checkErr
-			}
+		if err := runStreamCheck(ctx, q, name, check, &checkErr); err != nil {
+			return err
 		}
 		tag, err := q.Exec(ctx, `UPDATE jetgres.streams SET config = $2, updated = now() WHERE id = $1`, id, config)
 		if err != nil {

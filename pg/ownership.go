@@ -252,11 +252,7 @@ func (o *Ownership) ClaimFree(ctx context.Context, streamIDs []int64) ([]Consume
 		if err != nil {
 			return err
 		}
-		out, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (ConsumerKey, error) {
-			var k ConsumerKey
-			err := r.Scan(&k.StreamID, &k.Name)
-			return k, err
-		})
+		out, err = pgx.CollectRows(rows, scanConsumerKey)
 		return err
 	})
 	for _, k := range out {

@@ -1,7 +1,6 @@
 package pg
 
 import (
-	"cmp"
 	"context"
 	"fmt"
 	"slices"
@@ -75,8 +74,8 @@ func (db *DB) MoveStaged(ctx context.Context, max int, plan MovePlan, ts int64) 
 			committed = true
 			return nil
 		}
-		if !slices.IsSortedFunc(batches, func(a, b AppendBatch) int { return cmp.Compare(a.StreamID, b.StreamID) }) {
-			slices.SortFunc(batches, func(a, b AppendBatch) int { return cmp.Compare(a.StreamID, b.StreamID) })
+		if !slices.IsSortedFunc(batches, byStreamID) {
+			slices.SortFunc(batches, byStreamID)
 		}
 		// appendTx commits, or rolls back the whole transaction, progress included.
 		committed = true
@@ -89,11 +88,9 @@ func (db *DB) MoveStaged(ctx context.Context, max int, plan MovePlan, ts int64) 
 	return taken, results, rtt, nil
 }
 
+// readStaged reads the staged rows after the results of BEGIN and the progress lock.
 func readStaged(br pgx.BatchResults) (staged []StagedMsg, lastXID string, lastCall int64, err error) {
-	if _, err := br.Exec(); err != nil {
-		return nil, "", 0, err
-	}
-	if _, err := br.Exec(); err != nil {
+	if err := skipResults(br, 2); err != nil {
 		return nil, "", 0, err
 	}
 	rows, err := br.Query()

@@ -72,14 +72,8 @@ func (db *DB) CreateStreamChecked(ctx context.Context, name string, config []byt
 	st := Stream{Name: name, Config: config}
 	var checkErr error
 	err := db.backgroundTx(ctx, func(ctx context.Context, q querier) error {
-		if check != nil {
-			others, err := streamsForCheck(ctx, q, name)
-			if err != nil {
-				return err
-			}
-			if checkErr = check(others); checkErr != nil {
-				return checkErr
-			}
+		if err := runStreamCheck(ctx, q, name, check, &checkErr); err != nil {
+			return err
 		}
 		if err := q.QueryRow(ctx, sqlCreateStream, name, config, int64(firstSeq)).Scan(&st.ID, &st.Created); err != nil {
 			return err

@@ -586,10 +586,12 @@ func (c *Conn) Publish(subject, reply string, hdr, data []byte) error {
 	return c.publish(subject, reply, "", hdr, data)
 }
 
-// PublishQueue is PublishReplyBytes for the members of queue group queue as
-// well: the server hands a message from a leafnode to a local queue group
-// only when the message names the group, and then to one of its members.
-// Plain subscribers receive it as they do any message.
+// PublishQueue is Publish with the reply subject in a byte slice, which the
+// caller may reuse once it returns (a sender that builds a reply subject for
+// every message saves turning each into a string), and for the members of
+// queue group queue as well: the server hands a message from a leafnode to a
+// local queue group only when the message names the group, and then to one of
+// its members. Plain subscribers receive it as they do any message.
 func (c *Conn) PublishQueue(subject string, reply []byte, queue string, hdr, data []byte) error {
 	if queue != "" && !validLiteral(queue) {
 		return fmt.Errorf("leaf: publish to queue %q: %w", queue, ErrBadSubject)
@@ -631,13 +633,6 @@ func (c *Conn) publish(subject, reply, queue string, hdr, data []byte) error {
 	c.outMsgs.Add(1)
 	c.outBytes.Add(uint64(size))
 	return nil
-}
-
-// PublishReplyBytes is Publish with the reply subject in a byte slice, which
-// the caller may reuse once it returns: a sender that builds a reply subject
-// for every message saves turning each into a string.
-func (c *Conn) PublishReplyBytes(subject string, reply, hdr, data []byte) error {
-	return c.Publish(subject, bytesToString(reply), hdr, data)
 }
 
 // appendMsg writes the leafnode message frame; with a queue group its

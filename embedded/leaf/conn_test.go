@@ -51,7 +51,7 @@ func TestAckReplyIsRewrittenForClients(t *testing.T) {
 
 	// The same with the reply in a buffer that is reused as soon as the call returns.
 	reply := []byte("$JS.ACK.a.b.1.2.2.1.0@orders.new")
-	if err := tb.link.PublishReplyBytes(inbox, reply, nil, []byte("order 2")); err != nil {
+	if err := tb.link.PublishQueue(inbox, reply, "", nil, []byte("order 2")); err != nil {
 		t.Fatalf("publish: %v", err)
 	}
 	copy(reply, "XXXXXXXXXXXXXXXXXXXXXXXXXXXXXXXX")

@@ -210,14 +210,23 @@ func TestPrivatePostgresRestartedWhenItDies(t *testing.T) {
 		if j.hasExited() {
 			t.Fatalf("jetgres exited after its PostgreSQL died:\n%s", j.logs.String())
 		}
+		// A backend of the killed postmaster can still answer until it notices its parent is
+		// gone, so only a counted restart with a new postmaster shows jetgres brought it back.
+		m, err := j.metrics()
+		if err != nil {
+			return err
+		}
+		if n := m["jetgres_private_postgres_restarts_total"]; n < 1 {
+			return fmt.Errorf("%v restarts of the private PostgreSQL", n)
+		}
 		if code, body := j.mustGet(t, "/readyz"); code != http.StatusOK {
 			return fmt.Errorf("/readyz %d %q", code, body)
 		}
-		_, err := js.Publish(ctx, "survive.b", []byte("after"))
+		_, err = js.Publish(ctx, "survive.b", []byte("after"))
 		return err
 	})
 	if now := postmasterPID(t, j.dataDir); now == pid {
-		t.Errorf("postmaster pid still %d after the kill", pid)
+		t.Errorf("postmaster pid still %d after the restart", pid)
 	}
 	stream, err := js.Stream(ctx, "SURVIVE")
 	if err != nil {

@@ -202,4 +202,7 @@ func checkNatsBench(t *testing.T, nb *NatsBench) {
 			}
 		}
 	}
+	if f, ok := nb.result("js pub async", 1, TargetNatsBenchFloor); !ok || !(f.MsgsPerSec > 0) {
+		t.Errorf("nats bench js pub async link floor: %+v (measured %v)", f, ok)
+	}
 }

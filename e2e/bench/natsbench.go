@@ -11,9 +11,13 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/jetgres/jetgres/embedded/leaf"
+	"github.com/jetgres/jetgres/internal/jswire"
 )
 
 // The community's own benchmark, natscli's `nats bench`, run against every NATS target as a
@@ -36,6 +40,20 @@ const natsBenchClients = 8
 const (
 	TargetJetgresCommitOn  = "jetgres-commit-on"
 	TargetJetgresCommitOff = "jetgres-commit-off"
+)
+
+// TargetNatsBenchFloor is the floor of `js pub async`: the same command against a responder
+// behind jetgres's leafnode link that answers every publish with a PubAck at once and stores
+// nothing. It is what jetgres's architecture (client → nats-server → link → bridge → back)
+// costs before PostgreSQL, measured on the jetgres node of commit on.
+const TargetNatsBenchFloor = "jetgres-link-floor"
+
+// The floor's stream exists only so that nats bench finds it; its subject is not the one the
+// floor's publishes go to, which the responder takes instead of the bridge.
+const (
+	natsBenchFloorStream  = "benchfloor"
+	natsBenchFloorStored  = "benchfloor.stored"
+	natsBenchFloorSubject = "benchfloor.acked"
 )
 
 // natsBenchTargets are the section's columns.
@@ -147,6 +165,11 @@ func (r *runner) runNatsBench(ctx context.Context) {
 			continue
 		}
 		r.natsBenchOn(ctx, bin, t, nb)
+		if name == TargetJetgresCommitOn && t.node != nil && ctx.Err() == nil {
+			if err := r.natsBenchFloor(ctx, bin, t, nb); err != nil {
+				r.fail(SectionNatsBench+" js pub async floor", t, err)
+			}
+		}
 		if err := stop(); err != nil {
 			r.fail(SectionNatsBench, t, err)
 		}
@@ -240,6 +263,62 @@ func (r *runner) natsBenchOn(ctx context.Context, bin string, t *target, nb *Nat
 			return
 		}
 	}
+}
+
+// natsBenchFloor runs `nats bench js pub async` against a responder on t's leafnode link,
+// which answers each publish on the read loop, as the bridge's intake runs, with a valid
+// PubAck of the next sequence: nats.go checks the stream name, nothing else.
+func (r *runner) natsBenchFloor(ctx context.Context, bin string, t *target, nb *NatsBench) (err error) {
+	r.prog.phase("nats bench     js pub async, link floor, on "+t.name, 0, 0)
+	c, err := dial(t.url, "jetgres-bench nats bench floor")
+	if err != nil {
+		return err
+	}
+	defer c.close()
+	if _, err := c.createStream(ctx, natsBenchFloorStream, natsBenchFloorStored); err != nil {
+		return err
+	}
+	defer func() {
+		dctx, cancel := context.WithTimeout(context.Background(), apiTimeout)
+		defer cancel()
+		if derr := c.js.DeleteStream(dctx, natsBenchFloorStream); derr != nil && err == nil {
+			err = fmt.Errorf("delete stream %s: %w", natsBenchFloorStream, derr)
+		}
+	}()
+	link := t.node.link
+	prefix := jswire.PubAckPrefix(natsBenchFloorStream)
+	var seq atomic.Uint64
+	sub, err := link.Subscribe(natsBenchFloorSubject, "", func(m *leaf.Msg) {
+		if m.Reply != "" {
+			_ = link.Publish(m.Reply, "", nil, jswire.PubAck(prefix, seq.Add(1), false))
+		}
+	})
+	if err != nil {
+		return fmt.Errorf("link floor: subscribe: %w", err)
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	fctx, cancel := context.WithTimeout(ctx, apiTimeout)
+	err = link.Flush(fctx)
+	cancel()
+	if err != nil {
+		return fmt.Errorf("link floor: flush: %w", err)
+	}
+	args := []string{"--server", t.url, "bench", "js", "pub", "async", natsBenchFloorSubject, "--stream", natsBenchFloorStream,
+		"--msgs", strconv.Itoa(nb.Msgs), "--size", strconv.Itoa(nb.Size), "--no-progress"}
+	rctx, cancel := context.WithTimeout(ctx, natsBenchTimeout(nb.Msgs))
+	out, err := exec.CommandContext(rctx, bin, args...).CombinedOutput()
+	cancel()
+	if err != nil {
+		return fmt.Errorf("%w: %s", err, lastLine(out))
+	}
+	res, err := parseNatsBench(string(out))
+	if err != nil {
+		return err
+	}
+	res.Bench, res.Clients, res.Target = "js pub async", 1, TargetNatsBenchFloor
+	res.P50us, res.P90us, res.P99us = 0, 0, 0
+	nb.Results = append(nb.Results, res)
+	return nil
 }
 
 // deleteNatsBenchState deletes nats bench's durable consumer, and with all its stream and
@@ -400,6 +479,30 @@ func (nb *NatsBench) rows() [][]string {
 			cells = append(cells, fmtRatio(jg.MsgsPerSec/js.MsgsPerSec))
 		}
 		rows = append(rows, cells)
+		if run.name == "js pub async" {
+			if row := nb.floorRow(js); row != nil {
+				rows = append(rows, row)
+			}
+		}
 	}
 	return rows
+}
+
+// floorRow is the link floor of `js pub async` under jetgres's columns, set against
+// JetStream's rate js like jetgres's own, or nil without a floor.
+func (nb *NatsBench) floorRow(js NatsBenchResult) []string {
+	f, ok := nb.result("js pub async", 1, TargetNatsBenchFloor)
+	if !ok {
+		return nil
+	}
+	ratio := "—"
+	if js.MsgsPerSec > 0 {
+		ratio = fmtRatio(f.MsgsPerSec / js.MsgsPerSec)
+	}
+	cells := []string{"js pub async, link floor (no storage)"}
+	for range natsBenchTargets {
+		cells = append(cells, "—")
+	}
+	cells[1], cells[2] = fmtRate(f.MsgsPerSec), fmtRate(f.MsgsPerSec)
+	return append(cells, ratio, ratio)
 }

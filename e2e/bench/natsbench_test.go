@@ -76,3 +76,26 @@ func TestNatsBenchGoals(t *testing.T) {
 		}
 	}
 }
+
+// The link floor shows under jetgres's columns, right after jetgres's own js pub async row,
+// with its ratio to JetStream's rate.
+func TestNatsBenchFloorRow(t *testing.T) {
+	nb := &NatsBench{Results: []NatsBenchResult{
+		{Bench: "js pub async", Clients: 1, Target: TargetJetStream, MsgsPerSec: 100_000},
+		{Bench: "js pub async", Clients: 1, Target: TargetJetgresCommitOn, MsgsPerSec: 50_000},
+		{Bench: "js pub async", Clients: 1, Target: TargetNatsBenchFloor, MsgsPerSec: 80_000},
+	}}
+	rows := nb.rows()
+	if len(rows) != 2 {
+		t.Fatalf("rows %q, want jetgres's js pub async and its floor", rows)
+	}
+	floor := rows[1]
+	if floor[0] != "js pub async, link floor (no storage)" || floor[1] != fmtRate(80_000) || floor[3] != "—" ||
+		floor[len(floor)-2] != fmtRatio(0.8) {
+		t.Errorf("floor row %q", floor)
+	}
+	nb.Results = nb.Results[:2]
+	if rows := nb.rows(); len(rows) != 1 {
+		t.Errorf("without a floor, rows %q", rows)
+	}
+}

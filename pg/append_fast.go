@@ -67,14 +67,22 @@ func (t *tailStates) remember(id int64, st *lockedState) {
 }
 
 // fastEligible reports whether a batch can take the fast path: nothing in it needs a
-// decision under the row lock, it fits in the current chunk, and its sequences stay within
-// MaxSeq.
+// decision under the row lock, it fits in the current chunk, its sequences stay within
+// MaxSeq, and it stays within max_msgs and max_bytes, so that no limit refuses or evicts.
+// The counts st remembers can only be above the row's while the guard holds: the row's last
+// sequence is st's, so nothing was appended since, and what retention removed only lowered
+// them. A stream made by nats bench has a max_bytes of 1 GB, and most streams never reach
+// theirs.
 func fastEligible(bt AppendBatch, st tailState) bool {
 	l := bt.Limits
-	if l.MaxMsgs > 0 || l.MaxBytes > 0 || l.MaxMsgsPer > 0 {
+	if l.MaxMsgsPer > 0 || !fastShape(bt, st) {
 		return false
 	}
-	return fastShape(bt, st)
+	if l.MaxMsgs <= 0 && l.MaxBytes <= 0 {
+		return true
+	}
+	n, nbytes := batchSize(bt)
+	return (l.MaxMsgs <= 0 || st.msgs+uint64(n) <= uint64(l.MaxMsgs)) && (l.MaxBytes <= 0 || st.bytes+nbytes <= uint64(l.MaxBytes))
 }
 
 // fastShape reports whether a batch's messages need no decision under the row lock, fit in

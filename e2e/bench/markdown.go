@@ -95,6 +95,11 @@ which on a shared machine matters more than any absolute number.
 		mdTable(w, insideHeader, rows)
 	}
 
+	if rows := rep.pushRows(); len(rows) > 0 {
+		fmt.Fprint(w, "Push delivery, with the CPU time each message cost (the bench process, where jetgres, the NATS servers and the clients run, and PostgreSQL) and jetgres's ratio to JetStream and to the CPU floor of the same run:\n\n")
+		mdTable(w, pushHeader, rows)
+	}
+
 	if len(rep.Goals) > 0 {
 		fmt.Fprint(w, "## Goals\n\n")
 		var gr [][]string

@@ -5,7 +5,7 @@ import (
 	"slices"
 )
 
-var pushHeader = []string{"push", "target", "msg/s", "CPU µs/msg, process", "CPU µs/msg, PostgreSQL", "vs JetStream", "vs CPU floor"}
+var pushHeader = []string{"push", "target", "msg/s", "CPU µs/msg, process", "CPU µs/msg, PostgreSQL", "cores busy", "vs JetStream", "vs CPU floor"}
 
 // pushRows lists every push measurement, modes and floors, with its CPU cost, and for
 // jetgres's modes the ratios to JetStream's same mode and to jetgres's CPU floor.
@@ -41,8 +41,10 @@ func (rep *Report) pushRows() [][]string {
 				vsJS = ratio(p.MsgsPerSec, find(TargetJetStream, mode))
 				vsFloor = ratio(p.MsgsPerSec, find(TargetJetgres, PushCPUFloor))
 			}
+			// The CPU floor's rate is the cores' rate by construction: its cores busy is them.
+			busy := fmt.Sprintf("%.2f", (p.CPUUsPerMsg+p.PGCPUUsPerMsg)*p.MsgsPerSec/1e6)
 			rows = append(rows, []string{mode, targetLabels[p.Target], fmtRate(p.MsgsPerSec),
-				us(p.CPUUsPerMsg), us(p.PGCPUUsPerMsg), vsJS, vsFloor})
+				us(p.CPUUsPerMsg), us(p.PGCPUUsPerMsg), busy, vsJS, vsFloor})
 		}
 	}
 	return rows

@@ -814,7 +814,13 @@ func (c *consumer) takePrefetch(ctx context.Context) bool {
 		c.retryAt = c.cs.b.clock.Now().Add(readRetry)
 		return false
 	}
-	c.ahead = append(c.ahead, pf.msgs...)
+	if len(c.ahead) == 0 {
+		// The read's own array, clipped, so that nothing appends into it: copying a batch
+		// into a fresh one cost a consumer behind the tail cache a copy of every message.
+		c.ahead = pf.msgs
+	} else {
+		c.ahead = append(c.ahead, pf.msgs...)
+	}
 	c.aheadUpTo = pf.through
 	return true
 }

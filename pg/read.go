@@ -53,6 +53,13 @@ func (db *DB) readRange(ctx context.Context, q querier, p ReadParams, filters []
 		if err != nil {
 			return nil, 0, err
 		}
+		if out == nil {
+			// The first window's array takes the result in place: each message is copied
+			// out of it before its slot can be written, at the same index or a lower one.
+			// Growing the result from nil instead allocated and copied it anew at every
+			// doubling: more than half of the bytes a read allocated.
+			out = msgs[:0]
+		}
 		for _, m := range msgs {
 			if p.BytesThrough {
 				out = append(out, m)

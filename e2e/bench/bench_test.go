@@ -38,15 +38,20 @@ func TestQuickRun(t *testing.T) {
 	checkTargets(t, "publish", all, collect(rep.Publish, func(p PubResult) (string, float64) { return p.Target, p.MsgsPerSec }))
 	checkTargets(t, "sync publish", all, collect(rep.Sync, func(s SyncResult) (string, float64) { return s.Target, s.MsgsPerSec }))
 	checkTargets(t, "fetch", []string{TargetJetgres, TargetJetStream}, collect(rep.Fetch, func(f FetchResult) (string, float64) { return f.Target, f.MsgsPerSec }))
-	for _, mode := range append([]string{PushFloor, PushReadFloor}, PushModes...) {
+	for _, mode := range append([]string{PushFloor, PushReadFloor, PushCPUFloor}, PushModes...) {
 		targets := []string{TargetJetgres, TargetJetStream}
-		if mode == PushFloor || mode == PushReadFloor {
+		if mode == PushFloor || mode == PushReadFloor || mode == PushCPUFloor {
 			targets = targets[:1]
 		}
 		var inMode []PushResult
 		for _, p := range rep.Push {
 			if p.Mode == mode {
 				inMode = append(inMode, p)
+			}
+			// Every run costs the process CPU; reading the stream back costs PostgreSQL's
+			// too, which the private cluster lets the bench read.
+			if p.Mode == mode && (p.CPUUsPerMsg <= 0 || mode == PushReadFloor && p.PGCPUUsPerMsg <= 0) {
+				t.Errorf("push %s on %s: CPU µs per message %g in the process, %g in PostgreSQL", mode, p.Target, p.CPUUsPerMsg, p.PGCPUUsPerMsg)
 			}
 		}
 		checkTargets(t, "push "+mode, targets, collect(inMode, func(p PushResult) (string, float64) { return p.Target, p.MsgsPerSec }))
@@ -111,7 +116,7 @@ func TestQuickRun(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"## Machine", "## Results", "## Goals", "## Overload", "## nats bench", "## Plots", "go run ./cmd/jetgres-bench --quick"} {
+	for _, want := range []string{"## Machine", "## Results", "## Goals", "## Overload", "## nats bench", "## Plots", "go run ./cmd/jetgres-bench --quick", "vs CPU floor"} {
 		if !strings.Contains(string(md), want) {
 			t.Errorf("BENCHMARKS.md has no %q", want)
 		}

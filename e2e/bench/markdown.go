@@ -95,6 +95,11 @@ which on a shared machine matters more than any absolute number.
 		mdTable(w, insideHeader, rows)
 	}
 
+	if rows := rep.pushRows(); len(rows) > 0 {
+		fmt.Fprint(w, "Push delivery, with the CPU time each message cost (the bench process, where jetgres, the NATS servers and the clients run, and PostgreSQL) and jetgres's ratio to JetStream and to the CPU floor of the same run:\n\n")
+		mdTable(w, pushHeader, rows)
+	}
+
 	if len(rep.Goals) > 0 {
 		fmt.Fprint(w, "## Goals\n\n")
 		var gr [][]string
@@ -180,7 +185,16 @@ which on a shared machine matters more than any absolute number.
   core subscription that the bridge's leafnode link feeds with the same messages and ack
   reply subjects, with no stream, consumer or PostgreSQL behind them. The read floor is the
   rate at which jetgres reads the same stream back from PostgreSQL, one read at a time in the
-  windows a push consumer behind the tail cache uses, with nothing delivered.
+  windows a push consumer behind the tail cache uses, with nothing delivered. Every push run
+  also records the CPU time it cost: the bench process's (getrusage; jetgres, both NATS servers
+  and the clients all run in it) and PostgreSQL's (its postmaster and every backend, from
+  /proc), divided by the messages; cores busy is that cost times the rate. The CPU floor is the
+  rate the machine's cores (runtime.NumCPU, or a cgroup quota if lower) allow for doing the
+  link floor's and the read floor's work for each message: cores ÷ (CPU per message of the
+  link floor + of the read floor). A push consumer whose backlog lies in PostgreSQL behind the
+  leafnode link does at least both for every message it reads there, so with the cores busy it
+  delivers no faster; a mode well below the CPU floor is waiting, not working, and one near it
+  moves only if the link or the read costs less CPU.
 - **three latencies** (see three-latencies.md), at each fixed offered rate: producer is
   publish → PubAck; subscriber is pull request → first message, measured by a probe that pulls
   small batches slower than the offered rate, so it always finds messages ready; end-to-end is

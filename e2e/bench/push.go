@@ -40,6 +40,14 @@ const PushFloor = "link floor"
 // tail cache delivers no faster than this while it reads.
 const PushReadFloor = "read floor"
 
+// PushCPUFloor is the rate the machine's cores allow for reading a backlog from PostgreSQL
+// and sending it over the leafnode link to a client: the cores divided by the CPU time per
+// message of the link floor and the read floor together, each measured in the same run as
+// everything its process and PostgreSQL spent on it. A push consumer whose backlog lies in
+// PostgreSQL does at least that work for every message, so when the cores are its limit it
+// cannot go faster; a mode well below it loses time elsewhere (waiting, not working).
+const PushCPUFloor = "CPU floor"
+
 // floorWindow bounds how many messages the floor's sender is ahead of the subscriber,
 // which a core subscription would otherwise drop as a slow consumer.
 const floorWindow = 8192
@@ -75,9 +83,11 @@ func (r *runner) runPush(ctx context.Context) {
 		defer r.cleanup(t, p.c.deleteStream, "BENCH_PUSH")
 		ps = append(ps, p)
 	}
+	meter := r.newCPUMeter(ctx)
 	for _, mode := range PushModes {
 		msgs := make(map[*pushTarget]int)
 		spent := make(map[*pushTarget]time.Duration)
+		cpu := make(map[*pushTarget]cpuSample)
 		failed := make(map[*pushTarget]error)
 		for turn := range pushTurns {
 			for _, p := range turnOrder(ps, turn) {
@@ -85,6 +95,7 @@ func (r *runner) runPush(ctx context.Context) {
 					continue
 				}
 				r.prog.phase(fmt.Sprintf("push, %-12s %s, turn %d of %d", mode, p.t.name, turn+1, pushTurns), int64(p.total), 0)
+				s0 := meter.sample()
 				n, d, err := r.pushDrain(ctx, p, mode)
 				if err != nil {
 					failed[p] = err
@@ -92,11 +103,13 @@ func (r *runner) runPush(ctx context.Context) {
 				}
 				msgs[p] += n
 				spent[p] += d
+				cpu[p] = cpu[p].add(meter.sample().since(s0))
 			}
 		}
 		if mode == PushAckNone {
-			r.runPushFloors(ctx, ps, msgs, PushFloor, r.pushFloor)
-			r.runPushFloors(ctx, ps, msgs, PushReadFloor, r.pushReadFloor)
+			r.runPushFloors(ctx, ps, msgs, meter, PushFloor, r.pushFloor)
+			r.runPushFloors(ctx, ps, msgs, meter, PushReadFloor, r.pushReadFloor)
+			r.addCPUFloor()
 		}
 		for _, p := range ps {
 			switch {
@@ -105,9 +118,40 @@ func (r *runner) runPush(ctx context.Context) {
 			case msgs[p] == 0:
 				r.fail(SectionPush+" "+mode, p.t, fmt.Errorf("no message received of %d stored", p.total))
 			default:
-				r.rep.Push = append(r.rep.Push, PushResult{Target: p.t.name, Mode: mode, Msgs: msgs[p],
-					Seconds: spent[p].Seconds(), MsgsPerSec: float64(msgs[p]) / spent[p].Seconds()})
+				r.rep.Push = append(r.rep.Push, pushResult(p, mode, msgs[p], spent[p], cpu[p]))
 			}
+		}
+	}
+}
+
+// pushResult is one target's measurement in one mode, with the CPU time it took per message.
+func pushResult(p *pushTarget, mode string, n int, spent time.Duration, cpu cpuSample) PushResult {
+	res := PushResult{Target: p.t.name, Mode: mode, Msgs: n, Seconds: spent.Seconds(), MsgsPerSec: float64(n) / spent.Seconds()}
+	res.CPUUsPerMsg = float64(cpu.proc.Microseconds()) / float64(n)
+	if cpu.pgOK {
+		res.PGCPUUsPerMsg = float64(cpu.pg.Microseconds()) / float64(n)
+	}
+	return res
+}
+
+// addCPUFloor adds the CPU floor of each target that has both floors in the report.
+func (r *runner) addCPUFloor() {
+	cores := cpuCores()
+	for _, link := range r.rep.Push {
+		if link.Mode != PushFloor {
+			continue
+		}
+		for _, read := range r.rep.Push {
+			if read.Mode != PushReadFloor || read.Target != link.Target {
+				continue
+			}
+			us := link.CPUUsPerMsg + link.PGCPUUsPerMsg + read.CPUUsPerMsg + read.PGCPUUsPerMsg
+			if us <= 0 {
+				continue
+			}
+			r.rep.Push = append(r.rep.Push, PushResult{Target: link.Target, Mode: PushCPUFloor,
+				MsgsPerSec: cores / us * 1e6, CPUUsPerMsg: link.CPUUsPerMsg + read.CPUUsPerMsg,
+				PGCPUUsPerMsg: link.PGCPUUsPerMsg + read.PGCPUUsPerMsg})
 		}
 	}
 }
@@ -204,7 +248,7 @@ func (r *runner) pushDrain(ctx context.Context, p *pushTarget, mode string) (int
 // runPushFloors measures a floor mode on the in-process jetgres, in turns with the ack none
 // drains, for as many messages as they drained there: measure is PushFloor's pushFloor or
 // PushReadFloor's pushReadFloor.
-func (r *runner) runPushFloors(ctx context.Context, ps []*pushTarget, drained map[*pushTarget]int, mode string,
+func (r *runner) runPushFloors(ctx context.Context, ps []*pushTarget, drained map[*pushTarget]int, meter *cpuMeter, mode string,
 	measure func(context.Context, *pushTarget) (int, time.Duration, error)) {
 	for _, p := range ps {
 		if p.t.node == nil || drained[p] == 0 || ctx.Err() != nil {
@@ -212,8 +256,10 @@ func (r *runner) runPushFloors(ctx context.Context, ps []*pushTarget, drained ma
 		}
 		var n int
 		var spent time.Duration
+		var cpu cpuSample
 		for turn := range pushTurns {
 			r.prog.phase(fmt.Sprintf("push, %-12s %s, turn %d of %d", mode, p.t.name, turn+1, pushTurns), int64(p.total), 0)
+			s0 := meter.sample()
 			got, d, err := measure(ctx, p)
 			if err != nil {
 				r.fail(SectionPush+" "+mode, p.t, err)
@@ -221,9 +267,9 @@ func (r *runner) runPushFloors(ctx context.Context, ps []*pushTarget, drained ma
 			}
 			n += got
 			spent += d
+			cpu = cpu.add(meter.sample().since(s0))
 		}
-		r.rep.Push = append(r.rep.Push, PushResult{Target: p.t.name, Mode: mode, Msgs: n,
-			Seconds: spent.Seconds(), MsgsPerSec: float64(n) / spent.Seconds()})
+		r.rep.Push = append(r.rep.Push, pushResult(p, mode, n, spent, cpu))
 	}
 }
 

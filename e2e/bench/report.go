@@ -129,6 +129,11 @@ type PushResult struct {
 	Msgs       int     `json:"msgs"`
 	Seconds    float64 `json:"seconds"`
 	MsgsPerSec float64 `json:"msgs_per_sec"`
+	// CPUUsPerMsg is the CPU time per message of the bench process (jetgres, both NATS
+	// servers and the clients live in it), and PGCPUUsPerMsg that of the PostgreSQL server,
+	// when the bench can read its processes.
+	CPUUsPerMsg   float64 `json:"cpu_us_per_msg,omitempty"`
+	PGCPUUsPerMsg float64 `json:"pg_cpu_us_per_msg,omitempty"`
 }
 
 // LatResult holds the three latencies of one target at one offered rate.

@@ -2,6 +2,7 @@ package leaf
 
 import (
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -793,12 +794,24 @@ func (c *Conn) Stats() Stats {
 }
 
 // validLiteral rejects what would break the framing: empty subjects and
-// whitespace or control characters.
+// whitespace or control characters. Every delivery checks its subject and its
+// reply, some hundred bytes, so it looks at eight bytes at a time: byte by byte
+// it was a hundredth of all the CPU the push bench spent.
 func validLiteral(s string) bool {
 	if s == "" {
 		return false
 	}
-	for i := 0; i < len(s); i++ {
+	const ones, highs = 0x0101010101010101, 0x8080808080808080
+	i := 0
+	for ; i+8 <= len(s); i += 8 {
+		w := binary.LittleEndian.Uint64(unsafe.Slice(unsafe.StringData(s[i:]), 8))
+		// A byte below 0x21 (n ≤ 0x80 makes the test exact), or one equal to 0x7f.
+		del := w ^ (0x7f * ones)
+		if ((w-0x21*ones)&^w|(del-ones)&^del)&highs != 0 {
+			return false
+		}
+	}
+	for ; i < len(s); i++ {
 		if s[i] <= ' ' || s[i] == 0x7f {
 			return false
 		}

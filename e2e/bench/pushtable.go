@@ -1,0 +1,51 @@
+package bench
+
+import (
+	"fmt"
+	"slices"
+)
+
+var pushHeader = []string{"push", "target", "msg/s", "CPU µs/msg, process", "CPU µs/msg, PostgreSQL", "cores busy", "vs JetStream", "vs CPU floor"}
+
+// pushRows lists every push measurement, modes and floors, with its CPU cost, and for
+// jetgres's modes the ratios to JetStream's same mode and to jetgres's CPU floor.
+func (rep *Report) pushRows() [][]string {
+	find := func(target, mode string) float64 {
+		for _, p := range rep.Push {
+			if p.Target == target && p.Mode == mode {
+				return p.MsgsPerSec
+			}
+		}
+		return 0
+	}
+	ratio := func(a, b float64) string {
+		if a <= 0 || b <= 0 {
+			return "—"
+		}
+		return fmtRatio(a / b)
+	}
+	us := func(v float64) string {
+		if v <= 0 {
+			return "—"
+		}
+		return fmt.Sprintf("%.2f", v)
+	}
+	var rows [][]string
+	for _, mode := range slices.Concat(PushModes, []string{PushFloor, PushReadFloor, PushCPUFloor}) {
+		for _, p := range rep.Push {
+			if p.Mode != mode {
+				continue
+			}
+			vsJS, vsFloor := "—", "—"
+			if p.Target == TargetJetgres && slices.Contains(PushModes, mode) {
+				vsJS = ratio(p.MsgsPerSec, find(TargetJetStream, mode))
+				vsFloor = ratio(p.MsgsPerSec, find(TargetJetgres, PushCPUFloor))
+			}
+			// The CPU floor's rate is the cores' rate by construction: its cores busy is them.
+			busy := fmt.Sprintf("%.2f", (p.CPUUsPerMsg+p.PGCPUUsPerMsg)*p.MsgsPerSec/1e6)
+			rows = append(rows, []string{mode, targetLabels[p.Target], fmtRate(p.MsgsPerSec),
+				us(p.CPUUsPerMsg), us(p.PGCPUUsPerMsg), busy, vsJS, vsFloor})
+		}
+	}
+	return rows
+}

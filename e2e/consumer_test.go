@@ -22,8 +22,13 @@ import (
 	"github.com/jetgres/jetgres/internal/testwait"
 )
 
-// cliTimeout bounds one nats CLI command.
-const cliTimeout = 30 * time.Second
+// cliTimeout bounds one nats CLI command; benchTimeout one `nats bench` run, whose tens of
+// thousands of messages take half a minute on a loaded machine under the race detector.
+// Both only guard against a hang: speed is the bench command's business.
+const (
+	cliTimeout   = 30 * time.Second
+	benchTimeout = 5 * time.Minute
+)
 
 // testDatabase starts a throwaway PostgreSQL cluster for one test and returns the URL of its
 // database, for jetgres's --database-url. The cluster runs without fsync: these tests kill
@@ -73,9 +78,15 @@ func failOnRace(t testing.TB, j *jetgres) {
 // it exits 0 within cliTimeout.
 func (j *jetgres) nats(t *testing.T, args ...string) string {
 	t.Helper()
+	return j.natsWithin(t, cliTimeout, args...)
+}
+
+// natsWithin is nats with its own bound.
+func (j *jetgres) natsWithin(t *testing.T, within time.Duration, args ...string) string {
+	t.Helper()
 	// Finding the CLI may mean installing it, which must not count against the command.
 	natsCLI(t)
-	ctx, cancel := context.WithTimeout(context.Background(), cliTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), within)
 	defer cancel()
 	start := time.Now()
 	out, err := j.natsCmd(t, ctx, args...).CombinedOutput()
@@ -258,7 +269,7 @@ func TestNatsBenchFetch(t *testing.T) {
 	j := startWithDatabase(t, testDatabase(t))
 	count := strconv.Itoa(msgs)
 	start := time.Now()
-	out := j.nats(t, "bench", "js", "pub", "async", "bench.x", "--create", "--msgs", count, "--size", "128", "--no-progress")
+	out := j.natsWithin(t, benchTimeout, "bench", "js", "pub", "async", "bench.x", "--create", "--msgs", count, "--size", "128", "--no-progress")
 	wantAll(t, "bench js pub", out, "msgs/sec")
 	t.Logf("bench js pub async: %d messages in %v: %s", msgs, time.Since(start).Round(time.Millisecond), benchSummary(out))
 	out = j.nats(t, "stream", "info", "benchstream", "--json")
@@ -282,12 +293,12 @@ func TestNatsBenchFetch(t *testing.T) {
 	for _, r := range runs {
 		start := time.Now()
 		args := append([]string{"bench", "js", "fetch", "--msgs", strconv.Itoa(r.msgs), "--batch", "500", "--no-progress"}, r.args...)
-		out := j.nats(t, args...)
+		out := j.natsWithin(t, benchTimeout, args...)
 		wantAll(t, "bench js fetch "+r.name, out, "msgs/sec")
 		t.Logf("bench js fetch %s: %d messages in %v: %s", r.name, r.msgs, time.Since(start).Round(time.Millisecond), benchSummary(out))
 
 		// Plain acks are fire-and-forget: the last ones may land after the CLI exits.
-		testwait.For(t, 10*time.Second, func() error {
+		testwait.For(t, time.Minute, func() error {
 			var ci server.ConsumerInfo
 			if err := json.Unmarshal([]byte(j.nats(t, "consumer", "info", "benchstream", "nats-bench", "--json")), &ci); err != nil {
 				return err

@@ -78,11 +78,12 @@ func TestReadyzStallsWithAHungCommit(t *testing.T) {
 	release := db.HoldRows(t, `SELECT 1 FROM jetgres.stream_state WHERE stream_id = $1 FOR UPDATE`, id)
 	defer release() // before serve stops, which waits for the held commit
 
+	// Taken before the publish is sent: its transaction may begin before PublishAsync returns.
+	locked := time.Now()
 	acked, err := js.PublishAsync("s.x", []byte("held"), jetstream.WithMsgID("held-1"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	locked := time.Now()
 	testwait.For(t, 10*time.Second, func() error {
 		code, body := readyz()
 		if code != http.StatusServiceUnavailable || !strings.Contains(body, "publish transaction") {

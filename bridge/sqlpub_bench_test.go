@@ -64,6 +64,9 @@ func durableSetup(b *testing.B) (*testBundle, string) {
 // PostgreSQL runs with fsync and synchronous_commit on (durableSetup). The floor is the
 // bare INSERT a call makes, into a table shaped as staging is (the transaction's id, a call
 // number from a sequence, the (xid, call) index): what no function body can go below.
+// floorcall is that INSERT inside a PL/pgSQL function that does nothing else: a call is a
+// statement of its own, which a row of one INSERT over generate_series is not, so this is
+// what no per-call body can go below.
 //
 //	go test -run '^$' -bench 'SQLPublish' -benchtime 3s ./bridge/
 func BenchmarkSQLPublish(b *testing.B) {
@@ -77,7 +80,11 @@ func BenchmarkSQLPublish(b *testing.B) {
 		b.Fatal(err)
 	}
 	if err := raw.Exec(ctx, `CREATE SEQUENCE floor_call CACHE 64;
-		CREATE TABLE floor_staged (LIKE jetgres.staged_0 INCLUDING ALL)`); err != nil {
+		CREATE TABLE floor_staged (LIKE jetgres.staged_0 INCLUDING ALL);
+		CREATE FUNCTION floor_call(subject text, data bytea) RETURNS void LANGUAGE plpgsql AS $$
+		BEGIN
+			INSERT INTO floor_staged (call, stream_id, subject, data) VALUES (nextval('floor_call'), 1, subject, data);
+		END $$`); err != nil {
 		b.Fatal(err)
 	}
 	const insert = `INSERT INTO app_events (subject, data) VALUES ($1, $2::text::bytea)`
@@ -86,6 +93,8 @@ func BenchmarkSQLPublish(b *testing.B) {
 	const publishMany = `SELECT jetgres.publish('s.x', g::text) FROM generate_series(1, $1) g`
 	const floor = `INSERT INTO floor_staged (call, stream_id, subject, data) VALUES (nextval('floor_call'), 1, $1, $2::text::bytea)`
 	const floorMany = `INSERT INTO floor_staged (call, stream_id, subject, data) SELECT nextval('floor_call'), 1, 's.x', g::text::bytea FROM generate_series(1, $1) g`
+	const floorCall = `SELECT floor_call($1, $2::text::bytea)`
+	const floorCallMany = `SELECT floor_call('s.x', g::text::bytea) FROM generate_series(1, $1) g`
 	for _, c := range []struct {
 		name, sql string
 		sessions  int
@@ -93,9 +102,11 @@ func BenchmarkSQLPublish(b *testing.B) {
 		{"insert/100x1", insert, 100},
 		{"publish/100x1", publish, 100},
 		{"floor/100x1", floor, 100},
+		{"floorcall/100x1", floorCall, 100},
 		{"insert/1x10000", insertMany, 1},
 		{"publish/1x10000", publishMany, 1},
 		{"floor/1x10000", floorMany, 1},
+		{"floorcall/1x10000", floorCallMany, 1},
 	} {
 		b.Run(c.name, func(b *testing.B) {
 			var next atomic.Int64
@@ -137,7 +148,9 @@ func BenchmarkSQLPublish(b *testing.B) {
 
 // BenchmarkSQLPublishLatency measures end-to-end latency from an application's COMMIT (the
 // moment it is sent) to a waiting pull consumer receiving the message, one message per
-// transaction at 1,000 messages a second. One op is one message.
+// transaction at 1,000 messages a second. One op is one message. Beside it, the floor:
+// the application's COMMIT followed by a second transaction that inserts a row and commits,
+// as a move must before a consumer may see the message: two WAL flushes in a row.
 //
 //	go test -run '^$' -bench 'SQLPublishLatency' -benchtime 5s ./bridge/
 func BenchmarkSQLPublishLatency(b *testing.B) {
@@ -202,11 +215,34 @@ func BenchmarkSQLPublishLatency(b *testing.B) {
 		b.Fatalf("only %d of %d messages arrived", len(lat), b.N)
 	}
 	b.StopTimer()
+	if err := raw.Exec(ctx, `CREATE TABLE floor_latency (n int)`); err != nil {
+		b.Fatal(err)
+	}
+	floors := make([]time.Duration, 0, 500)
+	for n := range cap(floors) {
+		var at time.Time
+		err := raw.Tx(ctx, func(ctx context.Context, q rawsql.Querier) error {
+			if err := q.Exec(ctx, `INSERT INTO floor_latency VALUES ($1)`, n); err != nil {
+				return err
+			}
+			at = time.Now()
+			return nil
+		})
+		if err == nil {
+			err = raw.Exec(ctx, `INSERT INTO floor_latency VALUES ($1)`, n)
+		}
+		if err != nil {
+			b.Fatal(err)
+		}
+		floors = append(floors, time.Since(at))
+	}
+	slices.Sort(floors)
 	slices.Sort(lat)
 	slices.Sort(commits)
 	q := func(d []time.Duration, p float64) float64 { return float64(d[int(p*float64(len(d)-1))]) / 1e6 }
 	b.ReportMetric(q(lat, 0.5), "p50-ms")
 	b.ReportMetric(q(lat, 0.99), "p99-ms")
 	b.ReportMetric(q(commits, 0.5), "commit-p50-ms")
+	b.ReportMetric(q(floors, 0.5), "floor-p50-ms")
 	b.ReportMetric(0, "ns/op")
 }

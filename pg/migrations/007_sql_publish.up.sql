@@ -38,10 +38,12 @@ $$;
 CREATE FUNCTION jetgres.valid_publish_subject(p_subject text)
 RETURNS boolean
 LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    -- One regular expression, a token being one character that is not a wildcard or two
+    -- and more of anything but dots and white space: splitting the subject into an array
+    -- to look for wildcard tokens cost a call as much as the rest of its checks.
     SELECT p_subject IS NOT NULL
        AND octet_length(p_subject) <= 2048
-       AND p_subject ~ '^[^.[:space:]]+(\.[^.[:space:]]+)*$'
-       AND NOT ('*' = ANY (string_to_array(p_subject, '.')) OR '>' = ANY (string_to_array(p_subject, '.')))
+       AND p_subject ~ '^(?:[^.[:space:]*>]|[^.[:space:]]{2,})(?:\.(?:[^.[:space:]*>]|[^.[:space:]]{2,}))*$'
 $$;
 
 -- A stream's subjects as JetStream defaults them: its name when it has none of its own and
@@ -190,18 +192,21 @@ CREATE TABLE jetgres.staged_1 (LIKE jetgres.staged_0 INCLUDING ALL);
 -- go and then waits for every transaction older than that moment to end (pg.StagedSettled)
 -- sees each commit that did not notify.
 -- A transaction that publishes many messages pays for the route lookup and the lock look
--- once: the call keeps them in transaction-local settings (set_config(…, true)), gone at
--- commit or rollback. jetgres.publish_route is '<target> <stream id> <max_msg_size>
+-- once: the call keeps the route in a transaction-local setting (set_config(…, true)),
+-- gone at commit or rollback, and its first call, the one that finds the setting empty,
+-- is the one that looks. jetgres.publish_route is '<target> <stream id> <max_msg_size>
 -- <pattern>' of the last route found; a later subject that the pattern matches takes that
--- stream (streams' subjects never overlap). jetgres.publish_looked is set once the call
--- looked at the awake lock. A session can set either itself; what that gets it past the
--- call, the move refuses, as it refuses a message whose stream changed since the call.
+-- stream (streams' subjects never overlap). One setting, not one for the route and one for
+-- the look: each set_config is a good part of what a one-message transaction's call costs.
+-- A session can set it itself; what that gets it past the call, the move refuses, as it
+-- refuses a message whose stream changed since the call.
 CREATE FUNCTION jetgres.publish(subject text, data bytea, headers jsonb DEFAULT NULL)
 RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     v_route   text := current_setting('jetgres.publish_route', true);
+    v_first   boolean := coalesce(v_route, '') = '';
     v_stream  bigint;
     v_max     bigint;
     v_target  smallint;
@@ -213,7 +218,7 @@ BEGIN
         RAISE EXCEPTION 'jetgres.publish: invalid subject %', coalesce(to_json(subject)::text, 'null')
             USING ERRCODE = 'JG001';
     END IF;
-    IF v_route <> '' AND subject ~ split_part(v_route, ' ', 4) THEN
+    IF NOT v_first AND subject ~ split_part(v_route, ' ', 4) THEN
         v_target := split_part(v_route, ' ', 1)::smallint;
         v_stream := split_part(v_route, ' ', 2)::bigint;
         v_max := nullif(split_part(v_route, ' ', 3), '')::bigint;
@@ -249,8 +254,7 @@ BEGIN
     -- Once per transaction, after its first insert gave it its id: a mover that was awake
     -- then waits for this transaction after letting go. The notification is delivered only
     -- if the transaction commits.
-    IF current_setting('jetgres.publish_looked', true) IS DISTINCT FROM 'y' THEN
-        PERFORM set_config('jetgres.publish_looked', 'y', true);
+    IF v_first THEN
         IF pg_try_advisory_lock_shared(7666661928317842179) THEN
             PERFORM pg_advisory_unlock_shared(7666661928317842179);
             PERFORM pg_notify('jetgres_staged', '');

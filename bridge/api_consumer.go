@@ -39,7 +39,12 @@ func (b *Bridge) handleConsumerAPI(ctx context.Context, tok []string, m *leaf.Ms
 		}
 		b.respond(m.Reply, r, &r.ApiResponse, server.NewJSConsumerCreateError, err)
 	case len(tok) == 3 && tok[0] == "INFO":
-		r, err := cs.apiInfo(ctx, tok[1], tok[2], m.Data)
+		r, err := cs.apiInfo(ctx, tok[1], tok[2], m.Data, func(served error) bool {
+			return b.forward(m, served, forwarded) == errForwarded
+		})
+		if err == errForwarded {
+			return
+		}
 		b.respond(m.Reply, r, &r.ApiResponse, server.NewJSStreamGeneralError, err)
 	case len(tok) == 3 && tok[0] == "DELETE":
 		r, err := cs.apiDelete(ctx, tok[1], tok[2], m.Data)
@@ -427,7 +432,9 @@ func utcOrNil(t time.Time) *time.Time {
 	return &u
 }
 
-func (cs *consumerSide) apiInfo(ctx context.Context, streamName, name string, data []byte) (*server.JSApiConsumerInfoResponse, error) {
+// apiInfo serves CONSUMER.INFO.<stream>.<consumer>. forward sends the request on to the
+// replica that serves the consumer, when there is one to reach, and reports whether it did.
+func (cs *consumerSide) apiInfo(ctx context.Context, streamName, name string, data []byte, forward func(served error) bool) (*server.JSApiConsumerInfoResponse, error) {
 	resp := &server.JSApiConsumerInfoResponse{ApiResponse: jswire.APIResponse(server.JSApiConsumerInfoResponseType)}
 	s, err := cs.b.requestedStream(ctx, streamName, data, nil)
 	if err != nil {
@@ -441,6 +448,12 @@ func (cs *consumerSide) apiInfo(ctx context.Context, streamName, name string, da
 	case errors.Is(err, pg.ErrNotFound):
 		return resp, server.NewJSConsumerNotFoundError()
 	case errors.Is(err, pg.ErrLeaseHeld):
+		// The replica that serves the consumer knows what it delivered and what waits for
+		// an ack; PostgreSQL holds only the ack floor, which is the answer when no replica
+		// can be asked.
+		if forward(cs.servedBy(ctx, s, name)) {
+			return resp, errForwarded
+		}
 		var row pg.Consumer
 		var hw uint64
 		if row, err = cs.b.db.GetConsumer(ctx, s.id, name); err == nil {

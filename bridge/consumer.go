@@ -62,10 +62,11 @@ const (
 type event struct {
 	kind       evKind
 	ack        jswire.AckKind // what an evAck asks for
-	sseq, dseq uint64         // the delivery an evAck refers to; an evPurged's new first sequence
+	sseq, dseq uint64         // the delivery an evAck refers to
 	reply      string
 	data       []byte
 	cfg        *server.ConsumerConfig
+	purge      *purgeMove // how an evPurged moves the consumer, nil when it does not
 }
 
 type stopReason uint8
@@ -334,7 +335,7 @@ func (c *consumer) handle(ctx context.Context, ev *event, now time.Time) {
 		c.handleAck(ctx, ev, now)
 	case evPurged:
 		c.dropAhead()
-		if ev.sseq > 0 && c.st.Purged(ev.sseq) {
+		if p := ev.purge; p != nil && c.st.Purged(p.start, p.last, p.wider, p.isGone, now) {
 			c.floorMoved()
 		}
 	case evFlowControl:

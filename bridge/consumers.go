@@ -255,14 +255,14 @@ func (b *Bridge) streamPurged(s *stream) {
 	}
 }
 
-// streamPurgedBy tells the consumers about a purge request: a purge of every subject moves
-// each consumer up to the stream's new first sequence, as nats-server does. A purge of some
-// subjects leaves them where they are.
+// streamPurgedBy tells the consumers about a purge request and moves those that
+// nats-server moves: all of them for a purge of every subject; for a purge of a subject,
+// one whose filters equal it or lie inside it, up to the first message left on that
+// subject, and one whose filters reach beyond it but cover it (wider), up to the stream's
+// first sequence, dropping its pending deliveries of purged messages. Consumers whose
+// filters only partly overlap the subject stay where they are, as there.
 func (b *Bridge) streamPurgedBy(ctx context.Context, s *stream, subject string) {
 	b.streamPurged(s)
-	if subject != "" && subject != ">" {
-		return
-	}
 	sc := b.consumersOf(s)
 	if sc == nil {
 		return
@@ -276,9 +276,86 @@ func (b *Bridge) streamPurgedBy(ctx context.Context, s *stream, subject string) 
 	if st.Msgs == 0 {
 		first = st.LastSeq + 1
 	}
-	for _, c := range sc.list() {
-		c.post(event{kind: evPurged, sseq: first})
+	left := first
+	if subject != "" {
+		// 0 when nothing is left on the subject: Purged then moves past the last sequence.
+		left = 0
+		m, err := b.db.NextBySubject(ctx, s.id, subject, first)
+		switch {
+		case err == nil:
+			left = m.Seq
+		case !errors.Is(err, pg.ErrNotFound):
+			b.log.Warn("first message left after a purge", "stream", s.name, "err", err)
+			return
+		}
+		if st.Msgs == 0 {
+			left = first
+		}
 	}
+	for _, c := range sc.list() {
+		move := &purgeMove{start: left, last: st.LastSeq}
+		if subject != "" {
+			f := c.filters()
+			inside := equalOrInside(f, subject)
+			if !inside && !covers(f, subject) {
+				continue
+			}
+			if !inside || !allInside(f, subject) {
+				move.start, move.wider = first, true
+				if move.gone, err = b.goneOf(ctx, s, c); err != nil {
+					b.log.Warn("pending messages after a purge", "stream", s.name, "consumer", c.name, "err", err)
+					continue
+				}
+			}
+		}
+		c.post(event{kind: evPurged, purge: move})
+	}
+}
+
+// purgeMove is how a purge moves one consumer: the arguments of consumerstate's Purged.
+type purgeMove struct {
+	start, last uint64
+	wider       bool
+	gone        map[uint64]bool // the consumer's pending deliveries that the purge removed
+}
+
+func (p *purgeMove) isGone(seq uint64) bool { return p.gone[seq] }
+
+// goneOf finds which of a consumer's pending deliveries no longer exist. Deliveries made
+// after the purge are of messages it left, so a snapshot taken now is enough.
+func (b *Bridge) goneOf(ctx context.Context, s *stream, c *consumer) (map[uint64]bool, error) {
+	c.mu.Lock()
+	pending := c.st.PendingSeqs()
+	c.mu.Unlock()
+	if len(pending) == 0 {
+		return nil, nil
+	}
+	gone, err := b.db.GoneSeqs(ctx, s.id, pending)
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[uint64]bool, len(gone))
+	for _, seq := range gone {
+		out[seq] = true
+	}
+	return out, nil
+}
+
+// equalOrInside reports whether one of a consumer's filters equals subject or lies inside
+// it; no filters lie inside no subject.
+func equalOrInside(filters []string, subject string) bool {
+	return slices.ContainsFunc(filters, func(f string) bool { return f == subject || server.SubjectMatchesFilter(f, subject) })
+}
+
+// covers reports whether subject lies inside one of a consumer's filters; a consumer
+// without filters covers every subject.
+func covers(filters []string, subject string) bool {
+	return len(filters) == 0 || slices.ContainsFunc(filters, func(f string) bool { return f == subject || server.SubjectMatchesFilter(subject, f) })
+}
+
+// allInside reports whether every one of a consumer's filters lies inside subject.
+func allInside(filters []string, subject string) bool {
+	return len(filters) > 0 && !slices.ContainsFunc(filters, func(f string) bool { return !server.SubjectMatchesFilter(f, subject) })
 }
 
 // rowsRemoved tells the consumers that retention removed rows outside the tail cache, up to

@@ -39,15 +39,17 @@
 //     Both are answered by the one serving replica, never by two; the client gets more than
 //     it asked, and what it does not acknowledge comes again after ack_wait.
 //
-// A consumer update or pause that reaches a replica not serving the consumer is forwarded
-// to the one that does, on that replica's subject under ForwardPrefix with the client's
-// reply subject, and answered from there, as JetStream sends such requests to the
-// consumer's leader. The other way, writing the change to PostgreSQL and letting the server
+// A consumer update, pause or info request that reaches a replica not serving the consumer
+// is forwarded to the one that does, on that replica's subject under ForwardPrefix with the
+// client's reply subject, and answered from there, as JetStream sends such requests to the
+// consumer's leader. Info is forwarded because only that replica knows what it delivered
+// and what waits for an ack; when no replica can be asked, info reports what PostgreSQL
+// holds, the ack floor. The other way, writing the change to PostgreSQL and letting the server
 // apply it on the notification, would check the change against a stored configuration
 // rather than the one in force, let two replicas write one consumer's configuration, and
 // answer with what PostgreSQL holds rather than the consumer's state; forwarding keeps one
 // writer per consumer and today's checks unchanged, at the cost of a hop on a rare request.
-// A request is forwarded once: one that finds the lock moved again is refused.
+// A request is forwarded once: an update or pause that finds the lock moved again is refused.
 //
 // Takeover spreads: a replica takes at most its fair share of the free consumers per look
 // (pg.Ownership.ClaimFree), the live replicas counted by their ownership sessions' shared

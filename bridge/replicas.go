@@ -77,7 +77,7 @@ func newOwnership(reg prometheus.Registerer, cs *consumerSide) *ownership {
 		fencings: prometheus.NewCounter(prometheus.CounterOpts{Name: "jetgres_consumer_fencings_total",
 			Help: "Times this replica could not confirm its ownership session and stopped serving every consumer."}),
 		forwards: prometheus.NewCounter(prometheus.CounterOpts{Name: "jetgres_consumer_requests_forwarded_total",
-			Help: "Consumer updates and pauses this replica forwarded to the replica that serves the consumer."}),
+			Help: "Consumer updates, pauses and info requests this replica forwarded to the replica that serves the consumer."}),
 	}
 	o.served = prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "jetgres_consumers_served",
 		Help: "Consumers this replica serves."}, func() float64 { return float64(o.count()) })

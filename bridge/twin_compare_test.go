@@ -2,6 +2,7 @@ package bridge
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -117,10 +118,17 @@ func (tw *twin) diffConsumer(stream, name string) ([]string, error) {
 	var ci [2]*jetstream.ConsumerInfo
 	for side, js := range tw.js {
 		c, err := js.Consumer(tw.ctx, stream, name)
+		if errors.Is(err, jetstream.ErrNotPullConsumer) {
+			var p jetstream.PushConsumer
+			if p, err = js.PushConsumer(tw.ctx, stream, name); err == nil {
+				ci[side] = p.CachedInfo()
+			}
+		} else if err == nil {
+			ci[side] = c.CachedInfo()
+		}
 		if err != nil {
 			return nil, fmt.Errorf("%s: consumer info %s > %s: %w", sideName[side], stream, name, err)
 		}
-		ci[side] = c.CachedInfo()
 	}
 	a, b := ci[ours], ci[theirs]
 	var d []string

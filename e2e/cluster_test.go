@@ -851,6 +851,68 @@ func BenchmarkReplicas(b *testing.B) {
 	}
 }
 
+// Consumer info through a replica that does not serve the consumer reports the serving
+// replica's live state, what it delivered and what waits for an ack, not the ack floor
+// PostgreSQL holds.
+func TestConsumerInfoThroughAnyReplica(t *testing.T) {
+	t.Parallel()
+	const stream = "INFOS"
+	reps := startCluster(t, testDatabase(t), 3)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	jss := make([]jetstream.JetStream, len(reps))
+	for i, r := range reps {
+		_, jss[i] = r.connect(t)
+	}
+	if _, err := jss[0].CreateStream(ctx, jetstream.StreamConfig{Name: stream, Subjects: []string{"infos.>"}}); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 10 {
+		if _, err := jss[i%len(reps)].Publish(ctx, "infos.a", nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cons, err := jss[0].CreateOrUpdateConsumer(ctx, stream, jetstream.ConsumerConfig{Durable: "live", AckPolicy: jetstream.AckExplicitPolicy, AckWait: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	batch, err := cons.Fetch(4, jetstream.FetchMaxWait(10*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []jetstream.Msg
+	for m := range batch.Messages() {
+		got = append(got, m)
+	}
+	if len(got) != 4 {
+		t.Fatalf("fetched %d messages, want 4", len(got))
+	}
+	// Acknowledging the second leaves the first, and so the ack floor, where they were.
+	if err := got[1].DoubleAck(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// Every replica answers with the serving one's state, every time: asked several times,
+	// as the API queue group may pick another replica's member.
+	var leader string
+	for i := range reps {
+		for range 5 {
+			c, err := jss[i].Consumer(ctx, stream, "live")
+			if err != nil {
+				t.Fatalf("consumer info through replica %d: %v", i+1, err)
+			}
+			info := c.CachedInfo()
+			if info.Cluster != nil && leader == "" {
+				leader = info.Cluster.Leader
+			}
+			if info.Delivered.Stream != 4 || info.Delivered.Consumer != 4 || info.NumAckPending != 3 ||
+				info.AckFloor.Stream != 0 || info.Cluster == nil || info.Cluster.Leader != leader {
+				t.Fatalf("info through replica %d: delivered %+v, ack floor %+v, %d ack pending, cluster %+v; want delivered 4/4, floor 0/0, 3 ack pending, leader %q",
+					i+1, info.Delivered, info.AckFloor, info.NumAckPending, info.Cluster, leader)
+			}
+		}
+	}
+}
+
 // cutProxy forwards TCP connections to PostgreSQL's Unix socket until it is cut: then it
 // forwards nothing more, in either direction, and keeps every connection open, as a network
 // partition does. sever closes them, as PostgreSQL does once its keepalives give up; heal

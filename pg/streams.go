@@ -376,3 +376,31 @@ func (db *DB) DeleteMessage(ctx context.Context, id int64, seq uint64) error {
 	}
 	return err
 }
+
+// GoneSeqs returns those of seqs that hold no live message: below the stream's first
+// sequence, past its last, or tombstoned.
+func (db *DB) GoneSeqs(ctx context.Context, id int64, seqs []uint64) ([]uint64, error) {
+	arg := make([]int64, len(seqs))
+	for i, s := range seqs {
+		arg[i] = int64(s)
+	}
+	var out []uint64
+	err := db.background(ctx, func(ctx context.Context, q querier) error {
+		rows, err := q.Query(ctx, `SELECT s.seq FROM unnest($2::bigint[]) AS s(seq), jetgres.stream_state st
+			WHERE st.stream_id = $1 AND (s.seq < st.first_seq OR s.seq > st.last_seq
+				OR EXISTS (SELECT 1 FROM jetgres.deleted d WHERE d.stream_id = $1 AND d.seq = s.seq))
+			ORDER BY s.seq`, id, arg)
+		if err != nil {
+			return err
+		}
+		gone, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+		for _, s := range gone {
+			out = append(out, uint64(s))
+		}
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("pg: gone sequences: %w", err)
+	}
+	return out, nil
+}

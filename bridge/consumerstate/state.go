@@ -344,21 +344,28 @@ func (s *State) nextDeadline() (deadline, bool) {
 	}
 }
 
-// Purged moves the consumer up to first, the stream's first sequence after a purge of
-// everything below it, as nats-server does: what was delivered below first counts as
-// acknowledged, and the floor and Next follow. It reports whether the ack floor moved.
-func (s *State) Purged(first uint64) bool {
-	s.sseq = max(s.sseq, first)
-	if first == 0 || s.floor.Stream >= first {
+// Purged applies a purge as nats-server's consumer does. start is the first sequence the
+// purge leaves for this consumer: below it every delivery is settled and nothing is
+// delivered; 0 with wider false means nothing is left, so the consumer moves past last, the
+// stream's last sequence. wider is for a consumer whose filters reach beyond the purged
+// subject: its pending deliveries above start stay unless gone reports them removed. It
+// reports whether the ack floor moved.
+func (s *State) Purged(start, last uint64, wider bool, gone func(seq uint64) bool, now time.Time) bool {
+	if start == 0 && !wider {
+		start = last + 1
+	}
+	s.sseq = max(s.sseq, start)
+	if start == 0 || s.floor.Stream >= start {
 		return false
 	}
-	s.floor.Stream = first - 1
+	s.floor.Stream = start - 1
 	for seq, p := range s.pending {
-		if seq <= s.floor.Stream {
+		if seq <= s.floor.Stream || wider && gone(seq) {
 			s.floor.Consumer = max(s.floor.Consumer, p.dseq)
 			delete(s.pending, seq)
 			delete(s.rdc, seq)
 			s.unqueue(seq)
+			s.lastAck = now
 		}
 	}
 	if len(s.pending) == 0 {

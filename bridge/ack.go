@@ -94,7 +94,10 @@ func (c *consumer) handleAck(ctx context.Context, ev *event, now time.Time) {
 
 // ack acknowledges a delivery. With a reply (a double ack) the answer waits until the ack
 // floor that covers it is written to PostgreSQL: that is the durable ack. An ack above a
-// floor that did not move is kept in memory only and answered at once.
+// floor that did not move is kept in memory only and answered at once; one that moved the
+// floor without reaching it (a filtered consumer's floor passes over other subjects' messages
+// below a delivery still pending) waits for that floor only, which is all that will be
+// written until the pending delivery is acked.
 func (c *consumer) ack(sseq, dseq uint64, reply string, now time.Time) {
 	if !c.st.Ack(sseq, dseq, now) {
 		c.replyAck(reply)
@@ -105,7 +108,7 @@ func (c *consumer) ack(sseq, dseq uint64, reply string, now time.Time) {
 	// arrive by the hundred per wake.
 	c.ackedFloor = true
 	if reply != "" {
-		c.cw.await(c, sseq, reply)
+		c.cw.await(c, min(sseq, c.st.AckFloor().Stream), reply)
 	}
 }
 

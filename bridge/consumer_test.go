@@ -298,3 +298,36 @@ func TestRecreatedConsumerKeepsItsOwnCursor(t *testing.T) {
 		t.Fatalf("the new consumer's first delivery: %+v, %v; want sequence 1", md, err)
 	}
 }
+
+// TestDoubleAckAboveAPendingDelivery double-acks a filtered consumer's second delivery while
+// its first is still pending: the ack moves the floor over the other subject's messages
+// below the first delivery, but not to the acked one, and must be answered all the same.
+func TestDoubleAckAboveAPendingDelivery(t *testing.T) {
+	t.Parallel()
+	tb := setup(t, setupOpts{})
+	ctx := testContext(t)
+	s := newStream(t, ctx, tb, "GAPACK", "gap.>")
+	for _, subj := range []string{"gap.other", "gap.other", "gap.mine", "gap.other", "gap.mine"} {
+		if _, err := tb.js.Publish(ctx, subj, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c, err := s.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{Durable: "C",
+		AckPolicy: jetstream.AckExplicitPolicy, FilterSubject: "gap.mine"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	msgs := fetchExactly(t, c, 2)
+	dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := msgs[1].DoubleAck(dctx); err != nil {
+		t.Fatalf("double ack above a pending delivery: %v", err)
+	}
+	if err := msgs[0].DoubleAck(dctx); err != nil {
+		t.Fatalf("double ack of the pending delivery: %v", err)
+	}
+	row, err := tb.db.GetConsumer(ctx, mustStreamID(t, tb, "GAPACK"), "C")
+	if err != nil || row.AckStreamSeq != 5 {
+		t.Fatalf("stored cursor after both double acks: %+v, %v", row, err)
+	}
+}

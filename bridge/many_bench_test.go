@@ -1,0 +1,112 @@
+package bridge
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/jetgres/jetgres/flow"
+	"github.com/jetgres/jetgres/pg"
+	"github.com/jetgres/jetgres/pg/pgtest"
+)
+
+// BenchmarkPublishManyStreams runs the overload sweep's load in process: closed-loop
+// synchronous publishers over 256 streams, publisher i on the streams i, i+n, i+2n, … in
+// turn, so that publishes to one stream never wait for each other and every wait is the
+// push path's. Beside it, in the same run and at the same counts, the naive INSERT. It
+// reports where a publish's time went: the push lane's limit and its permit wait per
+// publish, the streams per transaction and transactions per publish, and a transaction's
+// mean round trip. The test cluster runs with fsync off; point JETGRES_TEST_DATABASE_URL at
+// a durable server to include the WAL flush, which is where this load spends its time.
+func BenchmarkPublishManyStreams(b *testing.B) {
+	for _, n := range []int{6, 32} {
+		b.Run(fmt.Sprintf("publishers=%d", n), func(b *testing.B) {
+			var lane *flow.Lane
+			tb := setup(b, setupOpts{config: func(c *Config) { lane = c.Push }})
+			ctx := context.Background()
+			const streams = 256
+			for i := range streams {
+				if _, err := tb.js.CreateStream(ctx, jetstream.StreamConfig{Name: fmt.Sprintf("M%d", i), Subjects: []string{fmt.Sprintf("m%d.>", i)}}); err != nil {
+					b.Fatal(err)
+				}
+			}
+			naive, err := pgtest.OpenNaive(ctx, tb.dbURL, int(pg.MaxConnsDefault))
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.Cleanup(naive.Close)
+			if err := naive.Reset(ctx); err != nil {
+				b.Fatal(err)
+			}
+			data := make([]byte, 128)
+			run := func(op func(i, k int) error) float64 {
+				var next atomic.Int64
+				var wg sync.WaitGroup
+				start := time.Now()
+				for i := range n {
+					wg.Go(func() {
+						for k := 0; next.Add(1) <= int64(b.N); k++ {
+							if err := op(i, k); err != nil {
+								b.Error(err)
+								return
+							}
+						}
+					})
+				}
+				wg.Wait()
+				return float64(b.N) / time.Since(start).Seconds()
+			}
+			s0, h0 := lane.Stats(), histograms(b, tb)
+			jg := run(func(i, k int) error {
+				_, err := tb.js.Publish(ctx, fmt.Sprintf("m%d.x", (i+n*k)%streams), data)
+				return err
+			})
+			s1, h1 := lane.Stats(), histograms(b, tb)
+			nv := run(func(int, int) error { return naive.Insert(ctx, "m.x", data) })
+			txs := h1["jetgres_fusion_commit_seconds"].count - h0["jetgres_fusion_commit_seconds"].count
+			b.ReportMetric(jg, "publish/s")
+			b.ReportMetric(nv, "naive/s")
+			b.ReportMetric(jg/nv, "x_naive")
+			b.ReportMetric(float64(s1.Limit), "push_limit")
+			b.ReportMetric(float64((s1.WaitTotal-s0.WaitTotal).Microseconds())/float64(b.N), "permit_wait_us/op")
+			b.ReportMetric(txs/float64(b.N), "tx/op")
+			b.ReportMetric(h1.mean(h0, "jetgres_fusion_streams_per_transaction"), "streams/tx")
+			b.ReportMetric(h1.mean(h0, "jetgres_fusion_commit_seconds")*1e3, "commit_ms")
+		})
+	}
+}
+
+type histogram struct{ sum, count float64 }
+
+type histogramSet map[string]histogram
+
+// mean is the mean of the observations of histogram name made since before.
+func (h histogramSet) mean(before histogramSet, name string) float64 {
+	n := h[name].count - before[name].count
+	if n == 0 {
+		return 0
+	}
+	return (h[name].sum - before[name].sum) / n
+}
+
+// histograms reads the sums and counts of the bridge's histograms.
+func histograms(b *testing.B, tb *testBundle) histogramSet {
+	mfs, err := tb.reg.Gather()
+	if err != nil {
+		b.Fatal(err)
+	}
+	out := histogramSet{}
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			if h := m.GetHistogram(); h != nil {
+				out[mf.GetName()] = histogram{h.GetSampleSum(), float64(h.GetSampleCount())}
+			}
+		}
+	}
+	return out
+}

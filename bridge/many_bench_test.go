@@ -3,10 +3,7 @@ package bridge
 import (
 	"context"
 	"fmt"
-	"sync"
-	"sync/atomic"
 	"testing"
-	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -44,23 +41,7 @@ func BenchmarkPublishManyStreams(b *testing.B) {
 				b.Fatal(err)
 			}
 			data := make([]byte, 128)
-			run := func(op func(i, k int) error) float64 {
-				var next atomic.Int64
-				var wg sync.WaitGroup
-				start := time.Now()
-				for i := range n {
-					wg.Go(func() {
-						for k := 0; next.Add(1) <= int64(b.N); k++ {
-							if err := op(i, k); err != nil {
-								b.Error(err)
-								return
-							}
-						}
-					})
-				}
-				wg.Wait()
-				return float64(b.N) / time.Since(start).Seconds()
-			}
+			run := func(op func(i, k int) error) float64 { return pgtest.ClosedLoop(b, n, b.N, op) }
 			s0, h0 := lane.Stats(), histograms(b, tb)
 			jg := run(func(i, k int) error {
 				_, err := tb.js.Publish(ctx, fmt.Sprintf("m%d.x", (i+n*k)%streams), data)

@@ -3,7 +3,6 @@ package pg_test
 import (
 	"context"
 	"fmt"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -62,23 +61,7 @@ func BenchmarkAppendManyStreams(b *testing.B) {
 				b.Fatal(err)
 			}
 			data := make([]byte, 128)
-			run := func(op func(i, k int) error) float64 {
-				var next atomic.Int64
-				var wg sync.WaitGroup
-				start := time.Now()
-				for i := range n {
-					wg.Go(func() {
-						for k := 0; next.Add(1) <= int64(b.N); k++ {
-							if err := op(i, k); err != nil {
-								b.Error(err)
-								return
-							}
-						}
-					})
-				}
-				wg.Wait()
-				return float64(b.N) / time.Since(start).Seconds()
-			}
+			run := func(op func(i, k int) error) float64 { return pgtest.ClosedLoop(b, n, b.N, op) }
 			jg := run(func(i, k int) error {
 				_, _, err := db.Append(ctx, []pg.AppendBatch{{StreamID: ids[(i+n*k)%len(ids)], Msgs: []pg.AppendMsg{{Subject: "m.x", Data: data}}}}, time.Now().UnixNano())
 				return err

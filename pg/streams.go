@@ -393,10 +393,7 @@ func (db *DB) GoneSeqs(ctx context.Context, id int64, seqs []uint64) ([]uint64, 
 		if err != nil {
 			return err
 		}
-		gone, err := pgx.CollectRows(rows, pgx.RowTo[int64])
-		for _, s := range gone {
-			out = append(out, uint64(s))
-		}
+		out, err = collectSeqs(rows)
 		return err
 	})
 	if err != nil {

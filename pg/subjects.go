@@ -74,14 +74,20 @@ func (db *DB) DeletedSeqs(ctx context.Context, streamID int64) ([]uint64, error)
 		if err != nil {
 			return err
 		}
-		seqs, err := pgx.CollectRows(rows, pgx.RowTo[int64])
-		for _, s := range seqs {
-			out = append(out, uint64(s))
-		}
+		out, err = collectSeqs(rows)
 		return err
 	})
 	if err != nil {
 		return nil, fmt.Errorf("pg: deleted sequences: %w", err)
 	}
 	return out, nil
+}
+
+// collectSeqs reads rows of one bigint column of sequences, as uint64s.
+func collectSeqs(rows pgx.Rows) ([]uint64, error) {
+	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (uint64, error) {
+		var s int64
+		err := row.Scan(&s)
+		return uint64(s), err
+	})
 }

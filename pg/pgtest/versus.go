@@ -3,6 +3,8 @@ package pgtest
 import (
 	"context"
 	"slices"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -38,4 +40,27 @@ func VersusInsert(b *testing.B, what string, rounds int, op func(ctx context.Con
 	b.ReportMetric(float64(op50.Microseconds()), what+"-µs")
 	b.ReportMetric(float64(insert50.Microseconds()), "insert-µs")
 	b.ReportMetric(float64(op50)/float64(insert50), what+"/insert")
+}
+
+// ClosedLoop runs op total times from workers goroutines, each calling it again as soon as
+// its last call returned (a closed-loop load, as synchronous publishers make), and returns
+// the calls per second. op gets its worker's number and how many calls that worker made
+// before; the first error ends its worker and fails tb.
+func ClosedLoop(tb testing.TB, workers, total int, op func(worker, k int) error) float64 {
+	tb.Helper()
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	start := time.Now()
+	for i := range workers {
+		wg.Go(func() {
+			for k := 0; next.Add(1) <= int64(total); k++ {
+				if err := op(i, k); err != nil {
+					tb.Error(err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	return float64(total) / time.Since(start).Seconds()
 }

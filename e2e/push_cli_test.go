@@ -143,7 +143,10 @@ func TestPushNatsCLIObjectStore(t *testing.T) {
 		natsAt(t, s, "object", "add", "OBJ")
 		w := startCLI(t, s, "object", "watch", "OBJ")
 		for name := range sizes {
-			natsAt(t, s, "object", "put", "OBJ", filepath.Join(dir, name), "--name", name, "-f")
+			// The CLI's 5 s default bounds each chunk's ack, and the last of 160 chunks sent
+			// at once waits for every one before it to be stored: on a loaded machine that is
+			// more than 5 s for either server.
+			natsAt(t, s, "object", "put", "OBJ", filepath.Join(dir, name), "--name", name, "-f", "--timeout", cliTimeout.String())
 		}
 		w.waitFor(t, cliTimeout, "PUT OBJ > large", "PUT OBJ > chunk", "PUT OBJ > one-byte")
 

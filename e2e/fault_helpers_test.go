@@ -359,6 +359,67 @@ func (p *publisher) onErr(_ jetstream.JetStream, m *nats.Msg, err error) {
 	p.requeueLocked(id, now.Add(p.backoff))
 }
 
+// probePublisher publishes one message at a time on a connection of its own, so that the
+// time it waits for an answer is jetgres's, not a queue in its own client. Its messages carry
+// ids of their own and are not retried.
+type probePublisher struct {
+	acks int
+	errs []probeErr
+}
+
+// probeErr is one publish the probe sent at sent and got an error for after waited.
+type probeErr struct {
+	sent   time.Time
+	waited time.Duration
+}
+
+// longestErrWait is the longest the probe waited for an error to a publish sent in
+// [from, to).
+func (p *probePublisher) longestErrWait(from, to time.Time) time.Duration {
+	var d time.Duration
+	for _, e := range p.errs {
+		if !e.sent.Before(from) && e.sent.Before(to) {
+			d = max(d, e.waited)
+		}
+	}
+	return d
+}
+
+// run publishes to subject every 50 ms until ctx ends. A publish with no answer within
+// its deadline, twenty statement timeouts, is an error: jetgres hung.
+func (p *probePublisher) run(ctx context.Context, url, subject string, stmtTimeout time.Duration) error {
+	nc, err := nats.Connect(url, nats.MaxReconnects(0), nats.Name("probe"))
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return err
+	}
+	for n := 0; ctx.Err() == nil; n++ {
+		pctx, cancel := context.WithTimeout(context.Background(), 20*stmtTimeout)
+		start := time.Now()
+		_, err := js.Publish(pctx, subject, nil, jetstream.WithMsgID(fmt.Sprintf("probe-%d", n)))
+		d := time.Since(start)
+		cancel()
+		var apiErr *jetstream.APIError
+		switch {
+		case err == nil:
+			p.acks++
+		case errors.As(err, &apiErr):
+			p.errs = append(p.errs, probeErr{sent: start, waited: d})
+		default:
+			return fmt.Errorf("publish %d after %v: %w", n, d.Round(time.Millisecond), err)
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	return nil
+}
+
 // pubSummary adds up a set of publishers.
 type pubSummary struct {
 	ids, acked, unacked, dupAcks, attempts int

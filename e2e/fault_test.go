@@ -238,6 +238,16 @@ func TestDatabaseDown(t *testing.T) {
 			t.Errorf("consumer: %v", err)
 		}
 	})
+	// The loaded publishers' waits include their own clients' queues (up to 128 publishes
+	// each, behind a connection shared with their retries) and the CPU the machine gives
+	// them: a measure of the client, not of jetgres. A probe with a connection of its own and
+	// one publish at a time, on a loaded stream, sees what jetgres makes a publisher wait.
+	probe := &probePublisher{}
+	wg.Go(func() {
+		if err := probe.run(loadCtx, j.natsURL, "down1.probe", stmtTimeout); err != nil {
+			t.Errorf("probe publisher: %v", err)
+		}
+	})
 
 	type outage struct {
 		stopAt, downAt, startAt, upAt time.Time
@@ -329,12 +339,32 @@ func TestDatabaseDown(t *testing.T) {
 	})
 
 	sum := summarize(pubs)
-	// Errors come within the statement timeout of the flush they joined: a publish waits for
-	// the flush in flight, then its own, each bounded by the timeout.
-	errBound := 2*stmtTimeout + time.Second
+	// While PostgreSQL is down a publish waits for the flush in flight on its stream, then for
+	// its own, and a flush for a connection and then for its statements, each bounded by the
+	// statement timeout. (Once it is back, a loaded machine can make the backlog's
+	// transactions time out one after another, each within the timeout, as with a slow
+	// database: there only the hang guard below applies.)
+	errBound := 4*stmtTimeout + time.Second
+	for k, o := range outs {
+		if d := probe.longestErrWait(o.downAt, o.startAt); d > errBound {
+			t.Errorf("outage %d: a publish of the probe waited %v for its error, more than %v", k, d, errBound)
+		}
+	}
+	if len(probe.errs) == 0 {
+		t.Errorf("the probe publisher got no error while PostgreSQL was down: %d answered", probe.acks)
+	}
+	// The loaded clients queue on their side too, the more so when the machine is loaded:
+	// for them this only guards against a hang.
+	hang := 10 * stmtTimeout
+	if raceEnabled() {
+		hang *= 3
+	}
+	if d := probe.longestErrWait(t0, time.Now()); d > hang {
+		t.Errorf("a publish of the probe waited %v for its error", d)
+	}
 	for code, d := range sum.maxErrIn {
-		if d > errBound {
-			t.Errorf("a publish waited %v for its error (err_code %d), more than %v", d, code, errBound)
+		if d > hang {
+			t.Errorf("a publish waited %v for its error (err_code %d)", d, code)
 		}
 	}
 	if len(sum.conflicts) > 0 {
@@ -358,7 +388,9 @@ func TestDatabaseDown(t *testing.T) {
 			loDuring = lo
 		}
 		// Every push transaction fails without an answer, so the lane falls to its minimum.
-		if lo >= hiBefore || lo > flow.PushMinDefault {
+		// (On a loaded machine it may be there already, or /metrics may not have answered
+		// before the outage.)
+		if lo > flow.PushMinDefault || (hiBefore > flow.PushMinDefault && lo >= hiBefore) {
 			t.Errorf("outage %d: the push lane limit did not shrink to its minimum %d: %g during the outage, up to %g before", k, flow.PushMinDefault, lo, hiBefore)
 		}
 		unready := 0
@@ -391,8 +423,8 @@ func TestDatabaseDown(t *testing.T) {
 	}
 	o := outs[0]
 	t.Logf("FIGURES database-down: outages=%d down_for=%v acked=%d lost=%d duplicated_in_stream=%d stream_msgs=%d retries_answered_duplicate=%d errors=[%s] "+
-		"recover_readyz=%v recover_puback=%v recover_delivery=%v push_limit_before=%g..%g during_min=%g after_max=%g after_last=%g",
-		len(downFor), downFor, sum.acked, lost, dups, total, sum.dupAcks, strings.Join(errCodes, " "),
+		"probe_answers=%d probe_errors=%d probe_longest_error_wait=%v (while down %v) recover_readyz=%v recover_puback=%v recover_delivery=%v push_limit_before=%g..%g during_min=%g after_max=%g after_last=%g",
+		len(downFor), downFor, sum.acked, lost, dups, total, sum.dupAcks, strings.Join(errCodes, " "), probe.acks+len(probe.errs), len(probe.errs), probe.longestErrWait(t0, time.Now()).Round(time.Millisecond), probe.longestErrWait(o.downAt, o.startAt).Round(time.Millisecond),
 		o.ready.Sub(o.upAt).Round(time.Millisecond), o.firstAck.Sub(o.upAt).Round(time.Millisecond), o.firstDelivery.Sub(o.upAt).Round(time.Millisecond),
 		loBefore, hiBefore, loDuring, hiAfter, lastAfter)
 }

@@ -851,6 +851,9 @@ type sample struct {
 	rss       int64
 	heap      float64 // Go heap in use (go_memstats_heap_inuse_bytes)
 	leafSlow  float64 // replies the leafnode link refused because its buffer was full
+	// Flushes so far that took more than 256 and more than 1,024 messages from one stream's
+	// intake (jetgres_fusion_batch_messages).
+	over256, over1024 float64
 }
 
 // sampler watches a jetgres every period: /readyz, /metrics and VmRSS.
@@ -901,6 +904,9 @@ func (s *sampler) take() {
 		sm.heap = m["go_memstats_heap_inuse_bytes"]
 		sm.leafSlow = m["jetgres_leaf_slow_consumer_total"]
 		sm.accepted = m["jetgres_publish_accepted_total"]
+		flushes := m["jetgres_fusion_batch_messages_count"]
+		sm.over256 = flushes - m[`jetgres_fusion_batch_messages_bucket{le="256"}`]
+		sm.over1024 = flushes - m[`jetgres_fusion_batch_messages_bucket{le="1024"}`]
 		for k, v := range m {
 			if r, ok := strings.CutPrefix(k, `jetgres_publish_rejected_total{reason="`); ok {
 				sm.rejected[strings.TrimSuffix(r, `"}`)] = v

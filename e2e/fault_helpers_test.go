@@ -373,12 +373,12 @@ type probeErr struct {
 	waited time.Duration
 }
 
-// longestErrWait is the longest the probe waited for an error to a publish sent in
-// [from, to).
+// longestErrWait is the longest the probe waited for an error to a publish sent before to
+// and answered after from: a publish that hangs across the whole span is sent before it.
 func (p *probePublisher) longestErrWait(from, to time.Time) time.Duration {
 	var d time.Duration
 	for _, e := range p.errs {
-		if !e.sent.Before(from) && e.sent.Before(to) {
+		if e.sent.Before(to) && e.sent.Add(e.waited).After(from) {
 			d = max(d, e.waited)
 		}
 	}

@@ -339,14 +339,15 @@ func TestDatabaseDown(t *testing.T) {
 	})
 
 	sum := summarize(pubs)
-	// While PostgreSQL is down a publish waits for the flush in flight on its stream, then for
-	// its own, and a flush for a connection and then for its statements, each bounded by the
-	// statement timeout. (Once it is back, a loaded machine can make the backlog's
-	// transactions time out one after another, each within the timeout, as with a slow
-	// database: there only the hang guard below applies.)
+	// A publish waiting while PostgreSQL is stopped, and sent before it is started again,
+	// waits for the flush in flight on its stream, then for its own, and a flush for a
+	// connection and then for its statements, each bounded by the statement timeout. (Once
+	// it is back, a loaded machine can make the backlog's transactions time out one after
+	// another, each within the timeout, as with a slow database: there only the hang guard
+	// below applies.)
 	errBound := 4*stmtTimeout + time.Second
 	for k, o := range outs {
-		if d := probe.longestErrWait(o.downAt, o.startAt); d > errBound {
+		if d := probe.longestErrWait(o.stopAt, o.startAt); d > errBound {
 			t.Errorf("outage %d: a publish of the probe waited %v for its error, more than %v", k, d, errBound)
 		}
 	}
@@ -424,7 +425,7 @@ func TestDatabaseDown(t *testing.T) {
 	o := outs[0]
 	t.Logf("FIGURES database-down: outages=%d down_for=%v acked=%d lost=%d duplicated_in_stream=%d stream_msgs=%d retries_answered_duplicate=%d errors=[%s] "+
 		"probe_answers=%d probe_errors=%d probe_longest_error_wait=%v (while down %v) recover_readyz=%v recover_puback=%v recover_delivery=%v push_limit_before=%g..%g during_min=%g after_max=%g after_last=%g",
-		len(downFor), downFor, sum.acked, lost, dups, total, sum.dupAcks, strings.Join(errCodes, " "), probe.acks+len(probe.errs), len(probe.errs), probe.longestErrWait(t0, time.Now()).Round(time.Millisecond), probe.longestErrWait(o.downAt, o.startAt).Round(time.Millisecond),
+		len(downFor), downFor, sum.acked, lost, dups, total, sum.dupAcks, strings.Join(errCodes, " "), probe.acks+len(probe.errs), len(probe.errs), probe.longestErrWait(t0, time.Now()).Round(time.Millisecond), probe.longestErrWait(o.stopAt, o.startAt).Round(time.Millisecond),
 		o.ready.Sub(o.upAt).Round(time.Millisecond), o.firstAck.Sub(o.upAt).Round(time.Millisecond), o.firstDelivery.Sub(o.upAt).Round(time.Millisecond),
 		loBefore, hiBefore, loDuring, hiAfter, lastAfter)
 }

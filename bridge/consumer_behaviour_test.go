@@ -66,7 +66,6 @@ func TestFetchEmptyConsumer(t *testing.T) {
 	}()
 	select {
 	case n := <-got:
-		t.Logf("DIAG %v %v", n, b.Error())
 		if n != 0 {
 			t.Fatalf("%d messages from an empty stream", n)
 		}

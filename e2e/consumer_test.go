@@ -484,7 +484,9 @@ func TestResumeAfterSIGKILL(t *testing.T) {
 
 // TestParkedPullsHoldNoConnection parks 1,000 pull requests and shows in pg_stat_activity
 // that none of them holds a PostgreSQL backend busy, then that a publish reaches the waiting
-// consumers far sooner than the tick period: through the local-commit path, not a poll.
+// consumers. That the local commit wakes them, not a poll, is bridge's
+// TestParkedPullWokenByPublish, on a clock that stands still: here a wall clock would only
+// measure the machine's load.
 func TestParkedPullsHoldNoConnection(t *testing.T) {
 	t.Parallel()
 	const (
@@ -649,15 +651,12 @@ func TestParkedPullsHoldNoConnection(t *testing.T) {
 			last = max(last, d)
 		case m := <-unexpected:
 			t.Fatalf("unexpected answer to a parked pull: %s", m)
-		case <-time.After(tickPeriod / 2):
-			t.Fatalf("%d of %d consumers delivered the message within %v", got, conns, tickPeriod/2)
+		case <-time.After(time.Minute):
+			t.Fatalf("%d of %d consumers delivered the message within a minute", got, conns)
 		}
 	}
 	t.Logf("publish to first delivery %v, to all %d consumers %v (tick period %v; %d idle heartbeats meanwhile)",
 		first.Round(time.Microsecond), conns, last.Round(time.Microsecond), tickPeriod, heartbeats.Load())
-	if first > tickPeriod/10 {
-		t.Errorf("first delivery took %v, not well under the tick period %v", first, tickPeriod)
-	}
 }
 
 // TestConsumeAndMessagesIdle leaves Consume() and Messages() consumers idle for 20 s, with

@@ -359,6 +359,67 @@ func (p *publisher) onErr(_ jetstream.JetStream, m *nats.Msg, err error) {
 	p.requeueLocked(id, now.Add(p.backoff))
 }
 
+// probePublisher publishes one message at a time on a connection of its own, so that the
+// time it waits for an answer is jetgres's, not a queue in its own client. Its messages carry
+// ids of their own and are not retried.
+type probePublisher struct {
+	acks int
+	errs []probeErr
+}
+
+// probeErr is one publish the probe sent at sent and got an error for after waited.
+type probeErr struct {
+	sent   time.Time
+	waited time.Duration
+}
+
+// longestErrWait is the longest the probe waited for an error to a publish sent before to
+// and answered after from: a publish that hangs across the whole span is sent before it.
+func (p *probePublisher) longestErrWait(from, to time.Time) time.Duration {
+	var d time.Duration
+	for _, e := range p.errs {
+		if e.sent.Before(to) && e.sent.Add(e.waited).After(from) {
+			d = max(d, e.waited)
+		}
+	}
+	return d
+}
+
+// run publishes to subject every 50 ms until ctx ends. A publish with no answer within
+// its deadline, twenty statement timeouts, is an error: jetgres hung.
+func (p *probePublisher) run(ctx context.Context, url, subject string, stmtTimeout time.Duration) error {
+	nc, err := nats.Connect(url, nats.MaxReconnects(0), nats.Name("probe"))
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return err
+	}
+	for n := 0; ctx.Err() == nil; n++ {
+		pctx, cancel := context.WithTimeout(context.Background(), 20*stmtTimeout)
+		start := time.Now()
+		_, err := js.Publish(pctx, subject, nil, jetstream.WithMsgID(fmt.Sprintf("probe-%d", n)))
+		d := time.Since(start)
+		cancel()
+		var apiErr *jetstream.APIError
+		switch {
+		case err == nil:
+			p.acks++
+		case errors.As(err, &apiErr):
+			p.errs = append(p.errs, probeErr{sent: start, waited: d})
+		default:
+			return fmt.Errorf("publish %d after %v: %w", n, d.Round(time.Millisecond), err)
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	return nil
+}
+
 // pubSummary adds up a set of publishers.
 type pubSummary struct {
 	ids, acked, unacked, dupAcks, attempts int
@@ -790,6 +851,9 @@ type sample struct {
 	rss       int64
 	heap      float64 // Go heap in use (go_memstats_heap_inuse_bytes)
 	leafSlow  float64 // replies the leafnode link refused because its buffer was full
+	// Flushes so far that took more than 256 and more than 1,024 messages from one stream's
+	// intake (jetgres_fusion_batch_messages).
+	over256, over1024 float64
 }
 
 // sampler watches a jetgres every period: /readyz, /metrics and VmRSS.
@@ -840,6 +904,9 @@ func (s *sampler) take() {
 		sm.heap = m["go_memstats_heap_inuse_bytes"]
 		sm.leafSlow = m["jetgres_leaf_slow_consumer_total"]
 		sm.accepted = m["jetgres_publish_accepted_total"]
+		flushes := m["jetgres_fusion_batch_messages_count"]
+		sm.over256 = flushes - m[`jetgres_fusion_batch_messages_bucket{le="256"}`]
+		sm.over1024 = flushes - m[`jetgres_fusion_batch_messages_bucket{le="1024"}`]
 		for k, v := range m {
 			if r, ok := strings.CutPrefix(k, `jetgres_publish_rejected_total{reason="`); ok {
 				sm.rejected[strings.TrimSuffix(r, `"}`)] = v

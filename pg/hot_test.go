@@ -74,14 +74,16 @@ func TestHotTimeoutCancelsOnServer(t *testing.T) {
 	if rtt < timeout {
 		t.Errorf("rtt = %v, want at least the timeout %v", rtt, timeout)
 	}
-	if elapsed > timeout+700*time.Millisecond {
-		t.Errorf("call took %v, want about %v", elapsed, timeout)
+	// How soon after the timeout the call returns depends on the machine's load; what must
+	// not happen is a wait for the statement to end by itself (the ten seconds of pg_sleep).
+	if elapsed > 5*time.Second {
+		t.Errorf("call took %v, want about %v: it waited for the statement", elapsed, timeout)
 	}
 	// The cancel was answered before Hot returned: the backend is no longer running pg_sleep.
 	if n := count(t, observer, `SELECT count(*) FROM pg_stat_activity WHERE pid = $1 AND state = 'active'`, pid); n != 0 {
 		t.Errorf("backend %d still active right after the timeout", pid)
 	}
-	testwait.For(t, 2*time.Second, func() error {
+	testwait.For(t, 30*time.Second, func() error {
 		if count(t, observer, `SELECT count(*) FROM pg_stat_activity WHERE pid = $1`, pid) != 0 {
 			return fmt.Errorf("timed-out backend %d still runs", pid)
 		}
@@ -126,7 +128,9 @@ func TestHotParentCancelIsNotATimeout(t *testing.T) {
 	if errors.Is(err, pg.ErrTimeout) || err == nil {
 		t.Fatalf("err = %v, want the caller's cancellation, not ErrTimeout", err)
 	}
-	if rtt < 200*time.Millisecond || rtt > 2*time.Second {
+	// Cancelled at 200 ms, not after the ten seconds of pg_sleep; the upper bound leaves room
+	// for a loaded machine.
+	if rtt < 200*time.Millisecond || rtt > 5*time.Second {
 		t.Errorf("rtt = %v", rtt)
 	}
 	if s := db.Stats(); s.Timeouts != 0 || s.Destroyed != 1 {
@@ -211,13 +215,17 @@ func TestAcquireTimeout(t *testing.T) {
 		})
 	}()
 	<-holding
+	// The connection is held until Hot returns: without its own bound on the wait, Hot
+	// would end only with this context, and not with ErrTimeout.
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
 	start := time.Now()
-	rtt, err := db.Hot(t.Context(), func(context.Context, pg.Querier) error { return nil })
+	rtt, err := db.Hot(ctx, func(context.Context, pg.Querier) error { return nil })
 	close(release)
 	if !errors.Is(err, pg.ErrTimeout) || rtt != 0 {
 		t.Errorf("Hot on an exhausted pool: rtt %v err %v, want 0 and ErrTimeout", rtt, err)
 	}
-	if d := time.Since(start); d < 300*time.Millisecond || d > 2*time.Second {
+	if d := time.Since(start); d < 300*time.Millisecond || d > 10*time.Second {
 		t.Errorf("waited %v, want about 300ms", d)
 	}
 	if err := <-done; err != nil {

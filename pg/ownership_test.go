@@ -107,8 +107,13 @@ func TestMetaNotifyAndCheck(t *testing.T) {
 		db.ListenMeta(ctx, func(id int64) { got <- id })
 	}()
 	defer func() { cancel(); <-done }()
-	if id := <-got; id != 0 {
-		t.Fatalf("first call %d, want 0 (re-read everything)", id)
+	select {
+	case id := <-got:
+		if id != 0 {
+			t.Fatalf("first call %d, want 0 (re-read everything)", id)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("ListenMeta never made its first call")
 	}
 	st, err := db.CreateStream(ctx, "N", []byte(`{}`))
 	if err != nil {

@@ -197,7 +197,11 @@ func TestPrivatePostgresKilledUnderLoad(t *testing.T) {
 
 	mu.Lock()
 	t.Logf("/readyz went %v; %d publishes retried", statuses, retries)
-	if !slices.Equal(statuses, []int{http.StatusOK, http.StatusServiceUnavailable, http.StatusOK}) {
+	// A loaded machine can make a ping miss its second while PostgreSQL runs, or a
+	// transaction of the backlog outlast --ready-stall once it is back: /readyz may flap
+	// around the outage, but it must start ready, report the outage and end ready.
+	if n := len(statuses); n < 3 || statuses[0] != http.StatusOK || statuses[n-1] != http.StatusOK ||
+		!slices.Contains(statuses, http.StatusServiceUnavailable) {
 		t.Errorf("/readyz went %v, want 200, then 503 while PostgreSQL was away, then 200", statuses)
 	}
 	mu.Unlock()

@@ -631,7 +631,9 @@ func TestDialHonoursContext(t *testing.T) {
 	if !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("err %v, want DeadlineExceeded", err)
 	}
-	if d := time.Since(began); d > 2*time.Second {
+	// Without the context the handshake would wait DialTimeoutDefault (10 s); half of that
+	// tells the two apart however loaded the machine.
+	if d := time.Since(began); d > leaf.DialTimeoutDefault/2 {
 		t.Fatalf("Dial took %s past its deadline", d)
 	}
 }

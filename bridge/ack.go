@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -121,10 +122,19 @@ func (c *consumer) replyAck(reply string) {
 // cursorWriter persists a consumer's ack floor. Writes are fused: while one is in flight the
 // floor keeps moving in memory, and the next write takes the latest floor. At most one is in
 // flight per consumer, and one per Config.CursorInterval unless a double ack waits.
+//
+// A write no double ack waits for is lazy (pg.CursorParams.Lazy): it does not wait for the
+// WAL flush, which cost PostgreSQL nearly as much CPU as all of its reads while a consumer
+// acked every message. Losing it in a crash of PostgreSQL only redelivers, and the next
+// write that a double ack waits for flushes it with its own commit.
 type cursorWriter struct {
-	mu       sync.Mutex
-	want     consumerstate.Pair
-	written  consumerstate.Pair
+	mu      sync.Mutex
+	want    consumerstate.Pair
+	written consumerstate.Pair
+	// lazy says the last write was lazy, and durable is then the stream sequence of the
+	// last floor known flushed: only that answers a double ack.
+	lazy     bool
+	durable  uint64
 	inflight bool
 	waiters  []cursorWaiter
 	wg       sync.WaitGroup
@@ -145,7 +155,14 @@ func (c *consumer) floorMoved() {
 	w := &c.cw
 	w.mu.Lock()
 	w.want = f
-	start := !w.inflight && w.want != w.written
+	c.startWriter()
+}
+
+// startWriter starts the writer unless it runs or has nothing to do. Called with cw.mu
+// held; it releases it.
+func (c *consumer) startWriter() {
+	w := &c.cw
+	start := !w.inflight && (w.want != w.written || w.owed())
 	if start {
 		w.inflight = true
 		w.wg.Add(1)
@@ -160,17 +177,37 @@ func (c *consumer) floorMoved() {
 	}
 }
 
-// await answers reply once a written floor covers stream sequence seq.
+// await answers reply once a flushed floor covers stream sequence seq.
 func (w *cursorWriter) await(c *consumer, seq uint64, reply string) {
 	w.mu.Lock()
-	if w.written.Stream >= seq {
+	if w.flushed() >= seq {
 		w.mu.Unlock()
 		c.replyAck(reply)
 		return
 	}
 	w.waiters = append(w.waiters, cursorWaiter{seq: seq, reply: reply})
-	w.mu.Unlock()
+	if w.written.Stream >= seq {
+		// A floor written lazily covers seq: the writer writes it again, flushed. Otherwise
+		// the ack moved the floor past what is written, and floorMoved starts the write.
+		c.startWriter()
+	} else {
+		w.mu.Unlock()
+	}
 	poke(w.hurry)
+}
+
+// flushed is the stream sequence of the last floor written and flushed. Called with mu held.
+func (w *cursorWriter) flushed() uint64 {
+	if w.lazy {
+		return w.durable
+	}
+	return w.written.Stream
+}
+
+// owed reports whether a double ack waits for a floor that is written but not flushed.
+// Called with mu held.
+func (w *cursorWriter) owed() bool {
+	return w.lazy && slices.ContainsFunc(w.waiters, func(x cursorWaiter) bool { return x.seq <= w.written.Stream })
 }
 
 // writeCursors writes the latest floor until what is written is what is wanted. It takes
@@ -183,7 +220,7 @@ func (c *consumer) writeCursors() {
 	for {
 		w.mu.Lock()
 		f := w.want
-		if f == w.written || ctx.Err() != nil || c.gone() {
+		if (f == w.written && !w.owed()) || ctx.Err() != nil || c.gone() {
 			w.inflight = false
 			w.mu.Unlock()
 			return
@@ -195,7 +232,7 @@ func (c *consumer) writeCursors() {
 			continue
 		}
 		w.lastWrite = c.cs.b.clock.Now()
-		err := c.writeCursor(ctx, f)
+		err := c.writeCursor(ctx, f, !hurried)
 		if lost := errors.Is(err, pg.ErrLeaseLost); lost || (err != nil && ctx.Err() != nil) {
 			if lost {
 				c.stop(stopLost)
@@ -216,11 +253,16 @@ func (c *consumer) writeCursors() {
 			continue
 		}
 		w.mu.Lock()
+		if hurried {
+			w.lazy = false
+		} else if !w.lazy {
+			w.lazy, w.durable = true, w.written.Stream
+		}
 		w.written = f
 		var due []cursorWaiter
 		kept := w.waiters[:0]
 		for _, x := range w.waiters {
-			if x.seq <= f.Stream {
+			if x.seq <= w.flushed() {
 				due = append(due, x)
 			} else {
 				kept = append(kept, x)
@@ -259,13 +301,15 @@ func (c *consumer) pace(ctx context.Context) bool {
 	return true
 }
 
-func (c *consumer) writeCursor(ctx context.Context, f consumerstate.Pair) error {
+func (c *consumer) writeCursor(ctx context.Context, f consumerstate.Pair, lazy bool) error {
 	p, err := c.cs.b.cfg.Ack.Acquire(ctx)
 	if err != nil {
 		return err
 	}
 	start := c.cs.b.clock.Now()
-	rtt, err := c.cs.b.db.WriteCursor(ctx, c.cursorParams(f))
+	cp := c.cursorParams(f)
+	cp.Lazy = lazy
+	rtt, err := c.cs.b.db.WriteCursor(ctx, cp)
 	giveBack(p, rtt, err)
 	c.cs.m.cursorWrites.Inc()
 	c.cs.m.cursorLatency.Observe(c.cs.b.clock.Now().Sub(start).Seconds())

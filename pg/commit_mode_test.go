@@ -62,11 +62,15 @@ func TestSynchronousCommitPerTransaction(t *testing.T) {
 			if _, err := db.WriteCursor(ctx, pg.CursorParams{StreamID: st.ID, Name: "C", Created: c.Created, Owner: "r1", AckStreamSeq: 2, AckConsumerSeq: 2}); err != nil {
 				t.Fatal(err)
 			}
+			// A lazy write, which no double ack waits for, commits asynchronously whatever the mode.
+			if _, err := db.WriteCursor(ctx, pg.CursorParams{StreamID: st.ID, Name: "C", Created: c.Created, Owner: "r1", AckStreamSeq: 3, AckConsumerSeq: 3, Lazy: true}); err != nil {
+				t.Fatal(err)
+			}
 			if err := db.UpdateConsumerConfig(ctx, st.ID, "C", []byte(`{"a":1}`)); err != nil {
 				t.Fatal(err)
 			}
 
-			want := []string{"stream_state " + mode, "stream_state " + mode, "stream_state " + mode, "consumers " + mode, "consumers local"}
+			want := []string{"stream_state " + mode, "stream_state " + mode, "stream_state " + mode, "consumers " + mode, "consumers off", "consumers local"}
 			rows, err := raw.Query(ctx, `SELECT tbl || ' ' || mode FROM public.modes ORDER BY n`)
 			if err != nil {
 				t.Fatal(err)

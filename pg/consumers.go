@@ -184,6 +184,10 @@ type CursorParams struct {
 	Owner          string
 	AckStreamSeq   uint64
 	AckConsumerSeq uint64
+	// Lazy commits without waiting for the WAL flush (synchronous_commit off for this
+	// transaction alone): for a write no double ack waits for, which a crash of PostgreSQL
+	// may lose like any asynchronous commit, redelivering those acks.
+	Lazy bool
 }
 
 // WriteCursor persists a consumer's ack floor. It runs on the hot path (a durable ack waits
@@ -192,7 +196,13 @@ type CursorParams struct {
 func (db *DB) WriteCursor(ctx context.Context, p CursorParams) (time.Duration, error) {
 	rtt, err := db.hot(ctx, func(ctx context.Context, q querier) error {
 		b := &pgx.Batch{}
-		mode := db.queueCommitMode(q, b)
+		var mode int
+		if p.Lazy && db.cfg.SynchronousCommit != "off" {
+			b.Queue(`SELECT set_config('synchronous_commit', 'off', true)`)
+			mode = 1
+		} else {
+			mode = db.queueCommitMode(q, b)
+		}
 		b.Queue(`UPDATE jetgres.consumers SET ack_stream_seq = $3, ack_consumer_seq = $4
 			WHERE stream_id = $1 AND name = $2 AND owner = $5 AND created = $6`,
 			p.StreamID, p.Name, int64(p.AckStreamSeq), int64(p.AckConsumerSeq), p.Owner, p.Created)

@@ -38,9 +38,9 @@ func TestQuickRun(t *testing.T) {
 	checkTargets(t, "publish", all, collect(rep.Publish, func(p PubResult) (string, float64) { return p.Target, p.MsgsPerSec }))
 	checkTargets(t, "sync publish", all, collect(rep.Sync, func(s SyncResult) (string, float64) { return s.Target, s.MsgsPerSec }))
 	checkTargets(t, "fetch", []string{TargetJetgres, TargetJetStream}, collect(rep.Fetch, func(f FetchResult) (string, float64) { return f.Target, f.MsgsPerSec }))
-	for _, mode := range append([]string{PushFloor, PushReadFloor, PushCPUFloor}, PushModes...) {
+	for _, mode := range slices.Concat(PushFloors, PushModes) {
 		targets := []string{TargetJetgres, TargetJetStream}
-		if mode == PushFloor || mode == PushReadFloor || mode == PushCPUFloor {
+		if slices.Contains(PushFloors, mode) {
 			targets = targets[:1]
 		}
 		var inMode []PushResult
@@ -55,6 +55,13 @@ func TestQuickRun(t *testing.T) {
 			}
 		}
 		checkTargets(t, "push "+mode, targets, collect(inMode, func(p PushResult) (string, float64) { return p.Target, p.MsgsPerSec }))
+	}
+	// Each of jetgres's modes has a ratio to the CPU floor that bounds it, ack explicit to
+	// the one whose floor acks every message.
+	for _, row := range rep.pushRows() {
+		if row[1] == targetLabels[TargetJetgres] && slices.Contains(PushModes, row[0]) && row[len(row)-1] == "—" {
+			t.Errorf("push %s on jetgres has no ratio to its CPU floor: %q", row[0], row)
+		}
 	}
 	checkTargets(t, "latency", natsTargets, collect(rep.Latency, func(l LatResult) (string, float64) { return l.Target, l.Achieved }))
 	checkTargets(t, "overload", append([]string{TargetJetgresFixed}, all...), collect(rep.Overload, func(o Overload) (string, float64) { return o.Target, o.Peak }))
@@ -116,7 +123,7 @@ func TestQuickRun(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"## Machine", "## Results", "## Goals", "## Overload", "## nats bench", "## Plots", "go run ./cmd/jetgres-bench --quick", "vs CPU floor"} {
+	for _, want := range []string{"## Machine", "## Results", "## Goals", "## Overload", "## nats bench", "## Plots", "go run ./cmd/jetgres-bench --quick", "vs CPU floor", "| ack floor |", "| ack CPU floor |"} {
 		if !strings.Contains(string(md), want) {
 			t.Errorf("BENCHMARKS.md has no %q", want)
 		}

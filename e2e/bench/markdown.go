@@ -96,7 +96,7 @@ which on a shared machine matters more than any absolute number.
 	}
 
 	if rows := rep.pushRows(); len(rows) > 0 {
-		fmt.Fprint(w, "Push delivery, with the CPU time each message cost (the bench process, where jetgres, the NATS servers and the clients run, and PostgreSQL) and jetgres's ratio to JetStream and to the CPU floor of the same run:\n\n")
+		fmt.Fprint(w, "Push delivery, with the CPU time each message cost (the bench process, where jetgres, the NATS servers and the clients run, and PostgreSQL) and jetgres's ratio to JetStream and to the CPU floor of the same run (for ack explicit the ack CPU floor, whose sending floor carries its acks back):\n\n")
 		mdTable(w, pushHeader, rows)
 	}
 
@@ -183,7 +183,11 @@ which on a shared machine matters more than any absolute number.
   alternating order; JetStream's sync_always is not measured again. The link floor is
   jetgres's minimum push path, measured after the ack none turns: the same callback drains a
   core subscription that the bridge's leafnode link feeds with the same messages and ack
-  reply subjects, with no stream, consumer or PostgreSQL behind them. The read floor is the
+  reply subjects, with no stream, consumer or PostgreSQL behind them. The ack floor is the
+  link floor of ack explicit, measured after its turns: the callback also acks each message
+  as js.Subscribe with ack explicit does (a publish of +ACK to its reply subject), and the
+  acks cross the NATS server and the leafnode link back to a subscription on the link's side
+  that counts and drops them; it ends when the last ack is back. The read floor is the
   rate at which jetgres reads the same stream back from PostgreSQL, one read at a time in the
   windows a push consumer behind the tail cache uses, with nothing delivered. Every push run
   also records the CPU time it cost: the bench process's (getrusage; jetgres, both NATS servers
@@ -194,7 +198,14 @@ which on a shared machine matters more than any absolute number.
   link floor + of the read floor). A push consumer whose backlog lies in PostgreSQL behind the
   leafnode link does at least both for every message it reads there, so with the cores busy it
   delivers no faster; a mode well below the CPU floor is waiting, not working, and one near it
-  moves only if the link or the read costs less CPU.
+  moves only if the link or the read costs less CPU. The ack CPU floor is the same with the
+  ack floor in place of the link floor: cores ÷ (CPU per message of the ack floor + of the
+  read floor). It bounds ack explicit, which does at least that work for every message, and
+  ack explicit's ratio is to it. What the floors leave out is jetgres's own work: the ack
+  floor keeps no consumer state, so applying each ack (parsing its subject, the pending
+  bookkeeping) and writing the consumer's cursor to PostgreSQL per batch of acks are not in
+  it; neither floor has a consumer's read-ahead, tail cache or flow control. The gap between
+  a mode's CPU per message and its floor's is what those cost.
 - **three latencies** (see three-latencies.md), at each fixed offered rate: producer is
   publish → PubAck; subscriber is pull request → first message, measured by a probe that pulls
   small batches slower than the offered rate, so it always finds messages ready; end-to-end is

@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/jetgres/jetgres/bridge"
+	"github.com/jetgres/jetgres/embedded/leaf"
 	"github.com/jetgres/jetgres/pg"
 )
 
@@ -33,6 +34,13 @@ var PushModes = []string{PushAckExplicit, PushAckNone, PushOrdered}
 // messages, ack reply subjects included, without a stream, a consumer or PostgreSQL.
 const PushFloor = "link floor"
 
+// PushAckFloor is the link floor with the acks of ack explicit coming back: the same
+// callback acks each delivery as js.Subscribe with ack explicit does, a publish of "+ACK" to
+// its reply subject, and the acks cross the NATS server and the leafnode link to a
+// subscription on the link's side that counts and drops them. It keeps no consumer state,
+// writes no cursor and reads no PostgreSQL, and runs until the last ack arrived.
+const PushAckFloor = "ack floor"
+
 // PushReadFloor is the rate at which jetgres reads a push consumer's backlog from
 // PostgreSQL, measured with the push modes: the stream's messages read in order, in the
 // windows and through the call a push consumer behind the tail cache uses, one read at a
@@ -47,6 +55,22 @@ const PushReadFloor = "read floor"
 // PostgreSQL does at least that work for every message, so when the cores are its limit it
 // cannot go faster; a mode well below it loses time elsewhere (waiting, not working).
 const PushCPUFloor = "CPU floor"
+
+// PushAckCPUFloor is the CPU floor of ack explicit: the cores divided by the CPU time per
+// message of the ack floor and the read floor together. Ack explicit does at least that
+// work for every message it reads from PostgreSQL, so with the cores busy it goes no faster;
+// what it spends beyond, such as applying the acks and writing the consumer's cursor, is
+// jetgres's own work.
+const PushAckCPUFloor = "ack CPU floor"
+
+// PushFloors lists the floor rows in report order.
+var PushFloors = []string{PushFloor, PushAckFloor, PushReadFloor, PushCPUFloor, PushAckCPUFloor}
+
+// ackFloorStream is the stream token of the ack floor's reply subjects: no stream has the
+// name, so the bridge's ack handler, which hears every $JS.ACK subject on the link, drops
+// each such ack at the stream lookup and keeps no state for it. It is as long as
+// BENCH_PUSH, so that the subjects are as long as a delivery's.
+const ackFloorStream = "BENCH_ACKF"
 
 // floorWindow bounds how many messages the floor's sender is ahead of the subscriber,
 // which a core subscription would otherwise drop as a slow consumer.
@@ -106,10 +130,14 @@ func (r *runner) runPush(ctx context.Context) {
 				cpu[p] = cpu[p].add(meter.sample().since(s0))
 			}
 		}
-		if mode == PushAckNone {
+		switch mode {
+		case PushAckExplicit:
+			r.runPushFloors(ctx, ps, msgs, meter, PushAckFloor, r.pushAckFloor)
+		case PushAckNone:
 			r.runPushFloors(ctx, ps, msgs, meter, PushFloor, r.pushFloor)
 			r.runPushFloors(ctx, ps, msgs, meter, PushReadFloor, r.pushReadFloor)
-			r.addCPUFloor()
+			r.addCPUFloor(PushCPUFloor, PushFloor)
+			r.addCPUFloor(PushAckCPUFloor, PushAckFloor)
 		}
 		for _, p := range ps {
 			switch {
@@ -134,11 +162,12 @@ func pushResult(p *pushTarget, mode string, n int, spent time.Duration, cpu cpuS
 	return res
 }
 
-// addCPUFloor adds the CPU floor of each target that has both floors in the report.
-func (r *runner) addCPUFloor() {
+// addCPUFloor adds the CPU floor named floor, of the sending floor send and the read floor,
+// for each target that has both in the report.
+func (r *runner) addCPUFloor(floor, send string) {
 	cores := cpuCores()
 	for _, link := range r.rep.Push {
-		if link.Mode != PushFloor {
+		if link.Mode != send {
 			continue
 		}
 		for _, read := range r.rep.Push {
@@ -149,7 +178,7 @@ func (r *runner) addCPUFloor() {
 			if us <= 0 {
 				continue
 			}
-			r.rep.Push = append(r.rep.Push, PushResult{Target: link.Target, Mode: PushCPUFloor,
+			r.rep.Push = append(r.rep.Push, PushResult{Target: link.Target, Mode: floor,
 				MsgsPerSec: cores / us * 1e6, CPUUsPerMsg: link.CPUUsPerMsg + read.CPUUsPerMsg,
 				PGCPUUsPerMsg: link.PGCPUUsPerMsg + read.PGCPUUsPerMsg})
 		}
@@ -245,9 +274,9 @@ func (r *runner) pushDrain(ctx context.Context, p *pushTarget, mode string) (int
 	return int(n), spent, nil
 }
 
-// runPushFloors measures a floor mode on the in-process jetgres, in turns with the ack none
-// drains, for as many messages as they drained there: measure is PushFloor's pushFloor or
-// PushReadFloor's pushReadFloor.
+// runPushFloors measures a floor mode on the in-process jetgres, after the turns of the mode
+// it bounds, for as many messages as they drained there: measure is PushFloor's pushFloor,
+// PushAckFloor's pushAckFloor or PushReadFloor's pushReadFloor.
 func (r *runner) runPushFloors(ctx context.Context, ps []*pushTarget, drained map[*pushTarget]int, meter *cpuMeter, mode string,
 	measure func(context.Context, *pushTarget) (int, time.Duration, error)) {
 	for _, p := range ps {
@@ -276,15 +305,34 @@ func (r *runner) runPushFloors(ctx context.Context, ps []*pushTarget, drained ma
 // pushFloor sends the stream's worth of messages through the link to a core subscription
 // of the same client and counts them as pushDrain does.
 func (r *runner) pushFloor(ctx context.Context, p *pushTarget) (int, time.Duration, error) {
-	var got atomic.Int64
+	return r.linkFloor(ctx, p, PushFloor, false)
+}
+
+// pushAckFloor is pushFloor with an ack for every delivery, counted when it is back on the
+// link's side.
+func (r *runner) pushAckFloor(ctx context.Context, p *pushTarget) (int, time.Duration, error) {
+	return r.linkFloor(ctx, p, PushAckFloor, true)
+}
+
+// linkFloor measures the link floor, or with acks the ack floor: the messages go through the
+// link to a core subscription of the same client, and with acks the callback acks each one
+// and the floor ends when the last ack has crossed back. The window counts what is
+// unfinished: messages not yet received, or with acks not yet acked back.
+func (r *runner) linkFloor(ctx context.Context, p *pushTarget, mode string, acks bool) (int, time.Duration, error) {
+	var got, acked atomic.Int64
+	// An ack that fails never comes back: the run ends with its error rather than at the
+	// time bound.
+	ackErr := make(chan error, 1)
 	want := int64(p.total)
+	finished := &got
+	if acks {
+		finished = &acked
+	}
 	more := make(chan struct{}, 1)
 	done := make(chan struct{})
-	inbox := nats.NewInbox()
-	start := time.Now()
-	sub, err := p.c.nc.Subscribe(inbox, func(*nats.Msg) {
-		r.prog.add(1)
-		n := got.Add(1)
+	// finish counts a finished message, on the client's callback or the link's read loop,
+	// neither of which may block.
+	finish := func(n int64) {
 		if n%(floorWindow/4) == 0 {
 			select {
 			case more <- struct{}{}:
@@ -293,6 +341,38 @@ func (r *runner) pushFloor(ctx context.Context, p *pushTarget) (int, time.Durati
 		}
 		if n == want {
 			close(done)
+		}
+	}
+	link := p.t.node.link
+	prefix := "$JS.ACK.BENCH_PUSH.aBcDeFgHiJkLmNoPqRsTuV.1."
+	if acks {
+		prefix = "$JS.ACK." + ackFloorStream + ".aBcDeFgHiJkLmNoPqRsTuV.1."
+		// The acks come back on the link's read loop as the bridge's do, borrowed from its
+		// read buffer.
+		asub, err := link.SubscribeBorrowed(prefix+">", "", func(*leaf.Msg) { finish(acked.Add(1)) })
+		if err == nil {
+			err = link.Flush(ctx)
+		}
+		if err != nil {
+			return 0, 0, fmt.Errorf("%s: subscribe to acks: %w", mode, err)
+		}
+		defer func() { _ = asub.Unsubscribe() }()
+	}
+	inbox := nats.NewInbox()
+	start := time.Now()
+	sub, err := p.c.nc.Subscribe(inbox, func(m *nats.Msg) {
+		if acks {
+			if err := m.Ack(); err != nil {
+				select {
+				case ackErr <- err:
+				default:
+				}
+			}
+		}
+		r.prog.add(1)
+		n := got.Add(1)
+		if !acks {
+			finish(n)
 		}
 	})
 	if err == nil {
@@ -305,20 +385,23 @@ func (r *runner) pushFloor(ctx context.Context, p *pushTarget) (int, time.Durati
 		return 0, 0, fmt.Errorf("subscribe: %w", err)
 	}
 	defer func() { _ = sub.Unsubscribe() }()
-	link := p.t.node.link
 	payload := make([]byte, r.cfg.Size)
 	// A reply of the length of a push delivery's: the consumer's name is 22 characters.
-	prefix := "$JS.ACK.BENCH_PUSH.aBcDeFgHiJkLmNoPqRsTuV.1."
 	reply := make([]byte, 0, 128)
 	deadline := time.NewTimer(r.cfg.Duration)
 	defer deadline.Stop()
+	cut := func() (int, time.Duration, error) {
+		return floorCut(mode, finished.Load(), want, start, r.cfg.Duration)
+	}
 	for sent := int64(0); sent < want; {
-		if sent-got.Load() >= floorWindow {
+		if sent-finished.Load() >= floorWindow {
 			select {
 			case <-more:
 			case <-done:
 			case <-deadline.C:
-				return floorCut(got.Load(), want, start, r.cfg.Duration)
+				return cut()
+			case err := <-ackErr:
+				return 0, 0, fmt.Errorf("%s: ack: %w", mode, err)
 			case <-ctx.Done():
 				return 0, 0, ctx.Err()
 			}
@@ -335,28 +418,29 @@ func (r *runner) pushFloor(ctx context.Context, p *pushTarget) (int, time.Durati
 		reply = strconv.AppendUint(reply, uint64(want)-seq, 10)
 		reply = append(append(reply, '@'), "bench.push"...)
 		if err := link.PublishQueue(inbox, reply, "", nil, payload); err != nil {
-			return 0, 0, fmt.Errorf("link floor: publish: %w", err)
+			return 0, 0, fmt.Errorf("%s: publish: %w", mode, err)
 		}
 		sent++
 	}
 	select {
 	case <-done:
 	case <-deadline.C:
-		return floorCut(got.Load(), want, start, r.cfg.Duration)
+	case err := <-ackErr:
+		return 0, 0, fmt.Errorf("%s: ack: %w", mode, err)
 	case <-ctx.Done():
 		return 0, 0, ctx.Err()
 	}
-	return int(got.Load()), time.Since(start), nil
+	return cut()
 }
 
-// floorCut ends a link floor run that the phase's time bound cut short: the rate over what
-// arrived is still the link's rate, as a timed phase's is; only a run in which nothing
-// arrived has no number.
-func floorCut(got, want int64, start time.Time, bound time.Duration) (int, time.Duration, error) {
-	if got == 0 {
-		return 0, 0, fmt.Errorf("link floor: %d of %d messages within %v", got, want, bound)
+// floorCut ends a floor run, finished or cut short by the phase's time bound: the rate over
+// what finished is still the link's rate, as a timed phase's is; only a run in which nothing
+// finished has no number.
+func floorCut(mode string, finished, want int64, start time.Time, bound time.Duration) (int, time.Duration, error) {
+	if finished == 0 {
+		return 0, 0, fmt.Errorf("%s: %d of %d messages within %v", mode, finished, want, bound)
 	}
-	return int(got), time.Since(start), nil
+	return int(finished), time.Since(start), nil
 }
 
 // pushReadFloor reads the push stream from its first message to its last as a push

@@ -8,7 +8,8 @@ import (
 var pushHeader = []string{"push", "target", "msg/s", "CPU µs/msg, process", "CPU µs/msg, PostgreSQL", "cores busy", "vs JetStream", "vs CPU floor"}
 
 // pushRows lists every push measurement, modes and floors, with its CPU cost, and for
-// jetgres's modes the ratios to JetStream's same mode and to jetgres's CPU floor.
+// jetgres's modes the ratios to JetStream's same mode and to jetgres's CPU floor: the ack
+// CPU floor for ack explicit, whose acks the CPU floor leaves out.
 func (rep *Report) pushRows() [][]string {
 	find := func(target, mode string) float64 {
 		for _, p := range rep.Push {
@@ -31,7 +32,7 @@ func (rep *Report) pushRows() [][]string {
 		return fmt.Sprintf("%.2f", v)
 	}
 	var rows [][]string
-	for _, mode := range slices.Concat(PushModes, []string{PushFloor, PushReadFloor, PushCPUFloor}) {
+	for _, mode := range slices.Concat(PushModes, PushFloors) {
 		for _, p := range rep.Push {
 			if p.Mode != mode {
 				continue
@@ -39,7 +40,7 @@ func (rep *Report) pushRows() [][]string {
 			vsJS, vsFloor := "—", "—"
 			if p.Target == TargetJetgres && slices.Contains(PushModes, mode) {
 				vsJS = ratio(p.MsgsPerSec, find(TargetJetStream, mode))
-				vsFloor = ratio(p.MsgsPerSec, find(TargetJetgres, PushCPUFloor))
+				vsFloor = ratio(p.MsgsPerSec, find(TargetJetgres, cpuFloorOf(mode)))
 			}
 			// The CPU floor's rate is the cores' rate by construction: its cores busy is them.
 			busy := fmt.Sprintf("%.2f", (p.CPUUsPerMsg+p.PGCPUUsPerMsg)*p.MsgsPerSec/1e6)
@@ -48,4 +49,12 @@ func (rep *Report) pushRows() [][]string {
 		}
 	}
 	return rows
+}
+
+// cpuFloorOf is the CPU floor that bounds a push mode.
+func cpuFloorOf(mode string) string {
+	if mode == PushAckExplicit {
+		return PushAckCPUFloor
+	}
+	return PushCPUFloor
 }

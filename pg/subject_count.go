@@ -221,8 +221,11 @@ func (db *DB) countSubjects(ctx context.Context, q querier, id int64, pin stateP
 		c.n = len(c.set)
 	default:
 		c.set = make(map[string]struct{})
-		skip := prev != nil && uint64(prev.n)*skipScanRatio <= pin.msgs
-		if err := db.liveSubjects(ctx, q, id, pin, skip, c); err != nil {
+		prevN := -1
+		if prev != nil {
+			prevN = prev.n
+		}
+		if err := db.liveSubjects(ctx, q, id, pin, prevN, c); err != nil {
 			return err
 		}
 		c.n = len(c.set)
@@ -263,20 +266,24 @@ func (db *DB) newSubjects(ctx context.Context, q querier, id int64, from, upTo u
 	return nil
 }
 
-// skipScanRatio is how many live messages per subject, at the last count, make a recount
-// walk each chunk's subject index from one subject to the next rather than group every
-// row: a step costs about as much as grouping a dozen rows. A removal only lowers the
-// number of subjects, so the last count bounds the steps, appends aside.
-const skipScanRatio = 16
+// skipScanRatio is how many live messages per subject and chunk, at the last count, make a
+// recount walk each chunk's subject index from one subject to the next rather than group
+// every row: measured on 200,000 messages over 1,000 subjects, a step cost as much as
+// grouping 60 rows. A removal only lowers the number of subjects, so the last count bounds
+// the steps, appends aside.
+const skipScanRatio = 64
 
 // liveSubjects adds to c the subjects with a live message at pin: in each chunk, by
-// grouping its rows, or with skip by one probe of its subject index per subject.
-func (db *DB) liveSubjects(ctx context.Context, q querier, id int64, pin statePin, skip bool, c *subjectCount) error {
+// grouping its rows, or by one probe of its subject index per subject when the last count,
+// prevN (negative for none), makes that cheaper.
+func (db *DB) liveSubjects(ctx context.Context, q querier, id int64, pin statePin, prevN int, c *subjectCount) error {
 	chunks, err := db.chunks.list(ctx, q, id, pin.last)
 	if err != nil {
 		return err
 	}
-	for _, ch := range liveChunks(chunks, pin.first, pin.last) {
+	chunks = liveChunks(chunks, pin.first, pin.last)
+	skip := prevN >= 0 && uint64(prevN)*uint64(len(chunks))*skipScanRatio <= pin.msgs
+	for _, ch := range chunks {
 		t := chunkTable(id, ch.chunk)
 		sql := `SELECT m.subject FROM ` + t + ` m WHERE m.seq BETWEEN $2 AND $3 AND ` + sqlLive + ` GROUP BY m.subject`
 		if skip {

@@ -11,7 +11,7 @@ import (
 	"github.com/jetgres/jetgres/pg/pgtest"
 )
 
-// TestStreamInfoCountsSubjects drives a stream with many messages per subject over small
+// TestStreamInfoCountsSubjects drives a stream with many messages per subject over several
 // chunks through appends, from this DB and from a second one on the same database (another
 // replica), mixed with deletes, purges and expiry, and after every step checks the counts
 // of a stream info (kept, extended, or recounted either way) against a grouped read of the
@@ -41,7 +41,7 @@ func TestStreamInfoCountsSubjects(t *testing.T) {
 			for i := range msgs {
 				msgs[i] = pg.AppendMsg{Subject: subjects[rng.IntN(len(subjects)-step/60)], Data: []byte("x")}
 			}
-			res, _, err := writer.Append(ctx, []pg.AppendBatch{{StreamID: st.ID, ChunkRows: 64, Msgs: msgs}}, time.Now().UnixNano())
+			res, _, err := writer.Append(ctx, []pg.AppendBatch{{StreamID: st.ID, ChunkRows: 1024, Msgs: msgs}}, time.Now().UnixNano())
 			if err != nil {
 				t.Fatalf("step %d: append: %v", step, err)
 			}

@@ -121,40 +121,30 @@ func (b *Bridge) streamCreated(ctx context.Context, resp *server.JSApiStreamCrea
 	return resp, nil
 }
 
+// streamInfo answers what a stream info reports of the stream's state. The state, the
+// number of subjects and of consumers come from one snapshot; the subjects are counted
+// anew only when the stream changed since the last info (pg/subject_count.go).
 func (b *Bridge) streamInfo(ctx context.Context, s *stream) (*server.StreamInfo, error) {
-	info, _, err := b.streamInfoSubjects(ctx, s)
-	return info, err
-}
-
-// streamInfoSubjects is streamInfo with the message totals of every subject, which it
-// reads to count them, for a request that asks for them too.
-func (b *Bridge) streamInfoSubjects(ctx context.Context, s *stream) (*server.StreamInfo, map[string]uint64, error) {
 	// JetStream removes an acknowledged message before it answers the ack; a pass now makes
 	// every ack the consumers applied show, whether or not the maintainer got to it yet.
 	if err := b.settleRetention(ctx, s); err != nil {
 		b.log.Warn("retention pass before stream info failed", "stream", s.name, "err", err)
 	}
-	st, err := b.db.State(ctx, s.id)
+	st, err := b.db.StreamInfo(ctx, s.id)
 	if errors.Is(err, pg.ErrNotFound) {
-		return nil, nil, server.NewJSStreamNotFoundError()
+		return nil, server.NewJSStreamNotFoundError()
 	}
 	if err != nil {
-		return nil, nil, fmt.Errorf("stream %q state: %w", s.name, err)
-	}
-	// JetStream keeps a count of subjects; counting them here costs a grouped read of the
-	// subject index of each chunk, which a stream info is allowed.
-	subjects, err := b.db.SubjectTotals(ctx, s.id, ">")
-	if err != nil {
-		return nil, nil, fmt.Errorf("stream %q subjects: %w", s.name, err)
+		return nil, fmt.Errorf("stream %q state: %w", s.name, err)
 	}
 	state := server.StreamState{
-		NumSubjects: len(subjects),
+		NumSubjects: st.NumSubjects,
 		Msgs:        st.Msgs,
 		Bytes:       st.Bytes,
 		FirstSeq:    st.FirstSeq,
 		LastSeq:     st.LastSeq,
 		NumDeleted:  int(st.Deleted),
-		Consumers:   b.numConsumers(ctx, s),
+		Consumers:   st.Consumers,
 	}
 	if st.FirstTS > 0 {
 		state.FirstTime = time.Unix(0, st.FirstTS).UTC()
@@ -170,7 +160,7 @@ func (b *Bridge) streamInfoSubjects(ctx context.Context, s *stream) (*server.Str
 		}
 	}
 	return &server.StreamInfo{Config: s.config(), Created: s.created.UTC(), State: state, TimeStamp: b.clock.Now().UTC(),
-		Cluster: b.clusterInfo(b.cfg.ReplicaName)}, subjects, nil
+		Cluster: b.clusterInfo(b.cfg.ReplicaName)}, nil
 }
 
 func (b *Bridge) apiStreamUpdate(ctx context.Context, name string, body []byte) (*server.JSApiStreamUpdateResponse, error) {
@@ -252,7 +242,7 @@ func (b *Bridge) apiStreamInfo(ctx context.Context, name string, body []byte) (*
 	if err != nil {
 		return resp, err
 	}
-	info, all, err := b.streamInfoSubjects(ctx, s)
+	info, err := b.streamInfo(ctx, s)
 	if err != nil {
 		return resp, err
 	}
@@ -264,11 +254,9 @@ func (b *Bridge) apiStreamInfo(ctx context.Context, name string, body []byte) (*
 		info.State.Deleted = deleted
 	}
 	if req.SubjectsFilter != "" {
-		totals := all
-		if req.SubjectsFilter != ">" {
-			if totals, err = b.db.SubjectTotals(ctx, s.id, req.SubjectsFilter); err != nil {
-				return resp, fmt.Errorf("subject totals of stream %q: %w", name, err)
-			}
+		totals, err := b.db.SubjectTotals(ctx, s.id, req.SubjectsFilter)
+		if err != nil {
+			return resp, fmt.Errorf("subject totals of stream %q: %w", name, err)
 		}
 		resp.StreamInfo = info
 		pageSubjects(resp, totals, max(req.Offset, 0))

@@ -35,6 +35,7 @@ type DB struct {
 	tails  tailStates // see append_fast.go
 
 	subjects subjectIndexes // see subject_index.go
+	counts   subjectCounts  // see subject_count.go
 }
 
 // Open builds the pool and returns once the database has answered a ping, so that a wrong URL
@@ -115,6 +116,7 @@ type Stats struct {
 	Destroyed           int64 // connections destroyed after a timeout, a cancellation or a broken state
 	StaleRetries        int64 // calls retried on a fresh connection because the pooled one was dead before use
 	SubjectIndexDropped int64 // subject indexes dropped for going past SubjectIndexRows
+	SubjectCountDropped int64 // subject sets of stream infos not kept for going past SubjectCountBytes
 }
 
 // Stats returns the current pool statistics.
@@ -133,5 +135,6 @@ func (db *DB) Stats() Stats {
 		Destroyed:           db.destroyed.Load(),
 		StaleRetries:        db.staleRetries.Load(),
 		SubjectIndexDropped: db.subjects.dropped.Load(),
+		SubjectCountDropped: db.counts.dropped.Load(),
 	}
 }

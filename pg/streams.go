@@ -162,6 +162,7 @@ func (db *DB) DeleteStream(ctx context.Context, id int64) error {
 		db.chunks.forget(id)
 		db.tails.forget(id)
 		db.subjects.forget(id)
+		db.counts.forget(id)
 	}
 	if err != nil && !errors.Is(err, ErrNotFound) {
 		return fmt.Errorf("pg: delete stream: %w", err)

@@ -134,6 +134,8 @@ var poolMetrics = []statMetric[pg.Stats]{
 		prometheus.CounterValue, func(s pg.Stats) float64 { return float64(s.StaleRetries) }},
 	{"subject_index_dropped_total", "Subject indexes of per-subject-limited streams dropped for going past their row bound.",
 		prometheus.CounterValue, func(s pg.Stats) float64 { return float64(s.SubjectIndexDropped) }},
+	{"subject_count_dropped_total", "Subject sets of stream infos not kept for going past their byte bound.",
+		prometheus.CounterValue, func(s pg.Stats) float64 { return float64(s.SubjectCountDropped) }},
 }
 
 var leafMetrics = []statMetric[leaf.Stats]{

@@ -106,6 +106,31 @@ func New(cfg Config, floor Pair, next uint64) *State {
 	}
 }
 
+// Resume takes a consumer over at the delivered position its previous server made durable:
+// consumer and stream sequences continue after delivered, and unacked, the live matching
+// stream sequences above the floor and up to delivered.Stream, count as delivered once at
+// now, as nats-server's consumer keeps them across a leader change. They are redelivered
+// once their ack wait runs from now, never delivered as new again. It reports whether the
+// ack floor moved, which it does when nothing is left unacked.
+func (s *State) Resume(delivered Pair, unacked []uint64, now time.Time) bool {
+	s.sseq = max(s.sseq, delivered.Stream+1)
+	s.dseq = max(s.dseq, delivered.Consumer+1)
+	if s.cfg.AckPolicy != AckNone {
+		at := now.Add(s.wait(1)).UnixNano()
+		for _, seq := range unacked {
+			if seq <= s.floor.Stream || seq >= s.sseq {
+				continue
+			}
+			if _, ok := s.pending[seq]; ok {
+				continue
+			}
+			s.order.insert(seq)
+			s.setDeadline(seq, pending{dseq: s.floor.Consumer + 1}, at)
+		}
+	}
+	return s.settleFloor()
+}
+
 // SetConfig applies an updated configuration. Deadlines already set keep their values.
 func (s *State) SetConfig(cfg Config) { s.cfg = cfg }
 

@@ -115,9 +115,10 @@ func (c *consumer) replyAck(reply string) {
 	}
 }
 
-// cursorWriter persists a consumer's ack floor. Writes are fused: while one is in flight the
-// floor keeps moving in memory, and the next write takes the latest floor. At most one is in
-// flight per consumer, and one per Config.CursorInterval unless a double ack waits.
+// cursorWriter persists a consumer's ack floor and delivered mark. Writes are fused: while
+// one is in flight the floor keeps moving in memory, and the next write takes the latest
+// floor. At most one is in flight per consumer, and one per Config.CursorInterval unless a
+// double ack or a raise of the delivered mark waits.
 type cursorWriter struct {
 	mu       sync.Mutex
 	want     consumerstate.Pair
@@ -129,6 +130,9 @@ type cursorWriter struct {
 	hurry chan struct{}
 	// lastWrite is when the last write started; only the writer in flight touches it.
 	lastWrite time.Time
+	// wantMark and markWritten are the delivered mark asked for and the one committed.
+	wantMark    consumerstate.Pair
+	markWritten consumerstate.Pair
 }
 
 type cursorWaiter struct {
@@ -136,13 +140,14 @@ type cursorWaiter struct {
 	reply string
 }
 
-// floorMoved schedules a cursor write of the current floor.
+// floorMoved schedules a cursor write of the current floor and delivered mark.
 func (c *consumer) floorMoved() {
 	f := c.st.AckFloor()
 	w := &c.cw
 	w.mu.Lock()
 	w.want = f
-	start := !w.inflight && w.want != w.written
+	w.wantMark = c.mark
+	start := !w.inflight && (w.want != w.written || w.wantMark != w.markWritten)
 	if start {
 		w.inflight = true
 		w.wg.Add(1)
@@ -179,20 +184,22 @@ func (c *consumer) writeCursors() {
 	ctx := c.cs.ctx
 	for {
 		w.mu.Lock()
-		f := w.want
-		if f == w.written || ctx.Err() != nil || c.gone() {
+		f, mk := w.want, w.wantMark
+		raise := mk != w.markWritten
+		if f == w.written && !raise || ctx.Err() != nil || c.gone() {
 			w.inflight = false
 			w.mu.Unlock()
 			return
 		}
-		// A stopping consumer writes at once: shutdown waits for it.
-		hurried := len(w.waiters) > 0 || stopReason(c.stopR.Load()) != stopNone
+		// A stopping consumer writes at once: shutdown waits for it. So does a raise of the
+		// mark: delivery may wait for it.
+		hurried := len(w.waiters) > 0 || raise || stopReason(c.stopR.Load()) != stopNone
 		w.mu.Unlock()
 		if !hurried && c.pace(ctx) {
 			continue
 		}
 		w.lastWrite = c.cs.b.clock.Now()
-		err := c.writeCursor(ctx, f)
+		err := c.writeCursor(ctx, f, mk)
 		if lost := errors.Is(err, pg.ErrLeaseLost); lost || (err != nil && ctx.Err() != nil) {
 			if lost {
 				c.stop(stopLost)
@@ -214,6 +221,7 @@ func (c *consumer) writeCursors() {
 		}
 		w.mu.Lock()
 		w.written = f
+		w.markWritten = mk
 		var due []cursorWaiter
 		kept := w.waiters[:0]
 		for _, x := range w.waiters {
@@ -227,6 +235,9 @@ func (c *consumer) writeCursors() {
 		w.mu.Unlock()
 		for _, x := range due {
 			c.replyAck(x.reply)
+		}
+		if raise {
+			c.signal()
 		}
 	}
 }
@@ -256,22 +267,24 @@ func (c *consumer) pace(ctx context.Context) bool {
 	return true
 }
 
-func (c *consumer) writeCursor(ctx context.Context, f consumerstate.Pair) error {
+func (c *consumer) writeCursor(ctx context.Context, f, mark consumerstate.Pair) error {
 	p, err := c.cs.b.cfg.Ack.Acquire(ctx)
 	if err != nil {
 		return err
 	}
 	start := c.cs.b.clock.Now()
-	rtt, err := c.cs.b.db.WriteCursor(ctx, c.cursorParams(f))
+	rtt, err := c.cs.b.db.WriteCursor(ctx, c.cursorParams(f, mark))
 	giveBack(p, rtt, err)
 	c.cs.m.cursorWrites.Inc()
 	c.cs.m.cursorLatency.Observe(c.cs.b.clock.Now().Sub(start).Seconds())
 	return err
 }
 
-// cursorParams is the cursor write that records floor f under this process's lease.
-func (c *consumer) cursorParams(f consumerstate.Pair) pg.CursorParams {
-	return pg.CursorParams{StreamID: c.sc.s.id, Name: c.name, Created: c.created, Owner: c.cs.owner, AckStreamSeq: f.Stream, AckConsumerSeq: f.Consumer}
+// cursorParams is the cursor write that records floor f and delivered mark under this
+// process's lease.
+func (c *consumer) cursorParams(f, mark consumerstate.Pair) pg.CursorParams {
+	return pg.CursorParams{StreamID: c.sc.s.id, Name: c.name, Created: c.created, Owner: c.cs.owner, AckStreamSeq: f.Stream, AckConsumerSeq: f.Consumer,
+		DlvStreamSeq: mark.Stream, DlvConsumerSeq: mark.Consumer}
 }
 
 // flushCursor waits for the write in flight and writes a floor still unwritten, so that a
@@ -292,12 +305,24 @@ func (c *consumer) flushCursor(ctx context.Context) {
 		return
 	}
 	c.cw.mu.Lock()
-	f, written := c.cw.want, c.cw.written
+	f, written, mk, mkWritten := c.cw.want, c.cw.written, c.cw.wantMark, c.cw.markWritten
 	c.cw.mu.Unlock()
-	if f == written {
+	p := c.cursorParams(f, mk)
+	select {
+	case <-c.done:
+		// Nothing goes out any more, so the mark comes down to what went out: whoever serves
+		// the consumer next delivers the rest as new, not after an ack wait.
+		c.mu.Lock()
+		d := c.st.Delivered()
+		c.mu.Unlock()
+		p.DlvStreamSeq, p.DlvConsumerSeq, p.ExactMark = d.Stream, d.Consumer, true
+		mk = d
+	default:
+	}
+	if f == written && mk == mkWritten {
 		return
 	}
-	if _, err := c.cs.b.db.WriteCursor(ctx, c.cursorParams(f)); err != nil {
+	if _, err := c.cs.b.db.WriteCursor(ctx, p); err != nil {
 		c.cs.b.log.Warn("final cursor write failed", "stream", c.sc.s.name, "consumer", c.name, "err", err)
 	}
 }

@@ -142,6 +142,10 @@ type consumer struct {
 	cw         cursorWriter
 	tally      tally
 	ackedFloor bool // an ack moved the floor; the cursor writer is told after the queue
+	// mark is the delivered mark last handed to the cursor writer, durable the one it last
+	// reported committed: nothing goes out past durable (see covered).
+	mark    consumerstate.Pair
+	durable consumerstate.Pair
 }
 
 func newConsumer(cs *consumerSide, sc *streamConsumers, row pg.Consumer, cfg server.ConsumerConfig, start *startPos) *consumer {
@@ -167,8 +171,12 @@ func newConsumer(cs *consumerSide, sc *streamConsumers, row pg.Consumer, cfg ser
 		start:      start,
 		lastActive: now,
 	}
+	mark := consumerstate.Pair{Consumer: max(row.DlvConsumerSeq, floor.Consumer), Stream: max(row.DlvStreamSeq, floor.Stream)}
+	c.mark, c.durable = mark, mark
 	c.cw.written = floor
 	c.cw.want = floor
+	c.cw.markWritten = mark
+	c.cw.wantMark = mark
 	c.cw.hurry = make(chan struct{}, 1)
 	c.setFilters(&cfg)
 	c.setPush(&cfg, now)
@@ -455,6 +463,10 @@ func (c *consumer) pump(ctx context.Context) {
 			eos = found == nextEmpty
 			break
 		}
+		if !c.covered(m.Seq, dc, c.st.Delivered().Consumer+1, src) {
+			eos = false
+			break
+		}
 		hdr, data := m.Header, m.Data
 		if c.cfg.HeadersOnly {
 			hdr, data = headersOnly(m.Header, len(m.Data)), nil
@@ -536,6 +548,43 @@ func (c *consumer) pump(ctx context.Context) {
 		c.prefetch(ctx)
 	}
 	c.tally.flush(c.cs.m)
+}
+
+// markStep is how many consumer sequences, and stream sequences past the one delivered,
+// one raise of the durable delivered mark reserves. A raise is one update of the consumer's
+// row; it is asked for when half the reservation is used, so that a consumer that keeps
+// delivering rarely waits for it. What a takeover finds between the ack floor and the mark
+// counts as delivered once: a larger step costs more such messages waiting out an ack wait
+// after a takeover, and an ack none consumer skips up to a step it may never have sent.
+const markStep = 512
+
+// covered reports whether delivering stream sequence seq with delivery count dc as consumer
+// sequence dseq stays within the durable delivered mark, asking the cursor writer for the
+// next raise when the mark runs low. When it does not, the pump stops; the writer wakes the
+// consumer once the raise committed. A message from the read-ahead raises the stream mark
+// through what the read looked at, which holds at most a read's worth of messages for the
+// consumer however sparse its filter. Called with mu held.
+func (c *consumer) covered(seq, dc, dseq uint64, src source) bool {
+	if dseq+markStep/2 > c.mark.Consumer || dc == 1 && seq+markStep/2 > c.mark.Stream {
+		end := seq - 1 + markStep
+		if src == srcAhead {
+			end = max(end, c.aheadUpTo)
+		}
+		c.mark = consumerstate.Pair{Consumer: max(c.mark.Consumer, dseq-1+markStep), Stream: max(c.mark.Stream, end)}
+		c.floorMoved()
+	}
+	within := func(d consumerstate.Pair) bool { return dseq <= d.Consumer && (dc > 1 || seq <= d.Stream) }
+	if within(c.durable) {
+		return true
+	}
+	c.cw.mu.Lock()
+	c.durable = c.cw.markWritten
+	c.cw.mu.Unlock()
+	if within(c.durable) {
+		return true
+	}
+	c.cs.m.markWaits.Inc()
+	return false
 }
 
 // tally counts per message on the consumer's goroutine what it adds to the metrics once

@@ -147,12 +147,16 @@ func (c *consumer) floorMoved() {
 	w.mu.Lock()
 	w.want = f
 	w.wantMark = c.mark
-	start := !w.inflight && (w.want != w.written || w.wantMark != w.markWritten)
+	raise := w.wantMark != w.markWritten
+	start := !w.inflight && (w.want != w.written || raise)
 	if start {
 		w.inflight = true
 		w.wg.Add(1)
 	}
 	w.mu.Unlock()
+	if raise && !start {
+		poke(w.hurry) // a writer waiting out the pace: delivery may wait for the raise
+	}
 	if start && !c.cs.g.Go(c.writeCursors) {
 		// Stopping: the final write is flushCursor's.
 		w.mu.Lock()

@@ -464,6 +464,9 @@ func (c *consumer) pump(ctx context.Context) {
 			break
 		}
 		if !c.covered(m.Seq, dc, c.st.Delivered().Consumer+1, src) {
+			if src == srcTail {
+				c.tally.tailHits-- // it is looked up again once the raise committed
+			}
 			eos = false
 			break
 		}

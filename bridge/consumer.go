@@ -146,6 +146,7 @@ type consumer struct {
 	// reported committed: nothing goes out past durable (see covered).
 	mark    consumerstate.Pair
 	durable consumerstate.Pair
+	step    uint64 // what a raise reserves, markStep or more (see covered)
 }
 
 func newConsumer(cs *consumerSide, sc *streamConsumers, row pg.Consumer, cfg server.ConsumerConfig, start *startPos) *consumer {
@@ -561,6 +562,11 @@ func (c *consumer) pump(ctx context.Context) {
 // after a takeover, and an ack none consumer skips up to a step it may never have sent.
 const markStep = 512
 
+// markStepMax bounds how far a consumer's step grows: each time delivery had to wait for a
+// raise the step doubles, so that a consumer delivering hundreds of thousands a second asks
+// for a raise about as often as a slow one, not every millisecond.
+const markStepMax = 64 * markStep
+
 // covered reports whether delivering stream sequence seq with delivery count dc as consumer
 // sequence dseq stays within the durable delivered mark, asking the cursor writer for the
 // next raise when the mark runs low. When it does not, the pump stops; the writer wakes the
@@ -568,12 +574,13 @@ const markStep = 512
 // through what the read looked at, which holds at most a read's worth of messages for the
 // consumer however sparse its filter. Called with mu held.
 func (c *consumer) covered(seq, dc, dseq uint64, src source) bool {
-	if dseq+markStep/2 > c.mark.Consumer || dc == 1 && seq+markStep/2 > c.mark.Stream {
-		end := seq - 1 + markStep
+	step := max(c.step, markStep)
+	if dseq+step/2 > c.mark.Consumer || dc == 1 && seq+step/2 > c.mark.Stream {
+		end := seq - 1 + step
 		if src == srcAhead {
 			end = max(end, c.aheadUpTo)
 		}
-		c.mark = consumerstate.Pair{Consumer: max(c.mark.Consumer, dseq-1+markStep), Stream: max(c.mark.Stream, end)}
+		c.mark = consumerstate.Pair{Consumer: max(c.mark.Consumer, dseq-1+step), Stream: max(c.mark.Stream, end)}
 		c.floorMoved()
 	}
 	within := func(d consumerstate.Pair) bool { return dseq <= d.Consumer && (dc > 1 || seq <= d.Stream) }
@@ -587,6 +594,7 @@ func (c *consumer) covered(seq, dc, dseq uint64, src source) bool {
 		return true
 	}
 	c.cs.m.markWaits.Inc()
+	c.step = min(2*step, markStepMax)
 	return false
 }
 

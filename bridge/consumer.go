@@ -576,12 +576,17 @@ const markStepMax = 64 * markStep
 func (c *consumer) covered(seq, dc, dseq uint64, src source) bool {
 	step := max(c.step, markStep)
 	if dseq+step/2 > c.mark.Consumer || dc == 1 && seq+step/2 > c.mark.Stream {
-		end := seq - 1 + step
+		// The stream mark reserves only what is committed: a message committed after a
+		// crash, past what the replica saw, was never sent and goes out as new at once.
+		end := max(seq, min(seq-1+step, c.sc.tail.HighWater()))
 		if src == srcAhead {
 			end = max(end, c.aheadUpTo)
 		}
-		c.mark = consumerstate.Pair{Consumer: max(c.mark.Consumer, dseq-1+step), Stream: max(c.mark.Stream, end)}
-		c.floorMoved()
+		next := consumerstate.Pair{Consumer: max(c.mark.Consumer, dseq-1+step), Stream: max(c.mark.Stream, end)}
+		if next != c.mark {
+			c.mark = next
+			c.floorMoved()
+		}
 	}
 	within := func(d consumerstate.Pair) bool { return dseq <= d.Consumer && (dc > 1 || seq <= d.Stream) }
 	if within(c.durable) {

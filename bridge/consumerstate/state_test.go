@@ -432,3 +432,57 @@ func BenchmarkWakeWithManyPending(b *testing.B) {
 	slices.Sort(ratios)
 	b.ReportMetric(ratios[len(ratios)/2], "100k/100")
 }
+
+// TestResume: a consumer taken over at floor {2 3} with delivered mark {10 12} continues
+// after the mark, keeps the live sequences in between pending from one delivery (the floor
+// moves up to the first of them), and
+// redelivers them once their ack wait has run from the takeover, with delivery count 2. With
+// max_deliver 1 they are never delivered again; with ack none the floor follows the mark.
+func TestResume(t *testing.T) {
+	clk := &fakeClock{t: time.Unix(1_700_000_000, 0)}
+	s := New(Config{AckPolicy: AckExplicit, AckWait: time.Second}, Pair{Consumer: 2, Stream: 3}, 4)
+	if !s.Resume(Pair{Consumer: 10, Stream: 12}, []uint64{2, 5, 7, 12, 13}, clk.t) {
+		t.Fatal("the floor did not move up to the first pending sequence")
+	}
+	wantFloor(t, s, 2, 4)
+	if got := s.PendingSeqs(); !slices.Equal(got, []uint64{5, 7, 12}) {
+		t.Fatalf("pending %v, want 5, 7, 12", got)
+	}
+	if d, n := s.Delivered(), s.Next(); d != (Pair{Consumer: 10, Stream: 12}) || n != 13 {
+		t.Fatalf("delivered %+v, next %d", d, n)
+	}
+	if _, _, ok := s.Redelivery(); ok {
+		t.Fatal("a redelivery before the ack wait")
+	}
+	clk.advance(time.Second)
+	s.Expire(clk.t)
+	seq, dc, ok := s.Redelivery()
+	if !ok || seq != 5 || dc != 2 {
+		t.Fatalf("redelivery %d with count %d (%v), want 5 with 2", seq, dc, ok)
+	}
+	if dseq, _ := s.Deliver(seq, dc, clk.t); dseq != 11 {
+		t.Fatalf("consumer sequence %d after the mark 10", dseq)
+	}
+	s.Ack(5, 11, clk.t)
+	wantFloor(t, s, 2, 6)
+
+	once := New(Config{AckPolicy: AckExplicit, AckWait: time.Second, MaxDeliver: 1}, Pair{}, 1)
+	once.Resume(Pair{Consumer: 3, Stream: 3}, []uint64{1, 2, 3}, clk.t)
+	clk.advance(time.Second)
+	once.Expire(clk.t)
+	if _, _, ok := once.Redelivery(); ok || once.NumAckPending() != 0 {
+		t.Fatalf("max_deliver 1: redelivery %v, %d pending", ok, once.NumAckPending())
+	}
+
+	// Ack none continues after its floor, so that nothing under the mark that never went
+	// out is skipped, with its consumer sequences after the mark's.
+	none := New(Config{AckPolicy: AckNone}, Pair{Consumer: 1, Stream: 1}, 2)
+	none.Resume(Pair{Consumer: 4, Stream: 6}, nil, clk.t)
+	if none.Next() != 2 {
+		t.Fatalf("ack none resumed at stream sequence %d, want 2 after its floor", none.Next())
+	}
+	if dseq, _ := none.Deliver(2, 1, clk.t); dseq != 5 {
+		t.Fatalf("ack none: consumer sequence %d after the mark 4, want 5", dseq)
+	}
+	wantFloor(t, none, 5, 2)
+}

@@ -217,7 +217,7 @@ func (b *Bridge) consumersCommitted(s *stream, msgs []pg.Message) {
 	sc := cs.streamFor(s, msgs[0].Seq-1)
 	sc.tail.Add(msgs, msgs[0].Seq, msgs[len(msgs)-1].Seq)
 	for _, c := range sc.list() {
-		c.committed(msgs)
+		c.committed(msgs, msgs[0].Seq)
 	}
 }
 
@@ -473,7 +473,14 @@ func (cs *consumerSide) activate(ctx context.Context, sc *streamConsumers, row p
 		return nil, errors.New("stored consumer config does not decode: " + err.Error())
 	}
 	c := newConsumer(cs, sc, row, cfg, start)
-	hw := sc.tail.HighWater()
+	// The tail knows of this process's commits only until a tick: other replicas' may lie
+	// beyond it.
+	hw, err := cs.highWater(ctx, sc.s)
+	if err != nil {
+		cs.release(sc.s, row.Name)
+		return nil, err
+	}
+	sc.tail.Raise(hw)
 	from, extra := c.countFrom()
 	npc, err := cs.b.db.CountPending(ctx, pg.PendingParams{StreamID: sc.s.id, From: from, UpTo: hw, Filters: c.filters()})
 	if err != nil {

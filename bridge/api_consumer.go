@@ -529,6 +529,7 @@ func (cs *consumerSide) apiDelete(ctx context.Context, streamName, name string, 
 		cs.remove(c)
 		c.stop(stopDeleted)
 	}
+	cs.b.consumerDeleted(ctx, s)
 	resp.Success = true
 	return resp, nil
 }

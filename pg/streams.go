@@ -37,6 +37,9 @@ type StreamState struct {
 	Msgs     uint64
 	Bytes    uint64
 	Deleted  uint64 // tombstoned sequences between FirstSeq and LastSeq
+	// Purged says that a purge emptied the stream before it held any message, which
+	// JetStream reports with first_seq 1 rather than 0.
+	Purged bool
 }
 
 const sqlCreateStream = `
@@ -191,7 +194,7 @@ func (db *DB) Streams(ctx context.Context) ([]Stream, error) {
 }
 
 const sqlStreamState = `
-SELECT first_seq, last_seq, last_ts, msgs, bytes FROM jetgres.stream_state WHERE stream_id = $1`
+SELECT first_seq, last_seq, last_ts, msgs, bytes, purged FROM jetgres.stream_state WHERE stream_id = $1`
 
 // State reads a stream's committed state: sequences, timestamps, message and byte counts.
 // It reads in one snapshot, so that the counts and the first message agree.
@@ -202,7 +205,7 @@ func (db *DB) State(ctx context.Context, id int64) (StreamState, error) {
 		if _, err := q.Exec(ctx, `SET TRANSACTION ISOLATION LEVEL REPEATABLE READ`); err != nil {
 			return err
 		}
-		if err := q.QueryRow(ctx, sqlStreamState, id).Scan(&st.FirstSeq, &st.LastSeq, &st.LastTS, &st.Msgs, &st.Bytes); err != nil {
+		if err := q.QueryRow(ctx, sqlStreamState, id).Scan(&st.FirstSeq, &st.LastSeq, &st.LastTS, &st.Msgs, &st.Bytes, &st.Purged); err != nil {
 			if errors.Is(err, pgx.ErrNoRows) {
 				return ErrNotFound
 			}
@@ -268,6 +271,9 @@ func (db *DB) purge(ctx context.Context, q querier, st *stateRow, p PurgeParams)
 	if all && p.Keep == 0 {
 		switch {
 		case p.UpTo == 0:
+			if st.last == 0 {
+				return markPurged(ctx, q, st.id)
+			}
 			_, err := db.advanceFirst(ctx, q, st, st.last+1)
 			return err
 		case p.UpTo > st.last+1:
@@ -306,6 +312,31 @@ func (db *DB) purge(ctx context.Context, q querier, st *stateRow, p PurgeParams)
 		return err
 	}
 	return db.settleFirst(ctx, q, st)
+}
+
+// sqlMarkPurged marks a stream that never held a message as purged, for StreamState.Purged.
+const sqlMarkPurged = `UPDATE jetgres.stream_state SET purged = true WHERE stream_id = $1 AND last_seq = 0 AND NOT purged`
+
+func markPurged(ctx context.Context, q querier, id int64) error {
+	if _, err := q.Exec(ctx, sqlMarkPurged, id); err != nil {
+		return fmt.Errorf("mark stream %d purged: %w", id, err)
+	}
+	return nil
+}
+
+// InterestGone marks an interest stream whose last consumer went as JetStream marks it: it
+// purges the stream then, which before any message moves its first sequence to 1. Messages
+// the stream holds are retention's; this only matters, and only acts, while it never held
+// one and no consumer is left.
+func (db *DB) InterestGone(ctx context.Context, id int64) error {
+	err := db.background(ctx, func(ctx context.Context, q querier) error {
+		_, err := q.Exec(ctx, sqlMarkPurged+` AND NOT EXISTS (SELECT 1 FROM jetgres.consumers c WHERE c.stream_id = $1)`, id)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("pg: mark stream purged: %w", err)
+	}
+	return nil
 }
 
 // newestNth returns the sequence of the n-th newest live message that cond (built by

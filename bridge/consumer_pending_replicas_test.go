@@ -85,15 +85,18 @@ func fetchOne(t *testing.T, c jetstream.Consumer) *jetstream.MsgMetadata {
 	if err != nil {
 		t.Fatal(err)
 	}
+	var mds []*jetstream.MsgMetadata
 	for m := range batch.Messages() {
 		md, err := m.Metadata()
 		if err != nil {
 			t.Fatal(err)
 		}
-		return md
+		mds = append(mds, md)
 	}
-	t.Fatalf("nothing fetched: %v", batch.Error())
-	return nil
+	if len(mds) != 1 {
+		t.Fatalf("fetched %d messages, want 1: %v", len(mds), batch.Error())
+	}
+	return mds[0]
 }
 
 func wantPending(t *testing.T, ctx context.Context, c jetstream.Consumer, want uint64) {

@@ -215,6 +215,8 @@ type Bridge struct {
 	// ownForward is forwardPrefix(cfg.ReplicaName): the subjects of the requests other
 	// replicas forward here.
 	ownForward string
+	// fwdKey is the deployment's secret that seals forwarded requests.
+	fwdKey []byte
 	// unsupportedLogged[i] is set once unsupportedRequests[i] has been logged.
 	unsupportedLogged [len(unsupportedRequests)]atomic.Bool
 

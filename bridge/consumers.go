@@ -138,9 +138,12 @@ func (b *Bridge) startConsumers(ctx context.Context) error {
 	if cs.own.own, err = b.db.OpenOwnership(ctx, b.cfg.Lease, b.cfg.Lease/confirmsPerLease); err != nil {
 		return err
 	}
+	if b.fwdKey, err = b.db.DeploymentSecret(ctx); err != nil {
+		return err
+	}
 	// Before any consumer is served here: other replicas forward its updates once its lease
 	// names this one.
-	if cs.own.fwd, err = b.link.Subscribe(b.forwardPrefix(cs.owner)+"CONSUMER.>", "", b.onAPI); err != nil {
+	if cs.own.fwd, err = b.link.Subscribe(b.forwardPrefix(cs.owner)+"*.*.CONSUMER.>", "", b.onAPI); err != nil {
 		return err
 	}
 	cs.claimFree(ctx)

@@ -47,19 +47,20 @@ WITH s AS (
     INSERT INTO jetgres.streams (name, config) VALUES ($1, $2)
     RETURNING id, created
 ), st AS (
-    INSERT INTO jetgres.stream_state (stream_id, first_seq, last_seq) SELECT id, $3::bigint, $3::bigint - 1 FROM s
+    INSERT INTO jetgres.stream_state (stream_id, first_seq, last_seq, purged) SELECT id, $3::bigint, $3::bigint - 1, $4 FROM s
 )
 SELECT id, created FROM s`
 
 // CreateStream stores a new stream and creates its first chunk table.
 // It returns ErrExists when the name is taken.
 func (db *DB) CreateStream(ctx context.Context, name string, config []byte) (Stream, error) {
-	return db.CreateStreamFrom(ctx, name, config, 1)
+	return db.CreateStreamFrom(ctx, name, config, 0)
 }
 
 // CreateStreamFrom is CreateStream for a stream whose first message takes sequence
-// firstSeq (JetStream's first_seq; 0 is 1), as though a purge had moved it there. It
-// returns ErrSeqRange when firstSeq is above MaxSeq.
+// firstSeq (JetStream's first_seq; 0 is 1), as though a purge had moved it there: JetStream
+// reports any first_seq given, 1 too, as purged (StreamState.Purged). It returns ErrSeqRange
+// when firstSeq is above MaxSeq.
 func (db *DB) CreateStreamFrom(ctx context.Context, name string, config []byte, firstSeq uint64) (Stream, error) {
 	return db.CreateStreamChecked(ctx, name, config, firstSeq, nil)
 }
@@ -71,6 +72,7 @@ func (db *DB) CreateStreamChecked(ctx context.Context, name string, config []byt
 	if firstSeq > MaxSeq {
 		return Stream{}, fmt.Errorf("pg: create stream from %d: %w", firstSeq, ErrSeqRange)
 	}
+	purged := firstSeq > 0
 	firstSeq = max(firstSeq, 1)
 	st := Stream{Name: name, Config: config}
 	var checkErr error
@@ -78,7 +80,7 @@ func (db *DB) CreateStreamChecked(ctx context.Context, name string, config []byt
 		if err := runStreamCheck(ctx, q, name, check, &checkErr); err != nil {
 			return err
 		}
-		if err := q.QueryRow(ctx, sqlCreateStream, name, config, int64(firstSeq)).Scan(&st.ID, &st.Created); err != nil {
+		if err := q.QueryRow(ctx, sqlCreateStream, name, config, int64(firstSeq), purged).Scan(&st.ID, &st.Created); err != nil {
 			return err
 		}
 		if err := createChunk(ctx, q, st.ID, 0, firstSeq); err != nil {

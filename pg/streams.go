@@ -47,7 +47,7 @@ WITH s AS (
     INSERT INTO jetgres.streams (name, config) VALUES ($1, $2)
     RETURNING id, created
 ), st AS (
-    INSERT INTO jetgres.stream_state (stream_id, first_seq, last_seq, purged) SELECT id, $3::bigint, $3::bigint - 1, $4 FROM s
+    INSERT INTO jetgres.stream_state (stream_id, first_seq, last_seq) SELECT id, $3::bigint, $3::bigint - 1 FROM s
 )
 SELECT id, created FROM s`
 
@@ -80,8 +80,13 @@ func (db *DB) CreateStreamChecked(ctx context.Context, name string, config []byt
 		if err := runStreamCheck(ctx, q, name, check, &checkErr); err != nil {
 			return err
 		}
-		if err := q.QueryRow(ctx, sqlCreateStream, name, config, int64(firstSeq), purged).Scan(&st.ID, &st.Created); err != nil {
+		if err := q.QueryRow(ctx, sqlCreateStream, name, config, int64(firstSeq)).Scan(&st.ID, &st.Created); err != nil {
 			return err
+		}
+		if purged {
+			if err := markPurged(ctx, q, st.ID); err != nil {
+				return err
+			}
 		}
 		if err := createChunk(ctx, q, st.ID, 0, firstSeq); err != nil {
 			return err

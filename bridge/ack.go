@@ -390,4 +390,5 @@ func (cs *consumerSide) deleteInactive(c *consumer) {
 	}
 	cs.remove(c)
 	c.stop(stopDeleted)
+	cs.b.consumerDeleted(cs.ctx, c.sc.s)
 }

@@ -61,7 +61,12 @@ func (b *Bridge) apiWorker() {
 func (b *Bridge) serveAPI(ctx context.Context, m *leaf.Msg) {
 	rest, forwarded := strings.CutPrefix(m.Subject, b.ownForward)
 	if forwarded {
-		m.Subject = apiPrefix + rest
+		api, ok := b.unseal(rest, m)
+		if !ok {
+			b.cons.own.refused.Inc()
+			return
+		}
+		m.Subject = apiPrefix + api
 	}
 	rest = strings.TrimPrefix(m.Subject, apiPrefix)
 	tok := strings.Split(rest, ".")

@@ -328,14 +328,19 @@ func (cs *consumerSide) startFor(ctx context.Context, s *stream, cfg *server.Con
 	return &pos, nil
 }
 
-// info reports a consumer as ConsumerInfo. num_pending is counted in PostgreSQL.
+// info reports a consumer as ConsumerInfo. num_pending is counted in PostgreSQL, up to its
+// high-water mark rather than the tail's, which other replicas' commits pass until a tick.
 func (cs *consumerSide) info(ctx context.Context, c *consumer) (*server.ConsumerInfo, error) {
 	c.mu.Lock()
 	info, from, extra := cs.infoLocked(c)
 	filters := c.filters()
 	c.mu.Unlock()
 	info.PushBound = cs.pushBound(info.Config)
-	np, err := cs.b.db.CountPending(ctx, pg.PendingParams{StreamID: c.sc.s.id, From: from, UpTo: c.sc.tail.HighWater(), Filters: filters})
+	hw, err := cs.highWater(ctx, c.sc.s)
+	if err != nil {
+		return nil, err
+	}
+	np, err := cs.b.db.CountPending(ctx, pg.PendingParams{StreamID: c.sc.s.id, From: from, UpTo: hw, Filters: filters})
 	if err != nil {
 		return nil, err
 	}
@@ -525,6 +530,7 @@ func (cs *consumerSide) apiDelete(ctx context.Context, streamName, name string, 
 		cs.remove(c)
 		c.stop(stopDeleted)
 	}
+	cs.b.consumerDeleted(ctx, s)
 	resp.Success = true
 	return resp, nil
 }

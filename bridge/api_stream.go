@@ -154,8 +154,8 @@ func (b *Bridge) streamInfo(ctx context.Context, s *stream) (*server.StreamInfo,
 	}
 	if st.Msgs == 0 {
 		state.FirstSeq = st.LastSeq + 1
-		if st.LastSeq == 0 {
-			// As JetStream reports a stream that never held a message.
+		if st.LastSeq == 0 && !st.Purged {
+			// As JetStream reports a stream that never held a message nor was purged.
 			state.FirstSeq = 0
 		}
 	}

@@ -73,7 +73,7 @@ type Config struct {
 	// FlushMaxStreams caps the streams that share one transaction. Defaults to FlushMaxStreamsDefault.
 	FlushMaxStreams int
 	// TickPeriod is how often the ticker polls the high-water marks of streams that have
-	// waiting consumers, to see commits made by other replicas. Defaults to TickPeriodDefault.
+	// consumers, to see commits made by other replicas. Defaults to TickPeriodDefault.
 	TickPeriod time.Duration
 	// CursorInterval is the least time between two writes of a consumer's ack floor while
 	// plain acks move it; a double ack's write goes at once. Defaults to
@@ -215,6 +215,8 @@ type Bridge struct {
 	// ownForward is forwardPrefix(cfg.ReplicaName): the subjects of the requests other
 	// replicas forward here.
 	ownForward string
+	// fwdKey is the deployment's secret that seals forwarded requests.
+	fwdKey []byte
 	// unsupportedLogged[i] is set once unsupportedRequests[i] has been logged.
 	unsupportedLogged [len(unsupportedRequests)]atomic.Bool
 

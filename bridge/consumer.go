@@ -232,12 +232,17 @@ func (c *consumer) stop(r stopReason) {
 	c.signal()
 }
 
-// committed counts freshly committed rows the consumer will want and wakes it if it waits.
-func (c *consumer) committed(msgs []pg.Message) {
+// committed counts freshly committed rows the consumer will want, of a commit or a read that
+// covers the sequences from from on, and wakes it if it waits.
+func (c *consumer) committed(msgs []pg.Message, from uint64) {
 	if len(msgs) == 0 {
 		return
 	}
-	if c.pend.add(msgs, c.matchFilters) > 0 && c.parked.Load() {
+	n, gap := c.pend.add(msgs, from, c.matchFilters)
+	if gap {
+		c.markStale(from - 1)
+	}
+	if n > 0 && c.parked.Load() {
 		c.signal()
 	}
 }

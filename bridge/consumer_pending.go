@@ -38,12 +38,15 @@ type pendingCommits struct {
 	through atomic.Uint64
 }
 
-// add counts the rows past through that match and reports how many did.
-func (p *pendingCommits) add(msgs []pg.Message, match func(subject string) bool) int64 {
+// add counts the rows past through that match, of a commit or a read that covers the
+// sequences from msgs[0] on, and reports how many did. gap is true when rows between through
+// and the first of msgs were committed by another replica and have not been counted: the
+// caller must recount in PostgreSQL.
+func (p *pendingCommits) add(msgs []pg.Message, from uint64, match func(subject string) bool) (n int64, gap bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	var n int64
 	through := p.through.Load()
+	gap = from > through+1
 	for i := range msgs {
 		if msgs[i].Seq > through && match(msgs[i].Subject) {
 			n++
@@ -53,7 +56,7 @@ func (p *pendingCommits) add(msgs []pg.Message, match func(subject string) bool)
 		p.through.Store(last)
 	}
 	p.n += n
-	return n
+	return n, gap
 }
 
 // claim is for a first delivery of seq that no commit has counted yet: the goroutine can

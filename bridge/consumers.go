@@ -139,9 +139,12 @@ func (b *Bridge) startConsumers(ctx context.Context) error {
 	if cs.own.own, err = b.db.OpenOwnership(ctx, b.cfg.Lease, b.cfg.Lease/confirmsPerLease); err != nil {
 		return err
 	}
+	if b.fwdKey, err = b.db.DeploymentSecret(ctx); err != nil {
+		return err
+	}
 	// Before any consumer is served here: other replicas forward its updates once its lease
 	// names this one.
-	if cs.own.fwd, err = b.link.Subscribe(b.forwardPrefix(cs.owner)+"CONSUMER.>", "", b.onAPI); err != nil {
+	if cs.own.fwd, err = b.link.Subscribe(b.forwardPrefix(cs.owner)+"*.*.CONSUMER.>", "", b.onAPI); err != nil {
 		return err
 	}
 	cs.claimFree(ctx)
@@ -218,7 +221,7 @@ func (b *Bridge) consumersCommitted(s *stream, msgs []pg.Message) {
 	sc := cs.streamFor(s, msgs[0].Seq-1)
 	sc.tail.Add(msgs, msgs[0].Seq, msgs[len(msgs)-1].Seq)
 	for _, c := range sc.list() {
-		c.committed(msgs)
+		c.committed(msgs, msgs[0].Seq)
 	}
 }
 
@@ -480,7 +483,14 @@ func (cs *consumerSide) activate(ctx context.Context, sc *streamConsumers, row p
 			return nil, err
 		}
 	}
-	hw := sc.tail.HighWater()
+	// The tail knows of this process's commits only until a tick: other replicas' may lie
+	// beyond it.
+	hw, err := cs.highWater(ctx, sc.s)
+	if err != nil {
+		cs.release(sc.s, row.Name)
+		return nil, err
+	}
+	sc.tail.Raise(hw)
 	from, extra := c.countFrom()
 	npc, err := cs.b.db.CountPending(ctx, pg.PendingParams{StreamID: sc.s.id, From: from, UpTo: hw, Filters: c.filters()})
 	if err != nil {

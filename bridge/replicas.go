@@ -2,8 +2,11 @@ package bridge
 
 import (
 	"context"
+	"crypto/hmac"
+	"crypto/sha256"
 	"encoding/hex"
 	"errors"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -24,10 +27,14 @@ const (
 	// routed member: the pick is at random.
 	QueueGroup = "jetgres"
 	// ForwardPrefix begins the subjects on which replicas hand each other consumer requests:
-	// ForwardPrefix, the replica's name in hex, a dot, and the request's subject after
-	// "$JS.API.". Clients have no business there; deployments that restrict subjects can
-	// deny it to them.
+	// ForwardPrefix, the replica's name in hex, the seal (two tokens), and the request's
+	// subject after "$JS.API.". Clients have no business there; deployments that restrict
+	// subjects can deny it to them, and a request a client sends there is dropped all the
+	// same, as its seal cannot be right.
 	ForwardPrefix = "$JETGRES.REPLICA."
+	// forwardMaxAge is how long a forwarded request's seal holds, either way, for replicas
+	// whose clocks disagree a little: a request captured there cannot be replayed later.
+	forwardMaxAge = time.Minute
 
 	// claimsPerLease is how many times per lease a replica confirms its ownership session
 	// and looks for consumers nobody serves: with the default lease, every 250 ms, which
@@ -67,6 +74,7 @@ type ownership struct {
 	takeovers prometheus.Counter
 	fencings  prometheus.Counter
 	forwards  prometheus.Counter
+	refused   prometheus.Counter
 }
 
 func newOwnership(reg prometheus.Registerer, cs *consumerSide) *ownership {
@@ -78,11 +86,13 @@ func newOwnership(reg prometheus.Registerer, cs *consumerSide) *ownership {
 			Help: "Times this replica could not confirm its ownership session and stopped serving every consumer."}),
 		forwards: prometheus.NewCounter(prometheus.CounterOpts{Name: "jetgres_consumer_requests_forwarded_total",
 			Help: "Consumer updates, pauses and info requests this replica forwarded to the replica that serves the consumer."}),
+		refused: prometheus.NewCounter(prometheus.CounterOpts{Name: "jetgres_consumer_forwards_refused_total",
+			Help: "Requests on this replica's forwarding subjects dropped because their seal was wrong or too old: not sent by a replica."}),
 	}
 	o.served = prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "jetgres_consumers_served",
 		Help: "Consumers this replica serves."}, func() float64 { return float64(o.count()) })
 	if reg != nil {
-		reg.MustRegister(o.served, o.takeovers, o.fencings, o.forwards)
+		reg.MustRegister(o.served, o.takeovers, o.fencings, o.forwards, o.refused)
 	}
 	return o
 }
@@ -340,7 +350,8 @@ func (b *Bridge) forward(m *leaf.Msg, err error, forwarded bool) error {
 	if forwarded || sb.owner == "" || sb.owner == b.cfg.ReplicaName {
 		return refuse
 	}
-	subj := b.forwardPrefix(sb.owner) + strings.TrimPrefix(m.Subject, apiPrefix)
+	api := strings.TrimPrefix(m.Subject, apiPrefix)
+	subj := b.forwardPrefix(sb.owner) + b.seal(b.clock.Now().Unix(), api, m) + "." + api
 	if !b.link.HasInterest(subj) {
 		return refuse
 	}
@@ -349,6 +360,35 @@ func (b *Bridge) forward(m *leaf.Msg, err error, forwarded bool) error {
 	}
 	b.cons.own.forwards.Inc()
 	return errForwarded
+}
+
+// seal is the two subject tokens that vouch for a forwarded request: when it was sealed, in
+// unix seconds, and a MAC with the deployment's secret over that time and everything the
+// receiving replica acts on.
+func (b *Bridge) seal(unix int64, api string, m *leaf.Msg) string {
+	ts := strconv.FormatInt(unix, 10)
+	mac := hmac.New(sha256.New, b.fwdKey)
+	for _, part := range [][]byte{[]byte(ts), []byte(api), []byte(m.Reply), m.Header} {
+		mac.Write(part)
+		mac.Write([]byte{0})
+	}
+	mac.Write(m.Data)
+	return ts + "." + hex.EncodeToString(mac.Sum(nil)[:16])
+}
+
+// unseal checks the seal of a request forwarded here, rest being its subject after
+// ownForward, and returns its subject after "$JS.API.".
+func (b *Bridge) unseal(rest string, m *leaf.Msg) (api string, ok bool) {
+	ts, after, _ := strings.Cut(rest, ".")
+	mac, api, _ := strings.Cut(after, ".")
+	unix, err := strconv.ParseInt(ts, 10, 64)
+	if err != nil || api == "" || len(b.fwdKey) == 0 {
+		return "", false
+	}
+	if age := b.clock.Now().Sub(time.Unix(unix, 0)); age > forwardMaxAge || age < -forwardMaxAge {
+		return "", false
+	}
+	return api, hmac.Equal([]byte(ts+"."+mac), []byte(b.seal(unix, api, m)))
 }
 
 // servedBy names the replica whose lease says it serves a consumer that another session

@@ -152,6 +152,17 @@ func (m *maintainer) retainAll(ctx context.Context, dirtyOnly bool) (again bool)
 	return again
 }
 
+// consumerDeleted marks an interest stream that lost its last consumer as JetStream does,
+// which purges it then: one that never held a message reports first_seq 1 from there on.
+func (b *Bridge) consumerDeleted(ctx context.Context, s *stream) {
+	if s.config().Retention != server.InterestPolicy {
+		return
+	}
+	if err := b.db.InterestGone(ctx, s.id); err != nil && ctx.Err() == nil {
+		b.log.Warn("marking an interest stream without consumers failed", "stream", s.name, "err", err)
+	}
+}
+
 // settleRetention runs a retention pass on s now, so that what a client reads next
 // reflects every ack the consumers have applied.
 func (b *Bridge) settleRetention(ctx context.Context, s *stream) error {

@@ -177,3 +177,29 @@ func statusText(m *nats.Msg) string {
 	return fmt.Sprintf("%s %s pending msgs %s bytes %s data %q", m.Header.Get("Status"), m.Header.Get("Description"),
 		m.Header.Get("Nats-Pending-Messages"), m.Header.Get("Nats-Pending-Bytes"), m.Data)
 }
+
+// A purge of a stream that never held a message moves its first sequence as it would move a
+// stream's that did: JetStream reports first_seq 1 after a plain purge or one that keeps
+// messages, the purge's sequence after one up to a sequence, and the next publish takes it.
+func TestPurgeNeverUsedStreamMatchesJetStream(t *testing.T) {
+	t.Parallel()
+	tw := newTwin(t)
+	tw.createStream(jetstream.StreamConfig{Name: "PF", Subjects: []string{"pf.>"}})
+	tw.purge("PF")
+	tw.pub("pf.a", nil)
+	tw.createStream(jetstream.StreamConfig{Name: "PK", Subjects: []string{"pk.>"}})
+	tw.purge("PK", jetstream.WithPurgeKeep(3))
+	tw.pub("pk.a", nil)
+	tw.createStream(jetstream.StreamConfig{Name: "PS", Subjects: []string{"ps.>"}})
+	tw.purge("PS", jetstream.WithPurgeSequence(5))
+	tw.pub("ps.a", nil)
+	tw.createStream(jetstream.StreamConfig{Name: "PU", Subjects: []string{"pu.>"}})
+	tw.purge("PU", jetstream.WithPurgeSubject("pu.a"))
+	tw.createStream(jetstream.StreamConfig{Name: "PT", Subjects: []string{"pt.>"}})
+	tw.purge("PT", jetstream.WithPurgeSubject("pt.a"), jetstream.WithPurgeSequence(4))
+	tw.pub("pt.b", nil)
+	tw.createStream(jetstream.StreamConfig{Name: "PI", Subjects: []string{"pi.>"}, Retention: jetstream.InterestPolicy})
+	tw.consumer("PI", jetstream.ConsumerConfig{Durable: "c", AckPolicy: jetstream.AckExplicitPolicy})
+	tw.deleteConsumer("PI", "c")
+	tw.pub("pi.a", nil)
+}

@@ -14,9 +14,10 @@ const tickReadMax = 4096
 // to hear of commits made elsewhere promptly.
 func (cs *consumerSide) kickTicker() { poke(cs.kick) }
 
-// tickLoop polls the high-water marks of the streams that have parked consumers, every
-// TickPeriod while they move and backing off to TickIdleMaxDefault while they do not. It is
-// how this process learns of commits made by other replicas; its own commits need no tick.
+// tickLoop polls the high-water marks of the streams this process serves consumers of,
+// every TickPeriod while they move and backing off to TickIdleMaxDefault while they do not.
+// It is how this process learns of commits made by other replicas, for the consumers that
+// wait and for the num_pending of those that do not; its own commits need no tick.
 func (cs *consumerSide) tickLoop() {
 	base := cs.b.cfg.TickPeriod
 	period := base
@@ -50,20 +51,20 @@ func (cs *consumerSide) tickLoop() {
 	}
 }
 
-// tick is one poll: one statement for every stream with parked consumers, then at most one
-// range read per stream whose high-water mark moved, shared by all its consumers through
-// the tail. It reports whether anything moved.
+// tick is one poll: one statement for every stream with consumers, then at most one range
+// read per stream whose high-water mark moved, shared by all its consumers through the
+// tail. It reports whether anything moved.
 func (cs *consumerSide) tick(ctx context.Context) bool {
 	cs.mu.RLock()
 	var ids []int64
 	byID := make(map[int64]*streamConsumers)
 	for s, sc := range cs.streams {
-		for _, c := range sc.list() {
-			if c.parked.Load() {
-				ids = append(ids, s.id)
-				byID[s.id] = sc
-				break
-			}
+		sc.mu.RLock()
+		served := len(sc.cons) > 0
+		sc.mu.RUnlock()
+		if served {
+			ids = append(ids, s.id)
+			byID[s.id] = sc
 		}
 	}
 	cs.mu.RUnlock()
@@ -113,7 +114,7 @@ func (cs *consumerSide) fill(ctx context.Context, sc *streamConsumers) {
 	// this process committed were counted already and count once.
 	if len(msgs) > 0 {
 		for _, c := range sc.list() {
-			c.committed(msgs)
+			c.committed(msgs, from)
 		}
 	}
 }

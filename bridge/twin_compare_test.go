@@ -33,10 +33,6 @@ var twinDiffers = map[string]string{
 	// nats-server stamps every consumer's metadata with its version and API level; jetgres
 	// has no such levels. The metadata a client set is compared.
 	"config.metadata._nats.*": "nats-server's own version stamps",
-	// JetStream's store remembers that an empty stream was purged (a purge request, or the
-	// last consumer of an interest stream going) and then reports first_seq 1; jetgres's
-	// stream row keeps no such mark, so it reports 0 for any stream that never held a message.
-	"stream.first_seq purged before any message": "no purge mark in jetgres's stream state",
 	// After limits or a purge remove messages a consumer had not reached, jetgres recounts
 	// its pending messages in the background (consumer_pending.go), and JetStream's own
 	// delivery counts are estimates that lag an eviction under load: the token of a delivery
@@ -100,11 +96,7 @@ func (tw *twin) diffStream(name string) ([]string, error) {
 	where := "stream " + name
 	field(&d, where, "stream.messages", a.Msgs, b.Msgs)
 	field(&d, where, "stream.bytes", a.Bytes, b.Bytes)
-	if a.LastSeq == 0 && b.LastSeq == 0 && a.FirstSeq == 0 && b.FirstSeq == 1 {
-		field(&d, where, "stream.first_seq purged before any message", a.FirstSeq, b.FirstSeq)
-	} else {
-		field(&d, where, "stream.first_seq", a.FirstSeq, b.FirstSeq)
-	}
+	field(&d, where, "stream.first_seq", a.FirstSeq, b.FirstSeq)
 	field(&d, where, "stream.last_seq", a.LastSeq, b.LastSeq)
 	field(&d, where, "stream.first_ts set", !a.FirstTime.IsZero(), !b.FirstTime.IsZero())
 	field(&d, where, "stream.last_ts set", !a.LastTime.IsZero(), !b.LastTime.IsZero())

@@ -298,3 +298,16 @@ func (db *DB) TakeLease(ctx context.Context, p LeaseParams) (Consumer, string, e
 	}
 	return c, prev, err
 }
+
+// DeploymentSecret returns the secret the replicas of this database share and no NATS
+// client knows, with which they seal the requests they forward to each other.
+func (db *DB) DeploymentSecret(ctx context.Context) ([]byte, error) {
+	var secret []byte
+	err := db.background(ctx, func(ctx context.Context, q querier) error {
+		return q.QueryRow(ctx, `SELECT secret FROM jetgres.deployment`).Scan(&secret)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("pg: deployment secret: %w", err)
+	}
+	return secret, nil
+}

@@ -37,6 +37,9 @@ type StreamState struct {
 	Msgs     uint64
 	Bytes    uint64
 	Deleted  uint64 // tombstoned sequences between FirstSeq and LastSeq
+	// Purged says that a purge emptied the stream before it held any message, which
+	// JetStream reports with first_seq 1 rather than 0.
+	Purged bool
 }
 
 const sqlCreateStream = `
@@ -51,12 +54,13 @@ SELECT id, created FROM s`
 // CreateStream stores a new stream and creates its first chunk table.
 // It returns ErrExists when the name is taken.
 func (db *DB) CreateStream(ctx context.Context, name string, config []byte) (Stream, error) {
-	return db.CreateStreamFrom(ctx, name, config, 1)
+	return db.CreateStreamFrom(ctx, name, config, 0)
 }
 
 // CreateStreamFrom is CreateStream for a stream whose first message takes sequence
-// firstSeq (JetStream's first_seq; 0 is 1), as though a purge had moved it there. It
-// returns ErrSeqRange when firstSeq is above MaxSeq.
+// firstSeq (JetStream's first_seq; 0 is 1), as though a purge had moved it there: JetStream
+// reports any first_seq given, 1 too, as purged (StreamState.Purged). It returns ErrSeqRange
+// when firstSeq is above MaxSeq.
 func (db *DB) CreateStreamFrom(ctx context.Context, name string, config []byte, firstSeq uint64) (Stream, error) {
 	return db.CreateStreamChecked(ctx, name, config, firstSeq, nil)
 }
@@ -68,6 +72,7 @@ func (db *DB) CreateStreamChecked(ctx context.Context, name string, config []byt
 	if firstSeq > MaxSeq {
 		return Stream{}, fmt.Errorf("pg: create stream from %d: %w", firstSeq, ErrSeqRange)
 	}
+	purged := firstSeq > 0
 	firstSeq = max(firstSeq, 1)
 	st := Stream{Name: name, Config: config}
 	var checkErr error
@@ -77,6 +82,11 @@ func (db *DB) CreateStreamChecked(ctx context.Context, name string, config []byt
 		}
 		if err := q.QueryRow(ctx, sqlCreateStream, name, config, int64(firstSeq)).Scan(&st.ID, &st.Created); err != nil {
 			return err
+		}
+		if purged {
+			if err := markPurged(ctx, q, st.ID); err != nil {
+				return err
+			}
 		}
 		if err := createChunk(ctx, q, st.ID, 0, firstSeq); err != nil {
 			return err
@@ -192,7 +202,7 @@ func (db *DB) Streams(ctx context.Context) ([]Stream, error) {
 }
 
 const sqlStreamState = `
-SELECT first_seq, last_seq, last_ts, msgs, bytes FROM jetgres.stream_state WHERE stream_id = $1`
+SELECT first_seq, last_seq, last_ts, msgs, bytes, purged FROM jetgres.stream_state WHERE stream_id = $1`
 
 // State reads a stream's committed state: sequences, timestamps, message and byte counts.
 // It reads in one snapshot, so that the counts and the first message agree.
@@ -203,7 +213,7 @@ func (db *DB) State(ctx context.Context, id int64) (StreamState, error) {
 		if _, err := q.Exec(ctx, `SET TRANSACTION ISOLATION LEVEL REPEATABLE READ`); err != nil {
 			return err
 		}
-		if err := q.QueryRow(ctx, sqlStreamState, id).Scan(&st.FirstSeq, &st.LastSeq, &st.LastTS, &st.Msgs, &st.Bytes); err != nil {
+		if err := q.QueryRow(ctx, sqlStreamState, id).Scan(&st.FirstSeq, &st.LastSeq, &st.LastTS, &st.Msgs, &st.Bytes, &st.Purged); err != nil {
 			if errors.Is(err, pgx.ErrNoRows) {
 				return ErrNotFound
 			}
@@ -269,6 +279,9 @@ func (db *DB) purge(ctx context.Context, q querier, st *stateRow, p PurgeParams)
 	if all && p.Keep == 0 {
 		switch {
 		case p.UpTo == 0:
+			if st.last == 0 {
+				return markPurged(ctx, q, st.id)
+			}
 			_, err := db.advanceFirst(ctx, q, st, st.last+1)
 			return err
 		case p.UpTo > st.last+1:
@@ -307,6 +320,31 @@ func (db *DB) purge(ctx context.Context, q querier, st *stateRow, p PurgeParams)
 		return err
 	}
 	return db.settleFirst(ctx, q, st)
+}
+
+// sqlMarkPurged marks a stream that never held a message as purged, for StreamState.Purged.
+const sqlMarkPurged = `UPDATE jetgres.stream_state SET purged = true WHERE stream_id = $1 AND last_seq = 0 AND NOT purged`
+
+func markPurged(ctx context.Context, q querier, id int64) error {
+	if _, err := q.Exec(ctx, sqlMarkPurged, id); err != nil {
+		return fmt.Errorf("mark stream %d purged: %w", id, err)
+	}
+	return nil
+}
+
+// InterestGone marks an interest stream whose last consumer went as JetStream marks it: it
+// purges the stream then, which before any message moves its first sequence to 1. Messages
+// the stream holds are retention's; this only matters, and only acts, while it never held
+// one and no consumer is left.
+func (db *DB) InterestGone(ctx context.Context, id int64) error {
+	err := db.background(ctx, func(ctx context.Context, q querier) error {
+		_, err := q.Exec(ctx, sqlMarkPurged+` AND NOT EXISTS (SELECT 1 FROM jetgres.consumers c WHERE c.stream_id = $1)`, id)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("pg: mark stream purged: %w", err)
+	}
+	return nil
 }
 
 // newestNth returns the sequence of the n-th newest live message that cond (built by

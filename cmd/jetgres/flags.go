@@ -96,7 +96,7 @@ func (c *config) settings() []setting {
 		{"pop-limit-max", envOf("pop-limit-max"), "maximum Vegas limit of the pop lane", &c.PopLimitMax, flow.PopMaxDefault},
 		{"vegas-alpha", envOf("vegas-alpha"), "Vegas alpha: grow the limit while the estimated queue is at most this", &c.VegasAlpha, flow.AlphaDefault},
 		{"vegas-beta", envOf("vegas-beta"), "Vegas beta: shrink the limit once the estimated queue is at least this", &c.VegasBeta, flow.BetaDefault},
-		{"tick-period", envOf("tick-period"), "how often streams with waiting consumers are polled for commits made by other replicas (backs off while idle)", &c.TickPeriod, bridge.TickPeriodDefault},
+		{"tick-period", envOf("tick-period"), "how often streams with consumers are polled for commits made by other replicas (backs off while idle)", &c.TickPeriod, bridge.TickPeriodDefault},
 		{"cursor-interval", envOf("cursor-interval"), "least time between two writes of a consumer's ack floor while plain acks move it (a double ack is written at once); after a crash, the acks since the last write are delivered again", &c.CursorInterval, bridge.CursorIntervalDefault},
 		{"intake-bytes", envOf("intake-bytes"), "per-stream bound on publishes waiting for their transaction; beyond it publishes are rejected at once", &c.IntakeBytes, bridge.IntakeBytesDefault},
 		{"intake-total-bytes", envOf("intake-total-bytes"), "bound on publishes waiting for their transaction over all streams together; beyond it publishes are rejected at once", &c.IntakeTotalBytes, bridge.IntakeTotalBytesDefault},

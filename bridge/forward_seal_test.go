@@ -1,0 +1,83 @@
+package bridge
+
+import (
+	"errors"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/jetgres/jetgres/embedded/leaf"
+	"github.com/jetgres/jetgres/internal/testwait"
+)
+
+// A client that may publish anywhere cannot pass a consumer request off as one another
+// replica forwarded, past the server's permissions on $JS.API: without the deployment's
+// seal, or with a stale one, the replica drops it and counts it; with a fresh one it serves it.
+func TestForwardedRequestsNeedTheSeal(t *testing.T) {
+	t.Parallel()
+	tb := setup(t, setupOpts{config: func(c *Config) { c.ReplicaName = "a" }})
+	ctx := testContext(t)
+	s := newStream(t, ctx, tb, "FWD", "fwd.>")
+	if _, err := s.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{Durable: "C"}); err != nil {
+		t.Fatal(err)
+	}
+	prefix := tb.bridge.forwardPrefix("a")
+	const api = "CONSUMER.DELETE.FWD.C"
+	now := time.Now().Unix()
+	stale := &leaf.Msg{Reply: "_INBOX.fwd.stale"}
+	// As replicas forwarded before they sealed: no replica subscribes that any more.
+	plain, err := tb.nc.Request(prefix+api, nil, time.Second)
+	if err == nil {
+		t.Fatalf("unsealed request answered: %s", plain.Data)
+	}
+	forged := []string{
+		prefix + "1.00." + api,
+		prefix + strconv.FormatInt(now, 10) + ".0123456789abcdef0123456789abcdef." + api,
+		prefix + tb.bridge.seal(now-int64(2*forwardMaxAge/time.Second), api, stale) + "." + api,
+	}
+	for i, subj := range forged {
+		reply := "_INBOX.fwd.forged"
+		if i == len(forged)-1 {
+			reply = stale.Reply
+		}
+		sub, err := tb.nc.SubscribeSync(reply)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := tb.nc.PublishMsg(&nats.Msg{Subject: subj, Reply: reply}); err != nil {
+			t.Fatal(err)
+		}
+		testwait.For(t, 5*time.Second, func() error {
+			if n := counterValue(t, tb.reg, "jetgres_consumer_forwards_refused_total"); n < float64(i+1) {
+				return errors.New("not refused yet")
+			}
+			return nil
+		})
+		if m, err := sub.NextMsg(100 * time.Millisecond); err == nil {
+			t.Fatalf("forged request %s answered: %s", subj, m.Data)
+		}
+		_ = sub.Unsubscribe()
+		if _, err := s.Consumer(ctx, "C"); err != nil {
+			t.Fatalf("after forged request %s: %v", subj, err)
+		}
+	}
+	// A sealed one, as a replica sends it, is served.
+	reply := "_INBOX.fwd.sealed"
+	sub, err := tb.nc.SubscribeSync(reply)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := &leaf.Msg{Reply: reply}
+	if err := tb.nc.PublishMsg(&nats.Msg{Subject: prefix + tb.bridge.seal(time.Now().Unix(), api, m) + "." + api, Reply: reply}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := sub.NextMsg(5 * time.Second); err != nil {
+		t.Fatalf("sealed request not answered: %v", err)
+	}
+	if _, err := s.Consumer(ctx, "C"); !errors.Is(err, jetstream.ErrConsumerNotFound) {
+		t.Fatalf("after the sealed delete: %v", err)
+	}
+}

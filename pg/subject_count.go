@@ -122,7 +122,7 @@ type InfoState struct {
 }
 
 const sqlInfoState = `
-SELECT first_seq, last_seq, last_ts, msgs, bytes,
+SELECT first_seq, last_seq, last_ts, msgs, bytes, purged,
 	(SELECT count(*) FROM jetgres.consumers c WHERE c.stream_id = $1)
 FROM jetgres.stream_state WHERE stream_id = $1`
 
@@ -170,7 +170,7 @@ func (db *DB) StreamInfo(ctx context.Context, id int64) (InfoState, error) {
 
 func readInfoState(ctx context.Context, q querier, id int64, st *InfoState) (statePin, error) {
 	*st = InfoState{}
-	err := q.QueryRow(ctx, sqlInfoState, id).Scan(&st.FirstSeq, &st.LastSeq, &st.LastTS, &st.Msgs, &st.Bytes, &st.Consumers)
+	err := q.QueryRow(ctx, sqlInfoState, id).Scan(&st.FirstSeq, &st.LastSeq, &st.LastTS, &st.Msgs, &st.Bytes, &st.Purged, &st.Consumers)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return statePin{}, ErrNotFound
 	}

@@ -582,11 +582,9 @@ const markStepMax = 64 * markStep
 func (c *consumer) covered(seq, dc, dseq uint64, src source) bool {
 	step := max(c.step, markStep)
 	if dseq+step/2 > c.mark.Consumer || dc == 1 && seq+step/2 > c.mark.Stream {
-		// The stream mark reserves past what is committed, so that a consumer following
-		// the tail raises it once per step, not once per commit with the raise's flush in
-		// front of every delivery. A takeover counts as delivered only what was committed
-		// when it resumed (consumerSide.resume): what commits later goes out as new.
-		end := seq - 1 + step
+		// The stream mark reserves only what is committed: a message committed after a
+		// crash, past what the replica saw, was never sent and goes out as new at once.
+		end := max(seq, min(seq-1+step, c.sc.tail.HighWater()))
 		if src == srcAhead {
 			end = max(end, c.aheadUpTo)
 		}

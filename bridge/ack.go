@@ -119,12 +119,11 @@ func (c *consumer) replyAck(reply string) {
 	}
 }
 
-// cursorWriter persists a consumer's ack floor and delivered mark. Writes are fused: while
-// one is in flight the floor keeps moving in memory, and the next write takes the latest
-// floor. At most one is in flight per consumer, and one per Config.CursorInterval unless a
-// double ack or a raise of the delivered mark waits.
+// cursorWriter persists a consumer's ack floor. Writes are fused: while one is in flight the
+// floor keeps moving in memory, and the next write takes the latest floor. At most one is in
+// flight per consumer, and one per Config.CursorInterval unless a double ack waits.
 //
-// A write that neither a double ack nor a raise of the mark waits for is lazy (pg.CursorParams.Lazy): it does not wait for the
+// A write no double ack waits for is lazy (pg.CursorParams.Lazy): it does not wait for the
 // WAL flush, which cost PostgreSQL nearly as much CPU as all of its reads while a consumer
 // acked every message. Losing it in a crash of PostgreSQL only redelivers, and the next
 // write that a double ack waits for flushes it with its own commit.
@@ -143,9 +142,6 @@ type cursorWriter struct {
 	hurry chan struct{}
 	// lastWrite is when the last write started; only the writer in flight touches it.
 	lastWrite time.Time
-	// wantMark and markWritten are the delivered mark asked for and the one committed.
-	wantMark    consumerstate.Pair
-	markWritten consumerstate.Pair
 }
 
 type cursorWaiter struct {
@@ -153,16 +149,12 @@ type cursorWaiter struct {
 	reply string
 }
 
-// floorMoved schedules a cursor write of the current floor and delivered mark.
+// floorMoved schedules a cursor write of the current floor.
 func (c *consumer) floorMoved() {
 	f := c.st.AckFloor()
 	w := &c.cw
 	w.mu.Lock()
 	w.want = f
-	w.wantMark = c.mark
-	if w.wantMark != w.markWritten && w.inflight {
-		poke(w.hurry) // a writer waiting out the pace: delivery may wait for the raise
-	}
 	c.startWriter()
 }
 
@@ -170,7 +162,7 @@ func (c *consumer) floorMoved() {
 // held; it releases it.
 func (c *consumer) startWriter() {
 	w := &c.cw
-	start := !w.inflight && (w.want != w.written || w.wantMark != w.markWritten || w.owed())
+	start := !w.inflight && (w.want != w.written || w.owed())
 	if start {
 		w.inflight = true
 		w.wg.Add(1)
@@ -227,23 +219,20 @@ func (c *consumer) writeCursors() {
 	ctx := c.cs.ctx
 	for {
 		w.mu.Lock()
-		f, mk := w.want, w.wantMark
-		raise := mk != w.markWritten
-		if (f == w.written && !raise && !w.owed()) || ctx.Err() != nil || c.gone() {
+		f := w.want
+		if (f == w.written && !w.owed()) || ctx.Err() != nil || c.gone() {
 			w.inflight = false
 			w.mu.Unlock()
 			return
 		}
-		// A stopping consumer writes at once: shutdown waits for it. So does a raise of the
-		// mark, flushed: delivery waits for it, and a raise lost in a crash of PostgreSQL
-		// would have a takeover deliver as new what went out under it.
-		hurried := len(w.waiters) > 0 || raise || stopReason(c.stopR.Load()) != stopNone
+		// A stopping consumer writes at once: shutdown waits for it.
+		hurried := len(w.waiters) > 0 || stopReason(c.stopR.Load()) != stopNone
 		w.mu.Unlock()
 		if !hurried && c.pace(ctx) {
 			continue
 		}
 		w.lastWrite = c.cs.b.clock.Now()
-		err := c.writeCursor(ctx, f, mk, !hurried)
+		err := c.writeCursor(ctx, f, !hurried)
 		if lost := errors.Is(err, pg.ErrLeaseLost); lost || (err != nil && ctx.Err() != nil) {
 			if lost {
 				c.stop(stopLost)
@@ -270,7 +259,6 @@ func (c *consumer) writeCursors() {
 			w.lazy, w.durable = true, w.written.Stream
 		}
 		w.written = f
-		w.markWritten = mk
 		var due []cursorWaiter
 		kept := w.waiters[:0]
 		for _, x := range w.waiters {
@@ -284,9 +272,6 @@ func (c *consumer) writeCursors() {
 		w.mu.Unlock()
 		for _, x := range due {
 			c.replyAck(x.reply)
-		}
-		if raise {
-			c.signal()
 		}
 	}
 }
@@ -316,13 +301,13 @@ func (c *consumer) pace(ctx context.Context) bool {
 	return true
 }
 
-func (c *consumer) writeCursor(ctx context.Context, f, mark consumerstate.Pair, lazy bool) error {
+func (c *consumer) writeCursor(ctx context.Context, f consumerstate.Pair, lazy bool) error {
 	p, err := c.cs.b.cfg.Ack.Acquire(ctx)
 	if err != nil {
 		return err
 	}
 	start := c.cs.b.clock.Now()
-	cp := c.cursorParams(f, mark)
+	cp := c.cursorParams(f)
 	cp.Lazy = lazy
 	rtt, err := c.cs.b.db.WriteCursor(ctx, cp)
 	giveBack(p, rtt, err)
@@ -331,11 +316,9 @@ func (c *consumer) writeCursor(ctx context.Context, f, mark consumerstate.Pair, 
 	return err
 }
 
-// cursorParams is the cursor write that records floor f and delivered mark under this
-// process's lease.
-func (c *consumer) cursorParams(f, mark consumerstate.Pair) pg.CursorParams {
-	return pg.CursorParams{StreamID: c.sc.s.id, Name: c.name, Created: c.created, Owner: c.cs.owner, AckStreamSeq: f.Stream, AckConsumerSeq: f.Consumer,
-		DlvStreamSeq: mark.Stream, DlvConsumerSeq: mark.Consumer}
+// cursorParams is the cursor write that records floor f under this process's lease.
+func (c *consumer) cursorParams(f consumerstate.Pair) pg.CursorParams {
+	return pg.CursorParams{StreamID: c.sc.s.id, Name: c.name, Created: c.created, Owner: c.cs.owner, AckStreamSeq: f.Stream, AckConsumerSeq: f.Consumer}
 }
 
 // flushCursor waits for the write in flight and writes a floor still unwritten, so that a
@@ -356,24 +339,12 @@ func (c *consumer) flushCursor(ctx context.Context) {
 		return
 	}
 	c.cw.mu.Lock()
-	f, written, mk, mkWritten := c.cw.want, c.cw.written, c.cw.wantMark, c.cw.markWritten
+	f, written := c.cw.want, c.cw.written
 	c.cw.mu.Unlock()
-	p := c.cursorParams(f, mk)
-	select {
-	case <-c.done:
-		// Nothing goes out any more, so the mark comes down to what went out: whoever serves
-		// the consumer next delivers the rest as new, not after an ack wait.
-		c.mu.Lock()
-		d := c.st.Delivered()
-		c.mu.Unlock()
-		p.DlvStreamSeq, p.DlvConsumerSeq, p.ExactMark = d.Stream, d.Consumer, true
-		mk = d
-	default:
-	}
-	if f == written && mk == mkWritten {
+	if f == written {
 		return
 	}
-	if _, err := c.cs.b.db.WriteCursor(ctx, p); err != nil {
+	if _, err := c.cs.b.db.WriteCursor(ctx, c.cursorParams(f)); err != nil {
 		c.cs.b.log.Warn("final cursor write failed", "stream", c.sc.s.name, "consumer", c.name, "err", err)
 	}
 }

@@ -234,8 +234,7 @@ func (cs *consumerSide) create(ctx context.Context, s *stream, name string, cfg 
 	} else if !ok {
 		owner = ""
 	}
-	row, err := cs.b.db.CreateConsumer(ctx, pg.Consumer{StreamID: s.id, Name: name, Config: raw, AckStreamSeq: start.next - 1,
-		DlvStreamSeq: start.next - 1 + markStep, DlvConsumerSeq: markStep},
+	row, err := cs.b.db.CreateConsumer(ctx, pg.Consumer{StreamID: s.id, Name: name, Config: raw, AckStreamSeq: start.next - 1},
 		owner, cs.b.cfg.Lease)
 	if err != nil && owner != "" {
 		cs.release(s, name)

@@ -143,11 +143,6 @@ type consumer struct {
 	cw         cursorWriter
 	tally      tally
 	ackedFloor bool // an ack moved the floor; the cursor writer is told after the queue
-	// mark is the delivered mark last handed to the cursor writer, durable the one it last
-	// reported committed: nothing goes out past durable (see covered).
-	mark    consumerstate.Pair
-	durable consumerstate.Pair
-	step    uint64 // what a raise reserves, markStep or more (see covered)
 }
 
 func newConsumer(cs *consumerSide, sc *streamConsumers, row pg.Consumer, cfg server.ConsumerConfig, start *startPos) *consumer {
@@ -173,12 +168,8 @@ func newConsumer(cs *consumerSide, sc *streamConsumers, row pg.Consumer, cfg ser
 		start:      start,
 		lastActive: now,
 	}
-	mark := consumerstate.Pair{Consumer: max(row.DlvConsumerSeq, floor.Consumer), Stream: max(row.DlvStreamSeq, floor.Stream)}
-	c.mark, c.durable = mark, mark
 	c.cw.written = floor
 	c.cw.want = floor
-	c.cw.markWritten = mark
-	c.cw.wantMark = mark
 	c.cw.hurry = make(chan struct{}, 1)
 	c.setFilters(&cfg)
 	c.setPush(&cfg, now)
@@ -470,13 +461,6 @@ func (c *consumer) pump(ctx context.Context) {
 			eos = found == nextEmpty
 			break
 		}
-		if !c.covered(m.Seq, dc, c.st.Delivered().Consumer+1, src) {
-			if src == srcTail {
-				c.tally.tailHits-- // it is looked up again once the raise committed
-			}
-			eos = false
-			break
-		}
 		hdr, data := m.Header, m.Data
 		if c.cfg.HeadersOnly {
 			hdr, data = headersOnly(m.Header, len(m.Data)), nil
@@ -558,55 +542,6 @@ func (c *consumer) pump(ctx context.Context) {
 		c.prefetch(ctx)
 	}
 	c.tally.flush(c.cs.m)
-}
-
-// markStep is how many consumer sequences, and stream sequences past the one delivered,
-// one raise of the durable delivered mark reserves. A raise is one update of the consumer's
-// row; it is asked for when half the reservation is used, so that a consumer that keeps
-// delivering rarely waits for it. What a takeover finds between the ack floor and the mark
-// counts as delivered once: a larger step costs more such messages waiting out an ack wait
-// after a takeover, and an ack none consumer skips up to a step it may never have sent.
-const markStep = 512
-
-// markStepMax bounds how far a consumer's step grows: each time delivery had to wait for a
-// raise the step doubles, so that a consumer delivering hundreds of thousands a second asks
-// for a raise about as often as a slow one, not every millisecond.
-const markStepMax = 64 * markStep
-
-// covered reports whether delivering stream sequence seq with delivery count dc as consumer
-// sequence dseq stays within the durable delivered mark, asking the cursor writer for the
-// next raise when the mark runs low. When it does not, the pump stops; the writer wakes the
-// consumer once the raise committed. A message from the read-ahead raises the stream mark
-// through what the read looked at, which holds at most a read's worth of messages for the
-// consumer however sparse its filter. Called with mu held.
-func (c *consumer) covered(seq, dc, dseq uint64, src source) bool {
-	step := max(c.step, markStep)
-	if dseq+step/2 > c.mark.Consumer || dc == 1 && seq+step/2 > c.mark.Stream {
-		// The stream mark reserves only what is committed: a message committed after a
-		// crash, past what the replica saw, was never sent and goes out as new at once.
-		end := max(seq, min(seq-1+step, c.sc.tail.HighWater()))
-		if src == srcAhead {
-			end = max(end, c.aheadUpTo)
-		}
-		next := consumerstate.Pair{Consumer: max(c.mark.Consumer, dseq-1+step), Stream: max(c.mark.Stream, end)}
-		if next != c.mark {
-			c.mark = next
-			c.floorMoved()
-		}
-	}
-	within := func(d consumerstate.Pair) bool { return dseq <= d.Consumer && (dc > 1 || seq <= d.Stream) }
-	if within(c.durable) {
-		return true
-	}
-	c.cw.mu.Lock()
-	c.durable = c.cw.markWritten
-	c.cw.mu.Unlock()
-	if within(c.durable) {
-		return true
-	}
-	c.cs.m.markWaits.Inc()
-	c.step = min(2*step, markStepMax)
-	return false
 }
 
 // tally counts per message on the consumer's goroutine what it adds to the metrics once

@@ -27,7 +27,6 @@ type consumerMetrics struct {
 	ticks         prometheus.Counter
 	tickReads     prometheus.Counter
 	cursorWrites  prometheus.Counter
-	markWaits     prometheus.Counter
 	recounts      prometheus.Counter
 	recountsLate  prometheus.Counter
 	cursorLatency prometheus.Histogram
@@ -67,7 +66,6 @@ func newConsumerMetrics(reg prometheus.Registerer, side *consumerSide) *consumer
 		ticks:         counter("jetgres_ticks_total", "Ticker polls of stream high-water marks."),
 		tickReads:     counter("jetgres_tick_range_reads_total", "Shared range reads a tick made into a tail cache."),
 		cursorWrites:  counter("jetgres_cursor_writes_total", "Consumer cursor (ack floor) writes."),
-		markWaits:     counter("jetgres_consumer_mark_waits_total", "Deliveries held back until a raise of the consumer's durable delivered mark committed."),
 		recounts:      counter("jetgres_consumer_pending_recounts_total", "Counts of a consumer's pending messages redone in PostgreSQL after rows were removed."),
 		recountsLate:  counter("jetgres_consumer_pending_recounts_deferred_total", "Consumer passes that put off a stale pending count's recount: after an expensive recount the next waits 4x its duration."),
 		cursorLatency: latency("jetgres_cursor_write_seconds", "Cursor write latency, permit wait included."),
@@ -95,7 +93,7 @@ func newConsumerMetrics(reg prometheus.Registerer, side *consumerSide) *consumer
 	if reg != nil {
 		reg.MustRegister(tailBytes, tailEvicted)
 		reg.MustRegister(m.pulls, m.delivered, m.redeliveries, m.acks, m.acksDropped, m.tailHits, m.tailMisses,
-			m.dbReads, m.readsShared, m.ticks, m.tickReads, m.cursorWrites, m.markWaits, m.recounts, m.recountsLate, m.cursorLatency, m.subLatency, m.e2eLatency,
+			m.dbReads, m.readsShared, m.ticks, m.tickReads, m.cursorWrites, m.recounts, m.recountsLate, m.cursorLatency, m.subLatency, m.e2eLatency,
 			m.pushDelivered, m.fcRequests, m.fcStalls, m.heartbeats, m)
 	}
 	return m

@@ -12,7 +12,6 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/jetgres/jetgres/bridge/consumerstate"
 	"github.com/jetgres/jetgres/bridge/tailcache"
 	"github.com/jetgres/jetgres/embedded/leaf"
 	"github.com/jetgres/jetgres/internal/jswire"
@@ -477,12 +476,6 @@ func (cs *consumerSide) activate(ctx context.Context, sc *streamConsumers, row p
 		return nil, errors.New("stored consumer config does not decode: " + err.Error())
 	}
 	c := newConsumer(cs, sc, row, cfg, start)
-	if start == nil {
-		if err := cs.resume(ctx, c, row); err != nil {
-			cs.release(sc.s, row.Name)
-			return nil, err
-		}
-	}
 	// The tail knows of this process's commits only until a tick: other replicas' may lie
 	// beyond it.
 	hw, err := cs.highWater(ctx, sc.s)
@@ -527,35 +520,6 @@ func (cs *consumerSide) activate(ctx context.Context, sc *streamConsumers, row p
 		return nil, errStopping
 	}
 	return c, nil
-}
-
-// resume carries a stored consumer over from whoever served it before (another replica, or
-// this process before a crash): what lies between its ack floor and its durable delivered
-// mark may have gone out, so it continues after the mark and redelivers those messages after
-// their ack wait, as a JetStream consumer does across a leader change. The mark may reserve
-// sequences not committed yet, which nobody delivered: only what is committed now counts.
-func (cs *consumerSide) resume(ctx context.Context, c *consumer, row pg.Consumer) error {
-	if c.mark == c.st.AckFloor() {
-		return nil
-	}
-	hws, err := cs.b.db.HighWater(ctx, []int64{c.sc.s.id})
-	if err != nil {
-		return err
-	}
-	upTo := min(c.mark.Stream, hws[c.sc.s.id])
-	var unacked []uint64
-	if c.cfg.AckPolicy != server.AckNone && upTo > row.AckStreamSeq {
-		unacked, err = cs.b.db.LiveSeqs(ctx, pg.PendingParams{StreamID: c.sc.s.id, From: row.AckStreamSeq + 1, UpTo: upTo, Filters: c.filters()})
-		if err != nil {
-			return err
-		}
-	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.st.Resume(consumerstate.Pair{Consumer: c.mark.Consumer, Stream: upTo}, unacked, cs.b.clock.Now()) {
-		c.floorMoved()
-	}
-	return nil
 }
 
 // release gives back one count of a consumer's lock that no served consumer stands for.

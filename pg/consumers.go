@@ -29,10 +29,6 @@ type Consumer struct {
 	Created        time.Time
 	AckStreamSeq   uint64
 	AckConsumerSeq uint64
-	// DlvStreamSeq and DlvConsumerSeq are the durable delivered mark: nothing past them was
-	// delivered. They may lag the ack floor of a row written before they existed.
-	DlvStreamSeq   uint64
-	DlvConsumerSeq uint64
 	// Owner is the replica that serves it, "" for none.
 	Owner string
 }
@@ -43,14 +39,13 @@ type ConsumerKey struct {
 	Name     string
 }
 
-const sqlConsumerCols = `stream_id, name, config, created, ack_stream_seq, ack_consumer_seq, dlv_stream_seq, dlv_consumer_seq, owner`
+const sqlConsumerCols = `stream_id, name, config, created, ack_stream_seq, ack_consumer_seq, owner`
 
 func scanConsumer(r pgx.Row) (Consumer, error) {
 	var c Consumer
-	var as, ac, ds, dc int64
-	err := r.Scan(&c.StreamID, &c.Name, &c.Config, &c.Created, &as, &ac, &ds, &dc, &c.Owner)
+	var as, ac int64
+	err := r.Scan(&c.StreamID, &c.Name, &c.Config, &c.Created, &as, &ac, &c.Owner)
 	c.AckStreamSeq, c.AckConsumerSeq = uint64(as), uint64(ac)
-	c.DlvStreamSeq, c.DlvConsumerSeq = uint64(ds), uint64(dc)
 	return c, err
 }
 
@@ -68,11 +63,10 @@ func (db *DB) CreateConsumer(ctx context.Context, c Consumer, owner string, ttl 
 	var out Consumer
 	err := db.backgroundTx(ctx, func(ctx context.Context, q querier) error {
 		row := q.QueryRow(ctx, `INSERT INTO jetgres.consumers
-			(stream_id, name, config, ack_stream_seq, ack_consumer_seq, owner, lease_until, dlv_stream_seq, dlv_consumer_seq)
-			VALUES ($1, $2, $3, $4, $5, $6, CASE WHEN $6 = '' THEN '-infinity'::timestamptz ELSE now() + $7::interval END, $8, $9)
+			(stream_id, name, config, ack_stream_seq, ack_consumer_seq, owner, lease_until)
+			VALUES ($1, $2, $3, $4, $5, $6, CASE WHEN $6 = '' THEN '-infinity'::timestamptz ELSE now() + $7::interval END)
 			RETURNING `+sqlConsumerCols,
-			c.StreamID, c.Name, c.Config, int64(c.AckStreamSeq), int64(c.AckConsumerSeq), owner, ttl,
-			int64(c.DlvStreamSeq), int64(c.DlvConsumerSeq))
+			c.StreamID, c.Name, c.Config, int64(c.AckStreamSeq), int64(c.AckConsumerSeq), owner, ttl)
 		var err error
 		if out, err = scanConsumer(row); err != nil {
 			return err
@@ -179,8 +173,7 @@ func (db *DB) Consumers(ctx context.Context, streamID int64) ([]Consumer, error)
 	return out, nil
 }
 
-// CursorParams is one cursor write: the new ack floor and delivered mark of a consumer this
-// replica serves.
+// CursorParams is one cursor write: the new ack floor of a consumer this replica serves.
 type CursorParams struct {
 	StreamID int64
 	Name     string
@@ -191,19 +184,13 @@ type CursorParams struct {
 	Owner          string
 	AckStreamSeq   uint64
 	AckConsumerSeq uint64
-	// DlvStreamSeq and DlvConsumerSeq are the delivered mark. A write never lowers it unless
-	// ExactMark says it is what went out, from a consumer that stopped delivering.
-	DlvStreamSeq   uint64
-	DlvConsumerSeq uint64
-	ExactMark      bool
 	// Lazy commits without waiting for the WAL flush (synchronous_commit off for this
-	// transaction alone): for a write that neither a double ack nor a raise of the delivered
-	// mark waits for, which a crash of PostgreSQL may lose like any asynchronous commit,
-	// redelivering those acks.
+	// transaction alone): for a write no double ack waits for, which a crash of PostgreSQL
+	// may lose like any asynchronous commit, redelivering those acks.
 	Lazy bool
 }
 
-// WriteCursor persists a consumer's ack floor and delivered mark. It runs on the hot path (a durable ack waits
+// WriteCursor persists a consumer's ack floor. It runs on the hot path (a durable ack waits
 // for it); rtt is for the lane the caller holds a permit of. The write only lands while
 // Owner holds the lease, and ErrLeaseLost says it did not.
 func (db *DB) WriteCursor(ctx context.Context, p CursorParams) (time.Duration, error) {
@@ -216,12 +203,9 @@ func (db *DB) WriteCursor(ctx context.Context, p CursorParams) (time.Duration, e
 		} else {
 			mode = db.queueCommitMode(q, b)
 		}
-		b.Queue(`UPDATE jetgres.consumers SET ack_stream_seq = $3, ack_consumer_seq = $4,
-				dlv_stream_seq = CASE WHEN $9 THEN $7 ELSE greatest(dlv_stream_seq, $7) END,
-				dlv_consumer_seq = CASE WHEN $9 THEN $8 ELSE greatest(dlv_consumer_seq, $8) END
+		b.Queue(`UPDATE jetgres.consumers SET ack_stream_seq = $3, ack_consumer_seq = $4
 			WHERE stream_id = $1 AND name = $2 AND owner = $5 AND created = $6`,
-			p.StreamID, p.Name, int64(p.AckStreamSeq), int64(p.AckConsumerSeq), p.Owner, p.Created,
-			int64(p.DlvStreamSeq), int64(p.DlvConsumerSeq), p.ExactMark)
+			p.StreamID, p.Name, int64(p.AckStreamSeq), int64(p.AckConsumerSeq), p.Owner, p.Created)
 		br := q.SendBatch(ctx, b)
 		err := skipResults(br, mode)
 		var tag pgconn.CommandTag
@@ -384,53 +368,6 @@ func (db *DB) CountPending(ctx context.Context, p PendingParams) (uint64, error)
 		return 0, fmt.Errorf("pg: count pending: %w", err)
 	}
 	return n, nil
-}
-
-// LiveSeqs returns, lowest first, the live messages' sequences in [From, UpTo] that match
-// the filters: what a consumer taken over may have delivered without seeing it acked. It
-// reads at load, not per message.
-func (db *DB) LiveSeqs(ctx context.Context, p PendingParams) ([]uint64, error) {
-	var out []uint64
-	if p.From > p.UpTo {
-		return nil, nil
-	}
-	err := db.background(ctx, func(ctx context.Context, q querier) error {
-		out = out[:0]
-		chunks, err := db.chunks.list(ctx, q, p.StreamID, p.UpTo)
-		if err != nil {
-			return err
-		}
-		start := max(sort.Search(len(chunks), func(i int) bool { return chunks[i].firstSeq > p.From })-1, 0)
-		cond, arg := subjectCond(p.Filters, 4)
-		for k := start; k < len(chunks); k++ {
-			args := []any{p.StreamID, int64(max(p.From, chunks[k].firstSeq)), int64(p.UpTo)}
-			if arg != nil {
-				args = append(args, arg)
-			}
-			rows, err := q.Query(ctx, `SELECT seq FROM `+chunkTable(p.StreamID, chunks[k].chunk)+` m
-				WHERE seq >= $2 AND seq <= $3 AND `+liveRows+cond+` ORDER BY seq`, args...)
-			if err != nil {
-				return err
-			}
-			seqs, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (uint64, error) {
-				var seq int64
-				err := r.Scan(&seq)
-				return uint64(seq), err
-			})
-			if err != nil {
-				if isUndefinedTable(err) {
-					continue
-				}
-				return err
-			}
-			out = append(out, seqs...)
-		}
-		return nil
-	})
-	if err != nil {
-		return nil, fmt.Errorf("pg: live sequences: %w", err)
-	}
-	return out, nil
 }
 
 // LastSeqsPerSubject returns, lowest first, the sequence of the newest live message of each

@@ -280,14 +280,13 @@ func (db *DB) TakeLease(ctx context.Context, p LeaseParams) (Consumer, string, e
 	var c Consumer
 	var prev string
 	err := db.background(ctx, func(ctx context.Context, q querier) error {
-		var as, ac, ds, dc int64
+		var as, ac int64
 		err := q.QueryRow(ctx, `WITH prev AS (SELECT owner FROM jetgres.consumers WHERE stream_id = $1 AND name = $2 FOR UPDATE)
 			UPDATE jetgres.consumers c SET owner = $3, lease_until = now() + $4::interval FROM prev
 			WHERE c.stream_id = $1 AND c.name = $2
-			RETURNING c.stream_id, c.name, c.config, c.created, c.ack_stream_seq, c.ack_consumer_seq, c.dlv_stream_seq, c.dlv_consumer_seq, c.owner, prev.owner`,
-			p.StreamID, p.Name, p.Owner, p.TTL).Scan(&c.StreamID, &c.Name, &c.Config, &c.Created, &as, &ac, &ds, &dc, &c.Owner, &prev)
+			RETURNING c.stream_id, c.name, c.config, c.created, c.ack_stream_seq, c.ack_consumer_seq, c.owner, prev.owner`,
+			p.StreamID, p.Name, p.Owner, p.TTL).Scan(&c.StreamID, &c.Name, &c.Config, &c.Created, &as, &ac, &c.Owner, &prev)
 		c.AckStreamSeq, c.AckConsumerSeq = uint64(as), uint64(ac)
-		c.DlvStreamSeq, c.DlvConsumerSeq = uint64(ds), uint64(dc)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return ErrNotFound
 		}

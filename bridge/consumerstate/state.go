@@ -106,37 +106,6 @@ func New(cfg Config, floor Pair, next uint64) *State {
 	}
 }
 
-// Resume takes a consumer over at the delivered position its previous server made durable:
-// consumer and stream sequences continue after delivered, and unacked, the live matching
-// stream sequences above the floor and up to delivered.Stream, count as delivered once at
-// now, as nats-server's consumer keeps them across a leader change. They are redelivered
-// once their ack wait runs from now, never delivered as new again. It reports whether the
-// ack floor moved, which it does when nothing is left unacked.
-//
-// With ack none nothing is pending to redeliver, and the mark runs ahead of what went out:
-// continuing after it would skip messages a crash kept from ever being sent. That consumer
-// continues after its floor, which follows its deliveries, as before a takeover; what it
-// sent after the last floor write goes out again, as nats-server's consumer store
-// redelivers after a crash, and only its consumer sequences continue after the mark.
-func (s *State) Resume(delivered Pair, unacked []uint64, now time.Time) bool {
-	s.dseq = max(s.dseq, delivered.Consumer+1)
-	if s.cfg.AckPolicy != AckNone {
-		s.sseq = max(s.sseq, delivered.Stream+1)
-		at := now.Add(s.wait(1)).UnixNano()
-		for _, seq := range unacked {
-			if seq <= s.floor.Stream || seq >= s.sseq {
-				continue
-			}
-			if _, ok := s.pending[seq]; ok {
-				continue
-			}
-			s.order.insert(seq)
-			s.setDeadline(seq, pending{dseq: s.floor.Consumer + 1}, at)
-		}
-	}
-	return s.settleFloor()
-}
-
 // SetConfig applies an updated configuration. Deadlines already set keep their values.
 func (s *State) SetConfig(cfg Config) { s.cfg = cfg }
 

@@ -204,7 +204,6 @@ func (p *publisher) run(ctx context.Context, url string, drain time.Duration) er
 		return err
 	}
 	p.requeueUnanswered()
-	body := make([]byte, p.payload)
 	start, sent, rate := time.Now(), 0, p.rate.Load()
 	for ctx.Err() == nil && !nc.IsClosed() {
 		if r := p.rate.Load(); r != rate {
@@ -220,8 +219,10 @@ func (p *publisher) run(ctx context.Context, url string, drain time.Duration) er
 			continue
 		}
 		m := nats.NewMsg(p.subject)
-		copy(body, id)
-		m.Data = body
+		// A body of its own: nats.go publishes the message again on a retry, after this
+		// loop has moved on.
+		m.Data = make([]byte, p.payload)
+		copy(m.Data, id)
 		sent++
 		if _, err := js.PublishMsgAsync(m, jetstream.WithMsgID(id)); err != nil {
 			p.requeue(id, time.Now())

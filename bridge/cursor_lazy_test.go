@@ -31,7 +31,8 @@ func TestCursorWriteLazyUntilDoubleAck(t *testing.T) {
 			INSERT INTO public.modes (ack, mode) VALUES (NEW.ack_stream_seq, current_setting('synchronous_commit'));
 			RETURN NULL;
 		END $$`,
-		`CREATE TRIGGER record_mode AFTER UPDATE ON jetgres.consumers FOR EACH ROW EXECUTE FUNCTION public.record_mode()`,
+		// Only the cursor writes set the ack floor: lease renewals update the same row.
+		`CREATE TRIGGER record_mode AFTER UPDATE OF ack_stream_seq ON jetgres.consumers FOR EACH ROW EXECUTE FUNCTION public.record_mode()`,
 	} {
 		if err := raw.Exec(ctx, sql); err != nil {
 			t.Fatal(err)

@@ -3,6 +3,7 @@ package pg_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -178,7 +179,9 @@ func TestMetaNotifyAndCheck(t *testing.T) {
 func TestOwnershipClaimsFairShare(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	db := pgtest.Open(t)
+	url := pgtest.NewDB(t)
+	db := pgtest.OpenAt(t, url)
+	raw := rawsql.Open(t, url)
 	st := consumerTestStream(t, ctx, db)
 	for _, name := range []string{"A", "B", "C", "D", "E", "F", "G", "H", "I"} {
 		if _, err := db.CreateConsumer(ctx, pg.Consumer{StreamID: st.ID, Name: name, Config: []byte(`{}`)}, "", 0); err != nil {
@@ -199,17 +202,27 @@ func TestOwnershipClaimsFairShare(t *testing.T) {
 			t.Fatalf("replica %d of 3 claimed %d of 9 free consumers, want 3", i+1, n)
 		}
 	}
-	// A closed session ends on the server a moment later; then all its locks go at once.
+	// A closed session ends on the server a moment later, and its locks go one lock
+	// partition at a time: a claim in between would see some of them free and its replica
+	// lock still held. So the claim waits until only the live sessions hold locks.
+	holders := func() (int, error) {
+		var n int
+		err := raw.QueryRow(ctx, `SELECT count(DISTINCT pid) FROM pg_locks
+			WHERE locktype = 'advisory' AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`).Scan(&n)
+		return n, err
+	}
+	live := len(reps)
 	claimOnceFreed := func(o *pg.Ownership) int {
 		t.Helper()
-		n := 0
+		live--
 		testwait.For(t, 10*time.Second, func() error {
-			if n = claim(o); n == 0 {
-				return errors.New("nothing freed yet")
+			n, err := holders()
+			if err == nil && n != live {
+				err = fmt.Errorf("%d sessions hold locks, want %d", n, live)
 			}
-			return nil
+			return err
 		})
-		return n
+		return claim(o)
 	}
 	reps[2].Close()
 	// Two live replicas holding 3 each: a share is 5, so the first takes 2 of the 3 freed.
@@ -233,6 +246,7 @@ func TestOwnershipClaimsFairShare(t *testing.T) {
 		}
 	}
 	r4, r5 := openOwnership(t, db), openOwnership(t, db)
+	live += 2
 	reps[0].Close()
 	if n := claimOnceFreed(r4); n != 5 {
 		t.Fatalf("the first of 2 replicas left claimed %d of 9 freed consumers, want 5", n)

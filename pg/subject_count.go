@@ -250,20 +250,25 @@ func (db *DB) newSubjects(ctx context.Context, q querier, id int64, from, upTo u
 		return err
 	}
 	for _, ch := range liveChunks(chunks, from+1, upTo) {
-		rows, err := q.Query(ctx, `SELECT DISTINCT subject FROM `+chunkTable(id, ch.chunk)+` WHERE seq > $1 AND seq <= $2`,
-			int64(from), int64(upTo))
-		if err != nil {
+		if err := c.addFrom(ctx, q, `SELECT DISTINCT subject FROM `+chunkTable(id, ch.chunk)+` WHERE seq > $1 AND seq <= $2`,
+			int64(from), int64(upTo)); err != nil {
 			return err
-		}
-		subjects, err := pgx.CollectRows(rows, pgx.RowTo[string])
-		if err != nil {
-			return err
-		}
-		for _, s := range subjects {
-			c.add(s)
 		}
 	}
 	return nil
+}
+
+// addFrom adds to c the subjects that sql, a query of one subject column, returns.
+func (c *subjectCount) addFrom(ctx context.Context, q querier, sql string, args ...any) error {
+	rows, err := q.Query(ctx, sql, args...)
+	if err != nil {
+		return err
+	}
+	subjects, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	for _, s := range subjects {
+		c.add(s)
+	}
+	return err
 }
 
 // skipScanRatio is how many live messages per subject and chunk, at the last count, make a
@@ -294,16 +299,8 @@ func (db *DB) liveSubjects(ctx context.Context, q querier, id int64, pin statePi
 				SELECT (` + fmt.Sprintf(next, "m.subject > s.subject AND") + `) FROM s WHERE s.subject IS NOT NULL)
 				SELECT subject FROM s WHERE subject IS NOT NULL`
 		}
-		rows, err := q.Query(ctx, sql, id, int64(pin.first), int64(pin.last))
-		if err != nil {
+		if err := c.addFrom(ctx, q, sql, id, int64(pin.first), int64(pin.last)); err != nil {
 			return err
-		}
-		subjects, err := pgx.CollectRows(rows, pgx.RowTo[string])
-		if err != nil {
-			return err
-		}
-		for _, s := range subjects {
-			c.add(s)
 		}
 	}
 	return nil

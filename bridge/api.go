@@ -13,14 +13,16 @@ import (
 )
 
 const (
-	apiPrefix  = "$JS.API."
-	apiMsgNext = "$JS.API.CONSUMER.MSG.NEXT."
+	apiPrefix    = "$JS.API."
+	apiMsgNext   = "$JS.API.CONSUMER.MSG.NEXT."
+	apiDirectGet = "$JS.API.DIRECT.GET."
 	// apiLevel is the JetStream API level jetgres reports; clients gate features on it.
 	apiLevel = 1
 )
 
-// onAPI runs on the link's read loop. Pull requests take their cheap in-order path; every
-// other request goes to the bounded worker queue, and a full queue answers 503 at once.
+// onAPI runs on the link's read loop. Pull requests take their cheap in-order path, and so
+// do direct gets that memory answers; every other request goes to the bounded worker
+// queue, and a full queue answers 503 at once.
 func (b *Bridge) onAPI(m *leaf.Msg) {
 	if rest, ok := strings.CutPrefix(m.Subject, apiMsgNext); ok {
 		stream, consumer, ok := strings.Cut(rest, ".")
@@ -36,6 +38,9 @@ func (b *Bridge) onAPI(m *leaf.Msg) {
 		return
 	}
 	if m.Reply == "" {
+		return
+	}
+	if rest, ok := strings.CutPrefix(m.Subject, apiDirectGet); ok && b.directGetFromMemory(m, rest) {
 		return
 	}
 	select {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
@@ -65,6 +66,35 @@ func (b *Bridge) directGet(ctx context.Context, m *leaf.Msg, tok []string) {
 		}
 		b.log.Error("direct get", "stream", s.name, "err", err)
 	}
+}
+
+// directGetFromMemory answers a direct get on the link's read loop when memory holds the
+// answer, and reports whether it did. A get answered here waits for no API worker: the
+// hand-off to one and back was most of what a key-value get cost beyond the link's round
+// trip. Everything else, a database read, a batch, an error to tell, goes to the workers,
+// which look again and answer as before.
+func (b *Bridge) directGetFromMemory(m *leaf.Msg, rest string) bool {
+	tok := strings.Split(rest, ".")
+	s := b.lookup(tok[0])
+	if s == nil || tok[0] == "" || !s.config().AllowDirect || jswire.HeaderValue(m.Header, server.JSRequiredApiLevel) != "" {
+		return false
+	}
+	req, desc := jswire.DirectRequest(tok[1:], m.Data)
+	if desc != "" || req.Batch != 0 || len(req.MultiLastFor) > 0 || req.StartTime != nil {
+		return false
+	}
+	msg, live, ok := b.memoryGet(s, &req)
+	if !ok {
+		return false
+	}
+	b.gets.m.served.WithLabelValues("memory").Inc()
+	if !live {
+		_ = b.link.Publish(m.Reply, "", jswire.StatusHeader(errDirectNotFound.code, errDirectNotFound.desc), nil)
+		return true
+	}
+	dg := directGet{b: b, s: s, reply: m.Reply, req: req}
+	dg.send(msg, nil)
+	return true
 }
 
 // directStatus is a status-line answer, such as "404 Message Not Found".

@@ -310,20 +310,60 @@ func (g *getIndex) shared(ctx context.Context, k getKey, read func() (*pg.Messag
 // subject from a sequence, or the one at a sequence; pg.ErrNotFound when there is none.
 func (b *Bridge) storedMsg(ctx context.Context, s *stream, req *server.JSApiMsgGetRequest) (*pg.Message, error) {
 	g := b.gets
+	if m, live, ok := b.memoryGet(s, req); ok {
+		g.m.served.WithLabelValues("memory").Inc()
+		if !live {
+			return nil, pg.ErrNotFound
+		}
+		return m, nil
+	}
 	x := g.of(s)
 	switch {
 	case req.LastFor != "":
 		return b.lastBySubject(ctx, s, x, req.LastFor)
 	case req.NextFor != "":
 		from := max(req.Seq, 1)
-		if m, ok := b.tailNext(s, x, from, req.NextFor); ok {
-			return m, nil
-		}
 		return g.shared(ctx, getKey{s: s, kind: getNextBySubj, seq: from, subj: req.NextFor}, func() (*pg.Message, error) {
 			return b.db.NextBySubject(ctx, s.id, req.NextFor, from)
 		})
 	default:
 		return b.getBySeq(ctx, s, x, req.Seq)
+	}
+}
+
+// memoryGet answers a single get from memory alone: ok is false when memory cannot tell,
+// live is false when the message is gone. It counts only the index hit it answers with,
+// so that a get it hands on is counted once, where it is answered.
+func (b *Bridge) memoryGet(s *stream, req *server.JSApiMsgGetRequest) (m *pg.Message, live, ok bool) {
+	g := b.gets
+	x := g.of(s)
+	switch {
+	case req.LastFor != "":
+		if !subjectIsLiteral(req.LastFor) {
+			return nil, false, false
+		}
+		seq, _, found := g.lastOf(x, req.LastFor, b.tailHighWater(s))
+		if !found {
+			return nil, false, false
+		}
+		if m, live, ok = b.tailGet(s, x, seq); !ok || !live {
+			return nil, false, false
+		}
+		g.m.lookups.WithLabelValues("hit").Inc()
+		return m, true, true
+	case req.NextFor != "":
+		sc := b.consumersOf(s)
+		from := max(req.Seq, 1)
+		if sc == nil || !x.trusted(from) {
+			return nil, false, false
+		}
+		cached, _, found, covered := sc.tail.Next(from, func(subject string) bool { return matchAny([]string{req.NextFor}, subject) })
+		if !covered || !found {
+			return nil, false, false
+		}
+		return &cached, true, true
+	default:
+		return b.tailGet(s, x, req.Seq)
 	}
 }
 
@@ -398,20 +438,6 @@ func (b *Bridge) tailGet(s *stream, x *subjectIndex, seq uint64) (m *pg.Message,
 		return nil, false, false
 	}
 	return &cached, live, true
-}
-
-// tailNext answers a next-by-subject get from the tail cache when the tail holds a match.
-func (b *Bridge) tailNext(s *stream, x *subjectIndex, from uint64, filter string) (*pg.Message, bool) {
-	sc := b.consumersOf(s)
-	if sc == nil || !x.trusted(from) {
-		return nil, false
-	}
-	m, _, found, covered := sc.tail.Next(from, func(subject string) bool { return matchAny([]string{filter}, subject) })
-	if !covered || !found {
-		return nil, false
-	}
-	b.gets.m.served.WithLabelValues("memory").Inc()
-	return &m, true
 }
 
 func subjectIsLiteral(subject string) bool {

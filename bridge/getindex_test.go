@@ -14,6 +14,7 @@ import (
 
 	"github.com/jetgres/jetgres/internal/testwait"
 	"github.com/jetgres/jetgres/pg"
+	"github.com/jetgres/jetgres/pg/pgtest/rawsql"
 )
 
 // compareGets asks both sides every get that memory may answer: each sequence up to one
@@ -268,5 +269,74 @@ func TestSubjectIndexBound(t *testing.T) {
 	g.drop(s)
 	if used := g.used.Load(); used != 0 {
 		t.Errorf("a dropped stream left %d bytes", used)
+	}
+}
+
+// A direct get that memory answers is answered on the link's read loop: it waits for no
+// API worker, even when every worker waits on the database and requests queue behind them.
+// One that needs the database waits its turn, as every other request does.
+func TestDirectGetsFromMemorySkipBusyWorkers(t *testing.T) {
+	t.Parallel()
+	tb := setup(t)
+	ctx := testContext(t)
+	if _, err := tb.js.CreateStream(ctx, jetstream.StreamConfig{Name: "R", Subjects: []string{"r.>"}, AllowDirect: true}); err != nil {
+		t.Fatal(err)
+	}
+	for _, subj := range []string{"r.a", "r.b"} {
+		if _, err := tb.js.Publish(ctx, subj, []byte(subj)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	newStream(t, ctx, tb, "BLOCK", "block.>")
+	probe := rawsql.Open(t, tb.dbURL)
+	release := probe.HoldRows(t, `SELECT 1 FROM jetgres.stream_state WHERE stream_id = $1 FOR UPDATE`, tb.bridge.lookup("BLOCK").id)
+	defer release()
+	// Every worker takes a purge that waits on the held row; one more purge queues.
+	for range APIWorkersDefault + 1 {
+		if err := tb.nc.PublishRequest("$JS.API.STREAM.PURGE.BLOCK", tb.nc.NewRespInbox(), nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	testwait.For(t, 10*time.Second, func() error {
+		if n := len(tb.bridge.apiReqs); n != 1 {
+			return fmt.Errorf("%d requests queued for a worker, want 1", n)
+		}
+		return nil
+	})
+	for _, a := range []struct{ subject, body, want string }{
+		{"$JS.API.DIRECT.GET.R", `{"seq":2}`, "r.b"},
+		{"$JS.API.DIRECT.GET.R.r.a", "", "r.a"},
+		{"$JS.API.DIRECT.GET.R", `{"last_by_subj":"r.b"}`, "r.b"},
+		{"$JS.API.DIRECT.GET.R", `{"seq":1,"next_by_subj":"r.b"}`, "r.b"},
+	} {
+		m, err := tb.nc.Request(a.subject, []byte(a.body), 5*time.Second)
+		if err != nil {
+			t.Fatalf("%s %s with every worker busy: %v", a.subject, a.body, err)
+		}
+		if string(m.Data) != a.want {
+			t.Errorf("%s %s: %q, want %q", a.subject, a.body, m.Data, a.want)
+		}
+	}
+	if n := len(tb.bridge.apiReqs); n != 1 {
+		t.Fatalf("%d requests queued after the gets, want the 1 still waiting: the workers were not all busy", n)
+	}
+	// A sequence memory does not hold: past the last, which only the database can tell.
+	late := make(chan *nats.Msg, 1)
+	go func() {
+		m, err := tb.nc.Request("$JS.API.DIRECT.GET.R", []byte(`{"seq":3}`), 10*time.Second)
+		if err != nil {
+			t.Error(err)
+		}
+		late <- m
+	}()
+	testwait.For(t, 10*time.Second, func() error {
+		if n := len(tb.bridge.apiReqs); n != 2 {
+			return fmt.Errorf("%d requests queued, want 2: the get of a sequence memory does not hold", n)
+		}
+		return nil
+	})
+	release()
+	if m := <-late; m == nil || m.Header.Get("Status") != "404" {
+		t.Errorf("get past the last: %v, want 404", m)
 	}
 }

@@ -217,4 +217,12 @@ func checkNatsBench(t *testing.T, nb *NatsBench) {
 	if f, ok := nb.result("js pub async", 1, TargetNatsBenchFloor); !ok || !(f.MsgsPerSec > 0) {
 		t.Errorf("nats bench js pub async link floor: %+v (measured %v)", f, ok)
 	}
+	for _, run := range natsBenchRuns() {
+		if !run.getFloor() {
+			continue
+		}
+		if f, ok := nb.result(run.name, max(run.clients, 1), TargetNatsBenchFloor); !ok || !(f.MsgsPerSec > 0 && f.P50us > 0) {
+			t.Errorf("nats bench %s link floor: %+v (measured %v)", run.label(), f, ok)
+		}
+	}
 }

@@ -166,9 +166,15 @@ func (r *runner) runNatsBench(ctx context.Context) {
 		}
 		r.natsBenchOn(ctx, bin, t, nb)
 		if name == TargetJetgresCommitOn && t.node != nil && ctx.Err() == nil {
+			if err := r.natsBenchGetFloor(ctx, bin, t, nb); err != nil {
+				r.fail(SectionNatsBench+" get floor", t, err)
+			}
 			if err := r.natsBenchFloor(ctx, bin, t, nb); err != nil {
 				r.fail(SectionNatsBench+" js pub async floor", t, err)
 			}
+		}
+		if err := deleteNatsBenchState(t.url, true); err != nil {
+			r.fail(SectionNatsBench, t, err)
 		}
 		if err := stop(); err != nil {
 			r.fail(SectionNatsBench, t, err)
@@ -218,13 +224,8 @@ func (r *runner) natsBenchTarget(ctx context.Context, name string) (t *target, s
 	return &target{name: name, url: n.url(), node: n}, n.stop, nil
 }
 
-// natsBenchOn runs every command against one target, then deletes what they made.
+// natsBenchOn runs every command against one target; what they made stays, for the floors.
 func (r *runner) natsBenchOn(ctx context.Context, bin string, t *target, nb *NatsBench) {
-	defer func() {
-		if err := deleteNatsBenchState(t.url, true); err != nil {
-			r.fail(SectionNatsBench, t, err)
-		}
-	}()
 	for _, run := range natsBenchRuns() {
 		msgs := nb.Msgs
 		// An fsync per message makes sync_always the slowest writer by far: it moves the
@@ -242,14 +243,7 @@ func (r *runner) natsBenchOn(ctx context.Context, bin string, t *target, nb *Nat
 		}
 		args := append([]string{"--server", t.url, "bench"}, run.args...)
 		args = append(args, "--msgs", strconv.Itoa(msgs), "--size", strconv.Itoa(nb.Size), "--no-progress")
-		rctx, cancel := context.WithTimeout(ctx, natsBenchTimeout(msgs))
-		out, err := exec.CommandContext(rctx, bin, args...).CombinedOutput()
-		cancel()
-		if err != nil {
-			r.fail(SectionNatsBench+" "+label, t, fmt.Errorf("%w: %s", err, lastLine(out)))
-			continue
-		}
-		res, err := parseNatsBench(string(out))
+		res, err := runNatsBenchCLI(ctx, bin, args, msgs)
 		if err != nil {
 			r.fail(SectionNatsBench+" "+label, t, err)
 			continue
@@ -305,13 +299,7 @@ func (r *runner) natsBenchFloor(ctx context.Context, bin string, t *target, nb *
 	}
 	args := []string{"--server", t.url, "bench", "js", "pub", "async", natsBenchFloorSubject, "--stream", natsBenchFloorStream,
 		"--msgs", strconv.Itoa(nb.Msgs), "--size", strconv.Itoa(nb.Size), "--no-progress"}
-	rctx, cancel := context.WithTimeout(ctx, natsBenchTimeout(nb.Msgs))
-	out, err := exec.CommandContext(rctx, bin, args...).CombinedOutput()
-	cancel()
-	if err != nil {
-		return fmt.Errorf("%w: %s", err, lastLine(out))
-	}
-	res, err := parseNatsBench(string(out))
+	res, err := runNatsBenchCLI(ctx, bin, args, nb.Msgs)
 	if err != nil {
 		return err
 	}
@@ -319,6 +307,17 @@ func (r *runner) natsBenchFloor(ctx context.Context, bin string, t *target, nb *
 	res.P50us, res.P90us, res.P99us = 0, 0, 0
 	nb.Results = append(nb.Results, res)
 	return nil
+}
+
+// runNatsBenchCLI runs one nats bench command of msgs messages and reads its summary.
+func runNatsBenchCLI(ctx context.Context, bin string, args []string, msgs int) (NatsBenchResult, error) {
+	rctx, cancel := context.WithTimeout(ctx, natsBenchTimeout(msgs))
+	defer cancel()
+	out, err := exec.CommandContext(rctx, bin, args...).CombinedOutput()
+	if err != nil {
+		return NatsBenchResult{}, fmt.Errorf("%w: %s", err, lastLine(out))
+	}
+	return parseNatsBench(string(out))
 }
 
 // deleteNatsBenchState deletes nats bench's durable consumer, and with all its stream and
@@ -479,19 +478,17 @@ func (nb *NatsBench) rows() [][]string {
 			cells = append(cells, fmtRatio(jg.MsgsPerSec/js.MsgsPerSec))
 		}
 		rows = append(rows, cells)
-		if run.name == "js pub async" {
-			if row := nb.floorRow(js); row != nil {
-				rows = append(rows, row)
-			}
+		if row := nb.floorRow(run, js); row != nil {
+			rows = append(rows, row)
 		}
 	}
 	return rows
 }
 
-// floorRow is the link floor of `js pub async` under jetgres's columns, set against
-// JetStream's rate js like jetgres's own, or nil without a floor.
-func (nb *NatsBench) floorRow(js NatsBenchResult) []string {
-	f, ok := nb.result("js pub async", 1, TargetNatsBenchFloor)
+// floorRow is the link floor of run under jetgres's columns, set against JetStream's js
+// like jetgres's own, or nil when run has none.
+func (nb *NatsBench) floorRow(run natsBenchRun, js NatsBenchResult) []string {
+	f, ok := nb.result(run.name, max(run.clients, 1), TargetNatsBenchFloor)
 	if !ok {
 		return nil
 	}
@@ -499,10 +496,18 @@ func (nb *NatsBench) floorRow(js NatsBenchResult) []string {
 	if js.MsgsPerSec > 0 {
 		ratio = fmtRatio(f.MsgsPerSec / js.MsgsPerSec)
 	}
-	cells := []string{"js pub async, link floor (no storage)"}
+	what := "no storage"
+	if run.getFloor() {
+		what = "nothing looked up"
+	}
+	cells := []string{run.label() + ", link floor (" + what + ")"}
 	for range natsBenchTargets {
 		cells = append(cells, "—")
 	}
-	cells[1], cells[2] = fmtRate(f.MsgsPerSec), fmtRate(f.MsgsPerSec)
+	cell := fmtRate(f.MsgsPerSec)
+	if f.P50us > 0 {
+		cell += ", p50 " + fmtMs(f.P50us)
+	}
+	cells[1], cells[2] = cell, cell
 	return append(cells, ratio, ratio)
 }

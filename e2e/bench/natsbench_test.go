@@ -1,6 +1,9 @@
 package bench
 
-import "testing"
+import (
+	"fmt"
+	"testing"
+)
 
 // Outputs of natscli v0.5.0's nats bench, one client and two, trimmed to what matters.
 const (
@@ -97,5 +100,33 @@ func TestNatsBenchFloorRow(t *testing.T) {
 	nb.Results = nb.Results[:2]
 	if rows := nb.rows(); len(rows) != 1 {
 		t.Errorf("without a floor, rows %q", rows)
+	}
+}
+
+// A get's link floor shows right after jetgres's own row of the same run and client count,
+// with its p50.
+func TestNatsBenchGetFloorRows(t *testing.T) {
+	nb := &NatsBench{Results: []NatsBenchResult{
+		{Bench: "kv get", Clients: 1, Target: TargetJetStream, MsgsPerSec: 10_000, P50us: 90},
+		{Bench: "kv get", Clients: 1, Target: TargetJetgresCommitOn, MsgsPerSec: 5_000, P50us: 180},
+		{Bench: "kv get", Clients: 1, Target: TargetNatsBenchFloor, MsgsPerSec: 8_000, P50us: 110},
+		{Bench: "kv get", Clients: natsBenchClients, Target: TargetJetStream, MsgsPerSec: 40_000, P50us: 150},
+		{Bench: "kv get", Clients: natsBenchClients, Target: TargetJetgresCommitOn, MsgsPerSec: 20_000, P50us: 300},
+		{Bench: "kv get", Clients: natsBenchClients, Target: TargetNatsBenchFloor, MsgsPerSec: 30_000, P50us: 200},
+	}}
+	rows := nb.rows()
+	if len(rows) != 4 {
+		t.Fatalf("rows %q, want each kv get row followed by its floor", rows)
+	}
+	for i, want := range []struct {
+		label, cell, ratio string
+	}{
+		{"kv get, link floor (nothing looked up)", fmtRate(8_000) + ", p50 " + fmtMs(110), fmtRatio(0.8)},
+		{fmt.Sprintf("kv get, %d clients, link floor (nothing looked up)", natsBenchClients), fmtRate(30_000) + ", p50 " + fmtMs(200), fmtRatio(0.75)},
+	} {
+		floor := rows[2*i+1]
+		if floor[0] != want.label || floor[1] != want.cell || floor[2] != want.cell || floor[3] != "—" || floor[len(floor)-1] != want.ratio {
+			t.Errorf("floor row %q, want %s: %s, ratio %s", floor, want.label, want.cell, want.ratio)
+		}
 	}
 }

@@ -169,6 +169,9 @@ func (r *runner) runNatsBench(ctx context.Context) {
 			if err := r.natsBenchFloor(ctx, bin, t, nb); err != nil {
 				r.fail(SectionNatsBench+" js pub async floor", t, err)
 			}
+			if err := r.natsBenchStoreFloor(ctx, bin, t, nb); err != nil {
+				r.fail(SectionNatsBench+" js pub async storage floor", t, err)
+			}
 		}
 		if err := stop(); err != nil {
 			r.fail(SectionNatsBench, t, err)
@@ -265,60 +268,18 @@ func (r *runner) natsBenchOn(ctx context.Context, bin string, t *target, nb *Nat
 	}
 }
 
-// natsBenchFloor runs `nats bench js pub async` against a responder on t's leafnode link,
-// which answers each publish on the read loop, as the bridge's intake runs, with a valid
-// PubAck of the next sequence: nats.go checks the stream name, nothing else.
-func (r *runner) natsBenchFloor(ctx context.Context, bin string, t *target, nb *NatsBench) (err error) {
-	r.prog.phase("nats bench     js pub async, link floor, on "+t.name, 0, 0)
-	c, err := dial(t.url, "jetgres-bench nats bench floor")
-	if err != nil {
-		return err
-	}
-	defer c.close()
-	if _, err := c.createStream(ctx, natsBenchFloorStream, natsBenchFloorStored); err != nil {
-		return err
-	}
-	defer func() {
-		dctx, cancel := context.WithTimeout(context.Background(), apiTimeout)
-		defer cancel()
-		if derr := c.js.DeleteStream(dctx, natsBenchFloorStream); derr != nil && err == nil {
-			err = fmt.Errorf("delete stream %s: %w", natsBenchFloorStream, derr)
-		}
-	}()
+// natsBenchFloor measures the link floor on t: its responder answers each publish on the
+// link's read loop, as the bridge's intake runs, with a valid PubAck of the next sequence:
+// nats.go checks the stream name, nothing else.
+func (r *runner) natsBenchFloor(ctx context.Context, bin string, t *target, nb *NatsBench) error {
 	link := t.node.link
 	prefix := jswire.PubAckPrefix(natsBenchFloorStream)
 	var seq atomic.Uint64
-	sub, err := link.Subscribe(natsBenchFloorSubject, "", func(m *leaf.Msg) {
+	return r.natsBenchPubOnLink(ctx, bin, t, nb, TargetNatsBenchFloor, "link floor", func(m *leaf.Msg) {
 		if m.Reply != "" {
 			_ = link.Publish(m.Reply, "", nil, jswire.PubAck(prefix, seq.Add(1), false))
 		}
 	})
-	if err != nil {
-		return fmt.Errorf("link floor: subscribe: %w", err)
-	}
-	defer func() { _ = sub.Unsubscribe() }()
-	fctx, cancel := context.WithTimeout(ctx, apiTimeout)
-	err = link.Flush(fctx)
-	cancel()
-	if err != nil {
-		return fmt.Errorf("link floor: flush: %w", err)
-	}
-	args := []string{"--server", t.url, "bench", "js", "pub", "async", natsBenchFloorSubject, "--stream", natsBenchFloorStream,
-		"--msgs", strconv.Itoa(nb.Msgs), "--size", strconv.Itoa(nb.Size), "--no-progress"}
-	rctx, cancel := context.WithTimeout(ctx, natsBenchTimeout(nb.Msgs))
-	out, err := exec.CommandContext(rctx, bin, args...).CombinedOutput()
-	cancel()
-	if err != nil {
-		return fmt.Errorf("%w: %s", err, lastLine(out))
-	}
-	res, err := parseNatsBench(string(out))
-	if err != nil {
-		return err
-	}
-	res.Bench, res.Clients, res.Target = "js pub async", 1, TargetNatsBenchFloor
-	res.P50us, res.P90us, res.P99us = 0, 0, 0
-	nb.Results = append(nb.Results, res)
-	return nil
 }
 
 // deleteNatsBenchState deletes nats bench's durable consumer, and with all its stream and
@@ -480,18 +441,20 @@ func (nb *NatsBench) rows() [][]string {
 		}
 		rows = append(rows, cells)
 		if run.name == "js pub async" {
-			if row := nb.floorRow(js); row != nil {
-				rows = append(rows, row)
+			for _, f := range natsBenchPubFloors {
+				if row := nb.floorRow(js, f.target, f.label); row != nil {
+					rows = append(rows, row)
+				}
 			}
 		}
 	}
 	return rows
 }
 
-// floorRow is the link floor of `js pub async` under jetgres's columns, set against
-// JetStream's rate js like jetgres's own, or nil without a floor.
-func (nb *NatsBench) floorRow(js NatsBenchResult) []string {
-	f, ok := nb.result("js pub async", 1, TargetNatsBenchFloor)
+// floorRow is a floor of `js pub async`, target's, in a row called label under jetgres's
+// columns, set against JetStream's rate js like jetgres's own, or nil without that floor.
+func (nb *NatsBench) floorRow(js NatsBenchResult, target, label string) []string {
+	f, ok := nb.result("js pub async", 1, target)
 	if !ok {
 		return nil
 	}
@@ -499,7 +462,7 @@ func (nb *NatsBench) floorRow(js NatsBenchResult) []string {
 	if js.MsgsPerSec > 0 {
 		ratio = fmtRatio(f.MsgsPerSec / js.MsgsPerSec)
 	}
-	cells := []string{"js pub async, link floor (no storage)"}
+	cells := []string{label}
 	for range natsBenchTargets {
 		cells = append(cells, "—")
 	}

@@ -48,9 +48,10 @@ func TestQuickRun(t *testing.T) {
 			if p.Mode == mode {
 				inMode = append(inMode, p)
 			}
-			// Every run costs the process CPU; reading the stream back costs PostgreSQL's
-			// too, which the private cluster lets the bench read.
-			if p.Mode == mode && (p.CPUUsPerMsg <= 0 || mode == PushReadFloor && p.PGCPUUsPerMsg <= 0) {
+			// Every run costs the process CPU. PostgreSQL's, which the private cluster lets
+			// the bench read, comes from /proc in clock ticks of 10 ms: a quick run's read
+			// floor may cost it less than one, so only a negative figure is wrong.
+			if p.Mode == mode && (p.CPUUsPerMsg <= 0 || p.PGCPUUsPerMsg < 0) {
 				t.Errorf("push %s on %s: CPU µs per message %g in the process, %g in PostgreSQL", mode, p.Target, p.CPUUsPerMsg, p.PGCPUUsPerMsg)
 			}
 		}
@@ -214,8 +215,10 @@ func checkNatsBench(t *testing.T, nb *NatsBench) {
 			}
 		}
 	}
-	if f, ok := nb.result("js pub async", 1, TargetNatsBenchFloor); !ok || !(f.MsgsPerSec > 0) {
-		t.Errorf("nats bench js pub async link floor: %+v (measured %v)", f, ok)
+	for _, floor := range natsBenchFloors {
+		if f, ok := nb.result("js pub async", 1, floor.target); !ok || !(f.MsgsPerSec > 0) {
+			t.Errorf("nats bench js pub async, %s: %+v (measured %v)", floor.target, f, ok)
+		}
 	}
 	for _, run := range natsBenchRuns() {
 		if !run.getFloor() {

@@ -172,6 +172,9 @@ func (r *runner) runNatsBench(ctx context.Context) {
 			if err := r.natsBenchFloor(ctx, bin, t, nb); err != nil {
 				r.fail(SectionNatsBench+" js pub async floor", t, err)
 			}
+			if err := r.natsBenchStoreFloor(ctx, bin, t, nb); err != nil {
+				r.fail(SectionNatsBench+" js pub async storage floor", t, err)
+			}
 		}
 		if err := deleteNatsBenchState(t.url, true); err != nil {
 			r.fail(SectionNatsBench, t, err)
@@ -259,54 +262,18 @@ func (r *runner) natsBenchOn(ctx context.Context, bin string, t *target, nb *Nat
 	}
 }
 
-// natsBenchFloor runs `nats bench js pub async` against a responder on t's leafnode link,
-// which answers each publish on the read loop, as the bridge's intake runs, with a valid
-// PubAck of the next sequence: nats.go checks the stream name, nothing else.
-func (r *runner) natsBenchFloor(ctx context.Context, bin string, t *target, nb *NatsBench) (err error) {
-	r.prog.phase("nats bench     js pub async, link floor, on "+t.name, 0, 0)
-	c, err := dial(t.url, "jetgres-bench nats bench floor")
-	if err != nil {
-		return err
-	}
-	defer c.close()
-	if _, err := c.createStream(ctx, natsBenchFloorStream, natsBenchFloorStored); err != nil {
-		return err
-	}
-	defer func() {
-		dctx, cancel := context.WithTimeout(context.Background(), apiTimeout)
-		defer cancel()
-		if derr := c.js.DeleteStream(dctx, natsBenchFloorStream); derr != nil && err == nil {
-			err = fmt.Errorf("delete stream %s: %w", natsBenchFloorStream, derr)
-		}
-	}()
+// natsBenchFloor measures the link floor on t: its responder answers each publish on the
+// link's read loop, as the bridge's intake runs, with a valid PubAck of the next sequence:
+// nats.go checks the stream name, nothing else.
+func (r *runner) natsBenchFloor(ctx context.Context, bin string, t *target, nb *NatsBench) error {
 	link := t.node.link
 	prefix := jswire.PubAckPrefix(natsBenchFloorStream)
 	var seq atomic.Uint64
-	sub, err := link.Subscribe(natsBenchFloorSubject, "", func(m *leaf.Msg) {
+	return r.natsBenchPubOnLink(ctx, bin, t, nb, TargetNatsBenchFloor, "link floor", func(m *leaf.Msg) {
 		if m.Reply != "" {
 			_ = link.Publish(m.Reply, "", nil, jswire.PubAck(prefix, seq.Add(1), false))
 		}
 	})
-	if err != nil {
-		return fmt.Errorf("link floor: subscribe: %w", err)
-	}
-	defer func() { _ = sub.Unsubscribe() }()
-	fctx, cancel := context.WithTimeout(ctx, apiTimeout)
-	err = link.Flush(fctx)
-	cancel()
-	if err != nil {
-		return fmt.Errorf("link floor: flush: %w", err)
-	}
-	args := []string{"--server", t.url, "bench", "js", "pub", "async", natsBenchFloorSubject, "--stream", natsBenchFloorStream,
-		"--msgs", strconv.Itoa(nb.Msgs), "--size", strconv.Itoa(nb.Size), "--no-progress"}
-	res, err := runNatsBenchCLI(ctx, bin, args, nb.Msgs)
-	if err != nil {
-		return err
-	}
-	res.Bench, res.Clients, res.Target = "js pub async", 1, TargetNatsBenchFloor
-	res.P50us, res.P90us, res.P99us = 0, 0, 0
-	nb.Results = append(nb.Results, res)
-	return nil
 }
 
 // runNatsBenchCLI runs one nats bench command of msgs messages and reads its summary.
@@ -478,17 +445,19 @@ func (nb *NatsBench) rows() [][]string {
 			cells = append(cells, fmtRatio(jg.MsgsPerSec/js.MsgsPerSec))
 		}
 		rows = append(rows, cells)
-		if row := nb.floorRow(run, js); row != nil {
-			rows = append(rows, row)
+		for _, f := range natsBenchFloors {
+			if row := nb.floorRow(run, js, f); row != nil {
+				rows = append(rows, row)
+			}
 		}
 	}
 	return rows
 }
 
-// floorRow is the link floor of run under jetgres's columns, set against JetStream's js
+// floorRow is floor's result for run under jetgres's columns, set against JetStream's js
 // like jetgres's own, or nil when run has none.
-func (nb *NatsBench) floorRow(run natsBenchRun, js NatsBenchResult) []string {
-	f, ok := nb.result(run.name, max(run.clients, 1), TargetNatsBenchFloor)
+func (nb *NatsBench) floorRow(run natsBenchRun, js NatsBenchResult, floor natsBenchFloorKind) []string {
+	f, ok := nb.result(run.name, max(run.clients, 1), floor.target)
 	if !ok {
 		return nil
 	}
@@ -496,11 +465,7 @@ func (nb *NatsBench) floorRow(run natsBenchRun, js NatsBenchResult) []string {
 	if js.MsgsPerSec > 0 {
 		ratio = fmtRatio(f.MsgsPerSec / js.MsgsPerSec)
 	}
-	what := "no storage"
-	if run.getFloor() {
-		what = "nothing looked up"
-	}
-	cells := []string{run.label() + ", link floor (" + what + ")"}
+	cells := []string{run.label() + ", " + floor.name(run)}
 	for range natsBenchTargets {
 		cells = append(cells, "—")
 	}

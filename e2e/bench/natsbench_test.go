@@ -80,22 +80,32 @@ func TestNatsBenchGoals(t *testing.T) {
 	}
 }
 
-// The link floor shows under jetgres's columns, right after jetgres's own js pub async row,
-// with its ratio to JetStream's rate.
+// The link floor and the storage floor show under jetgres's columns, in that order, right
+// after jetgres's own js pub async row, each with its ratio to JetStream's rate.
 func TestNatsBenchFloorRow(t *testing.T) {
 	nb := &NatsBench{Results: []NatsBenchResult{
 		{Bench: "js pub async", Clients: 1, Target: TargetJetStream, MsgsPerSec: 100_000},
 		{Bench: "js pub async", Clients: 1, Target: TargetJetgresCommitOn, MsgsPerSec: 50_000},
+		{Bench: "js pub async", Clients: 1, Target: TargetNatsBenchStoreFloor, MsgsPerSec: 60_000},
 		{Bench: "js pub async", Clients: 1, Target: TargetNatsBenchFloor, MsgsPerSec: 80_000},
 	}}
 	rows := nb.rows()
-	if len(rows) != 2 {
-		t.Fatalf("rows %q, want jetgres's js pub async and its floor", rows)
+	if len(rows) != 3 {
+		t.Fatalf("rows %q, want jetgres's js pub async, its link floor and its storage floor", rows)
 	}
-	floor := rows[1]
-	if floor[0] != "js pub async, link floor (no storage)" || floor[1] != fmtRate(80_000) || floor[3] != "—" ||
-		floor[len(floor)-2] != fmtRatio(0.8) {
-		t.Errorf("floor row %q", floor)
+	for i, want := range []struct {
+		label string
+		rate  float64
+	}{{"js pub async, link floor (no storage)", 80_000}, {"js pub async, storage floor (COPY + commit per batch)", 60_000}} {
+		floor := rows[1+i]
+		if floor[0] != want.label || floor[1] != fmtRate(want.rate) || floor[2] != fmtRate(want.rate) || floor[3] != "—" ||
+			floor[len(floor)-2] != fmtRatio(want.rate/100_000) {
+			t.Errorf("floor row %q, want %s at %s", floor, want.label, fmtRate(want.rate))
+		}
+	}
+	nb.Results = nb.Results[:3]
+	if rows := nb.rows(); len(rows) != 2 || rows[1][0] != "js pub async, storage floor (COPY + commit per batch)" {
+		t.Errorf("without a link floor, rows %q", rows)
 	}
 	nb.Results = nb.Results[:2]
 	if rows := nb.rows(); len(rows) != 1 {

@@ -20,8 +20,9 @@
 //
 // It also holds what benchmarks need from PostgreSQL besides jetgres itself, for the
 // `go test -bench` benchmarks and the bench command alike: the naive queue they measure
-// jetgres against (Naive, with BareInsert and VersusInsert on top for tests) and Probe, for
-// settings and statistics. With package pg, it is the only package that imports pgx.
+// jetgres against (Naive, with BareInsert and VersusInsert on top for tests), StoreFloor, the
+// least a batch stored before its PubAcks costs, and Probe, for settings and statistics. With
+// package pg, it is the only package that imports pgx.
 //
 // Main stops the cluster even when tests fail, and then checks for leaked goroutines (goleak).
 // A test process killed before Main could stop its cluster leaves the cluster's directory

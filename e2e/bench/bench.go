@@ -31,6 +31,8 @@ type runner struct {
 	targets []*target
 	// probe serves the bench's own queries: settings and statement statistics.
 	probe *pgtest.Probe
+	// noCheckpoint: the probe may not CHECKPOINT, and settle has said so.
+	noCheckpoint bool
 	// statements is set when the server has pg_stat_statements.
 	statements bool
 }

@@ -210,7 +210,9 @@ which on a shared machine matters more than any absolute number.
   publish → PubAck; subscriber is pull request → first message, measured by a probe that pulls
   small batches slower than the offered rate, so it always finds messages ready; end-to-end is
   publish → delivery to a consumer reading with Messages on its own connection, from a send
-  time stamped in the payload.
+  time stamped in the payload. Every target's phase starts after a CHECKPOINT of the bench's
+  PostgreSQL, so that the write-back of what the sections before wrote (hundreds of
+  megabytes) falls into none of these short, low-rate phases.
 - **overload**: see above. Only publishes that start and finish inside a step's measured
   window count; a warm-up precedes it.
 - Latencies are kept in log-linear histograms with 1.6 % resolution.

@@ -98,6 +98,19 @@ func TestProbe(t *testing.T) {
 	if _, err := p.Setting(ctx, "jetgres.no_such_setting"); err == nil {
 		t.Error("Setting of an unknown setting returned no error")
 	}
+	var before, after int64
+	if err := p.pool.QueryRow(ctx, `SELECT checkpoints_req FROM pg_stat_bgwriter`).Scan(&before); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Checkpoint(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.pool.QueryRow(ctx, `SELECT checkpoints_req FROM pg_stat_bgwriter`).Scan(&after); err != nil {
+		t.Fatal(err)
+	}
+	if after <= before {
+		t.Errorf("requested checkpoints %d before Checkpoint, %d after", before, after)
+	}
 
 	// The statistics view lists a table as soon as it exists; its counts lag.
 	st, err := p.TableStats(ctx, NaiveSchema, strings.ReplaceAll(NaiveTable, "_", `\_`))

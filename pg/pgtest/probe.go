@@ -50,6 +50,16 @@ func (p *Probe) Setting(ctx context.Context, name string) (string, error) {
 	return v, nil
 }
 
+// Checkpoint writes every dirty buffer out now (CHECKPOINT), so that what the server was
+// yet to write back does not fall into the measurement that follows. It needs a superuser,
+// or the pg_checkpoint role.
+func (p *Probe) Checkpoint(ctx context.Context) error {
+	if _, err := p.pool.Exec(ctx, `CHECKPOINT`); err != nil {
+		return fmt.Errorf("probe: checkpoint: %w", err)
+	}
+	return nil
+}
+
 // EnableStatements creates the pg_stat_statements extension in the database. TopStatements
 // also needs the server to preload the library (shared_preload_libraries).
 func (p *Probe) EnableStatements(ctx context.Context) error {

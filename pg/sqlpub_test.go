@@ -260,6 +260,42 @@ func TestSQLMessagesUseTheIndexes(t *testing.T) {
 	}
 }
 
+// The mover's read of what is ready takes each staging table in index order from the
+// progress and stops at its limit: a backlog left while jetgres was down must not cost every
+// move a sort of all of it.
+func TestStagedReadyReadsInIndexOrder(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	_, _, raw := sqlDB(t, `{"name":"S","subjects":["s.>"]}`)
+	for range 3 {
+		if err := raw.Exec(ctx, `SELECT jetgres.publish('s.x', g::text) FROM generate_series(1, 2000) g`); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := raw.Exec(ctx, `ANALYZE jetgres.staged_0; ANALYZE jetgres.staged_1`); err != nil {
+		t.Fatal(err)
+	}
+	rows, err := raw.Query(ctx, `EXPLAIN (COSTS OFF) SELECT * FROM jetgres.staged_ready(100)`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var plan []string
+	for rows.Next() {
+		var line string
+		if err := rows.Scan(&line); err != nil {
+			t.Fatal(err)
+		}
+		plan = append(plan, line)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	all := strings.Join(plan, "\n")
+	if !regexp.MustCompile(`(?s)^Limit\s*\n\s*->\s*Merge Append.*Index Scan using staged_0_order on staged_0 s\s*\n\s*Index Cond: \(\(ROW\(xid, call\) > ROW\(\$\d+, \$\d+\)\)`).MatchString(all) {
+		t.Errorf("jetgres.staged_ready(100) does not merge index scans that start at the progress:\n%s", all)
+	}
+}
+
 // jetgres_publisher may publish and nothing else; jetgres_reader may read messages and the
 // views and nothing else.
 func TestSQLRoles(t *testing.T) {

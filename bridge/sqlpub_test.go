@@ -335,21 +335,7 @@ func TestSQLMessagesMatchDeliverAll(t *testing.T) {
 	if len(want) == 0 || !slices.Equal(got, want) {
 		t.Fatalf("jetgres.messages:\n%v\ndeliver all:\n%v", got, want)
 	}
-	var from []string
-	rows, err = raw.Query(ctx, `SELECT seq::text FROM jetgres.messages('S', 140, 's.5')`)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for rows.Next() {
-		var seq string
-		if err := rows.Scan(&seq); err != nil {
-			t.Fatal(err)
-		}
-		from = append(from, seq)
-	}
-	if err := rows.Err(); err != nil {
-		t.Fatal(err)
-	}
+	from := raw.Strings(t, `SELECT seq::text FROM jetgres.messages('S', 140, 's.5')`)
 	if !slices.Equal(from, []string{"141", "150"}) {
 		t.Fatalf("s.5 from 140: %v, want [141 150]", from)
 	}

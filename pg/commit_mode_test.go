@@ -71,22 +71,7 @@ func TestSynchronousCommitPerTransaction(t *testing.T) {
 			}
 
 			want := []string{"stream_state " + mode, "stream_state " + mode, "stream_state " + mode, "consumers " + mode, "consumers off", "consumers local"}
-			rows, err := raw.Query(ctx, `SELECT tbl || ' ' || mode FROM public.modes ORDER BY n`)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer rows.Close()
-			var got []string
-			for rows.Next() {
-				var s string
-				if err := rows.Scan(&s); err != nil {
-					t.Fatal(err)
-				}
-				got = append(got, s)
-			}
-			if err := rows.Err(); err != nil {
-				t.Fatal(err)
-			}
+			got := raw.Strings(t, `SELECT tbl || ' ' || mode FROM public.modes ORDER BY n`)
 			if len(got) != len(want) {
 				t.Fatalf("synchronous_commit per transaction = %q, want %q", got, want)
 			}

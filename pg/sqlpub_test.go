@@ -275,22 +275,7 @@ func TestStagedReadyReadsInIndexOrder(t *testing.T) {
 	if err := raw.Exec(ctx, `ANALYZE jetgres.staged_0; ANALYZE jetgres.staged_1`); err != nil {
 		t.Fatal(err)
 	}
-	rows, err := raw.Query(ctx, `EXPLAIN (COSTS OFF) SELECT * FROM jetgres.staged_ready(100)`)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var plan []string
-	for rows.Next() {
-		var line string
-		if err := rows.Scan(&line); err != nil {
-			t.Fatal(err)
-		}
-		plan = append(plan, line)
-	}
-	if err := rows.Err(); err != nil {
-		t.Fatal(err)
-	}
-	all := strings.Join(plan, "\n")
+	all := strings.Join(raw.Strings(t, `EXPLAIN (COSTS OFF) SELECT * FROM jetgres.staged_ready(100)`), "\n")
 	if !regexp.MustCompile(`(?s)^Limit\s*\n\s*->\s*Merge Append.*Index Scan using staged_0_order on staged_0 s\s*\n\s*Index Cond: \(\(ROW\(xid, call\) > ROW\(\$\d+, \$\d+\)\)`).MatchString(all) {
 		t.Errorf("jetgres.staged_ready(100) does not merge index scans that start at the progress:\n%s", all)
 	}
@@ -445,23 +430,9 @@ func TestSQLPublishRouteKeptInTheTransaction(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	rows, err := raw.Query(ctx, `SELECT s.name || ' ' || g.subject FROM (
+	got := raw.Strings(t, `SELECT s.name || ' ' || g.subject FROM (
 		SELECT call, stream_id, subject FROM jetgres.staged_0 UNION ALL SELECT call, stream_id, subject FROM jetgres.staged_1) g
 		JOIN jetgres.streams s ON s.id = g.stream_id ORDER BY g.call`)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var got []string
-	for rows.Next() {
-		var r string
-		if err := rows.Scan(&r); err != nil {
-			t.Fatal(err)
-		}
-		got = append(got, r)
-	}
-	if err := rows.Err(); err != nil {
-		t.Fatal(err)
-	}
 	// The aborted transaction's rows take space until a rotation, but no snapshot sees them.
 	if want := "A a.1,B b.x,A a.2.3,A a.4"; strings.Join(got, ",") != want {
 		t.Fatalf("staged: %s; want %s", strings.Join(got, ","), want)

@@ -121,6 +121,29 @@ func (q queries) Query(ctx context.Context, sql string, args ...any) (Rows, erro
 	return q.q.Query(ctx, sql, args...)
 }
 
+// Strings runs sql, whose rows have one column, and returns that column as text, failing t
+// on any error.
+func (db *DB) Strings(t testing.TB, sql string, args ...any) []string {
+	t.Helper()
+	rows, err := db.Query(t.Context(), sql, args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	var got []string
+	for rows.Next() {
+		var v string
+		if err := rows.Scan(&v); err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, v)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return got
+}
+
 // HoldRows locks, in a transaction of its own, the rows sql selects (it ends in FOR UPDATE),
 // until the returned release is called or t ends: a test's way of making the database hang
 // for whoever needs those rows.

@@ -51,6 +51,9 @@ func TestTxCommitsOrRollsBack(t *testing.T) {
 	if !slices.Equal(got, []int{1}) {
 		t.Errorf("rows %v, want the committed 1 and not the rolled-back 2", got)
 	}
+	if got := db.Strings(t, `SELECT v::text FROM t ORDER BY v`); !slices.Equal(got, []string{"1"}) {
+		t.Errorf("Strings: %q, want [1]", got)
+	}
 	var n int
 	if err := db.QueryRow(ctx, `SELECT count(*) FROM t`).Scan(&n); err != nil || n != 1 {
 		t.Errorf("QueryRow: %d, %v; want 1", n, err)

@@ -576,6 +576,10 @@ func TestParkedPullsHoldNoConnection(t *testing.T) {
 	const samples = 40
 	busyMax, busySamples, idleMax := 0, 0, 0
 	var acquiredMax, popPermitsMax, waitingMin float64 = 0, 0, conns * perConn
+	// Background work (ticks, lease renewal, the SQL mover's look, retention) takes a pooled
+	// connection for a moment now and then, two of them at once when they coincide; a
+	// parked pull that held one would show in every sample.
+	acquiredSamples, popPermitSamples := 0, 0
 	busyWith := make(map[string]bool) // what the busy backends were running
 	for range samples {
 		var busy, idle int
@@ -606,8 +610,14 @@ func TestParkedPullsHoldNoConnection(t *testing.T) {
 		}
 		busyMax, idleMax = max(busyMax, busy), max(idleMax, idle)
 		_, body := j.mustGet(t, "/metrics")
-		acquiredMax = max(acquiredMax, metricValue(t, body, "jetgres_pg_pool_acquired_conns"))
-		popPermitsMax = max(popPermitsMax, metricValue(t, body, "jetgres_pop_vegas_in_flight"))
+		acquired, popPermits := metricValue(t, body, "jetgres_pg_pool_acquired_conns"), metricValue(t, body, "jetgres_pop_vegas_in_flight")
+		acquiredMax, popPermitsMax = max(acquiredMax, acquired), max(popPermitsMax, popPermits)
+		if acquired > 0 {
+			acquiredSamples++
+		}
+		if popPermits > 0 {
+			popPermitSamples++
+		}
 		waitingMin = min(waitingMin, metricValue(t, body, `jetgres_consumers_total_messages{kind="waiting"}`))
 		if busy > 0 {
 			busySamples++
@@ -616,16 +626,17 @@ func TestParkedPullsHoldNoConnection(t *testing.T) {
 	}
 	t.Logf("%d parked pulls; jetgres backends over %d samples: at most %d busy (busy in %d samples), at most %d idle",
 		conns*perConn, samples, busyMax, busySamples, idleMax)
-	t.Logf("jetgres metrics over the same samples: at most %.0f pool connections in use, at most %.0f pop permits held, at least %.0f requests waiting",
-		acquiredMax, popPermitsMax, waitingMin)
+	t.Logf("jetgres metrics over the same samples: at most %.0f pool connections in use (in %d samples), at most %.0f pop permits held (in %d samples), at least %.0f requests waiting",
+		acquiredMax, acquiredSamples, popPermitsMax, popPermitSamples, waitingMin)
 	for q := range busyWith {
 		t.Logf("busy backend seen: %.200s", q)
 	}
 	if busyMax > 1 || busySamples > samples/10 {
 		t.Errorf("parked pulls keep jetgres's backends busy: at most %d busy, busy in %d of %d samples", busyMax, busySamples, samples)
 	}
-	if acquiredMax > 1 || popPermitsMax > 1 || waitingMin != conns*perConn {
-		t.Errorf("jetgres's metrics: %.0f connections in use, %.0f pop permits held, %.0f requests waiting", acquiredMax, popPermitsMax, waitingMin)
+	if acquiredSamples > samples/10 || popPermitSamples > samples/10 || waitingMin != conns*perConn {
+		t.Errorf("jetgres's metrics: connections in use in %d of %d samples (at most %.0f), pop permits held in %d (at most %.0f), %.0f requests waiting",
+			acquiredSamples, samples, acquiredMax, popPermitSamples, popPermitsMax, waitingMin)
 	}
 	select {
 	case m := <-unexpected:

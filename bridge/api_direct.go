@@ -36,19 +36,13 @@ func (b *Bridge) directGet(ctx context.Context, m *leaf.Msg, tok []string) {
 	if err != nil && !errors.Is(err, pg.ErrNotFound) {
 		b.log.Warn("direct get", "stream", tok[0], "err", err)
 	}
-	if err != nil || !s.config().AllowDirect {
+	if err != nil {
 		status(503, "")
 		return
 	}
-	if v := jswire.HeaderValue(m.Header, server.JSRequiredApiLevel); v != "" {
-		if n, err := strconv.Atoi(v); err != nil || n > apiLevel {
-			status(412, "Required Api Level")
-			return
-		}
-	}
-	req, desc := jswire.DirectRequest(tok[1:], m.Data)
-	if desc != "" {
-		status(408, desc)
+	req, refused := directRequest(s, m, tok[1:])
+	if refused != nil {
+		status(refused.code, refused.desc)
 		return
 	}
 	dg := directGet{b: b, s: s, reply: m.Reply, req: req}
@@ -76,11 +70,11 @@ func (b *Bridge) directGet(ctx context.Context, m *leaf.Msg, tok []string) {
 func (b *Bridge) directGetFromMemory(m *leaf.Msg, rest string) bool {
 	tok := strings.Split(rest, ".")
 	s := b.lookup(tok[0])
-	if s == nil || tok[0] == "" || !s.config().AllowDirect || jswire.HeaderValue(m.Header, server.JSRequiredApiLevel) != "" {
+	if s == nil {
 		return false
 	}
-	req, desc := jswire.DirectRequest(tok[1:], m.Data)
-	if desc != "" || req.Batch != 0 || len(req.MultiLastFor) > 0 || req.StartTime != nil {
+	req, refused := directRequest(s, m, tok[1:])
+	if refused != nil || req.Batch != 0 || len(req.MultiLastFor) > 0 || req.StartTime != nil {
 		return false
 	}
 	msg, live, ok := b.memoryGet(s, &req)
@@ -95,6 +89,25 @@ func (b *Bridge) directGetFromMemory(m *leaf.Msg, rest string) bool {
 	dg := directGet{b: b, s: s, reply: m.Reply, req: req}
 	dg.send(msg, nil)
 	return true
+}
+
+// directRequest reads a direct get of stream s, whose subject goes on with key, or the status
+// that refuses it: the stream does not allow direct gets, the client needs a later API
+// level, or the request is malformed.
+func directRequest(s *stream, m *leaf.Msg, key []string) (server.JSApiMsgGetRequest, *directStatus) {
+	if !s.config().AllowDirect {
+		return server.JSApiMsgGetRequest{}, &directStatus{503, ""}
+	}
+	if v := jswire.HeaderValue(m.Header, server.JSRequiredApiLevel); v != "" {
+		if n, err := strconv.Atoi(v); err != nil || n > apiLevel {
+			return server.JSApiMsgGetRequest{}, &directStatus{412, "Required Api Level"}
+		}
+	}
+	req, desc := jswire.DirectRequest(key, m.Data)
+	if desc != "" {
+		return req, &directStatus{408, desc}
+	}
+	return req, nil
 }
 
 // directStatus is a status-line answer, such as "404 Message Not Found".

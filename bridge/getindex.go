@@ -382,9 +382,9 @@ func (b *Bridge) getBySeq(ctx context.Context, s *stream, x *subjectIndex, seq u
 	})
 }
 
-// lastBySubject answers a literal subject through the index: the tail holds its message or
-// one read by sequence fetches it. A wildcard, or a subject the index does not hold, is
-// one read of the newest match, which fills the index.
+// lastBySubject answers a last-by-subject get that memoryGet could not: a literal subject
+// the index holds is one read by sequence, and a wildcard, or a subject the index does not
+// hold, is one read of the newest match, which fills the index.
 func (b *Bridge) lastBySubject(ctx context.Context, s *stream, x *subjectIndex, subject string) (*pg.Message, error) {
 	g := b.gets
 	hw := b.tailHighWater(s)
@@ -392,10 +392,6 @@ func (b *Bridge) lastBySubject(ctx context.Context, s *stream, x *subjectIndex, 
 	if literal {
 		if seq, gen, ok := g.lastOf(x, subject, hw); ok {
 			g.m.lookups.WithLabelValues("hit").Inc()
-			if m, live, ok := b.tailGet(s, x, seq); ok && live {
-				g.m.served.WithLabelValues("memory").Inc()
-				return m, nil
-			}
 			m, err := g.shared(ctx, getKey{s: s, kind: getBySeq, seq: seq}, func() (*pg.Message, error) {
 				return b.db.GetMessage(ctx, s.id, seq)
 			})

@@ -118,15 +118,12 @@ func BenchmarkSQLPublish(b *testing.B) {
 	}
 	// floor_chunk is shaped as pg's chunk tables are; floor_moved is the move's progress and
 	// the stream's last sequence in one row, updated once per move as jetgres.staging is.
-	if err := raw.Exec(ctx, `CREATE TABLE floor_chunk (
-			seq     bigint PRIMARY KEY,
-			ts      bigint NOT NULL,
-			subject text   COLLATE "C" NOT NULL,
-			hdr     bytea,
-			data    bytea  NOT NULL
-		);
-		CREATE INDEX ON floor_chunk (subject, seq);
-		CREATE TABLE floor_moved (
+	for _, ddl := range pg.ChunkShapeDDL("floor_chunk") {
+		if err := raw.Exec(ctx, ddl); err != nil {
+			b.Fatal(err)
+		}
+	}
+	if err := raw.Exec(ctx, `CREATE TABLE floor_moved (
 			one        boolean PRIMARY KEY DEFAULT true CHECK (one),
 			moved_xid  xid8    NOT NULL DEFAULT '0',
 			moved_call bigint  NOT NULL DEFAULT 0,
@@ -186,7 +183,7 @@ func BenchmarkSQLPublish(b *testing.B) {
 								b.Error(err)
 								return
 							}
-							nudge(wake)
+							poke(wake)
 							continue
 						}
 						i := next.Add(1)
@@ -199,7 +196,7 @@ func BenchmarkSQLPublish(b *testing.B) {
 							b.Error(err)
 							return
 						}
-						nudge(wake)
+						poke(wake)
 					}
 				})
 			}
@@ -211,14 +208,6 @@ func BenchmarkSQLPublish(b *testing.B) {
 				}
 			}
 		})
-	}
-}
-
-// nudge tells a waiting mover that a transaction committed, without waiting for it.
-func nudge(wake chan<- struct{}) {
-	select {
-	case wake <- struct{}{}:
-	default:
 	}
 }
 
@@ -250,7 +239,7 @@ func floorMove(b *testing.B, raw *rawsql.DB, wake <-chan struct{}) chan time.Tim
 			ORDER BY s.xid, s.call
 			LIMIT ` + strconv.Itoa(FlushMaxMsgsDefault) + `
 		), w AS (
-			INSERT INTO floor_chunk (seq, ts, subject, hdr, data) SELECT seq, $1, subject, hdr, data FROM m
+			INSERT INTO floor_chunk (seq, ts, subject, hdr, data, cum_before) SELECT seq, $1, subject, hdr, data, 0 FROM m
 		)
 		UPDATE floor_moved f SET moved_xid = l.xid, moved_call = l.call, last_seq = l.seq
 		FROM (SELECT xid, call, seq FROM m ORDER BY seq DESC LIMIT 1) l

@@ -34,13 +34,19 @@ func createChunk(ctx context.Context, q querier, streamID, chunk int64, firstSeq
 }
 
 // chunkDDL creates a chunk table: one statement each, as a pipeline takes them.
+func chunkDDL(streamID, chunk int64) []string {
+	return ChunkShapeDDL(chunkTable(streamID, chunk))
+}
+
+// ChunkShapeDDL creates a table called t shaped as a chunk table is, its columns and its
+// indexes, one statement each: benchmarks that measure what storing a message costs at the
+// least store into tables exactly as jetgres's are.
 //
 // Subjects are compared byte by byte, as NATS does, whatever the database's collation: under
 // a linguistic collation (en_US and the like, the default of many databases jetgres is
 // pointed at) every comparison of the subject index costs a collation lookup, and an
 // anchored pattern such as a wildcard filter's cannot use the index at all.
-func chunkDDL(streamID, chunk int64) []string {
-	t := chunkTable(streamID, chunk)
+func ChunkShapeDDL(t string) []string {
 	return []string{`CREATE TABLE ` + t + ` (
 		seq        bigint PRIMARY KEY,
 		ts         bigint NOT NULL,

@@ -216,8 +216,8 @@ func checkNatsBench(t *testing.T, nb *NatsBench) {
 		}
 	}
 	for _, floor := range natsBenchFloors {
-		if f, ok := nb.result("js pub async", 1, floor.target); !ok || !(f.MsgsPerSec > 0) {
-			t.Errorf("nats bench js pub async, %s: %+v (measured %v)", floor.target, f, ok)
+		if f, ok := nb.result("js pub async", 1, floor); !ok || !(f.MsgsPerSec > 0) {
+			t.Errorf("nats bench js pub async, %s: %+v (measured %v)", floor, f, ok)
 		}
 	}
 	for _, run := range natsBenchRuns() {

@@ -244,9 +244,7 @@ func (r *runner) natsBenchOn(ctx context.Context, bin string, t *target, nb *Nat
 				continue
 			}
 		}
-		args := append([]string{"--server", t.url, "bench"}, run.args...)
-		args = append(args, "--msgs", strconv.Itoa(msgs), "--size", strconv.Itoa(nb.Size), "--no-progress")
-		res, err := runNatsBenchCLI(ctx, bin, args, msgs)
+		res, err := runNatsBenchCLI(ctx, bin, nb.natsBenchArgs(t.url, nil, run.args, msgs), msgs)
 		if err != nil {
 			r.fail(SectionNatsBench+" "+label, t, err)
 			continue
@@ -274,6 +272,30 @@ func (r *runner) natsBenchFloor(ctx context.Context, bin string, t *target, nb *
 			_ = link.Publish(m.Reply, "", nil, jswire.PubAck(prefix, seq.Add(1), false))
 		}
 	})
+}
+
+// natsBenchArgs is the command line of one nats bench run against url: the global flags,
+// then bench and its subcommand, moving msgs messages of the run's size.
+func (nb *NatsBench) natsBenchArgs(url string, global, cmd []string, msgs int) []string {
+	args := append(append([]string{"--server", url}, global...), "bench")
+	args = append(args, cmd...)
+	return append(args, "--msgs", strconv.Itoa(msgs), "--size", strconv.Itoa(nb.Size), "--no-progress")
+}
+
+// respondOnLink subscribes h to subject on t's leafnode link and waits until the server has
+// the interest, so that the floor's first request finds its responder.
+func respondOnLink(ctx context.Context, t *target, subject string, h leaf.Handler) (*leaf.Subscription, error) {
+	sub, err := t.node.link.Subscribe(subject, "", h)
+	if err != nil {
+		return nil, fmt.Errorf("subscribe %s on the link: %w", subject, err)
+	}
+	fctx, cancel := context.WithTimeout(ctx, apiTimeout)
+	defer cancel()
+	if err := t.node.link.Flush(fctx); err != nil {
+		_ = sub.Unsubscribe()
+		return nil, fmt.Errorf("flush the link: %w", err)
+	}
+	return sub, nil
 }
 
 // runNatsBenchCLI runs one nats bench command of msgs messages and reads its summary.
@@ -456,8 +478,8 @@ func (nb *NatsBench) rows() [][]string {
 
 // floorRow is floor's result for run under jetgres's columns, set against JetStream's js
 // like jetgres's own, or nil when run has none.
-func (nb *NatsBench) floorRow(run natsBenchRun, js NatsBenchResult, floor natsBenchFloorKind) []string {
-	f, ok := nb.result(run.name, max(run.clients, 1), floor.target)
+func (nb *NatsBench) floorRow(run natsBenchRun, js NatsBenchResult, floor string) []string {
+	f, ok := nb.result(run.name, max(run.clients, 1), floor)
 	if !ok {
 		return nil
 	}
@@ -465,7 +487,7 @@ func (nb *NatsBench) floorRow(run natsBenchRun, js NatsBenchResult, floor natsBe
 	if js.MsgsPerSec > 0 {
 		ratio = fmtRatio(f.MsgsPerSec / js.MsgsPerSec)
 	}
-	cells := []string{run.label() + ", " + floor.name(run)}
+	cells := []string{run.label() + ", " + floorName(floor, run)}
 	for range natsBenchTargets {
 		cells = append(cells, "—")
 	}

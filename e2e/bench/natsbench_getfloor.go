@@ -41,7 +41,7 @@ func (r *runner) natsBenchGetFloor(ctx context.Context, bin string, t *target, n
 	payload := make([]byte, nb.Size)
 	link := t.node.link
 	prefix := natsBenchFloorAPI + "."
-	sub, err := link.Subscribe(prefix+">", "", func(m *leaf.Msg) {
+	sub, err := respondOnLink(ctx, t, prefix+">", func(m *leaf.Msg) {
 		if m.Reply == "" {
 			return
 		}
@@ -73,22 +73,15 @@ func (r *runner) natsBenchGetFloor(ctx context.Context, bin string, t *target, n
 		_ = link.Publish(m.Reply, "", hdr, payload)
 	})
 	if err != nil {
-		return fmt.Errorf("get floor: subscribe: %w", err)
+		return fmt.Errorf("get floor: %w", err)
 	}
 	defer func() { _ = sub.Unsubscribe() }()
-	fctx, cancel := context.WithTimeout(ctx, apiTimeout)
-	err = link.Flush(fctx)
-	cancel()
-	if err != nil {
-		return fmt.Errorf("get floor: flush: %w", err)
-	}
 	for _, run := range natsBenchRuns() {
 		if !run.getFloor() {
 			continue
 		}
 		r.prog.phase(fmt.Sprintf("nats bench     %s, link floor, on %s", run.label(), t.name), 0, 0)
-		args := append([]string{"--server", t.url, "--js-api-prefix", natsBenchFloorAPI, "bench"}, run.args...)
-		args = append(args, "--msgs", strconv.Itoa(nb.SyncMsgs), "--size", strconv.Itoa(nb.Size), "--no-progress")
+		args := nb.natsBenchArgs(t.url, []string{"--js-api-prefix", natsBenchFloorAPI}, run.args, nb.SyncMsgs)
 		res, err := runNatsBenchCLI(ctx, bin, args, nb.SyncMsgs)
 		if err != nil {
 			return fmt.Errorf("%s: %w", run.label(), err)

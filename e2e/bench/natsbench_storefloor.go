@@ -3,7 +3,6 @@ package bench
 import (
 	"context"
 	"fmt"
-	"strconv"
 	"sync"
 
 	"github.com/jetgres/jetgres/embedded/leaf"
@@ -19,17 +18,15 @@ import (
 // can do behind the same link, measured on the jetgres node of commit on.
 const TargetNatsBenchStoreFloor = "jetgres-storage-floor"
 
-// natsBenchFloorKind is a floor a run's row may be followed by: its result is its target's
-// for the run's name and client count.
-type natsBenchFloorKind struct{ target string }
+// natsBenchFloors are the targets of the floors a run's row may be followed by, in the order
+// their rows show: a floor's result is its target's for the run's name and client count.
+var natsBenchFloors = []string{TargetNatsBenchFloor, TargetNatsBenchStoreFloor}
 
-// natsBenchFloors are the floors, in the order their rows show.
-var natsBenchFloors = []natsBenchFloorKind{{TargetNatsBenchFloor}, {TargetNatsBenchStoreFloor}}
-
-// name is what the floor's row calls it after the run's label: what it leaves out.
-func (f natsBenchFloorKind) name(run natsBenchRun) string {
+// floorName is what the row of floor's result for run calls it after the run's label: what
+// the floor leaves out.
+func floorName(floor string, run natsBenchRun) string {
 	switch {
-	case f.target == TargetNatsBenchStoreFloor:
+	case floor == TargetNatsBenchStoreFloor:
 		return "storage floor (COPY + commit per batch)"
 	case run.getFloor():
 		return "link floor (nothing looked up)"
@@ -57,21 +54,13 @@ func (r *runner) natsBenchPubOnLink(ctx context.Context, bin string, t *target, 
 			err = fmt.Errorf("delete stream %s: %w", natsBenchFloorStream, derr)
 		}
 	}()
-	link := t.node.link
-	sub, err := link.Subscribe(natsBenchFloorSubject, "", respond)
+	sub, err := respondOnLink(ctx, t, natsBenchFloorSubject, respond)
 	if err != nil {
-		return fmt.Errorf("%s: subscribe: %w", name, err)
+		return fmt.Errorf("%s: %w", name, err)
 	}
 	defer func() { _ = sub.Unsubscribe() }()
-	fctx, cancel := context.WithTimeout(ctx, apiTimeout)
-	err = link.Flush(fctx)
-	cancel()
-	if err != nil {
-		return fmt.Errorf("%s: flush: %w", name, err)
-	}
-	args := []string{"--server", t.url, "bench", "js", "pub", "async", natsBenchFloorSubject, "--stream", natsBenchFloorStream,
-		"--msgs", strconv.Itoa(nb.Msgs), "--size", strconv.Itoa(nb.Size), "--no-progress"}
-	res, err := runNatsBenchCLI(ctx, bin, args, nb.Msgs)
+	cmd := []string{"js", "pub", "async", natsBenchFloorSubject, "--stream", natsBenchFloorStream}
+	res, err := runNatsBenchCLI(ctx, bin, nb.natsBenchArgs(t.url, nil, cmd, nb.Msgs), nb.Msgs)
 	if err != nil {
 		return err
 	}

@@ -5,6 +5,8 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/jetgres/jetgres/pg"
 )
 
 // chunkShaped opens one connection to a fresh database holding a stream's state row and a
@@ -19,15 +21,12 @@ func chunkShaped(tb testing.TB) *pgx.Conn {
 		tb.Fatalf("pgtest: %v", err)
 	}
 	tb.Cleanup(func() { _ = conn.Close(context.Background()) })
-	for _, ddl := range []string{
+	for _, ddl := range append([]string{
 		`CREATE TABLE state (id bigint PRIMARY KEY, last_seq bigint NOT NULL, last_ts bigint NOT NULL,
 			cum_bytes bigint NOT NULL, msgs bigint NOT NULL, bytes bigint NOT NULL, chunk_rows bigint NOT NULL)
 			WITH (fillfactor = 10)`,
 		`INSERT INTO state VALUES (1, 0, 0, 0, 0, 0, 0)`,
-		`CREATE TABLE msgs (seq bigint PRIMARY KEY, ts bigint NOT NULL, subject text COLLATE "C" NOT NULL,
-			hdr bytea, data bytea NOT NULL, cum_before bigint NOT NULL)`,
-		`CREATE INDEX ON msgs (subject, seq)`,
-	} {
+	}, pg.ChunkShapeDDL("msgs")...) {
 		if _, err := conn.Exec(ctx, ddl); err != nil {
 			tb.Fatalf("pgtest: %v", err)
 		}

@@ -7,6 +7,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/jetgres/jetgres/pg"
 )
 
 // The store floor's table is StoreFloorSchema.StoreFloorTable, in a named schema for the
@@ -24,9 +26,8 @@ type FloorMsg struct {
 }
 
 // StoreFloor is the least that a gateway storing publishes in PostgreSQL before it
-// acknowledges them can do for a batch: one COPY into a table shaped like one of jetgres's
-// chunk tables (its primary key on seq and its index on (subject, seq), but no stream state,
-// no message ids, no limits), with sequences assigned in Go, committed with
+// acknowledges them can do for a batch: one COPY into a table shaped as jetgres's chunk
+// tables are (pg.ChunkShapeDDL; no stream state, no message ids, no limits), with sequences assigned in Go, committed with
 // synchronous_commit on, so that the commit waits for the WAL flush as a PubAck of jetgres
 // with --synchronous-commit on does. It talks to PostgreSQL with pgx directly, for the same
 // reason as Naive. A StoreFloor is not safe for concurrent use: it has one batch in flight
@@ -60,16 +61,7 @@ func OpenStoreFloor(ctx context.Context, url string) (*StoreFloor, error) {
 }
 
 func (f *StoreFloor) create(ctx context.Context) error {
-	for _, sql := range []string{
-		`DROP TABLE IF EXISTS ` + storeFloorTable,
-		`CREATE TABLE ` + storeFloorTable + ` (
-	seq     bigint PRIMARY KEY,
-	ts      bigint NOT NULL,
-	subject text   NOT NULL,
-	data    bytea  NOT NULL
-)`,
-		`CREATE INDEX ON ` + storeFloorTable + ` (subject, seq)`,
-	} {
+	for _, sql := range append([]string{`DROP TABLE IF EXISTS ` + storeFloorTable}, pg.ChunkShapeDDL(storeFloorTable)...) {
 		if _, err := f.pool.Exec(ctx, sql); err != nil {
 			return fmt.Errorf("store floor: create table %s: %w", storeFloorTable, err)
 		}
@@ -84,9 +76,9 @@ func (f *StoreFloor) Store(ctx context.Context, msgs []FloorMsg) (first uint64, 
 	first = f.last + 1
 	ts := time.Now().UnixNano()
 	err = pgx.BeginFunc(ctx, f.pool, func(tx pgx.Tx) error {
-		_, err := tx.CopyFrom(ctx, pgx.Identifier{StoreFloorSchema, StoreFloorTable}, []string{"seq", "ts", "subject", "data"},
+		_, err := tx.CopyFrom(ctx, pgx.Identifier{StoreFloorSchema, StoreFloorTable}, []string{"seq", "ts", "subject", "data", "cum_before"},
 			pgx.CopyFromSlice(len(msgs), func(i int) ([]any, error) {
-				return []any{int64(first) + int64(i), ts, msgs[i].Subject, msgs[i].Data}, nil
+				return []any{int64(first) + int64(i), ts, msgs[i].Subject, msgs[i].Data, int64(0)}, nil
 			}))
 		return err
 	})

@@ -35,21 +35,8 @@ func appendIDs(t *testing.T, db *pg.DB, stream int64, window time.Duration, ts i
 
 func idBuckets(t *testing.T, raw *rawsql.DB, stream int64) []string {
 	t.Helper()
-	rows, err := raw.Query(t.Context(), `SELECT tablename FROM pg_tables WHERE schemaname = 'jetgres' AND tablename LIKE $1 ORDER BY tablename`,
+	return raw.Strings(t, `SELECT tablename FROM pg_tables WHERE schemaname = 'jetgres' AND tablename LIKE $1 ORDER BY tablename`,
 		fmt.Sprintf(`ids\_%d\_%%`, stream))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rows.Close()
-	var names []string
-	for rows.Next() {
-		var n string
-		if err := rows.Scan(&n); err != nil {
-			t.Fatal(err)
-		}
-		names = append(names, n)
-	}
-	return names
 }
 
 // Ids go to a bucket per duplicate window; a bucket whose ids have all left the window is

@@ -42,12 +42,12 @@ func BenchmarkPublishManyStreams(b *testing.B) {
 			}
 			data := make([]byte, 128)
 			run := func(op func(i, k int) error) float64 { return pgtest.ClosedLoop(b, n, b.N, op) }
-			s0, h0 := lane.Stats(), histograms(b, tb)
+			s0, h0, p0 := lane.Stats(), histograms(b, tb), tb.db.Stats().Prepares
 			jg := run(func(i, k int) error {
 				_, err := tb.js.Publish(ctx, fmt.Sprintf("m%d.x", (i+n*k)%streams), data)
 				return err
 			})
-			s1, h1 := lane.Stats(), histograms(b, tb)
+			s1, h1, p1 := lane.Stats(), histograms(b, tb), tb.db.Stats().Prepares
 			nv := run(func(int, int) error { return naive.Insert(ctx, "m.x", data) })
 			txs := h1["jetgres_fusion_commit_seconds"].count - h0["jetgres_fusion_commit_seconds"].count
 			b.ReportMetric(jg, "publish/s")
@@ -56,6 +56,7 @@ func BenchmarkPublishManyStreams(b *testing.B) {
 			b.ReportMetric(float64(s1.Limit), "push_limit")
 			b.ReportMetric(float64((s1.WaitTotal-s0.WaitTotal).Microseconds())/float64(b.N), "permit_wait_us/op")
 			b.ReportMetric(txs/float64(b.N), "tx/op")
+			b.ReportMetric(float64(p1-p0)/float64(b.N), "prepares/op")
 			b.ReportMetric(h1.mean(h0, "jetgres_fusion_streams_per_transaction"), "streams/tx")
 			b.ReportMetric(h1.mean(h0, "jetgres_fusion_commit_seconds")*1e3, "commit_ms")
 		})

@@ -2,6 +2,7 @@ package pg_test
 
 import (
 	"testing"
+	"time"
 
 	"github.com/jetgres/jetgres/pg"
 	"github.com/jetgres/jetgres/pg/pgtest"
@@ -39,5 +40,44 @@ func TestAppendLeavesTheCallersBatchesInOrder(t *testing.T) {
 		if len(r.Outcomes) != 1 || r.Outcomes[0].Seq != 1 {
 			t.Errorf("stream %d: outcomes %+v, want one message stored at sequence 1", r.StreamID, r.Outcomes)
 		}
+	}
+}
+
+// Stats.Prepares counts the statements a connection prepares for the first time, and none
+// that it already holds: on one connection, a second round of the same appends prepares
+// nothing more.
+func TestPreparesCountsFirstUseOnly(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	url := pgtest.NewDB(t)
+	pgtest.OpenAt(t, url) // migrates
+	db, err := pg.Open(ctx, pg.Config{URL: url, MaxConns: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(db.Close)
+	st, err := db.CreateStream(ctx, "A", []byte(`{}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	appendOnce := func(id int64) {
+		t.Helper()
+		bt := pg.AppendBatch{StreamID: id, Msgs: []pg.AppendMsg{{Subject: "s.x", Data: []byte("x")}}}
+		if _, _, err := db.Append(ctx, []pg.AppendBatch{bt}, time.Now().UnixNano()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The first append of a stream takes the general path, the second the fast path: after
+	// two of each, the stream's statements are all prepared.
+	appendOnce(st.ID)
+	appendOnce(st.ID)
+	first := db.Stats().Prepares
+	if first == 0 {
+		t.Fatal("no statement counted as prepared for a stream's first appends")
+	}
+	appendOnce(st.ID)
+	appendOnce(st.ID)
+	if n := db.Stats().Prepares - first; n != 0 {
+		t.Errorf("%d statements counted as prepared for appends whose statements the connection holds", n)
 	}
 }

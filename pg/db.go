@@ -27,6 +27,7 @@ type DB struct {
 	acquireTimeouts atomic.Int64
 	destroyed       atomic.Int64
 	staleRetries    atomic.Int64
+	prepares        atomic.Int64
 	// closing tracks destroyed connections whose sockets pgx is still closing in the
 	// background, so that Close returns only when they are gone.
 	closing sync.WaitGroup
@@ -115,6 +116,7 @@ type Stats struct {
 	AcquireTimeouts     int64 // calls whose wait for a connection ran past the timeout
 	Destroyed           int64 // connections destroyed after a timeout, a cancellation or a broken state
 	StaleRetries        int64 // calls retried on a fresh connection because the pooled one was dead before use
+	Prepares            int64 // statements prepared on a pooled connection for a call of the hot path or the background
 	SubjectIndexDropped int64 // subject indexes dropped for going past SubjectIndexRows
 	SubjectCountDropped int64 // subject sets of stream infos not kept for going past SubjectCountBytes
 }
@@ -134,6 +136,7 @@ func (db *DB) Stats() Stats {
 		AcquireTimeouts:     db.acquireTimeouts.Load(),
 		Destroyed:           db.destroyed.Load(),
 		StaleRetries:        db.staleRetries.Load(),
+		Prepares:            db.prepares.Load(),
 		SubjectIndexDropped: db.subjects.dropped.Load(),
 		SubjectCountDropped: db.counts.dropped.Load(),
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -150,7 +151,7 @@ func inTx(ctx context.Context, c querier, fn func(ctx context.Context, q querier
 func (db *DB) runRetry(ctx context.Context, timeout time.Duration, fn func(ctx context.Context, q querier) error) (time.Duration, error) {
 	var q *sendCounter
 	attempt := func(ctx context.Context, c *pgx.Conn) error {
-		q = &sendCounter{Conn: c}
+		q = &sendCounter{Conn: c, prepares: &db.prepares}
 		return fn(ctx, q)
 	}
 	rtt, err := db.run(ctx, timeout, attempt)
@@ -167,7 +168,39 @@ func (db *DB) runRetry(ctx context.Context, timeout time.Duration, fn func(ctx c
 type sendCounter struct {
 	*pgx.Conn
 	sent int
+	// prepares counts the statements that the calls make pgx prepare on the connection: the
+	// ones not yet in its statement cache. Each costs a parse and plan in PostgreSQL and, ahead
+	// of its call, a round trip of its own.
+	prepares *atomic.Int64
 }
+
+// countPrepares counts the statements among sqls that the connection has not prepared yet.
+// It keeps the texts it has seen on the connection. pgx's statement cache forgets the least
+// recently used statement past its capacity; once a connection has seen that many, the set
+// starts afresh, and what is counted is then an upper bound: a connection that needs that
+// many statements is what the count is there to show.
+func (s *sendCounter) countPrepares(sqls ...string) {
+	cfg := s.Config()
+	if cfg.DefaultQueryExecMode != pgx.QueryExecModeCacheStatement || cfg.StatementCacheCapacity <= 0 {
+		return
+	}
+	data := s.PgConn().CustomData()
+	seen, _ := data[preparedTexts].(map[string]struct{})
+	if seen == nil || len(seen) >= cfg.StatementCacheCapacity {
+		seen = make(map[string]struct{})
+		data[preparedTexts] = seen
+	}
+	for _, sql := range sqls {
+		if _, ok := seen[sql]; !ok {
+			seen[sql] = struct{}{}
+			s.prepares.Add(1)
+		}
+	}
+}
+
+// preparedTexts is the key of a connection's custom data that holds the statement texts
+// countPrepares has seen on it.
+const preparedTexts = "jetgres.prepared_texts"
 
 func (s *sendCounter) count() {
 	if !s.PgConn().IsClosed() {
@@ -177,16 +210,21 @@ func (s *sendCounter) count() {
 
 func (s *sendCounter) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
 	s.count()
+	if len(args) > 0 { // pgx runs a statement without arguments unprepared
+		s.countPrepares(sql)
+	}
 	return s.Conn.Exec(ctx, sql, args...)
 }
 
 func (s *sendCounter) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
 	s.count()
+	s.countPrepares(sql)
 	return s.Conn.Query(ctx, sql, args...)
 }
 
 func (s *sendCounter) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
 	s.count()
+	s.countPrepares(sql)
 	return s.Conn.QueryRow(ctx, sql, args...)
 }
 
@@ -197,6 +235,9 @@ func (s *sendCounter) CopyFrom(ctx context.Context, table pgx.Identifier, column
 
 func (s *sendCounter) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
 	s.count()
+	for _, qq := range b.QueuedQueries {
+		s.countPrepares(qq.SQL)
+	}
 	return s.Conn.SendBatch(ctx, b)
 }
 

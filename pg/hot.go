@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/maphash"
 	"sync/atomic"
 	"time"
 
@@ -175,7 +176,8 @@ type sendCounter struct {
 }
 
 // countPrepares counts the statements among sqls that the connection has not prepared yet.
-// It keeps the texts it has seen on the connection. pgx's statement cache forgets the least
+// It keeps a hash of each text it has seen on the connection, so that the set costs a few
+// bytes per statement however long the text. pgx's statement cache forgets the least
 // recently used statement past its capacity; once a connection has seen that many, the set
 // starts afresh, and what is counted is then an upper bound: a connection that needs that
 // many statements is what the count is there to show.
@@ -185,21 +187,24 @@ func (s *sendCounter) countPrepares(sqls ...string) {
 		return
 	}
 	data := s.PgConn().CustomData()
-	seen, _ := data[preparedTexts].(map[string]struct{})
+	seen, _ := data[preparedTexts].(map[uint64]struct{})
 	if seen == nil || len(seen) >= cfg.StatementCacheCapacity {
-		seen = make(map[string]struct{})
+		seen = make(map[uint64]struct{})
 		data[preparedTexts] = seen
 	}
 	for _, sql := range sqls {
-		if _, ok := seen[sql]; !ok {
-			seen[sql] = struct{}{}
+		h := maphash.String(textSeed, sql)
+		if _, ok := seen[h]; !ok {
+			seen[h] = struct{}{}
 			s.prepares.Add(1)
 		}
 	}
 }
 
-// preparedTexts is the key of a connection's custom data that holds the statement texts
-// countPrepares has seen on it.
+var textSeed = maphash.MakeSeed()
+
+// preparedTexts is the key of a connection's custom data that holds the hashes of the
+// statement texts countPrepares has seen on it.
 const preparedTexts = "jetgres.prepared_texts"
 
 func (s *sendCounter) count() {

@@ -49,13 +49,7 @@ func TestAppendLeavesTheCallersBatchesInOrder(t *testing.T) {
 func TestPreparesCountsFirstUseOnly(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
-	url := pgtest.NewDB(t)
-	pgtest.OpenAt(t, url) // migrates
-	db, err := pg.Open(ctx, pg.Config{URL: url, MaxConns: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(db.Close)
+	db := pgtest.OpenWith(t, pg.Config{URL: pgtest.NewDB(t), MaxConns: 1})
 	st, err := db.CreateStream(ctx, "A", []byte(`{}`))
 	if err != nil {
 		t.Fatal(err)

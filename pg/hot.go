@@ -169,19 +169,19 @@ func (db *DB) runRetry(ctx context.Context, timeout time.Duration, fn func(ctx c
 type sendCounter struct {
 	*pgx.Conn
 	sent int
-	// prepares counts the statements that the calls make pgx prepare on the connection: the
-	// ones not yet in its statement cache. Each costs a parse and plan in PostgreSQL and, ahead
+	// prepares counts the statements that the calls make pgx prepare on the connection (see
+	// countPrepares). Each costs a parse and plan in PostgreSQL and, ahead
 	// of its call, a round trip of its own.
 	prepares *atomic.Int64
 }
 
-// countPrepares counts the statements among sqls that the connection has not prepared yet.
+// countPrepares counts sql if the connection has not prepared it yet.
 // It keeps a hash of each text it has seen on the connection, so that the set costs a few
 // bytes per statement however long the text. pgx's statement cache forgets the least
 // recently used statement past its capacity; once a connection has seen that many, the set
 // starts afresh, and what is counted is then an upper bound: a connection that needs that
 // many statements is what the count is there to show.
-func (s *sendCounter) countPrepares(sqls ...string) {
+func (s *sendCounter) countPrepares(sql string) {
 	cfg := s.Config()
 	if cfg.DefaultQueryExecMode != pgx.QueryExecModeCacheStatement || cfg.StatementCacheCapacity <= 0 {
 		return
@@ -192,12 +192,10 @@ func (s *sendCounter) countPrepares(sqls ...string) {
 		seen = make(map[uint64]struct{})
 		data[preparedTexts] = seen
 	}
-	for _, sql := range sqls {
-		h := maphash.String(textSeed, sql)
-		if _, ok := seen[h]; !ok {
-			seen[h] = struct{}{}
-			s.prepares.Add(1)
-		}
+	h := maphash.String(textSeed, sql)
+	if _, ok := seen[h]; !ok {
+		seen[h] = struct{}{}
+		s.prepares.Add(1)
 	}
 }
 

@@ -17,14 +17,7 @@ func TestAppendAfterIdleBackendsTerminated(t *testing.T) {
 	ctx := t.Context()
 	url := pgtest.NewDB(t)
 	const conns = 4
-	db, err := pg.Open(ctx, pg.Config{URL: url, MaxConns: conns})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(db.Close)
-	if err := db.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
+	db := pgtest.OpenWith(t, pg.Config{URL: url, MaxConns: conns})
 	observer, err := pg.Open(ctx, pg.Config{URL: url, MaxConns: 1})
 	if err != nil {
 		t.Fatal(err)

@@ -121,9 +121,15 @@ func Open(t testing.TB) *pg.DB {
 // when t ends; tests that also look at the database directly keep url.
 func OpenAt(t testing.TB, url string) *pg.DB {
 	t.Helper()
+	return OpenWith(t, pg.Config{URL: url})
+}
+
+// OpenWith is OpenAt with a configuration of the test's own: a pool of a given size, say.
+func OpenWith(t testing.TB, cfg pg.Config) *pg.DB {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), adminTimeout)
 	defer cancel()
-	db, err := pg.Open(ctx, pg.Config{URL: url})
+	db, err := pg.Open(ctx, cfg)
 	if err != nil {
 		t.Fatalf("pgtest: %v", err)
 	}

@@ -26,8 +26,12 @@ const (
 	IntakeTotalBytesDefault = 256 << 20
 	// FlushMaxMsgsDefault caps the messages of one stream that go into one transaction.
 	FlushMaxMsgsDefault = 8192
-	// FlushMaxStreamsDefault caps how many ready streams share one transaction.
-	FlushMaxStreamsDefault = 16
+	// FlushMaxStreamsDefault caps how many ready streams share one transaction. It is high:
+	// with the push lane holding few transactions in flight, a permit that frees takes
+	// whatever waits in every stream, and at 256 streams and 256 publishers a bundle held 20
+	// to 50 streams; a cap of 16 would leave the rest for the next permit. What the bundle
+	// carries stays bounded by the intakes' bytes.
+	FlushMaxStreamsDefault = 1024
 	// APIQueueDefault bounds API requests waiting for a worker; beyond it the API answers
 	// 503 at once.
 	APIQueueDefault = 1024

@@ -67,7 +67,7 @@ func setup(t testing.TB, opts ...setupOpts) *testBundle {
 		t.Fatalf("dial leaf: %v", err)
 	}
 	t.Cleanup(func() { _ = tb.link.Close() })
-	push, err := flow.NewLane("push", flow.Options{Init: flow.PushInitDefault, Min: flow.PushMinDefault, Max: flow.PushMaxDefault, Alpha: flow.AlphaDefault, Beta: flow.BetaDefault})
+	push, err := flow.NewLane("push", flow.Options{Init: flow.PushInitDefault, Min: flow.PushMinDefault, Max: flow.PushMaxDefault, Alpha: flow.PushAlphaDefault, Beta: flow.PushBetaDefault})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -75,7 +75,7 @@ func setup(t testing.TB, opts ...setupOpts) *testBundle {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ack, err := flow.NewLane("ack", flow.Options{Init: flow.PushInitDefault, Min: flow.PushMinDefault, Max: flow.PushMaxDefault, Alpha: flow.AlphaDefault, Beta: flow.BetaDefault})
+	ack, err := flow.NewLane("ack", flow.Options{Init: flow.AckInitDefault, Min: flow.AckMinDefault, Max: flow.AckMaxDefault, Alpha: flow.AlphaDefault, Beta: flow.BetaDefault})
 	if err != nil {
 		t.Fatal(err)
 	}

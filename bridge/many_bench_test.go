@@ -4,7 +4,9 @@ import (
 	"context"
 	"fmt"
 	"testing"
+	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/jetgres/jetgres/flow"
@@ -13,53 +15,99 @@ import (
 )
 
 // BenchmarkPublishManyStreams runs the overload sweep's load in process: closed-loop
-// synchronous publishers over 256 streams, publisher i on the streams i, i+n, i+2n, … in
-// turn, so that publishes to one stream never wait for each other and every wait is the
-// push path's. Beside it, in the same run and at the same counts, the naive INSERT. It
-// reports where a publish's time went: the push lane's limit and its permit wait per
-// publish, the streams per transaction and transactions per publish, and a transaction's
-// mean round trip. The test cluster runs with fsync off; point JETGRES_TEST_DATABASE_URL at
-// a durable server to include the WAL flush, which is where this load spends its time.
+// synchronous publishers over 1, 16 or 256 streams, publisher i on the streams i, i+n,
+// i+2n, … in turn, so that with many streams publishes to one stream never wait for each
+// other and every wait is the push path's. Beside it, in the same run and at the same
+// counts, two baselines: the naive bridge (responders on the same NATS server, JetStream off,
+// that store each request with one autocommit INSERT before answering it: what anyone writes
+// in an afternoon) and the naive INSERT (the same INSERT from the publishers themselves, no
+// NATS). It reports where a publish's time went: the push lane's limit and its permit wait
+// per publish, the streams per transaction and transactions per publish, a transaction's
+// mean round trip and the statements prepared per publish, all of the cold run: jetgres runs
+// twice, cold (a fresh jetgres and pool, as after a restart) and then warm. The test cluster runs with fsync
+// off; point JETGRES_TEST_DATABASE_URL at a durable server to include the WAL flush, which
+// is where this load spends its time.
 func BenchmarkPublishManyStreams(b *testing.B) {
-	for _, n := range []int{6, 32} {
-		b.Run(fmt.Sprintf("publishers=%d", n), func(b *testing.B) {
-			var lane *flow.Lane
-			tb := setup(b, setupOpts{config: func(c *Config) { lane = c.Push }})
-			ctx := context.Background()
-			const streams = 256
-			for i := range streams {
-				if _, err := tb.js.CreateStream(ctx, jetstream.StreamConfig{Name: fmt.Sprintf("M%d", i), Subjects: []string{fmt.Sprintf("m%d.>", i)}}); err != nil {
+	for _, streams := range []int{256, 16, 1} {
+		for _, n := range []int{8, 32, 256} {
+			b.Run(fmt.Sprintf("streams=%d/publishers=%d", streams, n), func(b *testing.B) {
+				var lane *flow.Lane
+				tb := setup(b, setupOpts{config: func(c *Config) { lane = c.Push }})
+				ctx := context.Background()
+				for i := range streams {
+					if _, err := tb.js.CreateStream(ctx, jetstream.StreamConfig{Name: fmt.Sprintf("M%d", i), Subjects: []string{fmt.Sprintf("m%d.>", i)}}); err != nil {
+						b.Fatal(err)
+					}
+				}
+				naive, err := pgtest.OpenNaive(ctx, tb.dbURL, int(pg.MaxConnsDefault))
+				if err != nil {
 					b.Fatal(err)
 				}
-			}
-			naive, err := pgtest.OpenNaive(ctx, tb.dbURL, int(pg.MaxConnsDefault))
-			if err != nil {
-				b.Fatal(err)
-			}
-			b.Cleanup(naive.Close)
-			if err := naive.Reset(ctx); err != nil {
-				b.Fatal(err)
-			}
-			data := make([]byte, 128)
-			run := func(op func(i, k int) error) float64 { return pgtest.ClosedLoop(b, n, b.N, op) }
-			s0, h0, p0 := lane.Stats(), histograms(b, tb), tb.db.Stats().Prepares
-			jg := run(func(i, k int) error {
-				_, err := tb.js.Publish(ctx, fmt.Sprintf("m%d.x", (i+n*k)%streams), data)
-				return err
+				b.Cleanup(naive.Close)
+				if err := naive.Reset(ctx); err != nil {
+					b.Fatal(err)
+				}
+				serveNaiveBridge(b, tb.nats.ClientURL(), naive, min(n, int(pg.MaxConnsDefault)))
+				data := make([]byte, 128)
+				run := func(op func(i, k int) error) float64 { return pgtest.ClosedLoop(b, n, b.N, op) }
+				publish := func(i, k int) error {
+					_, err := tb.js.Publish(ctx, fmt.Sprintf("m%d.x", (i+n*k)%streams), data)
+					return err
+				}
+				s0, h0, p0 := lane.Stats(), histograms(b, tb), tb.db.Stats().Prepares
+				jg := run(publish)
+				s1, h1, p1 := lane.Stats(), histograms(b, tb), tb.db.Stats().Prepares
+				warm := run(publish)
+				br := run(func(int, int) error {
+					m, err := tb.nc.Request("naive.x", data, 10*time.Second)
+					if err == nil && string(m.Data) != "+OK" {
+						err = fmt.Errorf("naive bridge: %s", m.Data)
+					}
+					return err
+				})
+				nv := run(func(int, int) error { return naive.Insert(ctx, "m.x", data) })
+				txs := h1["jetgres_fusion_commit_seconds"].count - h0["jetgres_fusion_commit_seconds"].count
+				b.ReportMetric(jg, "publish/s")
+				b.ReportMetric(warm, "warm/s")
+				b.ReportMetric(br, "bridge/s")
+				b.ReportMetric(nv, "naive/s")
+				b.ReportMetric(jg/br, "x_bridge")
+				b.ReportMetric(warm/br, "warm_x_bridge")
+				b.ReportMetric(jg/nv, "x_naive")
+				b.ReportMetric(float64(s1.Limit), "push_limit")
+				b.ReportMetric(float64((s1.WaitTotal-s0.WaitTotal).Microseconds())/float64(b.N), "permit_wait_us/op")
+				b.ReportMetric(txs/float64(b.N), "tx/op")
+				b.ReportMetric(float64(p1-p0)/float64(b.N), "prepares/op")
+				b.ReportMetric(h1.mean(h0, "jetgres_fusion_streams_per_transaction"), "streams/tx")
+				b.ReportMetric(h1.mean(h0, "jetgres_fusion_commit_seconds")*1e3, "commit_ms")
 			})
-			s1, h1, p1 := lane.Stats(), histograms(b, tb), tb.db.Stats().Prepares
-			nv := run(func(int, int) error { return naive.Insert(ctx, "m.x", data) })
-			txs := h1["jetgres_fusion_commit_seconds"].count - h0["jetgres_fusion_commit_seconds"].count
-			b.ReportMetric(jg, "publish/s")
-			b.ReportMetric(nv, "naive/s")
-			b.ReportMetric(jg/nv, "x_naive")
-			b.ReportMetric(float64(s1.Limit), "push_limit")
-			b.ReportMetric(float64((s1.WaitTotal-s0.WaitTotal).Microseconds())/float64(b.N), "permit_wait_us/op")
-			b.ReportMetric(txs/float64(b.N), "tx/op")
-			b.ReportMetric(float64(p1-p0)/float64(b.N), "prepares/op")
-			b.ReportMetric(h1.mean(h0, "jetgres_fusion_streams_per_transaction"), "streams/tx")
-			b.ReportMetric(h1.mean(h0, "jetgres_fusion_commit_seconds")*1e3, "commit_ms")
-		})
+		}
+	}
+}
+
+// serveNaiveBridge answers requests on naive.> with responders subscriptions in one queue
+// group, each storing the request with one autocommit INSERT before answering "+OK".
+func serveNaiveBridge(b *testing.B, url string, naive *pgtest.Naive, responders int) {
+	nc, err := nats.Connect(url)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(nc.Close)
+	for range responders {
+		// Each subscription delivers on a goroutine of its own: responders requests are
+		// stored at once.
+		if _, err := nc.QueueSubscribe("naive.>", "naive", func(m *nats.Msg) {
+			reply := []byte("+OK")
+			if err := naive.Insert(context.Background(), m.Subject, m.Data); err != nil {
+				reply = []byte(err.Error())
+			}
+			_ = m.Respond(reply)
+		}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	if err := nc.Flush(); err != nil {
+		b.Fatal(err)
 	}
 }
 

@@ -15,7 +15,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/jetgres/jetgres/bridge"
-	"github.com/jetgres/jetgres/flow"
 	"github.com/jetgres/jetgres/internal/testwait"
 	"github.com/jetgres/jetgres/pg/pgtest/rawsql"
 )
@@ -205,7 +204,7 @@ func TestDatabaseDown(t *testing.T) {
 		downFor, warm, settle, timeout = []time.Duration{10 * time.Second, 45 * time.Second, 10 * time.Second, 10 * time.Second}, 10*time.Second, 30*time.Second, 15*time.Minute
 	}
 	db := startPGServer(t)
-	j := startWithDatabase(t, db.dsn(), "--stmt-timeout", stmtTimeout.String(), "--replica-name", "e2e-dbdown")
+	j := startWithDatabase(t, db.dsn(), append(seedPushLane, "--stmt-timeout", stmtTimeout.String(), "--replica-name", "e2e-dbdown")...)
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 
@@ -391,8 +390,8 @@ func TestDatabaseDown(t *testing.T) {
 		// Every push transaction fails without an answer, so the lane falls to its minimum.
 		// (On a loaded machine it may be there already, or /metrics may not have answered
 		// before the outage.)
-		if lo > flow.PushMinDefault || (hiBefore > flow.PushMinDefault && lo >= hiBefore) {
-			t.Errorf("outage %d: the push lane limit did not shrink to its minimum %d: %g during the outage, up to %g before", k, flow.PushMinDefault, lo, hiBefore)
+		if lo > seedPushMin || (hiBefore > seedPushMin && lo >= hiBefore) {
+			t.Errorf("outage %d: the push lane limit did not shrink to its minimum %d: %g during the outage, up to %g before", k, seedPushMin, lo, hiBefore)
 		}
 		unready := 0
 		for _, s := range between(samples, o.unready, o.startAt) {
@@ -470,6 +469,15 @@ func holdStreamLocks(t testing.TB, ctx context.Context, probe *rawsql.DB, d time
 // The estimate of queued work can never exceed the limit, so timeouts shrink the limit to
 // about the Vegas beta (6), not below. The lane is at rest before the fault: any load at all
 // moves the limit, to where the database (not the fault) puts it.
+// seedPushLane gives the push lane the seed's band, for the tests that watch its limit fall
+// during a fault and grow back after it: the default band keeps the limit at its minimum
+// whenever the database is the bottleneck, as it is on a small machine, where a fall and a
+// recovery cannot show. seedPushMin is its minimum.
+var seedPushLane = []string{"--push-limit-init", "16", "--push-limit-min", fmt.Sprint(seedPushMin),
+	"--push-vegas-alpha", "3", "--push-vegas-beta", "6"}
+
+const seedPushMin = 4
+
 func TestSlowDatabase(t *testing.T) {
 	t.Parallel()
 	const (
@@ -484,7 +492,7 @@ func TestSlowDatabase(t *testing.T) {
 		lockFor, settle, timeout = 120*time.Second, 10*time.Second, 15*time.Minute
 	}
 	dsn := testDatabase(t)
-	j := startWithDatabase(t, dsn, "--intake-bytes", fmt.Sprint(intakeBytes), "--stmt-timeout", stmtTimeout.String())
+	j := startWithDatabase(t, dsn, append(seedPushLane, "--intake-bytes", fmt.Sprint(intakeBytes), "--stmt-timeout", stmtTimeout.String())...)
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	probe := openProbe(t, dsn, 2)

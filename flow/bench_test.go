@@ -277,7 +277,7 @@ func BenchmarkOverload(b *testing.B) {
 	}
 	run("vegas", func() *Lane {
 		l, err := NewLane("bench", Options{
-			Init: PushInitDefault, Min: PushMinDefault, Max: PushMaxDefault,
+			Init: PopInitDefault, Min: PopMinDefault, Max: PopMaxDefault,
 			Alpha: AlphaDefault, Beta: BetaDefault,
 		})
 		if err != nil {

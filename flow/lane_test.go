@@ -13,7 +13,7 @@ import (
 )
 
 func TestOptionsValidate(t *testing.T) {
-	valid := pushOptions(nil)
+	valid := seedOptions(nil)
 	if err := valid.Validate(); err != nil {
 		t.Fatalf("push defaults: %v", err)
 	}
@@ -43,7 +43,7 @@ func TestOptionsValidate(t *testing.T) {
 }
 
 func TestNewLaneRejectsInvalidOptions(t *testing.T) {
-	o := pushOptions(nil)
+	o := seedOptions(nil)
 	o.Max = 2
 	_, err := NewLane("push", o)
 	if err == nil || !strings.Contains(err.Error(), `"push"`) || !strings.Contains(err.Error(), "Options.Max") {
@@ -52,11 +52,11 @@ func TestNewLaneRejectsInvalidOptions(t *testing.T) {
 }
 
 func TestNewLaneStartsAtInit(t *testing.T) {
-	l := newTestLane(t, pushOptions(nil))
+	l := newTestLane(t, seedOptions(nil))
 	if l.Name() != t.Name() {
 		t.Fatalf("Name = %q, want %q", l.Name(), t.Name())
 	}
-	want := Stats{Limit: PushInitDefault, RTTBase: time.Nanosecond}
+	want := Stats{Limit: PopInitDefault, RTTBase: time.Nanosecond}
 	if st := l.Stats(); st != want {
 		t.Fatalf("Stats = %+v, want %+v", st, want)
 	}
@@ -86,19 +86,19 @@ func TestNewFixedPanicsBelowOne(t *testing.T) {
 
 func TestIdleLaneDoesNotRamp(t *testing.T) {
 	clock := newFakeClock()
-	l := newTestLane(t, pushOptions(clock))
+	l := newTestLane(t, seedOptions(clock))
 	for range 1000 {
 		clock.Advance(10 * time.Millisecond)
 		idleSample(t, l, time.Millisecond)
 	}
-	if got := l.Stats().Limit; got != PushInitDefault {
-		t.Fatalf("Limit = %d after 1000 cheap completions one at a time, want %d", got, PushInitDefault)
+	if got := l.Stats().Limit; got != PopInitDefault {
+		t.Fatalf("Limit = %d after 1000 cheap completions one at a time, want %d", got, PopInitDefault)
 	}
 }
 
 // The guard is in_flight >= limit − 1, in_flight counting the completing operation.
 func TestLimitMovesOnlyWhenDriven(t *testing.T) {
-	l := newTestLane(t, pushOptions(newFakeClock()))
+	l := newTestLane(t, seedOptions(newFakeClock()))
 	idleSample(t, l, time.Millisecond)
 
 	ps := takeAll(t, l)
@@ -150,7 +150,7 @@ func TestGrowHandsNewPermitsToWaiters(t *testing.T) {
 }
 
 func TestShrinkDoesNotRevokePermitsInUse(t *testing.T) {
-	l := newTestLane(t, pushOptions(newFakeClock()))
+	l := newTestLane(t, seedOptions(newFakeClock()))
 	idleSample(t, l, time.Millisecond)
 	ps := takeAll(t, l)
 	waiter := acquireAsync(context.Background(), l)
@@ -188,7 +188,7 @@ func TestShrinkDoesNotRevokePermitsInUse(t *testing.T) {
 }
 
 func TestTimeoutShrinksLane(t *testing.T) {
-	l := newTestLane(t, pushOptions(newFakeClock()))
+	l := newTestLane(t, seedOptions(newFakeClock()))
 	idleSample(t, l, 2*time.Millisecond)
 	drivenSample(t, l, 30*time.Second) // the statement timeout's elapsed time
 	if got, want := l.Stats().Limit, int(math.Ceil(16-math.Log(16))); got != want {
@@ -370,7 +370,7 @@ func TestTryAcquireDoesNotOvertakeWaiter(t *testing.T) {
 }
 
 func TestReleaseIsIdempotent(t *testing.T) {
-	l := newTestLane(t, pushOptions(newFakeClock()))
+	l := newTestLane(t, seedOptions(newFakeClock()))
 	a, _ := l.TryAcquire()
 	b, _ := l.TryAcquire()
 	a.Release(time.Millisecond)
@@ -406,7 +406,7 @@ func TestWaitTotalCountsGrantedWaits(t *testing.T) {
 
 func TestFailShrinksLaneWithoutRecordingRTT(t *testing.T) {
 	clock := newFakeClock()
-	l := newTestLane(t, pushOptions(clock))
+	l := newTestLane(t, seedOptions(clock))
 	idleSample(t, l, 2*time.Millisecond)
 	// A lone failure counts although the lane is not driven: a refused connection is news
 	// about the database however little else is in flight.
@@ -435,7 +435,7 @@ func TestFailShrinksLaneWithoutRecordingRTT(t *testing.T) {
 
 func TestFailStepsOncePerChange(t *testing.T) {
 	clock := newFakeClock()
-	l := newTestLane(t, pushOptions(clock))
+	l := newTestLane(t, seedOptions(clock))
 	ps := takeAll(t, l)
 	clock.Advance(time.Millisecond)
 	// Every operation in flight fails at once, as when the database goes away: they all
@@ -450,7 +450,7 @@ func TestFailStepsOncePerChange(t *testing.T) {
 
 func TestFailFallsToMinAndGrowsBack(t *testing.T) {
 	clock := newFakeClock()
-	l := newTestLane(t, pushOptions(clock))
+	l := newTestLane(t, seedOptions(clock))
 	idleSample(t, l, 2*time.Millisecond)
 	// The database is unreachable: each retry fails at once.
 	for range 50 {
@@ -461,14 +461,14 @@ func TestFailFallsToMinAndGrowsBack(t *testing.T) {
 		clock.Advance(100 * time.Microsecond)
 		p.Fail()
 	}
-	if got := l.Stats().Limit; got != PushMinDefault {
-		t.Fatalf("Limit = %d while the database is unreachable, want the minimum %d", got, PushMinDefault)
+	if got := l.Stats().Limit; got != PopMinDefault {
+		t.Fatalf("Limit = %d while the database is unreachable, want the minimum %d", got, PopMinDefault)
 	}
 	// It answers again as fast as before: the base was not disturbed, so the lane grows.
 	for range 20 {
 		drivenSample(t, l, 2*time.Millisecond)
 	}
-	if got := l.Stats().Limit; got <= PushInitDefault {
-		t.Fatalf("Limit = %d after the database recovered, want it above the initial %d", got, PushInitDefault)
+	if got := l.Stats().Limit; got <= PopInitDefault {
+		t.Fatalf("Limit = %d after the database recovered, want it above the initial %d", got, PopInitDefault)
 	}
 }

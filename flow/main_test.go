@@ -38,10 +38,10 @@ func (c *fakeClock) Advance(d time.Duration) {
 	c.mu.Unlock()
 }
 
-// pushOptions are the push lane's defaults on clock.
-func pushOptions(clock Clock) Options {
+// seedOptions are a lane with the seed's defaults (the pop lane's) on clock.
+func seedOptions(clock Clock) Options {
 	return Options{
-		Init: PushInitDefault, Min: PushMinDefault, Max: PushMaxDefault,
+		Init: PopInitDefault, Min: PopMinDefault, Max: PopMaxDefault,
 		Alpha: AlphaDefault, Beta: BetaDefault, Clock: clock,
 	}
 }

@@ -8,7 +8,7 @@ import (
 
 func TestRTTBaseIsOneNanosecondWithoutSamples(t *testing.T) {
 	clock := newFakeClock()
-	l := newTestLane(t, pushOptions(clock))
+	l := newTestLane(t, seedOptions(clock))
 	if got := l.Stats().RTTBase; got != time.Nanosecond {
 		t.Fatalf("RTTBase of a new lane = %v, want 1ns", got)
 	}
@@ -21,7 +21,7 @@ func TestRTTBaseIsOneNanosecondWithoutSamples(t *testing.T) {
 }
 
 func TestRTTBaseCheaperOperationLowersItAtOnce(t *testing.T) {
-	l := newTestLane(t, pushOptions(newFakeClock()))
+	l := newTestLane(t, seedOptions(newFakeClock()))
 
 	idleSample(t, l, 10*time.Millisecond)
 	if got := l.Stats().RTTBase; got != 10*time.Millisecond {
@@ -39,7 +39,7 @@ func TestRTTBaseCheaperOperationLowersItAtOnce(t *testing.T) {
 
 func TestRTTBaseRisesOnceWindowRotatesPastCheapSample(t *testing.T) {
 	clock := newFakeClock()
-	l := newTestLane(t, pushOptions(clock))
+	l := newTestLane(t, seedOptions(clock))
 
 	idleSample(t, l, 2*time.Millisecond)
 	for range 59 {
@@ -90,7 +90,7 @@ func TestVegasUpdateRule(t *testing.T) {
 		{"queue near limit shrinks", 30 * time.Second, 16 - math.Log(16)},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			v := newVegas(pushOptions(nil), now)
+			v := newVegas(seedOptions(nil), now)
 			v.window.record(now, base)
 			v.observe(now, tc.rtt, 16)
 			if math.Abs(v.limit-tc.want) > 1e-9 {
@@ -122,15 +122,15 @@ func TestVegasSizeRoundsUp(t *testing.T) {
 }
 
 func TestNonPositiveRTTCountsAsOneNanosecond(t *testing.T) {
-	l := newTestLane(t, pushOptions(newFakeClock()))
+	l := newTestLane(t, seedOptions(newFakeClock()))
 	drivenSample(t, l, 0)
 	drivenSample(t, l, -time.Second)
 	st := l.Stats()
 	if st.RTTBase != time.Nanosecond {
 		t.Fatalf("RTTBase = %v, want 1ns", st.RTTBase)
 	}
-	if st.Limit <= PushInitDefault {
-		t.Fatalf("Limit = %d, want growth from %d (queue 0)", st.Limit, PushInitDefault)
+	if st.Limit <= PopInitDefault {
+		t.Fatalf("Limit = %d, want growth from %d (queue 0)", st.Limit, PopInitDefault)
 	}
 }
 
@@ -138,15 +138,15 @@ func TestNonPositiveRTTCountsAsOneNanosecond(t *testing.T) {
 // congestion and the limit collapses, but only until the cheap sample leaves the window.
 func TestLaneRecoversAfterWorkloadShift(t *testing.T) {
 	clock := newFakeClock()
-	l := newTestLane(t, pushOptions(clock))
+	l := newTestLane(t, seedOptions(clock))
 
 	idleSample(t, l, time.Millisecond)
 	for range 10 {
 		drivenSample(t, l, 10*time.Millisecond)
 	}
 	collapsed := l.Stats().Limit
-	if collapsed >= PushInitDefault {
-		t.Fatalf("Limit = %d after heavy operations against a 1ms base, want below %d", collapsed, PushInitDefault)
+	if collapsed >= PopInitDefault {
+		t.Fatalf("Limit = %d after heavy operations against a 1ms base, want below %d", collapsed, PopInitDefault)
 	}
 
 	for range 60 {
@@ -166,14 +166,14 @@ func TestLaneRecoversAfterWorkloadShift(t *testing.T) {
 // must not move the limit again, or the limit steps once per completion and overshoots.
 func TestOneAdjustmentPerRoundTrip(t *testing.T) {
 	clock := newFakeClock()
-	l := newTestLane(t, pushOptions(clock))
+	l := newTestLane(t, seedOptions(clock))
 	idleSample(t, l, time.Millisecond)
 	ps := takeAll(t, l)
 	clock.Advance(time.Millisecond)
 	ps[0].Release(time.Millisecond) // queue 0: grows
 	grown := l.Stats().Limit
-	if grown <= PushInitDefault {
-		t.Fatalf("Limit = %d, want growth from %d", grown, PushInitDefault)
+	if grown <= PopInitDefault {
+		t.Fatalf("Limit = %d, want growth from %d", grown, PopInitDefault)
 	}
 	// Fill the new permits, then complete the rest of the old round: no further change.
 	ps = append(ps[1:], takeAll(t, l)...)
@@ -190,5 +190,32 @@ func TestOneAdjustmentPerRoundTrip(t *testing.T) {
 	drivenSample(t, l, time.Millisecond)
 	if got := l.Stats().Limit; got <= grown {
 		t.Fatalf("Limit = %d a round trip later, want growth from %d", got, grown)
+	}
+}
+
+// The push lane's defaults keep PostgreSQL's queue short: round trips twice the uncongested
+// one hold the limit at its minimum (the publishes wait in jetgres and fuse), while round
+// trips that do not grow with concurrency, a database with cores to spare, let it climb.
+func TestPushDefaultsHoldWhenRoundTripsDoubleAndGrowWhenTheyDoNot(t *testing.T) {
+	push := func(clock Clock) Options {
+		return Options{Init: PushInitDefault, Min: PushMinDefault, Max: PushMaxDefault,
+			Alpha: PushAlphaDefault, Beta: PushBetaDefault, Clock: clock}
+	}
+	l := newTestLane(t, push(newFakeClock()))
+	idleSample(t, l, time.Millisecond)
+	for range 20 {
+		drivenSample(t, l, 2*time.Millisecond)
+	}
+	if got := l.Stats().Limit; got != PushMinDefault {
+		t.Errorf("Limit = %d with round trips twice the base, want the minimum %d", got, PushMinDefault)
+	}
+
+	l = newTestLane(t, push(newFakeClock()))
+	idleSample(t, l, time.Millisecond)
+	for range 20 {
+		drivenSample(t, l, time.Millisecond)
+	}
+	if got := l.Stats().Limit; got <= PushInitDefault+10 {
+		t.Errorf("Limit = %d with round trips at the base, want it well above the initial %d", got, PushInitDefault)
 	}
 }

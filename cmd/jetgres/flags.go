@@ -35,6 +35,11 @@ type config struct {
 	PopLimitInit     int
 	PopLimitMin      int
 	PopLimitMax      int
+	AckLimitInit     int
+	AckLimitMin      int
+	AckLimitMax      int
+	PushVegasAlpha   float64
+	PushVegasBeta    float64
 	VegasAlpha       float64
 	VegasBeta        float64
 	TickPeriod       time.Duration
@@ -88,14 +93,19 @@ func (c *config) settings() []setting {
 		{"pool-size", envOf("pool-size"), "maximum PostgreSQL connections", &c.PoolSize, int(pg.MaxConnsDefault)},
 		{"stmt-timeout", envOf("stmt-timeout"), "statement timeout for hot-path SQL", &c.StmtTimeout, pg.StmtTimeoutDefault},
 		{"synchronous-commit", envOf("synchronous-commit"), "PostgreSQL synchronous_commit of publish and cursor transactions: on waits for the WAL flush before acknowledging; off acknowledges first, and a PostgreSQL or operating-system crash can lose the last 3 × wal_writer_delay (600 ms by default) of acknowledged publishes", &c.SyncCommit, "on"},
-		{"push-limit-init", envOf("push-limit-init"), "initial Vegas limit of the push (publish) lane, and of the ack (cursor write) lane", &c.PushLimitInit, flow.PushInitDefault},
-		{"push-limit-min", envOf("push-limit-min"), "minimum Vegas limit of the push and ack lanes", &c.PushLimitMin, flow.PushMinDefault},
-		{"push-limit-max", envOf("push-limit-max"), "maximum Vegas limit of the push and ack lanes", &c.PushLimitMax, flow.PushMaxDefault},
+		{"push-limit-init", envOf("push-limit-init"), "initial Vegas limit of the push (publish) lane", &c.PushLimitInit, flow.PushInitDefault},
+		{"push-limit-min", envOf("push-limit-min"), "minimum Vegas limit of the push lane", &c.PushLimitMin, flow.PushMinDefault},
+		{"push-limit-max", envOf("push-limit-max"), "maximum Vegas limit of the push lane", &c.PushLimitMax, flow.PushMaxDefault},
 		{"pop-limit-init", envOf("pop-limit-init"), "initial Vegas limit of the pop (read) lane", &c.PopLimitInit, flow.PopInitDefault},
 		{"pop-limit-min", envOf("pop-limit-min"), "minimum Vegas limit of the pop lane", &c.PopLimitMin, flow.PopMinDefault},
 		{"pop-limit-max", envOf("pop-limit-max"), "maximum Vegas limit of the pop lane", &c.PopLimitMax, flow.PopMaxDefault},
-		{"vegas-alpha", envOf("vegas-alpha"), "Vegas alpha: grow the limit while the estimated queue is at most this", &c.VegasAlpha, flow.AlphaDefault},
-		{"vegas-beta", envOf("vegas-beta"), "Vegas beta: shrink the limit once the estimated queue is at least this", &c.VegasBeta, flow.BetaDefault},
+		{"ack-limit-init", envOf("ack-limit-init"), "initial Vegas limit of the ack (cursor write) lane", &c.AckLimitInit, flow.AckInitDefault},
+		{"ack-limit-min", envOf("ack-limit-min"), "minimum Vegas limit of the ack lane", &c.AckLimitMin, flow.AckMinDefault},
+		{"ack-limit-max", envOf("ack-limit-max"), "maximum Vegas limit of the ack lane", &c.AckLimitMax, flow.AckMaxDefault},
+		{"push-vegas-alpha", envOf("push-vegas-alpha"), "Vegas alpha of the push lane: grow the limit while the estimated queue at PostgreSQL is at most this (kept small: publishes that wait fuse into the next transaction)", &c.PushVegasAlpha, flow.PushAlphaDefault},
+		{"push-vegas-beta", envOf("push-vegas-beta"), "Vegas beta of the push lane: shrink the limit once the estimated queue is at least this", &c.PushVegasBeta, flow.PushBetaDefault},
+		{"vegas-alpha", envOf("vegas-alpha"), "Vegas alpha of the pop and ack lanes: grow the limit while the estimated queue is at most this", &c.VegasAlpha, flow.AlphaDefault},
+		{"vegas-beta", envOf("vegas-beta"), "Vegas beta of the pop and ack lanes: shrink the limit once the estimated queue is at least this", &c.VegasBeta, flow.BetaDefault},
 		{"tick-period", envOf("tick-period"), "how often streams with consumers are polled for commits made by other replicas (backs off while idle)", &c.TickPeriod, bridge.TickPeriodDefault},
 		{"cursor-interval", envOf("cursor-interval"), "least time between two writes of a consumer's ack floor while plain acks move it (a double ack is written at once); after a crash, the acks since the last write are delivered again", &c.CursorInterval, bridge.CursorIntervalDefault},
 		{"intake-bytes", envOf("intake-bytes"), "per-stream bound on publishes waiting for their transaction; beyond it publishes are rejected at once", &c.IntakeBytes, bridge.IntakeBytesDefault},
@@ -305,7 +315,11 @@ func (c *config) logLevel() (slog.Level, error) {
 }
 
 func (c *config) pushOptions() flow.Options {
-	return flow.Options{Init: c.PushLimitInit, Min: c.PushLimitMin, Max: c.PushLimitMax, Alpha: c.VegasAlpha, Beta: c.VegasBeta}
+	return flow.Options{Init: c.PushLimitInit, Min: c.PushLimitMin, Max: c.PushLimitMax, Alpha: c.PushVegasAlpha, Beta: c.PushVegasBeta}
+}
+
+func (c *config) ackOptions() flow.Options {
+	return flow.Options{Init: c.AckLimitInit, Min: c.AckLimitMin, Max: c.AckLimitMax, Alpha: c.VegasAlpha, Beta: c.VegasBeta}
 }
 
 func (c *config) popOptions() flow.Options {

@@ -42,6 +42,11 @@ func TestEnvironmentVariables(t *testing.T) {
 		"pop-limit-init":     {"JETGRES_POP_LIMIT_INIT"},
 		"pop-limit-min":      {"JETGRES_POP_LIMIT_MIN"},
 		"pop-limit-max":      {"JETGRES_POP_LIMIT_MAX"},
+		"ack-limit-init":     {"JETGRES_ACK_LIMIT_INIT"},
+		"ack-limit-min":      {"JETGRES_ACK_LIMIT_MIN"},
+		"ack-limit-max":      {"JETGRES_ACK_LIMIT_MAX"},
+		"push-vegas-alpha":   {"JETGRES_PUSH_VEGAS_ALPHA"},
+		"push-vegas-beta":    {"JETGRES_PUSH_VEGAS_BETA"},
 		"vegas-alpha":        {"JETGRES_VEGAS_ALPHA"},
 		"vegas-beta":         {"JETGRES_VEGAS_BETA"},
 		"tick-period":        {"JETGRES_TICK_PERIOD"},
@@ -342,7 +347,7 @@ func TestReadmeAndHelpNameTheSameLanes(t *testing.T) {
 			t.Errorf("--%s: -h names the lanes %v, the README %v", s.name, help, readme)
 		}
 	}
-	if got := laneName.FindAllString(rows["push-limit-max"].meaning, -1); !slices.Contains(got, "ack") {
-		t.Errorf("README: --push-limit-max does not say it bounds the ack lane: %q", rows["push-limit-max"].meaning)
+	if got := laneName.FindAllString(rows["ack-limit-max"].meaning, -1); !slices.Contains(got, "ack") {
+		t.Errorf("README: --ack-limit-max does not say it bounds the ack lane: %q", rows["ack-limit-max"].meaning)
 	}
 }

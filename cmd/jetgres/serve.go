@@ -100,7 +100,7 @@ func (n *node) start(ctx context.Context) error {
 		return fmt.Errorf("pop lane: %w", err)
 	}
 	// Cursor writes get a lane of their own with the push lane's bounds: see bridge.Config.Ack.
-	if n.ack, err = flow.NewLane("ack", cfg.pushOptions()); err != nil {
+	if n.ack, err = flow.NewLane("ack", cfg.ackOptions()); err != nil {
 		return fmt.Errorf("ack lane: %w", err)
 	}
 	n.reg.MustRegister(laneCollector(n.push), laneCollector(n.pop), laneCollector(n.ack))

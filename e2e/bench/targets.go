@@ -44,16 +44,16 @@ type jetgresNode struct {
 
 // defaultLanes are the lanes `jetgres serve` makes with its default flags.
 func defaultLanes() (push, pop, ack *flow.Lane, err error) {
-	pushOpts := flow.Options{Init: flow.PushInitDefault, Min: flow.PushMinDefault, Max: flow.PushMaxDefault,
-		Alpha: flow.AlphaDefault, Beta: flow.BetaDefault}
-	if push, err = flow.NewLane("push", pushOpts); err != nil {
+	if push, err = flow.NewLane("push", flow.Options{Init: flow.PushInitDefault, Min: flow.PushMinDefault,
+		Max: flow.PushMaxDefault, Alpha: flow.PushAlphaDefault, Beta: flow.PushBetaDefault}); err != nil {
 		return nil, nil, nil, err
 	}
 	if pop, err = flow.NewLane("pop", flow.Options{Init: flow.PopInitDefault, Min: flow.PopMinDefault,
 		Max: flow.PopMaxDefault, Alpha: flow.AlphaDefault, Beta: flow.BetaDefault}); err != nil {
 		return nil, nil, nil, err
 	}
-	if ack, err = flow.NewLane("ack", pushOpts); err != nil {
+	if ack, err = flow.NewLane("ack", flow.Options{Init: flow.AckInitDefault, Min: flow.AckMinDefault,
+		Max: flow.AckMaxDefault, Alpha: flow.AlphaDefault, Beta: flow.BetaDefault}); err != nil {
 		return nil, nil, nil, err
 	}
 	return push, pop, ack, nil

@@ -33,22 +33,21 @@ import (
 // publish that waits in jetgres commits together with others, where one let through to
 // PostgreSQL competes with them for its cores, its locks and its WAL flush, and commits
 // alone. With 256 streams, synchronous publishers and the database on the same two cores,
-// a push lane held at two transactions in flight published 10% more at 8 publishers, 18%
-// more at 32 and 40% more at 256 than the seed's band of 3 to 6 queued with at least 4 in
-// flight, both measured in one run and each with the ready streams of every stream in one
-// transaction. So the push lane grows while a transaction takes
-// less than about one and a half times the uncongested round trip and shrinks once it takes
-// twice as long: a database with cores to spare still lets the limit climb, since its round
-// trips do not grow with concurrency. Its minimum is 2, not 1, so that one transaction hung
-// on a row lock (another replica, an application's session) leaves a lane for every other
-// stream. The pop and ack lanes keep the seed's band: a read or a cursor write has no
-// bundle to join.
+// warmed up, a band of 1 to 2 queued published 8% more at 8 publishers, 7% more at 32 and
+// 72% more at 256 than the seed's band of 3 to 6 with at least 4 in flight, measured in one
+// run, with a transaction taking the ready streams of every stream. At two in flight the
+// limit grows while a transaction takes less than twice the uncongested round trip and
+// shrinks once it takes three times as long; a database with cores to spare still lets it
+// climb, since its round trips do not grow with concurrency. Its minimum is 2, not 1, so
+// that one transaction hung on a row lock (another replica, an application's session)
+// leaves a lane for every other stream. The pop and ack lanes keep the seed's band: a read
+// or a cursor write has no bundle to join.
 const (
 	PushInitDefault  = 2
 	PushMinDefault   = 2
 	PushMaxDefault   = 64
-	PushAlphaDefault = 0.5
-	PushBetaDefault  = 1.0
+	PushAlphaDefault = 1.0
+	PushBetaDefault  = 2.0
 
 	PopInitDefault = 16
 	PopMinDefault  = 4

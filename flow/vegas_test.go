@@ -193,8 +193,8 @@ func TestOneAdjustmentPerRoundTrip(t *testing.T) {
 	}
 }
 
-// The push lane's defaults keep PostgreSQL's queue short: round trips twice the uncongested
-// one hold the limit at its minimum (the publishes wait in jetgres and fuse), while round
+// The push lane's defaults keep PostgreSQL's queue short: round trips three times the
+// uncongested one hold the limit at its minimum (the publishes wait in jetgres and fuse), while round
 // trips that do not grow with concurrency, a database with cores to spare, let it climb.
 func TestPushDefaultsHoldWhenRoundTripsDoubleAndGrowWhenTheyDoNot(t *testing.T) {
 	push := func(clock Clock) Options {
@@ -204,10 +204,10 @@ func TestPushDefaultsHoldWhenRoundTripsDoubleAndGrowWhenTheyDoNot(t *testing.T) 
 	l := newTestLane(t, push(newFakeClock()))
 	idleSample(t, l, time.Millisecond)
 	for range 20 {
-		drivenSample(t, l, 2*time.Millisecond)
+		drivenSample(t, l, 3*time.Millisecond)
 	}
 	if got := l.Stats().Limit; got != PushMinDefault {
-		t.Errorf("Limit = %d with round trips twice the base, want the minimum %d", got, PushMinDefault)
+		t.Errorf("Limit = %d with round trips three times the base, want the minimum %d", got, PushMinDefault)
 	}
 
 	l = newTestLane(t, push(newFakeClock()))

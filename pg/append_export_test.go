@@ -40,3 +40,10 @@ func (db *DB) LiveBySubject(ctx context.Context, id int64, subjects []string) (m
 	})
 	return out, err
 }
+
+// RememberedLastSeq is the last sequence this process remembers for a stream, the fast
+// path's starting point, and whether it remembers one.
+func (db *DB) RememberedLastSeq(id int64) (uint64, bool) {
+	st, ok := db.tails.get(id)
+	return st.lastSeq, ok
+}

@@ -55,6 +55,19 @@ func (t *tailStates) set(id int64, s tailState) {
 	t.m[id] = s
 }
 
+// seed sets id's state unless this process knows one already: what it committed itself is
+// at least as recent as what it read.
+func (t *tailStates) seed(id int64, s tailState) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.m == nil {
+		t.m = make(map[int64]tailState)
+	}
+	if _, ok := t.m[id]; !ok {
+		t.m[id] = s
+	}
+}
+
 func (t *tailStates) forget(id int64) {
 	t.mu.Lock()
 	defer t.mu.Unlock()

@@ -61,8 +61,7 @@ func TestPreparesCountsFirstUseOnly(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	// The first append of a stream takes the general path, the second the fast path: after
-	// two of each, the stream's statements are all prepared.
+	// After two appends the stream's statements are prepared.
 	appendOnce(st.ID)
 	appendOnce(st.ID)
 	first := db.Stats().Prepares
@@ -73,5 +72,59 @@ func TestPreparesCountsFirstUseOnly(t *testing.T) {
 	appendOnce(st.ID)
 	if n := db.Stats().Prepares - first; n != 0 {
 		t.Errorf("%d statements counted as prepared for appends whose statements the connection holds", n)
+	}
+}
+
+// A process knows a stream's state row from its creation, or from listing the streams after
+// a start, so that the first publish takes the fast path; a row that moved since (another
+// replica appended) still gets every sequence and count right.
+func TestAppendStartsFromTheListedState(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	url := pgtest.NewDB(t)
+	db := pgtest.OpenAt(t, url)
+	st, err := db.CreateStream(ctx, "A", []byte(`{}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if last, ok := db.RememberedLastSeq(st.ID); !ok || last != 0 {
+		t.Errorf("after creating the stream: remembered last sequence %d (%v), want 0", last, ok)
+	}
+	msg := []pg.AppendMsg{{Subject: "a", Data: []byte("0123456789")}}
+	appendOne := func(db *pg.DB, want uint64) {
+		t.Helper()
+		res, _, err := db.Append(ctx, []pg.AppendBatch{{StreamID: st.ID, Msgs: msg}}, time.Now().UnixNano())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := res[0].Outcomes[0].Seq; got != want {
+			t.Fatalf("stored at sequence %d, want %d", got, want)
+		}
+	}
+	for seq := range uint64(3) {
+		appendOne(db, seq+1)
+	}
+
+	// Another process, as after a restart or on another replica.
+	other := pgtest.OpenAt(t, url)
+	if _, ok := other.RememberedLastSeq(st.ID); ok {
+		t.Fatal("a new process remembers a state it never read")
+	}
+	if _, err := other.Streams(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if last, ok := other.RememberedLastSeq(st.ID); !ok || last != 3 {
+		t.Errorf("after listing the streams: remembered last sequence %d (%v), want 3", last, ok)
+	}
+	appendOne(other, 4)
+	appendOne(db, 5) // db's memory is behind: the row moved
+	appendOne(other, 6)
+	state, err := db.State(ctx, st.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	size := pg.MessageSize("a", nil, msg[0].Data)
+	if state.LastSeq != 6 || state.Msgs != 6 || state.Bytes != 6*size {
+		t.Errorf("state after 6 appends from two processes: last %d, %d msgs, %d bytes; want 6, 6, %d", state.LastSeq, state.Msgs, state.Bytes, 6*size)
 	}
 }

@@ -36,7 +36,7 @@ func VersusInsert(b *testing.B, what string, rounds int, op func(ctx context.Con
 	}
 	slices.Sort(ops)
 	slices.Sort(inserts)
-	op50, insert50 := ops[len(ops)/2], inserts[len(inserts)/2]
+	op50, insert50 := Percentile(ops, 0.5), Percentile(inserts, 0.5)
 	b.ReportMetric(float64(op50.Microseconds()), what+"-µs")
 	b.ReportMetric(float64(insert50.Microseconds()), "insert-µs")
 	b.ReportMetric(float64(op50)/float64(insert50), what+"/insert")
@@ -48,19 +48,43 @@ func VersusInsert(b *testing.B, what string, rounds int, op func(ctx context.Con
 // before; the first error ends its worker and fails tb.
 func ClosedLoop(tb testing.TB, workers, total int, op func(worker, k int) error) float64 {
 	tb.Helper()
+	rate, _ := ClosedLoopLatency(tb, workers, total, op)
+	return rate
+}
+
+// ClosedLoopLatency is ClosedLoop that also returns each call's duration, sorted.
+func ClosedLoopLatency(tb testing.TB, workers, total int, op func(worker, k int) error) (rate float64, took []time.Duration) {
+	tb.Helper()
 	var next atomic.Int64
 	var wg sync.WaitGroup
+	took = make([]time.Duration, total)
 	start := time.Now()
 	for i := range workers {
 		wg.Go(func() {
-			for k := 0; next.Add(1) <= int64(total); k++ {
+			for k := 0; ; k++ {
+				j := next.Add(1)
+				if j > int64(total) {
+					return
+				}
+				began := time.Now()
 				if err := op(i, k); err != nil {
 					tb.Error(err)
 					return
 				}
+				took[j-1] = time.Since(began)
 			}
 		})
 	}
 	wg.Wait()
-	return float64(total) / time.Since(start).Seconds()
+	rate = float64(total) / time.Since(start).Seconds()
+	slices.Sort(took)
+	return rate, took
+}
+
+// Percentile is the q-quantile (0 < q ≤ 1) of durations sorted in increasing order.
+func Percentile(sorted []time.Duration, q float64) time.Duration {
+	if len(sorted) == 0 {
+		return 0
+	}
+	return sorted[min(len(sorted)-1, int(q*float64(len(sorted))))]
 }

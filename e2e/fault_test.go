@@ -455,6 +455,15 @@ func holdStreamLocks(t testing.TB, ctx context.Context, probe *rawsql.DB, d time
 	return done
 }
 
+// seedPushLane gives the push lane the seed's band, for the tests that watch its limit fall
+// during a fault and grow back after it: the default band keeps the limit at its minimum
+// whenever the database is the bottleneck, as it is on a small machine, where a fall and a
+// recovery cannot show. seedPushMin is its minimum.
+var seedPushLane = []string{"--push-limit-init", "16", "--push-limit-min", fmt.Sprint(seedPushMin),
+	"--push-vegas-alpha", "3", "--push-vegas-beta", "6"}
+
+const seedPushMin = 4
+
 // TestSlowDatabase makes PostgreSQL slow on purpose, by holding the row lock of every
 // stream's state for a while: every push transaction then waits on the lock until its
 // statement timeout. Load arrives while it is slow: every client publishes as fast as it
@@ -469,15 +478,6 @@ func holdStreamLocks(t testing.TB, ctx context.Context, probe *rawsql.DB, d time
 // The estimate of queued work can never exceed the limit, so timeouts shrink the limit to
 // about the Vegas beta (6), not below. The lane is at rest before the fault: any load at all
 // moves the limit, to where the database (not the fault) puts it.
-// seedPushLane gives the push lane the seed's band, for the tests that watch its limit fall
-// during a fault and grow back after it: the default band keeps the limit at its minimum
-// whenever the database is the bottleneck, as it is on a small machine, where a fall and a
-// recovery cannot show. seedPushMin is its minimum.
-var seedPushLane = []string{"--push-limit-init", "16", "--push-limit-min", fmt.Sprint(seedPushMin),
-	"--push-vegas-alpha", "3", "--push-vegas-beta", "6"}
-
-const seedPushMin = 4
-
 func TestSlowDatabase(t *testing.T) {
 	t.Parallel()
 	const (

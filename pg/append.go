@@ -220,6 +220,7 @@ func (db *DB) appendTx(ctx context.Context, q querier, batches []AppendBatch, ts
 	res = make([]AppendResult, len(batches))
 	b = &pgx.Batch{}
 	var copies []func() error
+	var ins rowsInsert
 	var opened []openedChunk
 	holds := make([]*holdings, len(batches))
 	befores := make([]lockedState, len(batches))
@@ -327,15 +328,15 @@ func (db *DB) appendTx(ctx context.Context, q querier, batches []AppendBatch, ts
 			st.chunkRows += n
 			if len(part) >= copyThreshold {
 				// COPY cannot ride in the pipeline; it runs before it, in the same transaction.
-				chunk := st.chunk
+				id, chunk := bt.StreamID, st.chunk
 				copies = append(copies, func() error {
-					_, err := q.CopyFrom(ctx, pgx.Identifier{"jetgres", chunkName(bt.StreamID, chunk)},
-						[]string{"seq", "ts", "subject", "hdr", "data", "cum_before"}, copyRows(part))
+					_, err := q.CopyFrom(ctx, pgx.Identifier{"jetgres", "msgs"},
+						[]string{"stream_id", "chunk", "seq", "ts", "subject", "hdr", "data", "cum_before"}, copyRows(id, chunk, part))
 					return err
 				})
 				continue
 			}
-			queueInsert(b, chunkTable(bt.StreamID, st.chunk), part)
+			ins.add(bt.StreamID, st.chunk, part)
 		}
 		if len(newIDs) > 0 {
 			b.Queue(`SELECT jetgres.msg_ids_put($1, $2, $3, $4, $5)`,
@@ -355,6 +356,7 @@ func (db *DB) appendTx(ctx context.Context, q querier, batches []AppendBatch, ts
 			return nil, err
 		}
 	}
+	ins.queue(b)
 	b.Queue("COMMIT")
 	// Round trip 2: insert, advance the state rows, commit.
 	if err := q.SendBatch(ctx, b).Close(); err != nil {
@@ -578,11 +580,29 @@ func (db *DB) checkExpect(ctx context.Context, q querier, streamID int64, st *lo
 	return nil, nil
 }
 
-func queueInsert(b *pgx.Batch, table string, msgs []Message) {
-	seqs, tss, subjects, hdrs, datas, cums := insertColumns(msgs)
-	b.Queue(`INSERT INTO `+table+` (seq, ts, subject, hdr, data, cum_before)
-		SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::text[], $4::bytea[], $5::bytea[], $6::bigint[])`,
-		seqs, tss, subjects, hdrs, datas, cums)
+// rowsInsert gathers the rows a transaction inserts, of any streams and chunks, into one
+// statement.
+type rowsInsert struct {
+	streams, chunks []int64
+	msgs            []Message
+}
+
+func (r *rowsInsert) add(streamID, chunk int64, msgs []Message) {
+	for range msgs {
+		r.streams = append(r.streams, streamID)
+		r.chunks = append(r.chunks, chunk)
+	}
+	r.msgs = append(r.msgs, msgs...)
+}
+
+func (r *rowsInsert) queue(b *pgx.Batch) {
+	if len(r.msgs) == 0 {
+		return
+	}
+	seqs, tss, subjects, hdrs, datas, cums := insertColumns(r.msgs)
+	b.Queue(`INSERT INTO jetgres.msgs (stream_id, chunk, seq, ts, subject, hdr, data, cum_before)
+		SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::bigint[], $4::bigint[], $5::text[], $6::bytea[], $7::bytea[], $8::bigint[])`,
+		r.streams, r.chunks, seqs, tss, subjects, hdrs, datas, cums)
 }
 
 // tombColumns lays tombstoned rows out as the column arrays an unnest insert into
@@ -609,8 +629,8 @@ func insertColumns(msgs []Message) (seqs, tss []int64, subjects []string, hdrs, 
 	return seqs, tss, subjects, hdrs, datas, cums
 }
 
-func copyRows(msgs []Message) pgx.CopyFromSource {
+func copyRows(streamID, chunk int64, msgs []Message) pgx.CopyFromSource {
 	return pgx.CopyFromSlice(len(msgs), func(i int) ([]any, error) {
-		return msgs[i].columns(), nil
+		return append([]any{streamID, chunk}, msgs[i].columns()...), nil
 	})
 }

@@ -129,18 +129,20 @@ func fastIndexed(bt AppendBatch, st tailState, x *subjectIndex) bool {
 	return (l.MaxMsgs <= 0 || x.msgs+uint64(n) <= uint64(l.MaxMsgs)) && (l.MaxBytes <= 0 || x.bytes+nbytes <= uint64(l.MaxBytes))
 }
 
+// fastPlan is one batch the fast path appends: the stream's state before and after it.
+type fastPlan struct {
+	bt         AppendBatch
+	prev, next tailState
+	res        AppendResult
+	idx        *subjectIndex // for a stream with limits: its index, moved to next
+	tombs      []liveRow     // the rows the per-subject limit replaces
+}
+
 // appendFast appends the batches that are eligible in one round trip and returns their
 // results; rest holds the batches the general path must take. It writes nothing when no
 // batch is eligible.
 func (db *DB) appendFast(ctx context.Context, q querier, batches []AppendBatch, ts int64) (done []AppendResult, rest []AppendBatch, err error) {
-	type planned struct {
-		bt         AppendBatch
-		prev, next tailState
-		res        AppendResult
-		idx        *subjectIndex // for a stream with limits: its index, moved to next
-		tombs      []liveRow     // the rows the per-subject limit replaces
-	}
-	var plans []planned
+	var plans []fastPlan
 	for _, bt := range batches {
 		st, ok := db.tails.get(bt.StreamID)
 		var idx *subjectIndex
@@ -155,7 +157,7 @@ func (db *DB) appendFast(ctx context.Context, q querier, batches []AppendBatch, 
 			rest = append(rest, bt)
 			continue
 		}
-		p := planned{bt: bt, prev: st, next: st, idx: idx}
+		p := fastPlan{bt: bt, prev: st, next: st, idx: idx}
 		p.next.lastTS = max(st.lastTS, ts)
 		p.res = AppendResult{StreamID: bt.StreamID, Outcomes: make([]Outcome, len(bt.Msgs)), Stored: make([]Message, 0, len(bt.Msgs))}
 		for j, m := range bt.Msgs {
@@ -189,16 +191,22 @@ func (db *DB) appendFast(ctx context.Context, q querier, batches []AppendBatch, 
 	}
 	b := &pgx.Batch{}
 	mode := db.queueCommitMode(q, b)
+	var plain []int
+	for i, p := range plans {
+		if p.idx == nil {
+			plain = append(plain, i)
+		}
+	}
+	if len(plain) > 0 {
+		queueGuardedAppends(b, plans, plain)
+	}
 	for _, p := range plans {
 		if p.idx != nil {
 			queueGuardedReplace(b, p.bt.StreamID, p.prev, p.next, p.res.Stored, p.tombs)
-			continue
 		}
-		queueGuardedAppend(b, p.bt.StreamID, p.prev, p.next, p.res.Stored)
 	}
-	applied, err := readFastResults(q.SendBatch(ctx, b), mode, len(plans), func(i int, first uint64) {
-		plans[i].res.FirstSeq, plans[i].next.firstSeq = first, first
-	})
+	applied, err := readFastResults(q.SendBatch(ctx, b), mode, len(plans), plain, func(i int) int64 { return plans[i].bt.StreamID },
+		func(i int, first uint64) { plans[i].res.FirstSeq, plans[i].next.firstSeq = first, first })
 	if err != nil {
 		for _, p := range plans {
 			db.tails.forget(p.bt.StreamID)
@@ -226,14 +234,50 @@ func (db *DB) appendFast(ctx context.Context, q querier, batches []AppendBatch, 
 }
 
 // readFastResults reads, per planned batch, whether its guarded state update matched, after
-// skip results of the statements before the first.
-func readFastResults(br pgx.BatchResults, skip, n int, firstSeq func(i int, first uint64)) ([]bool, error) {
+// skip results of the statements before the first: first the one statement of the plain
+// batches (the plans at indexes plain), which returns a row for each stream it moved, then
+// one statement for each of the others, in order.
+func readFastResults(br pgx.BatchResults, skip, n int, plain []int, streamOf func(i int) int64, firstSeq func(i int, first uint64)) ([]bool, error) {
 	if err := skipResults(br, skip); err != nil {
 		br.Close()
 		return nil, err
 	}
-	applied := make([]bool, n)
+	applied, isPlain := make([]bool, n), make([]bool, n)
+	for _, i := range plain {
+		isPlain[i] = true
+	}
+	if len(plain) > 0 {
+		moved := make(map[int64]uint64, len(plain))
+		rows, err := br.Query()
+		if err != nil {
+			br.Close()
+			return nil, err
+		}
+		for rows.Next() {
+			var id, first int64
+			if err := rows.Scan(&id, &first); err != nil {
+				rows.Close()
+				br.Close()
+				return nil, err
+			}
+			moved[id] = uint64(first)
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			br.Close()
+			return nil, err
+		}
+		for _, i := range plain {
+			if first, ok := moved[streamOf(i)]; ok {
+				applied[i] = true
+				firstSeq(i, first)
+			}
+		}
+	}
 	for i := range n {
+		if isPlain[i] {
+			continue
+		}
 		var first int64
 		switch err := br.QueryRow().Scan(&first); {
 		case err == nil:
@@ -248,55 +292,71 @@ func readFastResults(br pgx.BatchResults, skip, n int, firstSeq func(i int, firs
 	return applied, br.Close()
 }
 
-// guardedRows is how a guarded statement reads the rows it inserts, from the parameters
-// after its own: one message as scalar parameters, which costs PostgreSQL less than
-// unnesting arrays of one, several as arrays.
-type guardedRows struct{ one, many string }
-
-var (
-	appendRows = guardedRows{
-		one:  `(VALUES ($11::bigint, $12::bigint, $13::text, $14::bytea, $15::bytea, $16::bigint))`,
-		many: `unnest($11::bigint[], $12::bigint[], $13::text[], $14::bytea[], $15::bytea[], $16::bigint[])`,
+// queueGuardedAppends moves the state rows of the plain plans (those at indexes plain) from
+// prev to next and inserts their messages, in one statement whatever the number of streams,
+// which returns each moved stream's id and first sequence. The insert joins the update's
+// result, so a stream whose row was not at prev gets nothing inserted, and the others are
+// unaffected by it. The rows are locked in stream id order, as the general path locks them,
+// so that two replicas fusing overlapping streams cannot deadlock.
+//
+// One message of one stream, the lone publish, goes as scalar parameters, which costs
+// PostgreSQL less than unnesting arrays of one.
+func queueGuardedAppends(b *pgx.Batch, plans []fastPlan, plain []int) {
+	if p := &plans[plain[0]]; len(plain) == 1 && len(p.res.Stored) == 1 {
+		m := &p.res.Stored[0]
+		b.Queue(`WITH u AS (UPDATE jetgres.stream_state SET last_seq = $2, last_ts = $3, cum_bytes = $4, msgs = msgs + 1,
+				bytes = bytes + $5, chunk_rows = $6, last_msg_id = ''
+				WHERE stream_id = $1 AND last_seq = $7 AND chunk = $8 AND chunk_rows = $9
+				RETURNING stream_id, first_seq, chunk),
+			i AS (INSERT INTO jetgres.msgs (stream_id, chunk, seq, ts, subject, hdr, data, cum_before)
+				SELECT u.stream_id, u.chunk, $10, $11, $12, $13, $14, $15 FROM u)
+			SELECT stream_id, first_seq FROM u`,
+			append([]any{p.bt.StreamID, int64(p.next.lastSeq), p.next.lastTS, int64(p.next.cumBytes), int64(p.next.cumBytes - p.prev.cumBytes),
+				p.next.chunkRows, int64(p.prev.lastSeq), p.prev.chunk, p.prev.chunkRows}, m.columns()...)...)
+		return
 	}
-	replaceRows = guardedRows{
-		one:  `(VALUES ($15::bigint, $16::bigint, $17::text, $18::bytea, $19::bytea, $20::bigint))`,
-		many: `unnest($15::bigint[], $16::bigint[], $17::text[], $18::bytea[], $19::bytea[], $20::bigint[])`,
+	n := len(plain)
+	ids, lasts, tss, cums, counts, sizes, rows := make([]int64, n), make([]int64, n), make([]int64, n), make([]int64, n), make([]int64, n), make([]int64, n), make([]int64, n)
+	prevLasts, prevChunks, prevRows := make([]int64, n), make([]int64, n), make([]int64, n)
+	var msgs []Message
+	var owners []int64
+	for k, i := range plain {
+		p := &plans[i]
+		ids[k], lasts[k], tss[k], cums[k] = p.bt.StreamID, int64(p.next.lastSeq), p.next.lastTS, int64(p.next.cumBytes)
+		counts[k], sizes[k], rows[k] = int64(len(p.res.Stored)), int64(p.next.cumBytes-p.prev.cumBytes), p.next.chunkRows
+		prevLasts[k], prevChunks[k], prevRows[k] = int64(p.prev.lastSeq), p.prev.chunk, p.prev.chunkRows
+		msgs = append(msgs, p.res.Stored...)
+		for range p.res.Stored {
+			owners = append(owners, p.bt.StreamID)
+		}
 	}
-)
-
-// bind appends msgs' columns to args and returns the rows expression that reads them.
-func (g guardedRows) bind(args []any, msgs []Message) (string, []any) {
-	if len(msgs) == 1 {
-		return g.one, append(args, msgs[0].columns()...)
-	}
-	seqs, tss, subjects, hdrs, datas, cums := insertColumns(msgs)
-	return g.many, append(args, seqs, tss, subjects, hdrs, datas, cums)
-}
-
-// queueGuardedAppend moves a stream's state row from prev to next and inserts msgs, in one
-// statement that returns the stream's first sequence: the insert reads the update's
-// result, so it inserts nothing when the row was not at prev.
-func queueGuardedAppend(b *pgx.Batch, streamID int64, prev, next tailState, msgs []Message) {
-	args := []any{streamID, int64(next.lastSeq), next.lastTS, int64(next.cumBytes), int64(len(msgs)),
-		int64(next.cumBytes - prev.cumBytes), next.chunkRows, int64(prev.lastSeq), prev.chunk, prev.chunkRows}
-	rows, args := appendRows.bind(args, msgs)
-	b.Queue(`WITH u AS (UPDATE jetgres.stream_state SET last_seq = $2, last_ts = $3, cum_bytes = $4, msgs = msgs + $5,
-			bytes = bytes + $6, chunk_rows = $7, last_msg_id = ''
-			WHERE stream_id = $1 AND last_seq = $8 AND chunk = $9 AND chunk_rows = $10
-			RETURNING first_seq),
-		i AS (INSERT INTO `+chunkTable(streamID, next.chunk)+` (seq, ts, subject, hdr, data, cum_before)
-			SELECT r.* FROM u, `+rows+` AS r(seq, ts, subject, hdr, data, cum_before))
-		SELECT first_seq FROM u`, args...)
+	seqs, mts, subjects, hdrs, datas, cumBefores := insertColumns(msgs)
+	b.Queue(`WITH l AS MATERIALIZED (SELECT stream_id FROM jetgres.stream_state WHERE stream_id = ANY($1::bigint[])
+			ORDER BY stream_id FOR UPDATE),
+		u AS (UPDATE jetgres.stream_state s SET last_seq = n.last_seq, last_ts = n.last_ts, cum_bytes = n.cum_bytes,
+				msgs = s.msgs + n.msgs, bytes = s.bytes + n.bytes, chunk_rows = n.chunk_rows, last_msg_id = ''
+			FROM l JOIN unnest($1::bigint[], $2::bigint[], $3::bigint[], $4::bigint[], $5::bigint[], $6::bigint[], $7::bigint[],
+					$8::bigint[], $9::bigint[], $10::bigint[])
+				AS n(id, last_seq, last_ts, cum_bytes, msgs, bytes, chunk_rows, prev_last, prev_chunk, prev_rows) ON n.id = l.stream_id
+			WHERE s.stream_id = n.id AND s.last_seq = n.prev_last AND s.chunk = n.prev_chunk AND s.chunk_rows = n.prev_rows
+			RETURNING s.stream_id, s.first_seq, s.chunk),
+		i AS (INSERT INTO jetgres.msgs (stream_id, chunk, seq, ts, subject, hdr, data, cum_before)
+			SELECT u.stream_id, u.chunk, r.seq, r.ts, r.subject, r.hdr, r.data, r.cum_before
+			FROM u JOIN unnest($11::bigint[], $12::bigint[], $13::bigint[], $14::text[], $15::bytea[], $16::bytea[], $17::bigint[])
+				AS r(stream_id, seq, ts, subject, hdr, data, cum_before) ON r.stream_id = u.stream_id)
+		SELECT stream_id, first_seq FROM u`,
+		ids, lasts, tss, cums, counts, sizes, rows, prevLasts, prevChunks, prevRows,
+		owners, seqs, mts, subjects, hdrs, datas, cumBefores)
 }
 
 // queueGuardedReplace is queueGuardedAppend for a stream with limits, whose counts and first
 // sequence the subject index decided: the update sets them and is guarded by all of them,
 // and the tombstones of the rows the per-subject limit replaces go in with the inserts.
 func queueGuardedReplace(b *pgx.Batch, streamID int64, prev, next tailState, msgs []Message, tombs []liveRow) {
+	seqs, tss, subjects, hdrs, datas, cums := insertColumns(msgs)
 	args := []any{streamID, int64(next.firstSeq), int64(next.lastSeq), next.lastTS, int64(next.cumBytes), int64(next.msgs),
 		int64(next.bytes), next.chunkRows, int64(prev.firstSeq), int64(prev.lastSeq), int64(prev.msgs), int64(prev.bytes),
-		prev.chunk, prev.chunkRows}
-	rows, args := replaceRows.bind(args, msgs)
+		prev.chunk, prev.chunkRows, seqs, tss, subjects, hdrs, datas, cums}
 	// A put of a new key replaces nothing; its statement leaves the tombstones out.
 	deleted := ""
 	if len(tombs) > 0 {
@@ -310,7 +370,8 @@ func queueGuardedReplace(b *pgx.Batch, streamID int64, prev, next tailState, msg
 			WHERE stream_id = $1 AND first_seq = $9 AND last_seq = $10 AND msgs = $11 AND bytes = $12
 				AND chunk = $13 AND chunk_rows = $14
 			RETURNING first_seq),
-		i AS (INSERT INTO `+chunkTable(streamID, next.chunk)+` (seq, ts, subject, hdr, data, cum_before)
-			SELECT r.* FROM u, `+rows+` AS r(seq, ts, subject, hdr, data, cum_before))`+deleted+`
+		i AS (INSERT INTO jetgres.msgs (stream_id, chunk, seq, ts, subject, hdr, data, cum_before)
+			SELECT $1, $13, r.* FROM u, unnest($15::bigint[], $16::bigint[], $17::text[], $18::bytea[], $19::bytea[], $20::bigint[])
+				AS r(seq, ts, subject, hdr, data, cum_before))`+deleted+`
 		SELECT first_seq FROM u`, args...)
 }

@@ -23,8 +23,18 @@ func chunkTable(streamID, chunk int64) string {
 	return pgx.Identifier{"jetgres", chunkName(streamID, chunk)}.Sanitize()
 }
 
+// createChunk creates a chunk table and attaches it to jetgres.msgs. A table created as a
+// partition (CREATE TABLE … PARTITION OF) would lock jetgres.msgs against every reader and
+// writer of every stream until the transaction ends; attaching a table created apart takes
+// only a lock that readers and writers do not conflict with, and checks an empty table.
 func createChunk(ctx context.Context, q querier, streamID, chunk int64, firstSeq uint64) error {
-	for _, ddl := range chunkDDL(streamID, chunk) {
+	t := chunkTable(streamID, chunk)
+	for _, ddl := range []string{
+		`CREATE TABLE ` + t + ` (stream_id bigint NOT NULL, chunk bigint NOT NULL, ` + messageColumns + `)`,
+		`CREATE INDEX ON ` + t + ` (subject, seq)`,
+		fmt.Sprintf(`ALTER TABLE jetgres.msgs ATTACH PARTITION %s FOR VALUES FROM (%d, %d) TO (%d, %d)`,
+			t, streamID, chunk, streamID, chunk+1),
+	} {
 		if _, err := q.Exec(ctx, ddl); err != nil {
 			return fmt.Errorf("create chunk %d: %w", chunk, err)
 		}
@@ -33,28 +43,21 @@ func createChunk(ctx context.Context, q querier, streamID, chunk int64, firstSeq
 	return err
 }
 
-// chunkDDL creates a chunk table: one statement each, as a pipeline takes them.
-func chunkDDL(streamID, chunk int64) []string {
-	return ChunkShapeDDL(chunkTable(streamID, chunk))
-}
-
-// ChunkShapeDDL creates a table called t shaped as a chunk table is, its columns and its
-// indexes, one statement each: benchmarks that measure what storing a message costs at the
-// least store into tables exactly as jetgres's are.
+// messageColumns are a message row's own columns, as a chunk table holds them after its
+// partition key (stream_id, chunk).
 //
 // Subjects are compared byte by byte, as NATS does, whatever the database's collation: under
 // a linguistic collation (en_US and the like, the default of many databases jetgres is
 // pointed at) every comparison of the subject index costs a collation lookup, and an
 // anchored pattern such as a wildcard filter's cannot use the index at all.
+const messageColumns = `seq bigint PRIMARY KEY, ts bigint NOT NULL, subject text COLLATE "C" NOT NULL,
+	hdr bytea, data bytea NOT NULL, cum_before bigint NOT NULL`
+
+// ChunkShapeDDL creates a table called t that holds messages as a chunk table does, its
+// message columns and its indexes, one statement each: benchmarks that measure what storing a
+// message costs at the least store into tables shaped as jetgres's are.
 func ChunkShapeDDL(t string) []string {
-	return []string{`CREATE TABLE ` + t + ` (
-		seq        bigint PRIMARY KEY,
-		ts         bigint NOT NULL,
-		subject    text   COLLATE "C" NOT NULL,
-		hdr        bytea,
-		data       bytea  NOT NULL,
-		cum_before bigint NOT NULL
-	)`, `CREATE INDEX ON ` + t + ` (subject, seq)`}
+	return []string{`CREATE TABLE ` + t + ` (` + messageColumns + `)`, `CREATE INDEX ON ` + t + ` (subject, seq)`}
 }
 
 type chunkInfo struct {
@@ -161,23 +164,29 @@ func hasSQLState(err error, code string) bool {
 	return errors.As(err, &pgErr) && pgErr.SQLState() == code
 }
 
-// ChunkDropLockTimeout bounds how long dropping a chunk table waits for its lock. Only
-// readers of messages already gone can hold one, but a DROP that waited would queue every
-// later reader of that table behind it; giving up and trying again later is cheaper.
+// ChunkDropLockTimeout bounds how long dropping a detached chunk table waits for its lock.
+// Only readers of messages already gone can hold one, but a DROP that waited would queue
+// every later reader of that table behind it; giving up and trying again later is cheaper.
 const ChunkDropLockTimeout = 100 * time.Millisecond
 
+// ChunkDetachTimeout bounds how long detaching a chunk from jetgres.msgs may wait for the
+// transactions that began before it. While it waits it holds a lock that the creation of
+// another chunk (once per ChunkRows messages of a stream) waits for, so a long transaction
+// elsewhere must not keep it: it gives up, the chunk stays half-detached, and the next pass
+// finishes it.
+const ChunkDetachTimeout = 2 * time.Second
+
 // DropChunks drops the chunk tables of a stream that its first sequence has passed, with
-// their chunk rows and the tombstones that fell in them, one short transaction each. When the
-// stream is empty and has seen no append for idle, the chunk that receives appends is
-// retired first, so that a consumed stream gives back its last chunk too. It returns how many
-// tables it dropped.
+// their chunk rows and the tombstones that fell in them. When the stream is empty and has
+// seen no append for idle, the chunk that receives appends is retired first, so that a
+// consumed stream gives back its last chunk too. It returns how many tables it dropped; a
+// table it could not drop yet is left to ReapChunks.
 func (db *DB) DropChunks(ctx context.Context, id int64, idle time.Duration) (int, error) {
 	if err := db.retireIdleChunk(ctx, id, idle); err != nil {
 		return 0, err
 	}
-	var droppable []SeqRange
 	var chunkIDs []int64
-	err := db.background(ctx, func(ctx context.Context, q querier) error {
+	err := db.backgroundTx(ctx, func(ctx context.Context, q querier) error {
 		var first uint64
 		if err := q.QueryRow(ctx, `SELECT first_seq FROM jetgres.stream_state WHERE stream_id = $1`, id).Scan(&first); err != nil {
 			if errors.Is(err, pgx.ErrNoRows) {
@@ -185,57 +194,145 @@ func (db *DB) DropChunks(ctx context.Context, id int64, idle time.Duration) (int
 			}
 			return err
 		}
-		rows, err := q.Query(ctx, `SELECT chunk, first_seq, next_first FROM (
-				SELECT chunk, first_seq, lead(first_seq) OVER (ORDER BY chunk) AS next_first
+		rows, err := q.Query(ctx, `DELETE FROM jetgres.chunks c USING (
+				SELECT chunk, lead(first_seq) OVER (ORDER BY chunk) AS next_first
 				FROM jetgres.chunks WHERE stream_id = $1) k
-			WHERE next_first <= $2 ORDER BY chunk`, id, int64(first))
+			WHERE c.stream_id = $1 AND c.chunk = k.chunk AND k.next_first <= $2
+			RETURNING c.chunk, k.next_first`, id, int64(first))
 		if err != nil {
 			return err
 		}
+		var below int64
 		for rows.Next() {
-			var chunk int64
-			var r SeqRange
-			if err := rows.Scan(&chunk, &r.From, &r.To); err != nil {
+			var chunk, next int64
+			if err := rows.Scan(&chunk, &next); err != nil {
 				rows.Close()
 				return err
 			}
 			chunkIDs = append(chunkIDs, chunk)
-			droppable = append(droppable, r)
+			below = max(below, next)
 		}
 		rows.Close()
-		return rows.Err()
+		if err := rows.Err(); err != nil || below == 0 {
+			return err
+		}
+		_, err = q.Exec(ctx, `DELETE FROM jetgres.deleted WHERE stream_id = $1 AND seq < $2`, id, below)
+		return err
 	})
 	if err != nil {
 		if errors.Is(err, ErrNotFound) {
 			return 0, err
 		}
-		return 0, fmt.Errorf("pg: list chunks to drop: %w", err)
+		return 0, fmt.Errorf("pg: drop chunks of stream %d: %w", id, err)
 	}
 	dropped := 0
-	for i, chunk := range chunkIDs {
-		err := db.backgroundTx(ctx, func(ctx context.Context, q querier) error {
-			if _, err := q.Exec(ctx, fmt.Sprintf(`SET LOCAL lock_timeout = %d`, ChunkDropLockTimeout.Milliseconds())); err != nil {
-				return err
-			}
-			if _, err := q.Exec(ctx, `DROP TABLE IF EXISTS `+chunkTable(id, chunk)); err != nil {
-				return err
-			}
-			if _, err := q.Exec(ctx, `DELETE FROM jetgres.chunks WHERE stream_id = $1 AND chunk = $2`, id, chunk); err != nil {
-				return err
-			}
-			_, err := q.Exec(ctx, `DELETE FROM jetgres.deleted WHERE stream_id = $1 AND seq < $2`, id, int64(droppable[i].To))
-			return err
-		})
-		if isLockTimeout(err) {
-			break
-		}
+	for _, chunk := range chunkIDs {
+		db.chunks.dropped(id, chunk)
+		ok, err := db.dropChunkTable(ctx, chunkName(id, chunk), true)
 		if err != nil {
 			return dropped, fmt.Errorf("pg: drop chunk %d of stream %d: %w", chunk, id, err)
 		}
-		db.chunks.dropped(id, chunk)
+		if !ok {
+			break
+		}
 		dropped++
 	}
 	return dropped, nil
+}
+
+// ReapChunks drops the chunk tables that no chunk row lists any more: those of deleted
+// streams, and those DropChunks could not drop at once. It returns how many it dropped.
+func (db *DB) ReapChunks(ctx context.Context) (int, error) {
+	type orphan struct {
+		name     string
+		attached bool
+	}
+	var orphans []orphan
+	err := db.background(ctx, func(ctx context.Context, q querier) error {
+		rows, err := q.Query(ctx, `SELECT c.relname, EXISTS (SELECT 1 FROM pg_inherits i WHERE i.inhrelid = c.oid)
+			FROM pg_class c
+			WHERE c.relnamespace = 'jetgres'::regnamespace AND c.relkind = 'r' AND c.relname ~ '^msgs_[0-9]+_[0-9]+$'
+				AND NOT EXISTS (SELECT 1 FROM jetgres.chunks k WHERE c.relname = 'msgs_' || k.stream_id || '_' || k.chunk)`)
+		if err != nil {
+			return err
+		}
+		orphans, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (orphan, error) {
+			var o orphan
+			err := r.Scan(&o.name, &o.attached)
+			return o, err
+		})
+		return err
+	})
+	if err != nil {
+		return 0, fmt.Errorf("pg: list orphaned chunks: %w", err)
+	}
+	dropped := 0
+	for _, o := range orphans {
+		ok, err := db.dropChunkTable(ctx, o.name, o.attached)
+		if err != nil {
+			return dropped, fmt.Errorf("pg: drop orphaned chunk %s: %w", o.name, err)
+		}
+		if !ok {
+			break
+		}
+		dropped++
+	}
+	return dropped, nil
+}
+
+// dropChunkTable detaches a chunk table that no chunk row lists (when attached) and drops
+// it. It reports false, and no error, when a transaction kept it from finishing within its
+// bounds: the next pass tries again.
+//
+// Detaching CONCURRENTLY neither blocks nor waits behind the readers and writers of other
+// chunks; a plain DETACH, or a DROP of a partition, would lock all of jetgres.msgs. A
+// partitioned table can have one detach pending at a time, left by one that gave up: it is
+// finished first.
+func (db *DB) dropChunkTable(ctx context.Context, name string, attached bool) (bool, error) {
+	t := pgx.Identifier{"jetgres", name}.Sanitize()
+	if attached {
+		dctx, cancel := context.WithTimeout(ctx, ChunkDetachTimeout)
+		defer cancel()
+		err := db.background(dctx, func(ctx context.Context, q querier) error {
+			var pending string
+			err := q.QueryRow(ctx, `SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+				WHERE i.inhparent = 'jetgres.msgs'::regclass AND i.inhdetachpending`).Scan(&pending)
+			if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+				return err
+			}
+			if pending != "" {
+				if _, err := q.Exec(ctx, `ALTER TABLE jetgres.msgs DETACH PARTITION `+pgx.Identifier{"jetgres", pending}.Sanitize()+` FINALIZE`); err != nil {
+					return err
+				}
+				if pending == name {
+					return nil
+				}
+			}
+			_, err = q.Exec(ctx, `ALTER TABLE jetgres.msgs DETACH PARTITION `+t+` CONCURRENTLY`)
+			if isUndefinedTable(err) {
+				// Another replica detached or dropped it first: it is no partition any more.
+				return nil
+			}
+			return err
+		})
+		if err != nil {
+			if dctx.Err() != nil && ctx.Err() == nil {
+				return false, nil
+			}
+			return false, err
+		}
+	}
+	err := db.backgroundTx(ctx, func(ctx context.Context, q querier) error {
+		if _, err := q.Exec(ctx, fmt.Sprintf(`SET LOCAL lock_timeout = %d`, ChunkDropLockTimeout.Milliseconds())); err != nil {
+			return err
+		}
+		_, err := q.Exec(ctx, `DROP TABLE IF EXISTS `+t)
+		return err
+	})
+	if isLockTimeout(err) {
+		return false, nil
+	}
+	return err == nil, err
 }
 
 // retireIdleChunk opens a new, empty chunk for a stream that holds nothing and has seen no

@@ -19,22 +19,21 @@
 // lets go of its locks, and it destroys the connection instead of returning it to the pool, so
 // a late cancel can never hit the next statement run on it.
 //
-// Message rows are only ever inserted. Each stream's messages live in chunk tables of a fixed
-// number of rows (jetgres.msgs_<stream>_<chunk>, listed in jetgres.chunks), and every removal
-// (limits, max_age, purge, deletes, interest and workqueue retention) either moves the
-// stream's first sequence, which reads respect, or leaves a tombstone in jetgres.deleted; the
-// state row counts what is left, so that limits and stream info never count rows. Once the
-// first sequence has passed a whole chunk, the maintainer drops its table: the space goes back
-// to the operating system at once and no dead tuple is left for VACUUM, which an old snapshot
-// (a long transaction, a lagging replica) would otherwise hold back. The chunks are plain
-// tables rotated by the append path rather than partitions of one table because of what
-// dropping one costs the publish path: dropping or detaching a partition takes an ACCESS
-// EXCLUSIVE lock on the parent, which waits behind every running reader and writer of the
-// stream and, while it waits, blocks every append queued behind it (DETACH … CONCURRENTLY
-// avoids that only by running outside a transaction block and waiting for every transaction
-// that may still use the partition). A rotated table that no one appends to any more is
-// locked alone, under a short lock_timeout, so only a reader of messages already gone can
-// ever wait for it, and a reader whose chunk disappeared treats it as empty. Planning is
-// cheaper too: a statement names the one or two chunks it needs instead of leaving the
-// planner to prune hundreds of partitions.
+// Message rows are only ever inserted. Each stream's messages live in chunks of a fixed
+// number of rows: tables jetgres.msgs_<stream>_<chunk>, listed in jetgres.chunks and attached
+// as the partitions [(stream, chunk), (stream, chunk + 1)) of one table, jetgres.msgs. Every
+// removal (limits, max_age, purge, deletes, interest and workqueue retention) either moves
+// the stream's first sequence, which reads respect, or leaves a tombstone in jetgres.deleted;
+// the state row counts what is left, so that limits and stream info never count rows. Once
+// the first sequence has passed a whole chunk, the maintainer detaches and drops its table:
+// the space goes back to the operating system at once and no dead tuple is left for VACUUM,
+// which an old snapshot (a long transaction, a lagging replica) would otherwise hold back.
+//
+// The hot path (publish, read, get) names jetgres.msgs and never a chunk table: its
+// statements are prepared once per pooled connection whatever the number of streams and
+// chunks, and one INSERT stores the messages of every stream a transaction fuses, which
+// PostgreSQL routes to their chunks. Reads and gets name the chunk by its key, so the planner
+// opens that partition only. Chunks are attached rather than created as partitions, and
+// detached CONCURRENTLY, because the plain forms lock jetgres.msgs against every reader and
+// writer of every stream.
 package pg

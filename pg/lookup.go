@@ -35,13 +35,11 @@ func (db *DB) GetMessage(ctx context.Context, streamID int64, seq uint64) (*Mess
 		if k < 0 {
 			return nil
 		}
-		rows, err := q.Query(ctx, `SELECT m.seq, m.ts, m.subject, m.hdr, m.data, m.cum_before FROM `+chunkTable(streamID, chunks[k].chunk)+
-			` m, jetgres.stream_state st WHERE st.stream_id = $2 AND m.seq = $1 AND m.seq >= st.first_seq AND m.seq <= st.last_seq AND `+notTombstoned("$2"),
-			int64(seq), streamID)
+		rows, err := q.Query(ctx, `SELECT m.seq, m.ts, m.subject, m.hdr, m.data, m.cum_before FROM jetgres.msgs m, jetgres.stream_state st
+			WHERE st.stream_id = $2 AND m.stream_id = $2 AND m.chunk = $3 AND m.seq = $1 AND m.seq >= st.first_seq AND m.seq <= st.last_seq
+				AND `+notTombstoned("$2"),
+			int64(seq), streamID, chunks[k].chunk)
 		if err != nil {
-			if isUndefinedTable(err) {
-				return nil
-			}
 			return err
 		}
 		msgs, err := pgx.CollectRows(rows, scanMessage)
@@ -78,14 +76,11 @@ func (db *DB) LastBySubject(ctx context.Context, streamID int64, filter string) 
 			var found Message
 			var cum int64
 			err := q.QueryRow(ctx, `SELECT st.first_seq, st.last_seq, m.seq, COALESCE(m.ts, 0), COALESCE(m.subject, ''), m.hdr, m.data, COALESCE(m.cum_before, 0)
-				FROM jetgres.stream_state st LEFT JOIN LATERAL (SELECT seq, ts, subject, hdr, data, cum_before FROM `+chunkTable(streamID, chunks[i].chunk)+
-				` m WHERE `+cond+` AND seq >= st.first_seq AND seq <= st.last_seq AND `+notTombstoned("$2")+`
-				ORDER BY seq DESC LIMIT 1) m ON true WHERE st.stream_id = $2`, arg, streamID).
+				FROM jetgres.stream_state st LEFT JOIN LATERAL (SELECT seq, ts, subject, hdr, data, cum_before FROM jetgres.msgs m
+				WHERE m.stream_id = $2 AND m.chunk = $3 AND `+cond+` AND seq >= st.first_seq AND seq <= st.last_seq AND `+notTombstoned("$2")+`
+				ORDER BY seq DESC LIMIT 1) m ON true WHERE st.stream_id = $2`, arg, streamID, chunks[i].chunk).
 				Scan(&first, &last, &seq, &found.TS, &found.Subject, &found.Header, &found.Data, &cum)
 			if err != nil {
-				if isUndefinedTable(err) {
-					return nil
-				}
 				return err
 			}
 			if i == len(chunks)-1 {
@@ -157,13 +152,10 @@ func (db *DB) lastMatching(ctx context.Context, q querier, streamID int64, filte
 	}
 	cond, arg := subjectMatch(filter, 1)
 	for i := len(chunks) - 1; i >= 0; i-- {
-		rows, err := q.Query(ctx, `SELECT seq, ts, subject, hdr, data, cum_before FROM `+chunkTable(streamID, chunks[i].chunk)+
-			` m WHERE `+cond+` AND seq >= $2 AND seq <= $3 AND `+notTombstoned("$4")+`
-			ORDER BY seq DESC LIMIT 1`, arg, int64(first), int64(upTo), streamID)
+		rows, err := q.Query(ctx, `SELECT seq, ts, subject, hdr, data, cum_before FROM jetgres.msgs m
+			WHERE m.stream_id = $4 AND m.chunk = $5 AND `+cond+` AND seq >= $2 AND seq <= $3 AND `+notTombstoned("$4")+`
+			ORDER BY seq DESC LIMIT 1`, arg, int64(first), int64(upTo), streamID, chunks[i].chunk)
 		if err != nil {
-			if isUndefinedTable(err) {
-				return nil, nil
-			}
 			return nil, err
 		}
 		msgs, err := pgx.CollectRows(rows, scanMessage)

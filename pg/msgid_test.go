@@ -3,11 +3,9 @@ package pg_test
 import (
 	"context"
 	"fmt"
-	"io/fs"
 	"strings"
 	"sync"
 	"testing"
-	"testing/fstest"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -214,28 +212,10 @@ func TestMsgIDMigrationMovesLiveIDs(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(db.Close)
-	before := fstest.MapFS{}
-	files, err := fs.Glob(pg.EmbeddedMigrations, "migrations/*.up.sql")
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, f := range files {
-		if strings.Compare(f, "migrations/006") < 0 {
-			data, err := fs.ReadFile(pg.EmbeddedMigrations, f)
-			if err != nil {
-				t.Fatal(err)
-			}
-			before[f] = &fstest.MapFile{Data: data}
-		}
-	}
-	if err := db.MigrateFS(ctx, before); err != nil {
-		t.Fatal(err)
-	}
+	migrateBefore(t, db, 6)
 	const window = time.Minute
-	st, err := db.CreateStream(ctx, "OLD", fmt.Appendf(nil, `{"duplicate_window": %d}`, window.Nanoseconds()))
-	if err != nil {
-		t.Fatal(err)
-	}
+	id := oldStream(t, raw, "OLD", fmt.Sprintf(`{"duplicate_window": %d}`, window.Nanoseconds()))
+	st := pg.Stream{ID: id}
 	now := time.Now().UnixNano()
 	if err := raw.Exec(ctx, `INSERT INTO jetgres.msg_ids (stream_id, msg_id, seq, ts) VALUES
 		($1, 'live-1', 7, $2), ($1, 'live-2', 8, $3), ($1, 'expired', 9, $4)`,

@@ -38,7 +38,7 @@ func (db *DB) readRange(ctx context.Context, q querier, p ReadParams, filters []
 	}
 	// Start at the newest chunk that begins at or before From.
 	start := max(sort.Search(len(chunks), func(i int) bool { return chunks[i].firstSeq > p.From })-1, 0)
-	cond, arg := subjectCond(filters, 6)
+	cond, arg := subjectCond(filters, 7)
 	bytes := 0
 	from := p.From
 	w := window{filtered: cond != ""}
@@ -148,7 +148,7 @@ func readWindow(ctx context.Context, q querier, streamID, chunk int64, from, end
 		// Nothing live in [from, hi]: the stream's first sequence may lie beyond it, and
 		// the window then starts there, which only the general form finds out.
 	}
-	args := []any{windowFormats, streamID, int64(from), int64(end), int64(size), limit}
+	args := []any{windowFormats, streamID, int64(from), int64(end), int64(size), limit, chunk}
 	if arg != nil {
 		args = append(args, arg)
 	}
@@ -162,10 +162,10 @@ func readWindow(ctx context.Context, q querier, streamID, chunk int64, from, end
 			FROM (SELECT GREATEST($2::bigint, first_seq) AS lo FROM jetgres.stream_state WHERE stream_id = $1) f) w
 		CROSS JOIN LATERAL (SELECT w.lo, w.hi,
 			EXISTS (SELECT 1 FROM jetgres.deleted d WHERE d.stream_id = $1 AND d.seq >= w.lo AND d.seq <= w.hi) AS dels) b
-		LEFT JOIN LATERAL (SELECT seq, ts, subject, hdr, data, cum_before FROM `+chunkTable(streamID, chunk)+` m
-			WHERE seq >= b.lo AND seq <= b.hi AND (NOT b.dels OR `+notTombstoned("$1")+`)`+cond+` ORDER BY seq LIMIT $5) m ON true`, args...)
+		LEFT JOIN LATERAL (SELECT seq, ts, subject, hdr, data, cum_before FROM jetgres.msgs m
+			WHERE m.stream_id = $1 AND m.chunk = $6 AND seq >= b.lo AND seq <= b.hi AND (NOT b.dels OR `+notTombstoned("$1")+`)`+cond+` ORDER BY seq LIMIT $5) m ON true`, args...)
 	if err != nil {
-		return windowErr(err, end)
+		return nil, 0, err
 	}
 	defer rows.Close()
 	var msgs []Message
@@ -202,14 +202,14 @@ func readWindow(ctx context.Context, q querier, streamID, chunk int64, from, end
 		}
 		msgs = append(msgs, m)
 	}
-	return windowResult(rows.Err(), msgs, hi, end, limit)
+	return windowResult(rows.Err(), msgs, hi, limit)
 }
 
 // windowResult ends a window read of either form once its rows are read: rowsErr is the
-// rows' error, hi the sequence through which the read looked, end the window's end.
-func windowResult(rowsErr error, msgs []Message, hi, end uint64, limit int) ([]Message, uint64, error) {
+// rows' error, hi the sequence through which the read looked.
+func windowResult(rowsErr error, msgs []Message, hi uint64, limit int) ([]Message, uint64, error) {
 	if rowsErr != nil {
-		return windowErr(rowsErr, end)
+		return nil, 0, rowsErr
 	}
 	// A join of one row keeps the order of the rows joined to it; sorting the whole result
 	// in PostgreSQL to make sure of that would cost more than the read.
@@ -220,16 +220,6 @@ func windowResult(rowsErr error, msgs []Message, hi, end uint64, limit int) ([]M
 		hi = msgs[len(msgs)-1].Seq
 	}
 	return msgs, hi, nil
-}
-
-// windowErr answers a window read that failed with err, at its query or while its rows
-// came, as far as end, the window's end.
-func windowErr(err error, end uint64) ([]Message, uint64, error) {
-	if isUndefinedTable(err) {
-		// Retention dropped the chunk: everything in it is gone.
-		return nil, end, nil
-	}
-	return nil, 0, err
 }
 
 func bySeq(a, b Message) int { return cmp.Compare(a.Seq, b.Seq) }
@@ -246,13 +236,13 @@ func readPlainWindow(ctx context.Context, q querier, streamID, chunk int64, from
 	if size-1 < end-from {
 		hi = from + size - 1
 	}
-	rows, err := q.Query(ctx, `SELECT seq, ts, subject, hdr, data, cum_before FROM `+chunkTable(streamID, chunk)+` m
-		WHERE seq >= $2 AND seq <= $3 AND seq >= (SELECT first_seq FROM jetgres.stream_state WHERE stream_id = $1)
+	rows, err := q.Query(ctx, `SELECT seq, ts, subject, hdr, data, cum_before FROM jetgres.msgs m
+		WHERE m.stream_id = $1 AND m.chunk = $5 AND seq >= $2 AND seq <= $3 AND seq >= (SELECT first_seq FROM jetgres.stream_state WHERE stream_id = $1)
 			AND (NOT (SELECT EXISTS (SELECT 1 FROM jetgres.deleted d WHERE d.stream_id = $1 AND d.seq >= $2 AND d.seq <= $3))
 				OR `+notTombstoned("$1")+`)
-		ORDER BY seq LIMIT $4`, plainFormats, streamID, int64(from), int64(hi), limit)
+		ORDER BY seq LIMIT $4`, plainFormats, streamID, int64(from), int64(hi), limit, chunk)
 	if err != nil {
-		return windowErr(err, end)
+		return nil, 0, err
 	}
 	defer rows.Close()
 	var msgs []Message
@@ -277,7 +267,7 @@ func readPlainWindow(ctx context.Context, q querier, streamID, chunk int64, from
 		}
 		msgs = append(msgs, m)
 	}
-	return windowResult(rows.Err(), msgs, hi, end, limit)
+	return windowResult(rows.Err(), msgs, hi, limit)
 }
 
 // plainFormats asks for every column of a plain window read in binary: seq, ts, subject,

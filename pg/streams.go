@@ -132,9 +132,11 @@ func (db *DB) execOne(ctx context.Context, what, sql string, args ...any) error 
 	return err
 }
 
-// DeleteStream removes a stream, its consumers, its de-duplication ids and every chunk
-// table, in one transaction.
+// DeleteStream removes a stream, its consumers and its de-duplication ids in one
+// transaction, and then drops its chunk tables; a table it cannot drop at once (see
+// dropChunkTable) is left to ReapChunks, and holds nothing any reader can reach.
 func (db *DB) DeleteStream(ctx context.Context, id int64) error {
+	var gone []int64
 	err := db.backgroundTx(ctx, func(ctx context.Context, q querier) error {
 		rows, err := q.Query(ctx, `SELECT chunk FROM jetgres.chunks WHERE stream_id = $1`, id)
 		if err != nil {
@@ -159,11 +161,7 @@ func (db *DB) DeleteStream(ctx context.Context, id int64) error {
 		if tag.RowsAffected() == 0 {
 			return ErrNotFound
 		}
-		for _, c := range chunks {
-			if _, err := q.Exec(ctx, `DROP TABLE IF EXISTS `+chunkTable(id, c)); err != nil {
-				return err
-			}
-		}
+		gone = chunks
 		for _, b := range buckets {
 			if _, err := q.Exec(ctx, `DROP TABLE IF EXISTS `+idBucketTable(id, b)); err != nil {
 				return err
@@ -171,16 +169,22 @@ func (db *DB) DeleteStream(ctx context.Context, id int64) error {
 		}
 		return notifyMeta(ctx, q, id)
 	})
-	if err == nil {
-		db.chunks.forget(id)
-		db.tails.forget(id)
-		db.subjects.forget(id)
-		db.counts.forget(id)
-	}
 	if err != nil && !errors.Is(err, ErrNotFound) {
 		return fmt.Errorf("pg: delete stream: %w", err)
 	}
-	return err
+	if err != nil {
+		return err
+	}
+	db.chunks.forget(id)
+	db.tails.forget(id)
+	db.subjects.forget(id)
+	db.counts.forget(id)
+	for _, c := range gone {
+		if ok, err := db.dropChunkTable(ctx, chunkName(id, c), true); err != nil || !ok {
+			break
+		}
+	}
+	return nil
 }
 
 // Streams lists every stream, ordered by name.

@@ -25,6 +25,7 @@ type pushMetrics struct {
 	dropped   *prometheus.CounterVec
 	batchMsgs prometheus.Histogram
 	batchTx   prometheus.Histogram
+	txMsgs    prometheus.Histogram
 	commit    prometheus.Histogram
 	pubAck    prometheus.Histogram
 	apiReqs   *prometheus.CounterVec
@@ -55,7 +56,12 @@ func newPushMetrics(reg prometheus.Registerer) *pushMetrics {
 		batchTx: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "jetgres_fusion_streams_per_transaction",
 			Help:    "Streams that shared one push transaction.",
-			Buckets: []float64{1, 2, 4, 8, 16, 32},
+			Buckets: prometheus.ExponentialBuckets(1, 2, 11),
+		}),
+		txMsgs: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "jetgres_fusion_transaction_messages",
+			Help:    "Messages per push transaction, of all its streams.",
+			Buckets: prometheus.ExponentialBuckets(1, 4, 9),
 		}),
 		commit: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "jetgres_fusion_commit_seconds",
@@ -80,7 +86,7 @@ func newPushMetrics(reg prometheus.Registerer) *pushMetrics {
 		m.apiUnsupported.WithLabelValues(u.name)
 	}
 	if reg != nil {
-		reg.MustRegister(m.accepted, m.rejected, m.dropped, m.batchMsgs, m.batchTx, m.commit, m.pubAck, m.apiReqs, m.apiUnsupported)
+		reg.MustRegister(m.accepted, m.rejected, m.dropped, m.batchMsgs, m.batchTx, m.txMsgs, m.commit, m.pubAck, m.apiReqs, m.apiUnsupported)
 	}
 	return m
 }

@@ -265,6 +265,7 @@ func (b *Bridge) flush(p *flow.Permit, group []*stream) {
 	}
 	batches := make([]pg.AppendBatch, 0, len(group))
 	taken := make(map[int64][]publish, len(group))
+	total := 0
 	for _, s := range group {
 		in := &s.in
 		in.mu.Lock()
@@ -302,11 +303,13 @@ func (b *Bridge) flush(p *flow.Permit, group []*stream) {
 		batches = append(batches, pg.AppendBatch{StreamID: s.id, DupWindow: cfg.Duplicates, ChunkRows: s.chunkRows.Load(),
 			Limits: streamLimits(cfg), Msgs: msgs})
 		b.pm.batchMsgs.Observe(float64(n))
+		total += n
 	}
 	if len(batches) == 0 {
 		p.Abandon()
 	} else {
 		b.pm.batchTx.Observe(float64(len(batches)))
+		b.pm.txMsgs.Observe(float64(total))
 		// The flush is not tied to a request: it must finish and answer even while the
 		// bridge stops, so only the statement timeout and Stop's deadline bound it.
 		results, rtt, err := b.db.Append(b.flushCtx, batches, b.clock.Now().UnixNano())

@@ -387,12 +387,16 @@ func (m *maintainer) expire(ctx context.Context) {
 	}
 }
 
-// dropChunks gives back the space of chunks that no stream can read any more.
+// dropChunks gives back the space of chunks that no stream can read any more, and of the
+// chunks of deleted streams.
 func (m *maintainer) dropChunks(ctx context.Context) {
 	for _, s := range m.b.streamList() {
 		if _, err := m.b.db.DropChunks(ctx, s.id, chunkIdleRetire); err != nil && !errors.Is(err, pg.ErrNotFound) && ctx.Err() == nil {
 			m.warn.warn(m.b.log, m.b.clock.Now(), "dropping chunks failed", "stream", s.name, "err", err)
 		}
+	}
+	if _, err := m.b.db.ReapChunks(ctx); err != nil && ctx.Err() == nil {
+		m.warn.warn(m.b.log, m.b.clock.Now(), "dropping the chunks of deleted streams failed", "err", err)
 	}
 }
 

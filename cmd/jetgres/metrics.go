@@ -132,7 +132,7 @@ var poolMetrics = []statMetric[pg.Stats]{
 		prometheus.CounterValue, func(s pg.Stats) float64 { return float64(s.Destroyed) }},
 	{"stale_retries_total", "Calls retried on a fresh connection because the pooled one was dead before use.",
 		prometheus.CounterValue, func(s pg.Stats) float64 { return float64(s.StaleRetries) }},
-	{"prepares_total", "Statements prepared on pooled connections: each stream's chunk tables bring statements of their own, so the rate shows streams and chunks touched for the first time on a connection.",
+	{"prepares_total", "Statements prepared on pooled connections. Publishes, reads and gets use a fixed set whatever the number of streams and chunks; maintenance and administration name chunk tables and prepare per chunk.",
 		prometheus.CounterValue, func(s pg.Stats) float64 { return float64(s.Prepares) }},
 	{"subject_index_dropped_total", "Subject indexes of per-subject-limited streams dropped for going past their row bound.",
 		prometheus.CounterValue, func(s pg.Stats) float64 { return float64(s.SubjectIndexDropped) }},

@@ -169,13 +169,6 @@ func hasSQLState(err error, code string) bool {
 // every later reader of that table behind it; giving up and trying again later is cheaper.
 const ChunkDropLockTimeout = 100 * time.Millisecond
 
-// ChunkDetachTimeout bounds how long detaching a chunk from jetgres.msgs may wait for the
-// transactions that began before it. While it waits it holds a lock that the creation of
-// another chunk (once per ChunkRows messages of a stream) waits for, so a long transaction
-// elsewhere must not keep it: it gives up, the chunk stays half-detached, and the next pass
-// finishes it.
-const ChunkDetachTimeout = 2 * time.Second
-
 // DropChunks drops the chunk tables of a stream that its first sequence has passed, with
 // their chunk rows and the tombstones that fell in them. When the stream is empty and has
 // seen no append for idle, the chunk that receives appends is retired first, so that a
@@ -282,7 +275,7 @@ func (db *DB) ReapChunks(ctx context.Context) (int, error) {
 
 // dropChunkTable detaches a chunk table that no chunk row lists (when attached) and drops
 // it. It reports false, and no error, when a transaction kept it from finishing within its
-// bounds: the next pass tries again.
+// bounds, or would have: the next pass tries again.
 //
 // Detaching CONCURRENTLY neither blocks nor waits behind the readers and writers of other
 // chunks; a plain DETACH, or a DROP of a partition, would lock all of jetgres.msgs. A
@@ -291,9 +284,19 @@ func (db *DB) ReapChunks(ctx context.Context) (int, error) {
 func (db *DB) dropChunkTable(ctx context.Context, name string, attached bool) (bool, error) {
 	t := pgx.Identifier{"jetgres", name}.Sanitize()
 	if attached {
-		dctx, cancel := context.WithTimeout(ctx, ChunkDetachTimeout)
+		dctx, cancel := context.WithTimeout(ctx, db.cfg.ChunkDetachTimeout)
 		defer cancel()
+		var held bool
 		err := db.background(dctx, func(ctx context.Context, q querier) error {
+			// A detach waits for every transaction that uses jetgres.msgs, holding meanwhile
+			// a lock that new chunks wait for; one that has run for longer than the detach
+			// may wait (a pg_dump, a report reading jetgres.msgs) would only make each pass
+			// block new chunks for as long and give up.
+			if err := q.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+					WHERE l.locktype = 'relation' AND l.relation = 'jetgres.msgs'::regclass AND l.pid <> pg_backend_pid()
+						AND a.xact_start < now() - make_interval(secs => $1))`, db.cfg.ChunkDetachTimeout.Seconds()).Scan(&held); err != nil || held {
+				return err
+			}
 			var pending string
 			err := q.QueryRow(ctx, `SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
 				WHERE i.inhparent = 'jetgres.msgs'::regclass AND i.inhdetachpending`).Scan(&pending)
@@ -320,6 +323,9 @@ func (db *DB) dropChunkTable(ctx context.Context, name string, attached bool) (b
 				return false, nil
 			}
 			return false, err
+		}
+		if held {
+			return false, nil
 		}
 	}
 	err := db.backgroundTx(ctx, func(ctx context.Context, q querier) error {

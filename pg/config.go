@@ -24,6 +24,10 @@ const (
 	// BackgroundTimeoutDefault bounds one background call. Retention may drop large chunk
 	// tables and admin calls may scan a stream, so it is longer than the hot-path timeout.
 	BackgroundTimeoutDefault = 5 * time.Minute
+
+	// ChunkDetachTimeoutDefault bounds how long detaching a chunk table may wait; see
+	// Config.ChunkDetachTimeout.
+	ChunkDetachTimeoutDefault = 2 * time.Second
 )
 
 // Config configures Open.
@@ -54,6 +58,14 @@ type Config struct {
 	// consistency. Empty leaves those transactions at the server's setting too.
 	SynchronousCommit string
 
+	// ChunkDetachTimeout bounds how long retention's detach of a chunk table from
+	// jetgres.msgs waits for the transactions that began before it. While it waits it holds a
+	// lock that the creation of a chunk (once per ChunkRowsDefault messages of a stream) waits
+	// for, so a detach gives up at this bound, and is not tried while a transaction that has
+	// held jetgres.msgs for longer is open (a pg_dump, a long report): the chunk is dropped
+	// on a later pass. Defaults to ChunkDetachTimeoutDefault.
+	ChunkDetachTimeout time.Duration
+
 	// Logger receives pg's records. Defaults to discarding them.
 	Logger *slog.Logger
 }
@@ -67,6 +79,9 @@ func (c *Config) applyDefaults() {
 	}
 	if c.BackgroundTimeout == 0 {
 		c.BackgroundTimeout = BackgroundTimeoutDefault
+	}
+	if c.ChunkDetachTimeout == 0 {
+		c.ChunkDetachTimeout = ChunkDetachTimeoutDefault
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
@@ -86,6 +101,9 @@ func (c *Config) validate() error {
 	}
 	if c.BackgroundTimeout < 0 {
 		errs = append(errs, fmt.Errorf("Config.BackgroundTimeout must not be negative, got %s", c.BackgroundTimeout))
+	}
+	if c.ChunkDetachTimeout < 0 {
+		errs = append(errs, fmt.Errorf("Config.ChunkDetachTimeout must not be negative, got %s", c.ChunkDetachTimeout))
 	}
 	switch c.SynchronousCommit {
 	case "", "on", "off":

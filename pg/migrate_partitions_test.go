@@ -1,9 +1,11 @@
 package pg_test
 
 import (
+	"context"
 	"fmt"
 	"io/fs"
 	"slices"
+	"sync"
 	"testing"
 	"testing/fstest"
 	"time"
@@ -196,4 +198,85 @@ func seqsOf(msgs []pg.Message) []uint64 {
 		out[i] = m.Seq
 	}
 	return out
+}
+
+// A transaction that has held jetgres.msgs for longer than a detach may wait (a pg_dump, a
+// report) keeps retention from detaching chunks, rather than letting each pass hold up the
+// creation of chunks while it waits; the chunks go once it ends, and reads never see them.
+func TestChunkDropWaitsOutLongTransactions(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	url := pgtest.NewDB(t)
+	raw := rawsql.Open(t, url)
+	const detach = 100 * time.Millisecond
+	db := pgtest.OpenWith(t, pg.Config{URL: url, ChunkDetachTimeout: detach})
+	st, err := db.CreateStream(ctx, "S", []byte(`{}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 5 {
+		if _, _, err := db.Append(ctx, []pg.AppendBatch{{StreamID: st.ID, ChunkRows: 2, Msgs: []pg.AppendMsg{{Subject: "s", Data: []byte{byte(i)}}}}}, 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := db.Purge(ctx, st.ID, pg.PurgeParams{UpTo: 5}); err != nil {
+		t.Fatal(err)
+	}
+
+	holding, release, done := make(chan struct{}), make(chan struct{}), make(chan error, 1)
+	// Released before the pool closes, should the test end early.
+	stop := sync.OnceFunc(func() { close(release) })
+	t.Cleanup(stop)
+	go func() {
+		done <- raw.Tx(ctx, func(ctx context.Context, q rawsql.Querier) error {
+			var n int
+			if err := q.QueryRow(ctx, `SELECT count(*) FROM jetgres.msgs`).Scan(&n); err != nil {
+				return err
+			}
+			close(holding)
+			<-release
+			return nil
+		})
+	}()
+	<-holding
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var old bool
+		if err := raw.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+			WHERE xact_start < now() - make_interval(secs => $1) AND pid <> pg_backend_pid() AND datname = current_database())`,
+			detach.Seconds()).Scan(&old); err != nil {
+			t.Fatal(err)
+		}
+		if old {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the holding transaction never grew older than the detach bound")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if n, err := db.DropChunks(ctx, st.ID, time.Hour); err != nil || n != 0 {
+		t.Fatalf("dropped %d chunks, %v, while a long transaction holds jetgres.msgs; want none", n, err)
+	}
+	// A detach that had begun would have given up half-way and left its chunk pending.
+	if pending := raw.Strings(t, `SELECT inhrelid::regclass::text FROM pg_inherits WHERE inhdetachpending`); len(pending) > 0 {
+		t.Fatalf("detach begun behind the long transaction: %v pending", pending)
+	}
+	got, _, _, err := db.ReadFiltered(ctx, pg.ReadParams{StreamID: st.ID, From: 1, UpTo: 5, MaxMsgs: 10}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if seqs := seqsOf(got); !slices.Equal(seqs, []uint64{5}) {
+		t.Fatalf("read %v, want 5", seqs)
+	}
+	stop()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if n, err := db.ReapChunks(ctx); err != nil || n != 2 {
+		t.Fatalf("reaped %d chunks, %v; want chunks 0 and 1", n, err)
+	}
+	if left := raw.Strings(t, `SELECT relname FROM pg_class WHERE relnamespace = 'jetgres'::regnamespace AND relkind = 'r' AND relname LIKE 'msgs\_%' ORDER BY 1`); !slices.Equal(left, []string{fmt.Sprintf("msgs_%d_2", st.ID)}) {
+		t.Fatalf("chunk tables left %v, want chunk 2 alone", left)
+	}
 }

@@ -318,14 +318,22 @@ func queueGuardedAppends(b *pgx.Batch, plans []fastPlan, plain []int) {
 	n := len(plain)
 	ids, lasts, tss, cums, counts, sizes, rows := make([]int64, n), make([]int64, n), make([]int64, n), make([]int64, n), make([]int64, n), make([]int64, n), make([]int64, n)
 	prevLasts, prevChunks, prevRows := make([]int64, n), make([]int64, n), make([]int64, n)
-	var msgs []Message
-	var owners []int64
+	total := 0
+	for _, i := range plain {
+		total += len(plans[i].res.Stored)
+	}
+	msgs, owners := plans[plain[0]].res.Stored, make([]int64, 0, total)
+	if n > 1 {
+		msgs = make([]Message, 0, total)
+	}
 	for k, i := range plain {
 		p := &plans[i]
 		ids[k], lasts[k], tss[k], cums[k] = p.bt.StreamID, int64(p.next.lastSeq), p.next.lastTS, int64(p.next.cumBytes)
 		counts[k], sizes[k], rows[k] = int64(len(p.res.Stored)), int64(p.next.cumBytes-p.prev.cumBytes), p.next.chunkRows
 		prevLasts[k], prevChunks[k], prevRows[k] = int64(p.prev.lastSeq), p.prev.chunk, p.prev.chunkRows
-		msgs = append(msgs, p.res.Stored...)
+		if n > 1 {
+			msgs = append(msgs, p.res.Stored...)
+		}
 		for range p.res.Stored {
 			owners = append(owners, p.bt.StreamID)
 		}

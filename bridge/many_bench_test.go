@@ -6,7 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/jetgres/jetgres/flow"
@@ -47,7 +46,11 @@ func BenchmarkPublishManyStreams(b *testing.B) {
 				if err := naive.Reset(ctx); err != nil {
 					b.Fatal(err)
 				}
-				serveNaiveBridge(b, tb.nats.ClientURL(), naive, min(n, int(pg.MaxConnsDefault)))
+				nb, err := pgtest.ServeNaiveBridge(tb.nats.ClientURL(), naive, min(n, int(pg.MaxConnsDefault)))
+				if err != nil {
+					b.Fatal(err)
+				}
+				b.Cleanup(nb.Close)
 				data := make([]byte, 128)
 				run := func(op func(i, k int) error) (float64, []time.Duration) {
 					return pgtest.ClosedLoopLatency(b, n, b.N, op)
@@ -60,13 +63,7 @@ func BenchmarkPublishManyStreams(b *testing.B) {
 				jg, jgTook := run(publish)
 				s1, h1, p1 := lane.Stats(), histograms(b, tb), tb.db.Stats().Prepares
 				warm, warmTook := run(publish)
-				br, brTook := run(func(int, int) error {
-					m, err := tb.nc.Request("naive.x", data, 10*time.Second)
-					if err == nil && string(m.Data) != "+OK" {
-						err = fmt.Errorf("naive bridge: %s", m.Data)
-					}
-					return err
-				})
+				br, brTook := run(func(int, int) error { return pgtest.NaiveBridgePublish(ctx, tb.nc, "naive.x", data) })
 				nv, _ := run(func(int, int) error { return naive.Insert(ctx, "m.x", data) })
 				txs := h1["jetgres_fusion_commit_seconds"].count - h0["jetgres_fusion_commit_seconds"].count
 				b.ReportMetric(jg, "publish/s")
@@ -92,32 +89,6 @@ func BenchmarkPublishManyStreams(b *testing.B) {
 				b.ReportMetric(h1.mean(h0, "jetgres_fusion_commit_seconds")*1e3, "commit_ms")
 			})
 		}
-	}
-}
-
-// serveNaiveBridge answers requests on naive.> with responders subscriptions in one queue
-// group, each storing the request with one autocommit INSERT before answering "+OK".
-func serveNaiveBridge(b *testing.B, url string, naive *pgtest.Naive, responders int) {
-	nc, err := nats.Connect(url)
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(nc.Close)
-	for range responders {
-		// Each subscription delivers on a goroutine of its own: responders requests are
-		// stored at once.
-		if _, err := nc.QueueSubscribe("naive.>", "naive", func(m *nats.Msg) {
-			reply := []byte("+OK")
-			if err := naive.Insert(context.Background(), m.Subject, m.Data); err != nil {
-				reply = []byte(err.Error())
-			}
-			_ = m.Respond(reply)
-		}); err != nil {
-			b.Fatal(err)
-		}
-	}
-	if err := nc.Flush(); err != nil {
-		b.Fatal(err)
 	}
 }
 

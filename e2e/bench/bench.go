@@ -83,7 +83,7 @@ func Run(ctx context.Context, cfg Config) (rep *Report, err error) {
 	}
 	sections := map[string]func(context.Context){
 		SectionPub: r.runPub, SectionFetch: r.runFetch, SectionPush: r.runPush, SectionLatency: r.runLatency,
-		SectionOverload: r.runOverload, SectionNatsBench: r.runNatsBench,
+		SectionOverload: r.runOverload, SectionSweep: r.runSweep, SectionNatsBench: r.runNatsBench,
 	}
 	for _, s := range Sections {
 		if !cfg.runs(s) {
@@ -102,7 +102,7 @@ func Run(ctx context.Context, cfg Config) (rep *Report, err error) {
 		}
 		r.rep.Statements = sts
 	}
-	r.rep.Goals = append(goals(r.rep), natsBenchGoals(r.rep.NatsBench)...)
+	r.rep.Goals = append(append(goals(r.rep), sweepGoals(r.rep.Sweep)...), natsBenchGoals(r.rep.NatsBench)...)
 	return r.rep, nil
 }
 

@@ -86,6 +86,19 @@ func TestQuickRun(t *testing.T) {
 			checkLatency(t, "overload on "+o.Target, st.Latency)
 		}
 	}
+	if len(rep.Sweep) != len(sweepStreamsQuick)*len(sweepPublishersQuick) {
+		t.Errorf("sweep: %d levels, want %d", len(rep.Sweep), len(sweepStreamsQuick)*len(sweepPublishersQuick))
+	}
+	for _, lv := range rep.Sweep {
+		for name, p := range map[string]SweepPoint{"jetgres cold": lv.Cold, "jetgres warm": lv.Warm, "naive bridge": lv.Bridge, "naive INSERT": lv.Insert} {
+			if p.MsgsPerSec <= 0 || p.P50us <= 0 || p.P99us < p.P50us || p.Errors > 0 {
+				t.Errorf("sweep at %d streams, %d publishers, %s: %+v", lv.Streams, lv.Publishers, name, p)
+			}
+		}
+	}
+	if !slices.ContainsFunc(rep.Goals, func(g Goal) bool { return strings.HasPrefix(g.Name, "sweep: jetgres warm vs naive bridge") }) {
+		t.Errorf("no sweep goal among %+v", rep.Goals)
+	}
 	if len(rep.Goals) == 0 {
 		t.Error("no goal was checked")
 	}
@@ -110,7 +123,7 @@ func TestQuickRun(t *testing.T) {
 	if err := rep.WriteText(&text); err != nil {
 		t.Fatalf("WriteText: %v", err)
 	}
-	for _, want := range []string{"async publish", "fetch + ack", "push, ordered", "end-to-end p50", "push limit"} {
+	for _, want := range []string{"async publish", "fetch + ack", "push, ordered", "end-to-end p50", "push limit", "naive bridge"} {
 		if !strings.Contains(text.String(), want) {
 			t.Errorf("the table has no %q:\n%s", want, text.String())
 		}
@@ -124,7 +137,7 @@ func TestQuickRun(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"## Machine", "## Results", "## Goals", "## Overload", "## nats bench", "## Plots", "go run ./cmd/jetgres-bench --quick", "vs CPU floor", "| ack floor |", "| ack CPU floor |"} {
+	for _, want := range []string{"## Machine", "## Results", "## Goals", "## Overload", "## Many streams", "## nats bench", "## Plots", "go run ./cmd/jetgres-bench --quick", "vs CPU floor", "| ack floor |", "| ack CPU floor |"} {
 		if !strings.Contains(string(md), want) {
 			t.Errorf("BENCHMARKS.md has no %q", want)
 		}

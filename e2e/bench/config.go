@@ -19,12 +19,14 @@ const (
 	SectionPush     = "push"
 	SectionLatency  = "latency"
 	SectionOverload = "overload"
+	// SectionSweep runs publishes over 1 to 256 streams against the naive bridge (sweep.go).
+	SectionSweep = "sweep"
 	// SectionNatsBench runs natscli's nats bench (natsbench.go).
 	SectionNatsBench = "natsbench"
 )
 
 // Sections lists every section, in run order.
-var Sections = []string{SectionPub, SectionFetch, SectionPush, SectionLatency, SectionOverload, SectionNatsBench}
+var Sections = []string{SectionPub, SectionFetch, SectionPush, SectionLatency, SectionOverload, SectionSweep, SectionNatsBench}
 
 // Defaults of a full run. A quick run (Config.Quick) scales them down to a CI-sized smoke run.
 const (

@@ -22,7 +22,10 @@
 //     time stamped in the payload);
 //   - overload: closed-loop synchronous publishers spread over many streams, from 1× to 10×
 //     of the target's measured capacity, throughput and p99 per step; for jetgres once with
-//     the Vegas limiter and once with the limiter replaced by a fixed concurrency of 160.
+//     the Vegas limiter and once with the limiter replaced by a fixed concurrency of 160;
+//   - sweep: closed-loop synchronous publishers (1 to 256) over 1, 16 or 256 streams, jetgres
+//     cold (a fresh node and pool) and warm, against the naive bridge (a plain NATS server
+//     whose responders store each request with one INSERT) and the naive INSERT;
 //
 // Every load is bounded in messages and in time and stops by itself, and every server the
 // bench starts or accepts listens on loopback only: the bench is a load generator, and it

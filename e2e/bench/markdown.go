@@ -128,6 +128,17 @@ which on a shared machine matters more than any absolute number.
 		mdTable(w, overloadHeader, rep.overloadRows())
 	}
 
+	if len(rep.Sweep) > 0 || rep.SweepSkipped != "" {
+		fmt.Fprint(w, "## Many streams\n\n")
+		if rep.SweepSkipped != "" {
+			fmt.Fprintf(w, "Skipped: %s.\n\n", rep.SweepSkipped)
+		} else {
+			fmt.Fprintf(w, "Closed-loop synchronous publishers (`js.Publish`, %d B), publisher i on stream i, i + n, … in turn, so that with many streams no two publishes wait for the same stream and any fusion is across streams. At each level jetgres runs on a node of its own, started fresh with its pool: cold is measured from its first publish, warm right after, over %s each. Beside it, in the same run and on the same PostgreSQL, the naive bridge (a plain NATS server without JetStream, and %d responders in one queue group that store each request with one autocommit INSERT before answering it: what anyone writes in an afternoon) and the naive INSERT (the same INSERT from the publishers themselves, no NATS), with the same publishers on as many subjects. A cell is msg/s and, in brackets, the p50 and p99 of one publish.\n\n",
+				s.Size, fmt.Sprintf("%g s", s.DurationSeconds/2), naiveBridgeResponders)
+			mdTable(w, sweepHeader, rep.sweepRows())
+		}
+	}
+
 	if nb := rep.NatsBench; nb != nil {
 		fmt.Fprint(w, "## nats bench\n\n")
 		if nb.Skipped != "" {

@@ -198,8 +198,12 @@ func (r *runner) overload(ctx context.Context, t *target, like, counts *Overload
 // step runs n closed-loop synchronous publishers, publisher i on subjects[i % len], for a
 // warm-up and then stepDuration, and reports what completed inside the measured window.
 func (r *runner) step(ctx context.Context, t *target, pubs []publishFunc, subjects []string, n int, label string) (OverloadStep, error) {
+	return r.stepAfter(ctx, t, pubs, subjects, n, label, r.stepDuration()/5)
+}
+
+// stepAfter is step with a warm-up of its own; with none, it measures from the first publish.
+func (r *runner) stepAfter(ctx context.Context, t *target, pubs []publishFunc, subjects []string, n int, label string, warm time.Duration) (OverloadStep, error) {
 	d := r.stepDuration()
-	warm := d / 5
 	r.prog.phase(fmt.Sprintf("overload %-5s %4d pubs %s", label, n, t.name), 0, warm+d)
 	payload := make([]byte, r.cfg.Size)
 	from := time.Now().Add(warm)

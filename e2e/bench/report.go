@@ -9,6 +9,7 @@ const (
 	TargetJetStream     = "jetstream"
 	TargetJetStreamSync = "jetstream-sync"
 	TargetPostgres      = "postgres-naive"
+	TargetNaiveBridge   = "naive-bridge"
 )
 
 // targetLabels are the column headings of the tables.
@@ -18,6 +19,7 @@ var targetLabels = map[string]string{
 	TargetJetStream:     "JetStream",
 	TargetJetStreamSync: "JetStream sync_always",
 	TargetPostgres:      "naive INSERT",
+	TargetNaiveBridge:   "naive bridge",
 }
 
 // Report is everything a run measured. It is what --json prints.
@@ -33,6 +35,9 @@ type Report struct {
 	Push     []PushResult  `json:"push,omitempty"`
 	Latency  []LatResult   `json:"latency,omitempty"`
 	Overload []Overload    `json:"overload,omitempty"`
+	// Sweep is the fusion sweep, when its section ran; SweepSkipped says why it did not.
+	Sweep        []SweepLevel `json:"sweep,omitempty"`
+	SweepSkipped string       `json:"sweep_skipped,omitempty"`
 	// NatsBench is what natscli's nats bench measured, when its section ran.
 	NatsBench *NatsBench `json:"nats_bench,omitempty"`
 	Goals     []Goal     `json:"goals,omitempty"`

@@ -198,6 +198,13 @@ func (rep *Report) WriteText(w io.Writer) error {
 			line(cells)
 		}
 	}
+	if rows := rep.sweepRows(); len(rows) > 0 {
+		fmt.Fprintln(tw)
+		line(sweepHeader)
+		for _, cells := range rows {
+			line(cells)
+		}
+	}
 	if rows := rep.NatsBench.rows(); len(rows) > 0 {
 		fmt.Fprintln(tw)
 		line(natsBenchHeader())

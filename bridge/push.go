@@ -332,7 +332,9 @@ func (b *Bridge) flush(p *flow.Permit, group []*stream) {
 				s := byID[r.StreamID]
 				// Consumers hear of what the commit removed and added before any publisher
 				// hears of the commit, so a fetch sent on a PubAck sees both.
-				b.appended(s, r)
+				if !r.Gone {
+					b.appended(s, r)
+				}
 				b.answer(s, taken[r.StreamID], r)
 			}
 		}
@@ -477,6 +479,9 @@ func (b *Bridge) answer(s *stream, pubs []publish, r pg.AppendResult) {
 				e, reason = limitRejected(le), reasonLimit
 			case errors.Is(o.Err, pg.ErrSeqExhausted):
 				reason = reasonLimit
+			case errors.Is(o.Err, pg.ErrNotFound):
+				// Deleted, by another replica, while the publish waited for its transaction.
+				e, reason = server.NewJSStreamNotFoundError(), reasonNoStream
 			case errors.As(o.Err, &ee) && ee.Kind == pg.ExpectLastMsgIDKind:
 				e = server.NewJSStreamWrongLastMsgIDError(ee.LastID)
 			case errors.As(o.Err, &ee):

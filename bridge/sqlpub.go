@@ -44,7 +44,8 @@ const (
 
 // Refusal reasons at the move, the label values of jetgres_sql_publish_refused_total,
 // besides the publish path's own (reasonSealed, reasonTooLarge, reasonUnstorable,
-// reasonExpected, reasonLimit, reasonDuplicate).
+// reasonExpected, reasonLimit, reasonDuplicate). The publish path refuses with
+// reasonNoStream too.
 const (
 	reasonNoStream   = "no_stream"   // the stream was deleted since the call
 	reasonNotTaken   = "not_taken"   // the stream no longer takes the subject
@@ -294,7 +295,9 @@ func (b *Bridge) move(refuseUnknown bool) (int, error) {
 	}
 	for _, r := range results {
 		s := byID[r.StreamID]
-		b.appended(s, r)
+		if !r.Gone {
+			b.appended(s, r)
+		}
 		for j, o := range r.Outcomes {
 			reason := ""
 			var le *pg.LimitError
@@ -305,6 +308,8 @@ func (b *Bridge) move(refuseUnknown bool) (int, error) {
 				b.sql.m.moved.Inc()
 			case errors.As(o.Err, &le), errors.Is(o.Err, pg.ErrSeqExhausted):
 				reason = reasonLimit
+			case errors.Is(o.Err, pg.ErrNotFound):
+				reason = reasonNoStream
 			default:
 				reason = reasonExpected
 			}

@@ -102,6 +102,9 @@ type AppendResult struct {
 	// Tombstoned sequences: a cache of the stream's messages may hold some that are gone.
 	Removed    bool
 	Tombstoned []uint64
+	// Gone says that the stream was deleted before the transaction locked it: every outcome
+	// is ErrNotFound, and the other streams of the transaction were stored all the same.
+	Gone bool
 }
 
 // copyThreshold is the batch size from which COPY beats a multi-row INSERT.
@@ -226,13 +229,17 @@ func (db *DB) appendTx(ctx context.Context, q querier, batches []AppendBatch, ts
 	befores := make([]lockedState, len(batches))
 	indexes := make([]*subjectIndex, len(batches))
 	for i, bt := range batches {
-		st, ok := states[bt.StreamID]
-		if !ok {
-			return nil, fmt.Errorf("stream %d: %w", bt.StreamID, ErrNotFound)
-		}
 		r := &res[i]
 		r.StreamID = bt.StreamID
 		r.Outcomes = make([]Outcome, len(bt.Msgs))
+		st, ok := states[bt.StreamID]
+		if !ok {
+			r.Gone = true
+			for j := range r.Outcomes {
+				r.Outcomes[j].Err = fmt.Errorf("stream %d: %w", bt.StreamID, ErrNotFound)
+			}
+			continue
+		}
 		r.Stored = make([]Message, 0, len(bt.Msgs))
 		seen := reads[i].seen
 		befores[i], indexes[i] = *st, db.subjects.take(bt.StreamID)
@@ -363,17 +370,17 @@ func (db *DB) appendTx(ctx context.Context, q querier, batches []AppendBatch, ts
 		return nil, err
 	}
 	committed = true
-	for i := range res {
-		db.tails.remember(res[i].StreamID, holds[i].st)
-	}
 	for _, o := range opened {
 		db.chunks.add(o.streamID, o.info)
 	}
 	for i := range res {
-		db.chunks.committed(res[i].StreamID, holds[i].st.chunk, holds[i].st.lastSeq)
-	}
-	for i := range res {
 		r, h := &res[i], holds[i]
+		if r.Gone {
+			db.tails.forget(r.StreamID)
+			continue
+		}
+		db.tails.remember(r.StreamID, h.st)
+		db.chunks.committed(r.StreamID, h.st.chunk, h.st.lastSeq)
 		r.FirstSeq, r.Removed = h.st.firstSeq, h.removed
 		for _, t := range h.tombs {
 			if t.size > 0 {

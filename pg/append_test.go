@@ -1,6 +1,8 @@
 package pg_test
 
 import (
+	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -126,5 +128,50 @@ func TestAppendStartsFromTheListedState(t *testing.T) {
 	size := pg.MessageSize("a", nil, msg[0].Data)
 	if state.LastSeq != 6 || state.Msgs != 6 || state.Bytes != 6*size {
 		t.Errorf("state after 6 appends from two processes: last %d, %d msgs, %d bytes; want 6, 6, %d", state.LastSeq, state.Msgs, state.Bytes, 6*size)
+	}
+}
+
+// A stream that another replica deleted while its publishes waited fails only its own
+// publishes; the other streams of the transaction are stored, through the fast path's one
+// statement and through the general path alike.
+func TestAppendIsolatesADeletedStream(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	url := pgtest.NewDB(t)
+	db, other := pgtest.OpenAt(t, url), pgtest.OpenAt(t, url)
+	for _, withID := range []bool{false, true} {
+		var batches []pg.AppendBatch
+		var ids []int64
+		for _, name := range []string{"A", "B", "C"} {
+			st, err := db.CreateStream(ctx, fmt.Sprintf("%s_%v", name, withID), []byte(`{"duplicate_window": 60000000000}`))
+			if err != nil {
+				t.Fatal(err)
+			}
+			ids = append(ids, st.ID)
+			m := pg.AppendMsg{Subject: name, Data: []byte(name)}
+			if withID {
+				m.MsgID = name
+			}
+			batches = append(batches, pg.AppendBatch{StreamID: st.ID, DupWindow: time.Minute, Msgs: []pg.AppendMsg{m}})
+		}
+		if err := other.DeleteStream(ctx, ids[1]); err != nil {
+			t.Fatal(err)
+		}
+		res, _, err := db.Append(ctx, batches, 1)
+		if err != nil {
+			t.Fatalf("message ids %v: append: %v", withID, err)
+		}
+		for _, r := range res {
+			o := r.Outcomes[0]
+			switch gone := r.StreamID == ids[1]; {
+			case gone && (!r.Gone || !errors.Is(o.Err, pg.ErrNotFound)):
+				t.Errorf("message ids %v: the deleted stream's outcome %+v, gone %v; want ErrNotFound", withID, o, r.Gone)
+			case !gone && (r.Gone || o.Err != nil || o.Seq != 1):
+				t.Errorf("message ids %v: stream %d's outcome %+v, gone %v; want stored at 1", withID, r.StreamID, o, r.Gone)
+			}
+		}
+		if len(res) != 3 {
+			t.Errorf("message ids %v: %d results, want 3", withID, len(res))
+		}
 	}
 }

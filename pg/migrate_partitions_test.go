@@ -15,9 +15,17 @@ import (
 	"github.com/jetgres/jetgres/pg/pgtest/rawsql"
 )
 
-// migrateBefore applies the embedded migrations numbered below version.
-func migrateBefore(t *testing.T, db *pg.DB, version int) {
+// openBefore opens a fresh database with the embedded migrations numbered below version
+// applied, as an older jetgres left it, and a raw connection to it.
+func openBefore(t *testing.T, version int) (*pg.DB, *rawsql.DB) {
 	t.Helper()
+	url := pgtest.NewDB(t)
+	raw := rawsql.Open(t, url)
+	db, err := pg.Open(t.Context(), pg.Config{URL: url})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(db.Close)
 	before := fstest.MapFS{}
 	files, err := fs.Glob(pg.EmbeddedMigrations, "migrations/*.up.sql")
 	if err != nil {
@@ -39,6 +47,7 @@ func migrateBefore(t *testing.T, db *pg.DB, version int) {
 	if err := db.MigrateFS(t.Context(), before); err != nil {
 		t.Fatal(err)
 	}
+	return db, raw
 }
 
 // oldStream creates a stream as jetgres did before its chunk tables were partitions of
@@ -111,14 +120,7 @@ func oldAppend(t *testing.T, raw *rawsql.DB, id int64, perChunk int64, subjects 
 func TestPartitionMigrationKeepsMessages(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
-	url := pgtest.NewDB(t)
-	raw := rawsql.Open(t, url)
-	db, err := pg.Open(ctx, pg.Config{URL: url})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(db.Close)
-	migrateBefore(t, db, 11)
+	db, raw := openBefore(t, 11)
 	id := oldStream(t, raw, "OLD", `{"subjects": ["old.>"]}`)
 	oldAppend(t, raw, id, 3, "old.a", "old.b", "old.a", "old.c", "old.b")
 	other := oldStream(t, raw, "EMPTY", `{"subjects": ["empty.>"]}`)

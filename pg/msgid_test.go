@@ -205,14 +205,7 @@ func TestMsgIDLookupPlanOnFreshDatabase(t *testing.T) {
 func TestMsgIDMigrationMovesLiveIDs(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
-	url := pgtest.NewDB(t)
-	raw := rawsql.Open(t, url)
-	db, err := pg.Open(ctx, pg.Config{URL: url})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(db.Close)
-	migrateBefore(t, db, 6)
+	db, raw := openBefore(t, 6)
 	const window = time.Minute
 	id := oldStream(t, raw, "OLD", fmt.Sprintf(`{"duplicate_window": %d}`, window.Nanoseconds()))
 	st := pg.Stream{ID: id}

@@ -200,6 +200,7 @@ func (db *DB) appendFast(ctx context.Context, q querier, batches []AppendBatch, 
 	if len(plain) > 0 {
 		queueGuardedAppends(b, plans, plain)
 	}
+	// The replace statements find their rows locked by the first statement when it ran.
 	for _, p := range plans {
 		if p.idx != nil {
 			queueGuardedReplace(b, p.bt.StreamID, p.prev, p.next, p.res.Stored, p.tombs)
@@ -296,13 +297,14 @@ func readFastResults(br pgx.BatchResults, skip, n int, plain []int, streamOf fun
 // prev to next and inserts their messages, in one statement whatever the number of streams,
 // which returns each moved stream's id and first sequence. The insert joins the update's
 // result, so a stream whose row was not at prev gets nothing inserted, and the others are
-// unaffected by it. The rows are locked in stream id order, as the general path locks them,
-// so that two replicas fusing overlapping streams cannot deadlock.
+// unaffected by it. It first locks the rows of every plan, the others' too, in stream id
+// order, as the general path locks them, so that two transactions fusing overlapping
+// streams (of two replicas, or the publish path's and the SQL mover's) cannot deadlock.
 //
-// One message of one stream, the lone publish, goes as scalar parameters, which costs
+// One message of one stream alone, the lone publish, goes as scalar parameters, which costs
 // PostgreSQL less than unnesting arrays of one.
 func queueGuardedAppends(b *pgx.Batch, plans []fastPlan, plain []int) {
-	if p := &plans[plain[0]]; len(plain) == 1 && len(p.res.Stored) == 1 {
+	if p := &plans[plain[0]]; len(plans) == 1 && len(p.res.Stored) == 1 {
 		m := &p.res.Stored[0]
 		b.Queue(`WITH u AS (UPDATE jetgres.stream_state SET last_seq = $2, last_ts = $3, cum_bytes = $4, msgs = msgs + 1,
 				bytes = bytes + $5, chunk_rows = $6, last_msg_id = ''
@@ -338,8 +340,12 @@ func queueGuardedAppends(b *pgx.Batch, plans []fastPlan, plain []int) {
 			owners = append(owners, p.bt.StreamID)
 		}
 	}
+	locked := make([]int64, len(plans))
+	for i := range plans {
+		locked[i] = plans[i].bt.StreamID
+	}
 	seqs, mts, subjects, hdrs, datas, cumBefores := insertColumns(msgs)
-	b.Queue(`WITH l AS MATERIALIZED (SELECT stream_id FROM jetgres.stream_state WHERE stream_id = ANY($1::bigint[])
+	b.Queue(`WITH l AS MATERIALIZED (SELECT stream_id FROM jetgres.stream_state WHERE stream_id = ANY($18::bigint[])
 			ORDER BY stream_id FOR UPDATE),
 		u AS (UPDATE jetgres.stream_state s SET last_seq = n.last_seq, last_ts = n.last_ts, cum_bytes = n.cum_bytes,
 				msgs = s.msgs + n.msgs, bytes = s.bytes + n.bytes, chunk_rows = n.chunk_rows, last_msg_id = ''
@@ -354,7 +360,7 @@ func queueGuardedAppends(b *pgx.Batch, plans []fastPlan, plain []int) {
 				AS r(stream_id, seq, ts, subject, hdr, data, cum_before) ON r.stream_id = u.stream_id)
 		SELECT stream_id, first_seq FROM u`,
 		ids, lasts, tss, cums, counts, sizes, rows, prevLasts, prevChunks, prevRows,
-		owners, seqs, mts, subjects, hdrs, datas, cumBefores)
+		owners, seqs, mts, subjects, hdrs, datas, cumBefores, locked)
 }
 
 // queueGuardedReplace is queueGuardedAppend for a stream with limits, whose counts and first

@@ -6,8 +6,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jetgres/jetgres/internal/testwait"
 	"github.com/jetgres/jetgres/pg"
 	"github.com/jetgres/jetgres/pg/pgtest"
+	"github.com/jetgres/jetgres/pg/pgtest/rawsql"
 )
 
 // Append takes its streams' locks in stream id order, but the caller's slice must come back
@@ -173,5 +175,57 @@ func TestAppendIsolatesADeletedStream(t *testing.T) {
 		if len(res) != 3 {
 			t.Errorf("message ids %v: %d results, want 3", withID, len(res))
 		}
+	}
+}
+
+// The fast path locks the state rows of a flush in stream id order, as the general path
+// does, whichever of its statements (the plain streams' one, a limited stream's own) moves
+// each row: a flush whose limited stream has the lower id holds that row while it waits for
+// the other, so that a transaction locking the two in id order waits behind it rather than
+// deadlocking with it.
+func TestFastPathLocksInStreamOrder(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	url := pgtest.NewDB(t)
+	db, raw := pgtest.OpenAt(t, url), rawsql.Open(t, url)
+	limited, err := db.CreateStream(ctx, "LIMITED", []byte(`{}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	plain, err := db.CreateStream(ctx, "PLAIN", []byte(`{}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lim := pg.Limits{MaxMsgsPer: 5}
+	batches := func(i int) []pg.AppendBatch {
+		return []pg.AppendBatch{
+			{StreamID: limited.ID, Limits: lim, Msgs: []pg.AppendMsg{{Subject: fmt.Sprintf("k.%d", i), Data: []byte{1}}}},
+			{StreamID: plain.ID, Msgs: []pg.AppendMsg{{Subject: "p", Data: []byte{1}}}},
+		}
+	}
+	// The first flush loads the limited stream's subject index; the next takes the fast path.
+	if _, _, err := db.Append(ctx, batches(0), 1); err != nil {
+		t.Fatal(err)
+	}
+	release := raw.HoldRows(t, `SELECT 1 FROM jetgres.stream_state WHERE stream_id = $1 FOR UPDATE`, plain.ID)
+	done := make(chan error, 1)
+	go func() {
+		_, _, err := db.Append(ctx, batches(1), 2)
+		done <- err
+	}()
+	testwait.For(t, 10*time.Second, func() error {
+		var waiting bool
+		if err := raw.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_locks WHERE NOT granted)`).Scan(&waiting); err != nil || waiting {
+			return err
+		}
+		return errors.New("the flush does not wait for the held row")
+	})
+	err = raw.Exec(ctx, `SELECT 1 FROM jetgres.stream_state WHERE stream_id = $1 FOR UPDATE NOWAIT`, limited.ID)
+	release()
+	if err == nil {
+		t.Error("the flush waits for the higher stream without holding the lower one")
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
 	}
 }

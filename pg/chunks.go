@@ -287,20 +287,14 @@ func (db *DB) dropChunkTable(ctx context.Context, name string, attached bool) (b
 		dctx, cancel := context.WithTimeout(ctx, db.cfg.ChunkDetachTimeout)
 		defer cancel()
 		var held bool
-		err := db.background(dctx, func(ctx context.Context, q querier) error {
-			// A detach waits for every transaction that uses jetgres.msgs, holding meanwhile
-			// a lock that new chunks wait for; one that has run for longer than the detach
-			// may wait (a pg_dump, a report reading jetgres.msgs) would only make each pass
-			// block new chunks for as long and give up.
-			if err := q.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
-					WHERE l.locktype = 'relation' AND l.relation = 'jetgres.msgs'::regclass AND l.pid <> pg_backend_pid()
-						AND a.xact_start < now() - make_interval(secs => $1))`, db.cfg.ChunkDetachTimeout.Seconds()).Scan(&held); err != nil || held {
-				return err
-			}
+		err := db.background(dctx, func(ctx context.Context, q querier) (err error) {
 			var pending string
-			err := q.QueryRow(ctx, `SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+			err = q.QueryRow(ctx, `SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
 				WHERE i.inhparent = 'jetgres.msgs'::regclass AND i.inhdetachpending`).Scan(&pending)
 			if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+				return err
+			}
+			if held, err = db.detachWouldWait(ctx, q, pending != ""); err != nil || held {
 				return err
 			}
 			if pending != "" {
@@ -318,13 +312,15 @@ func (db *DB) dropChunkTable(ctx context.Context, name string, attached bool) (b
 			}
 			return err
 		})
-		if err != nil {
-			if dctx.Err() != nil && ctx.Err() == nil {
-				return false, nil
-			}
+		switch {
+		case err != nil && dctx.Err() != nil && ctx.Err() == nil:
+			return false, nil
+		case hasSQLState(err, "55000"):
+			// Another replica's detach is under way.
+			return false, nil
+		case err != nil:
 			return false, err
-		}
-		if held {
+		case held:
 			return false, nil
 		}
 	}
@@ -339,6 +335,26 @@ func (db *DB) dropChunkTable(ctx context.Context, name string, attached bool) (b
 		return false, nil
 	}
 	return err == nil, err
+}
+
+// detachWouldWait reports whether a detach would wait for a transaction that has run for
+// longer than the detach may wait: while it waits it holds a lock that the creation of a
+// chunk waits for, so it would hold up publishes for its whole bound each pass and give up.
+// A detach waits for the transactions that hold a lock on jetgres.msgs (a pg_dump, a report
+// reading it); finishing one that gave up (finalize) waits for every transaction of the
+// database that holds a snapshot, whatever it reads. A session of another role counts only
+// where jetgres's role may see its transaction's start (pg_read_all_stats): one it cannot
+// see makes a detach begin, wait its bound and stay pending until the transaction ends.
+func (db *DB) detachWouldWait(ctx context.Context, q querier, finalize bool) (bool, error) {
+	var held bool
+	err := q.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity a
+		WHERE a.pid <> pg_backend_pid() AND a.datname = current_database()
+			AND a.xact_start < now() - make_interval(secs => $1)
+			AND ($2 AND a.backend_xmin IS NOT NULL
+				OR EXISTS (SELECT 1 FROM pg_locks l WHERE l.pid = a.pid AND l.locktype = 'relation'
+					AND l.relation = 'jetgres.msgs'::regclass)))`,
+		db.cfg.ChunkDetachTimeout.Seconds(), finalize).Scan(&held)
+	return held, err
 }
 
 // retireIdleChunk opens a new, empty chunk for a stream that holds nothing and has seen no

@@ -21,14 +21,16 @@ const naiveBridgeOK = "+OK"
 // queue group, each storing a request with one autocommit INSERT (Naive.Insert) before
 // answering it. It keeps no sequence, no per-subject state and no de-duplication.
 type NaiveBridge struct {
-	nc *nats.Conn
+	nc     *nats.Conn
+	closed chan struct{}
 }
 
 // ServeNaiveBridge connects to the NATS server at url and answers requests on
 // NaiveBridgeSubjects with responders subscriptions, each of which delivers on a goroutine of
 // its own, so that up to responders requests are stored at once.
 func ServeNaiveBridge(url string, q *Naive, responders int) (*NaiveBridge, error) {
-	nc, err := nats.Connect(url, nats.Name("jetgres-naive-bridge"))
+	closed := make(chan struct{})
+	nc, err := nats.Connect(url, nats.Name("jetgres-naive-bridge"), nats.ClosedHandler(func(*nats.Conn) { close(closed) }))
 	if err != nil {
 		return nil, fmt.Errorf("naive bridge: connect: %w", err)
 	}
@@ -48,11 +50,17 @@ func ServeNaiveBridge(url string, q *Naive, responders int) (*NaiveBridge, error
 		nc.Close()
 		return nil, fmt.Errorf("naive bridge: %w", err)
 	}
-	return &NaiveBridge{nc: nc}, nil
+	return &NaiveBridge{nc: nc, closed: closed}, nil
 }
 
-// Close stops answering.
-func (b *NaiveBridge) Close() { b.nc.Close() }
+// Close stops taking requests and returns once those taken are answered, so that nothing
+// it started outlives it.
+func (b *NaiveBridge) Close() {
+	if err := b.nc.Drain(); err != nil {
+		b.nc.Close()
+	}
+	<-b.closed
+}
 
 // NaiveBridgePublish is a publish to a naive bridge: a request on nc, which must name a
 // subject under NaiveBridgeSubjects, answered once the message is stored.

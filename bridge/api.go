@@ -118,10 +118,16 @@ func (b *Bridge) requestedStream(ctx context.Context, name string, body []byte, 
 // PostgreSQL said so; a database it could not read is the database's error.
 func (b *Bridge) findStream(ctx context.Context, name string) (*stream, error) {
 	s, err := b.lookupOrSync(ctx, name)
+	return s, notFoundAsStream(err)
+}
+
+// notFoundAsStream answers pg.ErrNotFound from a stream lookup as JetStream's "stream not
+// found", and any other error as it is.
+func notFoundAsStream(err error) error {
 	if errors.Is(err, pg.ErrNotFound) {
-		return nil, server.NewJSStreamNotFoundError()
+		return server.NewJSStreamNotFoundError()
 	}
-	return s, err
+	return err
 }
 
 func (b *Bridge) apiAccountInfo(ctx context.Context) (*server.JSApiAccountInfoResponse, error) {

@@ -182,9 +182,9 @@ func (b *Bridge) apiStreamUpdate(ctx context.Context, name string, body []byte) 
 	}
 	b.adminMu.Lock()
 	defer b.adminMu.Unlock()
-	s := b.lookup(name)
-	if s == nil {
-		return fail(server.NewJSStreamNotFoundError())
+	s, err := b.lookupLocked(ctx, name)
+	if err != nil {
+		return fail(notFoundAsStream(err))
 	}
 	old := s.config()
 	switch {
@@ -295,12 +295,12 @@ func (b *Bridge) apiStreamDelete(ctx context.Context, name string, body []byte) 
 	}
 	b.adminMu.Lock()
 	defer b.adminMu.Unlock()
-	s := b.lookup(name)
-	if s == nil {
-		return fail(server.NewJSStreamNotFoundError())
+	s, err := b.lookupLocked(ctx, name)
+	if err != nil {
+		return fail(notFoundAsStream(err))
 	}
 	s.unsubscribe()
-	err := b.db.DeleteStream(ctx, s.id)
+	err = b.db.DeleteStream(ctx, s.id)
 	if err != nil && !errors.Is(err, pg.ErrNotFound) {
 		_ = b.subscribe(s)
 		return fail(fmt.Errorf("delete stream %q: %w", name, err))

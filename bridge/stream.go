@@ -83,13 +83,35 @@ func (b *Bridge) lookup(name string) *stream {
 }
 
 // lookupOrSync finds a stream, re-reading the list from PostgreSQL once if it is unknown
-// here: another replica may have just created it. It returns pg.ErrNotFound only when
-// PostgreSQL answered without it, and the database's error when it could not be read.
+// here and PostgreSQL has it: another replica may have just created it. A name PostgreSQL
+// does not have costs one read by that name, and neither the admin lock nor a read of
+// every stream, so that requests for unknown streams cannot keep the API workers waiting.
+// It returns pg.ErrNotFound only when PostgreSQL answered without it, and the database's
+// error when it could not be read.
 func (b *Bridge) lookupOrSync(ctx context.Context, name string) (*stream, error) {
+	return b.findStored(ctx, name, true)
+}
+
+// lookupLocked is lookupOrSync for a caller that holds adminMu.
+func (b *Bridge) lookupLocked(ctx context.Context, name string) (*stream, error) {
+	return b.findStored(ctx, name, false)
+}
+
+func (b *Bridge) findStored(ctx context.Context, name string, lock bool) (*stream, error) {
 	if s := b.lookup(name); s != nil {
 		return s, nil
 	}
-	if err := b.syncStreams(ctx); err != nil {
+	switch stored, err := b.db.StreamNamed(ctx, name); {
+	case err != nil:
+		return nil, err
+	case !stored:
+		return nil, pg.ErrNotFound
+	}
+	if lock {
+		b.adminMu.Lock()
+		defer b.adminMu.Unlock()
+	}
+	if err := b.syncStreamsLocked(ctx); err != nil {
 		return nil, fmt.Errorf("re-reading streams: %w", err)
 	}
 	if s := b.lookup(name); s != nil {
@@ -108,6 +130,10 @@ func (b *Bridge) streamList() []*stream {
 func (b *Bridge) syncStreams(ctx context.Context) error {
 	b.adminMu.Lock()
 	defer b.adminMu.Unlock()
+	return b.syncStreamsLocked(ctx)
+}
+
+func (b *Bridge) syncStreamsLocked(ctx context.Context) error {
 	stored, err := b.db.Streams(ctx)
 	if err != nil {
 		return err

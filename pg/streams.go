@@ -187,6 +187,20 @@ func (db *DB) DeleteStream(ctx context.Context, id int64) error {
 	return nil
 }
 
+// StreamNamed reports whether a stream called name is stored: one read by the name's
+// unique index, for a lookup that must not mistake a stream another replica created for
+// an unknown one.
+func (db *DB) StreamNamed(ctx context.Context, name string) (bool, error) {
+	var found bool
+	err := db.background(ctx, func(ctx context.Context, q querier) error {
+		return q.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM jetgres.streams WHERE name = $1)`, name).Scan(&found)
+	})
+	if err != nil {
+		return false, fmt.Errorf("pg: look up stream: %w", err)
+	}
+	return found, nil
+}
+
 // Streams lists every stream, ordered by name.
 //
 // It reads each stream's state row too, and remembers it for a stream this process has not

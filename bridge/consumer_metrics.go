@@ -117,16 +117,29 @@ func (m *consumerMetrics) Collect(ch chan<- prometheus.Metric) {
 		stream, name               string
 		pending, ackPending, waits int
 	}
-	var rows []row
+	// The consumers are listed first and read after: a consumer's mu is held for whole
+	// delivery batches, and waiting for it with cs.mu held would let a queued writer of
+	// cs.mu (a consumer being created) block the readers behind it, among them the acks on
+	// the link's read loop.
+	type served struct {
+		stream string
+		c      *consumer
+	}
+	var all []served
 	cs.mu.RLock()
 	for s, sc := range cs.streams {
 		for _, c := range sc.list() {
-			c.mu.Lock()
-			rows = append(rows, row{s.name, c.name, int(max(c.npc+c.pend.peek(), 0)), c.st.NumAckPending(), len(c.waiting)})
-			c.mu.Unlock()
+			all = append(all, served{s.name, c})
 		}
 	}
 	cs.mu.RUnlock()
+	rows := make([]row, 0, len(all))
+	for _, sv := range all {
+		c := sv.c
+		c.mu.Lock()
+		rows = append(rows, row{sv.stream, c.name, int(max(c.npc+c.pend.peek(), 0)), c.st.NumAckPending(), len(c.waiting)})
+		c.mu.Unlock()
+	}
 	sort.Slice(rows, func(i, j int) bool {
 		if rows[i].stream != rows[j].stream {
 			return rows[i].stream < rows[j].stream

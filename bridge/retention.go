@@ -32,6 +32,10 @@ const (
 	chunkIdleRetire = 2 * time.Second
 	// retainRetry is how soon a pass looks again at acks the consumer had not yet applied.
 	retainRetry = 20 * time.Millisecond
+	// reapPeriod is how often the maintainer looks for chunk tables no stream lists: a
+	// deleted stream's tables go at its deletion, and only those a long transaction kept
+	// are left for this look, which reads the catalog of every chunk table.
+	reapPeriod = time.Minute
 )
 
 // reasonLimit labels publishes a discard-new limit refused, beside the reasons in metrics.go.
@@ -46,6 +50,7 @@ type maintainer struct {
 	kick chan struct{}
 
 	pruned map[*stream]time.Time // when each stream's ids were last pruned
+	reaped time.Time             // when orphaned chunk tables were last looked for
 	// warn thins the jobs' failure warnings: while the database is away every job fails for
 	// every stream on every pass.
 	warn logEvery
@@ -387,16 +392,19 @@ func (m *maintainer) expire(ctx context.Context) {
 	}
 }
 
-// dropChunks gives back the space of chunks that no stream can read any more, and of the
-// chunks of deleted streams.
+// dropChunks gives back the space of chunks that no stream can read any more, and, once a
+// reapPeriod, of chunk tables that no stream lists.
 func (m *maintainer) dropChunks(ctx context.Context) {
 	for _, s := range m.b.streamList() {
 		if _, err := m.b.db.DropChunks(ctx, s.id, chunkIdleRetire); err != nil && !errors.Is(err, pg.ErrNotFound) && ctx.Err() == nil {
 			m.warn.warn(m.b.log, m.b.clock.Now(), "dropping chunks failed", "stream", s.name, "err", err)
 		}
 	}
-	if _, err := m.b.db.ReapChunks(ctx); err != nil && ctx.Err() == nil {
-		m.warn.warn(m.b.log, m.b.clock.Now(), "dropping the chunks of deleted streams failed", "err", err)
+	if now := m.b.clock.Now(); now.Sub(m.reaped) >= reapPeriod {
+		m.reaped = now
+		if _, err := m.b.db.ReapChunks(ctx); err != nil && ctx.Err() == nil {
+			m.warn.warn(m.b.log, now, "dropping the chunk tables no stream lists failed", "err", err)
+		}
 	}
 }
 

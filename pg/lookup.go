@@ -38,7 +38,7 @@ func (db *DB) GetMessage(ctx context.Context, streamID int64, seq uint64) (*Mess
 		rows, err := q.Query(ctx, `SELECT m.seq, m.ts, m.subject, m.hdr, m.data, m.cum_before FROM jetgres.msgs m, jetgres.stream_state st
 			WHERE st.stream_id = $2 AND m.stream_id = $2 AND m.chunk = $3 AND m.seq = $1 AND m.seq >= st.first_seq AND m.seq <= st.last_seq
 				AND `+notTombstoned("$2"),
-			int64(seq), streamID, chunks[k].chunk)
+			customPlan, int64(seq), streamID, chunks[k].chunk)
 		if err != nil {
 			return err
 		}
@@ -78,7 +78,7 @@ func (db *DB) LastBySubject(ctx context.Context, streamID int64, filter string) 
 			err := q.QueryRow(ctx, `SELECT st.first_seq, st.last_seq, m.seq, COALESCE(m.ts, 0), COALESCE(m.subject, ''), m.hdr, m.data, COALESCE(m.cum_before, 0)
 				FROM jetgres.stream_state st LEFT JOIN LATERAL (SELECT seq, ts, subject, hdr, data, cum_before FROM jetgres.msgs m
 				WHERE m.stream_id = $2 AND m.chunk = $3 AND `+cond+` AND seq >= st.first_seq AND seq <= st.last_seq AND `+notTombstoned("$2")+`
-				ORDER BY seq DESC LIMIT 1) m ON true WHERE st.stream_id = $2`, arg, streamID, chunks[i].chunk).
+				ORDER BY seq DESC LIMIT 1) m ON true WHERE st.stream_id = $2`, customPlan, arg, streamID, chunks[i].chunk).
 				Scan(&first, &last, &seq, &found.TS, &found.Subject, &found.Header, &found.Data, &cum)
 			if err != nil {
 				return err
@@ -154,7 +154,7 @@ func (db *DB) lastMatching(ctx context.Context, q querier, streamID int64, filte
 	for i := len(chunks) - 1; i >= 0; i-- {
 		rows, err := q.Query(ctx, `SELECT seq, ts, subject, hdr, data, cum_before FROM jetgres.msgs m
 			WHERE m.stream_id = $4 AND m.chunk = $5 AND `+cond+` AND seq >= $2 AND seq <= $3 AND `+notTombstoned("$4")+`
-			ORDER BY seq DESC LIMIT 1`, arg, int64(first), int64(upTo), streamID, chunks[i].chunk)
+			ORDER BY seq DESC LIMIT 1`, customPlan, arg, int64(first), int64(upTo), streamID, chunks[i].chunk)
 		if err != nil {
 			return nil, err
 		}

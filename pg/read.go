@@ -148,7 +148,7 @@ func readWindow(ctx context.Context, q querier, streamID, chunk int64, from, end
 		// Nothing live in [from, hi]: the stream's first sequence may lie beyond it, and
 		// the window then starts there, which only the general form finds out.
 	}
-	args := []any{windowFormats, streamID, int64(from), int64(end), int64(size), limit, chunk}
+	args := []any{customPlan, windowFormats, streamID, int64(from), int64(end), int64(size), limit, chunk}
 	if arg != nil {
 		args = append(args, arg)
 	}
@@ -240,7 +240,7 @@ func readPlainWindow(ctx context.Context, q querier, streamID, chunk int64, from
 		WHERE m.stream_id = $1 AND m.chunk = $5 AND seq >= $2 AND seq <= $3 AND seq >= (SELECT first_seq FROM jetgres.stream_state WHERE stream_id = $1)
 			AND (NOT (SELECT EXISTS (SELECT 1 FROM jetgres.deleted d WHERE d.stream_id = $1 AND d.seq >= $2 AND d.seq <= $3))
 				OR `+notTombstoned("$1")+`)
-		ORDER BY seq LIMIT $4`, plainFormats, streamID, int64(from), int64(hi), limit, chunk)
+		ORDER BY seq LIMIT $4`, customPlan, plainFormats, streamID, int64(from), int64(hi), limit, chunk)
 	if err != nil {
 		return nil, 0, err
 	}
@@ -269,6 +269,14 @@ func readPlainWindow(ctx context.Context, q querier, streamID, chunk int64, from
 	}
 	return windowResult(rows.Err(), msgs, hi, limit)
 }
+
+// customPlan makes PostgreSQL plan a read or get of jetgres.msgs for its parameters at each
+// call (an unnamed statement, its description cached by pgx), so that the planner opens the
+// one partition the stream and chunk name. A named prepared statement may switch to a
+// generic plan after five calls, and a generic plan of jetgres.msgs locks and initialises
+// every partition at each execution: with 10,000 chunk tables, a read measured 11 s against
+// 0.2 ms planned for its parameters (PostgreSQL 15).
+var customPlan = pgx.QueryExecModeCacheDescribe
 
 // plainFormats asks for every column of a plain window read in binary: seq, ts, subject,
 // hdr, data, cum_before.

@@ -16,7 +16,10 @@ import (
 // bridge serve them: the API would take minutes for the numbers these tests need.
 func createStreamsInPG(t testing.TB, tb *testBundle, prefix string, n int) {
 	t.Helper()
-	ctx := testContext(t)
+	// Each new stream attaches a chunk table to jetgres.msgs, which costs more the more
+	// partitions it has (about 80 ms at 10,000): 10,000 streams take minutes.
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
+	t.Cleanup(cancel)
 	const workers = 8
 	var wg sync.WaitGroup
 	errs := make(chan error, workers)

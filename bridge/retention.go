@@ -395,9 +395,13 @@ func (m *maintainer) expire(ctx context.Context) {
 // dropChunks gives back the space of chunks that no stream can read any more, and, once a
 // reapPeriod, of chunk tables that no stream lists.
 func (m *maintainer) dropChunks(ctx context.Context) {
-	for _, s := range m.b.streamList() {
-		if _, err := m.b.db.DropChunks(ctx, s.id, chunkIdleRetire); err != nil && !errors.Is(err, pg.ErrNotFound) && ctx.Err() == nil {
-			m.warn.warn(m.b.log, m.b.clock.Now(), "dropping chunks failed", "stream", s.name, "err", err)
+	ids, err := m.b.db.ChunkDropCandidates(ctx, chunkIdleRetire)
+	if err != nil && ctx.Err() == nil {
+		m.warn.warn(m.b.log, m.b.clock.Now(), "finding chunks to drop failed", "err", err)
+	}
+	for _, id := range ids {
+		if _, err := m.b.db.DropChunks(ctx, id, chunkIdleRetire); err != nil && !errors.Is(err, pg.ErrNotFound) && ctx.Err() == nil {
+			m.warn.warn(m.b.log, m.b.clock.Now(), "dropping chunks failed", "stream_id", id, "err", err)
 		}
 	}
 	if now := m.b.clock.Now(); now.Sub(m.reaped) >= reapPeriod {

@@ -169,6 +169,30 @@ func hasSQLState(err error, code string) bool {
 // every later reader of that table behind it; giving up and trying again later is cheaper.
 const ChunkDropLockTimeout = 100 * time.Millisecond
 
+// ChunkDropCandidates returns the streams for which DropChunks has something to do: a chunk
+// whose successor starts at or below the stream's first sequence, or an empty stream that
+// has seen no append for idle and still has rows in its chunk. One statement for all
+// streams, so that a maintenance pass over thousands of streams with nothing to drop costs
+// one round trip instead of several per stream.
+func (db *DB) ChunkDropCandidates(ctx context.Context, idle time.Duration) ([]int64, error) {
+	var ids []int64
+	err := db.background(ctx, func(ctx context.Context, q querier) error {
+		rows, err := q.Query(ctx, `SELECT s.stream_id FROM jetgres.stream_state s
+			WHERE s.first_seq > s.last_seq AND s.chunk_rows > 0 AND s.last_ts < $1
+				OR (SELECT count(*) FROM jetgres.chunks c WHERE c.stream_id = s.stream_id AND c.first_seq <= s.first_seq) > 1
+			ORDER BY s.stream_id`, time.Now().Add(-idle).UnixNano())
+		if err != nil {
+			return err
+		}
+		ids, err = pgx.CollectRows(rows, pgx.RowTo[int64])
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("pg: chunk drop candidates: %w", err)
+	}
+	return ids, nil
+}
+
 // DropChunks drops the chunk tables of a stream that its first sequence has passed, with
 // their chunk rows and the tombstones that fell in them. When the stream is empty and has
 // seen no append for idle, the chunk that receives appends is retired first, so that a

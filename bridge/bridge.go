@@ -32,6 +32,9 @@ const (
 	// to 50 streams; a cap of 16 would leave the rest for the next permit. What the bundle
 	// carries stays bounded by the intakes' bytes.
 	FlushMaxStreamsDefault = 1024
+	// FlushOverlapAfterDefault is how long a push transaction runs alone before another may
+	// start beside it; see Config.FlushOverlapAfter.
+	FlushOverlapAfterDefault = 10 * time.Millisecond
 	// APIQueueDefault bounds API requests waiting for a worker; beyond it the API answers
 	// 503 at once.
 	APIQueueDefault = 1024
@@ -76,6 +79,14 @@ type Config struct {
 	FlushMaxMsgs int
 	// FlushMaxStreams caps the streams that share one transaction. Defaults to FlushMaxStreamsDefault.
 	FlushMaxStreams int
+	// FlushOverlapAfter is how long a push transaction runs alone before the next may start
+	// beside it (within the push lane's limit). Until then what arrives waits for it and goes
+	// into the next transaction together: a transaction costs about the same whether it
+	// carries one message or eight, so two half-full ones in flight store less than one full
+	// one. Past it the one in flight is either hung (a row lock another session holds) or
+	// carrying a bundle big enough that overlapping the next pays. Defaults to
+	// FlushOverlapAfterDefault.
+	FlushOverlapAfter time.Duration
 	// TickPeriod is how often the ticker polls the high-water marks of streams that have
 	// consumers, to see commits made by other replicas. Defaults to TickPeriodDefault.
 	TickPeriod time.Duration
@@ -129,6 +140,7 @@ func (c *Config) validate() error {
 		{"SubjectIndexBytes", int64(c.SubjectIndexBytes)},
 		{"FlushMaxMsgs", int64(c.FlushMaxMsgs)},
 		{"FlushMaxStreams", int64(c.FlushMaxStreams)},
+		{"FlushOverlapAfter", int64(c.FlushOverlapAfter)},
 		{"MaxPayload", int64(c.MaxPayload)},
 		{"CursorInterval", int64(c.CursorInterval)},
 		{"Lease", int64(c.Lease)},
@@ -167,6 +179,9 @@ func (c *Config) applyDefaults() {
 	}
 	if c.FlushMaxStreams == 0 {
 		c.FlushMaxStreams = FlushMaxStreamsDefault
+	}
+	if c.FlushOverlapAfter == 0 {
+		c.FlushOverlapAfter = FlushOverlapAfterDefault
 	}
 	if c.TickPeriod == 0 {
 		c.TickPeriod = TickPeriodDefault
@@ -212,7 +227,12 @@ type Bridge struct {
 	mu      sync.RWMutex
 	streams map[string]*stream
 
-	ready       *readyQueue
+	ready *readyQueue
+	// inFlight counts the push transactions in flight; youngest is when the last of them
+	// started, in the clock's Unix nanoseconds; flushDone is poked as each ends.
+	inFlight    atomic.Int32
+	youngest    atomic.Int64
+	flushDone   chan struct{}
 	intakeTotal atomic.Int64 // bytes in all streams' intakes
 	apiReqs     chan *leaf.Msg
 	apiSub      *leaf.Subscription
@@ -242,16 +262,17 @@ func New(cfg Config) (*Bridge, error) {
 	}
 	cfg.applyDefaults()
 	b := &Bridge{
-		cfg:     cfg,
-		db:      cfg.DB,
-		link:    cfg.Link,
-		log:     cfg.Logger,
-		pm:      newPushMetrics(cfg.Registerer),
-		sql:     newSQLMover(cfg.Registerer),
-		clock:   clockOrSystem(cfg.Clock),
-		streams: make(map[string]*stream),
-		ready:   newReadyQueue(),
-		apiReqs: make(chan *leaf.Msg, APIQueueDefault),
+		cfg:       cfg,
+		db:        cfg.DB,
+		link:      cfg.Link,
+		log:       cfg.Logger,
+		pm:        newPushMetrics(cfg.Registerer),
+		sql:       newSQLMover(cfg.Registerer),
+		clock:     clockOrSystem(cfg.Clock),
+		streams:   make(map[string]*stream),
+		ready:     newReadyQueue(),
+		flushDone: make(chan struct{}, 1),
+		apiReqs:   make(chan *leaf.Msg, APIQueueDefault),
 	}
 	b.metaKick = make(chan struct{}, 1)
 	b.ownForward = b.forwardPrefix(cfg.ReplicaName)

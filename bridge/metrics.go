@@ -26,6 +26,7 @@ type pushMetrics struct {
 	batchMsgs prometheus.Histogram
 	batchTx   prometheus.Histogram
 	txMsgs    prometheus.Histogram
+	overlaps  prometheus.Counter
 	commit    prometheus.Histogram
 	pubAck    prometheus.Histogram
 	apiReqs   *prometheus.CounterVec
@@ -58,6 +59,10 @@ func newPushMetrics(reg prometheus.Registerer) *pushMetrics {
 			Help:    "Streams that shared one push transaction.",
 			Buckets: prometheus.ExponentialBuckets(1, 2, 11),
 		}),
+		overlaps: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "jetgres_fusion_overlaps_total",
+			Help: "Push transactions started beside one in flight that had run longer than the flush overlap time (hung on a lock, or a big bundle).",
+		}),
 		txMsgs: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "jetgres_fusion_transaction_messages",
 			Help:    "Messages per push transaction, of all its streams.",
@@ -86,7 +91,7 @@ func newPushMetrics(reg prometheus.Registerer) *pushMetrics {
 		m.apiUnsupported.WithLabelValues(u.name)
 	}
 	if reg != nil {
-		reg.MustRegister(m.accepted, m.rejected, m.dropped, m.batchMsgs, m.batchTx, m.txMsgs, m.commit, m.pubAck, m.apiReqs, m.apiUnsupported)
+		reg.MustRegister(m.accepted, m.rejected, m.dropped, m.batchMsgs, m.batchTx, m.txMsgs, m.overlaps, m.commit, m.pubAck, m.apiReqs, m.apiUnsupported)
 	}
 	return m
 }

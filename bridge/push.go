@@ -202,57 +202,137 @@ func (b *Bridge) reject(s *stream, reply, reason string, e *server.ApiError) {
 	_ = b.link.Publish(reply, "", nil, jswire.PubError(s.name, e))
 }
 
-// kickLocked starts or schedules a flush of s. It must be called with s.in.mu held.
+// kickLocked starts a flush of s at once when no push transaction is in flight and the lane
+// has a permit (fire on idle: a lone publish commits in one round trip). Otherwise s waits
+// in the ready queue, and the transaction in flight takes it into the next bundle as it
+// ends. It must be called with s.in.mu held.
 func (b *Bridge) kickLocked(s *stream) {
 	in := &s.in
 	if in.flushing || in.queued || len(in.buf) == 0 {
 		return
 	}
-	if p, ok := b.cfg.Push.TryAcquire(); ok {
-		in.flushing = true
-		if !b.flushes.Go(func() { b.flush(p, []*stream{s}) }) {
-			// The bridge stopped: what is left goes unanswered, like any publish it never
-			// acknowledged, and the publisher retries elsewhere.
-			in.flushing = false
-			p.Abandon()
+	if b.inFlight.CompareAndSwap(0, 1) {
+		if p, ok := b.cfg.Push.TryAcquire(); ok {
+			in.flushing = true
+			b.youngest.Store(b.clock.Now().UnixNano())
+			if !b.flushes.Go(func() { b.flushChain(p, []*stream{s}) }) {
+				// The bridge stopped: what is left goes unanswered, like any publish it
+				// never acknowledged, and the publisher retries elsewhere.
+				in.flushing = false
+				p.Abandon()
+				b.flushEnded()
+			}
+			return
 		}
-		return
+		b.flushEnded()
 	}
 	in.queued = true
 	b.ready.push(s)
 }
 
-// dispatchFlushes serves streams that found the push lane busy: it waits for a permit,
-// then flushes the oldest ready stream together with others ready at the same moment.
+// flushEnded counts a push transaction out and wakes the dispatcher, which may be waiting
+// for the lane to go idle.
+func (b *Bridge) flushEnded() {
+	b.inFlight.Add(-1)
+	poke(b.flushDone)
+}
+
+// flushChain flushes group, then, while streams are ready and the lane has a permit, the
+// next bundle of them, on the same goroutine: the hand-off from one transaction to the next
+// leaves no moment in which the lane looks idle, which would let a lone publish take it
+// first and split the bundle.
+func (b *Bridge) flushChain(p *flow.Permit, group []*stream) {
+	for {
+		b.flush(p, group)
+		if b.ready.empty() {
+			break
+		}
+		next, ok := b.cfg.Push.TryAcquire()
+		if !ok {
+			// The limit shrank under what is in flight: the dispatcher waits for a permit.
+			break
+		}
+		if group = b.takeReady(); len(group) == 0 {
+			next.Abandon()
+			break
+		}
+		p = next
+		b.youngest.Store(b.clock.Now().UnixNano())
+	}
+	b.flushEnded()
+}
+
+// takeReady pops up to FlushMaxStreams ready streams and marks them flushing.
+func (b *Bridge) takeReady() []*stream {
+	var group []*stream
+	for len(group) < b.cfg.FlushMaxStreams {
+		s, ok := b.ready.pop()
+		if !ok {
+			break
+		}
+		group = append(group, s)
+	}
+	for _, g := range group {
+		g.in.mu.Lock()
+		g.in.queued = false
+		g.in.flushing = true
+		g.in.mu.Unlock()
+	}
+	return group
+}
+
+// dispatchFlushes starts a bundle of the ready streams when no transaction in flight will
+// take them: the lane went idle while they waited, or the youngest transaction in flight has
+// run for longer than FlushOverlapAfter (hung on a lock, or carrying a bundle big enough that
+// overlapping the next pays). It waits for a permit within the lane's limit.
 func (b *Bridge) dispatchFlushes() {
 	for {
-		s, ok := b.ready.wait(b.ctx)
-		if !ok {
+		if !b.ready.waitReady(b.ctx) || !b.waitOverlap() {
 			return
 		}
+		busy := b.inFlight.Load() > 0
 		p, err := b.cfg.Push.Acquire(b.ctx)
 		if err != nil {
-			b.ready.unshift(s)
 			return
 		}
-		group := []*stream{s}
-		for len(group) < b.cfg.FlushMaxStreams {
-			next, ok := b.ready.pop()
-			if !ok {
-				break
-			}
-			group = append(group, next)
+		group := b.takeReady()
+		if len(group) == 0 {
+			p.Abandon()
+			continue
 		}
-		for _, g := range group {
-			g.in.mu.Lock()
-			g.in.queued = false
-			g.in.flushing = true
-			g.in.mu.Unlock()
+		if busy {
+			b.pm.overlaps.Inc()
 		}
-		if !b.flushes.Go(func() { b.flush(p, group) }) {
+		b.inFlight.Add(1)
+		b.youngest.Store(b.clock.Now().UnixNano())
+		if !b.flushes.Go(func() { b.flushChain(p, group) }) {
 			p.Abandon() // the bridge stopped, see kickLocked
+			b.flushEnded()
 			return
 		}
+	}
+}
+
+// waitOverlap returns once the lane is idle or its youngest transaction has run for
+// FlushOverlapAfter, or false when the bridge stops.
+func (b *Bridge) waitOverlap() bool {
+	for {
+		if b.inFlight.Load() == 0 {
+			return true
+		}
+		age := time.Duration(b.clock.Now().UnixNano() - b.youngest.Load())
+		if age >= b.cfg.FlushOverlapAfter {
+			return true
+		}
+		t := b.clock.NewTimer(b.cfg.FlushOverlapAfter - age)
+		select {
+		case <-b.ctx.Done():
+			t.Stop()
+			return false
+		case <-b.flushDone:
+		case <-t.C():
+		}
+		t.Stop()
 	}
 }
 
@@ -563,12 +643,6 @@ func poke(ch chan struct{}) {
 	}
 }
 
-func (q *readyQueue) unshift(s *stream) {
-	q.mu.Lock()
-	q.items = append([]*stream{s}, q.items...)
-	q.mu.Unlock()
-}
-
 func (q *readyQueue) pop() (*stream, bool) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
@@ -587,15 +661,14 @@ func (q *readyQueue) empty() bool {
 	return len(q.items) == 0
 }
 
-func (q *readyQueue) wait(ctx context.Context) (*stream, bool) {
-	for {
-		if s, ok := q.pop(); ok {
-			return s, true
-		}
+// waitReady returns once a stream is ready, without taking it, or false when ctx ends.
+func (q *readyQueue) waitReady(ctx context.Context) bool {
+	for q.empty() {
 		select {
 		case <-ctx.Done():
-			return nil, false
+			return false
 		case <-q.signal:
 		}
 	}
+	return true
 }

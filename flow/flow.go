@@ -38,10 +38,13 @@ import (
 // run, with a transaction taking the ready streams of every stream. At two in flight the
 // limit grows while a transaction takes less than twice the uncongested round trip and
 // shrinks once it takes three times as long; a database with cores to spare still lets it
-// climb, since its round trips do not grow with concurrency. Its minimum is 2, not 1, so
-// that one transaction hung on a row lock (another replica, an application's session)
-// leaves a lane for every other stream. The pop and ack lanes keep the seed's band: a read
-// or a cursor write has no bundle to join.
+// climb, since its round trips do not grow with concurrency. The limit is a ceiling: the
+// bridge starts a push transaction beside one in flight only once that one has run for a
+// while (bridge.Config.FlushOverlapAfter), since two half-full transactions in flight stored
+// less than one full one at every load measured. Its minimum is 2, not 1, so that one
+// transaction hung on a row lock (another replica, an application's session) leaves a lane
+// for every other stream. The pop and ack lanes keep the seed's band: a read or a cursor
+// write has no bundle to join.
 const (
 	PushInitDefault  = 2
 	PushMinDefault   = 2

@@ -42,6 +42,7 @@ type config struct {
 	PushVegasBeta    float64
 	VegasAlpha       float64
 	VegasBeta        float64
+	FlushOverlap     time.Duration
 	TickPeriod       time.Duration
 	CursorInterval   time.Duration
 	IntakeBytes      int
@@ -106,6 +107,7 @@ func (c *config) settings() []setting {
 		{"push-vegas-beta", envOf("push-vegas-beta"), "Vegas beta of the push lane: shrink the limit once the estimated queue is at least this", &c.PushVegasBeta, flow.PushBetaDefault},
 		{"vegas-alpha", envOf("vegas-alpha"), "Vegas alpha of the pop and ack lanes: grow the limit while the estimated queue is at most this", &c.VegasAlpha, flow.AlphaDefault},
 		{"vegas-beta", envOf("vegas-beta"), "Vegas beta of the pop and ack lanes: shrink the limit once the estimated queue is at least this", &c.VegasBeta, flow.BetaDefault},
+		{"flush-overlap-after", envOf("flush-overlap-after"), "how long a publish transaction runs alone before the next may start beside it, within the push lane's limit; until then what arrives waits and fuses into the next (a hung transaction holds others up this long)", &c.FlushOverlap, bridge.FlushOverlapAfterDefault},
 		{"tick-period", envOf("tick-period"), "how often streams with consumers are polled for commits made by other replicas (backs off while idle)", &c.TickPeriod, bridge.TickPeriodDefault},
 		{"cursor-interval", envOf("cursor-interval"), "least time between two writes of a consumer's ack floor while plain acks move it (a double ack is written at once); after a crash, the acks since the last write are delivered again", &c.CursorInterval, bridge.CursorIntervalDefault},
 		{"intake-bytes", envOf("intake-bytes"), "per-stream bound on publishes waiting for their transaction; beyond it publishes are rejected at once", &c.IntakeBytes, bridge.IntakeBytesDefault},
@@ -253,6 +255,9 @@ func (c *config) validate() error {
 	}
 	if c.SyncCommit != "on" && c.SyncCommit != "off" {
 		errs = append(errs, fmt.Errorf("--synchronous-commit: %q is neither on nor off", c.SyncCommit))
+	}
+	if c.FlushOverlap <= 0 {
+		errs = append(errs, fmt.Errorf("--flush-overlap-after: %v is not positive", c.FlushOverlap))
 	}
 	if c.TickPeriod <= 0 {
 		errs = append(errs, fmt.Errorf("--tick-period: %v is not positive", c.TickPeriod))

@@ -16,8 +16,6 @@ const (
 	apiPrefix    = "$JS.API."
 	apiMsgNext   = "$JS.API.CONSUMER.MSG.NEXT."
 	apiDirectGet = "$JS.API.DIRECT.GET."
-	// apiLevel is the JetStream API level jetgres reports; clients gate features on it.
-	apiLevel = 1
 )
 
 // onAPI runs on the link's read loop. Pull requests take their cheap in-order path, and so
@@ -133,7 +131,7 @@ func notFoundAsStream(err error) error {
 func (b *Bridge) apiAccountInfo(ctx context.Context) (*server.JSApiAccountInfoResponse, error) {
 	resp := &server.JSApiAccountInfoResponse{ApiResponse: jswire.APIResponse(server.JSApiAccountInfoResponseType)}
 	var stats server.JetStreamAccountStats
-	stats.API.Level = apiLevel
+	stats.API.Level = jswire.APILevel
 	// One read for all streams: a read per stream took seconds with thousands of them,
 	// beyond the clients' request timeout.
 	totals, err := b.db.AllTotals(ctx)

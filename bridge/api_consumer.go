@@ -134,6 +134,7 @@ func (cs *consumerSide) apiCreate(ctx context.Context, tok []string, data []byte
 	if e != nil {
 		return fail(e)
 	}
+	jswire.SetStaticConsumerMetadata(&cfg)
 	if cfg.Durable != "" {
 		name = cfg.Durable
 	}
@@ -157,6 +158,7 @@ func (cs *consumerSide) apiCreate(ctx context.Context, tok []string, data []byte
 		if e := cs.applyConfig(ctx, c, cfg, req.Action); e != nil {
 			return fail(e)
 		}
+		cs.b.retentionStale(s)
 		info, err := cs.info(ctx, c)
 		if err != nil {
 			return fail(fmt.Errorf("consumer %q on stream %q: %w", name, streamName, err))
@@ -171,13 +173,11 @@ func (cs *consumerSide) apiCreate(ctx context.Context, tok []string, data []byte
 	if req.Action == server.ActionUpdate {
 		return fail(server.NewJSConsumerDoesNotExistError())
 	}
-	if scfg.MaxConsumers > 0 && cs.b.numConsumers(ctx, s) >= scfg.MaxConsumers {
-		return fail(server.NewJSMaximumConsumersLimitError())
-	}
 	c, err = cs.create(ctx, s, name, cfg)
 	if err != nil {
 		return fail(err)
 	}
+	cs.b.retentionStale(s)
 	info, err := cs.createdInfo(ctx, c)
 	if err != nil {
 		return fail(fmt.Errorf("consumer %q on stream %q: %w", name, streamName, err))
@@ -235,13 +235,15 @@ func (cs *consumerSide) create(ctx context.Context, s *stream, name string, cfg 
 		owner = ""
 	}
 	row, err := cs.b.db.CreateConsumer(ctx, pg.Consumer{StreamID: s.id, Name: name, Config: raw, AckStreamSeq: start.next - 1},
-		owner, cs.b.cfg.Lease)
+		owner, cs.b.cfg.Lease, s.config().MaxConsumers)
 	if err != nil && owner != "" {
 		cs.release(s, name)
 	}
 	switch {
 	case errors.Is(err, pg.ErrExists):
 		return nil, server.NewJSConsumerNameExistError()
+	case errors.Is(err, pg.ErrMaxConsumers):
+		return nil, server.NewJSMaximumConsumersLimitError()
 	case errors.Is(err, pg.ErrNotFound):
 		return nil, server.NewJSStreamNotFoundError()
 	case err != nil:
@@ -357,7 +359,7 @@ func (cs *consumerSide) infoLocked(c *consumer) (info *server.ConsumerInfo, from
 		Stream:         c.sc.s.name,
 		Name:           c.name,
 		Created:        c.created.UTC(),
-		Config:         &cfg,
+		Config:         jswire.ConsumerConfigForResponse(&cfg),
 		Delivered:      server.SequenceInfo{Consumer: d.Consumer, Stream: d.Stream, Last: utcOrNil(c.st.LastDelivered())},
 		AckFloor:       server.SequenceInfo{Consumer: f.Consumer, Stream: f.Stream, Last: utcOrNil(c.st.LastAcked())},
 		NumAckPending:  c.st.NumAckPending(),
@@ -407,7 +409,7 @@ func (cs *consumerSide) rowInfo(ctx context.Context, s *stream, row pg.Consumer,
 	}
 	now := cs.b.clock.Now()
 	floor := server.SequenceInfo{Consumer: row.AckConsumerSeq, Stream: row.AckStreamSeq}
-	info := &server.ConsumerInfo{Stream: s.name, Name: row.Name, Created: row.Created.UTC(), Config: &cfg,
+	info := &server.ConsumerInfo{Stream: s.name, Name: row.Name, Created: row.Created.UTC(), Config: jswire.ConsumerConfigForResponse(&cfg),
 		Delivered: floor, AckFloor: floor, NumPending: np, TimeStamp: now.UTC(), PushBound: cs.pushBound(&cfg)}
 	info.Paused, info.PauseRemaining = pausedAt(cfg.PauseUntil, now)
 	info.Cluster = cs.b.clusterInfo(row.Owner)
@@ -501,6 +503,7 @@ func (cs *consumerSide) apiPause(ctx context.Context, streamName, name string, d
 	if !until.IsZero() {
 		cfg.PauseUntil = &until
 	}
+	jswire.SetStaticConsumerMetadata(&cfg)
 	if err := cs.applyConfig(ctx, c, cfg, server.ActionUpdate); err != nil {
 		return resp, err
 	}
@@ -589,9 +592,14 @@ func (cs *consumerSide) apiList(ctx context.Context, streamName string, data []b
 				info, err = cs.rowInfo(ctx, s, r, hw)
 			}
 		}
-		if err != nil {
-			resp.Missing = append(resp.Missing, r.Name)
+		switch {
+		case errors.Is(err, pg.ErrNotFound):
+			// Deleted since the list was read: not missing, gone.
 			continue
+		case err != nil:
+			// "Missing" would tell the client the consumer could not be found; the
+			// database's failure is the answer.
+			return resp, fmt.Errorf("consumer %q on stream %q: %w", r.Name, streamName, err)
 		}
 		resp.Consumers = append(resp.Consumers, info)
 	}

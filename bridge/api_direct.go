@@ -99,7 +99,7 @@ func directRequest(s *stream, m *leaf.Msg, key []string) (server.JSApiMsgGetRequ
 		return server.JSApiMsgGetRequest{}, &directStatus{503, ""}
 	}
 	if v := jswire.HeaderValue(m.Header, server.JSRequiredApiLevel); v != "" {
-		if n, err := strconv.Atoi(v); err != nil || n > apiLevel {
+		if n, err := strconv.Atoi(v); err != nil || n > jswire.APILevel {
 			return server.JSApiMsgGetRequest{}, &directStatus{412, "Required Api Level"}
 		}
 	}

@@ -75,6 +75,7 @@ func (b *Bridge) apiStreamCreate(ctx context.Context, name string, body []byte) 
 	if e != nil {
 		return resp, e
 	}
+	jswire.SetStaticStreamMetadata(&cfg)
 	if cfg.Sealed {
 		return resp, server.NewJSStreamInvalidConfigError(errors.New("stream configuration for create can not be sealed"))
 	}
@@ -159,8 +160,8 @@ func (b *Bridge) streamInfo(ctx context.Context, s *stream) (*server.StreamInfo,
 			state.FirstSeq = 0
 		}
 	}
-	return &server.StreamInfo{Config: s.config(), Created: s.created.UTC(), State: state, TimeStamp: b.clock.Now().UTC(),
-		Cluster: b.clusterInfo(b.cfg.ReplicaName)}, nil
+	return &server.StreamInfo{Config: jswire.StreamConfigForResponse(s.config()), Created: s.created.UTC(), State: state, TimeStamp: b.clock.Now().UTC(),
+		Cluster: b.streamClusterInfo()}, nil
 }
 
 func (b *Bridge) apiStreamUpdate(ctx context.Context, name string, body []byte) (*server.JSApiStreamUpdateResponse, error) {
@@ -180,6 +181,7 @@ func (b *Bridge) apiStreamUpdate(ctx context.Context, name string, body []byte) 
 	if e != nil {
 		return fail(e)
 	}
+	jswire.SetStaticStreamMetadata(&cfg)
 	b.adminMu.Lock()
 	defer b.adminMu.Unlock()
 	s, err := b.lookupLocked(ctx, name)
@@ -400,9 +402,13 @@ func (b *Bridge) apiStreamList(ctx context.Context, body []byte) (*server.JSApiS
 	if offset < len(streams) {
 		for _, s := range streams[offset:min(len(streams), offset+server.JSApiListLimit)] {
 			info, err := b.streamInfo(ctx, s)
-			if err != nil {
-				resp.Missing = append(resp.Missing, s.name)
+			var ae *server.ApiError
+			switch {
+			case errors.As(err, &ae) && ae.ErrCode == server.ApiErrors[server.JSStreamNotFoundErr].ErrCode:
+				// Deleted since the list was taken: not missing, gone.
 				continue
+			case err != nil:
+				return resp, err
 			}
 			resp.Streams = append(resp.Streams, info)
 		}

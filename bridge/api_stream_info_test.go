@@ -4,11 +4,18 @@ import (
 	"errors"
 	"maps"
 	"slices"
+	"strconv"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/jetgres/jetgres/internal/jswire"
+	"github.com/jetgres/jetgres/pg"
+	"github.com/jetgres/jetgres/pg/pgtest"
+	"github.com/jetgres/jetgres/pg/pgtest/rawsql"
 )
 
 // Stream info's optional details, subject totals (with and without wildcards) and deleted
@@ -172,4 +179,155 @@ func TestRollupMatchesJetStream(t *testing.T) {
 	} else {
 		t.Logf("bucket after purge: %s", brief(st[ours]))
 	}
+}
+
+// A stream list whose info reads fail answers the failure, as a 503 clients retry; it never
+// lists the streams as missing, which would tell the client that they could not be found.
+func TestStreamListAnswersADatabaseFailure(t *testing.T) {
+	t.Parallel()
+	url := pgtest.NewDB(t)
+	tb := setup(t, setupOpts{db: pgtest.OpenWith(t, pg.Config{URL: url, BackgroundTimeout: 500 * time.Millisecond})})
+	ctx := testContext(t)
+	newStream(t, ctx, tb, "S", "s.>")
+	release := rawsql.Open(t, url).HoldRows(t, `LOCK TABLE jetgres.stream_state IN ACCESS EXCLUSIVE MODE`)
+	defer release()
+	lister := tb.js.ListStreams(ctx)
+	var names []string
+	for info := range lister.Info() {
+		names = append(names, info.Config.Name)
+	}
+	var apiErr *jetstream.APIError
+	if err := lister.Err(); !errors.As(err, &apiErr) || apiErr.ErrorCode != jetstream.ErrorCode(server.ApiErrors[server.JSClusterNotAvailErr].ErrCode) {
+		t.Fatalf("listing streams while their state cannot be read: %v (streams %v), want JetStream's 10008", err, names)
+	}
+}
+
+// Outside cluster mode nats-server reports a cluster block in every stream info, with no
+// cluster name and itself as the leader, and clients print it ("Cluster Information");
+// jetgres names the replica that answers. A consumer's info has none outside cluster mode.
+func TestClusterBlockMatchesJetStream(t *testing.T) {
+	t.Parallel()
+	tw := newTwin(t)
+	tw.createStream(jetstream.StreamConfig{Name: "CB", Subjects: []string{"cb.>"}})
+	tw.updateStream(jetstream.StreamConfig{Name: "CB", Subjects: []string{"cb.>"}, Description: "changed"})
+	var blocks [2][2]*jetstream.ClusterInfo
+	for side, js := range tw.js {
+		s, err := js.Stream(tw.ctx, "CB")
+		if err != nil {
+			t.Fatalf("%s: %v", sideName[side], err)
+		}
+		if _, err := s.CreateOrUpdateConsumer(tw.ctx, jetstream.ConsumerConfig{Durable: "D"}); err != nil {
+			t.Fatalf("%s: %v", sideName[side], err)
+		}
+		if _, err = s.CreateOrUpdateConsumer(tw.ctx, jetstream.ConsumerConfig{Durable: "D", Description: "changed"}); err != nil {
+			t.Fatalf("%s: %v", sideName[side], err)
+		}
+		c, err := s.Consumer(tw.ctx, "D")
+		if err != nil {
+			t.Fatalf("%s: %v", sideName[side], err)
+		}
+		blocks[side] = [2]*jetstream.ClusterInfo{s.CachedInfo().Cluster, c.CachedInfo().Cluster}
+	}
+	got, want := blocks[ours][0], blocks[theirs][0]
+	if want == nil || want.Leader == "" {
+		t.Fatalf("JetStream's stream info: cluster %+v, expected a block naming the leader", want)
+	}
+	if got == nil || got.Name != want.Name || got.Leader != tw.tb.bridge.cfg.ReplicaName || len(got.Replicas) != len(want.Replicas) {
+		t.Fatalf("stream info's cluster block: jetgres %+v, JetStream %+v (leader %q here)", got, want, tw.tb.bridge.cfg.ReplicaName)
+	}
+	if got, want := blocks[ours][1], blocks[theirs][1]; (got == nil) != (want == nil) {
+		t.Fatalf("consumer info's cluster block: jetgres %+v, JetStream %+v", got, want)
+	}
+}
+
+// The metadata nats-server stamps into stream and consumer configs, as both report it after
+// create, update and pause: the API level the asset needs (stored), the server's version and
+// API level (in every response), and the user's own keys as the last request gave them. The
+// one difference is the API level served: jetgres reports its own, as $JS.API.INFO does.
+func TestMetadataMatchesJetStream(t *testing.T) {
+	t.Parallel()
+	tw := newTwin(t)
+	compare := func(what string, get func(js jetstream.JetStream) (map[string]string, error)) {
+		t.Helper()
+		var md [2]map[string]string
+		for side, js := range tw.js {
+			var err error
+			if md[side], err = get(js); err != nil {
+				t.Fatalf("%s: %s: %v", sideName[side], what, err)
+			}
+		}
+		if got := md[ours][server.JSServerLevelMetadataKey]; got != strconv.Itoa(jswire.APILevel) {
+			t.Fatalf("%s: jetgres reports API level %q, want %d", what, got, jswire.APILevel)
+		}
+		want := maps.Clone(md[theirs])
+		if _, ok := want[server.JSServerLevelMetadataKey]; ok {
+			want[server.JSServerLevelMetadataKey] = strconv.Itoa(jswire.APILevel)
+		}
+		if !maps.Equal(md[ours], want) {
+			t.Fatalf("%s: metadata jetgres %v, JetStream %v", what, md[ours], md[theirs])
+		}
+	}
+	streamMD := func(cfg jetstream.StreamConfig, update bool) func(js jetstream.JetStream) (map[string]string, error) {
+		return func(js jetstream.JetStream) (map[string]string, error) {
+			var s jetstream.Stream
+			var err error
+			if update {
+				s, err = js.UpdateStream(tw.ctx, cfg)
+			} else {
+				s, err = js.CreateStream(tw.ctx, cfg)
+			}
+			if err != nil {
+				return nil, err
+			}
+			return s.CachedInfo().Config.Metadata, nil
+		}
+	}
+	cfg := jetstream.StreamConfig{Name: "MD", Subjects: []string{"md.>"}, Metadata: map[string]string{"owner": "team-a"}}
+	compare("stream create", streamMD(cfg, false))
+	compare("stream create again", streamMD(cfg, false))
+	cfg.Metadata = map[string]string{"owner": "team-b", "tier": "gold"}
+	compare("stream update", streamMD(cfg, true))
+	cfg.Metadata = nil
+	compare("stream update without metadata", streamMD(cfg, true))
+	compare("stream info", func(js jetstream.JetStream) (map[string]string, error) {
+		s, err := js.Stream(tw.ctx, "MD")
+		if err != nil {
+			return nil, err
+		}
+		return s.CachedInfo().Config.Metadata, nil
+	})
+
+	ccfg := jetstream.ConsumerConfig{Durable: "C", AckPolicy: jetstream.AckExplicitPolicy, Metadata: map[string]string{"app": "x"}}
+	consumerMD := func(cfg jetstream.ConsumerConfig) func(js jetstream.JetStream) (map[string]string, error) {
+		return func(js jetstream.JetStream) (map[string]string, error) {
+			c, err := js.CreateOrUpdateConsumer(tw.ctx, "MD", cfg)
+			if err != nil {
+				return nil, err
+			}
+			return c.CachedInfo().Config.Metadata, nil
+		}
+	}
+	compare("consumer create", consumerMD(ccfg))
+	ccfg.Metadata = map[string]string{"app": "y"}
+	compare("consumer update", consumerMD(ccfg))
+	compare("consumer pause", func(js jetstream.JetStream) (map[string]string, error) {
+		if _, err := js.PauseConsumer(tw.ctx, "MD", "C", time.Now().Add(time.Hour)); err != nil {
+			return nil, err
+		}
+		c, err := js.Consumer(tw.ctx, "MD", "C")
+		if err != nil {
+			return nil, err
+		}
+		return c.CachedInfo().Config.Metadata, nil
+	})
+	compare("consumer resume", func(js jetstream.JetStream) (map[string]string, error) {
+		if _, err := js.ResumeConsumer(tw.ctx, "MD", "C"); err != nil {
+			return nil, err
+		}
+		c, err := js.Consumer(tw.ctx, "MD", "C")
+		if err != nil {
+			return nil, err
+		}
+		return c.CachedInfo().Config.Metadata, nil
+	})
 }

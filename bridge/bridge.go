@@ -210,7 +210,8 @@ type Bridge struct {
 	// clock is Config.Clock, or the system clock.
 	clock Clock
 	// The warnings of attempts that fail together while the database is away, thinned.
-	warnPush, warnRead, warnPending, warnTick, warnFill logEvery
+	// Each warning has a throttle of its own, so that one cannot hide another.
+	warnPush, warnRead, warnPending, warnTick, warnFill, warnOwnSession, warnUnserved logEvery
 
 	// bg runs the background work: API workers, the flush dispatcher, the stream sync loop
 	// and the retention maintainer. ctx is its context, from Start until Stop cancels it.

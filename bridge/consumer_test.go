@@ -331,3 +331,43 @@ func TestDoubleAckAboveAPendingDelivery(t *testing.T) {
 		t.Fatalf("stored cursor after both double acks: %+v, %v", row, err)
 	}
 }
+
+// Creates that race for the last places under max_consumers, on every API worker at once,
+// never leave the stream with more consumers than it allows: PostgreSQL counts them under
+// the stream's lock as it stores each one. The others get JetStream's 10026.
+func TestMaxConsumersHoldsUnderConcurrentCreates(t *testing.T) {
+	t.Parallel()
+	tb := setup(t, setupOpts{})
+	ctx := testContext(t)
+	const limit, tries = 3, 16
+	s, err := tb.js.CreateStream(ctx, jetstream.StreamConfig{Name: "MC", Subjects: []string{"mc.>"}, MaxConsumers: limit})
+	if err != nil {
+		t.Fatal(err)
+	}
+	errs := make(chan error, tries)
+	for i := range tries {
+		go func() {
+			_, err := s.CreateConsumer(ctx, jetstream.ConsumerConfig{Durable: fmt.Sprintf("D%d", i), AckPolicy: jetstream.AckExplicitPolicy})
+			errs <- err
+		}()
+	}
+	created := 0
+	for range tries {
+		err := <-errs
+		var apiErr *jetstream.APIError
+		switch {
+		case err == nil:
+			created++
+		case errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeMaximumConsumersLimit:
+		default:
+			t.Fatalf("a create failed otherwise than on the limit: %v", err)
+		}
+	}
+	rows, err := tb.db.Consumers(ctx, tb.bridge.lookup("MC").id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if created != limit || len(rows) != limit {
+		t.Fatalf("%d creates succeeded and %d consumers are stored, want %d of each", created, len(rows), limit)
+	}
+}

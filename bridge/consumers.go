@@ -371,21 +371,6 @@ func (b *Bridge) rowsRemoved(s *stream, upTo uint64) {
 	}
 }
 
-// numConsumers counts the stream's consumers, whichever replica serves them; when
-// PostgreSQL cannot be asked, the ones this replica serves.
-func (b *Bridge) numConsumers(ctx context.Context, s *stream) int {
-	if n, err := b.db.CountConsumers(ctx, s.id); err == nil {
-		return n
-	}
-	sc := b.consumersOf(s)
-	if sc == nil {
-		return 0
-	}
-	sc.mu.RLock()
-	defer sc.mu.RUnlock()
-	return len(sc.cons)
-}
-
 // handlePullRequest takes a pull request that reached this replica through the $JS.API
 // queue group. The replica serving the consumer has its own subscription to the consumer's
 // subject and so has the request already, whether it is this one or another: only a request

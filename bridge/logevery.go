@@ -2,7 +2,7 @@ package bridge
 
 import (
 	"log/slog"
-	"sync/atomic"
+	"sync"
 	"time"
 )
 
@@ -13,21 +13,29 @@ const warnEvery = 10 * time.Second
 
 // logEvery thins one repeated warning: the first is logged, later ones within warnEvery of
 // it are only counted, and the next one logged after that carries the count as
-// "suppressed". It takes no lock, so it may be used under any of the bridge's locks.
-// The zero value is ready.
+// "suppressed". Its lock is held for a few instructions and never while logging, and nothing
+// is taken under it, so it may be used under any of the bridge's locks. It was lock-free
+// once: a warning counted between another's winning the interval and its taking the count
+// was reported a line early. The zero value is ready.
 type logEvery struct {
-	next       atomic.Int64 // unix ns on the bridge's clock before which warnings are counted
-	suppressed atomic.Int64
+	mu         sync.Mutex
+	next       int64 // unix ns on the bridge's clock before which warnings are counted
+	suppressed int64
 }
 
 func (l *logEvery) warn(log *slog.Logger, now time.Time, msg string, args ...any) {
 	t := now.UnixNano()
-	next := l.next.Load()
-	if t < next || !l.next.CompareAndSwap(next, t+int64(warnEvery)) {
-		l.suppressed.Add(1)
+	l.mu.Lock()
+	if t < l.next {
+		l.suppressed++
+		l.mu.Unlock()
 		return
 	}
-	if n := l.suppressed.Swap(0); n > 0 {
+	l.next = t + int64(warnEvery)
+	n := l.suppressed
+	l.suppressed = 0
+	l.mu.Unlock()
+	if n > 0 {
 		args = append(args, "suppressed", n)
 	}
 	log.Warn(msg, args...)

@@ -27,9 +27,11 @@ type pushMetrics struct {
 	batchTx   prometheus.Histogram
 	txMsgs    prometheus.Histogram
 	overlaps  prometheus.Counter
-	commit    prometheus.Histogram
-	pubAck    prometheus.Histogram
-	apiReqs   *prometheus.CounterVec
+	// retentionPasses counts interest and work-queue retention passes.
+	retentionPasses prometheus.Counter
+	commit          prometheus.Histogram
+	pubAck          prometheus.Histogram
+	apiReqs         *prometheus.CounterVec
 	// apiUnsupported counts requests jetgres does not serve, by request; the labels are
 	// those of unsupportedRequests, all present from the start.
 	apiUnsupported *prometheus.CounterVec
@@ -58,6 +60,10 @@ func newPushMetrics(reg prometheus.Registerer) *pushMetrics {
 			Name:    "jetgres_fusion_streams_per_transaction",
 			Help:    "Streams that shared one push transaction.",
 			Buckets: prometheus.ExponentialBuckets(1, 2, 11),
+		}),
+		retentionPasses: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "jetgres_retention_passes_total",
+			Help: "Retention passes over interest and work-queue streams: each reads the stream's consumers and removes what none of them needs.",
 		}),
 		overlaps: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "jetgres_fusion_overlaps_total",
@@ -91,7 +97,7 @@ func newPushMetrics(reg prometheus.Registerer) *pushMetrics {
 		m.apiUnsupported.WithLabelValues(u.name)
 	}
 	if reg != nil {
-		reg.MustRegister(m.accepted, m.rejected, m.dropped, m.batchMsgs, m.batchTx, m.txMsgs, m.overlaps, m.commit, m.pubAck, m.apiReqs, m.apiUnsupported)
+		reg.MustRegister(m.accepted, m.rejected, m.dropped, m.batchMsgs, m.batchTx, m.txMsgs, m.overlaps, m.retentionPasses, m.commit, m.pubAck, m.apiReqs, m.apiUnsupported)
 	}
 	return m
 }

@@ -635,7 +635,13 @@ func TestPushOrderedChurn(t *testing.T) {
 		tb.bridge.cons.pushMu.Lock()
 		pushers := len(tb.bridge.cons.pushers)
 		tb.bridge.cons.pushMu.Unlock()
-		if n := tb.bridge.numConsumers(ctx, s); n != 0 || len(rows) != 0 || pushers != 0 {
+		n := 0
+		if sc := tb.bridge.consumersOf(s); sc != nil {
+			sc.mu.RLock()
+			n = len(sc.cons)
+			sc.mu.RUnlock()
+		}
+		if n != 0 || len(rows) != 0 || pushers != 0 {
 			return fmt.Errorf("%d consumers served, %d rows, %d push consumers watched", n, len(rows), pushers)
 		}
 		return nil

@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"strconv"
 	"strings"
 	"sync"
@@ -210,7 +211,7 @@ func (cs *consumerSide) ownershipLoop() {
 			cs.fence(pg.ErrOwnershipLost)
 			if err := own.Reconnect(cs.ctx); err != nil {
 				if cs.ctx.Err() == nil {
-					cs.b.warnTick.warn(cs.b.log, time.Now(), "reconnecting the ownership session failed", "err", err)
+					cs.b.warnOwnSession.warn(cs.b.log, cs.b.clock.Now(), "reconnecting the ownership session failed", "err", err)
 				}
 				continue
 			}
@@ -282,7 +283,7 @@ func (cs *consumerSide) claimFree(ctx context.Context) {
 	keys, err := cs.own.own.ClaimFree(ctx, ids)
 	if err != nil {
 		if ctx.Err() == nil {
-			cs.b.warnTick.warn(cs.b.log, time.Now(), "looking for consumers nobody serves failed", "err", err)
+			cs.b.warnUnserved.warn(cs.b.log, cs.b.clock.Now(), "looking for consumers nobody serves failed", "err", err)
 		}
 		return
 	}
@@ -395,18 +396,35 @@ func (b *Bridge) unseal(rest string, m *leaf.Msg) (api string, ok bool) {
 // holds the lock of.
 func (cs *consumerSide) servedBy(ctx context.Context, s *stream, name string) error {
 	row, err := cs.b.db.GetConsumer(ctx, s.id, name)
-	if err != nil {
-		return server.NewJSConsumerCreateError(errServedElsewhere)
+	switch {
+	case errors.Is(err, pg.ErrNotFound):
+		// Deleted since its lock was found held.
+		return server.NewJSConsumerNotFoundError()
+	case err != nil:
+		// Which replica serves it is unknown; the database's failure is the answer, never
+		// a claim that another replica serves it.
+		return fmt.Errorf("looking up the replica serving consumer %q on stream %q: %w", name, s.name, err)
 	}
 	return &servedBy{owner: row.Owner}
 }
 
-// clusterInfo is the cluster block of stream and consumer info, as JetStream reports its
-// cluster and the leader: for a stream the replica that answers (every replica appends),
-// for a consumer the replica that serves it. Without a cluster there is none.
+// clusterInfo is the cluster block of consumer info, as JetStream reports its cluster and
+// the leader: the replica that serves the consumer, or this one while none does. As
+// nats-server, which reports it for a consumer only in cluster mode, there is none without
+// a cluster.
 func (b *Bridge) clusterInfo(leader string) *server.ClusterInfo {
 	if b.cfg.ClusterName == "" {
 		return nil
 	}
+	if leader == "" {
+		leader = b.cfg.ReplicaName
+	}
 	return &server.ClusterInfo{Name: b.cfg.ClusterName, Leader: leader}
+}
+
+// streamClusterInfo is the cluster block of stream info: nats-server reports it for every
+// stream, outside cluster mode too (no name, itself the leader), and clients print it
+// ("Cluster Information"). The leader is the replica that answers: every replica appends.
+func (b *Bridge) streamClusterInfo() *server.ClusterInfo {
+	return &server.ClusterInfo{Name: b.cfg.ClusterName, Leader: b.cfg.ReplicaName}
 }

@@ -73,10 +73,13 @@ func (b *Bridge) stopRetention() { b.maintainer.Store(nil) }
 
 // retained is a stream's interest and workqueue retention state.
 type retained struct {
-	mu     sync.Mutex
-	acked  map[string][]uint64 // acks seen on the link, by consumer, not yet settled
-	dirty  bool
-	remote [][]string // filters of the consumers other replicas serve, as of the last pass
+	mu    sync.Mutex
+	acked map[string][]uint64 // acks seen on the link, by consumer, not yet settled
+	// dirty says a pass is due: acks were seen, or consumers came, went or changed, since the
+	// last one began; waiting, that the last pass left acks for their consumer to apply.
+	dirty   bool
+	waiting bool
+	remote  [][]string // filters of the consumers other replicas serve, as of the last pass
 
 	run     sync.Mutex        // serialises passes
 	applied map[string]uint64 // the floors the last pass applied, by consumer
@@ -160,6 +163,7 @@ func (m *maintainer) retainAll(ctx context.Context, dirtyOnly bool) (again bool)
 // consumerDeleted marks an interest stream that lost its last consumer as JetStream does,
 // which purges it then: one that never held a message reports first_seq 1 from there on.
 func (b *Bridge) consumerDeleted(ctx context.Context, s *stream) {
+	b.retentionStale(s)
 	if s.config().Retention != server.InterestPolicy {
 		return
 	}
@@ -168,14 +172,38 @@ func (b *Bridge) consumerDeleted(ctx context.Context, s *stream) {
 	}
 }
 
-// settleRetention runs a retention pass on s now, so that what a client reads next
-// reflects every ack the consumers have applied.
+// settleRetention runs a retention pass on s now if one is due, so that what a client reads
+// next reflects every ack the consumers have applied. A stream with nothing due costs
+// nothing: a stream info on a quiet interest or work-queue stream reads no consumer.
 func (b *Bridge) settleRetention(ctx context.Context, s *stream) error {
 	if s.config().Retention == server.LimitsPolicy || b.maint() == nil {
 		return nil
 	}
+	// A pass in flight may have taken the acks before their messages are gone: wait it out.
+	s.ret.run.Lock()
+	s.ret.mu.Lock()
+	due := s.ret.dirty || s.ret.waiting
+	s.ret.mu.Unlock()
+	s.ret.run.Unlock()
+	if !due {
+		return nil
+	}
 	_, err := b.retain(ctx, s)
 	return err
+}
+
+// retentionStale makes a retention pass over s due soon: its consumers came, went or
+// changed what they want.
+func (b *Bridge) retentionStale(s *stream) {
+	if s.config().Retention == server.LimitsPolicy {
+		return
+	}
+	s.ret.mu.Lock()
+	s.ret.dirty = true
+	s.ret.mu.Unlock()
+	if m := b.maint(); m != nil {
+		m.wake()
+	}
 }
 
 // retain is one retention pass over s: it gathers each consumer's ack floor and the acks it
@@ -187,6 +215,7 @@ func (b *Bridge) retain(ctx context.Context, s *stream) (waiting bool, err error
 	rs := &s.ret
 	rs.run.Lock()
 	defer rs.run.Unlock()
+	b.pm.retentionPasses.Inc()
 	rows, err := b.db.Consumers(ctx, s.id)
 	if err != nil {
 		return false, err
@@ -278,6 +307,7 @@ func (b *Bridge) retain(ctx context.Context, s *stream) (waiting bool, err error
 	rs.applied, rs.sig = floors, sig.String()
 
 	rs.mu.Lock()
+	rs.waiting = waiting
 	for name, seqs := range rs.acked {
 		keep := open[name]
 		if keep == nil {

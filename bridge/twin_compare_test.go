@@ -30,9 +30,9 @@ var twinDiffers = map[string]string{
 	// jetgres serves many replicas from one database and has no Raft group: the consumer's
 	// replica count is what was asked, 0 for the stream's own.
 	"config.num_replicas": "JetStream fills in the stream's replica count; jetgres stores what the client sent",
-	// nats-server stamps every consumer's metadata with its version and API level; jetgres
-	// has no such levels. The metadata a client set is compared.
-	"config.metadata._nats.*": "nats-server's own version stamps",
+	// Both stamp every consumer's metadata with the server's version and API level, and
+	// the level the consumer needs; jetgres serves a lower API level than nats-server.
+	"config.metadata._nats.level": "the API level each server serves",
 	// After limits or a purge remove messages a consumer had not reached, jetgres recounts
 	// its pending messages in the background (consumer_pending.go), and JetStream's own
 	// delivery counts are estimates that lag an eviction under load: the token of a delivery
@@ -154,10 +154,11 @@ func configMap(c jetstream.ConsumerConfig) map[string]any {
 	raw, _ := json.Marshal(c)
 	var m map[string]any
 	_ = json.Unmarshal(raw, &m)
+	// Each metadata key is a field of its own, so that twinDiffers can name one.
 	if md, ok := m["metadata"].(map[string]any); ok {
-		maps.DeleteFunc(md, func(k string, _ any) bool { return strings.HasPrefix(k, "_nats.") })
-		if len(md) == 0 {
-			delete(m, "metadata")
+		delete(m, "metadata")
+		for k, v := range md {
+			m["metadata."+k] = v
 		}
 	}
 	return m

@@ -20,6 +20,10 @@ var (
 	ErrLeaseLost = errors.New("pg: consumer lease lost")
 )
 
+// ErrMaxConsumers is returned by CreateConsumer when the stream already has as many
+// consumers as it may.
+var ErrMaxConsumers = errors.New("pg: the stream has its maximum number of consumers")
+
 // Consumer is a consumer's stored configuration and its persisted cursor, the ack floor.
 // Config is the JSON the bridge stores; pg does not interpret it.
 type Consumer struct {
@@ -59,9 +63,29 @@ func scanConsumerKey(r pgx.CollectableRow) (ConsumerKey, error) {
 // CreateConsumer stores a new consumer with its starting cursor and, when owner is not
 // empty, its lease for ttl. It returns ErrExists when the name is taken and ErrNotFound when
 // the stream is gone.
-func (db *DB) CreateConsumer(ctx context.Context, c Consumer, owner string, ttl time.Duration) (Consumer, error) {
+func (db *DB) CreateConsumer(ctx context.Context, c Consumer, owner string, ttl time.Duration, maxConsumers int) (Consumer, error) {
 	var out Consumer
 	err := db.backgroundTx(ctx, func(ctx context.Context, q querier) error {
+		if maxConsumers > 0 {
+			// The stream's row lock serialises the creates that count, of every replica,
+			// so that two at once cannot both find room for one; it leaves the key share
+			// locks that inserts referencing the stream take alone. The count is a
+			// statement of its own: one that waited for the lock counts with a snapshot
+			// taken after the create it waited for committed.
+			if err := q.QueryRow(ctx, `SELECT id FROM jetgres.streams WHERE id = $1 FOR NO KEY UPDATE`, c.StreamID).Scan(new(int64)); err != nil {
+				if errors.Is(err, pgx.ErrNoRows) {
+					return ErrNotFound
+				}
+				return err
+			}
+			var n int
+			if err := q.QueryRow(ctx, `SELECT count(*) FROM jetgres.consumers WHERE stream_id = $1`, c.StreamID).Scan(&n); err != nil {
+				return err
+			}
+			if n >= maxConsumers {
+				return ErrMaxConsumers
+			}
+		}
 		row := q.QueryRow(ctx, `INSERT INTO jetgres.consumers
 			(stream_id, name, config, ack_stream_seq, ack_consumer_seq, owner, lease_until)
 			VALUES ($1, $2, $3, $4, $5, $6, CASE WHEN $6 = '' THEN '-infinity'::timestamptz ELSE now() + $7::interval END)
@@ -76,8 +100,10 @@ func (db *DB) CreateConsumer(ctx context.Context, c Consumer, owner string, ttl 
 	switch {
 	case hasSQLState(err, "23505"):
 		return Consumer{}, ErrExists
-	case hasSQLState(err, "23503"):
+	case hasSQLState(err, "23503"), errors.Is(err, ErrNotFound):
 		return Consumer{}, ErrNotFound
+	case errors.Is(err, ErrMaxConsumers):
+		return Consumer{}, err
 	case err != nil:
 		return Consumer{}, fmt.Errorf("pg: create consumer: %w", err)
 	}

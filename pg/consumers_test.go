@@ -34,17 +34,17 @@ func TestConsumerRowsAndLeases(t *testing.T) {
 	ctx := context.Background()
 	db := pgtest.Open(t)
 	st := consumerTestStream(t, ctx, db)
-	c, err := db.CreateConsumer(ctx, pg.Consumer{StreamID: st.ID, Name: "C", Config: []byte(`{"a":1}`), AckStreamSeq: 4}, "r1", time.Minute)
+	c, err := db.CreateConsumer(ctx, pg.Consumer{StreamID: st.ID, Name: "C", Config: []byte(`{"a":1}`), AckStreamSeq: 4}, "r1", time.Minute, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if c.AckStreamSeq != 4 || c.Created.IsZero() {
 		t.Fatalf("created %+v", c)
 	}
-	if _, err := db.CreateConsumer(ctx, pg.Consumer{StreamID: st.ID, Name: "C", Config: []byte(`{}`)}, "r1", time.Minute); !errors.Is(err, pg.ErrExists) {
+	if _, err := db.CreateConsumer(ctx, pg.Consumer{StreamID: st.ID, Name: "C", Config: []byte(`{}`)}, "r1", time.Minute, 0); !errors.Is(err, pg.ErrExists) {
 		t.Fatalf("duplicate create: %v", err)
 	}
-	if _, err := db.CreateConsumer(ctx, pg.Consumer{StreamID: st.ID + 100, Name: "X", Config: []byte(`{}`)}, "", 0); !errors.Is(err, pg.ErrNotFound) {
+	if _, err := db.CreateConsumer(ctx, pg.Consumer{StreamID: st.ID + 100, Name: "X", Config: []byte(`{}`)}, "", 0, 0); !errors.Is(err, pg.ErrNotFound) {
 		t.Fatalf("create on a missing stream: %v", err)
 	}
 	// Held by r1: r2 cannot write its cursor.

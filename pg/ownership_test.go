@@ -33,7 +33,7 @@ func TestOwnershipLocks(t *testing.T) {
 	raw := rawsql.Open(t, url)
 	st := consumerTestStream(t, ctx, db)
 	for _, name := range []string{"A", "B"} {
-		if _, err := db.CreateConsumer(ctx, pg.Consumer{StreamID: st.ID, Name: name, Config: []byte(`{}`)}, "", 0); err != nil {
+		if _, err := db.CreateConsumer(ctx, pg.Consumer{StreamID: st.ID, Name: name, Config: []byte(`{}`)}, "", 0, 0); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -139,7 +139,7 @@ func TestMetaNotifyAndCheck(t *testing.T) {
 			t.Fatalf("no notification of %s", what)
 		}
 	}
-	if _, err := db.CreateConsumer(ctx, pg.Consumer{StreamID: st.ID, Name: "C", Config: []byte(`{}`)}, "", 0); err != nil {
+	if _, err := db.CreateConsumer(ctx, pg.Consumer{StreamID: st.ID, Name: "C", Config: []byte(`{}`)}, "", 0, 0); err != nil {
 		t.Fatal(err)
 	}
 	wantNote("a created consumer")
@@ -184,7 +184,7 @@ func TestOwnershipClaimsFairShare(t *testing.T) {
 	raw := rawsql.Open(t, url)
 	st := consumerTestStream(t, ctx, db)
 	for _, name := range []string{"A", "B", "C", "D", "E", "F", "G", "H", "I"} {
-		if _, err := db.CreateConsumer(ctx, pg.Consumer{StreamID: st.ID, Name: name, Config: []byte(`{}`)}, "", 0); err != nil {
+		if _, err := db.CreateConsumer(ctx, pg.Consumer{StreamID: st.ID, Name: name, Config: []byte(`{}`)}, "", 0, 0); err != nil {
 			t.Fatal(err)
 		}
 	}

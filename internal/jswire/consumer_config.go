@@ -3,7 +3,6 @@ package jswire
 import (
 	"errors"
 	"fmt"
-	"maps"
 	"reflect"
 	"strings"
 	"time"
@@ -392,19 +391,7 @@ func CheckConsumerUpdate(old, cfg *server.ConsumerConfig, hasInterest func(subje
 // SameConsumerConfig compares configurations the way a create without "update" does:
 // metadata the server stamps (keys starting "_nats.") does not count.
 func SameConsumerConfig(a, b server.ConsumerConfig) bool {
-	strip := func(m map[string]string) map[string]string {
-		out := maps.Clone(m)
-		for k := range out {
-			if strings.HasPrefix(k, "_nats.") {
-				delete(out, k)
-			}
-		}
-		if len(out) == 0 {
-			return nil
-		}
-		return out
-	}
-	a.Metadata, b.Metadata = strip(a.Metadata), strip(b.Metadata)
+	a.Metadata, b.Metadata = userMetadata(a.Metadata), userMetadata(b.Metadata)
 	return reflect.DeepEqual(a, b)
 }
 

@@ -198,6 +198,7 @@ func ValidName(name string) bool {
 // SameStreamConfig reports whether two stream configurations are the same, as a repeated
 // create compares them.
 func SameStreamConfig(a, b server.StreamConfig) bool {
+	a.Metadata, b.Metadata = userMetadata(a.Metadata), userMetadata(b.Metadata)
 	ja, _ := json.Marshal(a)
 	jb, _ := json.Marshal(b)
 	return string(ja) == string(jb)

@@ -131,6 +131,9 @@ type cursorWriter struct {
 	mu      sync.Mutex
 	want    consumerstate.Pair
 	written consumerstate.Pair
+	// wantShown is the stream sequence consumer info reports for want (see
+	// consumerstate.State.Shown); it moves only with the floor, so want decides a write.
+	wantShown uint64
 	// lazy says the last write was lazy, and durable is then the stream sequence of the
 	// last floor known flushed: only that answers a double ack.
 	lazy     bool
@@ -152,9 +155,10 @@ type cursorWaiter struct {
 // floorMoved schedules a cursor write of the current floor.
 func (c *consumer) floorMoved() {
 	f := c.st.AckFloor()
+	_, shown := c.st.Shown()
 	w := &c.cw
 	w.mu.Lock()
-	w.want = f
+	w.want, w.wantShown = f, shown.Stream
 	c.startWriter()
 }
 
@@ -219,7 +223,7 @@ func (c *consumer) writeCursors() {
 	ctx := c.cs.ctx
 	for {
 		w.mu.Lock()
-		f := w.want
+		f, shown := w.want, w.wantShown
 		if (f == w.written && !w.owed()) || ctx.Err() != nil || c.gone() {
 			w.inflight = false
 			w.mu.Unlock()
@@ -232,7 +236,7 @@ func (c *consumer) writeCursors() {
 			continue
 		}
 		w.lastWrite = c.cs.b.clock.Now()
-		err := c.writeCursor(ctx, f, !hurried)
+		err := c.writeCursor(ctx, f, shown, !hurried)
 		if lost := errors.Is(err, pg.ErrLeaseLost); lost || (err != nil && ctx.Err() != nil) {
 			if lost {
 				c.stop(stopLost)
@@ -301,13 +305,13 @@ func (c *consumer) pace(ctx context.Context) bool {
 	return true
 }
 
-func (c *consumer) writeCursor(ctx context.Context, f consumerstate.Pair, lazy bool) error {
+func (c *consumer) writeCursor(ctx context.Context, f consumerstate.Pair, shown uint64, lazy bool) error {
 	p, err := c.cs.b.cfg.Ack.Acquire(ctx)
 	if err != nil {
 		return err
 	}
 	start := c.cs.b.clock.Now()
-	cp := c.cursorParams(f)
+	cp := c.cursorParams(f, shown)
 	cp.Lazy = lazy
 	rtt, err := c.cs.b.db.WriteCursor(ctx, cp)
 	giveBack(p, rtt, err)
@@ -316,9 +320,11 @@ func (c *consumer) writeCursor(ctx context.Context, f consumerstate.Pair, lazy b
 	return err
 }
 
-// cursorParams is the cursor write that records floor f under this process's lease.
-func (c *consumer) cursorParams(f consumerstate.Pair) pg.CursorParams {
-	return pg.CursorParams{StreamID: c.sc.s.id, Name: c.name, Created: c.created, Owner: c.cs.owner, AckStreamSeq: f.Stream, AckConsumerSeq: f.Consumer}
+// cursorParams is the cursor write that records floor f, shown as stream sequence shown,
+// under this process's lease.
+func (c *consumer) cursorParams(f consumerstate.Pair, shown uint64) pg.CursorParams {
+	return pg.CursorParams{StreamID: c.sc.s.id, Name: c.name, Created: c.created, Owner: c.cs.owner, AckStreamSeq: f.Stream, AckConsumerSeq: f.Consumer,
+		ShownStreamSeq: shown}
 }
 
 // flushCursor waits for the write in flight and writes a floor still unwritten, so that a
@@ -339,12 +345,12 @@ func (c *consumer) flushCursor(ctx context.Context) {
 		return
 	}
 	c.cw.mu.Lock()
-	f, written := c.cw.want, c.cw.written
+	f, shown, written := c.cw.want, c.cw.wantShown, c.cw.written
 	c.cw.mu.Unlock()
 	if f == written {
 		return
 	}
-	if _, err := c.cs.b.db.WriteCursor(ctx, c.cursorParams(f)); err != nil {
+	if _, err := c.cs.b.db.WriteCursor(ctx, c.cursorParams(f, shown)); err != nil {
 		c.cs.b.log.Warn("final cursor write failed", "stream", c.sc.s.name, "consumer", c.name, "err", err)
 	}
 }

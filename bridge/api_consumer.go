@@ -354,7 +354,7 @@ func (cs *consumerSide) info(ctx context.Context, c *consumer) (*server.Consumer
 func (cs *consumerSide) infoLocked(c *consumer) (info *server.ConsumerInfo, from, extra uint64) {
 	now := cs.b.clock.Now()
 	cfg := c.cfg
-	d, f := c.st.Delivered(), c.st.AckFloor()
+	d, f := c.st.Shown()
 	info = &server.ConsumerInfo{
 		Stream:         c.sc.s.name,
 		Name:           c.name,
@@ -408,7 +408,7 @@ func (cs *consumerSide) rowInfo(ctx context.Context, s *stream, row pg.Consumer,
 		return nil, err
 	}
 	now := cs.b.clock.Now()
-	floor := server.SequenceInfo{Consumer: row.AckConsumerSeq, Stream: row.AckStreamSeq}
+	floor := server.SequenceInfo{Consumer: row.AckConsumerSeq, Stream: row.ShownStreamSeq}
 	info := &server.ConsumerInfo{Stream: s.name, Name: row.Name, Created: row.Created.UTC(), Config: jswire.ConsumerConfigForResponse(&cfg),
 		Delivered: floor, AckFloor: floor, NumPending: np, TimeStamp: now.UTC(), PushBound: cs.pushBound(&cfg)}
 	info.Paused, info.PauseRemaining = pausedAt(cfg.PauseUntil, now)

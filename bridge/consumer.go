@@ -168,8 +168,11 @@ func newConsumer(cs *consumerSide, sc *streamConsumers, row pg.Consumer, cfg ser
 		start:      start,
 		lastActive: now,
 	}
+	if row.ShownStreamSeq < floor.Stream {
+		c.st.ShowFrom(row.ShownStreamSeq)
+	}
 	c.cw.written = floor
-	c.cw.want = floor
+	c.cw.want, c.cw.wantShown = floor, row.ShownStreamSeq
 	c.cw.hurry = make(chan struct{}, 1)
 	c.setFilters(&cfg)
 	c.setPush(&cfg, now)

@@ -33,6 +33,10 @@ type Consumer struct {
 	Created        time.Time
 	AckStreamSeq   uint64
 	AckConsumerSeq uint64
+	// ShownStreamSeq is the ack floor's stream sequence as consumer info reports it, at or
+	// below AckStreamSeq: the last message the consumer took, where AckStreamSeq runs on over
+	// the messages its filter leaves out.
+	ShownStreamSeq uint64
 	// Owner is the replica that serves it, "" for none.
 	Owner string
 }
@@ -43,13 +47,14 @@ type ConsumerKey struct {
 	Name     string
 }
 
-const sqlConsumerCols = `stream_id, name, config, created, ack_stream_seq, ack_consumer_seq, owner`
+const sqlConsumerCols = `stream_id, name, config, created, ack_stream_seq, ack_consumer_seq, owner,
+	coalesce(shown_stream_seq, ack_stream_seq)`
 
 func scanConsumer(r pgx.Row) (Consumer, error) {
 	var c Consumer
-	var as, ac int64
-	err := r.Scan(&c.StreamID, &c.Name, &c.Config, &c.Created, &as, &ac, &c.Owner)
-	c.AckStreamSeq, c.AckConsumerSeq = uint64(as), uint64(ac)
+	var as, ac, ss int64
+	err := r.Scan(&c.StreamID, &c.Name, &c.Config, &c.Created, &as, &ac, &c.Owner, &ss)
+	c.AckStreamSeq, c.AckConsumerSeq, c.ShownStreamSeq = uint64(as), uint64(ac), uint64(ss)
 	return c, err
 }
 
@@ -210,6 +215,8 @@ type CursorParams struct {
 	Owner          string
 	AckStreamSeq   uint64
 	AckConsumerSeq uint64
+	// ShownStreamSeq is Consumer.ShownStreamSeq; 0 says it is AckStreamSeq.
+	ShownStreamSeq uint64
 	// Lazy commits without waiting for the WAL flush (synchronous_commit off for this
 	// transaction alone): for a write no double ack waits for, which a crash of PostgreSQL
 	// may lose like any asynchronous commit, redelivering those acks.
@@ -229,9 +236,10 @@ func (db *DB) WriteCursor(ctx context.Context, p CursorParams) (time.Duration, e
 		} else {
 			mode = db.queueCommitMode(q, b)
 		}
-		b.Queue(`UPDATE jetgres.consumers SET ack_stream_seq = $3, ack_consumer_seq = $4
+		b.Queue(`UPDATE jetgres.consumers SET ack_stream_seq = $3, ack_consumer_seq = $4,
+				shown_stream_seq = CASE WHEN $7::bigint = 0 OR $7::bigint >= $3::bigint THEN NULL ELSE $7::bigint END
 			WHERE stream_id = $1 AND name = $2 AND owner = $5 AND created = $6`,
-			p.StreamID, p.Name, int64(p.AckStreamSeq), int64(p.AckConsumerSeq), p.Owner, p.Created)
+			p.StreamID, p.Name, int64(p.AckStreamSeq), int64(p.AckConsumerSeq), p.Owner, p.Created, int64(p.ShownStreamSeq))
 		br := q.SendBatch(ctx, b)
 		err := skipResults(br, mode)
 		var tag pgconn.CommandTag

@@ -280,13 +280,14 @@ func (db *DB) TakeLease(ctx context.Context, p LeaseParams) (Consumer, string, e
 	var c Consumer
 	var prev string
 	err := db.background(ctx, func(ctx context.Context, q querier) error {
-		var as, ac int64
+		var as, ac, ss int64
 		err := q.QueryRow(ctx, `WITH prev AS (SELECT owner FROM jetgres.consumers WHERE stream_id = $1 AND name = $2 FOR UPDATE)
 			UPDATE jetgres.consumers c SET owner = $3, lease_until = now() + $4::interval FROM prev
 			WHERE c.stream_id = $1 AND c.name = $2
-			RETURNING c.stream_id, c.name, c.config, c.created, c.ack_stream_seq, c.ack_consumer_seq, c.owner, prev.owner`,
-			p.StreamID, p.Name, p.Owner, p.TTL).Scan(&c.StreamID, &c.Name, &c.Config, &c.Created, &as, &ac, &c.Owner, &prev)
-		c.AckStreamSeq, c.AckConsumerSeq = uint64(as), uint64(ac)
+			RETURNING c.stream_id, c.name, c.config, c.created, c.ack_stream_seq, c.ack_consumer_seq, c.owner,
+				coalesce(c.shown_stream_seq, c.ack_stream_seq), prev.owner`,
+			p.StreamID, p.Name, p.Owner, p.TTL).Scan(&c.StreamID, &c.Name, &c.Config, &c.Created, &as, &ac, &c.Owner, &ss, &prev)
+		c.AckStreamSeq, c.AckConsumerSeq, c.ShownStreamSeq = uint64(as), uint64(ac), uint64(ss)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return ErrNotFound
 		}

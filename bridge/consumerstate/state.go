@@ -81,6 +81,14 @@ type State struct {
 	deadlines deadlineQueue
 	lastDlv   time.Time
 	lastAck   time.Time
+	// shown and shownFloor are what ConsumerInfo reports, kept as nats-server keeps its
+	// positions: shown is the last stream sequence delivered for the first time (or passed
+	// by a purge), and shownFloor follows the floor except where Skip moved it. The scan
+	// position and the floor run ahead of them over the messages a filter leaves out, so
+	// that a restart does not read those again; nats-server reports the last message the
+	// consumer took instead.
+	shown      uint64
+	shownFloor Pair
 	// held is the lowest stream sequence above the floor that was dropped for reaching
 	// MaxDeliver, 0 if none. As in nats-server, the floor moves only along acks in
 	// consumer-sequence order, which such a message breaks: the floor stays below it until
@@ -96,13 +104,15 @@ func New(cfg Config, floor Pair, next uint64) *State {
 		next = floor.Stream + 1
 	}
 	return &State{
-		cfg:     cfg,
-		sseq:    next,
-		dseq:    floor.Consumer + 1,
-		floor:   floor,
-		pending: make(map[uint64]pending),
-		rdc:     make(map[uint64]uint64),
-		queued:  make(map[uint64]struct{}),
+		cfg:        cfg,
+		sseq:       next,
+		dseq:       floor.Consumer + 1,
+		floor:      floor,
+		shown:      next - 1,
+		shownFloor: floor,
+		pending:    make(map[uint64]pending),
+		rdc:        make(map[uint64]uint64),
+		queued:     make(map[uint64]struct{}),
 	}
 }
 
@@ -114,13 +124,36 @@ func (s *State) Next() uint64 { return s.sseq }
 
 // Skip records that every stream sequence below next was considered and is not for this
 // consumer (filtered out or gone). With nothing pending the ack floor follows, so that a
-// restart does not scan the skipped range again.
+// restart does not scan the skipped range again; what Shown reports does not.
 func (s *State) Skip(next uint64) bool {
 	if next <= s.sseq {
 		return false
 	}
 	s.sseq = next
 	return s.settleFloor()
+}
+
+// ShowFrom makes Shown report stream sequence seq as delivered and acknowledged, for a
+// consumer resumed from a stored floor that Skip had moved past the last message it took.
+// It never reports past the floor.
+func (s *State) ShowFrom(seq uint64) {
+	seq = min(seq, s.floor.Stream)
+	s.shown, s.shownFloor = seq, Pair{Consumer: s.floor.Consumer, Stream: seq}
+}
+
+// Shown is what ConsumerInfo reports as delivered and as the ack floor: nats-server's
+// positions, which stop at the last message the consumer took where Delivered and AckFloor
+// run on over the messages its filter leaves out.
+func (s *State) Shown() (delivered, floor Pair) {
+	return Pair{Consumer: s.dseq - 1, Stream: s.shown}, s.shownFloor
+}
+
+// show moves the shown floor after the floor moved for any reason but Skip.
+func (s *State) show() {
+	f := Pair{Consumer: s.floor.Consumer, Stream: min(s.floor.Stream, s.shown)}
+	if f.Stream > s.shownFloor.Stream || f.Stream == s.shownFloor.Stream && f.Consumer > s.shownFloor.Consumer {
+		s.shownFloor = f
+	}
 }
 
 // Delivered is the last consumer sequence handed out and the highest stream sequence
@@ -195,9 +228,13 @@ func (s *State) Deliver(seq, dc uint64, now time.Time) (dseq uint64, floorMoved 
 	} else if seq >= s.sseq {
 		s.sseq = seq + 1
 	}
+	if dc <= 1 {
+		s.shown = max(s.shown, seq)
+	}
 	if s.cfg.AckPolicy == AckNone {
 		if seq > s.floor.Stream {
 			s.floor = Pair{Consumer: dseq, Stream: seq}
+			s.show()
 			return dseq, true
 		}
 		return dseq, false
@@ -238,7 +275,7 @@ func (s *State) Ack(seq, dseq uint64, now time.Time) bool {
 		s.unqueue(seq)
 		delete(s.pending, seq)
 		s.compact()
-		return s.settleFloor()
+		return s.settled()
 	case AckAll:
 		if dseq <= s.floor.Consumer || seq <= s.floor.Stream {
 			return false
@@ -262,6 +299,7 @@ func (s *State) Ack(seq, dseq uint64, now time.Time) bool {
 		}
 		s.floor = Pair{Consumer: dseq, Stream: seq}
 		s.settleFloor()
+		s.show()
 		return true
 	}
 	return false
@@ -355,6 +393,9 @@ func (s *State) Purged(start, last uint64, wider bool, gone func(seq uint64) boo
 		start = last + 1
 	}
 	s.sseq = max(s.sseq, start)
+	if start > 0 {
+		s.shown = max(s.shown, start-1)
+	}
 	if start == 0 || s.floor.Stream >= start {
 		return false
 	}
@@ -374,6 +415,7 @@ func (s *State) Purged(start, last uint64, wider bool, gone func(seq uint64) boo
 	if s.held <= s.floor.Stream {
 		s.held = 0
 	}
+	s.show()
 	s.compact()
 	return true
 }
@@ -387,7 +429,7 @@ func (s *State) Gone(seq uint64) bool {
 		return false
 	}
 	delete(s.pending, seq)
-	return s.settleFloor()
+	return s.settled()
 }
 
 // Expire queues every delivery whose ack wait has passed by now for redelivery, and drops
@@ -412,7 +454,7 @@ func (s *State) Expire(now time.Time) (queued, floorMoved bool) {
 		queued = true
 	}
 	if dropped {
-		floorMoved = s.settleFloor()
+		floorMoved = s.settled()
 	}
 	return queued, floorMoved
 }
@@ -470,6 +512,17 @@ func (s *State) hold(seq uint64) {
 	if seq > s.floor.Stream && (s.held == 0 || seq < s.held) {
 		s.held = seq
 	}
+}
+
+// settled is settleFloor after an ack, an expiry or a removal: when the floor moves, the
+// shown floor follows. An ack that moves nothing (out of order) leaves it, as nats-server
+// leaves its floor.
+func (s *State) settled() bool {
+	moved := s.settleFloor()
+	if moved {
+		s.show()
+	}
+	return moved
 }
 
 // settleFloor moves the ack floor up to just below the lowest pending delivery, or to what

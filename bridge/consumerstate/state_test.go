@@ -432,3 +432,33 @@ func BenchmarkWakeWithManyPending(b *testing.B) {
 	slices.Sort(ratios)
 	b.ReportMetric(ratios[len(ratios)/2], "100k/100")
 }
+
+// What Skip passes (messages a filter leaves out) moves the scan and the floor, not what
+// Shown reports: that stays at the last message taken until an ack moves the floor in order,
+// as nats-server's positions do.
+func TestShownIgnoresSkips(t *testing.T) {
+	s, clk := setup(t, Config{AckPolicy: AckExplicit, AckWait: time.Minute})
+	wantShown := func(step string, delivered, floor Pair) {
+		t.Helper()
+		if d, f := s.Shown(); d != delivered || f != floor {
+			t.Fatalf("%s: shown delivered %+v, floor %+v, want %+v and %+v", step, d, f, delivered, floor)
+		}
+	}
+	s.Deliver(1, 1, clk.t)
+	s.Deliver(3, 1, clk.t)
+	s.Ack(3, 2, clk.t)
+	s.Ack(1, 1, clk.t)
+	wantShown("both acked", Pair{2, 3}, Pair{2, 3})
+	s.Skip(6) // 4 and 5 are not for this consumer
+	wantFloor(t, s, 2, 5)
+	wantShown("after a skip", Pair{2, 3}, Pair{2, 3})
+	s.Deliver(6, 1, clk.t)
+	s.Deliver(7, 1, clk.t)
+	s.Skip(10)
+	wantShown("6 and 7 delivered", Pair{4, 7}, Pair{2, 3})
+	s.Ack(7, 4, clk.t) // out of order: no floor moves
+	wantShown("7 acked", Pair{4, 7}, Pair{2, 3})
+	s.Ack(6, 3, clk.t)
+	wantFloor(t, s, 4, 9)
+	wantShown("all acked", Pair{4, 7}, Pair{4, 7})
+}

@@ -134,6 +134,7 @@ type consumer struct {
 	lastActive time.Time
 	retryAt    time.Time
 	unlocked   bool // mu was released to wait for a read: the pump's reading of the clock is old
+	replay     replay
 
 	// initial is the consumer's info as of its creation, before its goroutine delivered
 	// anything: the create response reports it, as nats-server's does, since a push
@@ -170,6 +171,9 @@ func newConsumer(cs *consumerSide, sc *streamConsumers, row pg.Consumer, cfg ser
 	}
 	if row.ShownStreamSeq < floor.Stream {
 		c.st.ShowFrom(row.ShownStreamSeq)
+	}
+	if cfg.ReplayPolicy == server.ReplayOriginal {
+		c.replay = replay{on: true, upTo: sc.tail.HighWater()}
 	}
 	c.cw.written = floor
 	c.cw.want, c.cw.wantShown = floor, row.ShownStreamSeq
@@ -464,6 +468,10 @@ func (c *consumer) pump(ctx context.Context) {
 			eos = found == nextEmpty
 			break
 		}
+		if c.replay.on && c.replay.hold(m, c.cs.b.clock.Now()) {
+			eos = false
+			break
+		}
 		hdr, data := m.Header, m.Data
 		if c.cfg.HeadersOnly {
 			hdr, data = headersOnly(m.Header, len(m.Data)), nil
@@ -536,6 +544,9 @@ func (c *consumer) pump(ctx context.Context) {
 	}
 	if floorMoved {
 		c.floorMoved()
+	}
+	if c.replay.on && c.st.Next() > c.replay.upTo {
+		c.replay = replay{} // caught up: live messages go out at once
 	}
 	c.processWaiting(c.cs.b.clock.Now(), eos)
 	if c.isPush() {
@@ -1002,6 +1013,7 @@ func (c *consumer) nextWake(now time.Time) time.Time {
 		earlier(c.lastActive.Add(th))
 	}
 	earlier(c.st.NextDeadline())
+	earlier(c.replay.at)
 	if c.paused(now) && len(c.waiting) > 0 {
 		earlier(*c.cfg.PauseUntil)
 	}
@@ -1061,4 +1073,31 @@ func (c *consumer) shutdown(r stopReason) {
 // headersOnly replaces a payload by its size, as JetStream's headers_only does.
 func headersOnly(hdr []byte, size int) []byte {
 	return jswire.AppendHeaders(hdr, server.JSMsgSize, strconv.Itoa(size))
+}
+
+// replay paces a consumer with replay_policy original, as nats-server does: from its start
+// until it has caught up with the stream's last message of that moment, each message goes
+// out as long after the one before as it was stored after it (gaps under a millisecond do
+// not wait), redeliveries included; from then on messages go out at once.
+type replay struct {
+	on   bool
+	upTo uint64 // the stream's last sequence when the consumer started
+	last int64  // the stored time of the message delivered last, 0 before the first
+	seq  uint64 // the message being held back, and until when
+	at   time.Time
+}
+
+// hold reports whether m must wait, and otherwise takes it as delivered at now. The wait
+// starts when m is first found due.
+func (r *replay) hold(m pg.Message, now time.Time) bool {
+	if gap := time.Duration(m.TS - r.last); r.last > 0 && gap > time.Millisecond {
+		if r.seq != m.Seq || r.at.IsZero() {
+			r.seq, r.at = m.Seq, now.Add(gap)
+		}
+		if now.Before(r.at) {
+			return true
+		}
+	}
+	r.last, r.seq, r.at = m.TS, 0, time.Time{}
+	return false
 }

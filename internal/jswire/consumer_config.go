@@ -39,9 +39,6 @@ func CheckConsumerConfig(req server.ConsumerConfig, scfg *server.StreamConfig) (
 		utc := cfg.PauseUntil.UTC()
 		cfg.PauseUntil = &utc
 	}
-	if cfg.ReplayPolicy == server.ReplayOriginal {
-		return cfg, server.NewJSConsumerCreateError(errors.New("replay original is not supported by jetgres"))
-	}
 
 	// Empty lists are stored as nothing (their JSON is omitempty) and come back nil: make
 	// them nil now, so that a configuration equals itself after a trip through PostgreSQL
@@ -115,7 +112,7 @@ func CheckConsumerConfig(req server.ConsumerConfig, scfg *server.StreamConfig) (
 	if cfg.AckPolicy < server.AckNone || cfg.AckPolicy > server.AckFlowControl {
 		return cfg, server.NewJSConsumerAckPolicyInvalidError()
 	}
-	if cfg.ReplayPolicy != server.ReplayInstant {
+	if cfg.ReplayPolicy != server.ReplayInstant && cfg.ReplayPolicy != server.ReplayOriginal {
 		return cfg, server.NewJSConsumerReplayPolicyInvalidError()
 	}
 	for _, d := range cfg.BackOff {

@@ -114,3 +114,30 @@ func BenchmarkAccountInfo10kStreams(b *testing.B) {
 		}
 	}
 }
+
+// Account information counts usage and reservations by storage type as nats-server does: a
+// stream with a byte limit reserves that limit of its storage type, and each stream's bytes
+// count as file or memory storage. (The memory streams hold nothing here: jetgres counts a
+// message's bytes as JetStream's file store does, for memory streams too.)
+func TestAccountInfoStorageMatchesJetStream(t *testing.T) {
+	t.Parallel()
+	tw := newTwin(t)
+	tw.createStream(jetstream.StreamConfig{Name: "FL", Subjects: []string{"fl.>"}, MaxBytes: 1 << 20})
+	tw.createStream(jetstream.StreamConfig{Name: "FU", Subjects: []string{"fu.>"}})
+	tw.createStream(jetstream.StreamConfig{Name: "ML", Subjects: []string{"ml.>"}, Storage: jetstream.MemoryStorage, MaxBytes: 64 << 10})
+	tw.createStream(jetstream.StreamConfig{Name: "MU", Subjects: []string{"mu.>"}, Storage: jetstream.MemoryStorage})
+	tw.pubN("fl.x", 5, 100)
+	tw.pubN("fu.x", 3, 10)
+	var infos [2]*jetstream.AccountInfo
+	for side, js := range tw.js {
+		var err error
+		if infos[side], err = js.AccountInfo(tw.ctx); err != nil {
+			t.Fatalf("%s: %v", sideName[side], err)
+		}
+	}
+	got, want := infos[ours].Tier, infos[theirs].Tier
+	got.Limits, want.Limits = jetstream.AccountLimits{}, jetstream.AccountLimits{}
+	if got != want {
+		t.Fatalf("account info: jetgres %+v, JetStream %+v", got, want)
+	}
+}

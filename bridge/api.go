@@ -143,10 +143,23 @@ func (b *Bridge) apiAccountInfo(ctx context.Context) (*server.JSApiAccountInfoRe
 	if err != nil {
 		return resp, err
 	}
+	// Usage and reservations by storage type, as nats-server counts them: a stream with a
+	// byte limit reserves that limit of its storage type ("nats account info" prints it).
 	for _, s := range b.streamList() {
+		cfg := s.cfgView()
 		stats.Streams++
 		stats.Consumers += counts[s.id]
-		stats.Store += totals[s.id].Bytes
+		var reserved uint64
+		if cfg.MaxBytes > 0 {
+			reserved = uint64(cfg.MaxBytes)
+		}
+		if cfg.Storage == server.MemoryStorage {
+			stats.Memory += totals[s.id].Bytes
+			stats.ReservedMemory += reserved
+		} else {
+			stats.Store += totals[s.id].Bytes
+			stats.ReservedStore += reserved
+		}
 	}
 	stats.Limits = server.JetStreamAccountLimits{MaxMemory: -1, MaxStore: -1, MaxStreams: -1, MaxConsumers: -1, MaxAckPending: -1, MemoryMaxStreamBytes: -1, StoreMaxStreamBytes: -1}
 	resp.JetStreamAccountStats = &stats

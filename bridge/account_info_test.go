@@ -117,8 +117,8 @@ func BenchmarkAccountInfo10kStreams(b *testing.B) {
 
 // Account information counts usage and reservations by storage type as nats-server does: a
 // stream with a byte limit reserves that limit of its storage type, and each stream's bytes
-// count as file or memory storage. (The memory streams hold nothing here: jetgres counts a
-// message's bytes as JetStream's file store does, for memory streams too.)
+// count as file or memory storage, a memory stream's message as its memory store counts it
+// (every publish compares each stream's bytes too).
 func TestAccountInfoStorageMatchesJetStream(t *testing.T) {
 	t.Parallel()
 	tw := newTwin(t)
@@ -128,6 +128,8 @@ func TestAccountInfoStorageMatchesJetStream(t *testing.T) {
 	tw.createStream(jetstream.StreamConfig{Name: "MU", Subjects: []string{"mu.>"}, Storage: jetstream.MemoryStorage})
 	tw.pubN("fl.x", 5, 100)
 	tw.pubN("fu.x", 3, 10)
+	tw.pubN("ml.x", 4, 50)
+	tw.pubN("mu.x", 2, 0)
 	var infos [2]*jetstream.AccountInfo
 	for side, js := range tw.js {
 		var err error
@@ -140,4 +142,16 @@ func TestAccountInfoStorageMatchesJetStream(t *testing.T) {
 	if got != want {
 		t.Fatalf("account info: jetgres %+v, JetStream %+v", got, want)
 	}
+}
+
+// A memory stream's max_bytes evicts as nats-server's memory store does: its messages count
+// 16 bytes besides their subject, headers and payload, where a file stream's count 30 or 34.
+func TestMemoryStreamMaxBytesMatchesJetStream(t *testing.T) {
+	t.Parallel()
+	tw := newTwin(t)
+	tw.createStream(jetstream.StreamConfig{Name: "MB", Subjects: []string{"mb.>"}, Storage: jetstream.MemoryStorage, MaxBytes: 500})
+	for range 12 {
+		tw.pub("mb.x", make([]byte, 50)) // every publish compares messages, bytes and first sequence
+	}
+	tw.want("MB", 7, 6, 12, 0)
 }

@@ -70,7 +70,7 @@ func TestIntakeTotalBound(t *testing.T) {
 			t.Fatal("a publish got no answer")
 		}
 	}
-	fit := total / int(pg.MessageSize("t0.x", nil, make([]byte, payload)))
+	fit := total / int(pg.MessageSize(false, "t0.x", nil, make([]byte, payload)))
 	if refused == 0 || stored < fit {
 		t.Errorf("%d stored and %d refused; want refusals, and at least the %d that fit", stored, refused, fit)
 	}

@@ -53,7 +53,7 @@ func (b *Bridge) onPublish(s *stream, m *leaf.Msg) {
 		b.reject(s, m.Reply, reasonSealed, server.NewJSStreamSealedError())
 		return
 	}
-	size := int(pg.MessageSize(m.Subject, m.Header, m.Data))
+	size := int(pg.MessageSize(cfg.Storage == server.MemoryStorage, m.Subject, m.Header, m.Data))
 	if cfg.MaxMsgSize > 0 && len(m.Data)+len(m.Header) > int(cfg.MaxMsgSize) {
 		b.reject(s, m.Reply, reasonTooLarge, server.NewJSStreamMessageExceedsMaximumError())
 		return

@@ -116,6 +116,7 @@ type lockedState struct {
 	lastTS                      int64
 	chunk, chunkRows            int64
 	lastMsgID                   string
+	memory                      bool // sizes count as a memory stream's (see MessageSize)
 	// committedFirst is firstSeq as the row was read: what the batch evicts is still there
 	// for the statements of this transaction.
 	committedFirst uint64
@@ -186,7 +187,7 @@ func (db *DB) appendTx(ctx context.Context, q querier, batches []AppendBatch, ts
 	b := &pgx.Batch{}
 	b.Queue(first, firstArgs...)
 	mode := db.queueCommitMode(q, b)
-	b.Queue(`SELECT stream_id, first_seq, last_seq, last_ts, cum_bytes, msgs, bytes, chunk, chunk_rows, last_msg_id
+	b.Queue(`SELECT stream_id, first_seq, last_seq, last_ts, cum_bytes, msgs, bytes, chunk, chunk_rows, last_msg_id, memory
 		FROM jetgres.stream_state WHERE stream_id = ANY($1) ORDER BY stream_id FOR UPDATE`, ids)
 	reads := make([]batchReads, len(batches))
 	for i, bt := range batches {
@@ -275,7 +276,7 @@ func (db *DB) appendTx(ctx context.Context, q querier, batches []AppendBatch, ts
 				r.Outcomes[j] = Outcome{Err: ErrSeqExhausted}
 				continue
 			}
-			size := MessageSize(m.Subject, m.Header, m.Data)
+			size := MessageSize(st.memory, m.Subject, m.Header, m.Data)
 			if !m.NoInterest {
 				if e := h.admit(m.Subject, size); e != nil {
 					r.Outcomes[j] = Outcome{Err: e}
@@ -404,7 +405,7 @@ func (db *DB) prefetchFor(bt AppendBatch) int {
 		return prefetch(bt.Limits, tailState{}, false, 0, 0)
 	}
 	last, known := db.tails.get(bt.StreamID)
-	n, nbytes := batchSize(bt)
+	n, nbytes := batchSize(bt, last.memory)
 	return prefetch(bt.Limits, last, known, n, nbytes)
 }
 
@@ -438,7 +439,7 @@ func readBatchReads(br pgx.BatchResults, skip int, batches []AppendBatch, reads 
 	for rows.Next() {
 		var id int64
 		s := &lockedState{}
-		if err := rows.Scan(&id, &s.firstSeq, &s.lastSeq, &s.lastTS, &s.cumBytes, &s.msgs, &s.bytes, &s.chunk, &s.chunkRows, &s.lastMsgID); err != nil {
+		if err := rows.Scan(&id, &s.firstSeq, &s.lastSeq, &s.lastTS, &s.cumBytes, &s.msgs, &s.bytes, &s.chunk, &s.chunkRows, &s.lastMsgID, &s.memory); err != nil {
 			rows.Close()
 			return nil, err
 		}
@@ -523,12 +524,13 @@ func batchSubjects(b AppendBatch) []string {
 	return out
 }
 
-// batchSize is how many messages a batch may store and their stored bytes.
-func batchSize(b AppendBatch) (n int, bytes uint64) {
+// batchSize is how many messages a batch may store and their stored bytes, counted as a
+// memory stream's when memory.
+func batchSize(b AppendBatch, memory bool) (n int, bytes uint64) {
 	for _, m := range b.Msgs {
 		if !m.NoInterest {
 			n++
-			bytes += MessageSize(m.Subject, m.Header, m.Data)
+			bytes += MessageSize(memory, m.Subject, m.Header, m.Data)
 		}
 	}
 	return n, bytes

@@ -31,6 +31,7 @@ type tailState struct {
 	msgs, bytes       uint64
 	lastTS            int64
 	chunk, chunkRows  int64
+	memory            bool // sizes count as a memory stream's (see MessageSize)
 }
 
 // tailStates remembers each stream's tailState.
@@ -76,7 +77,7 @@ func (t *tailStates) forget(id int64) {
 
 func (t *tailStates) remember(id int64, st *lockedState) {
 	t.set(id, tailState{firstSeq: st.firstSeq, lastSeq: st.lastSeq, cumBytes: st.cumBytes, msgs: st.msgs, bytes: st.bytes,
-		lastTS: st.lastTS, chunk: st.chunk, chunkRows: st.chunkRows})
+		lastTS: st.lastTS, chunk: st.chunk, chunkRows: st.chunkRows, memory: st.memory})
 }
 
 // fastEligible reports whether a batch can take the fast path: nothing in it needs a
@@ -94,7 +95,7 @@ func fastEligible(bt AppendBatch, st tailState) bool {
 	if l.MaxMsgs <= 0 && l.MaxBytes <= 0 {
 		return true
 	}
-	n, nbytes := batchSize(bt)
+	n, nbytes := batchSize(bt, st.memory)
 	return (l.MaxMsgs <= 0 || st.msgs+uint64(n) <= uint64(l.MaxMsgs)) && (l.MaxBytes <= 0 || st.bytes+nbytes <= uint64(l.MaxBytes))
 }
 
@@ -125,7 +126,7 @@ func fastIndexed(bt AppendBatch, st tailState, x *subjectIndex) bool {
 	if x == nil || l.MaxMsgsPer <= 0 || l.DiscardNewPer || !fastShape(bt, st) || !x.matches(st.firstSeq, st.lastSeq, st.msgs, st.bytes) {
 		return false
 	}
-	n, nbytes := batchSize(bt)
+	n, nbytes := batchSize(bt, st.memory)
 	return (l.MaxMsgs <= 0 || x.msgs+uint64(n) <= uint64(l.MaxMsgs)) && (l.MaxBytes <= 0 || x.bytes+nbytes <= uint64(l.MaxBytes))
 }
 
@@ -163,11 +164,11 @@ func (db *DB) appendFast(ctx context.Context, q querier, batches []AppendBatch, 
 		for j, m := range bt.Msgs {
 			p.next.lastSeq++
 			msg := Message{Seq: p.next.lastSeq, TS: p.next.lastTS, Subject: m.Subject, Header: m.Header, Data: m.Data, cumBefore: p.next.cumBytes}
-			p.next.cumBytes += msg.Size()
+			p.next.cumBytes += MessageSize(st.memory, m.Subject, m.Header, m.Data)
 			p.res.Stored = append(p.res.Stored, msg)
 			p.res.Outcomes[j] = Outcome{Seq: msg.Seq}
 			if idx != nil {
-				p.tombs = idx.add(m.Subject, liveRow{seq: msg.Seq, size: msg.Size()}, bt.Limits.MaxMsgsPer, p.tombs)
+				p.tombs = idx.add(m.Subject, liveRow{seq: msg.Seq, size: MessageSize(st.memory, m.Subject, m.Header, m.Data)}, bt.Limits.MaxMsgsPer, p.tombs)
 			}
 		}
 		p.next.chunkRows += int64(len(bt.Msgs))

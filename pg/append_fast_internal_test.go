@@ -8,7 +8,7 @@ import "testing"
 func TestFastEligibleUnderLimits(t *testing.T) {
 	st := tailState{lastSeq: 10, msgs: 10, bytes: 1000, chunkRows: 10}
 	msgs := []AppendMsg{{Subject: "a", Data: make([]byte, 40)}, {Subject: "a", Data: make([]byte, 40)}}
-	size := 2 * MessageSize("a", nil, make([]byte, 40))
+	size := 2 * MessageSize(false, "a", nil, make([]byte, 40))
 	for _, tc := range []struct {
 		name string
 		l    Limits

@@ -49,7 +49,7 @@ func TestFastPathUnderLimits(t *testing.T) {
 					}
 					var size uint64
 					for _, m := range msgs {
-						size += pg.MessageSize(m.Subject, m.Header, m.Data)
+						size += pg.MessageSize(false, m.Subject, m.Header, m.Data)
 					}
 					fits := before.Msgs+uint64(len(msgs)) <= uint64(lim.MaxMsgs) && before.Bytes+size <= uint64(lim.MaxBytes)
 					for i, o := range res[0].Outcomes {

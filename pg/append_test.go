@@ -127,7 +127,7 @@ func TestAppendStartsFromTheListedState(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	size := pg.MessageSize("a", nil, msg[0].Data)
+	size := pg.MessageSize(false, "a", nil, msg[0].Data)
 	if state.LastSeq != 6 || state.Msgs != 6 || state.Bytes != 6*size {
 		t.Errorf("state after 6 appends from two processes: last %d, %d msgs, %d bytes; want 6, 6, %d", state.LastSeq, state.Msgs, state.Bytes, 6*size)
 	}

@@ -102,7 +102,7 @@ func oldAppend(t *testing.T, raw *rawsql.DB, id int64, perChunk int64, subjects 
 			last, time.Now().UnixNano(), subj, data, cum); err != nil {
 			t.Fatal(err)
 		}
-		size := int64(pg.MessageSize(subj, nil, data))
+		size := int64(pg.MessageSize(false, subj, nil, data))
 		cum += size
 		bytes += size
 		rows++

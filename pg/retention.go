@@ -20,12 +20,13 @@ type stateRow struct {
 	cumBytes uint64
 	msgs     uint64
 	bytes    uint64
+	memory   bool // sizes count as a memory stream's (see MessageSize)
 }
 
 func lockState(ctx context.Context, q querier, id int64) (*stateRow, error) {
 	st := &stateRow{id: id}
-	err := q.QueryRow(ctx, `SELECT first_seq, last_seq, cum_bytes, msgs, bytes FROM jetgres.stream_state
-		WHERE stream_id = $1 FOR UPDATE`, id).Scan(&st.first, &st.last, &st.cumBytes, &st.msgs, &st.bytes)
+	err := q.QueryRow(ctx, `SELECT first_seq, last_seq, cum_bytes, msgs, bytes, memory FROM jetgres.stream_state
+		WHERE stream_id = $1 FOR UPDATE`, id).Scan(&st.first, &st.last, &st.cumBytes, &st.msgs, &st.bytes, &st.memory)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, ErrNotFound
 	}
@@ -145,7 +146,7 @@ func (db *DB) tombstoneWhere(ctx context.Context, q querier, st *stateRow, from,
 		var n, size uint64
 		err := q.QueryRow(ctx, `WITH gone AS (
 				INSERT INTO jetgres.deleted (stream_id, seq, size)
-				SELECT $1, m.seq, `+sqlSize+` FROM `+chunkTable(st.id, c.chunk)+` m
+				SELECT $1, m.seq, `+sqlSize(st.memory)+` FROM `+chunkTable(st.id, c.chunk)+` m
 				WHERE m.seq BETWEEN $2 AND $3 AND `+sqlLive+` AND (`+cond+`)
 				RETURNING size)
 			SELECT count(*), coalesce(sum(size), 0) FROM gone`,

@@ -29,11 +29,15 @@ func (db *DB) CheckHoldings(ctx context.Context, id int64) error {
 			tables = append(tables, t)
 		}
 		rows.Close()
+		var memory bool
+		if err := q.QueryRow(ctx, `SELECT memory FROM jetgres.stream_state WHERE stream_id = $1`, id).Scan(&memory); err != nil {
+			return err
+		}
 		var live, liveBytes, present uint64
 		for _, t := range tables {
 			var n, b, p uint64
 			err := q.QueryRow(ctx, `SELECT count(*) FILTER (WHERE NOT EXISTS (SELECT 1 FROM jetgres.deleted d WHERE d.stream_id = $1 AND d.seq = m.seq)),
-					coalesce(sum(`+sqlSize+`) FILTER (WHERE NOT EXISTS (SELECT 1 FROM jetgres.deleted d WHERE d.stream_id = $1 AND d.seq = m.seq)), 0),
+					coalesce(sum(`+sqlSize(memory)+`) FILTER (WHERE NOT EXISTS (SELECT 1 FROM jetgres.deleted d WHERE d.stream_id = $1 AND d.seq = m.seq)), 0),
 					count(*) FILTER (WHERE EXISTS (SELECT 1 FROM jetgres.deleted d WHERE d.stream_id = $1 AND d.seq = m.seq))
 				FROM jetgres.`+t+` m WHERE m.seq BETWEEN $2 AND $3`, id, int64(first), int64(last)).Scan(&n, &b, &p)
 			if err != nil {

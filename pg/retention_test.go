@@ -18,18 +18,24 @@ import (
 // stream holds from its rows.
 func TestHoldingsStayCounted(t *testing.T) {
 	t.Parallel()
-	for _, lim := range []pg.Limits{
-		{},
-		{MaxMsgs: 40, MaxMsgsPer: 3},
-		{MaxBytes: 2000},
-		{MaxMsgs: 25, DiscardNew: true, MaxMsgsPer: 4},
+	for _, tc := range []struct {
+		lim    pg.Limits
+		config string
+	}{
+		{pg.Limits{}, `{}`},
+		{pg.Limits{MaxMsgs: 40, MaxMsgsPer: 3}, `{}`},
+		{pg.Limits{MaxBytes: 2000}, `{}`},
+		{pg.Limits{MaxMsgs: 25, DiscardNew: true, MaxMsgsPer: 4}, `{}`},
+		// A memory stream counts its bytes as nats-server's memory store does.
+		{pg.Limits{MaxBytes: 1500, MaxMsgsPer: 3}, `{"storage":"memory"}`},
 	} {
-		t.Run(fmt.Sprintf("%+v", lim), func(t *testing.T) {
+		lim := tc.lim
+		t.Run(fmt.Sprintf("%+v %s", lim, tc.config), func(t *testing.T) {
 			t.Parallel()
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 			defer cancel()
 			db := pgtest.Open(t)
-			st, err := db.CreateStream(ctx, "R", []byte(`{}`))
+			st, err := db.CreateStream(ctx, "R", []byte(tc.config))
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -34,8 +34,12 @@ func (db *DB) SQLSizes(ctx context.Context, id int64, subjects []string) (map[st
 		if err != nil {
 			return err
 		}
+		var memory bool
+		if err := q.QueryRow(ctx, `SELECT memory FROM jetgres.stream_state WHERE stream_id = $1`, id).Scan(&memory); err != nil {
+			return err
+		}
 		for _, c := range chunks {
-			if err := read("sqlSize", `SELECT seq, `+sqlSize+` FROM `+chunkTable(id, c.chunk)+` m WHERE `+liveRows, id); err != nil {
+			if err := read("sqlSize", `SELECT seq, `+sqlSize(memory)+` FROM `+chunkTable(id, c.chunk)+` m WHERE `+liveRows, id); err != nil {
 				return err
 			}
 		}

@@ -9,12 +9,26 @@ import (
 )
 
 // MessageSize in Go and jetgres.message_size in SQL must agree, or the limits the append
-// path checks in Go drift from the bytes retention counts in SQL.
+// path checks in Go drift from the bytes retention counts in SQL: for file streams, and for
+// memory streams, which count as nats-server's memory store does.
 func TestMessageSizeAgreesWithSQL(t *testing.T) {
 	t.Parallel()
+	for _, memory := range []bool{false, true} {
+		config := `{"storage":"file"}`
+		if memory {
+			config = `{"storage":"memory"}`
+		}
+		t.Run(config, func(t *testing.T) {
+			t.Parallel()
+			messageSizeAgrees(t, config, memory)
+		})
+	}
+}
+
+func messageSizeAgrees(t *testing.T, config string, memory bool) {
 	ctx := t.Context()
 	db := pgtest.Open(t)
-	st, err := db.CreateStream(ctx, "S", []byte(`{}`))
+	st, err := db.CreateStream(ctx, "S", []byte(config))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -32,7 +46,7 @@ func TestMessageSizeAgreesWithSQL(t *testing.T) {
 	}
 	want := make(map[uint64]uint64)
 	for i, m := range msgs {
-		want[res[0].Outcomes[i].Seq] = pg.MessageSize(m.Subject, m.Header, m.Data)
+		want[res[0].Outcomes[i].Seq] = pg.MessageSize(memory, m.Subject, m.Header, m.Data)
 	}
 	subjects := []string{"a", "a.b", "hdr", "hdr.only", "größe.ü"}
 	got, err := db.SQLSizes(ctx, st.ID, subjects)

@@ -45,11 +45,12 @@ type StreamState struct {
 const sqlCreateStream = `
 WITH s AS (
     INSERT INTO jetgres.streams (name, config) VALUES ($1, $2)
-    RETURNING id, created
+    RETURNING id, created, config
 ), st AS (
-    INSERT INTO jetgres.stream_state (stream_id, first_seq, last_seq) SELECT id, $3::bigint, $3::bigint - 1 FROM s
+    INSERT INTO jetgres.stream_state (stream_id, first_seq, last_seq, memory)
+    SELECT id, $3::bigint, $3::bigint - 1, coalesce(config->>'storage' = 'memory', false) FROM s
 )
-SELECT id, created FROM s`
+SELECT id, created, coalesce(config->>'storage' = 'memory', false) FROM s`
 
 // CreateStream stores a new stream and creates its first chunk table.
 // It returns ErrExists when the name is taken.
@@ -75,12 +76,13 @@ func (db *DB) CreateStreamChecked(ctx context.Context, name string, config []byt
 	purged := firstSeq > 0
 	firstSeq = max(firstSeq, 1)
 	st := Stream{Name: name, Config: config}
+	var memory bool
 	var checkErr error
 	err := db.backgroundTx(ctx, func(ctx context.Context, q querier) error {
 		if err := runStreamCheck(ctx, q, name, check, &checkErr); err != nil {
 			return err
 		}
-		if err := q.QueryRow(ctx, sqlCreateStream, name, config, int64(firstSeq)).Scan(&st.ID, &st.Created); err != nil {
+		if err := q.QueryRow(ctx, sqlCreateStream, name, config, int64(firstSeq)).Scan(&st.ID, &st.Created, &memory); err != nil {
 			return err
 		}
 		if purged {
@@ -104,7 +106,7 @@ func (db *DB) CreateStreamChecked(ctx context.Context, name string, config []byt
 	}
 	// The state row is as sqlCreateStream made it, so the stream's first publish can take
 	// the fast path rather than lock the row to learn what this process just wrote.
-	db.tails.seed(st.ID, tailState{firstSeq: firstSeq, lastSeq: firstSeq - 1})
+	db.tails.seed(st.ID, tailState{firstSeq: firstSeq, lastSeq: firstSeq - 1, memory: memory})
 	return st, nil
 }
 
@@ -214,7 +216,7 @@ func (db *DB) Streams(ctx context.Context) ([]Stream, error) {
 	var tails []tailState
 	err := db.background(ctx, func(ctx context.Context, q querier) error {
 		rows, err := q.Query(ctx, `SELECT s.id, s.name, s.config, s.created, st.first_seq, st.last_seq, st.last_ts,
-				st.cum_bytes, st.msgs, st.bytes, st.chunk, st.chunk_rows
+				st.cum_bytes, st.msgs, st.bytes, st.chunk, st.chunk_rows, st.memory
 			FROM jetgres.streams s JOIN jetgres.stream_state st ON st.stream_id = s.id ORDER BY s.name`)
 		if err != nil {
 			return err
@@ -225,7 +227,7 @@ func (db *DB) Streams(ctx context.Context) ([]Stream, error) {
 			var s Stream
 			var t tailState
 			if err := rows.Scan(&s.ID, &s.Name, &s.Config, &s.Created, &t.firstSeq, &t.lastSeq, &t.lastTS,
-				&t.cumBytes, &t.msgs, &t.bytes, &t.chunk, &t.chunkRows); err != nil {
+				&t.cumBytes, &t.msgs, &t.bytes, &t.chunk, &t.chunkRows, &t.memory); err != nil {
 				return err
 			}
 			out, tails = append(out, s), append(tails, t)

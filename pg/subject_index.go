@@ -189,7 +189,7 @@ func (s *subjectIndexes) afterGeneral(id int64, x *subjectIndex, before lockedSt
 	}
 	x.passFirst(after.firstSeq)
 	for _, m := range stored {
-		x.add(m.Subject, liveRow{seq: m.Seq, size: m.Size()}, 0, nil)
+		x.add(m.Subject, liveRow{seq: m.Seq, size: MessageSize(after.memory, m.Subject, m.Header, m.Data)}, 0, nil)
 	}
 	x.last = after.lastSeq
 	x.settle()
@@ -216,7 +216,7 @@ func (db *DB) subjectIndexFor(ctx context.Context, q querier, id int64, st *lock
 	}
 	x = newSubjectIndex(st.firstSeq, st.lastSeq)
 	for _, c := range liveChunks(chunks, st.firstSeq, st.lastSeq) {
-		rows, err := q.Query(ctx, `SELECT m.subject, m.seq, `+sqlSize+` FROM `+chunkTable(id, c.chunk)+` m
+		rows, err := q.Query(ctx, `SELECT m.subject, m.seq, `+sqlSize(st.memory)+` FROM `+chunkTable(id, c.chunk)+` m
 			WHERE m.seq BETWEEN $2 AND $3 AND `+sqlLive+` ORDER BY m.seq`, id, int64(st.firstSeq), int64(st.lastSeq))
 		if err != nil {
 			return nil, err

@@ -24,6 +24,12 @@ const (
 	// IntakeTotalBytesDefault bounds the fusion buffers of all streams together, so that many
 	// streams facing a slow database cannot each fill their own bound.
 	IntakeTotalBytesDefault = 256 << 20
+	// TailBytesDefault bounds each stream's tail cache: the newest committed messages, kept
+	// so that consumers that keep up are served from memory and never touch PostgreSQL.
+	TailBytesDefault = 16 << 20
+	// TailTotalBytesDefault bounds all tail caches together: every stream that takes
+	// publishes has one, whether or not it has consumers yet.
+	TailTotalBytesDefault = 256 << 20
 	// FlushMaxMsgsDefault caps the messages of one stream that go into one transaction.
 	FlushMaxMsgsDefault = 8192
 	// FlushMaxStreamsDefault caps how many ready streams share one transaction. It is high:

@@ -71,7 +71,7 @@
 //  1. Bridge.adminMu serialises stream create, update and delete and the re-reading of the
 //     streams from PostgreSQL, so that overlap checks and subscriptions agree with what is
 //     stored. It is held across database calls, subscriptions and retention passes.
-//  2. retained.run (a stream's ret.run) lets one retention pass run on a stream at a time
+//  2. retentionState.run (a stream's ret.run) lets one retention pass run on a stream at a time
 //     and guards what the last pass applied. A pass holds it across database calls and reads
 //     the consumers this process serves: the locks from 3 down.
 //  3. consumerSide.mu guards the map from streams to their consumer registries. Held with
@@ -88,7 +88,7 @@
 //  8. intake.mu guards a stream's fusion buffer. Held with it: the ready queue's mu, when a
 //     stream that cannot flush at once is queued.
 //  9. readyQueue.mu guards the queue of streams waiting for a push permit.
-//  10. retained.mu guards the acks noted for a stream's next retention pass and the
+//  10. retentionState.mu guards the acks noted for a stream's next retention pass and the
 //     filters of the consumers other replicas serve.
 //  11. consumer.qmu guards a consumer's queue of events.
 //  12. pendingCommits.mu guards what commits added to a consumer's pending count.
@@ -103,7 +103,7 @@
 //
 // From 9 down each is a leaf: nothing is taken while it is held. A tail's lock
 // (bridge/tailcache) is a leaf too, and so are the get index's (getIndex.mu, flightMu and
-// each subjectIndex.mu, taken one at a time). The link's locks (package leaf) and the flow lanes'
+// each lastSeqs.mu, taken one at a time). The link's locks (package leaf) and the flow lanes'
 // come after all of these: the bridge publishes, subscribes and takes permits while holding
 // some of them, and the link calls its handlers with none of its own locks held.
 package bridge

@@ -35,7 +35,7 @@ type getIndex struct {
 	used atomic.Int64
 
 	mu      sync.Mutex // a leaf: guards streams
-	streams map[*stream]*subjectIndex
+	streams map[*stream]*lastSeqs
 
 	flightMu sync.Mutex // a leaf: guards flights
 	flights  map[getKey]*getFlight
@@ -43,9 +43,9 @@ type getIndex struct {
 	m getMetrics
 }
 
-// subjectIndex is one stream's last sequence per subject, and what limits what memory may
+// lastSeqs is one stream's last sequence per subject, and what limits what memory may
 // answer.
-type subjectIndex struct {
+type lastSeqs struct {
 	mu   sync.Mutex // a leaf
 	last map[string]uint64
 	// bytes is what last holds, charged against getIndex.max.
@@ -72,7 +72,7 @@ type getMetrics struct {
 }
 
 func newGetIndex(max int, reg prometheus.Registerer) *getIndex {
-	g := &getIndex{max: int64(max), streams: make(map[*stream]*subjectIndex), flights: make(map[getKey]*getFlight)}
+	g := &getIndex{max: int64(max), streams: make(map[*stream]*lastSeqs), flights: make(map[getKey]*getFlight)}
 	g.m = getMetrics{
 		bytes: prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "jetgres_subject_index_bytes",
@@ -104,12 +104,12 @@ func newGetIndex(max int, reg prometheus.Registerer) *getIndex {
 }
 
 // of returns the stream's index, creating it empty.
-func (g *getIndex) of(s *stream) *subjectIndex {
+func (g *getIndex) of(s *stream) *lastSeqs {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	x := g.streams[s]
 	if x == nil {
-		x = &subjectIndex{last: make(map[string]uint64)}
+		x = &lastSeqs{last: make(map[string]uint64)}
 		g.streams[s] = x
 	}
 	return x
@@ -131,7 +131,7 @@ func (g *getIndex) committed(s *stream, first, last uint64, stored []pg.Message)
 
 // setLocked records seq as the last of subject unless a later one is known, evicting other
 // subjects of the stream when the bound is reached.
-func (g *getIndex) setLocked(x *subjectIndex, subject string, seq uint64) {
+func (g *getIndex) setLocked(x *lastSeqs, subject string, seq uint64) {
 	if old, ok := x.last[subject]; ok {
 		x.last[subject] = max(old, seq)
 		return
@@ -158,7 +158,7 @@ func (g *getIndex) setLocked(x *subjectIndex, subject string, seq uint64) {
 	}
 }
 
-func (g *getIndex) dropLocked(x *subjectIndex, subject string) {
+func (g *getIndex) dropLocked(x *lastSeqs, subject string) {
 	cost := int64(len(subject) + subjectEntryBytes)
 	delete(x.last, subject)
 	x.bytes -= cost
@@ -177,7 +177,7 @@ func (g *getIndex) reset(s *stream, tailFrom uint64) {
 	x.tailFrom = max(x.tailFrom, tailFrom)
 }
 
-func (g *getIndex) resetLocked(x *subjectIndex) {
+func (g *getIndex) resetLocked(x *lastSeqs) {
 	x.gen++
 	g.used.Add(-x.bytes)
 	x.last, x.bytes = make(map[string]uint64), 0
@@ -221,7 +221,7 @@ func (g *getIndex) drop(s *stream) {
 
 // lastOf returns the indexed last sequence of subject and the generation it belongs to. hw
 // is the stream's high-water mark as this process knows it.
-func (g *getIndex) lastOf(x *subjectIndex, subject string, hw uint64) (seq, gen uint64, ok bool) {
+func (g *getIndex) lastOf(x *lastSeqs, subject string, hw uint64) (seq, gen uint64, ok bool) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	if hw > x.seen {
@@ -235,7 +235,7 @@ func (g *getIndex) lastOf(x *subjectIndex, subject string, hw uint64) (seq, gen 
 }
 
 // fill records what PostgreSQL answered for subject, unless a reset came since gen.
-func (g *getIndex) fill(x *subjectIndex, gen uint64, subject string, seq uint64) {
+func (g *getIndex) fill(x *lastSeqs, gen uint64, subject string, seq uint64) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	if x.gen == gen && x.last != nil {
@@ -244,7 +244,7 @@ func (g *getIndex) fill(x *subjectIndex, gen uint64, subject string, seq uint64)
 }
 
 // forget drops subject's entry if it still says seq, which was found gone.
-func (g *getIndex) forget(x *subjectIndex, gen uint64, subject string, seq uint64) {
+func (g *getIndex) forget(x *lastSeqs, gen uint64, subject string, seq uint64) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	if x.gen == gen && x.last != nil && x.last[subject] == seq {
@@ -253,7 +253,7 @@ func (g *getIndex) forget(x *subjectIndex, gen uint64, subject string, seq uint6
 }
 
 // trusted reports whether the tail's answer for seq may be given.
-func (x *subjectIndex) trusted(seq uint64) bool {
+func (x *lastSeqs) trusted(seq uint64) bool {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	return seq >= x.first && seq >= x.tailFrom
@@ -368,7 +368,7 @@ func (b *Bridge) memoryGet(s *stream, req *server.JSApiMsgGetRequest) (m *pg.Mes
 }
 
 // getBySeq returns the message at seq, from the tail if it is there.
-func (b *Bridge) getBySeq(ctx context.Context, s *stream, x *subjectIndex, seq uint64) (*pg.Message, error) {
+func (b *Bridge) getBySeq(ctx context.Context, s *stream, x *lastSeqs, seq uint64) (*pg.Message, error) {
 	g := b.gets
 	if m, live, ok := b.tailGet(s, x, seq); ok {
 		g.m.served.WithLabelValues("memory").Inc()
@@ -385,7 +385,7 @@ func (b *Bridge) getBySeq(ctx context.Context, s *stream, x *subjectIndex, seq u
 // lastBySubject answers a last-by-subject get that memoryGet could not: a literal subject
 // the index holds is one read by sequence, and a wildcard, or a subject the index does not
 // hold, is one read of the newest match, which fills the index.
-func (b *Bridge) lastBySubject(ctx context.Context, s *stream, x *subjectIndex, subject string) (*pg.Message, error) {
+func (b *Bridge) lastBySubject(ctx context.Context, s *stream, x *lastSeqs, subject string) (*pg.Message, error) {
 	g := b.gets
 	hw := b.tailHighWater(s)
 	literal := subjectIsLiteral(subject)
@@ -424,7 +424,7 @@ func (b *Bridge) tailHighWater(s *stream) uint64 {
 
 // tailGet answers a get by sequence from the tail cache: ok is false when memory cannot
 // tell; live is false when the message is gone.
-func (b *Bridge) tailGet(s *stream, x *subjectIndex, seq uint64) (m *pg.Message, live, ok bool) {
+func (b *Bridge) tailGet(s *stream, x *lastSeqs, seq uint64) (m *pg.Message, live, ok bool) {
 	sc := b.consumersOf(s)
 	if sc == nil || !x.trusted(seq) {
 		return nil, false, false

@@ -71,8 +71,8 @@ func (b *Bridge) startRetention() {
 // stopped.
 func (b *Bridge) stopRetention() { b.maintainer.Store(nil) }
 
-// retained is a stream's interest and workqueue retention state.
-type retained struct {
+// retentionState is a stream's interest and workqueue retention state.
+type retentionState struct {
 	mu    sync.Mutex
 	acked map[string][]uint64 // acks seen on the link, by consumer, not yet settled
 	// dirty says a pass is due: acks were seen, or consumers came, went or changed, since the

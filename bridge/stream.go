@@ -32,7 +32,7 @@ type stream struct {
 	subs  []*leaf.Subscription
 
 	in  intake
-	ret retained // interest and workqueue retention, see retention.go
+	ret retentionState // interest and workqueue retention, see retention.go
 
 	// chunkRows overrides pg.ChunkRowsDefault for this stream's new chunks when positive:
 	// smaller chunks give space back sooner at the cost of more tables.

@@ -10,6 +10,8 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/jetgres/jetgres/internal/jstwin"
 )
 
 // createStreamsInPG creates n streams straight in PostgreSQL, several at a time, and has the
@@ -154,4 +156,59 @@ func TestMemoryStreamMaxBytesMatchesJetStream(t *testing.T) {
 		tw.pub("mb.x", make([]byte, 50)) // every publish compares messages, bytes and first sequence
 	}
 	tw.want("MB", 7, 6, 12, 0)
+}
+
+// The JetStream resources of the NATS configuration (max_memory_store, max_file_store) bound
+// jetgres as they bound nats-server: a stream whose max_bytes would take its storage type's
+// reservations past the bound is refused (10047 for file, 10028 for memory), and once the
+// streams of a type hold more than it, the next publish is refused (10023).
+func TestStorageBoundsMatchJetStream(t *testing.T) {
+	t.Parallel()
+	const maxMemory, maxStore = 1 << 20, 2 << 20
+	tb := setup(t, setupOpts{config: func(c *Config) { c.MaxMemory, c.MaxStore = maxMemory, maxStore }})
+	tw := &twin{t: t, ctx: testContext(t), tb: tb, js: [2]jetstream.JetStream{tb.js,
+		startJetStreamWith(t, jstwin.Config{MaxMemory: maxMemory, MaxStore: maxStore})}}
+	create := func(cfg jetstream.StreamConfig) jetstream.ErrorCode {
+		t.Helper()
+		var code [2]jetstream.ErrorCode
+		for side, js := range tw.js {
+			_, err := js.CreateStream(tw.ctx, cfg)
+			code[side] = errCode(t, side, err)
+		}
+		if code[ours] != code[theirs] {
+			t.Fatalf("create %s: jetgres err_code %d, JetStream %d", cfg.Name, code[ours], code[theirs])
+		}
+		if code[ours] == 0 {
+			tw.streams = append(tw.streams, cfg.Name)
+		}
+		return code[ours]
+	}
+	if code := create(jetstream.StreamConfig{Name: "BIG", Subjects: []string{"big"}, MaxBytes: 3 << 20}); code != 10047 {
+		t.Fatalf("a file stream reserving more than max_file_store: err_code %d, want 10047", code)
+	}
+	create(jetstream.StreamConfig{Name: "R1", Subjects: []string{"r1"}, MaxBytes: 1536 << 10})
+	if code := create(jetstream.StreamConfig{Name: "R2", Subjects: []string{"r2"}, MaxBytes: 1 << 20}); code != 10047 {
+		t.Fatalf("reservations past max_file_store: err_code %d, want 10047", code)
+	}
+	if code := create(jetstream.StreamConfig{Name: "MB", Subjects: []string{"mb"}, Storage: jetstream.MemoryStorage, MaxBytes: 2 << 20}); code != 10028 {
+		t.Fatalf("a memory stream reserving more than max_memory_store: err_code %d, want 10028", code)
+	}
+	create(jetstream.StreamConfig{Name: "U", Subjects: []string{"u"}})
+	create(jetstream.StreamConfig{Name: "M", Subjects: []string{"m"}, Storage: jetstream.MemoryStorage})
+	data := make([]byte, 100<<10)
+	for _, subject := range []string{"u", "m"} {
+		refused := false
+		for range 40 {
+			if _, code := tw.pub(subject, data); code != 0 { // both refuse the same publish, or fail the test
+				if code != 10023 {
+					t.Fatalf("publish to %s past the bound: err_code %d, want 10023", subject, code)
+				}
+				refused = true
+				break
+			}
+		}
+		if !refused {
+			t.Fatalf("no publish to %s was refused", subject)
+		}
+	}
 }

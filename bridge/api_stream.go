@@ -76,6 +76,9 @@ func (b *Bridge) apiStreamCreate(ctx context.Context, name string, body []byte) 
 		return resp, e
 	}
 	jswire.SetStaticStreamMetadata(&cfg)
+	if e := b.checkReservation(name, &cfg); e != nil {
+		return resp, e
+	}
 	if cfg.Sealed {
 		return resp, server.NewJSStreamInvalidConfigError(errors.New("stream configuration for create can not be sealed"))
 	}
@@ -182,6 +185,9 @@ func (b *Bridge) apiStreamUpdate(ctx context.Context, name string, body []byte) 
 		return fail(e)
 	}
 	jswire.SetStaticStreamMetadata(&cfg)
+	if e := b.checkReservation(name, &cfg); e != nil {
+		return fail(e)
+	}
 	b.adminMu.Lock()
 	defer b.adminMu.Unlock()
 	s, err := b.lookupLocked(ctx, name)

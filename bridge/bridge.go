@@ -112,6 +112,11 @@ type Config struct {
 	// ownership session claimsPerLease times per lease and stops serving every consumer when
 	// it cannot, within a fifth of the lease. Defaults to LeaseDefault.
 	Lease time.Duration
+	// MaxMemory and MaxStore bound the bytes of memory and of file streams, as a JetStream
+	// server's max_memory_store and max_file_store do: a stream whose max_bytes would take
+	// the reservations of its storage past it is refused (10028, 10047), and once the bytes
+	// stored pass it publishes are refused (10023). 0 is no bound.
+	MaxMemory, MaxStore int64
 	// ClusterName is the NATS cluster's name, reported with the serving replica in stream
 	// and consumer info; empty reports no cluster.
 	ClusterName string
@@ -150,6 +155,8 @@ func (c *Config) validate() error {
 		{"MaxPayload", int64(c.MaxPayload)},
 		{"CursorInterval", int64(c.CursorInterval)},
 		{"Lease", int64(c.Lease)},
+		{"MaxMemory", c.MaxMemory},
+		{"MaxStore", c.MaxStore},
 	} {
 		if f.v < 0 {
 			errs = append(errs, fmt.Errorf("%s must not be negative, got %d", "Config."+f.name, f.v))
@@ -235,6 +242,7 @@ type Bridge struct {
 	streams map[string]*stream
 
 	ready *readyQueue
+	usage storeUsage // what memory and file streams hold, for Config.MaxMemory and MaxStore
 	// inFlight counts the push transactions in flight; youngest is when the last of them
 	// started, in the clock's Unix nanoseconds; flushDone is poked as each ends.
 	inFlight    atomic.Int32

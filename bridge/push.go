@@ -53,6 +53,10 @@ func (b *Bridge) onPublish(s *stream, m *leaf.Msg) {
 		b.reject(s, m.Reply, reasonSealed, server.NewJSStreamSealedError())
 		return
 	}
+	if b.overBound(cfg) {
+		b.reject(s, m.Reply, reasonResources, server.NewJSInsufficientResourcesError())
+		return
+	}
 	size := int(pg.MessageSize(cfg.Storage == server.MemoryStorage, m.Subject, m.Header, m.Data))
 	if cfg.MaxMsgSize > 0 && len(m.Data)+len(m.Header) > int(cfg.MaxMsgSize) {
 		b.reject(s, m.Reply, reasonTooLarge, server.NewJSStreamMessageExceedsMaximumError())
@@ -414,6 +418,13 @@ func (b *Bridge) flush(p *flow.Permit, group []*stream) {
 				// hears of the commit, so a fetch sent on a PubAck sees both.
 				if !r.Gone {
 					b.appended(s, r)
+					if cfg := s.cfgView(); b.bound(cfg.Storage) > 0 {
+						var bytes uint64
+						for _, m := range r.Stored {
+							bytes += pg.MessageSize(cfg.Storage == server.MemoryStorage, m.Subject, m.Header, m.Data)
+						}
+						b.stored(cfg, bytes)
+					}
 				}
 				b.answer(s, taken[r.StreamID], r)
 			}

@@ -63,6 +63,9 @@ func (b *Bridge) maint() *maintainer { return b.maintainer.Load() }
 // ack floors, and only acks above a floor wait for it.
 func (b *Bridge) startRetention() {
 	m := &maintainer{b: b, kick: make(chan struct{}, 1), pruned: make(map[*stream]time.Time)}
+	if err := b.refreshUsage(b.ctx); err != nil {
+		b.log.Warn("reading what the streams hold failed; the storage bounds apply from the next pass", "err", err)
+	}
 	b.maintainer.Store(m)
 	b.bg.Go(m.run)
 }
@@ -127,6 +130,9 @@ func (m *maintainer) run() {
 				retry.Reset(retainRetry)
 			}
 		case <-tick.C():
+			if err := m.b.refreshUsage(ctx); err != nil && ctx.Err() == nil {
+				m.warn.warn(m.b.log, m.b.clock.Now(), "reading what the streams hold failed", "err", err)
+			}
 			m.retainAll(ctx, false)
 			m.expire(ctx)
 			m.dropChunks(ctx)

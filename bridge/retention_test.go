@@ -35,7 +35,15 @@ var sideName = [2]string{"jetgres", "jetstream"}
 // startJetStream starts the reference: an embedded nats-server with JetStream enabled.
 func startJetStream(t testing.TB) jetstream.JetStream {
 	t.Helper()
-	srv, err := jstwin.Start(jstwin.Config{StoreDir: t.TempDir()})
+	return startJetStreamWith(t, jstwin.Config{})
+}
+
+// startJetStreamWith is startJetStream with a configuration of the test's own; StoreDir is
+// filled in.
+func startJetStreamWith(t testing.TB, cfg jstwin.Config) jetstream.JetStream {
+	t.Helper()
+	cfg.StoreDir = t.TempDir()
+	srv, err := jstwin.Start(cfg)
 	if err != nil {
 		t.Fatalf("reference server: %v", err)
 	}

@@ -191,6 +191,8 @@ func (n *node) start(ctx context.Context) error {
 		MaxPayload:        n.nats.MaxPayload(),
 		Lease:             cfg.Lease,
 		ClusterName:       n.nats.ClusterName(),
+		MaxMemory:         n.nats.JetStreamLimits().MaxMemory,
+		MaxStore:          n.nats.JetStreamLimits().MaxStore,
 
 		SubjectIndexBytes: cfg.SubjectIndexBytes,
 	})

@@ -195,6 +195,7 @@ type Server struct {
 	ns         *server.Server
 	leaf       LeafEndpoint
 	maxPayload int32
+	jsLimits   JetStreamLimits
 	stopOnce   sync.Once
 }
 
@@ -221,6 +222,9 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	if cfg.ServerOptions != nil {
 		cfg.ServerOptions(opts)
 	}
+	// The configuration's JetStream resources bound what jetgres stores, as they bound a
+	// JetStream server's; the server itself runs without JetStream.
+	limits := JetStreamLimits{MaxMemory: max(opts.JetStreamMaxMemory, 0), MaxStore: max(opts.JetStreamMaxStore, 0)}
 	enforceBridgeOptions(opts, user, pass, cfg.Logger)
 	logSecurity(opts, cfg.Logger)
 
@@ -228,7 +232,7 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("natsd: create server: %w", err)
 	}
-	s := &Server{ns: ns, maxPayload: opts.MaxPayload}
+	s := &Server{ns: ns, maxPayload: opts.MaxPayload, jsLimits: limits}
 	logs := newLogAdapter(cfg.Logger)
 	ns.SetLoggerV2(logs, opts.Debug || cfg.Logger.Enabled(ctx, slog.LevelDebug), opts.Trace, opts.TraceVerbose)
 	ns.Start()
@@ -398,7 +402,7 @@ func logSecurity(opts *server.Options, l *slog.Logger) {
 func enforceBridgeOptions(opts *server.Options, user, pass string, l *slog.Logger) {
 	opts.NoSigs = true
 	if opts.JetStream {
-		l.Warn("JetStream in the NATS configuration is ignored; jetgres serves JetStream from PostgreSQL")
+		l.Info("JetStream in the NATS configuration: jetgres serves JetStream from PostgreSQL, within its max_memory_store and max_file_store")
 	}
 	opts.JetStream = false
 	if opts.MaxPayload == 0 {
@@ -516,6 +520,13 @@ func (s *Server) Leaf() LeafEndpoint { return s.leaf }
 
 // MaxPayload is the largest message (headers plus data) the server accepts.
 func (s *Server) MaxPayload() int32 { return s.maxPayload }
+
+// JetStreamLimits are the JetStream resources of the configuration (its jetstream block's
+// max_memory_store and max_file_store), in bytes, 0 where none is set.
+type JetStreamLimits struct{ MaxMemory, MaxStore int64 }
+
+// JetStreamLimits reports the configuration's JetStream resources.
+func (s *Server) JetStreamLimits() JetStreamLimits { return s.jsLimits }
 
 // Ready reports whether the server is running: true from a successful Start
 // until Stop or an internal shutdown.

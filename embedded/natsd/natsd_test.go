@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -249,5 +251,25 @@ func TestDefaultStartWarnsAboutNothing(t *testing.T) {
 	}
 	if !sawDomain {
 		t.Error("the default_js_domain notice is not at debug level either; has the server's wording changed?")
+	}
+}
+
+// The configuration's jetstream block keeps JetStream off in the server and hands its
+// resources to jetgres, which bounds what streams hold by them.
+func TestJetStreamLimitsFromConfig(t *testing.T) {
+	t.Parallel()
+	conf := filepath.Join(t.TempDir(), "nats.conf")
+	if err := os.WriteFile(conf, []byte("jetstream {\n  max_memory_store: 1048576\n  max_file_store: 2097152\n}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	s := start(t, natsd.Config{ConfigFile: conf})
+	if s.NATSServer().JetStreamEnabled() {
+		t.Error("JetStream is enabled; jetgres answers the JetStream API itself")
+	}
+	if got, want := s.JetStreamLimits(), (natsd.JetStreamLimits{MaxMemory: 1 << 20, MaxStore: 2 << 20}); got != want {
+		t.Fatalf("JetStreamLimits() = %+v, want %+v", got, want)
+	}
+	if got := start(t, natsd.Config{}).JetStreamLimits(); got != (natsd.JetStreamLimits{}) {
+		t.Fatalf("JetStreamLimits() without a jetstream block = %+v, want none", got)
 	}
 }

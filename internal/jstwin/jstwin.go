@@ -22,6 +22,9 @@ type Config struct {
 	// SyncAlways makes the store fsync every message, the durability a PubAck from jetgres
 	// promises. Defaults to false: the store syncs every two minutes, the server's default.
 	SyncAlways bool
+	// MaxMemory and MaxStore are the server's JetStream resources (max_memory_store and
+	// max_file_store in its configuration), in bytes; 0 leaves nats-server's defaults.
+	MaxMemory, MaxStore int64
 }
 
 // Server is a running nats-server with JetStream on file storage, listening on a free
@@ -37,13 +40,15 @@ func Start(cfg Config) (*Server, error) {
 		return nil, errors.New("jstwin: Config.StoreDir is empty")
 	}
 	ns, err := server.NewServer(&server.Options{
-		Host:       "127.0.0.1",
-		Port:       -1,
-		JetStream:  true,
-		StoreDir:   cfg.StoreDir,
-		SyncAlways: cfg.SyncAlways,
-		NoLog:      true,
-		NoSigs:     true,
+		Host:               "127.0.0.1",
+		Port:               -1,
+		JetStream:          true,
+		StoreDir:           cfg.StoreDir,
+		SyncAlways:         cfg.SyncAlways,
+		JetStreamMaxMemory: cfg.MaxMemory,
+		JetStreamMaxStore:  cfg.MaxStore,
+		NoLog:              true,
+		NoSigs:             true,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("jstwin: JetStream server (sync_always=%t): %w", cfg.SyncAlways, err)

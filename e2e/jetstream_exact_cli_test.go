@@ -10,8 +10,9 @@ import (
 // TestJetStreamExactCLI runs nats CLI commands whose output differed from JetStream's against
 // a real JetStream and against jetgres, and compares what they print once times and server
 // names are taken out: stream info, the server's metadata, a consumer with replay original,
-// a filtered consumer's positions after `nats consumer next`, and the account's reserved
-// storage.
+// a filtered consumer's positions after `nats consumer next` and its report, the account's
+// reserved storage, and a key-value bucket's and an object store's add, status, info, seal
+// and delete.
 func TestJetStreamExactCLI(t *testing.T) {
 	t.Parallel()
 	servers := []natsServer{startJetStream(t), {name: "jetgres", url: startWithDatabase(t, testDatabase(t)).natsURL}}
@@ -32,11 +33,20 @@ func TestJetStreamExactCLI(t *testing.T) {
 		}
 		out["consumer info --json"] = natsAt(t, s, "consumer", "info", "EX", "F", "--json")
 		out["account info"] = natsAt(t, s, "account", "info")
+		out["consumer report"] = natsAt(t, s, "consumer", "report", "EX")
+		out["kv add"] = natsAt(t, s, "kv", "add", "CFG")
+		natsAt(t, s, "kv", "put", "CFG", "k", "v")
+		out["kv status"] = natsAt(t, s, "kv", "status", "CFG")
+		out["object add"] = natsAt(t, s, "object", "add", "FILES")
+		out["object info"] = natsAt(t, s, "object", "info", "FILES")
+		out["object seal"] = natsAt(t, s, "object", "seal", "FILES", "-f")
+		out["object del"] = natsAt(t, s, "object", "del", "FILES", "-f")
 		return out
 	}
 	got := [2]map[string]string{run(servers[0]), run(servers[1])}
 
-	for _, k := range []string{"stream info", "consumer add replay original"} {
+	for _, k := range []string{"stream info", "consumer add replay original", "consumer report", "kv add", "kv status",
+		"object add", "object info", "object seal", "object del"} {
 		want, ours := normaliseCLI(got[0][k]), normaliseCLI(got[1][k])
 		if want != ours {
 			t.Errorf("nats %s differs:\n--- jetstream\n%s\n--- jetgres\n%s", k, want, ours)

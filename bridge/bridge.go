@@ -219,7 +219,7 @@ type Bridge struct {
 	db   *pg.DB
 	link *leaf.Conn
 	log  *slog.Logger
-	pm   *pushMetrics
+	pm   *publishMetrics
 	// clock is Config.Clock, or the system clock.
 	clock Clock
 	// The warnings of attempts that fail together while the database is away, thinned.
@@ -281,7 +281,7 @@ func New(cfg Config) (*Bridge, error) {
 		db:        cfg.DB,
 		link:      cfg.Link,
 		log:       cfg.Logger,
-		pm:        newPushMetrics(cfg.Registerer),
+		pm:        newPublishMetrics(cfg.Registerer),
 		sql:       newSQLMover(cfg.Registerer),
 		clock:     clockOrSystem(cfg.Clock),
 		streams:   make(map[string]*stream),

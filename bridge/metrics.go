@@ -18,8 +18,8 @@ const (
 	reasonSealed     = "sealed"
 )
 
-// pushMetrics are the publish path's instruments.
-type pushMetrics struct {
+// publishMetrics are the publish path's instruments.
+type publishMetrics struct {
 	accepted  prometheus.Counter
 	rejected  *prometheus.CounterVec
 	dropped   *prometheus.CounterVec
@@ -37,8 +37,8 @@ type pushMetrics struct {
 	apiUnsupported *prometheus.CounterVec
 }
 
-func newPushMetrics(reg prometheus.Registerer) *pushMetrics {
-	m := &pushMetrics{
+func newPublishMetrics(reg prometheus.Registerer) *publishMetrics {
+	m := &publishMetrics{
 		accepted: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "jetgres_publish_accepted_total",
 			Help: "Publishes stored in a committed transaction (duplicates included).",

@@ -1,0 +1,313 @@
+package bridge
+
+// The consumer's read path: what goes out next (a redelivery, the start list, the
+// read-ahead, the tail cache, PostgreSQL), the read-ahead and its background prefetch, and
+// the pacing of replay_policy original.
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/jetgres/jetgres/bridge/tailcache"
+	"github.com/jetgres/jetgres/pg"
+)
+
+// nextResult says why next stopped.
+type nextResult uint8
+
+const (
+	nextFound   nextResult = iota
+	nextEmpty              // nothing left: the end of the stream for no-wait requests
+	nextStalled            // max_ack_pending holds new messages back
+	nextFailed             // a read failed; it is retried shortly
+)
+
+// next finds the next message to deliver without consuming it: a redelivery first (lowest
+// sequence), then, unless max_ack_pending holds new messages back, the next new one from
+// the read-ahead, the tail cache, or PostgreSQL.
+func (c *consumer) next(ctx context.Context) (m pg.Message, dc uint64, src source, res nextResult) {
+	for {
+		seq, dc, ok := c.st.Redelivery()
+		if !ok {
+			break
+		}
+		m, live, err := c.load(ctx, seq)
+		if err != nil {
+			return m, 0, 0, nextFailed
+		}
+		if !live {
+			if c.st.Gone(seq) {
+				c.floorMoved()
+			}
+			continue
+		}
+		return m, dc, srcRedelivery, nextFound
+	}
+	if c.st.AtMaxAckPending() {
+		return m, 0, 0, nextStalled
+	}
+	for c.start != nil {
+		seq := c.start.skip[0]
+		m, live, err := c.load(ctx, seq)
+		if err != nil {
+			return m, 0, 0, nextFailed
+		}
+		if live {
+			return m, 1, srcStart, nextFound
+		}
+		c.consume(srcStart)
+	}
+	for {
+		from := c.st.Next()
+		hw := c.sc.tail.HighWater()
+		if from > hw {
+			return m, 0, 0, nextEmpty
+		}
+		if len(c.ahead) > 0 {
+			return c.ahead[0], 1, srcAhead, nextFound
+		}
+		if c.takePrefetch(ctx) {
+			continue
+		}
+		if c.aheadUpTo >= from {
+			if c.st.Skip(c.aheadUpTo + 1) {
+				c.floorMoved()
+			}
+			continue
+		}
+		m, through, found, hit := c.sc.tail.Next(from, c.matchFilters)
+		if hit {
+			c.tally.tailHits++
+			if found {
+				return m, 1, srcTail, nextFound
+			}
+			if c.st.Skip(through + 1) {
+				c.floorMoved()
+			}
+			continue
+		}
+		c.cs.m.tailMisses.Inc()
+		if !c.readAhead(ctx, from, hw) {
+			return m, 0, 0, nextFailed
+		}
+	}
+}
+
+// consume takes a delivered candidate off where it came from.
+func (c *consumer) consume(src source) {
+	switch src {
+	case srcStart:
+		c.start.skip = c.start.skip[1:]
+		if len(c.start.skip) == 0 {
+			if c.st.Skip(c.start.resume + 1) {
+				c.floorMoved()
+			}
+			c.start = nil
+		}
+	case srcAhead:
+		c.ahead = c.ahead[1:]
+		if len(c.ahead) == 0 {
+			c.ahead = nil
+		}
+	}
+}
+
+// readAhead reads the next batch for a consumer behind the tail cache: pop lane permit
+// first, then a connection, and neither is held once it returns. mu is released meanwhile;
+// only this goroutine changes the state, so nothing moves under it.
+func (c *consumer) readAhead(ctx context.Context, from, hw uint64) bool {
+	if c.cs.b.clock.Now().Before(c.retryAt) {
+		return false
+	}
+	n := min(max(int(c.batchPending()), readAheadMin), readAheadMax)
+	if c.isPush() {
+		n = readAheadMax // its request never ends
+	}
+	filters := c.filters()
+	upTo := c.behindTail(from, hw)
+	c.unlocked = true
+	c.mu.Unlock()
+	msgs, through, err := c.sc.reads.read(ctx, c.cs, pg.ReadParams{StreamID: c.sc.s.id, From: from, UpTo: upTo, MaxMsgs: n, MaxBytes: readAheadBytes}, filters)
+	c.mu.Lock()
+	if err != nil {
+		if ctx.Err() == nil {
+			c.cs.b.warnRead.warn(c.cs.b.log, c.cs.b.clock.Now(), "consumer read failed", "stream", c.sc.s.name, "consumer", c.name, "err", err)
+		}
+		c.retryAt = c.cs.b.clock.Now().Add(readRetry)
+		return false
+	}
+	c.dropAhead()
+	c.ahead, c.aheadUpTo = msgs, through
+	return true
+}
+
+// behindTail is where a read of PostgreSQL from from should stop: before the tail cache
+// starts, when from is behind it, since the consumer continues from the cache there.
+func (c *consumer) behindTail(from, hw uint64) uint64 {
+	if start := c.sc.tail.Start(); start > from {
+		return min(hw, start-1)
+	}
+	return hw
+}
+
+// prefetch is a read of the batch after the read-ahead, made in the background.
+type prefetch struct {
+	gen  uint64 // the consumer's aheadGen when it started
+	from uint64
+	done chan struct{} // closed once msgs, through and err are set
+
+	msgs    []pg.Message
+	through uint64
+	err     error
+}
+
+// prefetch starts reading the next batch in the background when the consumer delivers
+// from PostgreSQL and its read-ahead runs low; a consumer that keeps up with the tail
+// cache, or waits at the head of the stream, never does. Called with mu held.
+func (c *consumer) prefetch(ctx context.Context) {
+	if c.pf != nil || len(c.ahead) > c.prefetchLow() || c.aheadUpTo == 0 {
+		return
+	}
+	from, hw := c.aheadUpTo+1, c.sc.tail.HighWater()
+	if from < c.st.Next() || from > hw {
+		return // delivery moved past the read-ahead, or nothing more is committed
+	}
+	if c.cs.b.clock.Now().Before(c.retryAt) {
+		return
+	}
+	if _, _, covered := c.sc.tail.Get(from); covered {
+		return
+	}
+	pf := &prefetch{gen: c.aheadGen, from: from, done: make(chan struct{})}
+	c.pf = pf
+	p := pg.ReadParams{StreamID: c.sc.s.id, From: from, UpTo: c.behindTail(from, hw), MaxMsgs: readAheadMax, MaxBytes: readAheadBytes}
+	filters := c.filters()
+	if !c.cs.g.Go(func() {
+		pf.msgs, pf.through, pf.err = c.sc.reads.read(ctx, c.cs, p, filters)
+		close(pf.done)
+		c.signal()
+	}) {
+		pf.err = errStopping
+		close(pf.done)
+	}
+}
+
+// prefetchLow is how few read-ahead messages start the background read of the next
+// batch. A push consumer with nothing to hold it back delivers a batch in about the time
+// PostgreSQL takes to read the next one, so it starts that read as soon as it takes a
+// batch, where a pull consumer waits until half of it went.
+func (c *consumer) prefetchLow() int {
+	if c.isPush() {
+		return readAheadMax
+	}
+	return prefetchBelow
+}
+
+// takePrefetch appends the background read to the read-ahead, waiting for it if it is
+// still running: the consumer needs it now. It reports whether the read-ahead grew or moved.
+// Called with mu held; mu is released while it waits.
+func (c *consumer) takePrefetch(ctx context.Context) bool {
+	pf := c.pf
+	if pf == nil {
+		return false
+	}
+	select {
+	case <-pf.done:
+	default:
+		c.unlocked = true
+		c.mu.Unlock()
+		select {
+		case <-pf.done:
+		case <-ctx.Done():
+		}
+		c.mu.Lock()
+		if ctx.Err() != nil {
+			return false
+		}
+	}
+	c.pf = nil
+	if pf.gen != c.aheadGen || pf.from != c.aheadUpTo+1 {
+		return false // thrown away meanwhile
+	}
+	if pf.err != nil {
+		if ctx.Err() == nil {
+			c.cs.b.warnRead.warn(c.cs.b.log, c.cs.b.clock.Now(), "consumer read failed", "stream", c.sc.s.name, "consumer", c.name, "err", pf.err)
+		}
+		c.retryAt = c.cs.b.clock.Now().Add(readRetry)
+		return false
+	}
+	if len(c.ahead) == 0 {
+		// The read's own array, clipped, so that nothing appends into it: copying a batch
+		// into a fresh one cost a consumer behind the tail cache a copy of every message.
+		c.ahead = pf.msgs
+	} else {
+		c.ahead = append(c.ahead, pf.msgs...)
+	}
+	c.aheadUpTo = pf.through
+	return true
+}
+
+// dropAhead forgets the read-ahead and any background read of what follows it.
+func (c *consumer) dropAhead() {
+	c.ahead, c.aheadUpTo, c.pf = nil, 0, nil
+	c.aheadGen++
+}
+
+// load returns the message at seq, from the tail when it holds it. live is false when the
+// message no longer exists.
+func (c *consumer) load(ctx context.Context, seq uint64) (pg.Message, bool, error) {
+	if m, live, covered := c.sc.tail.Get(seq); covered {
+		c.cs.m.tailHits.Inc()
+		return m, live, nil
+	}
+	// c.ahead is in sequence order: it is read ORDER BY seq and only ever extended past its end.
+	if i := tailcache.SearchSeq(c.ahead, seq); i < len(c.ahead) && c.ahead[i].Seq == seq {
+		return c.ahead[i], true, nil
+	}
+	c.cs.m.tailMisses.Inc()
+	if c.cs.b.clock.Now().Before(c.retryAt) {
+		return pg.Message{}, false, errRetryLater
+	}
+	c.unlocked = true
+	c.mu.Unlock()
+	msgs, _, err := c.cs.readPop(ctx, pg.ReadParams{StreamID: c.sc.s.id, From: seq, UpTo: seq, MaxMsgs: 1}, nil)
+	c.mu.Lock()
+	if err != nil {
+		c.retryAt = c.cs.b.clock.Now().Add(readRetry)
+		return pg.Message{}, false, err
+	}
+	if len(msgs) == 0 {
+		return pg.Message{}, false, nil
+	}
+	return msgs[0], true, nil
+}
+
+var errRetryLater = errors.New("bridge: consumer read backing off")
+
+// replay paces a consumer with replay_policy original, as nats-server does: from its start
+// until it has caught up with the stream's last message of that moment, each message goes
+// out as long after the one before as it was stored after it (gaps under a millisecond do
+// not wait), redeliveries included; from then on messages go out at once.
+type replay struct {
+	on   bool
+	upTo uint64 // the stream's last sequence when the consumer started
+	last int64  // the stored time of the message delivered last, 0 before the first
+	seq  uint64 // the message being held back, and until when
+	at   time.Time
+}
+
+// hold reports whether m must wait, and otherwise takes it as delivered at now. The wait
+// starts when m is first found due.
+func (r *replay) hold(m pg.Message, now time.Time) bool {
+	if gap := time.Duration(m.TS - r.last); r.last > 0 && gap > time.Millisecond {
+		if r.seq != m.Seq || r.at.IsZero() {
+			r.seq, r.at = m.Seq, now.Add(gap)
+		}
+		if now.Before(r.at) {
+			return true
+		}
+	}
+	r.last, r.seq, r.at = m.TS, 0, time.Time{}
+	return false
+}

@@ -667,50 +667,6 @@ func appendMsg(b []byte, subject, reply, queue string, hdr, data []byte) []byte 
 	return append(b, "\r\n"...)
 }
 
-// HasInterest reports whether the server has announced a subscription,
-// plain or queue, matching the literal subject: wildcards in the announced
-// subscriptions apply, wildcards in subject do not. It is cheap enough to
-// call per message and allocates nothing. After the link ends it reports
-// the last state the server announced.
-func (c *Conn) HasInterest(subject string) bool {
-	return c.interest.has(subject)
-}
-
-// HasQueueInterest reports whether the server has announced a subscription
-// to exactly subject in queue group group, or a plain subscription when
-// group is empty. It is nats-server's test for a push consumer being bound
-// to its deliver subject: only a subscription to that literal subject
-// counts, not a wildcard one that covers it, and with a deliver group only a
-// queue subscription of that group (a plain subscriber does not bind a
-// grouped consumer, nor a queue subscriber an ungrouped one). After the link
-// ends it reports the last state the server announced.
-func (c *Conn) HasQueueInterest(subject, group string) bool {
-	return c.interest.hasExact(subject, group)
-}
-
-// InterestVersion changes whenever the server announces or withdraws a
-// subscription. A caller that read it before HasInterest reported a match
-// knows the match still holds while it has not changed.
-func (c *Conn) InterestVersion() uint64 {
-	return c.interest.version.Load()
-}
-
-// InterestChanged returns a channel that receives after the server announced
-// or withdrew a subscription. Changes coalesce (one receive may stand for
-// many, made before or while it is handled), so a receiver asks HasInterest
-// again rather than count them. The channel is the link's only one: it suits
-// a single receiver that tells whoever else cares.
-func (c *Conn) InterestChanged() <-chan struct{} { return c.interestCh }
-
-// interestMoved tells InterestChanged's receiver, never waiting for it: it
-// runs on the read loop.
-func (c *Conn) interestMoved() {
-	select {
-	case c.interestCh <- struct{}{}:
-	default:
-	}
-}
-
 // Flush sends a PING and waits for the PONG: once it returns nil, the server
 // has received and processed everything queued before the call.
 // Cancelling ctx stops the wait, not the PING.

@@ -918,8 +918,24 @@ func TestConsumerInfoThroughAnyReplica(t *testing.T) {
 	if err := got[1].DoubleAck(ctx); err != nil {
 		t.Fatal(err)
 	}
-	// Every replica answers with the serving one's state, every time: asked several times,
-	// as the API queue group may pick another replica's member.
+	// A replica reaches the serving one through the NATS cluster once the serving one's
+	// forwarding subscription has reached it, which under a loaded machine can trail the
+	// routes' forming: until then it answers from PostgreSQL, as it must when the serving
+	// replica cannot be reached. Wait until each has answered with the live state once.
+	for i := range reps {
+		testwait.For(t, 30*time.Second, func() error {
+			c, err := jss[i].Consumer(ctx, stream, "live")
+			if err != nil {
+				return err
+			}
+			if d := c.CachedInfo().Delivered; d.Stream != 4 {
+				return fmt.Errorf("replica %d answers delivered %+v, not the serving replica's state yet", i+1, d)
+			}
+			return nil
+		})
+	}
+	// From then on every replica answers with the serving one's state, every time: asked
+	// several times, as the API queue group may pick another replica's member.
 	var leader string
 	for i := range reps {
 		for range 5 {

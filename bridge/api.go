@@ -143,24 +143,14 @@ func (b *Bridge) apiAccountInfo(ctx context.Context) (*server.JSApiAccountInfoRe
 	if err != nil {
 		return resp, err
 	}
-	// Usage and reservations by storage type, as nats-server counts them: a stream with a
-	// byte limit reserves that limit of its storage type ("nats account info" prints it).
-	for _, s := range b.streamList() {
-		cfg := s.cfgView()
-		stats.Streams++
+	streams := b.streamList()
+	stats.Streams = len(streams)
+	for _, s := range streams {
 		stats.Consumers += counts[s.id]
-		var reserved uint64
-		if cfg.MaxBytes > 0 {
-			reserved = uint64(cfg.MaxBytes)
-		}
-		if cfg.Storage == server.MemoryStorage {
-			stats.Memory += totals[s.id].Bytes
-			stats.ReservedMemory += reserved
-		} else {
-			stats.Store += totals[s.id].Bytes
-			stats.ReservedStore += reserved
-		}
 	}
+	// Usage and reservations by storage type ("nats account info" prints the reservations).
+	sums := b.sumByStorage(totals, "")
+	stats.Memory, stats.Store, stats.ReservedMemory, stats.ReservedStore = sums.memory, sums.file, sums.reservedMemory, sums.reservedFile
 	stats.Limits = server.JetStreamAccountLimits{MaxMemory: -1, MaxStore: -1, MaxStreams: -1, MaxConsumers: -1, MaxAckPending: -1, MemoryMaxStreamBytes: -1, StoreMaxStreamBytes: -1}
 	resp.JetStreamAccountStats = &stats
 	return resp, nil

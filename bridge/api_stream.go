@@ -76,14 +76,14 @@ func (b *Bridge) apiStreamCreate(ctx context.Context, name string, body []byte) 
 		return resp, e
 	}
 	jswire.SetStaticStreamMetadata(&cfg)
-	if e := b.checkReservation(name, &cfg); e != nil {
-		return resp, e
-	}
 	if cfg.Sealed {
 		return resp, server.NewJSStreamInvalidConfigError(errors.New("stream configuration for create can not be sealed"))
 	}
 	b.adminMu.Lock()
 	defer b.adminMu.Unlock()
+	if e := b.checkReservation(name, &cfg); e != nil {
+		return resp, e
+	}
 	if cur := b.lookup(name); cur != nil {
 		// Creating an existing stream with the same configuration succeeds, as in JetStream.
 		if jswire.SameStreamConfig(cur.config(), cfg) {
@@ -185,11 +185,11 @@ func (b *Bridge) apiStreamUpdate(ctx context.Context, name string, body []byte) 
 		return fail(e)
 	}
 	jswire.SetStaticStreamMetadata(&cfg)
+	b.adminMu.Lock()
+	defer b.adminMu.Unlock()
 	if e := b.checkReservation(name, &cfg); e != nil {
 		return fail(e)
 	}
-	b.adminMu.Lock()
-	defer b.adminMu.Unlock()
 	s, err := b.lookupLocked(ctx, name)
 	if err != nil {
 		return fail(notFoundAsStream(err))

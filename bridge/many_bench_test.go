@@ -106,10 +106,11 @@ func (h histogramSet) mean(before histogramSet, name string) float64 {
 }
 
 // histograms reads the sums and counts of the bridge's histograms.
-func histograms(b *testing.B, tb *testBundle) histogramSet {
+func histograms(t testing.TB, tb *testBundle) histogramSet {
+	t.Helper()
 	mfs, err := tb.reg.Gather()
 	if err != nil {
-		b.Fatal(err)
+		t.Fatal(err)
 	}
 	out := histogramSet{}
 	for _, mf := range mfs {

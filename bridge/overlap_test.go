@@ -45,7 +45,7 @@ func TestFlushWaitsForTheOneInFlight(t *testing.T) {
 		}
 		return nil
 	})
-	before := histogramOf(t, tb, "jetgres_fusion_streams_per_transaction")
+	before := histograms(t, tb)["jetgres_fusion_streams_per_transaction"]
 
 	b, c := publish("B.x"), publish("C.x")
 	testwait.For(t, 10*time.Second, func() error {
@@ -82,7 +82,7 @@ func TestFlushWaitsForTheOneInFlight(t *testing.T) {
 	if n := counterValue(t, tb.reg, "jetgres_fusion_overlaps_total"); n != 1 {
 		t.Fatalf("overlaps: %v, want 1", n)
 	}
-	after := histogramOf(t, tb, "jetgres_fusion_streams_per_transaction")
+	after := histograms(t, tb)["jetgres_fusion_streams_per_transaction"]
 	if got := after.count - before.count; got != 1 || after.sum-before.sum != 2 {
 		t.Fatalf("B and C went out in %v transactions of %v streams in all, want one of 2", got, after.sum-before.sum)
 	}
@@ -110,21 +110,4 @@ func (b *Bridge) streamQueued(name string) bool {
 	s.in.mu.Lock()
 	defer s.in.mu.Unlock()
 	return s.in.queued
-}
-
-// histogramOf reads the sum and count of a histogram without labels.
-func histogramOf(t *testing.T, tb *testBundle, name string) histogram {
-	t.Helper()
-	mfs, err := tb.reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() == name && len(mf.GetMetric()) == 1 {
-			h := mf.GetMetric()[0].GetHistogram()
-			return histogram{h.GetSampleSum(), float64(h.GetSampleCount())}
-		}
-	}
-	t.Fatalf("no histogram %s", name)
-	return histogram{}
 }

@@ -418,13 +418,7 @@ func (b *Bridge) flush(p *flow.Permit, group []*stream) {
 				// hears of the commit, so a fetch sent on a PubAck sees both.
 				if !r.Gone {
 					b.appended(s, r)
-					if cfg := s.cfgView(); b.bound(cfg.Storage) > 0 {
-						var bytes uint64
-						for _, m := range r.Stored {
-							bytes += pg.MessageSize(cfg.Storage == server.MemoryStorage, m.Subject, m.Header, m.Data)
-						}
-						b.stored(cfg, bytes)
-					}
+					b.stored(s, r.Stored)
 				}
 				b.answer(s, taken[r.StreamID], r)
 			}

@@ -13,10 +13,13 @@ import (
 	"github.com/jetgres/jetgres/internal/testwait"
 )
 
-// replayStream stores r.1 to r.4 on the fake clock with gaps of 2 s, 5 s and none, as a
-// replay original consumer must deliver them again.
-func replayStream(t *testing.T, ctx context.Context, tb *testBundle, clock *fakeClock) {
+// replayStream starts a bridge on a fake clock and stores r.1 to r.4 on it with gaps of 2 s,
+// 5 s and none, as a replay original consumer must deliver them again.
+func replayStream(t *testing.T) (*testBundle, *fakeClock, context.Context) {
 	t.Helper()
+	clock := newFakeClock()
+	tb := setup(t, setupOpts{config: func(c *Config) { c.Clock = clock }})
+	ctx := testContext(t)
 	newStream(t, ctx, tb, "R", "r.>")
 	for i, gap := range []time.Duration{0, 2 * time.Second, 5 * time.Second, 0} {
 		clock.Advance(gap)
@@ -24,6 +27,7 @@ func replayStream(t *testing.T, ctx context.Context, tb *testBundle, clock *fake
 			t.Fatal(err)
 		}
 	}
+	return tb, clock, ctx
 }
 
 // expectPaced checks that deliveries of consumer R > name come out as the messages were
@@ -78,10 +82,7 @@ func expectPaced(t *testing.T, tb *testBundle, name string, clock *fakeClock, go
 // and what is stored after it caught up at once, on the bridge's clock.
 func TestReplayOriginalPull(t *testing.T) {
 	t.Parallel()
-	clock := newFakeClock()
-	tb := setup(t, setupOpts{config: func(c *Config) { c.Clock = clock }})
-	ctx := testContext(t)
-	replayStream(t, ctx, tb, clock)
+	tb, clock, ctx := replayStream(t)
 	c, err := tb.js.CreateOrUpdateConsumer(ctx, "R", jetstream.ConsumerConfig{Durable: "P", ReplayPolicy: jetstream.ReplayOriginalPolicy, AckPolicy: jetstream.AckNonePolicy})
 	if err != nil {
 		t.Fatal(err)
@@ -126,10 +127,7 @@ func TestReplayOriginalPull(t *testing.T) {
 // A push consumer with replay_policy original paces its deliveries the same way.
 func TestReplayOriginalPush(t *testing.T) {
 	t.Parallel()
-	clock := newFakeClock()
-	tb := setup(t, setupOpts{config: func(c *Config) { c.Clock = clock }})
-	ctx := testContext(t)
-	replayStream(t, ctx, tb, clock)
+	tb, clock, ctx := replayStream(t)
 	sub, err := tb.nc.SubscribeSync("replay.out")
 	if err != nil {
 		t.Fatal(err)

@@ -5,6 +5,8 @@ import (
 	"sync/atomic"
 
 	"github.com/nats-io/nats-server/v2/server"
+
+	"github.com/jetgres/jetgres/pg"
 )
 
 // reasonResources labels publishes refused because the streams of their storage type hold
@@ -42,11 +44,44 @@ func (b *Bridge) overBound(cfg *server.StreamConfig) bool {
 	return max > 0 && b.usage.of(cfg.Storage).Load() > max
 }
 
-// stored adds the bytes a commit of this process stored to its storage type's usage.
-func (b *Bridge) stored(cfg *server.StreamConfig, bytes uint64) {
-	if b.bound(cfg.Storage) > 0 {
-		b.usage.of(cfg.Storage).Add(int64(bytes))
+// stored adds what a commit of this process stored in s to its storage type's usage, when
+// that type has a bound.
+func (b *Bridge) stored(s *stream, msgs []pg.Message) {
+	cfg := s.cfgView()
+	if b.bound(cfg.Storage) <= 0 {
+		return
 	}
+	var bytes uint64
+	for _, m := range msgs {
+		bytes += pg.MessageSize(cfg.Storage == server.MemoryStorage, m.Subject, m.Header, m.Data)
+	}
+	b.usage.of(cfg.Storage).Add(int64(bytes))
+}
+
+// storageSums is what the streams of each storage type hold and reserve: a stream with
+// max_bytes reserves that much of its type, as nats-server counts it.
+type storageSums struct {
+	memory, file                 uint64
+	reservedMemory, reservedFile uint64
+}
+
+// sumByStorage adds up by storage type the bytes totals gives each stream (nil: none) and
+// what each reserves, leaving out the stream named skip.
+func (b *Bridge) sumByStorage(totals map[int64]pg.StreamTotals, skip string) storageSums {
+	var sums storageSums
+	for _, s := range b.streamList() {
+		if s.name == skip {
+			continue
+		}
+		cfg := s.cfgView()
+		held, reserved := totals[s.id].Bytes, uint64(max(cfg.MaxBytes, 0))
+		if cfg.Storage == server.MemoryStorage {
+			sums.memory, sums.reservedMemory = sums.memory+held, sums.reservedMemory+reserved
+		} else {
+			sums.file, sums.reservedFile = sums.file+held, sums.reservedFile+reserved
+		}
+	}
+	return sums
 }
 
 // refreshUsage reads what every stream holds, for the bounds that are set.
@@ -58,38 +93,29 @@ func (b *Bridge) refreshUsage(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	var memory, file int64
-	for _, s := range b.streamList() {
-		if s.cfgView().Storage == server.MemoryStorage {
-			memory += int64(totals[s.id].Bytes)
-		} else {
-			file += int64(totals[s.id].Bytes)
-		}
-	}
-	b.usage.memory.Store(memory)
-	b.usage.file.Store(file)
+	sums := b.sumByStorage(totals, "")
+	b.usage.memory.Store(int64(sums.memory))
+	b.usage.file.Store(int64(sums.file))
 	return nil
 }
 
 // checkReservation refuses a stream whose max_bytes would take the reservations of its
-// storage type past its bound, as nats-server refuses it (10028 for memory, 10047 for file):
-// each stream with max_bytes reserves that much.
+// storage type past its bound, as nats-server refuses it (10028 for memory, 10047 for file).
+// Called with adminMu held, so that two creates cannot both take the last room.
 func (b *Bridge) checkReservation(name string, cfg *server.StreamConfig) *server.ApiError {
 	max := b.bound(cfg.Storage)
 	if max <= 0 || cfg.MaxBytes <= 0 {
 		return nil
 	}
-	reserved := cfg.MaxBytes
-	for _, s := range b.streamList() {
-		if o := s.cfgView(); s.name != name && o.Storage == cfg.Storage && o.MaxBytes > 0 {
-			reserved += o.MaxBytes
+	others := b.sumByStorage(nil, name)
+	if cfg.Storage == server.MemoryStorage {
+		if uint64(cfg.MaxBytes)+others.reservedMemory > uint64(max) {
+			return server.NewJSMemoryResourcesExceededError()
 		}
-	}
-	if reserved <= max {
 		return nil
 	}
-	if cfg.Storage == server.MemoryStorage {
-		return server.NewJSMemoryResourcesExceededError()
+	if uint64(cfg.MaxBytes)+others.reservedFile > uint64(max) {
+		return server.NewJSStorageResourcesExceededError()
 	}
-	return server.NewJSStorageResourcesExceededError()
+	return nil
 }

@@ -82,7 +82,7 @@ func (c *consumer) handleAck(ctx context.Context, ev *event, now time.Time) {
 	case jswire.AckNextKind:
 		c.ack(ev.sseq, ev.dseq, "", now)
 		if ev.reply != "" {
-			c.addRequest(ev.reply, body[len(jswire.AckNext):], now)
+			c.out.request(c, ev.reply, body[len(jswire.AckNext):], now)
 		}
 	case jswire.AckNakKind:
 		c.st.Nak(ev.sseq, ev.dseq, jswire.NakDelay(body[len(jswire.AckNak):]), now)

@@ -208,11 +208,19 @@ func (cs *consumerSide) applyConfig(ctx context.Context, c *consumer, cfg server
 	if err := cs.b.db.UpdateConsumerConfig(ctx, c.sc.s.id, c.name, raw); err != nil {
 		return fmt.Errorf("updating consumer %q on stream %q: %w", c.name, c.sc.s.name, err)
 	}
-	c.mu.Lock()
-	c.cfg = cfg
-	c.mu.Unlock()
-	c.post(event{kind: evConfig, cfg: &cfg})
-	return nil
+	// The goroutine alone writes the configuration; the answer reports it once in force.
+	ch := &configChange{cfg: cfg, applied: make(chan struct{})}
+	if !c.postControl(event{kind: evConfig, cfg: ch}) {
+		return nil // stopping: whoever serves it next reads the stored configuration
+	}
+	select {
+	case <-ch.applied:
+		return nil
+	case <-c.done:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 // create stores a new consumer at the start position its deliver policy selects and
@@ -368,11 +376,7 @@ func (cs *consumerSide) infoLocked(c *consumer) (info *server.ConsumerInfo, from
 		Cluster:        cs.b.clusterInfo(cs.owner),
 	}
 	info.Paused, info.PauseRemaining = pausedAt(cfg.PauseUntil, now)
-	for _, wr := range c.waiting {
-		if wr.expires.IsZero() || now.Before(wr.expires) {
-			info.NumWaiting++
-		}
-	}
+	info.NumWaiting = c.out.numWaiting(now)
 	from, extra = c.countFrom()
 	return info, from, extra
 }

@@ -2,6 +2,7 @@ package bridge
 
 import (
 	"context"
+	"math"
 	"runtime"
 	"slices"
 	"strconv"
@@ -63,8 +64,15 @@ type event struct {
 	sseq, dseq uint64         // the delivery an evAck refers to
 	reply      string
 	data       []byte
-	cfg        *server.ConsumerConfig
+	cfg        *configChange
 	purge      *purgeMove // how an evPurged moves the consumer, nil when it does not
+}
+
+// configChange is an evConfig's update, already stored in PostgreSQL; applied is closed
+// once the goroutine runs with it.
+type configChange struct {
+	cfg     server.ConsumerConfig
+	applied chan struct{}
 }
 
 type stopReason uint8
@@ -120,8 +128,7 @@ type consumer struct {
 	reply      []byte // a delivery's reply subject, built anew for each in the same array
 	cfg        server.ConsumerConfig
 	st         *consumerstate.State
-	waiting    []*pullRequest
-	push       *pusher // a push consumer's endless request; nil for a pull consumer
+	out        delivery // to waiting pull requests or to the deliver subject
 	start      *startPos
 	ahead      []pg.Message // read from PostgreSQL, not yet delivered
 	aheadUpTo  uint64       // the read-ahead looked through this sequence
@@ -177,14 +184,21 @@ func newConsumer(cs *consumerSide, sc *streamConsumers, row pg.Consumer, cfg ser
 	c.cw.want, c.cw.wantShown = floor, row.ShownStreamSeq
 	c.cw.hurry = make(chan struct{}, 1)
 	c.setFilters(&cfg)
-	c.setPush(&cfg, now)
+	c.out = newDelivery(c, &cfg, now)
 	return c
 }
 
 // post queues an event for the goroutine; false when the queue is full or it stopped.
-func (c *consumer) post(ev event) bool {
+func (c *consumer) post(ev event) bool { return c.enqueue(ev, consumerQueueMax) }
+
+// postControl queues a configuration change or a purge, which the queue's bound must not
+// drop: they come from API requests, a few at a time, and a consumer that missed one would
+// go on serving what is no longer so. false once the consumer stopped.
+func (c *consumer) postControl(ev event) bool { return c.enqueue(ev, math.MaxInt) }
+
+func (c *consumer) enqueue(ev event, bound int) bool {
 	c.qmu.Lock()
-	if len(c.queue) >= consumerQueueMax || c.stopR.Load() != uint32(stopNone) {
+	if len(c.queue) >= bound || c.stopR.Load() != uint32(stopNone) {
 		c.qmu.Unlock()
 		return false
 	}
@@ -303,8 +317,7 @@ func (c *consumer) run() {
 		hw := c.sc.tail.HighWater()
 		c.pump(ctx)
 		wake := c.nextWake(clock.Now())
-		// A push consumer waits like a pull request while its deliver subject has interest.
-		parked := len(c.waiting) > 0 || c.isPush() && c.push.active
+		parked := c.out.waits()
 		wasParked := c.parked.Swap(parked)
 		c.mu.Unlock()
 		if parked {
@@ -340,7 +353,7 @@ func (c *consumer) run() {
 func (c *consumer) handle(ctx context.Context, ev *event, now time.Time) {
 	switch ev.kind {
 	case evPull:
-		c.addRequest(ev.reply, ev.data, now)
+		c.out.request(c, ev.reply, ev.data, now)
 	case evAck:
 		c.handleAck(ctx, ev, now)
 	case evPurged:
@@ -349,68 +362,22 @@ func (c *consumer) handle(ctx context.Context, ev *event, now time.Time) {
 			c.floorMoved()
 		}
 	case evFlowControl:
-		c.flowControlAnswered(ev.reply)
+		if p, ok := c.out.(*pusher); ok {
+			p.flowControlAnswered(ev.reply)
+		}
 	case evConfig:
 		old := c.filters()
-		c.cfg = *ev.cfg
+		c.cfg = ev.cfg.cfg
 		c.setFilters(&c.cfg)
 		c.st.SetConfig(stateConfig(&c.cfg))
-		c.setPush(&c.cfg, now)
+		c.out = c.out.configure(c, &c.cfg, now)
 		c.dropAhead()
 		// The filters are all of the configuration that the count depends on.
 		if !slices.Equal(old, c.filters()) {
 			c.stale.Store(true)
 		}
+		close(ev.cfg.applied)
 	}
-}
-
-// addRequest queues a pull request, or answers it at once when JetStream would.
-func (c *consumer) addRequest(reply string, body []byte, now time.Time) {
-	link := c.cs.b.link
-	if c.isPush() {
-		_ = link.Publish(reply, "", jswire.StatusHeader(409, jswire.DescPushBased), nil)
-		return
-	}
-	req, bad := jswire.DecodePullRequest(body, now)
-	if bad == nil {
-		bad = jswire.CheckPullLimits(&c.cfg, &req, now)
-	}
-	if bad != nil {
-		_ = link.Publish(reply, "", jswire.StatusHeader(bad.Code, bad.Desc), nil)
-		return
-	}
-	pr := newPullRequest(req, now)
-	c.lastActive = now
-	if len(c.waiting) >= c.cfg.MaxWaiting {
-		c.processWaiting(now, false)
-	}
-	if len(c.waiting) >= c.cfg.MaxWaiting {
-		// A client with heartbeats retries on its own; answering would make it spin.
-		if pr.hb == 0 {
-			_ = link.Publish(reply, "", jswire.StatusHeader(409, jswire.DescMaxWaiting), nil)
-		}
-		return
-	}
-	if pr.noWait {
-		if pr.expires.IsZero() && !c.hasWork() {
-			_ = link.Publish(reply, "", jswire.StatusHeader(404, jswire.DescNoMessages), nil)
-			return
-		}
-		// As nats-server does: a one-shot request that the messages there are cannot serve
-		// beyond what the requests already waiting will take is told so at once rather than
-		// left to wait behind them.
-		if pending := c.msgsPending(); pending > 0 {
-			c.processWaiting(now, false)
-			if pending < c.batchPending() {
-				_ = link.Publish(reply, "", jswire.StatusHeader(408, jswire.DescRequestsPend), nil)
-				return
-			}
-		}
-	}
-	pr.reply = reply
-	pr.seen = link.HasInterest(reply)
-	c.waiting = append(c.waiting, &pr)
-	c.cs.m.pulls.Inc()
 }
 
 // msgsPending is nats-server's count for no-wait requests: messages never delivered that
@@ -418,15 +385,6 @@ func (c *consumer) addRequest(reply string, body []byte, now time.Time) {
 func (c *consumer) msgsPending() int64 {
 	c.applyCommitted()
 	return max(c.npc, 0) + int64(c.st.NumQueued())
-}
-
-// batchPending is how many messages the waiting requests still want.
-func (c *consumer) batchPending() int64 {
-	var n int64
-	for _, wr := range c.waiting {
-		n += int64(wr.batch)
-	}
-	return n
 }
 
 // hasWork is the cheap in-memory check: is anything deliverable without asking PostgreSQL
@@ -454,13 +412,13 @@ func (c *consumer) pump(ctx context.Context) {
 	if _, moved := c.st.Expire(now); moved {
 		c.floorMoved()
 	}
-	c.processWaiting(now, false)
+	c.out.sweep(c, now)
 	eos := true
 	sent := 0
 	// Deliveries that move the ack floor (every one, with ack none) tell the cursor writer
 	// once per yield and at the end, not each: the write is fused all the same.
 	floorMoved := false
-	for c.wantsMore(now) && ctx.Err() == nil && !c.paused(now) {
+	for c.out.ready(c, now) && ctx.Err() == nil && !c.paused(now) {
 		m, dc, src, found := c.next(ctx)
 		if found != nextFound {
 			eos = found == nextEmpty
@@ -494,20 +452,13 @@ func (c *consumer) pump(ctx context.Context) {
 			c.unlocked = false
 			now = c.cs.b.clock.Now()
 		}
-		var wr *pullRequest
-		var to, group string
-		if c.isPush() {
-			// nats-server counts the deliver subject rather than the message's.
-			to, group = c.push.subject, c.push.group
-			size += len(to) - len(m.Subject)
-		} else if wr = c.nextWaiting(size, now); wr != nil {
-			to = wr.reply
-		} else {
+		to, size, ok := c.out.route(c, m.Subject, size, now)
+		if !ok {
 			break
 		}
 		reply = append(append(reply, '@'), m.Subject...)
 		c.reply = reply
-		if err := c.cs.b.link.PublishQueue(to, reply, group, hdr, data); err != nil {
+		if err := c.cs.b.link.PublishQueue(to.subject, reply, to.group, hdr, data); err != nil {
 			// Not sent (the link is full or closing), so not delivered: it stays next in
 			// line and is tried again shortly, not after an ack wait.
 			c.cs.b.log.Debug("delivery not sent", "stream", c.sc.s.name, "consumer", c.name, "err", err)
@@ -525,14 +476,14 @@ func (c *consumer) pump(ctx context.Context) {
 		// After Deliver: taking the last of a start list moves Next past what it skipped,
 		// and the floor must then see this delivery pending.
 		c.consume(src)
-		if src == srcAhead && len(c.ahead) <= c.prefetchLow() {
+		if src == srcAhead && len(c.ahead) <= c.out.prefetchLow() {
 			// A push consumer's pump may not end before its read-ahead does.
 			c.prefetch(ctx)
 		}
-		c.delivered(wr, size, m, dc, now)
+		c.delivered(to, size, m, dc, now)
 		sent++
 		floorMoved = floorMoved || moved
-		if sent%c.yieldEvery() == 1 {
+		if sent%c.out.yieldEvery() == 1 {
 			if floorMoved {
 				floorMoved = false
 				c.floorMoved()
@@ -546,10 +497,7 @@ func (c *consumer) pump(ctx context.Context) {
 	if c.replay.on && c.st.Next() > c.replay.upTo {
 		c.replay = replay{} // caught up: live messages go out at once
 	}
-	c.processWaiting(c.cs.b.clock.Now(), eos)
-	if c.isPush() {
-		c.pushIdle(c.cs.b.clock.Now())
-	}
+	c.out.settle(c, c.cs.b.clock.Now(), eos)
 	if sent > 0 {
 		c.prefetch(ctx)
 	}
@@ -574,64 +522,15 @@ const deliveryYield = 64
 // of the link. Draining a stream with ack none, 512 delivered some 5 % more than 64.
 const deliveryYieldPush = 512
 
-// yieldEvery is how many deliveries pump queues between two yields.
-func (c *consumer) yieldEvery() int {
-	if c.isPush() {
-		return deliveryYieldPush
-	}
-	return deliveryYield
-}
-
 // applyCommitted folds commits counted off the goroutine into num_pending.
 func (c *consumer) applyCommitted() {
 	c.npc += c.pend.take()
 }
 
-// nextWaiting returns the request the next message of size bytes goes to, dropping those
-// that expired, cannot take it, or lost their subscriber. The request stays at the head.
-func (c *consumer) nextWaiting(size int, now time.Time) *pullRequest {
-	link := c.cs.b.link
-	for len(c.waiting) > 0 {
-		wr := c.waiting[0]
-		switch {
-		case !wr.expires.IsZero() && !now.Before(wr.expires):
-			_ = link.Publish(wr.reply, "", pendingHeader(408, jswire.DescRequestTimeout, wr), nil)
-			c.lastActive = now
-		case wr.maxBytes > 0 && size > wr.maxBytes:
-			_ = link.Publish(wr.reply, "", pendingHeader(409, jswire.DescMaxBytes, wr), nil)
-		case !c.hasInterest(wr, now):
-		default:
-			return wr
-		}
-		c.waiting = c.waiting[1:]
-	}
-	c.waiting = nil
-	return nil
-}
-
-// hasInterest reports whether the request's inbox still has a subscriber (see interestGrace).
-func (c *consumer) hasInterest(wr *pullRequest, now time.Time) bool {
-	link := c.cs.b.link
-	v := link.InterestVersion()
-	if wr.seen && wr.seenAt == v {
-		return true
-	}
-	if link.HasInterest(wr.reply) {
-		wr.seen, wr.seenAt = true, v
-		return true
-	}
-	return !wr.seen && now.Sub(wr.received) < interestGrace
-}
-
-// delivered counts a message against the request at the head of the queue, or the push
-// consumer's deliver subject when wr is nil. A request with more to take moves to the
-// back, so that several clients share a consumer in turn.
-func (c *consumer) delivered(wr *pullRequest, size int, m pg.Message, dc uint64, now time.Time) {
-	if wr == nil {
-		c.pushed(size, now)
-	} else if wr.sent == 0 {
-		c.cs.m.subLatency.Observe(now.Sub(wr.received).Seconds())
-	}
+// delivered accounts a message sent to to: the delivery's own accounting, then the
+// consumer's.
+func (c *consumer) delivered(to target, size int, m pg.Message, dc uint64, now time.Time) {
+	c.out.sent(c, to, size, now)
 	if dc == 1 {
 		c.cs.m.e2eLatency.Observe(max(float64(now.UnixNano()-m.TS)/1e9, 0))
 	} else {
@@ -639,56 +538,6 @@ func (c *consumer) delivered(wr *pullRequest, size int, m pg.Message, dc uint64,
 	}
 	c.tally.delivered++
 	c.lastActive = now
-	if wr == nil {
-		return
-	}
-	wr.sent++
-	wr.batch--
-	if wr.maxBytes > 0 {
-		wr.maxBytes -= size
-		if wr.maxBytes == 0 {
-			wr.batch = 0
-		}
-	}
-	c.waiting = c.waiting[1:]
-	if wr.batch <= 0 {
-		if wr.maxBytes > 0 {
-			_ = c.cs.b.link.Publish(wr.reply, "", pendingHeader(409, jswire.DescBatchCompleted, wr), nil)
-		}
-		return
-	}
-	if wr.hb > 0 {
-		wr.hbNext = now.Add(wr.hb)
-	}
-	c.waiting = append(c.waiting, wr)
-}
-
-// processWaiting expires requests (408), ends no-wait requests once nothing is left to
-// deliver (eos), drops requests whose inbox went away, and sends due heartbeats.
-func (c *consumer) processWaiting(now time.Time, eos bool) {
-	link := c.cs.b.link
-	kept := c.waiting[:0]
-	for _, wr := range c.waiting {
-		switch {
-		case !wr.expires.IsZero() && !now.Before(wr.expires):
-			_ = link.Publish(wr.reply, "", pendingHeader(408, jswire.DescRequestTimeout, wr), nil)
-			c.lastActive = now
-			continue
-		case eos && wr.noWait && (wr.expires.IsZero() || wr.sent > 0):
-			_ = link.Publish(wr.reply, "", jswire.StatusHeader(404, jswire.DescNoMessages), nil)
-			c.lastActive = now
-			continue
-		case !c.hasInterest(wr, now):
-			continue
-		}
-		if wr.hb > 0 && !now.Before(wr.hbNext) {
-			_ = link.Publish(wr.reply, "", heartbeatHeader(c.st.Delivered()), nil)
-			wr.hbNext = now.Add(wr.hb)
-		}
-		kept = append(kept, wr)
-	}
-	clear(c.waiting[len(kept):])
-	c.waiting = kept
 }
 
 // nextWake is when the goroutine must look again without being signalled: a request
@@ -701,27 +550,9 @@ func (c *consumer) nextWake(now time.Time) time.Time {
 			t = u
 		}
 	}
-	for _, wr := range c.waiting {
-		earlier(wr.expires)
-		if wr.hb > 0 {
-			earlier(wr.hbNext)
-		}
-	}
-	if c.isPush() {
-		c.pushWake(now, earlier)
-	} else if len(c.waiting) > 0 {
-		earlier(now.Add(interestSweep))
-		if c.retryAt.After(now) {
-			earlier(c.retryAt)
-		}
-	} else if th := c.cfg.InactiveThreshold; th > 0 {
-		earlier(c.lastActive.Add(th))
-	}
+	c.out.wake(c, now, earlier)
 	earlier(c.st.NextDeadline())
 	earlier(c.replay.at)
-	if c.paused(now) && len(c.waiting) > 0 {
-		earlier(*c.cfg.PauseUntil)
-	}
 	if c.stale.Load() {
 		earlier(c.recountAt)
 	}
@@ -741,19 +572,7 @@ func (c *consumer) inactive(now time.Time) bool {
 	if th <= 0 || now.Sub(c.lastActive) < th {
 		return false
 	}
-	if c.isPush() {
-		return !c.pushBound(now)
-	}
-	return len(c.waiting) == 0
-}
-
-// wantsMore reports whether a message could go out now: a pull request waits, or a push
-// consumer's deliver subject is ready for it.
-func (c *consumer) wantsMore(now time.Time) bool {
-	if c.isPush() {
-		return c.pushReady(now)
-	}
-	return len(c.waiting) > 0
+	return c.out.inactive(c, now)
 }
 
 // shutdown answers the waiting requests as the reason demands. Called with mu held.
@@ -765,12 +584,7 @@ func (c *consumer) shutdown(r stopReason) {
 	case stopLost:
 		hdr = jswire.StatusHeader(409, jswire.DescLeadership)
 	}
-	if hdr != nil {
-		for _, wr := range c.waiting {
-			_ = c.cs.b.link.Publish(wr.reply, "", hdr, nil)
-		}
-	}
-	c.waiting = nil
+	c.out.stopped(c, hdr)
 	c.parked.Store(false)
 	c.cs.remove(c)
 }

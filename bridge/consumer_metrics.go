@@ -134,10 +134,11 @@ func (m *consumerMetrics) Collect(ch chan<- prometheus.Metric) {
 	}
 	cs.mu.RUnlock()
 	rows := make([]row, 0, len(all))
+	now := cs.b.clock.Now()
 	for _, sv := range all {
 		c := sv.c
 		c.mu.Lock()
-		rows = append(rows, row{sv.stream, c.name, int(max(c.npc+c.pend.peek(), 0)), c.st.NumAckPending(), len(c.waiting)})
+		rows = append(rows, row{sv.stream, c.name, int(max(c.npc+c.pend.peek(), 0)), c.st.NumAckPending(), c.out.numWaiting(now)})
 		c.mu.Unlock()
 	}
 	sort.Slice(rows, func(i, j int) bool {

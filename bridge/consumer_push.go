@@ -25,24 +25,8 @@ const (
 // pushDest is where a push consumer delivers, for readers off its goroutine.
 type pushDest struct{ subject, group string }
 
-// setPush builds or rebuilds the consumer's delivery to its deliver subject from cfg.
-// Called with mu held, or before the consumer runs.
-func (c *consumer) setPush(cfg *server.ConsumerConfig, now time.Time) {
-	switch {
-	case cfg.DeliverSubject == "":
-		c.push = nil
-		c.pushTo.Store(nil)
-		return
-	case c.push == nil:
-		c.push = newPusher(cfg, now)
-	default:
-		c.push = c.push.reconfigure(cfg, now)
-	}
-	c.pushTo.Store(&pushDest{subject: cfg.DeliverSubject, group: cfg.DeliverGroup})
-}
-
 // pusher is a push consumer's delivery to its deliver subject: the request that never
-// ends. The consumer's goroutine owns it, under the consumer's mu.
+// ends.
 type pusher struct {
 	subject, group string
 	// active says whether the deliver subject had interest when last looked, at link
@@ -67,7 +51,9 @@ type pusher struct {
 	rateAt time.Time
 }
 
-func newPusher(cfg *server.ConsumerConfig, now time.Time) *pusher {
+// newPusher builds the delivery to cfg's deliver subject and tells the interest watcher
+// where it goes.
+func newPusher(c *consumer, cfg *server.ConsumerConfig, now time.Time) *pusher {
 	p := &pusher{subject: cfg.DeliverSubject, group: cfg.DeliverGroup, hb: cfg.Heartbeat}
 	if p.hb > 0 {
 		p.hbNext = now.Add(p.hb)
@@ -80,12 +66,13 @@ func newPusher(cfg *server.ConsumerConfig, now time.Time) *pusher {
 		p.rate = max(float64(cfg.RateLimit/8), 1)
 		p.burst = time.Duration(float64(rateBurstDefault) / p.rate * float64(time.Second))
 	}
+	c.pushTo.Store(&pushDest{subject: p.subject, group: p.group})
 	return p
 }
 
-// reconfigure applies a configuration update, keeping what is owed and paced.
-func (p *pusher) reconfigure(cfg *server.ConsumerConfig, now time.Time) *pusher {
-	q := newPusher(cfg, now)
+// configure applies a configuration update, keeping what is owed and paced.
+func (p *pusher) configure(c *consumer, cfg *server.ConsumerConfig, now time.Time) delivery {
+	q := newPusher(c, cfg, now)
 	if q.subject == p.subject && q.group == p.group {
 		q.active, q.known, q.seenVer = p.active, p.known, p.seenVer
 	}
@@ -101,13 +88,18 @@ func (p *pusher) reconfigure(cfg *server.ConsumerConfig, now time.Time) *pusher 
 // windowClosed reports whether flow control holds delivery back until the client answers.
 func (p *pusher) windowClosed() bool { return p.maxpb > 0 && p.pbytes > p.maxpb }
 
-// isPush reports whether the consumer delivers to a deliver subject.
-func (c *consumer) isPush() bool { return c.push != nil }
+// request answers a pull request as nats-server does for a push consumer.
+func (p *pusher) request(c *consumer, reply string, _ []byte, _ time.Time) {
+	_ = c.cs.b.link.Publish(reply, "", jswire.StatusHeader(409, jswire.DescPushBased), nil)
+}
 
-// pushBound looks at the deliver subject's interest again if the link's changed since the
-// last look, and reports it. Called with mu held.
-func (c *consumer) pushBound(now time.Time) bool {
-	p, link := c.push, c.cs.b.link
+// waits: a push consumer waits like a pull request while its deliver subject has interest.
+func (p *pusher) waits() bool { return p.active }
+
+// bound looks at the deliver subject's interest again if the link's changed since the
+// last look, and reports it.
+func (p *pusher) bound(c *consumer, now time.Time) bool {
+	link := c.cs.b.link
 	v := link.InterestVersion()
 	if p.known && v == p.seenVer {
 		return p.active
@@ -130,11 +122,10 @@ func (c *consumer) pushBound(now time.Time) bool {
 	return p.active
 }
 
-// pushReady reports whether the next message may go to the deliver subject now: someone
-// listens, flow control leaves room and the rate limit allows it. Called with mu held.
-func (c *consumer) pushReady(now time.Time) bool {
-	p := c.push
-	if !c.pushBound(now) {
+// ready reports whether the next message may go to the deliver subject now: someone
+// listens, flow control leaves room and the rate limit allows it.
+func (p *pusher) ready(c *consumer, now time.Time) bool {
+	if !p.bound(c, now) {
 		return false
 	}
 	if p.windowClosed() {
@@ -147,10 +138,14 @@ func (c *consumer) pushReady(now time.Time) bool {
 	return p.rate == 0 || !now.Before(p.rateAt)
 }
 
-// pushed accounts a delivery of size bytes to the deliver subject: flow control, pacing
-// and the heartbeat it makes unnecessary. Called with mu held.
-func (c *consumer) pushed(size int, now time.Time) {
-	p := c.push
+// route: always the deliver subject, which nats-server counts in place of the message's.
+func (p *pusher) route(_ *consumer, subject string, size int, _ time.Time) (target, int, bool) {
+	return target{subject: p.subject, group: p.group}, size + len(p.subject) - len(subject), true
+}
+
+// sent accounts a delivery of size bytes to the deliver subject: flow control, pacing
+// and the heartbeat it makes unnecessary.
+func (p *pusher) sent(c *consumer, _ target, size int, now time.Time) {
 	c.tally.pushed++
 	if p.hb > 0 {
 		p.hbNext = now.Add(p.hb)
@@ -169,7 +164,7 @@ func (c *consumer) pushed(size int, now time.Time) {
 	p.pbytes += size
 	switch {
 	case p.fcid == "" && p.pbytes > p.maxpb/2:
-		c.sendFlowControl()
+		p.sendFlowControl(c)
 	case p.fcid != "" && p.pbytes-p.fcsz >= p.maxpb:
 		// nats-server widens what the request owed covers once the window passed it.
 		p.fcsz += size
@@ -177,18 +172,16 @@ func (c *consumer) pushed(size int, now time.Time) {
 }
 
 // sendFlowControl asks the client to answer once it has taken what was sent so far.
-func (c *consumer) sendFlowControl() {
-	p := c.push
+func (p *pusher) sendFlowControl(c *consumer) {
 	p.fcsz, p.fcid = p.pbytes, jswire.FlowControlSubject(c.sc.s.name, c.name, rand.Uint64())
 	_ = c.cs.b.link.PublishQueue(p.subject, []byte(p.fcid), p.group, jswire.FlowControlStatus(), nil)
 	c.cs.m.fcRequests.Inc()
 }
 
 // flowControlAnswered takes the client's answer to a flow-control request; only the newest
-// counts, as in nats-server. Called with mu held.
-func (c *consumer) flowControlAnswered(subject string) {
-	p := c.push
-	if p == nil || p.fcid == "" || subject != p.fcid {
+// counts, as in nats-server.
+func (p *pusher) flowControlAnswered(subject string) {
+	if p.fcid == "" || subject != p.fcid {
 		return
 	}
 	p.maxpb = min(p.maxpb*2, fcWindowMax)
@@ -197,14 +190,15 @@ func (c *consumer) flowControlAnswered(subject string) {
 	p.stalledSince = time.Time{}
 }
 
-// pushIdle sends the idle heartbeat when it is due and someone listens. Called with mu held.
-func (c *consumer) pushIdle(now time.Time) {
-	p := c.push
+func (p *pusher) sweep(*consumer, time.Time) {}
+
+// settle sends the idle heartbeat when it is due and someone listens.
+func (p *pusher) settle(c *consumer, now time.Time, _ bool) {
 	if p.hb == 0 || now.Before(p.hbNext) {
 		return
 	}
 	p.hbNext = now.Add(p.hb)
-	if !c.pushBound(now) {
+	if !p.bound(c, now) {
 		return
 	}
 	d := c.st.Delivered()
@@ -212,10 +206,9 @@ func (c *consumer) pushIdle(now time.Time) {
 	c.cs.m.heartbeats.Inc()
 }
 
-// pushWake is when a push consumer must look again without being signalled. Called with mu
-// held.
-func (c *consumer) pushWake(now time.Time, earlier func(time.Time)) {
-	p := c.push
+// wake: the inactive threshold while nobody listens; otherwise the heartbeat, the rate
+// limit, a retry of a failed send or read, and the end of a pause.
+func (p *pusher) wake(c *consumer, now time.Time, earlier func(time.Time)) {
 	if !p.active {
 		if th := c.cfg.InactiveThreshold; th > 0 {
 			earlier(c.lastActive.Add(th))
@@ -235,6 +228,22 @@ func (c *consumer) pushWake(now time.Time, earlier func(time.Time)) {
 		earlier(*c.cfg.PauseUntil)
 	}
 }
+
+func (p *pusher) inactive(c *consumer, now time.Time) bool { return !p.bound(c, now) }
+
+// readSize: a push consumer's request never ends, so it always reads the most.
+func (p *pusher) readSize() int { return readAheadMax }
+
+// prefetchLow: a push consumer with nothing to hold it back delivers a batch in about the
+// time PostgreSQL takes to read the next one, so it starts that read as soon as it takes a
+// batch.
+func (p *pusher) prefetchLow() int { return readAheadMax }
+
+func (p *pusher) yieldEvery() int { return deliveryYieldPush }
+
+func (p *pusher) numWaiting(time.Time) int { return 0 }
+
+func (p *pusher) stopped(*consumer, []byte) {}
 
 // onFlowControl runs on the link's read loop: it hands a client's answer to a flow-control
 // request to its consumer, in order with that consumer's acks.

@@ -120,10 +120,7 @@ func (c *consumer) readAhead(ctx context.Context, from, hw uint64) bool {
 	if c.cs.b.clock.Now().Before(c.retryAt) {
 		return false
 	}
-	n := min(max(int(c.batchPending()), readAheadMin), readAheadMax)
-	if c.isPush() {
-		n = readAheadMax // its request never ends
-	}
+	n := c.out.readSize()
 	filters := c.filters()
 	upTo := c.behindTail(from, hw)
 	c.unlocked = true
@@ -166,7 +163,7 @@ type prefetch struct {
 // from PostgreSQL and its read-ahead runs low; a consumer that keeps up with the tail
 // cache, or waits at the head of the stream, never does. Called with mu held.
 func (c *consumer) prefetch(ctx context.Context) {
-	if c.pf != nil || len(c.ahead) > c.prefetchLow() || c.aheadUpTo == 0 {
+	if c.pf != nil || len(c.ahead) > c.out.prefetchLow() || c.aheadUpTo == 0 {
 		return
 	}
 	from, hw := c.aheadUpTo+1, c.sc.tail.HighWater()
@@ -191,17 +188,6 @@ func (c *consumer) prefetch(ctx context.Context) {
 		pf.err = errStopping
 		close(pf.done)
 	}
-}
-
-// prefetchLow is how few read-ahead messages start the background read of the next
-// batch. A push consumer with nothing to hold it back delivers a batch in about the time
-// PostgreSQL takes to read the next one, so it starts that read as soon as it takes a
-// batch, where a pull consumer waits until half of it went.
-func (c *consumer) prefetchLow() int {
-	if c.isPush() {
-		return readAheadMax
-	}
-	return prefetchBelow
 }
 
 // takePrefetch appends the background read to the read-ahead, waiting for it if it is

@@ -254,7 +254,7 @@ func (b *Bridge) streamPurged(s *stream) {
 	sc.reads.forget()
 	for _, c := range sc.list() {
 		c.markStale(allRows)
-		c.post(event{kind: evPurged})
+		c.postControl(event{kind: evPurged})
 	}
 }
 
@@ -311,7 +311,7 @@ func (b *Bridge) streamPurgedBy(ctx context.Context, s *stream, subject string) 
 				}
 			}
 		}
-		c.post(event{kind: evPurged, purge: move})
+		c.postControl(event{kind: evPurged, purge: move})
 	}
 }
 
@@ -495,7 +495,7 @@ func (cs *consumerSide) activate(ctx context.Context, sc *streamConsumers, row p
 	}
 	sc.cons[c.name] = c
 	sc.mu.Unlock()
-	if c.isPush() {
+	if _, push := c.out.(*pusher); push {
 		cs.trackPush(c, true)
 	}
 	cs.hold(c)

@@ -237,7 +237,7 @@ func (c *consumer) writeCursors() {
 		}
 		w.lastWrite = c.cs.b.clock.Now()
 		err := c.writeCursor(ctx, f, shown, !hurried)
-		if lost := errors.Is(err, pg.ErrLeaseLost); lost || (err != nil && ctx.Err() != nil) {
+		if lost := errors.Is(err, pg.ErrNotOwner); lost || (err != nil && ctx.Err() != nil) {
 			if lost {
 				c.stop(stopLost)
 			}

@@ -165,7 +165,7 @@ func (cs *consumerSide) apiCreate(ctx context.Context, tok []string, data []byte
 		}
 		resp.ConsumerInfo = info
 		return resp, nil
-	case errors.Is(err, pg.ErrLeaseHeld):
+	case errors.Is(err, pg.ErrServedElsewhere):
 		return fail(cs.servedBy(ctx, s, name))
 	case !errors.Is(err, pg.ErrNotFound):
 		return fail(fmt.Errorf("looking up consumer %q on stream %q: %w", name, streamName, err))
@@ -236,15 +236,17 @@ func (cs *consumerSide) create(ctx context.Context, s *stream, name string, cfg 
 	}
 	// The lock comes first: a replica looking for consumers nobody serves must not take one
 	// that is being created here.
-	owner := cs.owner
-	if ok, err := cs.lockNew(ctx, s, name); err != nil {
-		return nil, fmt.Errorf("creating consumer %q on stream %q: %w", name, s.name, err)
-	} else if !ok {
-		owner = ""
+	own := cs.own.own
+	if own == nil {
+		return nil, errStopping
 	}
-	row, err := cs.b.db.CreateConsumer(ctx, pg.Consumer{StreamID: s.id, Name: name, Config: raw, AckStreamSeq: start.next - 1},
-		owner, cs.b.cfg.Lease, s.config().MaxConsumers)
-	if err != nil && owner != "" {
+	id, err := own.LockNew(ctx, pg.ConsumerKey{StreamID: s.id, Name: name})
+	if err != nil {
+		return nil, fmt.Errorf("creating consumer %q on stream %q: %w", name, s.name, err)
+	}
+	row, err := cs.b.db.CreateConsumer(ctx, pg.Consumer{ID: id, StreamID: s.id, Name: name, Config: raw, AckStreamSeq: start.next - 1, Owner: cs.owner},
+		s.config().MaxConsumers)
+	if err != nil {
 		cs.release(s, name)
 	}
 	switch {
@@ -260,10 +262,6 @@ func (cs *consumerSide) create(ctx context.Context, s *stream, name string, cfg 
 	sc, err := cs.streamLoaded(ctx, s)
 	if err != nil {
 		return nil, fmt.Errorf("loading stream %q: %w", s.name, err)
-	}
-	if owner == "" {
-		// Its lock key collides with a consumer another replica serves, which takes it over.
-		return nil, fmt.Errorf("creating consumer %q on stream %q: %w", name, s.name, pg.ErrLeaseHeld)
 	}
 	c, err := cs.activate(ctx, sc, row, start)
 	if err != nil {
@@ -458,7 +456,7 @@ func (cs *consumerSide) apiInfo(ctx context.Context, streamName, name string, da
 		info, err = cs.info(ctx, c)
 	case errors.Is(err, pg.ErrNotFound):
 		return resp, server.NewJSConsumerNotFoundError()
-	case errors.Is(err, pg.ErrLeaseHeld):
+	case errors.Is(err, pg.ErrServedElsewhere):
 		// The replica that serves the consumer knows what it delivered and what waits for
 		// an ack; PostgreSQL holds only the ack floor, which is the answer when no replica
 		// can be asked.
@@ -494,7 +492,7 @@ func (cs *consumerSide) apiPause(ctx context.Context, streamName, name string, d
 	switch {
 	case errors.Is(err, pg.ErrNotFound):
 		return resp, server.NewJSConsumerNotFoundError()
-	case errors.Is(err, pg.ErrLeaseHeld):
+	case errors.Is(err, pg.ErrServedElsewhere):
 		return resp, cs.servedBy(ctx, s, name)
 	case err != nil:
 		return resp, fmt.Errorf("looking up consumer %q on stream %q: %w", name, streamName, err)

@@ -100,17 +100,18 @@ type Config struct {
 	// plain acks move it; a double ack's write goes at once. Defaults to
 	// CursorIntervalDefault.
 	CursorInterval time.Duration
-	// ReplicaName identifies this process in consumer leases: a replica that restarts
-	// under the same name takes its leases back at once, so it must be stable across
+	// ReplicaName identifies this process as the owner of the consumers it serves, which
+	// info reports and other replicas forward requests to, so it must be stable across
 	// restarts and unique among replicas. Required: only the caller knows what tells its
 	// replicas apart (jetgres serve names them <host>:<NATS port>).
 	ReplicaName string
 	// MaxPayload is the largest message the embedded server accepts; streams without a
 	// max_msg_size report it. Defaults to 1 MiB.
 	MaxPayload int32
-	// Lease is how long a consumer's lease lasts without renewal. A replica confirms its
-	// ownership session claimsPerLease times per lease and stops serving every consumer when
-	// it cannot, within a fifth of the lease. Defaults to LeaseDefault.
+	// Lease is how long PostgreSQL lets this replica's ownership session be silent before it
+	// probes it and, once the probes fail, frees its consumers for other replicas. A replica
+	// confirms its session claimsPerLease times per lease and stops serving every consumer
+	// when it cannot, within a fifth of the lease, long before. Defaults to LeaseDefault.
 	Lease time.Duration
 	// MaxMemory and MaxStore bound the bytes of memory and of file streams, as a JetStream
 	// server's max_memory_store and max_file_store do: a stream whose max_bytes would take
@@ -397,11 +398,11 @@ func (b *Bridge) OldestFlush(now time.Time) time.Duration {
 }
 
 // metaChanged is told of each stream and consumer change any replica commits (0: some may
-// have been missed): the streams are re-read, and the leases looked at, at once.
+// have been missed): the streams are re-read, and the ownership loop looks, at once.
 func (b *Bridge) metaChanged(int64) {
 	poke(b.metaKick)
 	if cs := b.cs(); cs != nil {
-		poke(cs.leaseKick)
+		poke(cs.ownKick)
 	}
 }
 

@@ -101,7 +101,6 @@ type consumer struct {
 	sc      *streamConsumers
 	name    string
 	created time.Time
-	since   time.Time // when this process started serving it
 
 	qmu   sync.Mutex
 	queue []event
@@ -166,7 +165,6 @@ func newConsumer(cs *consumerSide, sc *streamConsumers, row pg.Consumer, cfg ser
 		sc:         sc,
 		name:       row.Name,
 		created:    row.Created,
-		since:      time.Now(), // for the lease loop, which runs on the system clock
 		wake:       make(chan struct{}, 1),
 		done:       make(chan struct{}),
 		cfg:        cfg,

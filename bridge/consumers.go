@@ -58,8 +58,9 @@ type consumerSide struct {
 
 	// own says which consumers this replica serves; see replicas.go.
 	own *ownership
-	// leaseKick makes the lease loop look at once: a consumer may have been deleted elsewhere.
-	leaseKick chan struct{}
+	// ownKick makes the ownership loop look at once: a consumer may have been deleted, or
+	// freed, elsewhere.
+	ownKick chan struct{}
 
 	// fcSub takes the answers to push consumers' flow-control requests.
 	fcSub *leaf.Subscription
@@ -117,7 +118,7 @@ func (b *Bridge) initConsumers(reg prometheus.Registerer) {
 		streams: make(map[*stream]*streamConsumers),
 		tails:   tailcache.NewBudget(int64(b.cfg.TailTotalBytes)),
 	}
-	cs.leaseKick = make(chan struct{}, 1)
+	cs.ownKick = make(chan struct{}, 1)
 	cs.m = newConsumerMetrics(reg, cs)
 	cs.own = newOwnership(reg, cs)
 	b.cons = cs
@@ -146,7 +147,9 @@ func (b *Bridge) startConsumers(ctx context.Context) error {
 	if cs.own.fwd, err = b.link.Subscribe(b.forwardPrefix(cs.owner)+"*.*.CONSUMER.>", "", b.onAPI); err != nil {
 		return err
 	}
-	cs.claimFree(ctx)
+	if serve := cs.claimFree(ctx); serve != nil {
+		serve(ctx)
+	}
 	sub, err := b.link.SubscribeBorrowed(jswire.AckPrefix+">", "", cs.onAck)
 	if err != nil {
 		return err
@@ -157,9 +160,7 @@ func (b *Bridge) startConsumers(ctx context.Context) error {
 	}
 	cs.g.Go(cs.interestLoop)
 	cs.g.Go(cs.tickLoop)
-	cs.g.Go(cs.leaseLoop)
 	cs.g.Go(cs.ownershipLoop)
-	cs.g.Go(cs.fenceLoop)
 	return nil
 }
 
@@ -202,8 +203,8 @@ func (b *Bridge) stopConsumers(ctx context.Context) {
 		c.flushCursor(ctx)
 	}
 	cs.g.Stop()
-	if err := b.db.ReleaseConsumerLeases(context.WithoutCancel(ctx), cs.owner); err != nil {
-		b.log.Warn("releasing consumer leases failed", "err", err)
+	if err := b.db.ClearOwner(context.WithoutCancel(ctx), cs.owner); err != nil {
+		b.log.Warn("clearing this replica from its consumers failed", "err", err)
 	}
 	if cs.own.own != nil {
 		cs.own.own.Close()
@@ -541,7 +542,7 @@ func (cs *consumerSide) activateLater(streamName, consumerName string, ev event)
 		defer func() { <-cs.activeN }()
 		c, err := cs.ensure(cs.ctx, streamName, consumerName)
 		switch {
-		case errors.Is(err, pg.ErrLeaseHeld):
+		case errors.Is(err, pg.ErrServedElsewhere):
 			// Another replica serves it and received the same request.
 		case err != nil:
 			_ = cs.b.link.Publish(ev.reply, "", jswire.StatusHeader(503, "No Responders"), nil)
@@ -568,56 +569,15 @@ func (cs *consumerSide) ensure(ctx context.Context, streamName, consumerName str
 	if err != nil {
 		return nil, err
 	}
-	row, err := cs.claim(ctx, s, consumerName)
-	if err != nil {
+	own := cs.own.own
+	if own == nil {
+		return nil, errStopping
+	}
+	switch ok, err := own.TryLock(ctx, pg.ConsumerKey{StreamID: s.id, Name: consumerName}); {
+	case err != nil:
 		return nil, err
+	case !ok:
+		return nil, pg.ErrServedElsewhere
 	}
-	sc, err := cs.streamLoaded(ctx, s)
-	if err != nil {
-		cs.release(s, consumerName)
-		return nil, err
-	}
-	return cs.activate(ctx, sc, row, nil)
-}
-
-// leaseLoop renews this process's consumer leases and stops serving any consumer whose
-// lease it lost (deleted or taken over elsewhere). It runs on the system clock, not the
-// bridge's: PostgreSQL judges lease expiry by its own.
-func (cs *consumerSide) leaseLoop() {
-	t := time.NewTicker(cs.b.cfg.Lease / 3)
-	defer t.Stop()
-	for {
-		select {
-		case <-cs.ctx.Done():
-			return
-		case <-t.C:
-		case <-cs.leaseKick:
-		}
-		renewed := time.Now()
-		held, err := cs.b.db.RenewConsumerLeases(cs.ctx, cs.owner, cs.b.cfg.Lease)
-		if err != nil {
-			if cs.ctx.Err() == nil {
-				cs.b.log.Warn("renewing consumer leases failed", "err", err)
-			}
-			continue
-		}
-		keep := make(map[pg.ConsumerKey]bool, len(held))
-		for _, k := range held {
-			keep[k] = true
-		}
-		cs.mu.RLock()
-		var lost []*consumer
-		for s, sc := range cs.streams {
-			for _, c := range sc.list() {
-				// One activated while the renewal ran may be missing from its answer.
-				if c.since.Before(renewed) && !keep[pg.ConsumerKey{StreamID: s.id, Name: c.name}] {
-					lost = append(lost, c)
-				}
-			}
-		}
-		cs.mu.RUnlock()
-		for _, c := range lost {
-			c.stop(stopLost)
-		}
-	}
+	return cs.serveLocked(ctx, s, consumerName)
 }

@@ -54,14 +54,18 @@
 // replica reads from PostgreSQL, and dropped without it: the forwarding subjects would
 // otherwise let a client that may publish anywhere past the server's permissions on $JS.API.
 //
-// Takeover spreads: a replica takes at most its fair share of the free consumers per look
-// (pg.Ownership.ClaimFree), the live replicas counted by their ownership sessions' shared
-// lock.
+// The lock is the one mechanism of ownership: its id-keyed advisory lock, one per consumer,
+// says who serves it, and the row's owner column only records the holder. One loop
+// (ownershipLoop) keeps it: it confirms the session, stops the consumers whose rows are gone,
+// and takes over free ones. Takeover spreads: a replica takes its fair share of the free
+// consumers per look, and at least one (pg.Ownership.ClaimFree), the live replicas counted
+// by their ownership sessions' shared lock.
 //
 // Fencing keeps two replicas from serving one consumer: the session is confirmed
-// claimsPerLease times per lease, and a failed confirmation stops every consumer at once,
-// while PostgreSQL frees a silent session's locks only after a whole lease and its keepalive
-// probes. A cursor write also lands only while the row names this replica as owner.
+// claimsPerLease times per lease, and a failed confirmation, or one older than a fifth of
+// the lease, stops every consumer at once, while PostgreSQL frees a silent session's locks
+// only after a whole lease and its keepalive probes. A cursor write also lands only while
+// the row names this replica as owner.
 //
 // # Locks
 //

@@ -44,6 +44,9 @@ const (
 	// confirmsPerLease sets the timeout of every statement of the ownership session, a
 	// tenth of the lease: one that runs past it breaks the session.
 	confirmsPerLease = 10
+	// deletedChecksPerLease is how often per lease the ownership loop reads which of its
+	// consumers were deleted, should the notification of a deletion be lost.
+	deletedChecksPerLease = 3
 	// fencePerLease sets the fencing deadline, a fifth of the lease: a replica that has not
 	// confirmed its session for that long stops serving every consumer, whatever else it is
 	// waiting for. PostgreSQL gives a silent session's locks away only after a whole lease.
@@ -159,51 +162,27 @@ func (cs *consumerSide) unhold(c *consumer) {
 	}
 }
 
-// claim takes the consumer's lock and lease, or fails with pg.ErrLeaseHeld when another
-// replica's session holds the lock.
-func (cs *consumerSide) claim(ctx context.Context, s *stream, name string) (pg.Consumer, error) {
-	own := cs.own.own
-	if own == nil {
-		return pg.Consumer{}, errStopping
-	}
-	k := pg.ConsumerKey{StreamID: s.id, Name: name}
-	ok, err := own.TryLock(ctx, k)
-	if err != nil {
-		return pg.Consumer{}, err
-	}
-	if !ok {
-		return pg.Consumer{}, pg.ErrLeaseHeld
-	}
-	return cs.takeLease(ctx, k)
-}
-
-// takeLease records this replica as the server of a consumer whose lock it holds.
-func (cs *consumerSide) takeLease(ctx context.Context, k pg.ConsumerKey) (pg.Consumer, error) {
-	row, prev, err := cs.b.db.TakeLease(ctx, pg.LeaseParams{StreamID: k.StreamID, Name: k.Name, Owner: cs.owner, TTL: cs.b.cfg.Lease})
-	if err != nil {
-		_ = cs.own.own.Unlock(context.WithoutCancel(ctx), k)
-		return pg.Consumer{}, err
-	}
-	if prev != "" && prev != cs.owner {
-		cs.own.takeovers.Inc()
-		cs.b.log.Info("took a consumer over", "stream_id", k.StreamID, "consumer", k.Name, "from", prev)
-	}
-	return row, nil
-}
-
-// ownershipLoop confirms the ownership session and takes over the consumers nobody serves,
-// claimsPerLease times per lease. When the session cannot be confirmed, this replica stops
-// serving every consumer at once: PostgreSQL may already have given their locks to another.
-// It runs on the system clock, as the lease loop does.
+// ownershipLoop keeps this replica's claim on the consumers it serves, claimsPerLease times
+// per lease and whenever a consumer changed anywhere. It stops serving every consumer at once
+// (fences) when the ownership session is gone, fails a statement, or was last confirmed
+// longer ago than the fencing deadline; it stops those deleted by any replica; and it takes
+// over this replica's share of those nobody serves. Everything it waits for is a statement
+// on the ownership session, bounded by a tenth of the lease, whose failure fences, and the
+// consumers it takes over are loaded and served off the loop: so it looks again well within
+// the fencing deadline, however slow the database is, and no other loop is needed.
 func (cs *consumerSide) ownershipLoop() {
-	lease := cs.b.cfg.Lease
-	t := time.NewTicker(lease / claimsPerLease)
+	clock, lease := cs.b.clock, cs.b.cfg.Lease
+	t := clock.NewTicker(lease / claimsPerLease)
 	defer t.Stop()
+	var checked time.Time
 	for {
+		check := false
 		select {
 		case <-cs.ctx.Done():
 			return
-		case <-t.C:
+		case <-t.C():
+		case <-cs.ownKick:
+			check = true
 		}
 		own := cs.own.own
 		if !own.Connected() {
@@ -211,36 +190,56 @@ func (cs *consumerSide) ownershipLoop() {
 			cs.fence(pg.ErrOwnershipLost)
 			if err := own.Reconnect(cs.ctx); err != nil {
 				if cs.ctx.Err() == nil {
-					cs.b.warnOwnSession.warn(cs.b.log, cs.b.clock.Now(), "reconnecting the ownership session failed", "err", err)
+					cs.b.warnOwnSession.warn(cs.b.log, clock.Now(), "reconnecting the ownership session failed", "err", err)
 				}
 				continue
 			}
 		}
-		if err := own.Confirm(cs.ctx); err != nil {
+		now := clock.Now()
+		if last := own.Confirmed(); last.IsZero() || now.Sub(last) > lease/fencePerLease {
+			cs.fence(errors.New("ownership session not confirmed within the fencing deadline"))
+		}
+		// A deletion elsewhere notifies and so kicks; the period is for a lost notification.
+		var err error
+		if check || now.Sub(checked) >= lease/deletedChecksPerLease {
+			checked = now
+			var gone []pg.ConsumerKey
+			if gone, err = own.Deleted(cs.ctx); err == nil {
+				cs.stopDeleted(gone)
+			}
+		} else {
+			err = own.Confirm(cs.ctx)
+		}
+		if err != nil {
 			if cs.ctx.Err() == nil {
 				cs.fence(err)
 			}
 			continue
 		}
-		cs.claimFree(cs.ctx)
+		if serve := cs.claimFree(cs.ctx); serve != nil && !cs.g.Go(func() { serve(cs.ctx) }) {
+			serve(nil)
+		}
 	}
 }
 
-// fenceLoop stops serving every consumer once the ownership session has not been confirmed
-// within the fencing deadline, even while the ownership loop waits on a statement or a
-// connection. It runs on the system clock, as PostgreSQL's keepalives do.
-func (cs *consumerSide) fenceLoop() {
-	lease := cs.b.cfg.Lease
-	t := time.NewTicker(lease / claimsPerLease)
-	defer t.Stop()
-	for {
-		select {
-		case <-cs.ctx.Done():
-			return
-		case <-t.C:
+// stopDeleted stops serving the consumers whose rows are gone.
+func (cs *consumerSide) stopDeleted(gone []pg.ConsumerKey) {
+	if len(gone) == 0 {
+		return
+	}
+	byID := make(map[int64]*stream)
+	for _, s := range cs.b.streamList() {
+		byID[s.id] = s
+	}
+	for _, k := range gone {
+		s := byID[k.StreamID]
+		if s == nil {
+			continue // the stream went, and its consumers with it
 		}
-		if last := cs.own.own.Confirmed(); last.IsZero() || time.Since(last) > lease/fencePerLease {
-			cs.fence(errors.New("ownership session not confirmed within the fencing deadline"))
+		// One not served yet is being created or loaded here: its own path gives the
+		// lock back if it finds no row, and must keep it if its row is still to commit.
+		if c := cs.served(s, k.Name); c != nil {
+			c.stop(stopDeleted)
 		}
 	}
 }
@@ -268,11 +267,14 @@ func (cs *consumerSide) all() []*consumer {
 	return out
 }
 
-// claimFree takes over every consumer of a known stream that no replica serves.
-func (cs *consumerSide) claimFree(ctx context.Context) {
+// claimFree locks this replica's share of the consumers of known streams that no replica
+// serves, and returns what serves them: each is loaded from PostgreSQL and started, which
+// the caller may do off its own goroutine. A nil ctx gives the locks back instead, for a
+// caller that cannot serve them after all. It returns nil when it locked none.
+func (cs *consumerSide) claimFree(ctx context.Context) func(context.Context) {
 	streams := cs.b.streamList()
 	if len(streams) == 0 {
-		return
+		return nil
 	}
 	byID := make(map[int64]*stream, len(streams))
 	ids := make([]int64, 0, len(streams))
@@ -285,45 +287,48 @@ func (cs *consumerSide) claimFree(ctx context.Context) {
 		if ctx.Err() == nil {
 			cs.b.warnUnserved.warn(cs.b.log, cs.b.clock.Now(), "looking for consumers nobody serves failed", "err", err)
 		}
-		return
+		return nil
 	}
-	for _, k := range keys {
-		s := byID[k.StreamID]
-		if err := cs.serveClaimed(ctx, s, k); err != nil && !errors.Is(err, errStopping) && ctx.Err() == nil {
-			cs.b.log.Warn("taking a consumer over failed", "stream", s.name, "consumer", k.Name, "err", err)
+	if len(keys) == 0 {
+		return nil
+	}
+	return func(ctx context.Context) {
+		for _, k := range keys {
+			s := byID[k.StreamID]
+			if ctx == nil {
+				cs.release(s, k.Name)
+				continue
+			}
+			if _, err := cs.serveLocked(ctx, s, k.Name); err != nil && !errors.Is(err, errStopping) && !errors.Is(err, pg.ErrNotFound) && ctx.Err() == nil {
+				cs.b.log.Warn("taking a consumer over failed", "stream", s.name, "consumer", k.Name, "err", err)
+			}
 		}
 	}
 }
 
-// serveClaimed starts serving a consumer whose lock this replica just took.
-func (cs *consumerSide) serveClaimed(ctx context.Context, s *stream, k pg.ConsumerKey) error {
-	if cs.served(s, k.Name) != nil {
-		// Still stopping after a fence: the lock is this session's now, the next pass serves it.
-		return cs.own.own.Unlock(ctx, k)
+// serveLocked starts serving a consumer whose lock this replica has just taken: it records
+// this replica as its owner, loads it and starts it. Whatever fails gives the lock back.
+func (cs *consumerSide) serveLocked(ctx context.Context, s *stream, name string) (*consumer, error) {
+	if c := cs.served(s, name); c != nil {
+		// Served here already, or still stopping after a fence: the lock counted twice.
+		cs.release(s, name)
+		return c, nil
 	}
-	row, err := cs.takeLease(ctx, k)
-	if errors.Is(err, pg.ErrNotFound) {
-		return nil // deleted meanwhile
-	}
+	row, prev, err := cs.b.db.SetOwner(ctx, pg.ConsumerKey{StreamID: s.id, Name: name}, cs.owner)
 	if err != nil {
-		return err
+		cs.release(s, name)
+		return nil, err
+	}
+	if prev != "" && prev != cs.owner {
+		cs.own.takeovers.Inc()
+		cs.b.log.Info("took a consumer over", "stream", s.name, "consumer", name, "from", prev)
 	}
 	sc, err := cs.streamLoaded(ctx, s)
 	if err != nil {
-		_ = cs.own.own.Unlock(context.WithoutCancel(ctx), k)
-		return err
+		cs.release(s, name)
+		return nil, err
 	}
-	_, err = cs.activate(ctx, sc, row, nil)
-	return err
-}
-
-// lockNew takes the lock of a consumer about to be created here.
-func (cs *consumerSide) lockNew(ctx context.Context, s *stream, name string) (bool, error) {
-	own := cs.own.own
-	if own == nil {
-		return false, errStopping
-	}
-	return own.TryLock(ctx, pg.ConsumerKey{StreamID: s.id, Name: name})
+	return cs.activate(ctx, sc, row, nil)
 }
 
 // forwardPrefix is where the replica called name receives forwarded requests. The name is
@@ -341,7 +346,7 @@ var errForwarded = errors.New("forwarded to the consumer's replica")
 // It returns errForwarded then, and otherwise the error to answer with: a request forwarded
 // once is never forwarded again (the lock may have moved meanwhile), and one whose replica
 // the server does not know of (no cluster, or the owner just died and another holds the
-// lock before its lease names it) is refused as before.
+// lock before its row names it) is refused as before.
 func (b *Bridge) forward(m *leaf.Msg, err error, forwarded bool) error {
 	var sb *servedBy
 	if !errors.As(err, &sb) {
@@ -392,7 +397,7 @@ func (b *Bridge) unseal(rest string, m *leaf.Msg) (api string, ok bool) {
 	return api, hmac.Equal([]byte(ts+"."+mac), []byte(b.seal(unix, api, m)))
 }
 
-// servedBy names the replica whose lease says it serves a consumer that another session
+// servedBy names the replica whose row says it serves a consumer that another session
 // holds the lock of.
 func (cs *consumerSide) servedBy(ctx context.Context, s *stream, name string) error {
 	row, err := cs.b.db.GetConsumer(ctx, s.id, name)

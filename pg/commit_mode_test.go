@@ -55,7 +55,7 @@ func TestSynchronousCommitPerTransaction(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			c, err := db.CreateConsumer(ctx, pg.Consumer{StreamID: st.ID, Name: "C", Config: []byte(`{}`)}, "r1", time.Minute, 0)
+			c, err := db.CreateConsumer(ctx, pg.Consumer{StreamID: st.ID, Name: "C", Config: []byte(`{}`), Owner: "r1"}, 0)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -12,12 +12,13 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
-// ErrLeaseHeld says another replica serves the consumer: another session holds its lock (see
-// Ownership). ErrLeaseLost is returned by a cursor write after the lease moved on (or the
-// consumer was deleted): the caller must stop serving it.
+// ErrServedElsewhere says another replica serves the consumer: another session holds its
+// lock (see Ownership). ErrNotOwner is returned by a cursor write whose row no longer names
+// the writer as its owner (another replica took the consumer over) or is gone: the caller
+// must stop serving it.
 var (
-	ErrLeaseHeld = errors.New("pg: consumer is served by another replica")
-	ErrLeaseLost = errors.New("pg: consumer lease lost")
+	ErrServedElsewhere = errors.New("pg: consumer is served by another replica")
+	ErrNotOwner        = errors.New("pg: consumer served by another replica or deleted")
 )
 
 // ErrMaxConsumers is returned by CreateConsumer when the stream already has as many
@@ -27,6 +28,8 @@ var ErrMaxConsumers = errors.New("pg: the stream has its maximum number of consu
 // Consumer is a consumer's stored configuration and its persisted cursor, the ack floor.
 // Config is the JSON the bridge stores; pg does not interpret it.
 type Consumer struct {
+	// ID is the consumer's own number, its advisory lock key (see Ownership).
+	ID             int64
 	StreamID       int64
 	Name           string
 	Config         []byte
@@ -47,28 +50,21 @@ type ConsumerKey struct {
 	Name     string
 }
 
-const sqlConsumerCols = `stream_id, name, config, created, ack_stream_seq, ack_consumer_seq, owner,
+const sqlConsumerCols = `id, stream_id, name, config, created, ack_stream_seq, ack_consumer_seq, owner,
 	coalesce(shown_stream_seq, ack_stream_seq)`
 
 func scanConsumer(r pgx.Row) (Consumer, error) {
 	var c Consumer
 	var as, ac, ss int64
-	err := r.Scan(&c.StreamID, &c.Name, &c.Config, &c.Created, &as, &ac, &c.Owner, &ss)
+	err := r.Scan(&c.ID, &c.StreamID, &c.Name, &c.Config, &c.Created, &as, &ac, &c.Owner, &ss)
 	c.AckStreamSeq, c.AckConsumerSeq, c.ShownStreamSeq = uint64(as), uint64(ac), uint64(ss)
 	return c, err
 }
 
-// scanConsumerKey reads a row of stream_id, name.
-func scanConsumerKey(r pgx.CollectableRow) (ConsumerKey, error) {
-	var k ConsumerKey
-	err := r.Scan(&k.StreamID, &k.Name)
-	return k, err
-}
-
-// CreateConsumer stores a new consumer with its starting cursor and, when owner is not
-// empty, its lease for ttl. It returns ErrExists when the name is taken and ErrNotFound when
-// the stream is gone.
-func (db *DB) CreateConsumer(ctx context.Context, c Consumer, owner string, ttl time.Duration, maxConsumers int) (Consumer, error) {
+// CreateConsumer stores a new consumer with its starting cursor, its ID (from
+// Ownership.LockNew, whose lock says who serves it; 0 takes a fresh one) and its Owner. It returns ErrExists when
+// the name is taken and ErrNotFound when the stream is gone.
+func (db *DB) CreateConsumer(ctx context.Context, c Consumer, maxConsumers int) (Consumer, error) {
 	var out Consumer
 	err := db.backgroundTx(ctx, func(ctx context.Context, q querier) error {
 		if maxConsumers > 0 {
@@ -92,10 +88,11 @@ func (db *DB) CreateConsumer(ctx context.Context, c Consumer, owner string, ttl 
 			}
 		}
 		row := q.QueryRow(ctx, `INSERT INTO jetgres.consumers
-			(stream_id, name, config, ack_stream_seq, ack_consumer_seq, owner, lease_until)
-			VALUES ($1, $2, $3, $4, $5, $6, CASE WHEN $6 = '' THEN '-infinity'::timestamptz ELSE now() + $7::interval END)
+			(id, stream_id, name, config, ack_stream_seq, ack_consumer_seq, owner)
+			VALUES (CASE WHEN $1 = 0 THEN nextval(pg_get_serial_sequence('jetgres.consumers', 'id')) ELSE $1 END,
+				$2, $3, $4, $5, $6, $7)
 			RETURNING `+sqlConsumerCols,
-			c.StreamID, c.Name, c.Config, int64(c.AckStreamSeq), int64(c.AckConsumerSeq), owner, ttl)
+			c.ID, c.StreamID, c.Name, c.Config, int64(c.AckStreamSeq), int64(c.AckConsumerSeq), c.Owner)
 		var err error
 		if out, err = scanConsumer(row); err != nil {
 			return err
@@ -225,7 +222,7 @@ type CursorParams struct {
 
 // WriteCursor persists a consumer's ack floor. It runs on the hot path (a durable ack waits
 // for it); rtt is for the lane the caller holds a permit of. The write only lands while
-// Owner holds the lease, and ErrLeaseLost says it did not.
+// the row names Owner, and ErrNotOwner says it did not.
 func (db *DB) WriteCursor(ctx context.Context, p CursorParams) (time.Duration, error) {
 	rtt, err := db.hot(ctx, func(ctx context.Context, q querier) error {
 		b := &pgx.Batch{}
@@ -253,52 +250,25 @@ func (db *DB) WriteCursor(ctx context.Context, p CursorParams) (time.Duration, e
 			return err
 		}
 		if tag.RowsAffected() == 0 {
-			return ErrLeaseLost
+			return ErrNotOwner
 		}
 		return nil
 	})
-	if err != nil && !errors.Is(err, ErrLeaseLost) {
+	if err != nil && !errors.Is(err, ErrNotOwner) {
 		return rtt, fmt.Errorf("pg: write cursor: %w", err)
 	}
 	return rtt, err
 }
 
-// LeaseParams asks for the lease of one consumer.
-type LeaseParams struct {
-	StreamID int64
-	Name     string
-	Owner    string
-	TTL      time.Duration
-}
-
-// RenewConsumerLeases extends every lease owner holds by ttl, in one statement, and returns
-// the consumers it still holds; a consumer missing from the answer was deleted or taken over.
-func (db *DB) RenewConsumerLeases(ctx context.Context, owner string, ttl time.Duration) ([]ConsumerKey, error) {
-	var out []ConsumerKey
+// ClearOwner stops naming owner as the server of its consumers, for a replica that stops:
+// until another takes them, info reports no replica rather than one that is gone.
+func (db *DB) ClearOwner(ctx context.Context, owner string) error {
 	err := db.background(ctx, func(ctx context.Context, q querier) error {
-		rows, err := q.Query(ctx, `UPDATE jetgres.consumers SET lease_until = now() + $2::interval
-			WHERE owner = $1 RETURNING stream_id, name`, owner, ttl)
-		if err != nil {
-			return err
-		}
-		out, err = pgx.CollectRows(rows, scanConsumerKey)
+		_, err := q.Exec(ctx, `UPDATE jetgres.consumers SET owner = '' WHERE owner = $1`, owner)
 		return err
 	})
 	if err != nil {
-		return nil, fmt.Errorf("pg: renew consumer leases: %w", err)
-	}
-	return out, nil
-}
-
-// ReleaseConsumerLeases gives up every lease owner holds, so that another replica can take
-// its consumers at once instead of waiting for the leases to run out.
-func (db *DB) ReleaseConsumerLeases(ctx context.Context, owner string) error {
-	err := db.background(ctx, func(ctx context.Context, q querier) error {
-		_, err := q.Exec(ctx, `UPDATE jetgres.consumers SET owner = '', lease_until = '-infinity' WHERE owner = $1`, owner)
-		return err
-	})
-	if err != nil {
-		return fmt.Errorf("pg: release consumer leases: %w", err)
+		return fmt.Errorf("pg: clear consumer owner: %w", err)
 	}
 	return nil
 }

@@ -29,30 +29,30 @@ func consumerTestStream(t *testing.T, ctx context.Context, db *pg.DB, subjects .
 	return st
 }
 
-func TestConsumerRowsAndLeases(t *testing.T) {
+func TestConsumerRowsAndOwners(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := pgtest.Open(t)
 	st := consumerTestStream(t, ctx, db)
-	c, err := db.CreateConsumer(ctx, pg.Consumer{StreamID: st.ID, Name: "C", Config: []byte(`{"a":1}`), AckStreamSeq: 4}, "r1", time.Minute, 0)
+	c, err := db.CreateConsumer(ctx, pg.Consumer{StreamID: st.ID, Name: "C", Config: []byte(`{"a":1}`), AckStreamSeq: 4, Owner: "r1"}, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if c.AckStreamSeq != 4 || c.Created.IsZero() {
 		t.Fatalf("created %+v", c)
 	}
-	if _, err := db.CreateConsumer(ctx, pg.Consumer{StreamID: st.ID, Name: "C", Config: []byte(`{}`)}, "r1", time.Minute, 0); !errors.Is(err, pg.ErrExists) {
+	if _, err := db.CreateConsumer(ctx, pg.Consumer{StreamID: st.ID, Name: "C", Config: []byte(`{}`), Owner: "r1"}, 0); !errors.Is(err, pg.ErrExists) {
 		t.Fatalf("duplicate create: %v", err)
 	}
-	if _, err := db.CreateConsumer(ctx, pg.Consumer{StreamID: st.ID + 100, Name: "X", Config: []byte(`{}`)}, "", 0, 0); !errors.Is(err, pg.ErrNotFound) {
+	if _, err := db.CreateConsumer(ctx, pg.Consumer{StreamID: st.ID + 100, Name: "X", Config: []byte(`{}`)}, 0); !errors.Is(err, pg.ErrNotFound) {
 		t.Fatalf("create on a missing stream: %v", err)
 	}
 	// Held by r1: r2 cannot write its cursor.
-	if _, err := db.WriteCursor(ctx, pg.CursorParams{StreamID: st.ID, Name: "C", Created: c.Created, Owner: "r2", AckStreamSeq: 9}); !errors.Is(err, pg.ErrLeaseLost) {
-		t.Fatalf("cursor write without the lease: %v", err)
+	if _, err := db.WriteCursor(ctx, pg.CursorParams{StreamID: st.ID, Name: "C", Created: c.Created, Owner: "r2", AckStreamSeq: 9}); !errors.Is(err, pg.ErrNotOwner) {
+		t.Fatalf("cursor write by a replica the row does not name: %v", err)
 	}
 	// A consumer of the same name created at another time is another consumer.
-	if _, err := db.WriteCursor(ctx, pg.CursorParams{StreamID: st.ID, Name: "C", Created: c.Created.Add(-time.Microsecond), Owner: "r1", AckStreamSeq: 9}); !errors.Is(err, pg.ErrLeaseLost) {
+	if _, err := db.WriteCursor(ctx, pg.CursorParams{StreamID: st.ID, Name: "C", Created: c.Created.Add(-time.Microsecond), Owner: "r1", AckStreamSeq: 9}); !errors.Is(err, pg.ErrNotOwner) {
 		t.Fatalf("cursor write of an earlier consumer of that name: %v", err)
 	}
 	if _, err := db.WriteCursor(ctx, pg.CursorParams{StreamID: st.ID, Name: "C", Created: c.Created, Owner: "r1", AckStreamSeq: 7, AckConsumerSeq: 3}); err != nil {
@@ -62,14 +62,10 @@ func TestConsumerRowsAndLeases(t *testing.T) {
 	if err != nil || got.AckStreamSeq != 7 || got.AckConsumerSeq != 3 {
 		t.Fatalf("cursor %+v, %v", got, err)
 	}
-	held, err := db.RenewConsumerLeases(ctx, "r1", time.Minute)
-	if err != nil || len(held) != 1 || held[0].Name != "C" {
-		t.Fatalf("renew: %v %v", held, err)
-	}
-	if err := db.ReleaseConsumerLeases(ctx, "r1"); err != nil {
+	if err := db.ClearOwner(ctx, "r1"); err != nil {
 		t.Fatal(err)
 	}
-	if row, prev, err := db.TakeLease(ctx, pg.LeaseParams{StreamID: st.ID, Name: "C", Owner: "r2", TTL: time.Minute}); err != nil || prev != "" || row.Owner != "r2" {
+	if row, prev, err := db.SetOwner(ctx, pg.ConsumerKey{StreamID: st.ID, Name: "C"}, "r2"); err != nil || prev != "" || row.Owner != "r2" || row.ID != c.ID {
 		t.Fatalf("take released: %+v, previous %q, %v", row, prev, err)
 	}
 	if err := db.UpdateConsumerConfig(ctx, st.ID, "C", []byte(`{"b":2}`)); err != nil {
@@ -85,7 +81,7 @@ func TestConsumerRowsAndLeases(t *testing.T) {
 	if err := db.DeleteConsumer(ctx, st.ID, "C"); !errors.Is(err, pg.ErrNotFound) {
 		t.Fatalf("second delete: %v", err)
 	}
-	if _, _, err := db.TakeLease(ctx, pg.LeaseParams{StreamID: st.ID, Name: "C", Owner: "r1", TTL: time.Minute}); !errors.Is(err, pg.ErrNotFound) {
+	if _, _, err := db.SetOwner(ctx, pg.ConsumerKey{StreamID: st.ID, Name: "C"}, "r1"); !errors.Is(err, pg.ErrNotFound) {
 		t.Fatalf("take deleted: %v", err)
 	}
 }

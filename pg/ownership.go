@@ -10,17 +10,20 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
 )
 
 // Ownership is a replica's claim on the consumers it serves: a session-level advisory lock
-// per consumer, held on one dedicated connection. PostgreSQL releases a session's advisory
-// locks the moment the session ends, so the consumers of a replica that died are free for
-// another at once, while the lease columns (owner, lease_until) keep saying who serves what
-// and guard cursor writes.
+// per consumer, held on one dedicated connection, is the one thing that says which replica
+// serves a consumer. PostgreSQL releases a session's advisory locks the moment the session
+// ends, so the consumers of a replica that died are free for another at once. The owner
+// column only records the holder, for info, for forwarding requests to it, and for the
+// cursor write's check that no other replica took the consumer over meanwhile.
 //
-// A consumer's lock key is (stream id, hashtext(name)) in the two-key space, apart from the
-// one-key locks of migrations, stream administration and replicaLockKey. Two consumers whose
-// keys collide are served by one replica.
+// A consumer's lock key is its id (jetgres.consumers.id) in the two-key space, split into
+// its high and low 31 bits, apart from the one-key locks of migrations, stream
+// administration and replicaLockKey. Ids are unique, so no two consumers share a lock.
 type Ownership struct {
 	db        *DB
 	keepalive time.Duration
@@ -32,11 +35,18 @@ type Ownership struct {
 	// PostgreSQL has not noticed is gone (its locks would stay held).
 	pid     uint32
 	started time.Time
-	held    map[ConsumerKey]int // this session's lock count per consumer
+	held    map[ConsumerKey]heldLock // what this session locked
 	// confirmed is when (unix ns) the last statement that succeeded on conn was sent: the
 	// session held its locks then. Zero while there is no connection. Atomic, so that a
 	// watchdog reads it while a statement holds mu.
 	confirmed atomic.Int64
+}
+
+// heldLock is one consumer's lock as this session holds it: the key, and how many times it
+// was taken.
+type heldLock struct {
+	id int64
+	n  int
 }
 
 // replicaLockKey is the one-key advisory lock every ownership session holds shared, so that
@@ -45,9 +55,12 @@ type Ownership struct {
 const replicaLockKey int64 = 0x6a677265706c6963
 
 const (
-	sqlLockKey      = `(($1::bigint % 2147483647)::int4, hashtext($2))`
-	sqlTryLock      = `SELECT pg_try_advisory_lock` + sqlLockKey
+	// sqlLockKey is a consumer's lock key from its id, $1.
+	sqlLockKey      = `(($1::bigint >> 31)::int4, ($1::bigint & 2147483647)::int4)`
+	sqlTryLockRow   = `SELECT id, pg_try_advisory_lock((id >> 31)::int4, (id & 2147483647)::int4) FROM jetgres.consumers WHERE stream_id = $1 AND name = $2`
+	sqlLockNew      = `SELECT id, pg_try_advisory_lock((id >> 31)::int4, (id & 2147483647)::int4) FROM (SELECT nextval(pg_get_serial_sequence('jetgres.consumers', 'id')) AS id) n`
 	sqlUnlock       = `SELECT pg_advisory_unlock` + sqlLockKey
+	sqlStored       = `SELECT id FROM jetgres.consumers WHERE id = ANY($1)`
 	sqlSessionStart = `SELECT backend_start FROM pg_stat_activity WHERE pid = pg_backend_pid()`
 	sqlEndSession   = `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE pid = $1 AND backend_start = $2`
 	// sqlReplica takes the shared lock every ownership session holds while it lives:
@@ -55,39 +68,30 @@ const (
 	sqlReplica = `SELECT pg_advisory_lock_shared($1)`
 	// sqlClaimFree locks, in one statement, this replica's share of the consumers of the
 	// given streams whose lock no session holds: as many as bring it to its fair share of
-	// them all among the live replicas ($5 is how many it holds), and at least one while a
-	// free consumer's lease has run out, so that one the others leave (a replica that is
-	// alive but does not look, say) is still taken within a lease. The ones this session holds already are
-	// left out (a second lock would only count up); so are those pg_locks shows another
-	// session holding, and the candidates are chosen at random and materialised first, so
-	// that the lock is tried on no more than the share and two replicas looking at once
-	// mostly try different ones.
+	// them all among the live replicas ($3 is how many it holds), and at least one, so that
+	// a consumer the others leave (a replica that is alive but does not look, say) is still
+	// taken. The ones this session holds already ($2) are left out (a second lock would only
+	// count up); so are those pg_locks shows another session holding, and the candidates are
+	// chosen at random and materialised first, so that the lock is tried on no more than the
+	// share and two replicas looking at once mostly try different ones.
 	sqlClaimFree = `WITH here AS (SELECT oid FROM pg_database WHERE datname = current_database()),
 		locked AS MATERIALIZED (
-			SELECT l.classid::bigint AS k1, l.objid::bigint AS k2 FROM pg_locks l, here
+			SELECT (l.classid::bigint << 31) | l.objid::bigint AS id FROM pg_locks l, here
 			WHERE l.locktype = 'advisory' AND l.objsubid = 2 AND l.granted AND l.database = here.oid
 				AND l.pid <> pg_backend_pid()),
 		live AS (
 			SELECT greatest(count(*), 1) AS n FROM pg_locks l, here
 			WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted AND l.database = here.oid
-				AND l.classid::bigint = $3 AND l.objid::bigint = $4),
+				AND l.classid::bigint = $4 AND l.objid::bigint = $5),
 		total AS (SELECT count(*) AS n FROM jetgres.consumers WHERE stream_id = ANY($1)),
 		cand AS MATERIALIZED (
-			SELECT stream_id, name FROM jetgres.consumers c
-			WHERE stream_id = ANY($1) AND NOT (stream_id::text || '/' || name = ANY($2))
-				AND NOT EXISTS (SELECT 1 FROM locked
-					WHERE k1 = c.stream_id % 2147483647 AND k2 = hashtext(c.name)::bigint & 4294967295)
+			SELECT id, stream_id, name FROM jetgres.consumers c
+			WHERE stream_id = ANY($1) AND NOT (id = ANY($2))
+				AND NOT EXISTS (SELECT 1 FROM locked WHERE locked.id = c.id)
 			ORDER BY random()
-			LIMIT (SELECT greatest(ceil(total.n::numeric / live.n)::bigint - $5,
-				(SELECT count(*) FROM (SELECT FROM jetgres.consumers c
-					WHERE stream_id = ANY($1) AND lease_until < now()
-						AND NOT (stream_id::text || '/' || name = ANY($2))
-						AND NOT EXISTS (SELECT 1 FROM locked
-							WHERE k1 = c.stream_id % 2147483647 AND k2 = hashtext(c.name)::bigint & 4294967295)
-					LIMIT 1) expired))
-				FROM total, live))
-		SELECT stream_id, name FROM cand
-		WHERE pg_try_advisory_lock((stream_id % 2147483647)::int4, hashtext(name))`
+			LIMIT (SELECT greatest(ceil(total.n::numeric / live.n)::bigint - $3, 1) FROM total, live))
+		SELECT id, stream_id, name FROM cand
+		WHERE pg_try_advisory_lock((id >> 31)::int4, (id & 2147483647)::int4)`
 )
 
 // OpenOwnership opens the dedicated connection. keepalive is how long PostgreSQL waits on a
@@ -96,7 +100,7 @@ const (
 // timeout bounds every statement on the connection; one that runs past it breaks the
 // connection, so that the caller learns at once that it can vouch for nothing.
 func (db *DB) OpenOwnership(ctx context.Context, keepalive, timeout time.Duration) (*Ownership, error) {
-	o := &Ownership{db: db, keepalive: keepalive, timeout: timeout, held: make(map[ConsumerKey]int)}
+	o := &Ownership{db: db, keepalive: keepalive, timeout: timeout, held: make(map[ConsumerKey]heldLock)}
 	if err := o.Reconnect(ctx); err != nil {
 		return nil, err
 	}
@@ -117,6 +121,13 @@ func (o *Ownership) Reconnect(ctx context.Context) error {
 	cfg.RuntimeParams["tcp_keepalives_interval"] = "1"
 	cfg.RuntimeParams["tcp_keepalives_count"] = "3"
 	cfg.RuntimeParams["application_name"] = cfg.RuntimeParams["application_name"] + " ownership"
+	// A statement that runs out of time ends at its deadline, as pgx's own handler ends it:
+	// the pool's handler first asks the server to cancel it, which through a network that
+	// dropped the connection takes seconds more, and the caller must learn within its
+	// timeout that it can vouch for nothing. The session is broken then anyway.
+	cfg.BuildContextWatcherHandler = func(c *pgconn.PgConn) ctxwatch.Handler {
+		return &pgconn.DeadlineContextWatcherHandler{Conn: c.Conn()}
+	}
 	// Bounded by the lease rather than the statement timeout: the session is useless to a
 	// replica that cannot get it within a lease, and other calls wait for it meanwhile.
 	ctx, cancel := context.WithTimeout(ctx, min(o.db.cfg.StmtTimeout, o.keepalive))
@@ -171,12 +182,13 @@ func (o *Ownership) exec(ctx context.Context, fn func(ctx context.Context, c *pg
 	sent := time.Now()
 	ctx, cancel := context.WithTimeout(ctx, o.timeout)
 	defer cancel()
-	if err := fn(ctx, o.conn); err != nil {
+	err := fn(ctx, o.conn)
+	if err != nil && !errors.Is(err, errNoRow) {
 		o.breakLocked()
 		return fmt.Errorf("%w: %w", ErrOwnershipLost, err)
 	}
 	o.confirmed.Store(sent.UnixNano())
-	return nil
+	return err
 }
 
 func (o *Ownership) breakLocked() {
@@ -200,65 +212,157 @@ func (o *Ownership) Confirm(ctx context.Context) error {
 	return o.exec(ctx, func(ctx context.Context, c *pgx.Conn) error { return c.Ping(ctx) })
 }
 
-// TryLock takes the consumer's lock unless another session holds it.
+// TryLock takes the lock of a stored consumer unless another session holds it; ErrNotFound
+// says there is no such consumer.
 func (o *Ownership) TryLock(ctx context.Context, k ConsumerKey) (bool, error) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	if o.held[k] > 0 {
-		o.held[k]++
+	if h, ok := o.held[k]; ok {
+		h.n++
+		o.held[k] = h
 		return true, nil
 	}
+	var id int64
 	var ok bool
 	err := o.exec(ctx, func(ctx context.Context, c *pgx.Conn) error {
-		return c.QueryRow(ctx, sqlTryLock, k.StreamID, k.Name).Scan(&ok)
+		err := c.QueryRow(ctx, sqlTryLockRow, k.StreamID, k.Name).Scan(&id, &ok)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return errNoRow
+		}
+		return err
 	})
-	if ok {
-		o.held[k] = 1
+	switch {
+	case errors.Is(err, errNoRow):
+		return false, ErrNotFound
+	case ok:
+		o.held[k] = heldLock{id: id, n: 1}
 	}
 	return ok, err
 }
 
-// Unlock gives one TryLock of the consumer back; the last one frees it for other replicas.
+// errNoRow is a statement on the session that found nothing, which says nothing about the
+// session: exec must not break it.
+var errNoRow = errors.New("pg: no row")
+
+// LockNew takes a fresh consumer id and its lock, for a consumer about to be created under
+// k: no other replica can take it over between its creation and its serving here. The id
+// goes into CreateConsumer; if the create fails, Unlock gives the lock back.
+func (o *Ownership) LockNew(ctx context.Context, k ConsumerKey) (int64, error) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	var id int64
+	var ok bool
+	err := o.exec(ctx, func(ctx context.Context, c *pgx.Conn) error {
+		return c.QueryRow(ctx, sqlLockNew).Scan(&id, &ok)
+	})
+	if err != nil {
+		return 0, err
+	}
+	if !ok {
+		// A fresh id from the sequence that some session holds: only a lock taken by hand.
+		return 0, fmt.Errorf("pg: the lock of new consumer id %d is held", id)
+	}
+	if h, had := o.held[k]; had {
+		// A consumer of that name was deleted while this session still held its lock.
+		_ = o.unlockLocked(ctx, h.id)
+	}
+	o.held[k] = heldLock{id: id, n: 1}
+	return id, nil
+}
+
+// Unlock gives one TryLock or LockNew of the consumer back; the last one frees it for other
+// replicas.
 func (o *Ownership) Unlock(ctx context.Context, k ConsumerKey) error {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	switch n := o.held[k]; {
-	case n == 0:
+	h, ok := o.held[k]
+	switch {
+	case !ok:
 		return nil
-	case n > 1:
-		o.held[k] = n - 1
+	case h.n > 1:
+		h.n--
+		o.held[k] = h
 		return nil
 	}
 	delete(o.held, k)
+	return o.unlockLocked(ctx, h.id)
+}
+
+func (o *Ownership) unlockLocked(ctx context.Context, id int64) error {
 	return o.exec(ctx, func(ctx context.Context, c *pgx.Conn) error {
-		_, err := c.Exec(ctx, sqlUnlock, k.StreamID, k.Name)
+		_, err := c.Exec(ctx, sqlUnlock, id)
 		return err
 	})
 }
 
 // ClaimFree locks this replica's fair share of the consumers of the given streams that no
 // session holds, and returns them: enough to bring it to its share of them all among the
-// live replicas, and at least one while a free one's lease has run out.
+// live replicas, and at least one.
 func (o *Ownership) ClaimFree(ctx context.Context, streamIDs []int64) ([]ConsumerKey, error) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	mine := make([]string, 0, len(o.held))
-	for k := range o.held {
-		mine = append(mine, strconv.FormatInt(k.StreamID, 10)+"/"+k.Name)
+	mine := make([]int64, 0, len(o.held))
+	for _, h := range o.held {
+		mine = append(mine, h.id)
 	}
-	var out []ConsumerKey
+	type claimed struct {
+		id int64
+		k  ConsumerKey
+	}
+	var got []claimed
 	err := o.exec(ctx, func(ctx context.Context, c *pgx.Conn) error {
-		rows, err := c.Query(ctx, sqlClaimFree, streamIDs, mine, replicaLockKey>>32, replicaLockKey&0xffffffff, len(mine))
+		rows, err := c.Query(ctx, sqlClaimFree, streamIDs, mine, len(mine), replicaLockKey>>32, replicaLockKey&0xffffffff)
 		if err != nil {
 			return err
 		}
-		out, err = pgx.CollectRows(rows, scanConsumerKey)
+		got, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (claimed, error) {
+			var cl claimed
+			err := r.Scan(&cl.id, &cl.k.StreamID, &cl.k.Name)
+			return cl, err
+		})
 		return err
 	})
-	for _, k := range out {
-		o.held[k] = 1
+	out := make([]ConsumerKey, 0, len(got))
+	for _, cl := range got {
+		o.held[cl.k] = heldLock{id: cl.id, n: 1}
+		out = append(out, cl.k)
 	}
 	return out, err
+}
+
+// Deleted returns the consumers this session holds the lock of whose rows are gone:
+// deleted, by this replica or another, they must stop being served. A statement on the
+// session, it confirms the session as Confirm does.
+func (o *Ownership) Deleted(ctx context.Context) ([]ConsumerKey, error) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	ids := make([]int64, 0, len(o.held))
+	for _, h := range o.held {
+		ids = append(ids, h.id)
+	}
+	var stored []int64
+	err := o.exec(ctx, func(ctx context.Context, c *pgx.Conn) error {
+		rows, err := c.Query(ctx, sqlStored, ids)
+		if err != nil {
+			return err
+		}
+		stored, err = pgx.CollectRows(rows, pgx.RowTo[int64])
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	there := make(map[int64]bool, len(stored))
+	for _, id := range stored {
+		there[id] = true
+	}
+	var gone []ConsumerKey
+	for k, h := range o.held {
+		if !there[h.id] {
+			gone = append(gone, k)
+		}
+	}
+	return gone, nil
 }
 
 // Close ends the session, which frees every lock it held.
@@ -273,20 +377,20 @@ func (o *Ownership) Close() {
 	clear(o.held)
 }
 
-// TakeLease records owner as the consumer's server, for a consumer whose lock owner's
+// SetOwner records owner as the consumer's server, for a consumer whose lock owner's
 // session holds, and returns it as stored with the owner it had before. ErrNotFound says it
 // does not exist.
-func (db *DB) TakeLease(ctx context.Context, p LeaseParams) (Consumer, string, error) {
+func (db *DB) SetOwner(ctx context.Context, k ConsumerKey, owner string) (Consumer, string, error) {
 	var c Consumer
 	var prev string
 	err := db.background(ctx, func(ctx context.Context, q querier) error {
 		var as, ac, ss int64
 		err := q.QueryRow(ctx, `WITH prev AS (SELECT owner FROM jetgres.consumers WHERE stream_id = $1 AND name = $2 FOR UPDATE)
-			UPDATE jetgres.consumers c SET owner = $3, lease_until = now() + $4::interval FROM prev
+			UPDATE jetgres.consumers c SET owner = $3 FROM prev
 			WHERE c.stream_id = $1 AND c.name = $2
-			RETURNING c.stream_id, c.name, c.config, c.created, c.ack_stream_seq, c.ack_consumer_seq, c.owner,
+			RETURNING c.id, c.stream_id, c.name, c.config, c.created, c.ack_stream_seq, c.ack_consumer_seq, c.owner,
 				coalesce(c.shown_stream_seq, c.ack_stream_seq), prev.owner`,
-			p.StreamID, p.Name, p.Owner, p.TTL).Scan(&c.StreamID, &c.Name, &c.Config, &c.Created, &as, &ac, &c.Owner, &ss, &prev)
+			k.StreamID, k.Name, owner).Scan(&c.ID, &c.StreamID, &c.Name, &c.Config, &c.Created, &as, &ac, &c.Owner, &ss, &prev)
 		c.AckStreamSeq, c.AckConsumerSeq, c.ShownStreamSeq = uint64(as), uint64(ac), uint64(ss)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return ErrNotFound
@@ -294,7 +398,7 @@ func (db *DB) TakeLease(ctx context.Context, p LeaseParams) (Consumer, string, e
 		return err
 	})
 	if err != nil && !errors.Is(err, ErrNotFound) {
-		return Consumer{}, "", fmt.Errorf("pg: take lease: %w", err)
+		return Consumer{}, "", fmt.Errorf("pg: set consumer owner: %w", err)
 	}
 	return c, prev, err
 }

@@ -33,7 +33,7 @@ func TestOwnershipLocks(t *testing.T) {
 	raw := rawsql.Open(t, url)
 	st := consumerTestStream(t, ctx, db)
 	for _, name := range []string{"A", "B"} {
-		if _, err := db.CreateConsumer(ctx, pg.Consumer{StreamID: st.ID, Name: name, Config: []byte(`{}`)}, "", 0, 0); err != nil {
+		if _, err := db.CreateConsumer(ctx, pg.Consumer{StreamID: st.ID, Name: name, Config: []byte(`{}`)}, 0); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -52,15 +52,28 @@ func TestOwnershipLocks(t *testing.T) {
 	if got, err := r2.ClaimFree(ctx, []int64{st.ID}); err != nil || len(got) != 0 {
 		t.Fatalf("r2 claims again: %v %v, want none", got, err)
 	}
-	c, prev, err := db.TakeLease(ctx, pg.LeaseParams{StreamID: st.ID, Name: "B", Owner: "r2", TTL: time.Minute})
+	c, prev, err := db.SetOwner(ctx, pg.ConsumerKey{StreamID: st.ID, Name: "B"}, "r2")
 	if err != nil || prev != "" || c.Owner != "r2" {
-		t.Fatalf("r2 takes B's lease: %+v, previous %q, %v", c, prev, err)
+		t.Fatalf("r2 records itself as B's owner: %+v, previous %q, %v", c, prev, err)
+	}
+	if gone, err := r2.Deleted(ctx); err != nil || len(gone) != 0 {
+		t.Fatalf("r2's deleted consumers: %v, %v; want none", gone, err)
+	}
+	if err := db.DeleteConsumer(ctx, st.ID, "B"); err != nil {
+		t.Fatal(err)
+	}
+	if gone, err := r2.Deleted(ctx); err != nil || len(gone) != 1 || gone[0].Name != "B" {
+		t.Fatalf("r2's deleted consumers: %v, %v; want B", gone, err)
+	}
+	rowA, err := db.GetConsumer(ctx, st.ID, "A")
+	if err != nil {
+		t.Fatal(err)
 	}
 
 	// r1's session is ended from outside, as PostgreSQL ends a dead client's.
-	if err := raw.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name LIKE '%ownership' AND pid IN (
-		SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted) AND datname = current_database()
-		AND pid NOT IN (SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND objid = hashtext('B')::oid)`); err != nil {
+	if err := raw.Exec(ctx, `SELECT pg_terminate_backend(l.pid) FROM pg_locks l
+		WHERE l.locktype = 'advisory' AND l.objsubid = 2 AND l.granted AND l.classid = 0 AND l.objid = $1::bigint::oid
+			AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())`, rowA.ID); err != nil {
 		t.Fatal(err)
 	}
 	testwait.For(t, 10*time.Second, func() error {
@@ -139,7 +152,7 @@ func TestMetaNotifyAndCheck(t *testing.T) {
 			t.Fatalf("no notification of %s", what)
 		}
 	}
-	if _, err := db.CreateConsumer(ctx, pg.Consumer{StreamID: st.ID, Name: "C", Config: []byte(`{}`)}, "", 0, 0); err != nil {
+	if _, err := db.CreateConsumer(ctx, pg.Consumer{StreamID: st.ID, Name: "C", Config: []byte(`{}`)}, 0); err != nil {
 		t.Fatal(err)
 	}
 	wantNote("a created consumer")
@@ -184,7 +197,7 @@ func TestOwnershipClaimsFairShare(t *testing.T) {
 	raw := rawsql.Open(t, url)
 	st := consumerTestStream(t, ctx, db)
 	for _, name := range []string{"A", "B", "C", "D", "E", "F", "G", "H", "I"} {
-		if _, err := db.CreateConsumer(ctx, pg.Consumer{StreamID: st.ID, Name: name, Config: []byte(`{}`)}, "", 0, 0); err != nil {
+		if _, err := db.CreateConsumer(ctx, pg.Consumer{StreamID: st.ID, Name: name, Config: []byte(`{}`)}, 0); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -238,29 +251,65 @@ func TestOwnershipClaimsFairShare(t *testing.T) {
 		t.Fatalf("the last replica claimed %d of 4 freed consumers, want 4", n)
 	}
 
-	// A replica at its share takes no more while the freed consumers' leases run; once
-	// they have run out, it takes one per look, so that none stays free for good.
-	for _, name := range []string{"A", "B", "C", "D", "E", "F", "G", "H", "I"} {
-		if _, _, err := db.TakeLease(ctx, pg.LeaseParams{StreamID: st.ID, Name: name, Owner: "r1", TTL: time.Hour}); err != nil {
-			t.Fatal(err)
-		}
-	}
+	// A replica at its share still takes one free consumer per look, so that none stays
+	// free for good because a live replica does not look.
 	r4, r5 := openOwnership(t, db), openOwnership(t, db)
 	live += 2
 	reps[0].Close()
 	if n := claimOnceFreed(r4); n != 5 {
 		t.Fatalf("the first of 2 replicas left claimed %d of 9 freed consumers, want 5", n)
 	}
-	if n := claim(r4); n != 0 {
-		t.Fatalf("a replica at its share claimed %d leased consumers, want none", n)
-	}
-	if err := db.ReleaseConsumerLeases(ctx, "r1"); err != nil {
-		t.Fatal(err)
-	}
 	if n := claim(r4); n != 1 {
-		t.Fatalf("a replica at its share claimed %d consumers whose leases ran out, want 1", n)
+		t.Fatalf("a replica at its share claimed %d free consumers, want 1", n)
 	}
 	if n := claim(r5); n != 3 {
 		t.Fatalf("the second of 2 replicas left claimed %d of 3 free consumers, want 3", n)
+	}
+	if n := claim(r4); n != 0 {
+		t.Fatalf("a replica claimed %d consumers when none was free", n)
+	}
+}
+
+// Every consumer has a lock of its own: two consumers of one stream whose names hash alike
+// (as lock keys of the stream's id and hashtext of the name did) are served by two replicas.
+func TestOwnershipLockPerConsumer(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url := pgtest.NewDB(t)
+	db := pgtest.OpenAt(t, url)
+	raw := rawsql.Open(t, url)
+	st := consumerTestStream(t, ctx, db)
+	var a, b string
+	if err := raw.QueryRow(ctx, `SELECT min(n), max(n) FROM (SELECT 'c' || g AS n, hashtext('c' || g) AS h FROM generate_series(1, 300000) g) x
+		GROUP BY h HAVING count(*) > 1 LIMIT 1`).Scan(&a, &b); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{a, b} {
+		if _, err := db.CreateConsumer(ctx, pg.Consumer{StreamID: st.ID, Name: name, Config: []byte(`{}`)}, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r1, r2 := openOwnership(t, db), openOwnership(t, db)
+	if ok, err := r1.TryLock(ctx, pg.ConsumerKey{StreamID: st.ID, Name: a}); !ok || err != nil {
+		t.Fatalf("r1 locks %s: %v %v", a, ok, err)
+	}
+	if ok, err := r2.TryLock(ctx, pg.ConsumerKey{StreamID: st.ID, Name: b}); !ok || err != nil {
+		t.Fatalf("r2 locks %s, whose name hashes as %s's: %v %v", b, a, ok, err)
+	}
+	if _, err := r2.TryLock(ctx, pg.ConsumerKey{StreamID: st.ID, Name: "missing"}); !errors.Is(err, pg.ErrNotFound) {
+		t.Fatalf("locking a consumer that does not exist: %v, want ErrNotFound", err)
+	}
+	if !r2.Connected() {
+		t.Fatal("a lock of a missing consumer broke the session")
+	}
+	id, err := r1.LockNew(ctx, pg.ConsumerKey{StreamID: st.ID, Name: "new"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c, err := db.CreateConsumer(ctx, pg.Consumer{ID: id, StreamID: st.ID, Name: "new", Config: []byte(`{}`), Owner: "r1"}, 0); err != nil || c.ID != id {
+		t.Fatalf("create with the locked id %d: %+v %v", id, c, err)
+	}
+	if got, err := r2.ClaimFree(ctx, []int64{st.ID}); err != nil || len(got) != 0 {
+		t.Fatalf("r2 claims %v, %v; every consumer is held", got, err)
 	}
 }

@@ -128,7 +128,7 @@ func (c *config) settings() []setting {
 		{"cluster", envOf("cluster"), "host:port of the NATS cluster (route) listener that joins replicas' embedded servers into one cluster; empty: no cluster (route TLS and authorization through --nats-config)", &c.Cluster, ""},
 		{"routes", envOf("routes"), "comma-separated route URLs of the other replicas (nats://host:port), as nats-server's --routes", &c.Routes, ""},
 		{"cluster-name", envOf("cluster-name"), "name of the NATS cluster, the same on every replica; stream and consumer info report it", &c.ClusterName, "jetgres"},
-		{"lease", envOf("lease"), "consumer ownership lease between replicas; a replica that cannot confirm its ownership stops delivering after a fifth of it", &c.Lease, bridge.LeaseDefault},
+		{"lease", envOf("lease"), "how long a replica's ownership session may be silent before PostgreSQL frees its consumers for other replicas; a replica that cannot confirm its session stops delivering after a fifth of it", &c.Lease, bridge.LeaseDefault},
 	}
 }
 

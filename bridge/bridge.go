@@ -13,6 +13,7 @@ import (
 
 	"github.com/jetgres/jetgres/embedded/leaf"
 	"github.com/jetgres/jetgres/flow"
+	"github.com/jetgres/jetgres/internal/clock"
 	"github.com/jetgres/jetgres/internal/startstop"
 	"github.com/jetgres/jetgres/pg"
 )
@@ -120,9 +121,9 @@ type Config struct {
 	// ClusterName is the NATS cluster's name, reported with the serving replica in stream
 	// and consumer info; empty reports no cluster.
 	ClusterName string
-	// Clock tells the bridge the time (see Clock). Nil means the system clock, the only
-	// right one outside tests.
-	Clock Clock
+	// Clock tells the bridge the time and wakes it when time has passed (see package
+	// clock). Nil means the system clock, the only right one outside tests.
+	Clock clock.Clock
 }
 
 // validate refuses a configuration that is missing what it needs or holds a negative or
@@ -221,7 +222,7 @@ type Bridge struct {
 	log  *slog.Logger
 	pm   *publishMetrics
 	// clock is Config.Clock, or the system clock.
-	clock Clock
+	clock clock.Clock
 	// The warnings of attempts that fail together while the database is away, thinned.
 	// Each warning has a throttle of its own, so that one cannot hide another.
 	warnPush, warnRead, warnPending, warnTick, warnFill, warnOwnSession, warnUnserved logEvery
@@ -283,7 +284,7 @@ func New(cfg Config) (*Bridge, error) {
 		log:       cfg.Logger,
 		pm:        newPublishMetrics(cfg.Registerer),
 		sql:       newSQLMover(cfg.Registerer),
-		clock:     clockOrSystem(cfg.Clock),
+		clock:     clock.OrSystem(cfg.Clock),
 		streams:   make(map[string]*stream),
 		ready:     newReadyQueue(),
 		flushDone: make(chan struct{}, 1),

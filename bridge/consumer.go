@@ -93,7 +93,9 @@ type consumer struct {
 	sc      *streamConsumers
 	name    string
 	created time.Time
-	since   time.Time // when this process started serving it
+	// leased is how many renewals the lease loop had begun when this process started
+	// serving it: the answer of any later one accounts for its lease.
+	leased uint64
 
 	qmu   sync.Mutex
 	queue []event
@@ -159,7 +161,7 @@ func newConsumer(cs *consumerSide, sc *streamConsumers, row pg.Consumer, cfg ser
 		sc:         sc,
 		name:       row.Name,
 		created:    row.Created,
-		since:      time.Now(), // for the lease loop, which runs on the system clock
+		leased:     cs.renewals.Load(),
 		wake:       make(chan struct{}, 1),
 		done:       make(chan struct{}),
 		cfg:        cfg,

@@ -7,6 +7,7 @@ import (
 	"maps"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
@@ -60,6 +61,11 @@ type consumerSide struct {
 	own *ownership
 	// leaseKick makes the lease loop look at once: a consumer may have been deleted elsewhere.
 	leaseKick chan struct{}
+	// renewals counts the renewals the lease loop has begun. A consumer activated before a
+	// renewal began had its lease row written before, so that renewal's answer leaves it
+	// out only if it was lost. A count orders the two where a time could not: a fake clock
+	// that stands still gives both the same one.
+	renewals atomic.Uint64
 
 	// fcSub takes the answers to push consumers' flow-control requests.
 	fcSub *leaf.Subscription
@@ -593,7 +599,7 @@ func (cs *consumerSide) leaseLoop() {
 		case <-t.C:
 		case <-cs.leaseKick:
 		}
-		renewed := time.Now()
+		renewal := cs.renewals.Add(1)
 		held, err := cs.b.db.RenewConsumerLeases(cs.ctx, cs.owner, cs.b.cfg.Lease)
 		if err != nil {
 			if cs.ctx.Err() == nil {
@@ -610,7 +616,7 @@ func (cs *consumerSide) leaseLoop() {
 		for s, sc := range cs.streams {
 			for _, c := range sc.list() {
 				// One activated while the renewal ran may be missing from its answer.
-				if c.since.Before(renewed) && !keep[pg.ConsumerKey{StreamID: s.id, Name: c.name}] {
+				if c.leased < renewal && !keep[pg.ConsumerKey{StreamID: s.id, Name: c.name}] {
 					lost = append(lost, c)
 				}
 			}

@@ -109,9 +109,10 @@ type Config struct {
 	// MaxPayload is the largest message the embedded server accepts; streams without a
 	// max_msg_size report it. Defaults to 1 MiB.
 	MaxPayload int32
-	// Lease is how long a consumer's lease lasts without renewal. A replica confirms its
-	// ownership session claimsPerLease times per lease and stops serving every consumer when
-	// it cannot, within a fifth of the lease. Defaults to LeaseDefault.
+	// Lease is how long a consumer's lease lasts without renewal, by PostgreSQL's clock. A
+	// replica renews its leases three times per lease, confirms its ownership session
+	// claimsPerLease times per lease and stops serving every consumer when it cannot, within
+	// a fifth of the lease, all on Clock. Defaults to LeaseDefault.
 	Lease time.Duration
 	// MaxMemory and MaxStore bound the bytes of memory and of file streams, as a JetStream
 	// server's max_memory_store and max_file_store do: a stream whose max_bytes would take
@@ -121,8 +122,9 @@ type Config struct {
 	// ClusterName is the NATS cluster's name, reported with the serving replica in stream
 	// and consumer info; empty reports no cluster.
 	ClusterName string
-	// Clock tells the bridge the time and wakes it when time has passed (see package
-	// clock). Nil means the system clock, the only right one outside tests.
+	// Clock tells the bridge the time and wakes it when time has passed, for consumer
+	// ownership too (see package clock). Nil means the system clock, the only right one
+	// outside tests.
 	Clock clock.Clock
 }
 

@@ -141,7 +141,7 @@ func (b *Bridge) startConsumers(ctx context.Context) error {
 	cs.ctx = cctx
 	// Ownership is a session of its own; PostgreSQL gives a replica that is cut off its
 	// keepalive probes only after a whole lease of silence.
-	if cs.own.own, err = b.db.OpenOwnership(ctx, nil, b.cfg.Lease, b.cfg.Lease/confirmsPerLease); err != nil {
+	if cs.own.own, err = b.db.OpenOwnership(ctx, b.clock, b.cfg.Lease, b.cfg.Lease/confirmsPerLease); err != nil {
 		return err
 	}
 	if b.fwdKey, err = b.db.DeploymentSecret(ctx); err != nil {
@@ -586,17 +586,18 @@ func (cs *consumerSide) ensure(ctx context.Context, streamName, consumerName str
 	return cs.activate(ctx, sc, row, nil)
 }
 
-// leaseLoop renews this process's consumer leases and stops serving any consumer whose
-// lease it lost (deleted or taken over elsewhere). It runs on the system clock, not the
-// bridge's: PostgreSQL judges lease expiry by its own.
+// leaseLoop renews this process's consumer leases three times per lease of the bridge's
+// clock, and stops serving any consumer whose lease it lost (deleted or taken over
+// elsewhere). The clock says when to renew; PostgreSQL's now() still says when a lease
+// runs out, a lease after the renewal it last stamped (see package clock).
 func (cs *consumerSide) leaseLoop() {
-	t := time.NewTicker(cs.b.cfg.Lease / 3)
+	t := cs.b.clock.NewTicker(cs.b.cfg.Lease / 3)
 	defer t.Stop()
 	for {
 		select {
 		case <-cs.ctx.Done():
 			return
-		case <-t.C:
+		case <-t.C():
 		case <-cs.leaseKick:
 		}
 		renewal := cs.renewals.Add(1)

@@ -2,6 +2,7 @@ package bridge
 
 import (
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -9,12 +10,90 @@ import (
 
 	"github.com/jetgres/jetgres/internal/clock/clocktest"
 	"github.com/jetgres/jetgres/internal/testwait"
+	"github.com/jetgres/jetgres/pg/pgtest/rawsql"
 )
 
 // ownershipLease is the lease of the tests below: long in real time, so that nothing they
 // see comes from a real-time ticker while they run, and a fraction of it is all their fake
 // clock moves at a time.
 const ownershipLease = time.Hour
+
+// The lease loop renews on the bridge's clock: once a third of a lease of it has passed,
+// PostgreSQL holds the consumer's lease for a whole lease from its own now(), however little
+// real time went by.
+func TestLeaseRenewsOnTheBridgeClock(t *testing.T) {
+	t.Parallel()
+	clock := clocktest.New()
+	tb := setup(t, setupOpts{config: func(c *Config) { c.Clock, c.Lease = clock, ownershipLease }})
+	ctx := testContext(t)
+	s := newStream(t, ctx, tb, "LEASE", "lease")
+	if _, err := s.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{Durable: "C"}); err != nil {
+		t.Fatal(err)
+	}
+	raw := rawsql.Open(t, tb.dbURL)
+
+	// Each step fires the ownership loop's tick. Waiting for the confirmation it makes keeps
+	// the fence, on the same clock, from ever finding one older than a step.
+	step := func() {
+		t.Helper()
+		clock.Advance(ownershipLease / claimsPerLease)
+		testwait.For(t, 30*time.Second, func() error {
+			if got, now := tb.bridge.cons.own.own.Confirmed(), clock.Now(); got.Before(now) {
+				return fmt.Errorf("ownership confirmed at %v, the clock is at %v", got, now)
+			}
+			return nil
+		})
+	}
+	for range claimsPerLease / 3 {
+		step()
+	}
+	// Just short of a third of a lease. A renewal from before now cannot hold the lease
+	// for a whole lease from now.
+	var before time.Time
+	if err := raw.QueryRow(ctx, `SELECT clock_timestamp()`).Scan(&before); err != nil {
+		t.Fatal(err)
+	}
+	step()
+	testwait.For(t, 30*time.Second, func() error {
+		var until time.Time
+		if err := raw.QueryRow(ctx, `SELECT lease_until FROM jetgres.consumers WHERE name = 'C'`).Scan(&until); err != nil {
+			return err
+		}
+		if until.Before(before.Add(ownershipLease)) {
+			return fmt.Errorf("lease until %v, want a lease from %v or later: not renewed", until, before)
+		}
+		return nil
+	})
+	if !tb.bridge.cons.own.holds("LEASE", "C") {
+		t.Fatal("the bridge stopped serving the consumer whose lease it renewed")
+	}
+}
+
+// The fence measures on the bridge's clock: once the clock passes the fencing deadline
+// faster than the ownership session can be confirmed, the bridge stops serving its
+// consumers, however little real time went by.
+func TestFenceOnTheBridgeClock(t *testing.T) {
+	t.Parallel()
+	clock := clocktest.New()
+	tb := setup(t, setupOpts{config: func(c *Config) { c.Clock, c.Lease = clock, ownershipLease }})
+	ctx := testContext(t)
+	s := newStream(t, ctx, tb, "FENCE", "fence")
+	if _, err := s.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{Durable: "C"}); err != nil {
+		t.Fatal(err)
+	}
+	if !tb.bridge.cons.own.holds("FENCE", "C") {
+		t.Fatal("the bridge does not serve the consumer it created")
+	}
+	// One jump fires the ownership loop's tick and the fence's together; a confirmation that
+	// gets in first only puts the fence off to the next jump.
+	testwait.For(t, 30*time.Second, func() error {
+		if counterValue(t, tb.reg, "jetgres_consumer_fencings_total") > 0 {
+			return nil
+		}
+		clock.Advance(ownershipLease/fencePerLease + ownershipLease/claimsPerLease)
+		return errors.New("not fenced")
+	})
+}
 
 // A consumer deleted by another replica stops being served here once PostgreSQL notifies of
 // the deletion, on a clock that stands still too: the lease loop, looking at once, knows the

@@ -194,16 +194,16 @@ func (cs *consumerSide) takeLease(ctx context.Context, k pg.ConsumerKey) (pg.Con
 // ownershipLoop confirms the ownership session and takes over the consumers nobody serves,
 // claimsPerLease times per lease. When the session cannot be confirmed, this replica stops
 // serving every consumer at once: PostgreSQL may already have given their locks to another.
-// It runs on the system clock, as the lease loop does.
+// It runs on the bridge's clock, as the lease loop does.
 func (cs *consumerSide) ownershipLoop() {
 	lease := cs.b.cfg.Lease
-	t := time.NewTicker(lease / claimsPerLease)
+	t := cs.b.clock.NewTicker(lease / claimsPerLease)
 	defer t.Stop()
 	for {
 		select {
 		case <-cs.ctx.Done():
 			return
-		case <-t.C:
+		case <-t.C():
 		}
 		own := cs.own.own
 		if !own.Connected() {
@@ -228,18 +228,20 @@ func (cs *consumerSide) ownershipLoop() {
 
 // fenceLoop stops serving every consumer once the ownership session has not been confirmed
 // within the fencing deadline, even while the ownership loop waits on a statement or a
-// connection. It runs on the system clock, as PostgreSQL's keepalives do.
+// connection. It looks and measures on the bridge's clock, on which the session stamps its
+// confirmations. PostgreSQL's keepalives, which end a silent session, run in real time: on
+// the system clock, the only one outside tests, the deadline falls well before they do.
 func (cs *consumerSide) fenceLoop() {
 	lease := cs.b.cfg.Lease
-	t := time.NewTicker(lease / claimsPerLease)
+	t := cs.b.clock.NewTicker(lease / claimsPerLease)
 	defer t.Stop()
 	for {
 		select {
 		case <-cs.ctx.Done():
 			return
-		case <-t.C:
+		case <-t.C():
 		}
-		if last := cs.own.own.Confirmed(); last.IsZero() || time.Since(last) > lease/fencePerLease {
+		if last := cs.own.own.Confirmed(); last.IsZero() || cs.b.clock.Now().Sub(last) > lease/fencePerLease {
 			cs.fence(errors.New("ownership session not confirmed within the fencing deadline"))
 		}
 	}

@@ -2,16 +2,24 @@
 // interface, with the Timer and Ticker it hands out, and the system clock that every
 // deployment runs on. The fake that tests move by hand is in clocktest.
 //
-// Whatever waits for time to pass, or decides by how much time has passed, asks a Clock:
-// ack waits and backoff, pull request expiry and idle heartbeats, pause_until,
-// inactive_threshold, max_age and duplicate windows, the pacing of cursor writes, ticks and
-// stream syncs, and the flow limiter's rtt_base window and permit waits. Its Now also stamps
-// what is stored and sent: message times, and the times in acks' reply subjects and in info
-// responses. Outside tests a Clock must be the system clock.
+// Everything in the bridge and its flow lanes that waits for time to pass, or decides by
+// how much time has passed, asks a Clock: ack waits and backoff, pull request expiry and
+// idle heartbeats, pause_until, inactive_threshold, max_age and duplicate windows, the
+// pacing of cursor writes, ticks and stream syncs, the flow limiter's rtt_base window and
+// permit waits, and consumer ownership. Its Now also stamps what is stored and sent:
+// message times, and the times in acks' reply subjects and in info responses.
 //
-// Consumer lease renewal and ownership, whose expiry PostgreSQL judges by its own clock, a
-// wait on another goroutine rather than on time (Stop's wait for the flush dispatcher), and
-// the deadlines that bound a call to the database stay on the system clock.
+// That consumer ownership follows the Clock means that a replica renews its leases, confirms
+// the session holding their locks, and fences itself when the confirmations stop, at the
+// times its Clock says. It does not mean that the Clock judges when a lease runs out:
+// PostgreSQL does, by its own now(), a lease after the renewal it last stamped, and it frees
+// a session's locks when the session ends. On the system clock the replica's side and
+// PostgreSQL's agree, because renewal and fencing come at fractions of the lease. A clock
+// that runs slower than real time, as a fake that nobody moves does, renews too rarely for
+// PostgreSQL and fences too late to be safe: outside tests a Clock must be the system clock.
+//
+// A wait on another goroutine rather than on time (Stop's wait for the flush dispatcher),
+// and the deadlines that bound a call to the database, stay on the system clock.
 package clock
 
 import "time"

@@ -13,6 +13,7 @@ import (
 
 	"github.com/jetgres/jetgres/embedded/leaf"
 	"github.com/jetgres/jetgres/flow"
+	"github.com/jetgres/jetgres/internal/clock"
 	"github.com/jetgres/jetgres/internal/startstop"
 	"github.com/jetgres/jetgres/pg"
 )
@@ -111,7 +112,7 @@ type Config struct {
 	// Lease is how long PostgreSQL lets this replica's ownership session be silent before it
 	// probes it and, once the probes fail, frees its consumers for other replicas. A replica
 	// confirms its session claimsPerLease times per lease and stops serving every consumer
-	// when it cannot, within a fifth of the lease, long before. Defaults to LeaseDefault.
+	// when it cannot, within a fifth of the lease, long before, all on Clock. Defaults to LeaseDefault.
 	Lease time.Duration
 	// MaxMemory and MaxStore bound the bytes of memory and of file streams, as a JetStream
 	// server's max_memory_store and max_file_store do: a stream whose max_bytes would take
@@ -121,9 +122,10 @@ type Config struct {
 	// ClusterName is the NATS cluster's name, reported with the serving replica in stream
 	// and consumer info; empty reports no cluster.
 	ClusterName string
-	// Clock tells the bridge the time (see Clock). Nil means the system clock, the only
-	// right one outside tests.
-	Clock Clock
+	// Clock tells the bridge the time and wakes it when time has passed, for consumer
+	// ownership too (see package clock). Nil means the system clock, the only right one
+	// outside tests.
+	Clock clock.Clock
 }
 
 // validate refuses a configuration that is missing what it needs or holds a negative or
@@ -222,7 +224,7 @@ type Bridge struct {
 	log  *slog.Logger
 	pm   *publishMetrics
 	// clock is Config.Clock, or the system clock.
-	clock Clock
+	clock clock.Clock
 	// The warnings of attempts that fail together while the database is away, thinned.
 	// Each warning has a throttle of its own, so that one cannot hide another.
 	warnPush, warnRead, warnPending, warnTick, warnFill, warnOwnSession, warnUnserved logEvery
@@ -284,7 +286,7 @@ func New(cfg Config) (*Bridge, error) {
 		log:       cfg.Logger,
 		pm:        newPublishMetrics(cfg.Registerer),
 		sql:       newSQLMover(cfg.Registerer),
-		clock:     clockOrSystem(cfg.Clock),
+		clock:     clock.OrSystem(cfg.Clock),
 		streams:   make(map[string]*stream),
 		ready:     newReadyQueue(),
 		flushDone: make(chan struct{}, 1),

@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/jetgres/jetgres/internal/clock/clocktest"
 	"github.com/jetgres/jetgres/internal/testwait"
 )
 
@@ -41,7 +42,7 @@ func TestFetchEmptyConsumer(t *testing.T) {
 	t.Parallel()
 	// The clock stands still until the test moves it: no expiry, sweep or heartbeat can end
 	// a request by itself.
-	clock := newFakeClock()
+	clock := clocktest.New()
 	tb := setup(t, setupOpts{config: func(c *Config) { c.Clock = clock }})
 	ctx := testContext(t)
 	s := newStream(t, ctx, tb, "EMPTY", "empty")
@@ -109,7 +110,7 @@ func TestFetchEmptyConsumer(t *testing.T) {
 // progress, a terminated message never again, and MaxDeliver counted to the delivery.
 func TestNakTermProgressAndAckWait(t *testing.T) {
 	t.Parallel()
-	clock := newFakeClock()
+	clock := clocktest.New()
 	tb := setup(t, setupOpts{config: func(c *Config) { c.Clock = clock }})
 	ctx := testContext(t)
 	s := newStream(t, ctx, tb, "RD", "rd")
@@ -317,7 +318,7 @@ func TestFiltersAndDeliverPolicies(t *testing.T) {
 
 func TestConsumerAdmin(t *testing.T) {
 	t.Parallel()
-	clock := newFakeClock()
+	clock := clocktest.New()
 	tb := setup(t, setupOpts{config: func(c *Config) { c.Clock = clock }})
 	ctx := testContext(t)
 	s := newStream(t, ctx, tb, "ADMC", "admc")
@@ -378,7 +379,7 @@ func TestConsumerAdmin(t *testing.T) {
 func TestParkedPullWokenByPublish(t *testing.T) {
 	t.Parallel()
 	// The clock stands still: no tick, interest sweep or expiry can end the parked pull.
-	tb := setup(t, setupOpts{config: func(c *Config) { c.Clock = newFakeClock() }})
+	tb := setup(t, setupOpts{config: func(c *Config) { c.Clock = clocktest.New() }})
 	ctx := testContext(t)
 	s := newStream(t, ctx, tb, "PK", "pk")
 	c, err := s.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{Durable: "C"})
@@ -415,7 +416,7 @@ func TestParkedPullWokenByPublish(t *testing.T) {
 // must arrive in order.
 func TestConsumeWithHeartbeats(t *testing.T) {
 	t.Parallel()
-	clock := newFakeClock()
+	clock := clocktest.New()
 	tb := setup(t, setupOpts{config: func(c *Config) { c.Clock = clock }})
 	ctx := testContext(t)
 	s := newStream(t, ctx, tb, "CO", "co")

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/jetgres/jetgres/flow"
+	"github.com/jetgres/jetgres/internal/clock/clocktest"
 	"github.com/jetgres/jetgres/internal/testwait"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -113,7 +114,7 @@ func mustStreamID(t *testing.T, tb *testBundle, name string) int64 {
 // floor still reaches PostgreSQL.
 func TestCursorWritesPaced(t *testing.T) {
 	t.Parallel()
-	clock := newFakeClock()
+	clock := clocktest.New()
 	tb := setup(t, setupOpts{config: func(c *Config) { c.Clock = clock }})
 	ctx := testContext(t)
 	s := newStream(t, ctx, tb, "PACED", "paced.>")
@@ -174,7 +175,7 @@ func TestCursorWritesPaced(t *testing.T) {
 // double ack must be answered, and its floor stored, long before.
 func TestDoubleAckSkipsThePace(t *testing.T) {
 	t.Parallel()
-	clock := newFakeClock()
+	clock := clocktest.New()
 	tb := setup(t, setupOpts{config: func(c *Config) { c.CursorInterval, c.Clock = time.Hour, clock }})
 	ctx := testContext(t)
 	s := newStream(t, ctx, tb, "HURRY", "hurry.>")
@@ -203,7 +204,7 @@ func TestDoubleAckSkipsThePace(t *testing.T) {
 	// double ack to come in the same breath, the writer would find it before waiting. The
 	// clock stands still, so the interval never passes by itself.
 	testwait.For(t, 5*time.Second, func() error {
-		if !clock.timerDueIn(time.Hour) {
+		if !clock.TimerDueIn(time.Hour) {
 			return errors.New("the cursor writer is not waiting out the interval")
 		}
 		return nil

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/jetgres/jetgres/flow"
+	"github.com/jetgres/jetgres/internal/clock/clocktest"
 	"github.com/jetgres/jetgres/internal/testwait"
 	"github.com/jetgres/jetgres/pg"
 	"github.com/nats-io/nats.go"
@@ -20,7 +21,7 @@ import (
 // unless the test moves it, so only its ticker can deliver, and only when its clock says so.
 func TestTickSeesOtherReplicaCommits(t *testing.T) {
 	t.Parallel()
-	clock := newFakeClock()
+	clock := clocktest.New()
 	a := setup(t, setupOpts{config: func(c *Config) { c.ReplicaName = "a"; c.Clock = clock }})
 	ctx := testContext(t)
 	s := newStream(t, ctx, a, "TK", "tk")
@@ -60,7 +61,7 @@ func TestTickSeesOtherReplicaCommits(t *testing.T) {
 		// TickIdleMaxDefault while nothing moves: moved on a tick period at a time, the clock
 		// brings it to the longest wait.
 		testwait.For(t, 30*time.Second, func() error {
-			if clock.timerDueIn(TickIdleMaxDefault) {
+			if clock.TimerDueIn(TickIdleMaxDefault) {
 				return nil
 			}
 			clock.Advance(TickPeriodDefault)

@@ -136,7 +136,7 @@ func (b *Bridge) startConsumers(ctx context.Context) error {
 	cs.ctx = cctx
 	// Ownership is a session of its own; PostgreSQL gives a replica that is cut off its
 	// keepalive probes only after a whole lease of silence.
-	if cs.own.own, err = b.db.OpenOwnership(ctx, b.cfg.Lease, b.cfg.Lease/confirmsPerLease); err != nil {
+	if cs.own.own, err = b.db.OpenOwnership(ctx, b.clock, b.cfg.Lease, b.cfg.Lease/confirmsPerLease); err != nil {
 		return err
 	}
 	if b.fwdKey, err = b.db.DeploymentSecret(ctx); err != nil {

@@ -13,6 +13,7 @@ import (
 	"github.com/jetgres/jetgres/embedded/leaf"
 	"github.com/jetgres/jetgres/embedded/natsd"
 	"github.com/jetgres/jetgres/flow"
+	"github.com/jetgres/jetgres/internal/clock/clocktest"
 	"github.com/jetgres/jetgres/pg"
 	"github.com/jetgres/jetgres/pg/pgtest"
 )
@@ -38,6 +39,17 @@ type setupOpts struct {
 	// cleanup stops it all the same.
 	unstarted bool
 }
+
+// fakeClockLease is the lease of a bridge on a fake clock whose test does not choose one.
+// Such a test jumps its clock by whole ack waits, thresholds and windows at once (an hour,
+// at most), while the ownership session is confirmed at the pace of the database: on the
+// default lease, whose fencing deadline is two seconds, the bridge would fence itself in
+// the gap between a jump and the next confirmation, and stop serving the consumers the test
+// is about. A fifth of this lease is longer than any jump those tests make, so only tests
+// that set a lease of their own exercise the fence and the lease loop on a fake clock. It
+// stays short of nine hours: the lease in seconds is the session's TCP keepalive, which
+// Linux takes only up to 32767.
+const fakeClockLease = 8 * time.Hour
 
 // setup starts the real pieces: PostgreSQL (one cluster per test process, a database per
 // test), the embedded NATS server, the leafnode link and the bridge; and a nats.go client.
@@ -82,6 +94,9 @@ func setup(t testing.TB, opts ...setupOpts) *testBundle {
 	cfg := Config{DB: tb.db, Link: tb.link, Push: push, Pop: pop, Ack: ack, Logger: logger, Registerer: tb.reg, ReplicaName: "bridge-test"}
 	if o.config != nil {
 		o.config(&cfg)
+	}
+	if _, fake := cfg.Clock.(*clocktest.Clock); fake && cfg.Lease == 0 {
+		cfg.Lease = fakeClockLease
 	}
 	tb.bridge, err = New(cfg)
 	if err != nil {

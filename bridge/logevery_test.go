@@ -6,6 +6,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/jetgres/jetgres/internal/clock/clocktest"
 )
 
 // recordHandler keeps what is logged through it.
@@ -48,7 +50,7 @@ func (h *recordHandler) take() []int64 {
 // bridge's clock, the next line counting the ones left out, however many goroutines fail.
 func TestLogEveryThinsRepeatedWarnings(t *testing.T) {
 	t.Parallel()
-	clock := newFakeClock()
+	clock := clocktest.New()
 	h := &recordHandler{}
 	log := slog.New(h)
 	var l logEvery

@@ -7,6 +7,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/jetgres/jetgres/internal/clock/clocktest"
 	"github.com/jetgres/jetgres/internal/testwait"
 	"github.com/jetgres/jetgres/pg/pgtest/rawsql"
 )
@@ -16,7 +17,7 @@ import (
 // and an id sent again after that is stored anew.
 func TestMsgIDsDroppedOnceTheWindowHasPassed(t *testing.T) {
 	t.Parallel()
-	clk := newFakeClock()
+	clk := clocktest.New()
 	tb := setup(t, setupOpts{config: func(c *Config) { c.Clock = clk }})
 	ctx := testContext(t)
 	raw := rawsql.Open(t, tb.dbURL)

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jetgres/jetgres/internal/clock/clocktest"
 	"github.com/jetgres/jetgres/internal/testwait"
 	"github.com/jetgres/jetgres/pg/pgtest/rawsql"
 )
@@ -14,7 +15,7 @@ import (
 // flush started, and forgets it once it commits.
 func TestOldestFlushOnAHungCommit(t *testing.T) {
 	t.Parallel()
-	clock := newFakeClock()
+	clock := clocktest.New()
 	tb := setup(t, setupOpts{config: func(c *Config) { c.Clock = clock }})
 	ctx := testContext(t)
 	newStream(t, ctx, tb, "S", "s.>")

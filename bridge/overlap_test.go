@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jetgres/jetgres/internal/clock/clocktest"
 	"github.com/jetgres/jetgres/internal/testwait"
 	"github.com/jetgres/jetgres/pg/pgtest/rawsql"
 )
@@ -18,7 +19,7 @@ import (
 // before then whatever the machine's speed.
 func TestFlushWaitsForTheOneInFlight(t *testing.T) {
 	t.Parallel()
-	clock := newFakeClock()
+	clock := clocktest.New()
 	tb := setup(t, setupOpts{config: func(c *Config) { c.Clock = clock }})
 	ctx := testContext(t)
 	for _, name := range []string{"HUNG", "B", "C"} {
@@ -52,7 +53,7 @@ func TestFlushWaitsForTheOneInFlight(t *testing.T) {
 		if !tb.bridge.streamQueued("B") || !tb.bridge.streamQueued("C") {
 			return errors.New("B and C are not both waiting for the next transaction yet")
 		}
-		if !clock.timerDueIn(FlushOverlapAfterDefault) {
+		if !clock.TimerDueIn(FlushOverlapAfterDefault) {
 			return errors.New("the dispatcher is not waiting out the transaction in flight yet")
 		}
 		return nil

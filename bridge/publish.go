@@ -597,7 +597,8 @@ func (b *Bridge) drainIntake(ctx context.Context) error {
 	}
 	// Streams parked in the ready queue still need a permit; the dispatcher is running
 	// until the background work stops, which happens only after this drain. The wait is for
-	// the dispatcher, not for time: it stays on the system clock.
+	// the dispatcher, not for time, so it polls on the system clock: on the bridge's, a fake
+	// clock that no test moves while it stops the bridge would never end it.
 	for !b.ready.empty() {
 		select {
 		case <-ctx.Done():

@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/jetgres/jetgres/internal/clock/clocktest"
 	"github.com/jetgres/jetgres/internal/testwait"
 )
 
@@ -228,9 +229,9 @@ func TestPushObjectStore(t *testing.T) {
 }
 
 // newClockTwin is newTwin with jetgres on a fake clock; the reference keeps real time.
-func newClockTwin(t *testing.T) (*twin, *fakeClock) {
+func newClockTwin(t *testing.T) (*twin, *clocktest.Clock) {
 	t.Helper()
-	clock := newFakeClock()
+	clock := clocktest.New()
 	tb := setup(t, setupOpts{config: func(c *Config) { c.Clock = clock }})
 	return &twin{t: t, ctx: testContext(t), tb: tb, js: [2]jetstream.JetStream{tb.js, startJetStream(t)}}, clock
 }
@@ -369,7 +370,7 @@ func TestPushFlowControlTwin(t *testing.T) {
 // and an ephemeral consumer deleted once it had no subscriber for its inactive threshold.
 func TestPushInterest(t *testing.T) {
 	t.Parallel()
-	clock := newFakeClock()
+	clock := clocktest.New()
 	tb := setup(t, setupOpts{config: func(c *Config) { c.Clock = clock }})
 	ctx := testContext(t)
 	newStream(t, ctx, tb, "IN", "in.>")
@@ -518,7 +519,7 @@ func TestPushQueueSubscribe(t *testing.T) {
 // was not acked after ack_wait on the fake clock.
 func TestPushChanSubscribe(t *testing.T) {
 	t.Parallel()
-	clock := newFakeClock()
+	clock := clocktest.New()
 	tb := setup(t, setupOpts{config: func(c *Config) { c.Clock = clock }})
 	ctx := testContext(t)
 	newStream(t, ctx, tb, "CH", "ch.>")
@@ -609,7 +610,7 @@ func TestPushResumesAfterRestart(t *testing.T) {
 // interest watcher's set and goroutines all come back down. It does not run in parallel,
 // so that the goroutines counted are its own.
 func TestPushOrderedChurn(t *testing.T) {
-	clock := newFakeClock()
+	clock := clocktest.New()
 	tb := setup(t, setupOpts{config: func(c *Config) { c.Clock = clock }})
 	ctx := testContext(t)
 	newStream(t, ctx, tb, "CHURN", "churn.>")
@@ -742,7 +743,7 @@ func TestPushPendingTwin(t *testing.T) {
 // message's worth of time per message.
 func TestPushRateLimit(t *testing.T) {
 	t.Parallel()
-	clock := newFakeClock()
+	clock := clocktest.New()
 	tb := setup(t, setupOpts{config: func(c *Config) { c.Clock = clock }})
 	ctx := testContext(t)
 	newStream(t, ctx, tb, "RL", "rl")

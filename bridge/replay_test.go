@@ -10,14 +10,15 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/jetgres/jetgres/internal/clock/clocktest"
 	"github.com/jetgres/jetgres/internal/testwait"
 )
 
 // replayStream starts a bridge on a fake clock and stores r.1 to r.4 on it with gaps of 2 s,
 // 5 s and none, as a replay original consumer must deliver them again.
-func replayStream(t *testing.T) (*testBundle, *fakeClock, context.Context) {
+func replayStream(t *testing.T) (*testBundle, *clocktest.Clock, context.Context) {
 	t.Helper()
-	clock := newFakeClock()
+	clock := clocktest.New()
 	tb := setup(t, setupOpts{config: func(c *Config) { c.Clock = clock }})
 	ctx := testContext(t)
 	newStream(t, ctx, tb, "R", "r.>")
@@ -33,7 +34,7 @@ func replayStream(t *testing.T) (*testBundle, *fakeClock, context.Context) {
 // expectPaced checks that deliveries of consumer R > name come out as the messages were
 // stored: the first at once, the second only once the clock has moved 2 s, the third and
 // fourth 5 s after that.
-func expectPaced(t *testing.T, tb *testBundle, name string, clock *fakeClock, got <-chan uint64) {
+func expectPaced(t *testing.T, tb *testBundle, name string, clock *clocktest.Clock, got <-chan uint64) {
 	t.Helper()
 	receive := func(want uint64) {
 		t.Helper()

@@ -23,7 +23,8 @@ package flow
 import (
 	"fmt"
 	"math"
-	"time"
+
+	"github.com/jetgres/jetgres/internal/clock"
 )
 
 // Defaults for the push, pop and ack lanes.
@@ -65,13 +66,6 @@ const (
 	BetaDefault  = 6.0
 )
 
-// Clock tells a lane the time. It places round trips in the one-second slots of the rtt_base
-// window and measures permit waits; tests substitute a clock they advance by hand so that the
-// 60-second window can be exercised without waiting for it.
-type Clock interface {
-	Now() time.Time
-}
-
 // Options configure a Lane. The numeric fields are taken as given: a zero is invalid, not a
 // request for a default, because each lane has defaults of its own and a lane should
 // never run with a value nobody chose. Fill them from the exported defaults.
@@ -91,8 +85,11 @@ type Options struct {
 	// Beta is the estimated queue depth at or above which the limit shrinks; finite and greater
 	// than Alpha. PushBetaDefault for the push lane, BetaDefault for the others.
 	Beta float64
-	// Clock tells the time. Nil means the system clock.
-	Clock Clock
+	// Clock tells the lane the time: it places round trips in the one-second slots of the
+	// rtt_base window and measures permit waits, so that tests can walk through the 60-second
+	// window without waiting for it. Nil means the system clock, the only right one outside
+	// tests.
+	Clock clock.Clock
 }
 
 // Validate reports the first invalid field, naming it.
@@ -118,7 +115,3 @@ func (o Options) validate() error {
 	}
 	return nil
 }
-
-type systemClock struct{}
-
-func (systemClock) Now() time.Time { return time.Now() }

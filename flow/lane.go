@@ -6,13 +6,15 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/jetgres/jetgres/internal/clock"
 )
 
 // Lane admits operations of one family (push or pop) to the database, at most as many at once
 // as its limit allows. Create one with NewLane or NewFixed; it is safe for concurrent use.
 type Lane struct {
 	name  string
-	clock Clock
+	clock clock.Clock
 	sem   semaphore
 
 	// mu serialises completions so that each one reads in_flight and moves the limit as one step.
@@ -32,11 +34,8 @@ func NewLane(name string, opts Options) (*Lane, error) {
 	if err := opts.validate(); err != nil {
 		return nil, fmt.Errorf("flow: lane %q: %w", name, err)
 	}
-	clock := opts.Clock
-	if clock == nil {
-		clock = systemClock{}
-	}
-	l := &Lane{name: name, clock: clock, vegas: newVegas(opts, clock.Now())}
+	clk := clock.OrSystem(opts.Clock)
+	l := &Lane{name: name, clock: clk, vegas: newVegas(opts, clk.Now())}
 	l.sem.size = l.vegas.size()
 	return l, nil
 }

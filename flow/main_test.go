@@ -3,10 +3,11 @@ package flow
 import (
 	"context"
 	"fmt"
-	"sync"
 	"testing"
 	"time"
 
+	"github.com/jetgres/jetgres/internal/clock"
+	"github.com/jetgres/jetgres/internal/clock/clocktest"
 	"github.com/jetgres/jetgres/internal/testwait"
 	"go.uber.org/goleak"
 )
@@ -15,34 +16,17 @@ func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m)
 }
 
-// fakeClock stands still until advanced, so the 60-second rtt_base window can be walked through
-// without waiting for it.
-type fakeClock struct {
-	mu  sync.Mutex
-	now time.Time
+// newFakeClock returns a clock that stands still until advanced, so the 60-second rtt_base
+// window can be walked through without waiting for it, at a time the tests can write down.
+func newFakeClock() *clocktest.Clock {
+	return clocktest.At(time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC))
 }
 
-func newFakeClock() *fakeClock {
-	return &fakeClock{now: time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)}
-}
-
-func (c *fakeClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *fakeClock) Advance(d time.Duration) {
-	c.mu.Lock()
-	c.now = c.now.Add(d)
-	c.mu.Unlock()
-}
-
-// seedOptions are a lane with the seed's defaults (the pop lane's) on clock.
-func seedOptions(clock Clock) Options {
+// seedOptions are a lane with the seed's defaults (the pop lane's) on clk.
+func seedOptions(clk clock.Clock) Options {
 	return Options{
 		Init: PopInitDefault, Min: PopMinDefault, Max: PopMaxDefault,
-		Alpha: AlphaDefault, Beta: BetaDefault, Clock: clock,
+		Alpha: AlphaDefault, Beta: BetaDefault, Clock: clk,
 	}
 }
 
@@ -89,7 +73,7 @@ func drivenSample(t *testing.T, l *Lane, rtt time.Duration) {
 	if len(ps) == 0 {
 		t.Fatal("no free permit to drive the lane with")
 	}
-	if c, ok := l.clock.(*fakeClock); ok {
+	if c, ok := l.clock.(*clocktest.Clock); ok {
 		c.Advance(rtt)
 	}
 	ps[0].Release(rtt)

@@ -4,6 +4,8 @@ import (
 	"math"
 	"testing"
 	"time"
+
+	"github.com/jetgres/jetgres/internal/clock/clocktest"
 )
 
 func TestRTTBaseIsOneNanosecondWithoutSamples(t *testing.T) {
@@ -197,9 +199,9 @@ func TestOneAdjustmentPerRoundTrip(t *testing.T) {
 // uncongested one hold the limit at its minimum (the publishes wait in jetgres and fuse), while round
 // trips that do not grow with concurrency, a database with cores to spare, let it climb.
 func TestPushDefaultsHoldWhenRoundTripsDoubleAndGrowWhenTheyDoNot(t *testing.T) {
-	push := func(clock Clock) Options {
+	push := func(clk *clocktest.Clock) Options {
 		return Options{Init: PushInitDefault, Min: PushMinDefault, Max: PushMaxDefault,
-			Alpha: PushAlphaDefault, Beta: PushBetaDefault, Clock: clock}
+			Alpha: PushAlphaDefault, Beta: PushBetaDefault, Clock: clk}
 	}
 	l := newTestLane(t, push(newFakeClock()))
 	idleSample(t, l, time.Millisecond)

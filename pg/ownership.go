@@ -12,6 +12,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
+
+	"github.com/jetgres/jetgres/internal/clock"
 )
 
 // Ownership is a replica's claim on the consumers it serves: a session-level advisory lock
@@ -26,6 +28,7 @@ import (
 // administration and replicaLockKey. Ids are unique, so no two consumers share a lock.
 type Ownership struct {
 	db        *DB
+	clock     clock.Clock
 	keepalive time.Duration
 	timeout   time.Duration // of every statement on conn
 
@@ -36,9 +39,9 @@ type Ownership struct {
 	pid     uint32
 	started time.Time
 	held    map[ConsumerKey]heldLock // what this session locked
-	// confirmed is when (unix ns) the last statement that succeeded on conn was sent: the
-	// session held its locks then. Zero while there is no connection. Atomic, so that a
-	// watchdog reads it while a statement holds mu.
+	// confirmed is when (unix ns, on clock) the last statement that succeeded on conn was
+	// sent: the session held its locks then. Zero while there is no connection. Atomic, so
+	// that a watchdog reads it while a statement holds mu.
 	confirmed atomic.Int64
 }
 
@@ -94,13 +97,16 @@ const (
 		WHERE pg_try_advisory_lock((id >> 31)::int4, (id & 2147483647)::int4)`
 )
 
-// OpenOwnership opens the dedicated connection. keepalive is how long PostgreSQL waits on a
-// silent connection before probing it (then three probes a second apart): a replica cut off
-// from the database has stopped delivering long before PostgreSQL gives its locks away.
-// timeout bounds every statement on the connection; one that runs past it breaks the
-// connection, so that the caller learns at once that it can vouch for nothing.
-func (db *DB) OpenOwnership(ctx context.Context, keepalive, timeout time.Duration) (*Ownership, error) {
-	o := &Ownership{db: db, keepalive: keepalive, timeout: timeout, held: make(map[ConsumerKey]heldLock)}
+// OpenOwnership opens the dedicated connection. clk stamps the confirmations that Confirmed
+// reports, so that a caller measuring their age on its own clock compares like with like;
+// nil means the system clock. keepalive is how long PostgreSQL waits on a silent connection
+// before probing it (then three probes a second apart): a replica cut off from the database
+// has stopped delivering long before PostgreSQL gives its locks away. timeout bounds every
+// statement on the connection; one that runs past it breaks the connection, so that the
+// caller learns at once that it can vouch for nothing. Both are in real time, whatever clk
+// is: they bound what PostgreSQL and the network do.
+func (db *DB) OpenOwnership(ctx context.Context, clk clock.Clock, keepalive, timeout time.Duration) (*Ownership, error) {
+	o := &Ownership{db: db, clock: clock.OrSystem(clk), keepalive: keepalive, timeout: timeout, held: make(map[ConsumerKey]heldLock)}
 	if err := o.Reconnect(ctx); err != nil {
 		return nil, err
 	}
@@ -151,7 +157,7 @@ func (o *Ownership) Reconnect(ctx context.Context) error {
 		}
 	}
 	o.conn, o.pid, o.started = conn, conn.PgConn().PID(), started
-	o.confirmed.Store(time.Now().UnixNano())
+	o.confirmed.Store(o.clock.Now().UnixNano())
 	clear(o.held)
 	return nil
 }
@@ -163,8 +169,9 @@ func (o *Ownership) Connected() bool {
 	return o.conn != nil
 }
 
-// Confirmed is when the last statement that succeeded on the connection was sent, the
-// zero time while there is none: every lock this process holds was held then.
+// Confirmed is when, on the clock given to OpenOwnership, the last statement that succeeded
+// on the connection was sent, the zero time while there is none: every lock this process
+// holds was held then.
 func (o *Ownership) Confirmed() time.Time {
 	ns := o.confirmed.Load()
 	if ns == 0 {
@@ -179,7 +186,7 @@ func (o *Ownership) exec(ctx context.Context, fn func(ctx context.Context, c *pg
 	if o.conn == nil {
 		return ErrOwnershipLost
 	}
-	sent := time.Now()
+	sent := o.clock.Now()
 	ctx, cancel := context.WithTimeout(ctx, o.timeout)
 	defer cancel()
 	err := fn(ctx, o.conn)

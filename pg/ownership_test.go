@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jetgres/jetgres/internal/clock/clocktest"
 	"github.com/jetgres/jetgres/internal/testwait"
 	"github.com/jetgres/jetgres/pg"
 	"github.com/jetgres/jetgres/pg/pgtest"
@@ -15,7 +16,7 @@ import (
 
 func openOwnership(t *testing.T, db *pg.DB) *pg.Ownership {
 	t.Helper()
-	o, err := db.OpenOwnership(context.Background(), 10*time.Second, 5*time.Second)
+	o, err := db.OpenOwnership(context.Background(), nil, 10*time.Second, 5*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -104,6 +105,46 @@ func TestOwnershipLocks(t *testing.T) {
 	}
 	if ok, err := r1.TryLock(ctx, a); !ok || err != nil {
 		t.Fatalf("r1 locks A once r2 let go: %v %v", ok, err)
+	}
+}
+
+// The session's confirmations are stamped on the clock it was opened with, whatever the
+// system clock says, so that the caller's fence measures their age on its own clock; a
+// statement that fails or a close leaves none.
+func TestOwnershipConfirmsOnItsClock(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.Open(t)
+	clk := clocktest.At(time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC))
+	o, err := db.OpenOwnership(ctx, clk, 10*time.Second, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(o.Close)
+	if got := o.Confirmed(); !got.Equal(clk.Now()) {
+		t.Fatalf("confirmed at %v once opened, want the clock's %v", got, clk.Now())
+	}
+	clk.Advance(time.Hour)
+	if err := o.Confirm(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := o.Confirmed(); !got.Equal(clk.Now()) {
+		t.Fatalf("confirmed at %v after an hour of the clock, want %v", got, clk.Now())
+	}
+	canceled, cancel := context.WithCancel(ctx)
+	cancel()
+	if err := o.Confirm(canceled); !errors.Is(err, pg.ErrOwnershipLost) {
+		t.Fatalf("a confirmation that cannot run: %v, want ErrOwnershipLost", err)
+	}
+	if got := o.Confirmed(); !got.IsZero() {
+		t.Fatalf("confirmed at %v after the session broke, want never", got)
+	}
+	clk.Advance(time.Minute)
+	if err := o.Reconnect(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := o.Confirmed(); !got.Equal(clk.Now()) {
+		t.Fatalf("confirmed at %v once reconnected, want %v", got, clk.Now())
 	}
 }
 

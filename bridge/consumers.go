@@ -431,7 +431,8 @@ func (cs *consumerSide) streamFor(s *stream, hw uint64) *streamConsumers {
 	cs.mu.Lock()
 	defer cs.mu.Unlock()
 	if sc = cs.streams[s]; sc == nil {
-		sc = &streamConsumers{s: s, tail: tailcache.New(TailBytesDefault, cs.tails, hw), cons: make(map[string]*consumer)}
+		sc = &streamConsumers{s: s, tail: tailcache.New(TailBytesDefault, cs.tails), cons: make(map[string]*consumer)}
+		sc.tail.StartAfter(hw)
 		cs.streams[s] = sc
 	}
 	return sc

@@ -11,6 +11,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/jetgres/jetgres/bridge/tailcache"
 	"github.com/jetgres/jetgres/embedded/leaf"
 	"github.com/jetgres/jetgres/flow"
 	"github.com/jetgres/jetgres/internal/startstop"
@@ -240,6 +241,8 @@ type Bridge struct {
 	adminMu sync.Mutex
 	mu      sync.RWMutex
 	streams map[string]*stream
+	// tails is the bound that every stream's tail shares (Config.TailTotalBytes).
+	tails *tailcache.Budget
 
 	ready *readyQueue
 	usage storeUsage // what memory and file streams hold, for Config.MaxMemory and MaxStore
@@ -285,11 +288,13 @@ func New(cfg Config) (*Bridge, error) {
 		sql:       newSQLMover(cfg.Registerer),
 		clock:     clockOrSystem(cfg.Clock),
 		streams:   make(map[string]*stream),
+		tails:     tailcache.NewBudget(int64(cfg.TailTotalBytes)),
 		ready:     newReadyQueue(),
 		flushDone: make(chan struct{}, 1),
 		apiReqs:   make(chan *leaf.Msg, APIQueueDefault),
 	}
 	b.metaKick = make(chan struct{}, 1)
+	registerTailMetrics(cfg.Registerer, b.tails)
 	b.ownForward = b.forwardPrefix(cfg.ReplicaName)
 	b.initConsumers(cfg.Registerer)
 	b.gets = newGetIndex(cfg.SubjectIndexBytes, cfg.Registerer)

@@ -171,7 +171,7 @@ func newConsumer(cs *consumerSide, sc *streamConsumers, row pg.Consumer, cfg ser
 		c.st.ShowFrom(row.ShownStreamSeq)
 	}
 	if cfg.ReplayPolicy == server.ReplayOriginal {
-		c.replay = replay{on: true, upTo: sc.tail.HighWater()}
+		c.replay = replay{on: true, upTo: sc.s.tail.HighWater()}
 	}
 	c.cw.written = floor
 	c.cw.want, c.cw.wantShown = floor, row.ShownStreamSeq
@@ -300,7 +300,7 @@ func (c *consumer) run() {
 			c.cs.deleteInactive(c)
 			continue
 		}
-		hw := c.sc.tail.HighWater()
+		hw := c.sc.s.tail.HighWater()
 		c.pump(ctx)
 		wake := c.nextWake(clock.Now())
 		// A push consumer waits like a pull request while its deliver subject has interest.
@@ -310,7 +310,7 @@ func (c *consumer) run() {
 		if parked {
 			// A commit that raised the high-water mark before it could see parked set has
 			// not signalled: look once more.
-			if c.sc.tail.HighWater() > hw {
+			if c.sc.s.tail.HighWater() > hw {
 				c.signal()
 			}
 			// Only a consumer that starts waiting brings the ticker back to its base period;
@@ -432,7 +432,7 @@ func (c *consumer) batchPending() int64 {
 // hasWork is the cheap in-memory check: is anything deliverable without asking PostgreSQL
 // whether more was committed.
 func (c *consumer) hasWork() bool {
-	return c.st.HasRedeliveries() || len(c.ahead) > 0 || c.start != nil || c.st.Next() <= c.sc.tail.HighWater()
+	return c.st.HasRedeliveries() || len(c.ahead) > 0 || c.start != nil || c.st.Next() <= c.sc.s.tail.HighWater()
 }
 
 // source says where a candidate message came from, so that delivering it consumes it there.

@@ -12,7 +12,6 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/jetgres/jetgres/bridge/tailcache"
 	"github.com/jetgres/jetgres/embedded/leaf"
 	"github.com/jetgres/jetgres/internal/jswire"
 	"github.com/jetgres/jetgres/internal/startstop"
@@ -39,7 +38,7 @@ const (
 )
 
 // consumerSide is the consumer half of the bridge: every pull consumer this process serves,
-// the tails of their streams, the ack subscription, the ticker and the lease keeper.
+// the ack subscription, the ticker and the lease keeper.
 type consumerSide struct {
 	b     *Bridge
 	owner string
@@ -52,7 +51,6 @@ type consumerSide struct {
 	kick    chan struct{}
 	activeN chan struct{} // activation slots
 
-	tails   *tailcache.Budget
 	mu      sync.RWMutex
 	streams map[*stream]*streamConsumers
 
@@ -68,10 +66,9 @@ type consumerSide struct {
 	pushers map[*consumer]struct{}
 }
 
-// streamConsumers is one stream's consumers and its tail cache.
+// streamConsumers is one stream's consumers.
 type streamConsumers struct {
 	s     *stream
-	tail  *tailcache.Tail
 	reads sharedReads
 
 	mu   sync.RWMutex
@@ -115,7 +112,6 @@ func (b *Bridge) initConsumers(reg prometheus.Registerer) {
 		kick:    make(chan struct{}, 1),
 		activeN: make(chan struct{}, activationsMax),
 		streams: make(map[*stream]*streamConsumers),
-		tails:   tailcache.NewBudget(int64(b.cfg.TailTotalBytes)),
 	}
 	cs.leaseKick = make(chan struct{}, 1)
 	cs.m = newConsumerMetrics(reg, cs)
@@ -213,12 +209,14 @@ func (b *Bridge) stopConsumers(ctx context.Context) {
 // consumersCommitted takes a stream's freshly committed rows into its tail and wakes the
 // consumers waiting there: the local-commit fast path, no tick needed.
 func (b *Bridge) consumersCommitted(s *stream, msgs []pg.Message) {
-	cs := b.cs()
-	if cs == nil || len(msgs) == 0 {
+	if len(msgs) == 0 {
 		return
 	}
-	sc := cs.streamFor(s, msgs[0].Seq-1)
-	sc.tail.Add(msgs, msgs[0].Seq, msgs[len(msgs)-1].Seq)
+	s.tail.Add(msgs, msgs[0].Seq, msgs[len(msgs)-1].Seq)
+	sc := b.consumersOf(s)
+	if sc == nil {
+		return
+	}
 	for _, c := range sc.list() {
 		c.committed(msgs, msgs[0].Seq)
 	}
@@ -235,10 +233,10 @@ func (b *Bridge) dropConsumers(s *stream) {
 	sc := cs.streams[s]
 	delete(cs.streams, s)
 	cs.mu.Unlock()
+	s.tail.Clear() // gives its bytes back to the shared bound
 	if sc == nil {
 		return
 	}
-	sc.tail.Clear() // gives its bytes back to the shared bound
 	for _, c := range sc.list() {
 		c.stop(stopDeleted)
 	}
@@ -246,11 +244,11 @@ func (b *Bridge) dropConsumers(s *stream) {
 
 // streamPurged forgets cached rows that a purge or a message delete may have removed.
 func (b *Bridge) streamPurged(s *stream) {
+	s.tail.Clear()
 	sc := b.consumersOf(s)
 	if sc == nil {
 		return
 	}
-	sc.tail.Clear()
 	sc.reads.forget()
 	for _, c := range sc.list() {
 		c.markStale(allRows)
@@ -421,9 +419,8 @@ func (cs *consumerSide) served(s *stream, consumerName string) *consumer {
 	return sc.get(consumerName)
 }
 
-// streamFor returns the stream's consumer registry, creating it with a tail that starts
-// after hw.
-func (cs *consumerSide) streamFor(s *stream, hw uint64) *streamConsumers {
+// registryFor returns the stream's consumer registry, creating it.
+func (cs *consumerSide) registryFor(s *stream) *streamConsumers {
 	sc := cs.registry(s)
 	if sc != nil {
 		return sc
@@ -431,27 +428,28 @@ func (cs *consumerSide) streamFor(s *stream, hw uint64) *streamConsumers {
 	cs.mu.Lock()
 	defer cs.mu.Unlock()
 	if sc = cs.streams[s]; sc == nil {
-		sc = &streamConsumers{s: s, tail: tailcache.New(TailBytesDefault, cs.tails), cons: make(map[string]*consumer)}
-		sc.tail.StartAfter(hw)
+		sc = &streamConsumers{s: s, cons: make(map[string]*consumer)}
 		cs.streams[s] = sc
 	}
 	return sc
 }
 
-// streamLoaded returns the stream's registry, reading its high-water mark from PostgreSQL
-// the first time.
+// streamLoaded returns the stream's registry, starting its tail at the high-water mark
+// PostgreSQL gives if no commit of this process started it.
 func (cs *consumerSide) streamLoaded(ctx context.Context, s *stream) (*streamConsumers, error) {
 	sc := cs.registry(s)
 	if sc != nil {
 		return sc, nil
 	}
-	hw, err := cs.b.db.HighWater(ctx, []int64{s.id})
-	if err != nil {
-		return nil, err
+	if !s.tail.Started() {
+		hw, err := cs.b.db.HighWater(ctx, []int64{s.id})
+		if err != nil {
+			return nil, err
+		}
+		s.tail.StartAfter(hw[s.id])
+		s.tail.Raise(hw[s.id])
 	}
-	sc = cs.streamFor(s, hw[s.id])
-	sc.tail.Raise(hw[s.id])
-	return sc, nil
+	return cs.registryFor(s), nil
 }
 
 // activate starts serving a stored consumer whose lease this process holds. start, for a
@@ -469,7 +467,7 @@ func (cs *consumerSide) activate(ctx context.Context, sc *streamConsumers, row p
 		cs.release(sc.s, row.Name)
 		return nil, err
 	}
-	sc.tail.Raise(hw)
+	sc.s.tail.Raise(hw)
 	from, extra := c.countFrom()
 	npc, err := cs.b.db.CountPending(ctx, pg.PendingParams{StreamID: sc.s.id, From: from, UpTo: hw, Filters: c.filters()})
 	if err != nil {

@@ -189,7 +189,7 @@ func (g *getIndex) resetLocked(x *lastSeqs) {
 func (b *Bridge) retained(s *stream, res pg.RetainResult) {
 	switch {
 	case res.Tombstoned > 0:
-		b.gets.reset(s, b.tailHighWater(s)+1)
+		b.gets.reset(s, s.tail.HighWater()+1)
 		b.gets.moved(s, res.FirstSeq)
 	case res.Removed > 0:
 		b.gets.moved(s, res.FirstSeq)
@@ -342,7 +342,7 @@ func (b *Bridge) memoryGet(s *stream, req *server.JSApiMsgGetRequest) (m *pg.Mes
 		if !subjectIsLiteral(req.LastFor) {
 			return nil, false, false
 		}
-		seq, _, found := g.lastOf(x, req.LastFor, b.tailHighWater(s))
+		seq, _, found := g.lastOf(x, req.LastFor, s.tail.HighWater())
 		if !found {
 			return nil, false, false
 		}
@@ -352,12 +352,11 @@ func (b *Bridge) memoryGet(s *stream, req *server.JSApiMsgGetRequest) (m *pg.Mes
 		g.m.lookups.WithLabelValues("hit").Inc()
 		return m, true, true
 	case req.NextFor != "":
-		sc := b.consumersOf(s)
 		from := max(req.Seq, 1)
-		if sc == nil || !x.trusted(from) {
+		if !x.trusted(from) {
 			return nil, false, false
 		}
-		cached, _, found, covered := sc.tail.Next(from, func(subject string) bool { return matchAny([]string{req.NextFor}, subject) })
+		cached, _, found, covered := s.tail.Next(from, func(subject string) bool { return matchAny([]string{req.NextFor}, subject) })
 		if !covered || !found {
 			return nil, false, false
 		}
@@ -387,7 +386,7 @@ func (b *Bridge) getBySeq(ctx context.Context, s *stream, x *lastSeqs, seq uint6
 // hold, is one read of the newest match, which fills the index.
 func (b *Bridge) lastBySubject(ctx context.Context, s *stream, x *lastSeqs, subject string) (*pg.Message, error) {
 	g := b.gets
-	hw := b.tailHighWater(s)
+	hw := s.tail.HighWater()
 	literal := subjectIsLiteral(subject)
 	if literal {
 		if seq, gen, ok := g.lastOf(x, subject, hw); ok {
@@ -414,22 +413,13 @@ func (b *Bridge) lastBySubject(ctx context.Context, s *stream, x *lastSeqs, subj
 	return m, err
 }
 
-// tailHighWater is the high-water mark of s's tail cache, 0 while s has no consumer side.
-func (b *Bridge) tailHighWater(s *stream) uint64 {
-	if sc := b.consumersOf(s); sc != nil {
-		return sc.tail.HighWater()
-	}
-	return 0
-}
-
 // tailGet answers a get by sequence from the tail cache: ok is false when memory cannot
 // tell; live is false when the message is gone.
 func (b *Bridge) tailGet(s *stream, x *lastSeqs, seq uint64) (m *pg.Message, live, ok bool) {
-	sc := b.consumersOf(s)
-	if sc == nil || !x.trusted(seq) {
+	if !x.trusted(seq) {
 		return nil, false, false
 	}
-	cached, live, covered := sc.tail.Get(seq)
+	cached, live, covered := s.tail.Get(seq)
 	if !covered {
 		return nil, false, false
 	}

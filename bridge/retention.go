@@ -394,15 +394,11 @@ func (b *Bridge) noInterest(s *stream, subjects []string) []bool {
 // long gone from the cache, and clearing it for nothing would send every consumer that
 // keeps up back to PostgreSQL.
 func (b *Bridge) cachedAny(s *stream, below uint64, seqs []uint64) bool {
-	sc := b.consumersOf(s)
-	if sc == nil {
-		return false
-	}
-	if _, _, covered := sc.tail.Get(below); covered {
+	if _, _, covered := s.tail.Get(below); covered {
 		return true
 	}
 	for _, seq := range seqs {
-		if _, _, covered := sc.tail.Get(seq); covered {
+		if _, _, covered := s.tail.Get(seq); covered {
 			return true
 		}
 	}

@@ -340,7 +340,7 @@ func (b *Bridge) apiStreamPurge(ctx context.Context, name string, body []byte) (
 	if err != nil {
 		return fail(fmt.Errorf("purge stream %q: %w", name, err))
 	}
-	b.gets.reset(s, 0)
+	s.gets.Purged(0)
 	b.streamPurgedBy(ctx, s, req.Subject)
 	resp.Success, resp.Purged = true, purged
 	return resp, nil
@@ -434,7 +434,7 @@ func (b *Bridge) apiMsgGet(ctx context.Context, name string, body []byte) (*serv
 	if (req.LastFor != "" && (req.Seq > 0 || req.NextFor != "")) || (req.LastFor == "" && req.NextFor == "" && req.Seq == 0) {
 		return fail(server.NewJSBadRequestError())
 	}
-	m, err := b.storedMsg(ctx, s, &req)
+	m, err := s.gets.Get(ctx, getRequest(&req))
 	if errors.Is(err, pg.ErrNotFound) {
 		return fail(server.NewJSNoMessageFoundError())
 	}
@@ -477,7 +477,7 @@ func (b *Bridge) apiMsgDelete(ctx context.Context, name string, body []byte) (*s
 	if err != nil {
 		return fail(fmt.Errorf("delete message from stream %q: %w", name, err))
 	}
-	b.gets.reset(s, 0)
+	s.gets.Purged(0)
 	b.streamPurged(s)
 	resp.Success = true
 	return resp, nil

@@ -11,6 +11,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/jetgres/jetgres/bridge/gets"
 	"github.com/jetgres/jetgres/bridge/tailcache"
 	"github.com/jetgres/jetgres/embedded/leaf"
 	"github.com/jetgres/jetgres/flow"
@@ -28,6 +29,9 @@ const (
 	// TailBytesDefault bounds each stream's tail cache: the newest committed messages, kept
 	// so that consumers that keep up are served from memory and never touch PostgreSQL.
 	TailBytesDefault = 16 << 20
+	// SubjectIndexBytesDefault bounds the in-memory index of the last sequence per subject,
+	// over all streams: enough for about a million keys of key-value buckets.
+	SubjectIndexBytesDefault = 64 << 20
 	// TailTotalBytesDefault bounds all tail caches together: every stream that takes
 	// publishes has one, whether or not it has consumers yet.
 	TailTotalBytesDefault = 256 << 20
@@ -266,7 +270,7 @@ type Bridge struct {
 	metaKick chan struct{}
 
 	cons       *consumerSide
-	gets       *getIndex
+	gets       *gets.Indexes
 	sql        *sqlMover
 	maintainer atomic.Pointer[maintainer] // retention; nil outside Start .. Stop
 
@@ -297,7 +301,7 @@ func New(cfg Config) (*Bridge, error) {
 	registerTailMetrics(cfg.Registerer, b.tails)
 	b.ownForward = b.forwardPrefix(cfg.ReplicaName)
 	b.initConsumers(cfg.Registerer)
-	b.gets = newGetIndex(cfg.SubjectIndexBytes, cfg.Registerer)
+	b.gets = gets.New(cfg.DB, cfg.SubjectIndexBytes, cfg.Registerer)
 	return b, nil
 }
 

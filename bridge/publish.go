@@ -501,7 +501,7 @@ func (b *Bridge) appended(s *stream, r pg.AppendResult) {
 	default:
 		b.rowsRemoved(s, removedUpTo(r))
 	}
-	b.gets.committed(s, r.FirstSeq, r.LastSeq, r.Stored)
+	s.gets.Committed(r.FirstSeq, r.LastSeq, r.Stored)
 	if len(r.Stored) > 0 {
 		b.consumersCommitted(s, r.Stored)
 	}

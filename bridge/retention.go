@@ -303,7 +303,14 @@ func (b *Bridge) retain(ctx context.Context, s *stream) (waiting bool, err error
 		for _, seq := range res.Gone {
 			gone[seq] = true
 		}
-		b.retained(s, res)
+		// The tail is left as it was for the consumers, which never go back; gets must not
+		// read what it holds of the removed messages.
+		switch {
+		case res.Tombstoned > 0:
+			s.gets.Purged(res.FirstSeq)
+		case res.Removed > 0:
+			s.gets.Removed(res.FirstSeq)
+		}
 		// A work queue's consumers never share a message, so none can want one that
 		// retention tombstoned; under interest a consumer created since might.
 		if res.Tombstoned > 0 && !p.WorkQueue {
@@ -418,7 +425,7 @@ func (m *maintainer) expire(ctx context.Context) {
 		case err != nil && !errors.Is(err, pg.ErrNotFound) && ctx.Err() == nil:
 			m.warn.warn(m.b.log, m.b.clock.Now(), "expiring messages failed", "stream", s.name, "err", err)
 		case n > 0:
-			m.b.gets.reset(s, 0)
+			s.gets.Purged(0)
 			m.b.streamPurged(s)
 		}
 	}
@@ -493,7 +500,7 @@ func (b *Bridge) applyLimits(ctx context.Context, s *stream, cfg *server.StreamC
 		n += expired
 	}
 	if n > 0 {
-		b.gets.reset(s, 0)
+		s.gets.Purged(0)
 		b.streamPurged(s)
 	}
 	return nil

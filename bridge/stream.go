@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/jetgres/jetgres/bridge/gets"
 	"github.com/jetgres/jetgres/bridge/tailcache"
 	"github.com/jetgres/jetgres/embedded/leaf"
 	"github.com/jetgres/jetgres/internal/jswire"
@@ -40,6 +41,9 @@ type stream struct {
 	// consumers that keep up and gets read them there. It is made with the stream and
 	// starts when it is first needed (see tailcache.New).
 	tail *tailcache.Tail
+	// gets answers gets of the stream's messages from its tail and its last sequence per
+	// subject, or from PostgreSQL.
+	gets *gets.Index
 
 	// chunkRows overrides pg.ChunkRowsDefault for this stream's new chunks when positive:
 	// smaller chunks give space back sooner at the cost of more tables.
@@ -183,6 +187,7 @@ func (b *Bridge) syncStreamsLocked(ctx context.Context) error {
 func (b *Bridge) addStream(st pg.Stream, cfg server.StreamConfig) error {
 	s := &stream{id: st.ID, name: st.Name, created: st.Created, ackPfx: jswire.PubAckPrefix(st.Name),
 		tail: tailcache.New(TailBytesDefault, b.tails)}
+	s.gets = b.gets.Open(s.id, s.tail)
 	s.setConfig(cfg)
 	b.mu.Lock()
 	b.streams[s.name] = s
@@ -201,7 +206,7 @@ func (b *Bridge) removeStream(s *stream) {
 	}
 	b.mu.Unlock()
 	b.dropConsumers(s)
-	b.gets.drop(s)
+	s.gets.Dropped()
 	b.closeIntake(s, server.NewJSStreamNotFoundError())
 }
 

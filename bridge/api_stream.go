@@ -340,8 +340,7 @@ func (b *Bridge) apiStreamPurge(ctx context.Context, name string, body []byte) (
 	if err != nil {
 		return fail(fmt.Errorf("purge stream %q: %w", name, err))
 	}
-	s.gets.Purged(0)
-	b.streamPurgedBy(ctx, s, req.Subject)
+	s.purge(ctx, Purged{Request: true, Subject: req.Subject})
 	resp.Success, resp.Purged = true, purged
 	return resp, nil
 }
@@ -477,8 +476,7 @@ func (b *Bridge) apiMsgDelete(ctx context.Context, name string, body []byte) (*s
 	if err != nil {
 		return fail(fmt.Errorf("delete message from stream %q: %w", name, err))
 	}
-	s.gets.Purged(0)
-	b.streamPurged(s)
+	s.purge(ctx, Purged{})
 	resp.Success = true
 	return resp, nil
 }

@@ -247,6 +247,8 @@ type Bridge struct {
 	streams map[string]*stream
 	// tails is the bound that every stream's tail shares (Config.TailTotalBytes).
 	tails *tailcache.Budget
+	// subscribers take every stream's events, in this order (see events.go).
+	subscribers []subscriber
 
 	ready *readyQueue
 	usage storeUsage // what memory and file streams hold, for Config.MaxMemory and MaxStore
@@ -302,6 +304,7 @@ func New(cfg Config) (*Bridge, error) {
 	b.ownForward = b.forwardPrefix(cfg.ReplicaName)
 	b.initConsumers(cfg.Registerer)
 	b.gets = gets.New(cfg.DB, cfg.SubjectIndexBytes, cfg.Registerer)
+	b.subscribers = []subscriber{getSubscriber{}, tailSubscriber{}, b.cons}
 	return b, nil
 }
 

@@ -206,34 +206,28 @@ func (b *Bridge) stopConsumers(ctx context.Context) {
 	}
 }
 
-// consumersCommitted takes a stream's freshly committed rows into its tail and wakes the
-// consumers waiting there: the local-commit fast path, no tick needed.
-func (b *Bridge) consumersCommitted(s *stream, msgs []pg.Message) {
-	if len(msgs) == 0 {
+// onCommitted wakes the consumers waiting for rows that s's tail just took: the
+// local-commit fast path, no tick needed.
+func (cs *consumerSide) onCommitted(s *stream, ev Committed) {
+	if len(ev.Stored) == 0 {
 		return
 	}
-	s.tail.Add(msgs, msgs[0].Seq, msgs[len(msgs)-1].Seq)
-	sc := b.consumersOf(s)
+	sc := cs.registry(s)
 	if sc == nil {
 		return
 	}
 	for _, c := range sc.list() {
-		c.committed(msgs, msgs[0].Seq)
+		c.committed(ev.Stored, ev.Stored[0].Seq)
 	}
 }
 
-// dropConsumers stops serving a deleted stream's consumers; PostgreSQL removed their rows
-// with the stream.
-func (b *Bridge) dropConsumers(s *stream) {
-	cs := b.cs()
-	if cs == nil {
-		return
-	}
+// onDropped stops serving a deleted stream's consumers; PostgreSQL removed their rows with
+// the stream.
+func (cs *consumerSide) onDropped(s *stream, _ Dropped) {
 	cs.mu.Lock()
 	sc := cs.streams[s]
 	delete(cs.streams, s)
 	cs.mu.Unlock()
-	s.tail.Clear() // gives its bytes back to the shared bound
 	if sc == nil {
 		return
 	}
@@ -242,10 +236,13 @@ func (b *Bridge) dropConsumers(s *stream) {
 	}
 }
 
-// streamPurged forgets cached rows that a purge or a message delete may have removed.
-func (b *Bridge) streamPurged(s *stream) {
-	s.tail.Clear()
-	sc := b.consumersOf(s)
+// onPurged makes the consumers forget rows they read or counted that may be gone, and
+// moves them as a purge request moves them (see purgeMoves).
+func (cs *consumerSide) onPurged(ctx context.Context, s *stream, ev Purged) {
+	if ev.Consumed {
+		return
+	}
+	sc := cs.registry(s)
 	if sc == nil {
 		return
 	}
@@ -254,20 +251,19 @@ func (b *Bridge) streamPurged(s *stream) {
 		c.markStale(allRows)
 		c.post(event{kind: evPurged})
 	}
+	if ev.Request {
+		cs.purgeMoves(ctx, sc, ev.Subject)
+	}
 }
 
-// streamPurgedBy tells the consumers about a purge request and moves those that
-// nats-server moves: all of them for a purge of every subject; for a purge of a subject,
-// one whose filters equal it or lie inside it, up to the first message left on that
-// subject, and one whose filters reach beyond it but cover it (wider), up to the stream's
-// first sequence, dropping its pending deliveries of purged messages. Consumers whose
-// filters only partly overlap the subject stay where they are, as there.
-func (b *Bridge) streamPurgedBy(ctx context.Context, s *stream, subject string) {
-	b.streamPurged(s)
-	sc := b.consumersOf(s)
-	if sc == nil {
-		return
-	}
+// purgeMoves moves the consumers that nats-server moves after a purge request: all of
+// them for a purge of every subject; for a purge of a subject, one whose filters equal it
+// or lie inside it, up to the first message left on that subject, and one whose filters
+// reach beyond it but cover it (wider), up to the stream's first sequence, dropping its
+// pending deliveries of purged messages. Consumers whose filters only partly overlap the
+// subject stay where they are, as there.
+func (cs *consumerSide) purgeMoves(ctx context.Context, sc *streamConsumers, subject string) {
+	b, s := cs.b, sc.s
 	st, err := b.db.State(ctx, s.id)
 	if err != nil {
 		b.log.Warn("stream state after a purge", "stream", s.name, "err", err)
@@ -359,12 +355,14 @@ func allInside(filters []string, subject string) bool {
 	return len(filters) > 0 && !slices.ContainsFunc(filters, func(f string) bool { return !server.SubjectMatchesFilter(f, subject) })
 }
 
-// rowsRemoved tells the consumers that retention removed rows outside the tail cache, up to
-// sequence upTo, which they may have counted as pending.
-func (b *Bridge) rowsRemoved(s *stream, upTo uint64) {
-	if sc := b.consumersOf(s); sc != nil {
+// onRemoved tells the consumers that rows they may have counted as pending went.
+func (cs *consumerSide) onRemoved(s *stream, ev Removed) {
+	if ev.Unread == 0 {
+		return
+	}
+	if sc := cs.registry(s); sc != nil {
 		for _, c := range sc.list() {
-			c.markStale(upTo)
+			c.markStale(ev.Unread)
 		}
 	}
 }

@@ -11,8 +11,10 @@
 // internal/jswire, a consumer's ack state machine in bridge/consumerstate, and the tail
 // caches in bridge/tailcache. Gets answered from memory or with shared reads, and the
 // index of the last sequence per subject they use, are bridge/gets; each stream holds its
-// tail and its gets.Index. Intake, consumers and retention stay together here: they share
-// the streams, and each reaches into the others.
+// tail and its gets.Index. A stream announces its commits, purges, removals and deletion
+// as events (events.go) that its get index, its tail and the consumers take, in that
+// order, on the goroutine that made the change. Intake, consumers and retention stay
+// together here: they share the streams, and each reaches into the others.
 //
 // The bridge reaches NATS clients through a leafnode link to the embedded server (see
 // package leaf): a link handler runs on the link's read loop, so nothing here blocks in one.

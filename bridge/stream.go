@@ -44,6 +44,9 @@ type stream struct {
 	// gets answers gets of the stream's messages from its tail and its last sequence per
 	// subject, or from PostgreSQL.
 	gets *gets.Index
+	// subscribers take the stream's events (events.go): the bridge's, shared by every
+	// stream and never changed, so that dispatch reads them without a lock.
+	subscribers []subscriber
 
 	// chunkRows overrides pg.ChunkRowsDefault for this stream's new chunks when positive:
 	// smaller chunks give space back sooner at the cost of more tables.
@@ -188,6 +191,7 @@ func (b *Bridge) addStream(st pg.Stream, cfg server.StreamConfig) error {
 	s := &stream{id: st.ID, name: st.Name, created: st.Created, ackPfx: jswire.PubAckPrefix(st.Name),
 		tail: tailcache.New(TailBytesDefault, b.tails)}
 	s.gets = b.gets.Open(s.id, s.tail)
+	s.subscribers = b.subscribers
 	s.setConfig(cfg)
 	b.mu.Lock()
 	b.streams[s.name] = s
@@ -205,8 +209,7 @@ func (b *Bridge) removeStream(s *stream) {
 		delete(b.streams, s.name)
 	}
 	b.mu.Unlock()
-	b.dropConsumers(s)
-	s.gets.Dropped()
+	s.drop()
 	b.closeIntake(s, server.NewJSStreamNotFoundError())
 }
 

@@ -9,6 +9,7 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 
+	"github.com/jetgres/jetgres/bridge/gets"
 	"github.com/jetgres/jetgres/embedded/leaf"
 	"github.com/jetgres/jetgres/internal/jswire"
 	"github.com/jetgres/jetgres/pg"
@@ -77,11 +78,10 @@ func (b *Bridge) directGetFromMemory(m *leaf.Msg, rest string) bool {
 	if refused != nil || req.Batch != 0 || len(req.MultiLastFor) > 0 || req.StartTime != nil {
 		return false
 	}
-	msg, live, ok := b.memoryGet(s, &req)
+	msg, live, ok := s.gets.FromMemory(getRequest(&req))
 	if !ok {
 		return false
 	}
-	b.gets.m.served.WithLabelValues("memory").Inc()
 	if !live {
 		_ = b.link.Publish(m.Reply, "", jswire.StatusHeader(errDirectNotFound.code, errDirectNotFound.desc), nil)
 		return true
@@ -108,6 +108,12 @@ func directRequest(s *stream, m *leaf.Msg, key []string) (server.JSApiMsgGetRequ
 		return req, &directStatus{408, desc}
 	}
 	return req, nil
+}
+
+// getRequest is what package gets needs of a get request: one message, by sequence, the
+// last of a subject or the next of a subject.
+func getRequest(req *server.JSApiMsgGetRequest) gets.Request {
+	return gets.Request{Seq: req.Seq, LastFor: req.LastFor, NextFor: req.NextFor}
 }
 
 // directStatus is a status-line answer, such as "404 Message Not Found".
@@ -149,7 +155,7 @@ func (dg *directGet) run(ctx context.Context) error {
 		}
 	}
 	if req.Batch == 0 {
-		m, err := dg.b.storedMsg(ctx, dg.s, req)
+		m, err := dg.s.gets.Get(ctx, getRequest(req))
 		if errors.Is(err, pg.ErrNotFound) {
 			return errDirectNotFound
 		}
@@ -234,13 +240,12 @@ func (dg *directGet) multiLast(ctx context.Context) error {
 	}
 	var last uint64
 	pending, sent, bytes := len(seqs), 0, 0
-	x := dg.b.gets.of(dg.s)
 	for _, seq := range seqs {
 		pending--
 		if seq < req.Seq {
 			continue
 		}
-		m, err := dg.b.getBySeq(ctx, dg.s, x, seq)
+		m, err := dg.s.gets.BySeq(ctx, seq)
 		if errors.Is(err, pg.ErrNotFound) {
 			continue // removed since: as if it had never matched
 		}

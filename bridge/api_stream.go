@@ -340,8 +340,7 @@ func (b *Bridge) apiStreamPurge(ctx context.Context, name string, body []byte) (
 	if err != nil {
 		return fail(fmt.Errorf("purge stream %q: %w", name, err))
 	}
-	b.gets.reset(s, 0)
-	b.streamPurgedBy(ctx, s, req.Subject)
+	s.purge(ctx, Purged{Request: true, Subject: req.Subject})
 	resp.Success, resp.Purged = true, purged
 	return resp, nil
 }
@@ -434,7 +433,7 @@ func (b *Bridge) apiMsgGet(ctx context.Context, name string, body []byte) (*serv
 	if (req.LastFor != "" && (req.Seq > 0 || req.NextFor != "")) || (req.LastFor == "" && req.NextFor == "" && req.Seq == 0) {
 		return fail(server.NewJSBadRequestError())
 	}
-	m, err := b.storedMsg(ctx, s, &req)
+	m, err := s.gets.Get(ctx, getRequest(&req))
 	if errors.Is(err, pg.ErrNotFound) {
 		return fail(server.NewJSNoMessageFoundError())
 	}
@@ -477,8 +476,7 @@ func (b *Bridge) apiMsgDelete(ctx context.Context, name string, body []byte) (*s
 	if err != nil {
 		return fail(fmt.Errorf("delete message from stream %q: %w", name, err))
 	}
-	b.gets.reset(s, 0)
-	b.streamPurged(s)
+	s.purge(ctx, Purged{})
 	resp.Success = true
 	return resp, nil
 }

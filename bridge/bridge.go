@@ -11,6 +11,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/jetgres/jetgres/bridge/gets"
+	"github.com/jetgres/jetgres/bridge/tailcache"
 	"github.com/jetgres/jetgres/embedded/leaf"
 	"github.com/jetgres/jetgres/flow"
 	"github.com/jetgres/jetgres/internal/clock"
@@ -28,6 +30,9 @@ const (
 	// TailBytesDefault bounds each stream's tail cache: the newest committed messages, kept
 	// so that consumers that keep up are served from memory and never touch PostgreSQL.
 	TailBytesDefault = 16 << 20
+	// SubjectIndexBytesDefault bounds the in-memory index of the last sequence per subject,
+	// over all streams: enough for about a million keys of key-value buckets.
+	SubjectIndexBytesDefault = 64 << 20
 	// TailTotalBytesDefault bounds all tail caches together: every stream that takes
 	// publishes has one, whether or not it has consumers yet.
 	TailTotalBytesDefault = 256 << 20
@@ -243,6 +248,10 @@ type Bridge struct {
 	adminMu sync.Mutex
 	mu      sync.RWMutex
 	streams map[string]*stream
+	// tails is the bound that every stream's tail shares (Config.TailTotalBytes).
+	tails *tailcache.Budget
+	// subscribers take every stream's events, in this order (see events.go).
+	subscribers []subscriber
 
 	ready *readyQueue
 	usage storeUsage // what memory and file streams hold, for Config.MaxMemory and MaxStore
@@ -266,7 +275,7 @@ type Bridge struct {
 	metaKick chan struct{}
 
 	cons       *consumerSide
-	gets       *getIndex
+	gets       *gets.Indexes
 	sql        *sqlMover
 	maintainer atomic.Pointer[maintainer] // retention; nil outside Start .. Stop
 
@@ -288,14 +297,17 @@ func New(cfg Config) (*Bridge, error) {
 		sql:       newSQLMover(cfg.Registerer),
 		clock:     clock.OrSystem(cfg.Clock),
 		streams:   make(map[string]*stream),
+		tails:     tailcache.NewBudget(int64(cfg.TailTotalBytes)),
 		ready:     newReadyQueue(),
 		flushDone: make(chan struct{}, 1),
 		apiReqs:   make(chan *leaf.Msg, APIQueueDefault),
 	}
 	b.metaKick = make(chan struct{}, 1)
+	registerTailMetrics(cfg.Registerer, b.tails)
 	b.ownForward = b.forwardPrefix(cfg.ReplicaName)
 	b.initConsumers(cfg.Registerer)
-	b.gets = newGetIndex(cfg.SubjectIndexBytes, cfg.Registerer)
+	b.gets = gets.New(cfg.DB, cfg.SubjectIndexBytes, cfg.Registerer)
+	b.subscribers = []subscriber{getSubscriber{}, tailSubscriber{}, b.cons}
 	return b, nil
 }
 

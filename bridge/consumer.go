@@ -176,7 +176,7 @@ func newConsumer(cs *consumerSide, sc *streamConsumers, row pg.Consumer, cfg ser
 		c.st.ShowFrom(row.ShownStreamSeq)
 	}
 	if cfg.ReplayPolicy == server.ReplayOriginal {
-		c.replay = replay{on: true, upTo: sc.tail.HighWater()}
+		c.replay = replay{on: true, upTo: sc.s.tail.HighWater()}
 	}
 	c.cw.written = floor
 	c.cw.want, c.cw.wantShown = floor, row.ShownStreamSeq
@@ -312,7 +312,7 @@ func (c *consumer) run() {
 			c.cs.deleteInactive(c)
 			continue
 		}
-		hw := c.sc.tail.HighWater()
+		hw := c.sc.s.tail.HighWater()
 		c.pump(ctx)
 		wake := c.nextWake(clock.Now())
 		parked := c.out.waits()
@@ -321,7 +321,7 @@ func (c *consumer) run() {
 		if parked {
 			// A commit that raised the high-water mark before it could see parked set has
 			// not signalled: look once more.
-			if c.sc.tail.HighWater() > hw {
+			if c.sc.s.tail.HighWater() > hw {
 				c.signal()
 			}
 			// Only a consumer that starts waiting brings the ticker back to its base period;
@@ -388,7 +388,7 @@ func (c *consumer) msgsPending() int64 {
 // hasWork is the cheap in-memory check: is anything deliverable without asking PostgreSQL
 // whether more was committed.
 func (c *consumer) hasWork() bool {
-	return c.st.HasRedeliveries() || len(c.ahead) > 0 || c.start != nil || c.st.Next() <= c.sc.tail.HighWater()
+	return c.st.HasRedeliveries() || len(c.ahead) > 0 || c.start != nil || c.st.Next() <= c.sc.s.tail.HighWater()
 }
 
 // source says where a candidate message came from, so that delivering it consumes it there.

@@ -84,14 +84,7 @@ func newConsumerMetrics(reg prometheus.Registerer, side *consumerSide) *consumer
 		totalsDesc: prometheus.NewDesc("jetgres_consumers_total_messages",
 			"Sums over every consumer this process serves, by kind (pending, ack_pending, waiting).", []string{"kind"}, nil),
 	}
-	tailBytes := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "jetgres_tail_cache_bytes",
-		Help: "Bytes held by all streams' tail caches together (bounded by --tail-total-bytes)."},
-		func() float64 { return float64(side.tails.Used()) })
-	tailEvicted := prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "jetgres_tail_cache_total_evictions_total",
-		Help: "Messages evicted from a tail cache below its own bound because all tail caches together reached --tail-total-bytes."},
-		func() float64 { return float64(side.tails.Evicted()) })
 	if reg != nil {
-		reg.MustRegister(tailBytes, tailEvicted)
 		reg.MustRegister(m.pulls, m.delivered, m.redeliveries, m.acks, m.acksDropped, m.tailHits, m.tailMisses,
 			m.dbReads, m.readsShared, m.ticks, m.tickReads, m.cursorWrites, m.recounts, m.recountsLate, m.cursorLatency, m.subLatency, m.e2eLatency,
 			m.pushDelivered, m.fcRequests, m.fcStalls, m.heartbeats, m)

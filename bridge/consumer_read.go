@@ -60,7 +60,7 @@ func (c *consumer) next(ctx context.Context) (m pg.Message, dc uint64, src sourc
 	}
 	for {
 		from := c.st.Next()
-		hw := c.sc.tail.HighWater()
+		hw := c.sc.s.tail.HighWater()
 		if from > hw {
 			return m, 0, 0, nextEmpty
 		}
@@ -76,7 +76,7 @@ func (c *consumer) next(ctx context.Context) (m pg.Message, dc uint64, src sourc
 			}
 			continue
 		}
-		m, through, found, hit := c.sc.tail.Next(from, c.matchFilters)
+		m, through, found, hit := c.sc.s.tail.Next(from, c.matchFilters)
 		if hit {
 			c.tally.tailHits++
 			if found {
@@ -142,7 +142,7 @@ func (c *consumer) readAhead(ctx context.Context, from, hw uint64) bool {
 // behindTail is where a read of PostgreSQL from from should stop: before the tail cache
 // starts, when from is behind it, since the consumer continues from the cache there.
 func (c *consumer) behindTail(from, hw uint64) uint64 {
-	if start := c.sc.tail.Start(); start > from {
+	if start := c.sc.s.tail.Start(); start > from {
 		return min(hw, start-1)
 	}
 	return hw
@@ -166,14 +166,14 @@ func (c *consumer) prefetch(ctx context.Context) {
 	if c.pf != nil || len(c.ahead) > c.out.prefetchLow() || c.aheadUpTo == 0 {
 		return
 	}
-	from, hw := c.aheadUpTo+1, c.sc.tail.HighWater()
+	from, hw := c.aheadUpTo+1, c.sc.s.tail.HighWater()
 	if from < c.st.Next() || from > hw {
 		return // delivery moved past the read-ahead, or nothing more is committed
 	}
 	if c.cs.b.clock.Now().Before(c.retryAt) {
 		return
 	}
-	if _, _, covered := c.sc.tail.Get(from); covered {
+	if _, _, covered := c.sc.s.tail.Get(from); covered {
 		return
 	}
 	pf := &prefetch{gen: c.aheadGen, from: from, done: make(chan struct{})}
@@ -243,7 +243,7 @@ func (c *consumer) dropAhead() {
 // load returns the message at seq, from the tail when it holds it. live is false when the
 // message no longer exists.
 func (c *consumer) load(ctx context.Context, seq uint64) (pg.Message, bool, error) {
-	if m, live, covered := c.sc.tail.Get(seq); covered {
+	if m, live, covered := c.sc.s.tail.Get(seq); covered {
 		c.cs.m.tailHits.Inc()
 		return m, live, nil
 	}

@@ -215,7 +215,7 @@ func TestCatchUpSwitchesToTail(t *testing.T) {
 	newStream(t, ctx, tb, "CU", "cu.>")
 	publishBacklog(t, tb, "cu.x", data, total)
 	s := tb.bridge.lookup("CU")
-	tail := tb.bridge.cs().registry(s).tail
+	tail := s.tail
 	start := tail.Start()
 	if start <= readAheadMax || start > total {
 		t.Fatalf("the tail starts at %d: the test wants a backlog well behind it", start)

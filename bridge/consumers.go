@@ -12,7 +12,6 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/jetgres/jetgres/bridge/tailcache"
 	"github.com/jetgres/jetgres/embedded/leaf"
 	"github.com/jetgres/jetgres/internal/jswire"
 	"github.com/jetgres/jetgres/internal/startstop"
@@ -39,7 +38,7 @@ const (
 )
 
 // consumerSide is the consumer half of the bridge: every pull consumer this process serves,
-// the tails of their streams, the ack subscription, the ticker and the lease keeper.
+// the ack subscription, the ticker and the lease keeper.
 type consumerSide struct {
 	b     *Bridge
 	owner string
@@ -52,7 +51,6 @@ type consumerSide struct {
 	kick    chan struct{}
 	activeN chan struct{} // activation slots
 
-	tails   *tailcache.Budget
 	mu      sync.RWMutex
 	streams map[*stream]*streamConsumers
 
@@ -69,10 +67,9 @@ type consumerSide struct {
 	pushers map[*consumer]struct{}
 }
 
-// streamConsumers is one stream's consumers and its tail cache.
+// streamConsumers is one stream's consumers.
 type streamConsumers struct {
 	s     *stream
-	tail  *tailcache.Tail
 	reads sharedReads
 
 	mu   sync.RWMutex
@@ -116,7 +113,6 @@ func (b *Bridge) initConsumers(reg prometheus.Registerer) {
 		kick:    make(chan struct{}, 1),
 		activeN: make(chan struct{}, activationsMax),
 		streams: make(map[*stream]*streamConsumers),
-		tails:   tailcache.NewBudget(int64(b.cfg.TailTotalBytes)),
 	}
 	cs.ownKick = make(chan struct{}, 1)
 	cs.m = newConsumerMetrics(reg, cs)
@@ -211,27 +207,24 @@ func (b *Bridge) stopConsumers(ctx context.Context) {
 	}
 }
 
-// consumersCommitted takes a stream's freshly committed rows into its tail and wakes the
-// consumers waiting there: the local-commit fast path, no tick needed.
-func (b *Bridge) consumersCommitted(s *stream, msgs []pg.Message) {
-	cs := b.cs()
-	if cs == nil || len(msgs) == 0 {
+// onCommitted wakes the consumers waiting for rows that s's tail just took: the
+// local-commit fast path, no tick needed.
+func (cs *consumerSide) onCommitted(s *stream, ev Committed) {
+	if len(ev.Stored) == 0 {
 		return
 	}
-	sc := cs.streamFor(s, msgs[0].Seq-1)
-	sc.tail.Add(msgs, msgs[0].Seq, msgs[len(msgs)-1].Seq)
+	sc := cs.registry(s)
+	if sc == nil {
+		return
+	}
 	for _, c := range sc.list() {
-		c.committed(msgs, msgs[0].Seq)
+		c.committed(ev.Stored, ev.Stored[0].Seq)
 	}
 }
 
-// dropConsumers stops serving a deleted stream's consumers; PostgreSQL removed their rows
-// with the stream.
-func (b *Bridge) dropConsumers(s *stream) {
-	cs := b.cs()
-	if cs == nil {
-		return
-	}
+// onDropped stops serving a deleted stream's consumers; PostgreSQL removed their rows with
+// the stream.
+func (cs *consumerSide) onDropped(s *stream, _ Dropped) {
 	cs.mu.Lock()
 	sc := cs.streams[s]
 	delete(cs.streams, s)
@@ -239,38 +232,39 @@ func (b *Bridge) dropConsumers(s *stream) {
 	if sc == nil {
 		return
 	}
-	sc.tail.Clear() // gives its bytes back to the shared bound
 	for _, c := range sc.list() {
 		c.stop(stopDeleted)
 	}
 }
 
-// streamPurged forgets cached rows that a purge or a message delete may have removed.
-func (b *Bridge) streamPurged(s *stream) {
-	sc := b.consumersOf(s)
+// onPurged makes the consumers forget rows they read or counted that may be gone, and
+// moves them as a purge request moves them (see purgeMoves).
+func (cs *consumerSide) onPurged(ctx context.Context, s *stream, ev Purged) {
+	if ev.Consumed {
+		return
+	}
+	sc := cs.registry(s)
 	if sc == nil {
 		return
 	}
-	sc.tail.Clear()
 	sc.reads.forget()
 	for _, c := range sc.list() {
 		c.markStale(allRows)
 		c.postControl(event{kind: evPurged})
 	}
+	if ev.Request {
+		cs.purgeMoves(ctx, sc, ev.Subject)
+	}
 }
 
-// streamPurgedBy tells the consumers about a purge request and moves those that
-// nats-server moves: all of them for a purge of every subject; for a purge of a subject,
-// one whose filters equal it or lie inside it, up to the first message left on that
-// subject, and one whose filters reach beyond it but cover it (wider), up to the stream's
-// first sequence, dropping its pending deliveries of purged messages. Consumers whose
-// filters only partly overlap the subject stay where they are, as there.
-func (b *Bridge) streamPurgedBy(ctx context.Context, s *stream, subject string) {
-	b.streamPurged(s)
-	sc := b.consumersOf(s)
-	if sc == nil {
-		return
-	}
+// purgeMoves moves the consumers that nats-server moves after a purge request: all of
+// them for a purge of every subject; for a purge of a subject, one whose filters equal it
+// or lie inside it, up to the first message left on that subject, and one whose filters
+// reach beyond it but cover it (wider), up to the stream's first sequence, dropping its
+// pending deliveries of purged messages. Consumers whose filters only partly overlap the
+// subject stay where they are, as there.
+func (cs *consumerSide) purgeMoves(ctx context.Context, sc *streamConsumers, subject string) {
+	b, s := cs.b, sc.s
 	st, err := b.db.State(ctx, s.id)
 	if err != nil {
 		b.log.Warn("stream state after a purge", "stream", s.name, "err", err)
@@ -362,12 +356,14 @@ func allInside(filters []string, subject string) bool {
 	return len(filters) > 0 && !slices.ContainsFunc(filters, func(f string) bool { return !server.SubjectMatchesFilter(f, subject) })
 }
 
-// rowsRemoved tells the consumers that retention removed rows outside the tail cache, up to
-// sequence upTo, which they may have counted as pending.
-func (b *Bridge) rowsRemoved(s *stream, upTo uint64) {
-	if sc := b.consumersOf(s); sc != nil {
+// onRemoved tells the consumers that rows they may have counted as pending went.
+func (cs *consumerSide) onRemoved(s *stream, ev Removed) {
+	if ev.Unread == 0 {
+		return
+	}
+	if sc := cs.registry(s); sc != nil {
 		for _, c := range sc.list() {
-			c.markStale(upTo)
+			c.markStale(ev.Unread)
 		}
 	}
 }
@@ -422,9 +418,8 @@ func (cs *consumerSide) served(s *stream, consumerName string) *consumer {
 	return sc.get(consumerName)
 }
 
-// streamFor returns the stream's consumer registry, creating it with a tail that starts
-// after hw.
-func (cs *consumerSide) streamFor(s *stream, hw uint64) *streamConsumers {
+// registryFor returns the stream's consumer registry, creating it.
+func (cs *consumerSide) registryFor(s *stream) *streamConsumers {
 	sc := cs.registry(s)
 	if sc != nil {
 		return sc
@@ -432,26 +427,28 @@ func (cs *consumerSide) streamFor(s *stream, hw uint64) *streamConsumers {
 	cs.mu.Lock()
 	defer cs.mu.Unlock()
 	if sc = cs.streams[s]; sc == nil {
-		sc = &streamConsumers{s: s, tail: tailcache.New(TailBytesDefault, cs.tails, hw), cons: make(map[string]*consumer)}
+		sc = &streamConsumers{s: s, cons: make(map[string]*consumer)}
 		cs.streams[s] = sc
 	}
 	return sc
 }
 
-// streamLoaded returns the stream's registry, reading its high-water mark from PostgreSQL
-// the first time.
+// streamLoaded returns the stream's registry, starting its tail at the high-water mark
+// PostgreSQL gives if no commit of this process started it.
 func (cs *consumerSide) streamLoaded(ctx context.Context, s *stream) (*streamConsumers, error) {
 	sc := cs.registry(s)
 	if sc != nil {
 		return sc, nil
 	}
-	hw, err := cs.b.db.HighWater(ctx, []int64{s.id})
-	if err != nil {
-		return nil, err
+	if !s.tail.Started() {
+		hw, err := cs.b.db.HighWater(ctx, []int64{s.id})
+		if err != nil {
+			return nil, err
+		}
+		s.tail.StartAfter(hw[s.id])
+		s.tail.Raise(hw[s.id])
 	}
-	sc = cs.streamFor(s, hw[s.id])
-	sc.tail.Raise(hw[s.id])
-	return sc, nil
+	return cs.registryFor(s), nil
 }
 
 // activate starts serving a stored consumer whose lease this process holds. start, for a
@@ -469,7 +466,7 @@ func (cs *consumerSide) activate(ctx context.Context, sc *streamConsumers, row p
 		cs.release(sc.s, row.Name)
 		return nil, err
 	}
-	sc.tail.Raise(hw)
+	sc.s.tail.Raise(hw)
 	from, extra := c.countFrom()
 	npc, err := cs.b.db.CountPending(ctx, pg.PendingParams{StreamID: sc.s.id, From: from, UpTo: hw, Filters: c.filters()})
 	if err != nil {

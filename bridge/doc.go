@@ -9,8 +9,12 @@
 // What needs no state lives beside it: the wire format (ack subjects and bodies, pull
 // requests and status lines, headers, PubAcks, configuration checks and defaults) in
 // internal/jswire, a consumer's ack state machine in bridge/consumerstate, and the tail
-// caches in bridge/tailcache. Intake, consumers and retention stay together here: they share
-// the streams, and each reaches into the others.
+// caches in bridge/tailcache. Gets answered from memory or with shared reads, and the
+// index of the last sequence per subject they use, are bridge/gets; each stream holds its
+// tail and its gets.Index. A stream announces its commits, purges, removals and deletion
+// as events (events.go) that its get index, its tail and the consumers take, in that
+// order, on the goroutine that made the change. Intake, consumers and retention stay
+// together here: they share the streams, and each reaches into the others.
 //
 // The bridge reaches NATS clients through a leafnode link to the embedded server (see
 // package leaf): a link handler runs on the link's read loop, so nothing here blocks in one.
@@ -106,8 +110,8 @@
 //     taken with none of these held: a lock given back goes from a goroutine of its own).
 //
 // From 9 down each is a leaf: nothing is taken while it is held. A tail's lock
-// (bridge/tailcache) is a leaf too, and so are the get index's (getIndex.mu, flightMu and
-// each lastSeqs.mu, taken one at a time). The link's locks (package leaf) and the flow lanes'
+// (bridge/tailcache) is a leaf too, and so are those of bridge/gets (each stream's
+// gets.Index and the reads in flight, taken one at a time). The link's locks (package leaf) and the flow lanes'
 // come after all of these: the bridge publishes, subscribes and takes permits while holding
 // some of them, and the link calls its handlers with none of its own locks held.
 package bridge

@@ -102,7 +102,7 @@ func benchKVGets(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
-	memory, database := gets(b, tb.bridge, "served", "memory"), gets(b, tb.bridge, "served", "database")
+	memory, database := getCount(b, tb.reg, "served", "memory"), getCount(b, tb.reg, "served", "database")
 	b.ResetTimer()
 	var wg sync.WaitGroup
 	for c, kv := range buckets {
@@ -121,6 +121,6 @@ func benchKVGets(b *testing.B) {
 	}
 	wg.Wait()
 	b.StopTimer()
-	b.ReportMetric(gets(b, tb.bridge, "served", "memory")-memory, "memory")
-	b.ReportMetric(gets(b, tb.bridge, "served", "database")-database, "database")
+	b.ReportMetric(getCount(b, tb.reg, "served", "memory")-memory, "memory")
+	b.ReportMetric(getCount(b, tb.reg, "served", "database")-database, "database")
 }

@@ -417,7 +417,7 @@ func (b *Bridge) flush(p *flow.Permit, group []*stream) {
 				// Consumers hear of what the commit removed and added before any publisher
 				// hears of the commit, so a fetch sent on a PubAck sees both.
 				if !r.Gone {
-					b.appended(s, r)
+					s.commit(b.flushCtx, r)
 					b.stored(s, r.Stored)
 				}
 				b.answer(s, taken[r.StreamID], r)
@@ -490,31 +490,6 @@ func (sp *slicePool[T]) put(b []T) {
 	clear(b[:cap(b)])
 	b = b[:0]
 	sp.classes[i].Put(&b)
-}
-
-// appended tells s's consumers what a committed append removed and added.
-func (b *Bridge) appended(s *stream, r pg.AppendResult) {
-	switch {
-	case !r.Removed:
-	case b.cachedAny(s, r.FirstSeq-1, r.Tombstoned):
-		b.streamPurged(s)
-	default:
-		b.rowsRemoved(s, removedUpTo(r))
-	}
-	b.gets.committed(s, r.FirstSeq, r.LastSeq, r.Stored)
-	if len(r.Stored) > 0 {
-		b.consumersCommitted(s, r.Stored)
-	}
-}
-
-// removedUpTo is the highest sequence a commit removed: below its new first sequence, or
-// tombstoned.
-func removedUpTo(r pg.AppendResult) uint64 {
-	upTo := r.FirstSeq - 1
-	for _, seq := range r.Tombstoned {
-		upTo = max(upTo, seq)
-	}
-	return upTo
 }
 
 // giveBack returns a lane permit after a database call and tells the limiter what the call

@@ -303,11 +303,13 @@ func (b *Bridge) retain(ctx context.Context, s *stream) (waiting bool, err error
 		for _, seq := range res.Gone {
 			gone[seq] = true
 		}
-		b.retained(s, res)
-		// A work queue's consumers never share a message, so none can want one that
-		// retention tombstoned; under interest a consumer created since might.
-		if res.Tombstoned > 0 && !p.WorkQueue {
-			b.streamPurged(s)
+		switch {
+		case res.Tombstoned > 0:
+			// A work queue's consumers never share a message, so none can want one that
+			// retention tombstoned; under interest a consumer created since might.
+			s.purge(ctx, Purged{First: res.FirstSeq, Consumed: p.WorkQueue})
+		case res.Removed > 0:
+			s.remove(Removed{First: res.FirstSeq})
 		}
 	}
 	rs.applied, rs.sig = floors, sig.String()
@@ -389,26 +391,6 @@ func (b *Bridge) noInterest(s *stream, subjects []string) []bool {
 	return out
 }
 
-// cachedAny reports whether the stream's tail cache covers one of the given sequences, so
-// that it must forget what limits just removed. Limits usually remove the oldest messages,
-// long gone from the cache, and clearing it for nothing would send every consumer that
-// keeps up back to PostgreSQL.
-func (b *Bridge) cachedAny(s *stream, below uint64, seqs []uint64) bool {
-	sc := b.consumersOf(s)
-	if sc == nil {
-		return false
-	}
-	if _, _, covered := sc.tail.Get(below); covered {
-		return true
-	}
-	for _, seq := range seqs {
-		if _, _, covered := sc.tail.Get(seq); covered {
-			return true
-		}
-	}
-	return false
-}
-
 // expire applies max_age.
 func (m *maintainer) expire(ctx context.Context) {
 	now := m.b.clock.Now()
@@ -422,8 +404,7 @@ func (m *maintainer) expire(ctx context.Context) {
 		case err != nil && !errors.Is(err, pg.ErrNotFound) && ctx.Err() == nil:
 			m.warn.warn(m.b.log, m.b.clock.Now(), "expiring messages failed", "stream", s.name, "err", err)
 		case n > 0:
-			m.b.gets.reset(s, 0)
-			m.b.streamPurged(s)
+			s.purge(ctx, Purged{})
 		}
 	}
 }
@@ -497,8 +478,7 @@ func (b *Bridge) applyLimits(ctx context.Context, s *stream, cfg *server.StreamC
 		n += expired
 	}
 	if n > 0 {
-		b.gets.reset(s, 0)
-		b.streamPurged(s)
+		s.purge(ctx, Purged{})
 	}
 	return nil
 }

@@ -296,7 +296,7 @@ func (b *Bridge) move(refuseUnknown bool) (int, error) {
 	for _, r := range results {
 		s := byID[r.StreamID]
 		if !r.Gone {
-			b.appended(s, r)
+			s.commit(b.ctx, r)
 		}
 		for j, o := range r.Outcomes {
 			reason := ""

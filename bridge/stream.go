@@ -12,7 +12,10 @@ import (
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
+	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/jetgres/jetgres/bridge/gets"
+	"github.com/jetgres/jetgres/bridge/tailcache"
 	"github.com/jetgres/jetgres/embedded/leaf"
 	"github.com/jetgres/jetgres/internal/jswire"
 	"github.com/jetgres/jetgres/pg"
@@ -33,6 +36,17 @@ type stream struct {
 
 	in  intake
 	ret retentionState // interest and workqueue retention, see retention.go
+
+	// tail is the stream's newest committed messages in memory: publishes put theirs there,
+	// consumers that keep up and gets read them there. It is made with the stream and
+	// starts when it is first needed (see tailcache.New).
+	tail *tailcache.Tail
+	// gets answers gets of the stream's messages from its tail and its last sequence per
+	// subject, or from PostgreSQL.
+	gets *gets.Index
+	// subscribers take the stream's events (events.go): the bridge's, shared by every
+	// stream and never changed, so that dispatch reads them without a lock.
+	subscribers []subscriber
 
 	// chunkRows overrides pg.ChunkRowsDefault for this stream's new chunks when positive:
 	// smaller chunks give space back sooner at the cost of more tables.
@@ -174,7 +188,10 @@ func (b *Bridge) syncStreamsLocked(ctx context.Context) error {
 }
 
 func (b *Bridge) addStream(st pg.Stream, cfg server.StreamConfig) error {
-	s := &stream{id: st.ID, name: st.Name, created: st.Created, ackPfx: jswire.PubAckPrefix(st.Name)}
+	s := &stream{id: st.ID, name: st.Name, created: st.Created, ackPfx: jswire.PubAckPrefix(st.Name),
+		tail: tailcache.New(TailBytesDefault, b.tails)}
+	s.gets = b.gets.Open(s.id, s.tail)
+	s.subscribers = b.subscribers
 	s.setConfig(cfg)
 	b.mu.Lock()
 	b.streams[s.name] = s
@@ -192,8 +209,7 @@ func (b *Bridge) removeStream(s *stream) {
 		delete(b.streams, s.name)
 	}
 	b.mu.Unlock()
-	b.dropConsumers(s)
-	b.gets.drop(s)
+	s.drop()
 	b.closeIntake(s, server.NewJSStreamNotFoundError())
 }
 
@@ -241,4 +257,19 @@ func subjectsCollide(as, bs []string) bool {
 		}
 	}
 	return false
+}
+
+// registerTailMetrics registers what the streams' tails hold together under their shared
+// bound.
+func registerTailMetrics(reg prometheus.Registerer, tails *tailcache.Budget) {
+	if reg == nil {
+		return
+	}
+	reg.MustRegister(
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "jetgres_tail_cache_bytes",
+			Help: "Bytes held by all streams' tail caches together (bounded by --tail-total-bytes)."},
+			func() float64 { return float64(tails.Used()) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "jetgres_tail_cache_total_evictions_total",
+			Help: "Messages evicted from a tail cache below its own bound because all tail caches together reached --tail-total-bytes."},
+			func() float64 { return float64(tails.Evicted()) }))
 }

@@ -81,7 +81,7 @@ func (cs *consumerSide) tick(ctx context.Context) bool {
 	}
 	moved := false
 	for id, sc := range byID {
-		if !sc.tail.Raise(hw[id]) {
+		if !sc.s.tail.Raise(hw[id]) {
 			continue
 		}
 		moved = true
@@ -97,7 +97,7 @@ func (cs *consumerSide) tick(ctx context.Context) bool {
 
 // fill reads the range the tail is missing, through the pop lane.
 func (cs *consumerSide) fill(ctx context.Context, sc *streamConsumers) {
-	from, upTo, ok := sc.tail.Missing()
+	from, upTo, ok := sc.s.tail.Missing()
 	if !ok {
 		return
 	}
@@ -109,7 +109,7 @@ func (cs *consumerSide) fill(ctx context.Context, sc *streamConsumers) {
 		return
 	}
 	cs.m.tickReads.Inc()
-	sc.tail.Add(msgs, from, through)
+	sc.s.tail.Add(msgs, from, through)
 	// Rows another replica committed reach the consumers' pending counts only here; rows
 	// this process committed were counted already and count once.
 	if len(msgs) > 0 {

@@ -38,6 +38,10 @@ func (b *Budget) Evicted() int64 { return b.evicted.Load() }
 // hw, the committed high-water mark this process knows of, may run ahead of through when
 // another replica committed; a shared range read then fills the gap. Messages are shared
 // read-only with every consumer that reads them.
+//
+// A tail starts at the first commit it takes or when a reader first needs it, not when
+// its stream is loaded: started at the high-water mark of the load, a tail whose first
+// reader came much later would have every row committed since read into it by a range read.
 type Tail struct {
 	mu sync.RWMutex
 	// The messages, oldest first, in blocks of tailBlock: the cache grows and shrinks a
@@ -51,12 +55,32 @@ type Tail struct {
 	bytes   int
 	max     int
 	budget  *Budget
+	started bool
 }
 
-// New returns a stream's empty tail, bounded by max bytes and by budget, after the
-// committed high-water mark hw.
-func New(max int, budget *Budget, hw uint64) *Tail {
-	return &Tail{max: max, budget: budget, from: hw + 1, through: hw, hw: hw}
+// New returns a stream's tail, bounded by max bytes and by budget. It covers nothing and
+// its high-water mark reads 0 until it starts, at its first Add or at StartAfter.
+func New(max int, budget *Budget) *Tail {
+	return &Tail{max: max, budget: budget, from: 1}
+}
+
+// StartAfter starts the tail after the committed high-water mark hw, unless it started
+// already: a commit that got there first knows better where the stream is.
+func (t *Tail) StartAfter(hw uint64) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.started {
+		return
+	}
+	t.started = true
+	t.from, t.through, t.hw = hw+1, hw, hw
+}
+
+// Started reports whether the tail has started.
+func (t *Tail) Started() bool {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	return t.started
 }
 
 // HighWater is the last committed sequence known here.
@@ -73,12 +97,13 @@ const (
 	tailFirstBlock = 16
 )
 
-// Add takes every live message of [from, through], in sequence order. A range that does
-// not continue the covered one restarts the cache at from, since what lies in the gap is
-// not here.
+// Add takes every live message of [from, through], in sequence order, and starts the tail
+// if it had not. A range that does not continue the covered one restarts the cache at from,
+// since what lies in the gap is not here.
 func (t *Tail) Add(msgs []pg.Message, from, through uint64) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	t.started = true
 	if from > t.through+1 {
 		t.reset(from)
 	}

@@ -20,7 +20,7 @@ func tailMsgs(from, n uint64, size int) []pg.Message {
 func TestTailsShareOneBound(t *testing.T) {
 	msgSize := int((&pg.Message{Subject: "s", Data: make([]byte, 100)}).Size())
 	budget := &Budget{max: int64(25 * msgSize)}
-	tails := []*Tail{New(10*msgSize, budget, 0), New(10*msgSize, budget, 0), New(10*msgSize, budget, 0)}
+	tails := []*Tail{New(10*msgSize, budget), New(10*msgSize, budget), New(10*msgSize, budget)}
 	next := make([]uint64, len(tails))
 	sum := func() int {
 		n := 0
@@ -65,7 +65,7 @@ func TestTailsShareOneBound(t *testing.T) {
 // cached message from there on.
 func TestTailReadsAcrossBlocks(t *testing.T) {
 	msgSize := int((&pg.Message{Subject: "s", Data: make([]byte, 10)}).Size())
-	tl := New(3000*msgSize, &Budget{max: 1 << 40}, 0)
+	tl := New(3000*msgSize, &Budget{max: 1 << 40})
 	var model []uint64
 	seq := uint64(0)
 	for round := range 12 {
@@ -121,7 +121,7 @@ func all(string) bool { return true }
 func TestTailEvictsItsOnlyBlock(t *testing.T) {
 	msgSize := int((&pg.Message{Subject: "s", Data: make([]byte, 10)}).Size())
 	budget := &Budget{max: 1 << 40}
-	tl := New(msgSize/2, budget, 0)
+	tl := New(msgSize/2, budget)
 	for seq := uint64(1); seq <= 3; seq++ {
 		tl.Add([]pg.Message{{Seq: seq, Subject: "s", Data: make([]byte, 10)}}, seq, seq)
 		if len(tl.blocks) != 0 || tl.head != 0 || tl.bytes != 0 || budget.used.Load() != 0 {
@@ -135,5 +135,38 @@ func TestTailEvictsItsOnlyBlock(t *testing.T) {
 	tl.Add([]pg.Message{{Seq: 4, Subject: "s", Data: make([]byte, 10)}}, 4, 4)
 	if m, _, found, ok := tl.Next(4, all); !ok || !found || m.Seq != 4 {
 		t.Fatalf("message 4 not served after the cache emptied: %d %v %v", m.Seq, found, ok)
+	}
+}
+
+// A tail starts once: at the high-water mark a reader found, or at the first range it
+// takes, and neither moves it afterwards. Before, it covers nothing and knows no commit.
+func TestTailStartsOnce(t *testing.T) {
+	budget := &Budget{max: 1 << 40}
+	msgs := tailMsgs(41, 2, 10)
+
+	read := New(1<<20, budget)
+	if read.Started() || read.HighWater() != 0 {
+		t.Fatalf("a new tail started at %d", read.HighWater())
+	}
+	if _, _, covered := read.Get(1); covered {
+		t.Fatal("a tail that has not started covers sequence 1")
+	}
+	read.StartAfter(30)
+	read.StartAfter(20)
+	if !read.Started() || read.Start() != 31 || read.HighWater() != 30 {
+		t.Fatalf("started after 30 then 20: starts at %d, high-water mark %d", read.Start(), read.HighWater())
+	}
+	if from, upTo, ok := read.Missing(); ok {
+		t.Fatalf("a tail started at the high-water mark misses [%d, %d]", from, upTo)
+	}
+
+	committed := New(1<<20, budget)
+	committed.Add(msgs, 41, 42)
+	committed.StartAfter(10)
+	if committed.Start() != 41 || committed.HighWater() != 42 {
+		t.Fatalf("started by a commit of 41-42, then after 10: starts at %d, high-water mark %d", committed.Start(), committed.HighWater())
+	}
+	if m, live, covered := committed.Get(42); !covered || !live || m.Seq != 42 {
+		t.Fatalf("get 42: %d live %v covered %v", m.Seq, live, covered)
 	}
 }

@@ -1,19 +1,16 @@
 package bridge
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/jetgres/jetgres/internal/testwait"
-	"github.com/jetgres/jetgres/pg"
 	"github.com/jetgres/jetgres/pg/pgtest/rawsql"
 )
 
@@ -81,18 +78,32 @@ func getAnswer(t *testing.T, nc *nats.Conn, subject, body string) string {
 	return fmt.Sprintf("%s #%d %q", resp.Message.Subject, resp.Message.Seq, resp.Message.Data)
 }
 
-// gets reads jetgres_gets_total and jetgres_subject_index_lookups_total.
-func gets(t testing.TB, b *Bridge, vec string, label string) float64 {
+// getCount reads jetgres_gets_total ("served", by where from) or
+// jetgres_subject_index_lookups_total ("lookups", by result).
+func getCount(t testing.TB, reg *prometheus.Registry, vec string, label string) float64 {
 	t.Helper()
-	v := b.gets.m.served
+	name, key := "jetgres_gets_total", "from"
 	if vec == "lookups" {
-		v = b.gets.m.lookups
+		name, key = "jetgres_subject_index_lookups_total", "result"
 	}
-	var m dto.Metric
-	if err := v.WithLabelValues(label).Write(&m); err != nil {
+	mfs, err := reg.Gather()
+	if err != nil {
 		t.Fatal(err)
 	}
-	return m.GetCounter().GetValue()
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == key && l.GetValue() == label {
+					return m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	t.Fatalf("no %s{%s=%q}", name, key, label)
+	return 0
 }
 
 // Gets answered from memory must follow every way a message stops being there, as
@@ -123,10 +134,10 @@ func TestGetsFromMemoryFollowRemovals(t *testing.T) {
 	tw.pub("k.a", []byte("after"))
 	tw.pub("k.b", []byte("after"))
 	tw.compareGets("after the purge", "KV", subjects)
-	if n := gets(t, tw.tb.bridge, "served", "memory"); n == 0 {
+	if n := getCount(t, tw.tb.reg, "served", "memory"); n == 0 {
 		t.Error("no get was answered from memory")
 	}
-	if n := gets(t, tw.tb.bridge, "lookups", "hit"); n == 0 {
+	if n := getCount(t, tw.tb.reg, "lookups", "hit"); n == 0 {
 		t.Error("the subject index answered no last-by-subject get")
 	}
 }
@@ -151,125 +162,6 @@ func TestGetsFromMemoryFollowRetention(t *testing.T) {
 	tw.compareGets("middle acked", "WQ", subjects)
 	tw.pub("k.b", nil)
 	tw.compareGets("published again", "WQ", subjects)
-}
-
-// After a restart the index is empty: a last-by-subject get reads PostgreSQL once and
-// fills it, the next is answered through it.
-func TestSubjectIndexFillsAfterRestart(t *testing.T) {
-	t.Parallel()
-	tb := setup(t)
-	ctx := testContext(t)
-	if _, err := tb.js.CreateStream(ctx, jetstream.StreamConfig{Name: "R", Subjects: []string{"r.>"}, AllowDirect: true}); err != nil {
-		t.Fatal(err)
-	}
-	for _, subj := range []string{"r.a", "r.b", "r.a"} {
-		if _, err := tb.js.Publish(ctx, subj, []byte(subj)); err != nil {
-			t.Fatal(err)
-		}
-	}
-	db := tb.db
-	tb.stop(t)
-	tb = setup(t, setupOpts{db: db})
-	s, err := tb.js.Stream(ctx, "R")
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i := range 2 {
-		m, err := s.GetLastMsgForSubject(ctx, "r.a")
-		if err != nil {
-			t.Fatal(err)
-		}
-		if m.Sequence != 3 {
-			t.Fatalf("get %d: last of r.a is %d, want 3", i, m.Sequence)
-		}
-	}
-	if miss, hit := gets(t, tb.bridge, "lookups", "miss"), gets(t, tb.bridge, "lookups", "hit"); miss != 1 || hit != 1 {
-		t.Errorf("index lookups: %v misses, %v hits; want 1 and 1", miss, hit)
-	}
-	if db := gets(t, tb.bridge, "served", "database"); db != 2 {
-		t.Errorf("database reads: %v, want 2 (the fill, then the message by sequence outside the tail)", db)
-	}
-}
-
-// Identical gets that arrive while one reads PostgreSQL wait for its answer: one read.
-func TestGetsShareReads(t *testing.T) {
-	g := newGetIndex(1<<20, nil)
-	release := make(chan struct{})
-	var reads sync.WaitGroup
-	var mu sync.Mutex
-	n := 0
-	read := func() (*pg.Message, error) {
-		mu.Lock()
-		n++
-		mu.Unlock()
-		<-release
-		return &pg.Message{Seq: 7}, nil
-	}
-	k := getKey{kind: getBySeq, seq: 7}
-	results := make(chan uint64, 4)
-	for range 4 {
-		reads.Add(1)
-		go func() {
-			defer reads.Done()
-			m, err := g.shared(context.Background(), k, read)
-			if err != nil {
-				t.Error(err)
-				return
-			}
-			results <- m.Seq
-		}()
-	}
-	// Every get but the first waits on the first's flight.
-	testwait.For(t, 5*time.Second, func() error {
-		var m dto.Metric
-		if err := g.m.served.WithLabelValues("shared").Write(&m); err != nil {
-			return err
-		}
-		if v := m.GetCounter().GetValue(); v != 3 {
-			return fmt.Errorf("%v gets wait for the read in flight, want 3", v)
-		}
-		return nil
-	})
-	close(release)
-	reads.Wait()
-	close(results)
-	for seq := range results {
-		if seq != 7 {
-			t.Errorf("shared answer %d, want 7", seq)
-		}
-	}
-	if n != 1 {
-		t.Errorf("%d reads, want 1", n)
-	}
-}
-
-// The index stays within its bound and counts what it evicts.
-func TestSubjectIndexBound(t *testing.T) {
-	g := newGetIndex(10*(subjectEntryBytes+4), nil)
-	s := &stream{}
-	var msgs []pg.Message
-	for i := range 30 {
-		msgs = append(msgs, pg.Message{Seq: uint64(i + 1), Subject: fmt.Sprintf("k.%02d", i)})
-	}
-	g.committed(s, 1, 30, msgs)
-	if used := g.used.Load(); used > g.max {
-		t.Errorf("index holds %d bytes, bound %d", used, g.max)
-	}
-	var m dto.Metric
-	if err := g.m.evictions.Write(&m); err != nil {
-		t.Fatal(err)
-	}
-	if m.GetCounter().GetValue() != 20 {
-		t.Errorf("%v evictions, want 20", m.GetCounter().GetValue())
-	}
-	x := g.of(s)
-	if seq, _, ok := g.lastOf(x, "k.29", 30); !ok || seq != 30 {
-		t.Errorf("the newest subject is not indexed: %d %v", seq, ok)
-	}
-	g.drop(s)
-	if used := g.used.Load(); used != 0 {
-		t.Errorf("a dropped stream left %d bytes", used)
-	}
 }
 
 // A direct get that memory answers is answered on the link's read loop: it waits for no

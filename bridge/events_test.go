@@ -1,0 +1,115 @@
+package bridge
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"testing"
+
+	"github.com/jetgres/jetgres/bridge/gets"
+	"github.com/jetgres/jetgres/bridge/tailcache"
+	"github.com/jetgres/jetgres/pg"
+)
+
+// eventLog is a subscriber that notes each event with the tail's high-water mark as it
+// saw it.
+type eventLog struct{ got []string }
+
+func (r *eventLog) onCommitted(s *stream, ev Committed) {
+	r.got = append(r.got, fmt.Sprintf("committed %d-%d hw %d", ev.First, ev.Last, s.tail.HighWater()))
+}
+
+func (r *eventLog) onPurged(_ context.Context, s *stream, ev Purged) {
+	r.got = append(r.got, fmt.Sprintf("purged by commit %v, tail starts at %d", ev.ByCommit, s.tail.Start()))
+}
+
+func (r *eventLog) onRemoved(_ *stream, ev Removed) {
+	r.got = append(r.got, fmt.Sprintf("removed first %d unread %d", ev.First, ev.Unread))
+}
+
+func (r *eventLog) onDropped(*stream, Dropped) { r.got = append(r.got, "dropped") }
+
+// eventStream is a stream served by no bridge, whose events go to the get index, then
+// before, then the tail, then after.
+func eventStream(before, after subscriber) *stream {
+	s := &stream{id: 1, tail: tailcache.New(TailBytesDefault, tailcache.NewBudget(TailTotalBytesDefault))}
+	s.gets = gets.New(nil, SubjectIndexBytesDefault, nil).Open(s.id, s.tail)
+	s.subscribers = []subscriber{getSubscriber{}, before, tailSubscriber{}, after}
+	return s
+}
+
+func committed(first uint64, stored ...uint64) pg.AppendResult {
+	r := pg.AppendResult{StreamID: 1, FirstSeq: first}
+	for _, seq := range stored {
+		r.Stored = append(r.Stored, pg.Message{Seq: seq, Subject: "e.x"})
+		r.LastSeq = seq
+	}
+	return r
+}
+
+// A commit reaches the tail between the subscribers before it and those after it. A commit
+// whose limits removed messages is announced in two: Purged when the tail held some of them,
+// Removed with the highest of them otherwise, then Committed.
+func TestCommitEventsInOrder(t *testing.T) {
+	before, after := &eventLog{}, &eventLog{}
+	s := eventStream(before, after)
+	ctx := context.Background()
+	s.commit(ctx, committed(1, 1, 2, 3))
+	below := committed(5, 7)
+	below.Removed, below.Tombstoned = true, []uint64{6}
+	s.commit(ctx, committed(1, 4, 5, 6))
+	s.tail.Clear()
+	s.commit(ctx, below)
+	reaching := committed(5, 8)
+	reaching.Removed, reaching.Tombstoned = true, []uint64{7}
+	s.commit(ctx, reaching)
+	s.drop()
+	want := [][]string{{
+		"committed 1-3 hw 0",
+		"committed 1-6 hw 3",
+		"removed first 5 unread 6",
+		"committed 5-7 hw 6",
+		"purged by commit true, tail starts at 7",
+		"committed 5-8 hw 7",
+		"dropped",
+	}, {
+		"committed 1-3 hw 3",
+		"committed 1-6 hw 6",
+		"removed first 5 unread 6",
+		"committed 5-7 hw 7",
+		"purged by commit true, tail starts at 8",
+		"committed 5-8 hw 8",
+		"dropped",
+	}}
+	for i, r := range []*eventLog{before, after} {
+		if !slices.Equal(r.got, want[i]) {
+			t.Errorf("subscriber %d heard\n %q\nwant\n %q", i, r.got, want[i])
+		}
+	}
+}
+
+// Announcing a commit allocates nothing of its own: the flush path's allocations are those
+// of what takes the rows.
+func TestCommitEventsAllocateNothing(t *testing.T) {
+	cs := &consumerSide{streams: make(map[*stream]*streamConsumers)}
+	s := &stream{id: 1, tail: tailcache.New(TailBytesDefault, tailcache.NewBudget(TailTotalBytesDefault))}
+	s.gets = gets.New(nil, SubjectIndexBytesDefault, nil).Open(s.id, s.tail)
+	s.subscribers = []subscriber{getSubscriber{}, tailSubscriber{}, cs}
+	ctx := context.Background()
+	const warm, runs = 32, 500
+	rs := make([]pg.AppendResult, warm+runs+1)
+	for i := range rs {
+		rs[i] = committed(1, uint64(i+1))
+	}
+	// The tail's first blocks and the index's entry are made before counting.
+	for _, r := range rs[:warm] {
+		s.commit(ctx, r)
+	}
+	i := warm
+	if n := testing.AllocsPerRun(runs, func() {
+		s.commit(ctx, rs[i])
+		i++
+	}); n != 0 {
+		t.Errorf("%v allocations per commit announced", n)
+	}
+}

@@ -53,6 +53,15 @@ type stream struct {
 	chunkRows atomic.Int64
 }
 
+// ID, Name and ConfigView are what the engines outside this package (bridge/gets,
+// retention, the SQL mover) read of a stream through their own narrow interfaces.
+func (s *stream) ID() int64 { return s.id }
+
+func (s *stream) Name() string { return s.name }
+
+// ConfigView is the stream's configuration, for reading only.
+func (s *stream) ConfigView() *server.StreamConfig { return s.cfg.Load() }
+
 // config returns a copy of the stream's configuration, for callers that keep or change it.
 func (s *stream) config() server.StreamConfig { return *s.cfg.Load() }
 

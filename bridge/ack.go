@@ -12,6 +12,7 @@ import (
 	"github.com/jetgres/jetgres/bridge/consumerstate"
 	"github.com/jetgres/jetgres/embedded/leaf"
 	"github.com/jetgres/jetgres/internal/jswire"
+	"github.com/jetgres/jetgres/internal/permit"
 	"github.com/jetgres/jetgres/pg"
 )
 
@@ -314,7 +315,7 @@ func (c *consumer) writeCursor(ctx context.Context, f consumerstate.Pair, shown 
 	cp := c.cursorParams(f, shown)
 	cp.Lazy = lazy
 	rtt, err := c.cs.b.db.WriteCursor(ctx, cp)
-	giveBack(p, rtt, err)
+	permit.Return(p, rtt, err)
 	c.cs.m.cursorWrites.Inc()
 	c.cs.m.cursorLatency.Observe(c.cs.b.clock.Now().Sub(start).Seconds())
 	return err

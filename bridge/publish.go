@@ -17,6 +17,7 @@ import (
 	"github.com/jetgres/jetgres/embedded/leaf"
 	"github.com/jetgres/jetgres/flow"
 	"github.com/jetgres/jetgres/internal/jswire"
+	"github.com/jetgres/jetgres/internal/permit"
 	"github.com/jetgres/jetgres/pg"
 )
 
@@ -397,7 +398,7 @@ func (b *Bridge) flush(p *flow.Permit, group []*stream) {
 		// The flush is not tied to a request: it must finish and answer even while the
 		// bridge stops, so only the statement timeout and Stop's deadline bound it.
 		results, rtt, err := b.db.Append(b.flushCtx, batches, b.clock.Now().UnixNano())
-		giveBack(p, rtt, err)
+		permit.Return(p, rtt, err)
 		b.pm.commit.Observe(rtt.Seconds())
 		byID := make(map[int64]*stream, len(group))
 		for _, s := range group {
@@ -490,32 +491,6 @@ func (sp *slicePool[T]) put(b []T) {
 	clear(b[:cap(b)])
 	b = b[:0]
 	sp.classes[i].Put(&b)
-}
-
-// giveBack returns a lane permit after a database call and tells the limiter what the call
-// showed. A call the database answered, with a result, an error of its own or a statement
-// timeout, is a round trip. A call that got no answer at all (no connection, one that broke,
-// or no connection free within the timeout) measured nothing: recording its near-zero time
-// would drag rtt_base down to a round trip no statement achieves, leaving every real one to
-// read as congestion for a minute after the database is back; it steps the limit down
-// instead. A call its caller gave up on says nothing about the database.
-func giveBack(p *flow.Permit, rtt time.Duration, err error) {
-	switch {
-	case err == nil:
-		p.Release(rtt)
-	case errors.Is(err, pg.ErrTimeout):
-		if rtt > 0 {
-			p.Release(rtt)
-		} else {
-			p.Fail()
-		}
-	case errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded):
-		p.Abandon()
-	case errors.Is(err, pg.ErrUnavailable) || rtt == 0:
-		p.Fail()
-	default:
-		p.Release(rtt)
-	}
 }
 
 func storeFailed(err error) *server.ApiError {

@@ -8,6 +8,7 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/jetgres/jetgres/internal/permit"
 	"github.com/jetgres/jetgres/internal/warnlog"
 	"github.com/jetgres/jetgres/pg"
 )
@@ -286,7 +287,7 @@ func (b *Bridge) move(refuseUnknown bool) (int, error) {
 		return batches, nil
 	}
 	taken, results, rtt, err := b.db.MoveStaged(b.ctx, b.cfg.FlushMaxMsgs, plan, b.clock.Now().UnixNano())
-	giveBack(p, rtt, err)
+	permit.Return(p, rtt, err)
 	if err != nil || taken == 0 {
 		return 0, err
 	}

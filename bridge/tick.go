@@ -3,6 +3,7 @@ package bridge
 import (
 	"context"
 
+	"github.com/jetgres/jetgres/internal/permit"
 	"github.com/jetgres/jetgres/pg"
 )
 
@@ -122,12 +123,12 @@ func (cs *consumerSide) fill(ctx context.Context, sc *streamConsumers) {
 // readPop is every read of messages behind the tail: a pop lane permit first, then a
 // connection; both are given back before it returns.
 func (cs *consumerSide) readPop(ctx context.Context, p pg.ReadParams, filters []string) ([]pg.Message, uint64, error) {
-	permit, err := cs.b.cfg.Pop.Acquire(ctx)
+	held, err := cs.b.cfg.Pop.Acquire(ctx)
 	if err != nil {
 		return nil, 0, err
 	}
 	msgs, through, rtt, err := cs.b.db.ReadFiltered(ctx, p, filters)
-	giveBack(permit, rtt, err)
+	permit.Return(held, rtt, err)
 	cs.m.dbReads.Inc()
 	return msgs, through, err
 }

@@ -1,4 +1,4 @@
-package bridge
+package permit
 
 import (
 	"context"
@@ -10,13 +10,13 @@ import (
 	"github.com/jetgres/jetgres/pg"
 )
 
-// TestGiveBack checks what each outcome of a database call tells the push lane: round trips
+// TestReturn checks what each outcome of a database call tells the push lane: round trips
 // the database answered are recorded, calls it never answered step the limit down without
 // touching rtt_base, and calls the caller gave up on record nothing.
-func TestGiveBack(t *testing.T) {
+func TestReturn(t *testing.T) {
 	const base = time.Millisecond
 	// pg's errors are built from its exported values, not its wording: a timeout wraps the
-	// context's deadline as well, and giveBack must tell it from the caller's own.
+	// context's deadline as well, and Return must tell it from the caller's own.
 	timeout := errors.Join(pg.ErrTimeout, context.DeadlineExceeded)
 	unavailable := errors.Join(pg.ErrUnavailable, errors.New("write: broken pipe"))
 	for _, tc := range []struct {
@@ -46,10 +46,10 @@ func TestGiveBack(t *testing.T) {
 			}
 			p.Release(base)
 			p, _ = lane.TryAcquire()
-			giveBack(p, tc.rtt, tc.err)
+			Return(p, tc.rtt, tc.err)
 			st := lane.Stats()
 			if st.RTTBase != tc.wantBase || st.Failed != tc.failed || st.InFlight != 0 {
-				t.Errorf("after giveBack(%v, %v): rtt_base %v, failed %d, in flight %d; want rtt_base %v, failed %d, none in flight",
+				t.Errorf("after Return(%v, %v): rtt_base %v, failed %d, in flight %d; want rtt_base %v, failed %d, none in flight",
 					tc.rtt, tc.err, st.RTTBase, st.Failed, st.InFlight, tc.wantBase, tc.failed)
 			}
 			if tc.failed > 0 && st.Limit >= 16 {

@@ -45,7 +45,7 @@ func createStreamsInPG(t testing.TB, tb *testBundle, prefix string, n int) {
 	for err := range errs {
 		t.Fatal(err)
 	}
-	if err := tb.bridge.syncStreams(ctx); err != nil {
+	if err := tb.bridge.streams.Sync(ctx); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -42,7 +42,7 @@ func (cs *consumerSide) onAck(m *leaf.Msg) {
 	if !ok {
 		return
 	}
-	s := cs.b.lookup(a.Stream)
+	s := cs.b.streams.Lookup(a.Stream)
 	if s == nil {
 		return
 	}
@@ -248,7 +248,7 @@ func (c *consumer) writeCursors() {
 			return
 		}
 		if err != nil {
-			c.cs.b.log.Warn("cursor write failed", "stream", c.sc.s.name, "consumer", c.name, "err", err)
+			c.cs.b.log.Warn("cursor write failed", "stream", c.sc.s.Name(), "consumer", c.name, "err", err)
 			t := c.cs.b.clock.NewTimer(cursorRetry)
 			select {
 			case <-ctx.Done():
@@ -324,7 +324,7 @@ func (c *consumer) writeCursor(ctx context.Context, f consumerstate.Pair, shown 
 // cursorParams is the cursor write that records floor f, shown as stream sequence shown,
 // under this process's lease.
 func (c *consumer) cursorParams(f consumerstate.Pair, shown uint64) pg.CursorParams {
-	return pg.CursorParams{StreamID: c.sc.s.id, Name: c.name, Created: c.created, Owner: c.cs.owner, AckStreamSeq: f.Stream, AckConsumerSeq: f.Consumer,
+	return pg.CursorParams{StreamID: c.sc.s.ID(), Name: c.name, Created: c.created, Owner: c.cs.owner, AckStreamSeq: f.Stream, AckConsumerSeq: f.Consumer,
 		ShownStreamSeq: shown}
 }
 
@@ -352,15 +352,15 @@ func (c *consumer) flushCursor(ctx context.Context) {
 		return
 	}
 	if _, err := c.cs.b.db.WriteCursor(ctx, c.cursorParams(f, shown)); err != nil {
-		c.cs.b.log.Warn("final cursor write failed", "stream", c.sc.s.name, "consumer", c.name, "err", err)
+		c.cs.b.log.Warn("final cursor write failed", "stream", c.sc.s.Name(), "consumer", c.name, "err", err)
 	}
 }
 
 // deleteInactive removes a consumer that passed its inactive threshold.
 func (cs *consumerSide) deleteInactive(c *consumer) {
-	err := cs.b.db.DeleteConsumer(cs.ctx, c.sc.s.id, c.name)
+	err := cs.b.db.DeleteConsumer(cs.ctx, c.sc.s.ID(), c.name)
 	if err != nil && !errors.Is(err, pg.ErrNotFound) {
-		cs.b.log.Warn("deleting inactive consumer failed", "stream", c.sc.s.name, "consumer", c.name, "err", err)
+		cs.b.log.Warn("deleting inactive consumer failed", "stream", c.sc.s.Name(), "consumer", c.name, "err", err)
 		c.mu.Lock()
 		c.lastActive = cs.b.clock.Now()
 		c.mu.Unlock()

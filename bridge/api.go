@@ -7,6 +7,7 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 
+	"github.com/jetgres/jetgres/bridge/stream"
 	"github.com/jetgres/jetgres/embedded/leaf"
 	"github.com/jetgres/jetgres/internal/jswire"
 	"github.com/jetgres/jetgres/pg"
@@ -44,7 +45,7 @@ func (b *Bridge) onAPI(m *leaf.Msg) {
 	select {
 	case b.apiReqs <- m:
 	default:
-		b.pm.apiReqs.WithLabelValues("overloaded").Inc()
+		b.am.reqs.WithLabelValues("overloaded").Inc()
 		_ = b.link.Publish(m.Reply, "", jswire.StatusHeader(503, "API Overloaded"), nil)
 	}
 }
@@ -101,7 +102,7 @@ func (b *Bridge) badRequest(m *leaf.Msg, typ string) {
 // requestedStream reads an API request about the stream called name: it decodes body into
 // req, or, for subjects that take no request (req nil), refuses any body but an empty one,
 // and then finds the stream. Both checks come in the order nats-server makes them.
-func (b *Bridge) requestedStream(ctx context.Context, name string, body []byte, req any) (*stream, error) {
+func (b *Bridge) requestedStream(ctx context.Context, name string, body []byte, req any) (*stream.Stream, error) {
 	if req == nil {
 		if !jswire.IsEmptyRequest(body) {
 			return nil, server.NewJSNotEmptyRequestError()
@@ -114,8 +115,8 @@ func (b *Bridge) requestedStream(ctx context.Context, name string, body []byte, 
 
 // findStream finds the stream called name, answering "stream not found" only when
 // PostgreSQL said so; a database it could not read is the database's error.
-func (b *Bridge) findStream(ctx context.Context, name string) (*stream, error) {
-	s, err := b.lookupOrSync(ctx, name)
+func (b *Bridge) findStream(ctx context.Context, name string) (*stream.Stream, error) {
+	s, err := b.streams.Find(ctx, name)
 	return s, notFoundAsStream(err)
 }
 
@@ -143,14 +144,14 @@ func (b *Bridge) apiAccountInfo(ctx context.Context) (*server.JSApiAccountInfoRe
 	if err != nil {
 		return resp, err
 	}
-	streams := b.streamList()
+	streams := b.streams.List()
 	stats.Streams = len(streams)
 	for _, s := range streams {
-		stats.Consumers += counts[s.id]
+		stats.Consumers += counts[s.ID()]
 	}
 	// Usage and reservations by storage type ("nats account info" prints the reservations).
-	sums := b.sumByStorage(totals, "")
-	stats.Memory, stats.Store, stats.ReservedMemory, stats.ReservedStore = sums.memory, sums.file, sums.reservedMemory, sums.reservedFile
+	sums := b.streams.SumByStorage(totals, "")
+	stats.Memory, stats.Store, stats.ReservedMemory, stats.ReservedStore = sums.Memory, sums.File, sums.ReservedMemory, sums.ReservedFile
 	stats.Limits = server.JetStreamAccountLimits{MaxMemory: -1, MaxStore: -1, MaxStreams: -1, MaxConsumers: -1, MaxAckPending: -1, MemoryMaxStreamBytes: -1, StoreMaxStreamBytes: -1}
 	resp.JetStreamAccountStats = &stats
 	return resp, nil

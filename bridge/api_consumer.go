@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nuid"
 
+	"github.com/jetgres/jetgres/bridge/stream"
 	"github.com/jetgres/jetgres/embedded/leaf"
 	"github.com/jetgres/jetgres/internal/jswire"
 	"github.com/jetgres/jetgres/pg"
@@ -129,7 +130,7 @@ func (cs *consumerSide) apiCreate(ctx context.Context, tok []string, data []byte
 	if err != nil {
 		return fail(err)
 	}
-	scfg := s.config()
+	scfg := s.Config()
 	cfg, e := jswire.CheckConsumerConfig(req.Config, &scfg)
 	if e != nil {
 		return fail(e)
@@ -205,8 +206,8 @@ func (cs *consumerSide) applyConfig(ctx context.Context, c *consumer, cfg server
 	if err != nil {
 		return server.NewJSConsumerCreateError(err)
 	}
-	if err := cs.b.db.UpdateConsumerConfig(ctx, c.sc.s.id, c.name, raw); err != nil {
-		return fmt.Errorf("updating consumer %q on stream %q: %w", c.name, c.sc.s.name, err)
+	if err := cs.b.db.UpdateConsumerConfig(ctx, c.sc.s.ID(), c.name, raw); err != nil {
+		return fmt.Errorf("updating consumer %q on stream %q: %w", c.name, c.sc.s.Name(), err)
 	}
 	// The goroutine alone writes the configuration; the answer reports it once in force.
 	ch := &configChange{cfg: cfg, applied: make(chan struct{})}
@@ -225,10 +226,10 @@ func (cs *consumerSide) applyConfig(ctx context.Context, c *consumer, cfg server
 
 // create stores a new consumer at the start position its deliver policy selects and
 // starts serving it.
-func (cs *consumerSide) create(ctx context.Context, s *stream, name string, cfg server.ConsumerConfig) (*consumer, error) {
+func (cs *consumerSide) create(ctx context.Context, s *stream.Stream, name string, cfg server.ConsumerConfig) (*consumer, error) {
 	start, err := cs.startFor(ctx, s, &cfg)
 	if err != nil {
-		return nil, fmt.Errorf("choosing the start of consumer %q on stream %q: %w", name, s.name, err)
+		return nil, fmt.Errorf("choosing the start of consumer %q on stream %q: %w", name, s.Name(), err)
 	}
 	raw, err := json.Marshal(cfg)
 	if err != nil {
@@ -240,12 +241,12 @@ func (cs *consumerSide) create(ctx context.Context, s *stream, name string, cfg 
 	if own == nil {
 		return nil, errStopping
 	}
-	id, err := own.LockNew(ctx, pg.ConsumerKey{StreamID: s.id, Name: name})
+	id, err := own.LockNew(ctx, pg.ConsumerKey{StreamID: s.ID(), Name: name})
 	if err != nil {
-		return nil, fmt.Errorf("creating consumer %q on stream %q: %w", name, s.name, err)
+		return nil, fmt.Errorf("creating consumer %q on stream %q: %w", name, s.Name(), err)
 	}
-	row, err := cs.b.db.CreateConsumer(ctx, pg.Consumer{ID: id, StreamID: s.id, Name: name, Config: raw, AckStreamSeq: start.next - 1, Owner: cs.owner},
-		s.config().MaxConsumers)
+	row, err := cs.b.db.CreateConsumer(ctx, pg.Consumer{ID: id, StreamID: s.ID(), Name: name, Config: raw, AckStreamSeq: start.next - 1, Owner: cs.owner},
+		s.Config().MaxConsumers)
 	if err != nil {
 		cs.release(s, name)
 	}
@@ -257,23 +258,23 @@ func (cs *consumerSide) create(ctx context.Context, s *stream, name string, cfg 
 	case errors.Is(err, pg.ErrNotFound):
 		return nil, server.NewJSStreamNotFoundError()
 	case err != nil:
-		return nil, fmt.Errorf("creating consumer %q on stream %q: %w", name, s.name, err)
+		return nil, fmt.Errorf("creating consumer %q on stream %q: %w", name, s.Name(), err)
 	}
 	sc, err := cs.streamLoaded(ctx, s)
 	if err != nil {
-		return nil, fmt.Errorf("loading stream %q: %w", s.name, err)
+		return nil, fmt.Errorf("loading stream %q: %w", s.Name(), err)
 	}
 	c, err := cs.activate(ctx, sc, row, start)
 	if err != nil {
-		return nil, fmt.Errorf("starting consumer %q on stream %q: %w", name, s.name, err)
+		return nil, fmt.Errorf("starting consumer %q on stream %q: %w", name, s.Name(), err)
 	}
 	return c, nil
 }
 
 // startFor decides where a new consumer starts, as nats-server's selectStartingSeqNo does.
-func (cs *consumerSide) startFor(ctx context.Context, s *stream, cfg *server.ConsumerConfig) (*startPos, error) {
+func (cs *consumerSide) startFor(ctx context.Context, s *stream.Stream, cfg *server.ConsumerConfig) (*startPos, error) {
 	db := cs.b.db
-	st, err := db.State(ctx, s.id)
+	st, err := db.State(ctx, s.ID())
 	if err != nil {
 		return nil, err
 	}
@@ -289,7 +290,7 @@ func (cs *consumerSide) startFor(ctx context.Context, s *stream, cfg *server.Con
 		if len(filters) > 0 {
 			next = 0
 			for _, f := range filters {
-				m, err := db.LastBySubject(ctx, s.id, f)
+				m, err := db.LastBySubject(ctx, s.ID(), f)
 				if errors.Is(err, pg.ErrNotFound) {
 					continue
 				}
@@ -303,7 +304,7 @@ func (cs *consumerSide) startFor(ctx context.Context, s *stream, cfg *server.Con
 			}
 		}
 	case server.DeliverLastPerSubject:
-		seqs, err := db.LastSeqsPerSubject(ctx, s.id, filters, last)
+		seqs, err := db.LastSeqsPerSubject(ctx, s.ID(), filters, last)
 		if err != nil {
 			return nil, err
 		}
@@ -315,7 +316,7 @@ func (cs *consumerSide) startFor(ctx context.Context, s *stream, cfg *server.Con
 	case server.DeliverByStartSequence:
 		next = cfg.OptStartSeq
 	case server.DeliverByStartTime:
-		next, err = db.SeqAtTime(ctx, s.id, cfg.OptStartTime.UnixNano())
+		next, err = db.SeqAtTime(ctx, s.ID(), cfg.OptStartTime.UnixNano())
 		if err != nil {
 			return nil, err
 		}
@@ -347,7 +348,7 @@ func (cs *consumerSide) info(ctx context.Context, c *consumer) (*server.Consumer
 	if err != nil {
 		return nil, err
 	}
-	np, err := cs.b.db.CountPending(ctx, pg.PendingParams{StreamID: c.sc.s.id, From: from, UpTo: hw, Filters: filters})
+	np, err := cs.b.db.CountPending(ctx, pg.PendingParams{StreamID: c.sc.s.ID(), From: from, UpTo: hw, Filters: filters})
 	if err != nil {
 		return nil, err
 	}
@@ -362,7 +363,7 @@ func (cs *consumerSide) infoLocked(c *consumer) (info *server.ConsumerInfo, from
 	cfg := c.cfg
 	d, f := c.st.Shown()
 	info = &server.ConsumerInfo{
-		Stream:         c.sc.s.name,
+		Stream:         c.sc.s.Name(),
 		Name:           c.name,
 		Created:        c.created.UTC(),
 		Config:         jswire.ConsumerConfigForResponse(&cfg),
@@ -393,25 +394,25 @@ func (cs *consumerSide) createdInfo(ctx context.Context, c *consumer) (*server.C
 }
 
 // highWater reads a stream's committed high-water mark from PostgreSQL.
-func (cs *consumerSide) highWater(ctx context.Context, s *stream) (uint64, error) {
-	hw, err := cs.b.db.HighWater(ctx, []int64{s.id})
-	return hw[s.id], err
+func (cs *consumerSide) highWater(ctx context.Context, s *stream.Stream) (uint64, error) {
+	hw, err := cs.b.db.HighWater(ctx, []int64{s.ID()})
+	return hw[s.ID()], err
 }
 
 // rowInfo reports a consumer this process does not serve, from its stored row; hw is the
 // stream's high-water mark, read once however many rows a listing reports.
-func (cs *consumerSide) rowInfo(ctx context.Context, s *stream, row pg.Consumer, hw uint64) (*server.ConsumerInfo, error) {
+func (cs *consumerSide) rowInfo(ctx context.Context, s *stream.Stream, row pg.Consumer, hw uint64) (*server.ConsumerInfo, error) {
 	var cfg server.ConsumerConfig
 	if err := json.Unmarshal(row.Config, &cfg); err != nil {
 		return nil, err
 	}
-	np, err := cs.b.db.CountPending(ctx, pg.PendingParams{StreamID: s.id, From: row.AckStreamSeq + 1, UpTo: hw, Filters: jswire.ConsumerFilters(&cfg)})
+	np, err := cs.b.db.CountPending(ctx, pg.PendingParams{StreamID: s.ID(), From: row.AckStreamSeq + 1, UpTo: hw, Filters: jswire.ConsumerFilters(&cfg)})
 	if err != nil {
 		return nil, err
 	}
 	now := cs.b.clock.Now()
 	floor := server.SequenceInfo{Consumer: row.AckConsumerSeq, Stream: row.ShownStreamSeq}
-	info := &server.ConsumerInfo{Stream: s.name, Name: row.Name, Created: row.Created.UTC(), Config: jswire.ConsumerConfigForResponse(&cfg),
+	info := &server.ConsumerInfo{Stream: s.Name(), Name: row.Name, Created: row.Created.UTC(), Config: jswire.ConsumerConfigForResponse(&cfg),
 		Delivered: floor, AckFloor: floor, NumPending: np, TimeStamp: now.UTC(), PushBound: cs.pushBound(&cfg)}
 	info.Paused, info.PauseRemaining = pausedAt(cfg.PauseUntil, now)
 	info.Cluster = cs.b.clusterInfo(row.Owner)
@@ -465,7 +466,7 @@ func (cs *consumerSide) apiInfo(ctx context.Context, streamName, name string, da
 		}
 		var row pg.Consumer
 		var hw uint64
-		if row, err = cs.b.db.GetConsumer(ctx, s.id, name); err == nil {
+		if row, err = cs.b.db.GetConsumer(ctx, s.ID(), name); err == nil {
 			if hw, err = cs.highWater(ctx, s); err == nil {
 				info, err = cs.rowInfo(ctx, s, row, hw)
 			}
@@ -522,7 +523,7 @@ func (cs *consumerSide) apiDelete(ctx context.Context, streamName, name string, 
 	}
 	err = pg.ErrNotFound
 	if jswire.ValidName(name) {
-		err = cs.b.db.DeleteConsumer(ctx, s.id, name)
+		err = cs.b.db.DeleteConsumer(ctx, s.ID(), name)
 	}
 	switch {
 	case errors.Is(err, pg.ErrNotFound):
@@ -540,13 +541,13 @@ func (cs *consumerSide) apiDelete(ctx context.Context, streamName, name string, 
 }
 
 // pagedConsumers reads a stream's stored consumers and the requested offset.
-func (cs *consumerSide) pagedConsumers(ctx context.Context, streamName string, data []byte) (*stream, []pg.Consumer, int, error) {
+func (cs *consumerSide) pagedConsumers(ctx context.Context, streamName string, data []byte) (*stream.Stream, []pg.Consumer, int, error) {
 	var req server.JSApiConsumersRequest
 	s, err := cs.b.requestedStream(ctx, streamName, data, &req)
 	if err != nil {
 		return nil, nil, 0, err
 	}
-	rows, err := cs.b.db.Consumers(ctx, s.id)
+	rows, err := cs.b.db.Consumers(ctx, s.ID())
 	if err != nil {
 		return nil, nil, 0, fmt.Errorf("listing consumers of stream %q: %w", streamName, err)
 	}

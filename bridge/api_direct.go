@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 
 	"github.com/jetgres/jetgres/bridge/gets"
+	"github.com/jetgres/jetgres/bridge/stream"
 	"github.com/jetgres/jetgres/embedded/leaf"
 	"github.com/jetgres/jetgres/internal/jswire"
 	"github.com/jetgres/jetgres/pg"
@@ -33,7 +34,7 @@ const (
 
 func (b *Bridge) directGet(ctx context.Context, m *leaf.Msg, tok []string) {
 	status := func(code int, desc string) { _ = b.link.Publish(m.Reply, "", jswire.StatusHeader(code, desc), nil) }
-	s, err := b.lookupOrSync(ctx, tok[0])
+	s, err := b.streams.Find(ctx, tok[0])
 	if err != nil && !errors.Is(err, pg.ErrNotFound) {
 		b.log.Warn("direct get", "stream", tok[0], "err", err)
 	}
@@ -56,10 +57,10 @@ func (b *Bridge) directGet(ctx context.Context, m *leaf.Msg, tok []string) {
 		failed, desc := directFailure(err)
 		status(failed, desc)
 		if failed == 503 {
-			b.log.Warn("direct get: database unavailable", "stream", s.name, "err", err)
+			b.log.Warn("direct get: database unavailable", "stream", s.Name(), "err", err)
 			return
 		}
-		b.log.Error("direct get", "stream", s.name, "err", err)
+		b.log.Error("direct get", "stream", s.Name(), "err", err)
 	}
 }
 
@@ -70,7 +71,7 @@ func (b *Bridge) directGet(ctx context.Context, m *leaf.Msg, tok []string) {
 // which look again and answer as before.
 func (b *Bridge) directGetFromMemory(m *leaf.Msg, rest string) bool {
 	tok := strings.Split(rest, ".")
-	s := b.lookup(tok[0])
+	s := b.streams.Lookup(tok[0])
 	if s == nil {
 		return false
 	}
@@ -78,7 +79,7 @@ func (b *Bridge) directGetFromMemory(m *leaf.Msg, rest string) bool {
 	if refused != nil || req.Batch != 0 || len(req.MultiLastFor) > 0 || req.StartTime != nil {
 		return false
 	}
-	msg, live, ok := s.gets.FromMemory(getRequest(&req))
+	msg, live, ok := s.Gets().FromMemory(getRequest(&req))
 	if !ok {
 		return false
 	}
@@ -94,8 +95,8 @@ func (b *Bridge) directGetFromMemory(m *leaf.Msg, rest string) bool {
 // directRequest reads a direct get of stream s, whose subject goes on with key, or the status
 // that refuses it: the stream does not allow direct gets, the client needs a later API
 // level, or the request is malformed.
-func directRequest(s *stream, m *leaf.Msg, key []string) (server.JSApiMsgGetRequest, *directStatus) {
-	if !s.config().AllowDirect {
+func directRequest(s *stream.Stream, m *leaf.Msg, key []string) (server.JSApiMsgGetRequest, *directStatus) {
+	if !s.Config().AllowDirect {
 		return server.JSApiMsgGetRequest{}, &directStatus{503, ""}
 	}
 	if v := jswire.HeaderValue(m.Header, server.JSRequiredApiLevel); v != "" {
@@ -133,7 +134,7 @@ var (
 // directGet is one direct get being answered.
 type directGet struct {
 	b     *Bridge
-	s     *stream
+	s     *stream.Stream
 	reply string
 	req   server.JSApiMsgGetRequest
 }
@@ -147,7 +148,7 @@ func (dg *directGet) run(ctx context.Context) error {
 	if req.StartTime != nil {
 		// The first message at or after a time is the next of any subject from its sequence.
 		var err error
-		if req.Seq, err = db.SeqAtTime(ctx, dg.s.id, req.StartTime.UnixNano()); err != nil {
+		if req.Seq, err = db.SeqAtTime(ctx, dg.s.ID(), req.StartTime.UnixNano()); err != nil {
 			return err
 		}
 		if req.NextFor == "" {
@@ -155,7 +156,7 @@ func (dg *directGet) run(ctx context.Context) error {
 		}
 	}
 	if req.Batch == 0 {
-		m, err := dg.s.gets.Get(ctx, getRequest(req))
+		m, err := dg.s.Gets().Get(ctx, getRequest(req))
 		if errors.Is(err, pg.ErrNotFound) {
 			return errDirectNotFound
 		}
@@ -181,11 +182,11 @@ func (dg *directGet) batch(ctx context.Context, seq uint64) error {
 	if req.NextFor != "" {
 		filters = []string{req.NextFor}
 	}
-	np, err := dg.b.db.CountPending(ctx, pg.PendingParams{StreamID: dg.s.id, From: seq, UpTo: hw, Filters: filters})
+	np, err := dg.b.db.CountPending(ctx, pg.PendingParams{StreamID: dg.s.ID(), From: seq, UpTo: hw, Filters: filters})
 	if err != nil {
 		return err
 	}
-	msgs, _, err := cs.readPop(ctx, pg.ReadParams{StreamID: dg.s.id, From: seq, UpTo: hw, MaxMsgs: req.Batch, MaxBytes: dg.maxBytes(), BytesThrough: true}, filters)
+	msgs, _, err := cs.readPop(ctx, pg.ReadParams{StreamID: dg.s.ID(), From: seq, UpTo: hw, MaxMsgs: req.Batch, MaxBytes: dg.maxBytes(), BytesThrough: true}, filters)
 	if err != nil {
 		return err
 	}
@@ -211,7 +212,7 @@ func (dg *directGet) multiLast(ctx context.Context) error {
 	if req.UpToTime != nil {
 		// Nothing before the first message: no subject has a last message, and the 404
 		// below answers.
-		at, err := db.SeqAtTime(ctx, dg.s.id, req.UpToTime.UnixNano())
+		at, err := db.SeqAtTime(ctx, dg.s.ID(), req.UpToTime.UnixNano())
 		if err != nil {
 			return err
 		}
@@ -226,7 +227,7 @@ func (dg *directGet) multiLast(ctx context.Context) error {
 			upTo = min(req.UpToSeq, upTo)
 		}
 	}
-	seqs, err := db.LastSeqsPerSubject(ctx, dg.s.id, req.MultiLastFor, upTo)
+	seqs, err := db.LastSeqsPerSubject(ctx, dg.s.ID(), req.MultiLastFor, upTo)
 	if err != nil {
 		return err
 	}
@@ -245,7 +246,7 @@ func (dg *directGet) multiLast(ctx context.Context) error {
 		if seq < req.Seq {
 			continue
 		}
-		m, err := dg.s.gets.BySeq(ctx, seq)
+		m, err := dg.s.Gets().BySeq(ctx, seq)
 		if errors.Is(err, pg.ErrNotFound) {
 			continue // removed since: as if it had never matched
 		}
@@ -280,7 +281,7 @@ func (dg *directGet) send(m *pg.Message, extra []string) {
 		_ = dg.b.link.Publish(dg.reply, "", nil, m.Data)
 		return
 	}
-	kv := append([]string{"Nats-Stream", dg.s.name, "Nats-Subject", m.Subject, "Nats-Sequence", strconv.FormatUint(m.Seq, 10),
+	kv := append([]string{"Nats-Stream", dg.s.Name(), "Nats-Subject", m.Subject, "Nats-Sequence", strconv.FormatUint(m.Seq, 10),
 		"Nats-Time-Stamp", time.Unix(0, m.TS).UTC().Format(time.RFC3339Nano)}, extra...)
 	_ = dg.b.link.Publish(dg.reply, "", jswire.AppendHeaders(m.Header, kv...), m.Data)
 }

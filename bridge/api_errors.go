@@ -75,7 +75,7 @@ func (b *Bridge) respond(reply string, resp any, head *server.ApiResponse, fail 
 		b.log.Error("encoding API response", "err", merr)
 		return
 	}
-	b.pm.apiReqs.WithLabelValues(outcome).Inc()
+	b.am.reqs.WithLabelValues(outcome).Inc()
 	_ = b.link.Publish(reply, "", nil, data)
 }
 

@@ -12,6 +12,7 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 
+	"github.com/jetgres/jetgres/bridge/stream"
 	"github.com/jetgres/jetgres/embedded/leaf"
 	"github.com/jetgres/jetgres/internal/jswire"
 	"github.com/jetgres/jetgres/pg"
@@ -79,27 +80,27 @@ func (b *Bridge) apiStreamCreate(ctx context.Context, name string, body []byte) 
 	if cfg.Sealed {
 		return resp, server.NewJSStreamInvalidConfigError(errors.New("stream configuration for create can not be sealed"))
 	}
-	b.adminMu.Lock()
-	defer b.adminMu.Unlock()
-	if e := b.checkReservation(name, &cfg); e != nil {
+	b.streams.LockAdmin()
+	defer b.streams.UnlockAdmin()
+	if e := b.streams.CheckReservation(name, &cfg); e != nil {
 		return resp, e
 	}
-	if cur := b.lookup(name); cur != nil {
+	if cur := b.streams.Lookup(name); cur != nil {
 		// Creating an existing stream with the same configuration succeeds, as in JetStream.
-		if jswire.SameStreamConfig(cur.config(), cfg) {
+		if jswire.SameStreamConfig(cur.Config(), cfg) {
 			return b.streamCreated(ctx, resp, cur, false)
 		}
 		return resp, server.NewJSStreamNameExistError()
 	}
-	if o := b.overlapping(name, cfg.Subjects); o != nil {
+	if o := b.streams.Overlapping(name, cfg.Subjects); o != nil {
 		return resp, server.NewJSStreamSubjectOverlapError()
 	}
 	raw, err := json.Marshal(cfg)
 	if err != nil {
 		return resp, server.NewJSStreamCreateError(err)
 	}
-	st, err := b.db.CreateStreamChecked(ctx, name, raw, cfg.FirstSeq, b.overlapCheck(cfg.Subjects))
-	if errors.Is(err, errOverlap) {
+	st, err := b.db.CreateStreamChecked(ctx, name, raw, cfg.FirstSeq, stream.OverlapCheck(cfg.Subjects))
+	if errors.Is(err, stream.ErrOverlap) {
 		return resp, server.NewJSStreamSubjectOverlapError()
 	}
 	if errors.Is(err, pg.ErrExists) {
@@ -108,15 +109,15 @@ func (b *Bridge) apiStreamCreate(ctx context.Context, name string, body []byte) 
 	if err != nil {
 		return resp, fmt.Errorf("create stream %q: %w", name, err)
 	}
-	if err := b.addStream(st, cfg); err != nil {
+	s, err := b.streams.Add(st, cfg)
+	if err != nil {
 		return resp, server.NewJSStreamCreateError(err)
 	}
 	b.log.Info("stream created", "stream", name, "subjects", cfg.Subjects)
-	s := b.lookup(name)
 	return b.streamCreated(ctx, resp, s, true)
 }
 
-func (b *Bridge) streamCreated(ctx context.Context, resp *server.JSApiStreamCreateResponse, s *stream, created bool) (*server.JSApiStreamCreateResponse, error) {
+func (b *Bridge) streamCreated(ctx context.Context, resp *server.JSApiStreamCreateResponse, s *stream.Stream, created bool) (*server.JSApiStreamCreateResponse, error) {
 	info, err := b.streamInfo(ctx, s)
 	if err != nil {
 		return resp, err
@@ -128,18 +129,18 @@ func (b *Bridge) streamCreated(ctx context.Context, resp *server.JSApiStreamCrea
 // streamInfo answers what a stream info reports of the stream's state. The state, the
 // number of subjects and of consumers come from one snapshot; the subjects are counted
 // anew only when the stream changed since the last info (pg/subject_count.go).
-func (b *Bridge) streamInfo(ctx context.Context, s *stream) (*server.StreamInfo, error) {
+func (b *Bridge) streamInfo(ctx context.Context, s *stream.Stream) (*server.StreamInfo, error) {
 	// JetStream removes an acknowledged message before it answers the ack; a pass now makes
 	// every ack the consumers applied show, whether or not the maintainer got to it yet.
 	if err := b.settleRetention(ctx, s); err != nil {
-		b.log.Warn("retention pass before stream info failed", "stream", s.name, "err", err)
+		b.log.Warn("retention pass before stream info failed", "stream", s.Name(), "err", err)
 	}
-	st, err := b.db.StreamInfo(ctx, s.id)
+	st, err := b.db.StreamInfo(ctx, s.ID())
 	if errors.Is(err, pg.ErrNotFound) {
 		return nil, server.NewJSStreamNotFoundError()
 	}
 	if err != nil {
-		return nil, fmt.Errorf("stream %q state: %w", s.name, err)
+		return nil, fmt.Errorf("stream %q state: %w", s.Name(), err)
 	}
 	state := server.StreamState{
 		NumSubjects: st.NumSubjects,
@@ -163,7 +164,7 @@ func (b *Bridge) streamInfo(ctx context.Context, s *stream) (*server.StreamInfo,
 			state.FirstSeq = 0
 		}
 	}
-	return &server.StreamInfo{Config: jswire.StreamConfigForResponse(s.config()), Created: s.created.UTC(), State: state, TimeStamp: b.clock.Now().UTC(),
+	return &server.StreamInfo{Config: jswire.StreamConfigForResponse(s.Config()), Created: s.Created().UTC(), State: state, TimeStamp: b.clock.Now().UTC(),
 		Cluster: b.streamClusterInfo()}, nil
 }
 
@@ -185,16 +186,16 @@ func (b *Bridge) apiStreamUpdate(ctx context.Context, name string, body []byte) 
 		return fail(e)
 	}
 	jswire.SetStaticStreamMetadata(&cfg)
-	b.adminMu.Lock()
-	defer b.adminMu.Unlock()
-	if e := b.checkReservation(name, &cfg); e != nil {
+	b.streams.LockAdmin()
+	defer b.streams.UnlockAdmin()
+	if e := b.streams.CheckReservation(name, &cfg); e != nil {
 		return fail(e)
 	}
-	s, err := b.lookupLocked(ctx, name)
+	s, err := b.streams.FindLocked(ctx, name)
 	if err != nil {
 		return fail(notFoundAsStream(err))
 	}
-	old := s.config()
+	old := s.Config()
 	switch {
 	case old.Storage != cfg.Storage:
 		return fail(server.NewJSStreamInvalidConfigError(errors.New("stream configuration update can not change storage type")))
@@ -212,21 +213,21 @@ func (b *Bridge) apiStreamUpdate(ctx context.Context, name string, body []byte) 
 		cfg.MaxAge, cfg.Discard = 0, server.DiscardNew
 		cfg.DenyDelete, cfg.DenyPurge, cfg.AllowRollup = true, true, false
 	}
-	if o := b.overlapping(name, cfg.Subjects); o != nil {
+	if o := b.streams.Overlapping(name, cfg.Subjects); o != nil {
 		return fail(server.NewJSStreamSubjectOverlapError())
 	}
 	raw, err := json.Marshal(cfg)
 	if err != nil {
 		return fail(server.NewJSStreamUpdateError(err))
 	}
-	if err := b.db.UpdateStreamChecked(ctx, s.id, name, raw, b.overlapCheck(cfg.Subjects)); err != nil {
-		if errors.Is(err, errOverlap) {
+	if err := b.db.UpdateStreamChecked(ctx, s.ID(), name, raw, stream.OverlapCheck(cfg.Subjects)); err != nil {
+		if errors.Is(err, stream.ErrOverlap) {
 			return fail(server.NewJSStreamSubjectOverlapError())
 		}
 		return fail(fmt.Errorf("update stream %q: %w", name, err))
 	}
-	s.setConfig(cfg)
-	if err := b.subscribe(s); err != nil {
+	s.SetConfig(cfg)
+	if err := b.streams.Resubscribe(s); err != nil {
 		return fail(server.NewJSStreamUpdateError(err))
 	}
 	if old.Retention != cfg.Retention {
@@ -255,14 +256,14 @@ func (b *Bridge) apiStreamInfo(ctx context.Context, name string, body []byte) (*
 		return resp, err
 	}
 	if req.DeletedDetails {
-		deleted, err := b.db.DeletedSeqs(ctx, s.id)
+		deleted, err := b.db.DeletedSeqs(ctx, s.ID())
 		if err != nil {
 			return resp, fmt.Errorf("deleted details of stream %q: %w", name, err)
 		}
 		info.State.Deleted = deleted
 	}
 	if req.SubjectsFilter != "" {
-		totals, err := b.db.SubjectTotals(ctx, s.id, req.SubjectsFilter)
+		totals, err := b.db.SubjectTotals(ctx, s.ID(), req.SubjectsFilter)
 		if err != nil {
 			return resp, fmt.Errorf("subject totals of stream %q: %w", name, err)
 		}
@@ -301,19 +302,19 @@ func (b *Bridge) apiStreamDelete(ctx context.Context, name string, body []byte) 
 	if !jswire.IsEmptyRequest(body) {
 		return fail(server.NewJSNotEmptyRequestError())
 	}
-	b.adminMu.Lock()
-	defer b.adminMu.Unlock()
-	s, err := b.lookupLocked(ctx, name)
+	b.streams.LockAdmin()
+	defer b.streams.UnlockAdmin()
+	s, err := b.streams.FindLocked(ctx, name)
 	if err != nil {
 		return fail(notFoundAsStream(err))
 	}
-	s.unsubscribe()
-	err = b.db.DeleteStream(ctx, s.id)
+	b.streams.Unsubscribe(s)
+	err = b.db.DeleteStream(ctx, s.ID())
 	if err != nil && !errors.Is(err, pg.ErrNotFound) {
-		_ = b.subscribe(s)
+		_ = b.streams.Resubscribe(s)
 		return fail(fmt.Errorf("delete stream %q: %w", name, err))
 	}
-	b.removeStream(s)
+	b.streams.Remove(s)
 	b.log.Info("stream deleted", "stream", name)
 	resp.Success = true
 	return resp, nil
@@ -327,7 +328,7 @@ func (b *Bridge) apiStreamPurge(ctx context.Context, name string, body []byte) (
 	if err != nil {
 		return fail(err)
 	}
-	switch cfg := s.config(); {
+	switch cfg := s.Config(); {
 	case cfg.Sealed:
 		return fail(server.NewJSStreamSealedError())
 	case cfg.DenyPurge:
@@ -336,11 +337,11 @@ func (b *Bridge) apiStreamPurge(ctx context.Context, name string, body []byte) (
 	if e := jswire.CheckPurgeRequest(&req); e != nil {
 		return fail(e)
 	}
-	purged, err := b.db.Purge(ctx, s.id, pg.PurgeParams{Filter: req.Subject, UpTo: req.Sequence, Keep: req.Keep})
+	purged, err := b.db.Purge(ctx, s.ID(), pg.PurgeParams{Filter: req.Subject, UpTo: req.Sequence, Keep: req.Keep})
 	if err != nil {
 		return fail(fmt.Errorf("purge stream %q: %w", name, err))
 	}
-	s.purge(ctx, Purged{Request: true, Subject: req.Subject})
+	s.Purge(ctx, stream.Purged{Request: true, Subject: req.Subject})
 	resp.Success, resp.Purged = true, purged
 	return resp, nil
 }
@@ -353,20 +354,20 @@ func pagedNames(names []string, offset, limit int) []string {
 	return names[offset:min(len(names), offset+limit)]
 }
 
-func (b *Bridge) sortedStreams(subject string) []*stream {
-	all := b.streamList()
+func (b *Bridge) sortedStreams(subject string) []*stream.Stream {
+	all := b.streams.List()
 	out := all[:0]
 	for _, s := range all {
 		if subject == "" || b.streamCovers(s, subject) {
 			out = append(out, s)
 		}
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i].name < out[j].name })
+	sort.Slice(out, func(i, j int) bool { return out[i].Name() < out[j].Name() })
 	return out
 }
 
-func (b *Bridge) streamCovers(s *stream, subject string) bool {
-	for _, subj := range s.config().Subjects {
+func (b *Bridge) streamCovers(s *stream.Stream, subject string) bool {
+	for _, subj := range s.Config().Subjects {
 		if server.SubjectsCollide(subj, subject) {
 			return true
 		}
@@ -382,7 +383,7 @@ func (b *Bridge) apiStreamNames(body []byte) (*server.JSApiStreamNamesResponse, 
 	streams := b.sortedStreams(req.Subject)
 	names := make([]string, len(streams))
 	for i, s := range streams {
-		names[i] = s.name
+		names[i] = s.Name()
 	}
 	offset := max(req.Offset, 0)
 	return &server.JSApiStreamNamesResponse{
@@ -433,7 +434,7 @@ func (b *Bridge) apiMsgGet(ctx context.Context, name string, body []byte) (*serv
 	if (req.LastFor != "" && (req.Seq > 0 || req.NextFor != "")) || (req.LastFor == "" && req.NextFor == "" && req.Seq == 0) {
 		return fail(server.NewJSBadRequestError())
 	}
-	m, err := s.gets.Get(ctx, getRequest(&req))
+	m, err := s.Gets().Get(ctx, getRequest(&req))
 	if errors.Is(err, pg.ErrNotFound) {
 		return fail(server.NewJSNoMessageFoundError())
 	}
@@ -456,7 +457,7 @@ func (b *Bridge) apiMsgDelete(ctx context.Context, name string, body []byte) (*s
 	if err != nil {
 		return fail(err)
 	}
-	switch cfg := s.config(); {
+	switch cfg := s.Config(); {
 	case cfg.Sealed:
 		return fail(server.NewJSStreamSealedError())
 	case cfg.DenyDelete:
@@ -465,7 +466,7 @@ func (b *Bridge) apiMsgDelete(ctx context.Context, name string, body []byte) (*s
 	if req.Seq == 0 {
 		return fail(server.NewJSBadRequestError())
 	}
-	err = b.db.DeleteMessage(ctx, s.id, req.Seq)
+	err = b.db.DeleteMessage(ctx, s.ID(), req.Seq)
 	if errors.Is(err, pg.ErrPastLast) {
 		// nats-server's file store's answer, whatever the sequence: up to 2^64-1.
 		return fail(server.NewJSStreamMsgDeleteFailedError(errors.New("stream store EOF")))
@@ -476,7 +477,7 @@ func (b *Bridge) apiMsgDelete(ctx context.Context, name string, body []byte) (*s
 	if err != nil {
 		return fail(fmt.Errorf("delete message from stream %q: %w", name, err))
 	}
-	s.purge(ctx, Purged{})
+	s.Purge(ctx, stream.Purged{})
 	resp.Success = true
 	return resp, nil
 }

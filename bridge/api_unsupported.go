@@ -82,7 +82,7 @@ func (b *Bridge) answerUnsupported(m *leaf.Msg, i int) {
 	if b.unsupportedLogged[i].CompareAndSwap(false, true) {
 		b.log.Warn("JetStream API request not supported (logged once per kind)", "request", u.name, "subject", m.Subject)
 	}
-	b.pm.apiUnsupported.WithLabelValues(u.name).Inc()
+	b.am.unsupported.WithLabelValues(u.name).Inc()
 	r := jswire.ErrorResponse(u.typ, nil)
 	b.respond(m.Reply, r, r, server.NewJSStreamGeneralError, unsupportedError(u))
 }

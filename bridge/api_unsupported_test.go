@@ -62,7 +62,7 @@ func TestEveryJetStreamRequestIsServedOrRefused(t *testing.T) {
 			t.Errorf("%s: answered %+v, want 503, err_code 10036, %q", subject, resp.Error, want)
 		}
 		var m dto.Metric
-		if err := tb.bridge.pm.apiUnsupported.WithLabelValues(name).Write(&m); err != nil {
+		if err := tb.bridge.am.unsupported.WithLabelValues(name).Write(&m); err != nil {
 			t.Fatal(err)
 		}
 		if got := m.GetCounter().GetValue(); got != 1 {

@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/jetgres/jetgres/bridge/gets"
+	"github.com/jetgres/jetgres/bridge/stream"
 	"github.com/jetgres/jetgres/bridge/tailcache"
 	"github.com/jetgres/jetgres/embedded/leaf"
 	"github.com/jetgres/jetgres/flow"
@@ -228,42 +229,24 @@ type Bridge struct {
 	db   *pg.DB
 	link *leaf.Conn
 	log  *slog.Logger
-	pm   *publishMetrics
+	am   *apiMetrics
 	// clock is Config.Clock, or the system clock.
 	clock clock.Clock
 	// The warnings of attempts that fail together while the database is away, thinned.
 	// Each warning has a throttle of its own, so that one cannot hide another.
-	warnPush, warnRead, warnPending, warnTick, warnFill, warnOwnSession, warnUnserved warnlog.Throttle
+	warnRead, warnPending, warnTick, warnFill, warnOwnSession, warnUnserved warnlog.Throttle
 
-	// bg runs the background work: API workers, the flush dispatcher, the stream sync loop
-	// and the retention maintainer. ctx is its context, from Start until Stop cancels it.
+	// bg runs the background work: API workers, the stream sync loop and the retention
+	// maintainer. ctx is its context, from Start until Stop cancels it.
 	bg  startstop.Group
 	ctx context.Context
-	// flushes runs the push transactions. They outlive bg's cancellation, so that what was
-	// taken in is committed and answered; flushCtx ends only when Stop's deadline passes.
-	flushes  startstop.Group
-	flushCtx context.Context
 
-	// adminMu serialises stream create, update and delete, so that overlap checks and the
-	// subject subscriptions agree with what PostgreSQL holds.
-	adminMu sync.Mutex
-	mu      sync.RWMutex
-	streams map[string]*stream
-	// tails is the bound that every stream's tail shares (Config.TailTotalBytes).
-	tails *tailcache.Budget
-	// subscribers take every stream's events, in this order (see events.go).
-	subscribers []subscriber
-
-	ready *readyQueue
-	usage storeUsage // what memory and file streams hold, for Config.MaxMemory and MaxStore
-	// inFlight counts the push transactions in flight; youngest is when the last of them
-	// started, in the clock's Unix nanoseconds; flushDone is poked as each ends.
-	inFlight    atomic.Int32
-	youngest    atomic.Int64
-	flushDone   chan struct{}
-	intakeTotal atomic.Int64 // bytes in all streams' intakes
-	apiReqs     chan *leaf.Msg
-	apiSub      *leaf.Subscription
+	// streams are the streams this process serves, their intakes and flushes.
+	streams *stream.Registry
+	// rets holds each served stream's *retentionState (retOf).
+	rets    sync.Map
+	apiReqs chan *leaf.Msg
+	apiSub  *leaf.Subscription
 	// ownForward is forwardPrefix(cfg.ReplicaName): the subjects of the requests other
 	// replicas forward here.
 	ownForward string
@@ -290,25 +273,30 @@ func New(cfg Config) (*Bridge, error) {
 	}
 	cfg.applyDefaults()
 	b := &Bridge{
-		cfg:       cfg,
-		db:        cfg.DB,
-		link:      cfg.Link,
-		log:       cfg.Logger,
-		pm:        newPublishMetrics(cfg.Registerer),
-		sql:       newSQLMover(cfg.Registerer),
-		clock:     clock.OrSystem(cfg.Clock),
-		streams:   make(map[string]*stream),
-		tails:     tailcache.NewBudget(int64(cfg.TailTotalBytes)),
-		ready:     newReadyQueue(),
-		flushDone: make(chan struct{}, 1),
-		apiReqs:   make(chan *leaf.Msg, APIQueueDefault),
+		cfg:     cfg,
+		db:      cfg.DB,
+		link:    cfg.Link,
+		log:     cfg.Logger,
+		am:      newAPIMetrics(cfg.Registerer),
+		sql:     newSQLMover(cfg.Registerer),
+		clock:   clock.OrSystem(cfg.Clock),
+		apiReqs: make(chan *leaf.Msg, APIQueueDefault),
 	}
 	b.metaKick = make(chan struct{}, 1)
-	registerTailMetrics(cfg.Registerer, b.tails)
 	b.ownForward = b.forwardPrefix(cfg.ReplicaName)
 	b.initConsumers(cfg.Registerer)
 	b.gets = gets.New(cfg.DB, cfg.SubjectIndexBytes, cfg.Registerer)
-	b.subscribers = []subscriber{getSubscriber{}, tailSubscriber{}, b.cons}
+	b.streams = stream.NewRegistry(stream.Config{
+		DB: cfg.DB, Link: cfg.Link, Push: cfg.Push, Clock: b.clock, Logger: cfg.Logger, Registerer: cfg.Registerer,
+		QueueGroup:  QueueGroup,
+		IntakeBytes: cfg.IntakeBytes, IntakeTotalBytes: cfg.IntakeTotalBytes,
+		FlushMaxMsgs: cfg.FlushMaxMsgs, FlushMaxStreams: cfg.FlushMaxStreams, FlushOverlapAfter: cfg.FlushOverlapAfter,
+		MaxMemory: cfg.MaxMemory, MaxStore: cfg.MaxStore,
+		TailBytes: TailBytesDefault, Tails: tailcache.NewBudget(int64(cfg.TailTotalBytes)),
+		Gets:       b.gets,
+		NoInterest: b.noInterest,
+	})
+	b.streams.Subscribe(b.cons)
 	return b, nil
 }
 
@@ -323,9 +311,6 @@ func (b *Bridge) Start(ctx context.Context) (err error) {
 		return fmt.Errorf("bridge: start: %w", err)
 	}
 	b.ctx = bctx
-	if b.flushCtx, err = b.flushes.Start(context.WithoutCancel(ctx)); err != nil {
-		return fmt.Errorf("bridge: start: %w", err)
-	}
 	defer func() {
 		if err != nil {
 			_ = b.Stop(ctx)
@@ -333,8 +318,10 @@ func (b *Bridge) Start(ctx context.Context) (err error) {
 	}()
 	// Stream subjects are subscribed from here on, and a failed start drains what their
 	// publishes left in the ready queue: the dispatcher comes first.
-	b.bg.Go(b.dispatchFlushes)
-	if err := b.syncStreams(ctx); err != nil {
+	if err := b.streams.Start(ctx); err != nil {
+		return fmt.Errorf("bridge: %w", err)
+	}
+	if err := b.streams.Sync(ctx); err != nil {
 		return fmt.Errorf("bridge: load streams: %w", err)
 	}
 	for range APIWorkersDefault {
@@ -371,23 +358,14 @@ func (b *Bridge) Stop(ctx context.Context) error {
 		if b.apiSub != nil {
 			_ = b.apiSub.Unsubscribe()
 		}
-		b.mu.RLock()
-		for _, s := range b.streams {
-			s.unsubscribe()
-		}
-		b.mu.RUnlock()
+		b.streams.UnsubscribeAll()
 		// Everything already taken in still gets committed and answered.
-		if e := b.drainIntake(ctx); e != nil {
-			err = fmt.Errorf("bridge: drain: %w", e)
+		if e := b.streams.Stop(ctx); e != nil {
+			err = fmt.Errorf("bridge: %w", e)
 		}
 		b.stopConsumers(ctx)
 		b.bg.Stop()
 		b.stopRetention()
-		// The dispatcher may have started a last flush after the drain looked.
-		if e := b.flushes.Wait(ctx); e != nil && err == nil {
-			err = fmt.Errorf("bridge: drain: %w", e)
-		}
-		b.flushes.Stop()
 	})
 	return err
 }
@@ -397,20 +375,7 @@ func (b *Bridge) Stop(ctx context.Context) error {
 // elsewhere, a saturated disk) shows here while every publish it carries waits for its
 // PubAck, so readiness can report the stall. Only served streams are looked at: a flush of
 // a stream deleted meanwhile no longer counts.
-func (b *Bridge) OldestFlush(now time.Time) time.Duration {
-	var oldest int64
-	b.mu.RLock()
-	for _, s := range b.streams {
-		if t := s.in.flushSince.Load(); t != 0 && (oldest == 0 || t < oldest) {
-			oldest = t
-		}
-	}
-	b.mu.RUnlock()
-	if oldest == 0 {
-		return 0
-	}
-	return max(now.Sub(time.Unix(0, oldest)), 0)
-}
+func (b *Bridge) OldestFlush(now time.Time) time.Duration { return b.streams.OldestFlush(now) }
 
 // metaChanged is told of each stream and consumer change any replica commits (0: some may
 // have been missed): the streams are re-read, and the ownership loop looks, at once.
@@ -434,8 +399,17 @@ func (b *Bridge) streamSyncLoop() {
 		case <-t.C():
 		case <-b.metaKick:
 		}
-		if err := b.syncStreams(b.ctx); err != nil && b.ctx.Err() == nil {
+		if err := b.streams.Sync(b.ctx); err != nil && b.ctx.Err() == nil {
 			b.log.Warn("re-reading streams failed", "err", err)
 		}
+	}
+}
+
+// poke wakes whoever waits on ch, a channel of capacity one, without waiting itself: a
+// wake-up already pending covers this one.
+func poke(ch chan struct{}) {
+	select {
+	case ch <- struct{}{}:
+	default:
 	}
 }

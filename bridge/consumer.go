@@ -176,7 +176,7 @@ func newConsumer(cs *consumerSide, sc *streamConsumers, row pg.Consumer, cfg ser
 		c.st.ShowFrom(row.ShownStreamSeq)
 	}
 	if cfg.ReplayPolicy == server.ReplayOriginal {
-		c.replay = replay{on: true, upTo: sc.s.tail.HighWater()}
+		c.replay = replay{on: true, upTo: sc.s.Tail().HighWater()}
 	}
 	c.cw.written = floor
 	c.cw.want, c.cw.wantShown = floor, row.ShownStreamSeq
@@ -312,7 +312,7 @@ func (c *consumer) run() {
 			c.cs.deleteInactive(c)
 			continue
 		}
-		hw := c.sc.s.tail.HighWater()
+		hw := c.sc.s.Tail().HighWater()
 		c.pump(ctx)
 		wake := c.nextWake(clock.Now())
 		parked := c.out.waits()
@@ -321,7 +321,7 @@ func (c *consumer) run() {
 		if parked {
 			// A commit that raised the high-water mark before it could see parked set has
 			// not signalled: look once more.
-			if c.sc.s.tail.HighWater() > hw {
+			if c.sc.s.Tail().HighWater() > hw {
 				c.signal()
 			}
 			// Only a consumer that starts waiting brings the ticker back to its base period;
@@ -388,7 +388,7 @@ func (c *consumer) msgsPending() int64 {
 // hasWork is the cheap in-memory check: is anything deliverable without asking PostgreSQL
 // whether more was committed.
 func (c *consumer) hasWork() bool {
-	return c.st.HasRedeliveries() || len(c.ahead) > 0 || c.start != nil || c.st.Next() <= c.sc.s.tail.HighWater()
+	return c.st.HasRedeliveries() || len(c.ahead) > 0 || c.start != nil || c.st.Next() <= c.sc.s.Tail().HighWater()
 }
 
 // source says where a candidate message came from, so that delivering it consumes it there.
@@ -440,7 +440,7 @@ func (c *consumer) pump(ctx context.Context) {
 		if dc == 1 && pending > 0 && !uncounted {
 			pending--
 		}
-		info := jswire.AckInfo{Stream: c.sc.s.name, Consumer: c.name, Delivered: dc, StreamSeq: m.Seq, ConsumerSeq: c.st.Delivered().Consumer + 1, TS: m.TS, Pending: pending}
+		info := jswire.AckInfo{Stream: c.sc.s.Name(), Consumer: c.name, Delivered: dc, StreamSeq: m.Seq, ConsumerSeq: c.st.Delivered().Consumer + 1, TS: m.TS, Pending: pending}
 		reply := jswire.AppendAckSubject(c.reply[:0], info)
 		size := len(m.Subject) + len(reply) + len(hdr) + len(data)
 		// The clock is read once every clockEvery deliveries: a time a few microseconds old
@@ -459,7 +459,7 @@ func (c *consumer) pump(ctx context.Context) {
 		if err := c.cs.b.link.PublishQueue(to.subject, reply, to.group, hdr, data); err != nil {
 			// Not sent (the link is full or closing), so not delivered: it stays next in
 			// line and is tried again shortly, not after an ack wait.
-			c.cs.b.log.Debug("delivery not sent", "stream", c.sc.s.name, "consumer", c.name, "err", err)
+			c.cs.b.log.Debug("delivery not sent", "stream", c.sc.s.Name(), "consumer", c.name, "err", err)
 			if uncounted {
 				c.npc++ // claimed from its commit; the next try takes it off again
 			}

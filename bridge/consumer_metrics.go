@@ -122,7 +122,7 @@ func (m *consumerMetrics) Collect(ch chan<- prometheus.Metric) {
 	cs.mu.RLock()
 	for s, sc := range cs.streams {
 		for _, c := range sc.list() {
-			all = append(all, served{s.name, c})
+			all = append(all, served{s.Name(), c})
 		}
 	}
 	cs.mu.RUnlock()

@@ -30,7 +30,7 @@ func TestScrapeWaitsForAConsumerWithoutTheRegistryLock(t *testing.T) {
 	var c *consumer
 	testwait.For(t, 10*time.Second, func() error {
 		cs.mu.RLock()
-		if sc := cs.streams[tb.bridge.lookup("S")]; sc != nil {
+		if sc := cs.streams[tb.bridge.streams.Lookup("S")]; sc != nil {
 			c = sc.get("C")
 		}
 		cs.mu.RUnlock()

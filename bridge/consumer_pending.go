@@ -127,7 +127,7 @@ func (c *consumer) recountPending(ctx context.Context) {
 	c.stale.Store(false)
 	through := c.pend.restart()
 	from, extra := c.countFrom()
-	p := pg.PendingParams{StreamID: c.sc.s.id, From: from, UpTo: through, Filters: c.filters()}
+	p := pg.PendingParams{StreamID: c.sc.s.ID(), From: from, UpTo: through, Filters: c.filters()}
 	c.mu.Unlock()
 	start := clock.Now()
 	n, err := c.cs.b.db.CountPending(ctx, p)
@@ -139,7 +139,7 @@ func (c *consumer) recountPending(ctx context.Context) {
 	}
 	if err != nil {
 		if ctx.Err() == nil {
-			c.cs.b.warnPending.Warn(c.cs.b.log, c.cs.b.clock.Now(), "counting pending messages failed", "stream", c.sc.s.name, "consumer", c.name, "err", err)
+			c.cs.b.warnPending.Warn(c.cs.b.log, c.cs.b.clock.Now(), "counting pending messages failed", "stream", c.sc.s.Name(), "consumer", c.name, "err", err)
 		}
 		c.stale.Store(true)
 		c.recountAt = clock.Now().Add(readRetry)

@@ -173,7 +173,7 @@ func (p *pusher) sent(c *consumer, _ target, size int, now time.Time) {
 
 // sendFlowControl asks the client to answer once it has taken what was sent so far.
 func (p *pusher) sendFlowControl(c *consumer) {
-	p.fcsz, p.fcid = p.pbytes, jswire.FlowControlSubject(c.sc.s.name, c.name, rand.Uint64())
+	p.fcsz, p.fcid = p.pbytes, jswire.FlowControlSubject(c.sc.s.Name(), c.name, rand.Uint64())
 	_ = c.cs.b.link.PublishQueue(p.subject, []byte(p.fcid), p.group, jswire.FlowControlStatus(), nil)
 	c.cs.m.fcRequests.Inc()
 }
@@ -252,7 +252,7 @@ func (cs *consumerSide) onFlowControl(m *leaf.Msg) {
 	if !ok {
 		return
 	}
-	s := cs.b.lookup(streamName)
+	s := cs.b.streams.Lookup(streamName)
 	if s == nil {
 		return
 	}

@@ -60,7 +60,7 @@ func (c *consumer) next(ctx context.Context) (m pg.Message, dc uint64, src sourc
 	}
 	for {
 		from := c.st.Next()
-		hw := c.sc.s.tail.HighWater()
+		hw := c.sc.s.Tail().HighWater()
 		if from > hw {
 			return m, 0, 0, nextEmpty
 		}
@@ -76,7 +76,7 @@ func (c *consumer) next(ctx context.Context) (m pg.Message, dc uint64, src sourc
 			}
 			continue
 		}
-		m, through, found, hit := c.sc.s.tail.Next(from, c.matchFilters)
+		m, through, found, hit := c.sc.s.Tail().Next(from, c.matchFilters)
 		if hit {
 			c.tally.tailHits++
 			if found {
@@ -125,11 +125,11 @@ func (c *consumer) readAhead(ctx context.Context, from, hw uint64) bool {
 	upTo := c.behindTail(from, hw)
 	c.unlocked = true
 	c.mu.Unlock()
-	msgs, through, err := c.sc.reads.read(ctx, c.cs, pg.ReadParams{StreamID: c.sc.s.id, From: from, UpTo: upTo, MaxMsgs: n, MaxBytes: readAheadBytes}, filters)
+	msgs, through, err := c.sc.reads.read(ctx, c.cs, pg.ReadParams{StreamID: c.sc.s.ID(), From: from, UpTo: upTo, MaxMsgs: n, MaxBytes: readAheadBytes}, filters)
 	c.mu.Lock()
 	if err != nil {
 		if ctx.Err() == nil {
-			c.cs.b.warnRead.Warn(c.cs.b.log, c.cs.b.clock.Now(), "consumer read failed", "stream", c.sc.s.name, "consumer", c.name, "err", err)
+			c.cs.b.warnRead.Warn(c.cs.b.log, c.cs.b.clock.Now(), "consumer read failed", "stream", c.sc.s.Name(), "consumer", c.name, "err", err)
 		}
 		c.retryAt = c.cs.b.clock.Now().Add(readRetry)
 		return false
@@ -142,7 +142,7 @@ func (c *consumer) readAhead(ctx context.Context, from, hw uint64) bool {
 // behindTail is where a read of PostgreSQL from from should stop: before the tail cache
 // starts, when from is behind it, since the consumer continues from the cache there.
 func (c *consumer) behindTail(from, hw uint64) uint64 {
-	if start := c.sc.s.tail.Start(); start > from {
+	if start := c.sc.s.Tail().Start(); start > from {
 		return min(hw, start-1)
 	}
 	return hw
@@ -166,19 +166,19 @@ func (c *consumer) prefetch(ctx context.Context) {
 	if c.pf != nil || len(c.ahead) > c.out.prefetchLow() || c.aheadUpTo == 0 {
 		return
 	}
-	from, hw := c.aheadUpTo+1, c.sc.s.tail.HighWater()
+	from, hw := c.aheadUpTo+1, c.sc.s.Tail().HighWater()
 	if from < c.st.Next() || from > hw {
 		return // delivery moved past the read-ahead, or nothing more is committed
 	}
 	if c.cs.b.clock.Now().Before(c.retryAt) {
 		return
 	}
-	if _, _, covered := c.sc.s.tail.Get(from); covered {
+	if _, _, covered := c.sc.s.Tail().Get(from); covered {
 		return
 	}
 	pf := &prefetch{gen: c.aheadGen, from: from, done: make(chan struct{})}
 	c.pf = pf
-	p := pg.ReadParams{StreamID: c.sc.s.id, From: from, UpTo: c.behindTail(from, hw), MaxMsgs: readAheadMax, MaxBytes: readAheadBytes}
+	p := pg.ReadParams{StreamID: c.sc.s.ID(), From: from, UpTo: c.behindTail(from, hw), MaxMsgs: readAheadMax, MaxBytes: readAheadBytes}
 	filters := c.filters()
 	if !c.cs.g.Go(func() {
 		pf.msgs, pf.through, pf.err = c.sc.reads.read(ctx, c.cs, p, filters)
@@ -218,7 +218,7 @@ func (c *consumer) takePrefetch(ctx context.Context) bool {
 	}
 	if pf.err != nil {
 		if ctx.Err() == nil {
-			c.cs.b.warnRead.Warn(c.cs.b.log, c.cs.b.clock.Now(), "consumer read failed", "stream", c.sc.s.name, "consumer", c.name, "err", pf.err)
+			c.cs.b.warnRead.Warn(c.cs.b.log, c.cs.b.clock.Now(), "consumer read failed", "stream", c.sc.s.Name(), "consumer", c.name, "err", pf.err)
 		}
 		c.retryAt = c.cs.b.clock.Now().Add(readRetry)
 		return false
@@ -243,7 +243,7 @@ func (c *consumer) dropAhead() {
 // load returns the message at seq, from the tail when it holds it. live is false when the
 // message no longer exists.
 func (c *consumer) load(ctx context.Context, seq uint64) (pg.Message, bool, error) {
-	if m, live, covered := c.sc.s.tail.Get(seq); covered {
+	if m, live, covered := c.sc.s.Tail().Get(seq); covered {
 		c.cs.m.tailHits.Inc()
 		return m, live, nil
 	}
@@ -257,7 +257,7 @@ func (c *consumer) load(ctx context.Context, seq uint64) (pg.Message, bool, erro
 	}
 	c.unlocked = true
 	c.mu.Unlock()
-	msgs, _, err := c.cs.readPop(ctx, pg.ReadParams{StreamID: c.sc.s.id, From: seq, UpTo: seq, MaxMsgs: 1}, nil)
+	msgs, _, err := c.cs.readPop(ctx, pg.ReadParams{StreamID: c.sc.s.ID(), From: seq, UpTo: seq, MaxMsgs: 1}, nil)
 	c.mu.Lock()
 	if err != nil {
 		c.retryAt = c.cs.b.clock.Now().Add(readRetry)

@@ -102,11 +102,11 @@ func fetchExactly(t *testing.T, c jetstream.Consumer, n int) []jetstream.Msg {
 
 func mustStreamID(t *testing.T, tb *testBundle, name string) int64 {
 	t.Helper()
-	s := tb.bridge.lookup(name)
+	s := tb.bridge.streams.Lookup(name)
 	if s == nil {
 		t.Fatalf("no stream %s", name)
 	}
-	return s.id
+	return s.ID()
 }
 
 // TestCursorWritesPaced acks messages one by one with plain acks: the floor moves with each,
@@ -364,7 +364,7 @@ func TestMaxConsumersHoldsUnderConcurrentCreates(t *testing.T) {
 			t.Fatalf("a create failed otherwise than on the limit: %v", err)
 		}
 	}
-	rows, err := tb.db.Consumers(ctx, tb.bridge.lookup("MC").id)
+	rows, err := tb.db.Consumers(ctx, tb.bridge.streams.Lookup("MC").ID())
 	if err != nil {
 		t.Fatal(err)
 	}

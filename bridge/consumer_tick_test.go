@@ -179,6 +179,22 @@ func counterValue(t *testing.T, reg *prometheus.Registry, name string) float64 {
 	return 0
 }
 
+// gaugeValue reads a gauge without labels from reg.
+func gaugeValue(t *testing.T, reg *prometheus.Registry, name string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == name && len(mf.GetMetric()) == 1 {
+			return mf.GetMetric()[0].GetGauge().GetValue()
+		}
+	}
+	t.Fatalf("no gauge %s", name)
+	return 0
+}
+
 // reasonCount reads the reason series of a counter labelled by reason from reg, 0 before
 // the first.
 func reasonCount(t *testing.T, reg *prometheus.Registry, name, reason string) float64 {
@@ -214,8 +230,8 @@ func TestCatchUpSwitchesToTail(t *testing.T) {
 	ctx := testContext(t)
 	newStream(t, ctx, tb, "CU", "cu.>")
 	publishBacklog(t, tb, "cu.x", data, total)
-	s := tb.bridge.lookup("CU")
-	tail := s.tail
+	s := tb.bridge.streams.Lookup("CU")
+	tail := s.Tail()
 	start := tail.Start()
 	if start <= readAheadMax || start > total {
 		t.Fatalf("the tail starts at %d: the test wants a backlog well behind it", start)

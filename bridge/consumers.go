@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/jetgres/jetgres/bridge/stream"
 	"github.com/jetgres/jetgres/embedded/leaf"
 	"github.com/jetgres/jetgres/internal/jswire"
 	"github.com/jetgres/jetgres/internal/startstop"
@@ -52,7 +53,7 @@ type consumerSide struct {
 	activeN chan struct{} // activation slots
 
 	mu      sync.RWMutex
-	streams map[*stream]*streamConsumers
+	streams map[*stream.Stream]*streamConsumers
 
 	// own says which consumers this replica serves; see replicas.go.
 	own *ownership
@@ -69,7 +70,7 @@ type consumerSide struct {
 
 // streamConsumers is one stream's consumers.
 type streamConsumers struct {
-	s     *stream
+	s     *stream.Stream
 	reads sharedReads
 
 	mu   sync.RWMutex
@@ -91,7 +92,7 @@ func (sc *streamConsumers) get(name string) *consumer {
 func (b *Bridge) cs() *consumerSide { return b.cons }
 
 // registry returns the stream's consumer registry, nil when it has none yet.
-func (cs *consumerSide) registry(s *stream) *streamConsumers {
+func (cs *consumerSide) registry(s *stream.Stream) *streamConsumers {
 	cs.mu.RLock()
 	defer cs.mu.RUnlock()
 	return cs.streams[s]
@@ -99,7 +100,7 @@ func (cs *consumerSide) registry(s *stream) *streamConsumers {
 
 // consumersOf is registry for callers on the stream side, which may run before the consumer
 // side exists or after it stopped.
-func (b *Bridge) consumersOf(s *stream) *streamConsumers {
+func (b *Bridge) consumersOf(s *stream.Stream) *streamConsumers {
 	if cs := b.cs(); cs != nil {
 		return cs.registry(s)
 	}
@@ -112,7 +113,7 @@ func (b *Bridge) initConsumers(reg prometheus.Registerer) {
 		owner:   b.cfg.ReplicaName,
 		kick:    make(chan struct{}, 1),
 		activeN: make(chan struct{}, activationsMax),
-		streams: make(map[*stream]*streamConsumers),
+		streams: make(map[*stream.Stream]*streamConsumers),
 	}
 	cs.ownKick = make(chan struct{}, 1)
 	cs.m = newConsumerMetrics(reg, cs)
@@ -209,7 +210,7 @@ func (b *Bridge) stopConsumers(ctx context.Context) {
 
 // onCommitted wakes the consumers waiting for rows that s's tail just took: the
 // local-commit fast path, no tick needed.
-func (cs *consumerSide) onCommitted(s *stream, ev Committed) {
+func (cs *consumerSide) OnCommitted(s *stream.Stream, ev stream.Committed) {
 	if len(ev.Stored) == 0 {
 		return
 	}
@@ -224,7 +225,7 @@ func (cs *consumerSide) onCommitted(s *stream, ev Committed) {
 
 // onDropped stops serving a deleted stream's consumers; PostgreSQL removed their rows with
 // the stream.
-func (cs *consumerSide) onDropped(s *stream, _ Dropped) {
+func (cs *consumerSide) OnDropped(s *stream.Stream, _ stream.Dropped) {
 	cs.mu.Lock()
 	sc := cs.streams[s]
 	delete(cs.streams, s)
@@ -239,7 +240,7 @@ func (cs *consumerSide) onDropped(s *stream, _ Dropped) {
 
 // onPurged makes the consumers forget rows they read or counted that may be gone, and
 // moves them as a purge request moves them (see purgeMoves).
-func (cs *consumerSide) onPurged(ctx context.Context, s *stream, ev Purged) {
+func (cs *consumerSide) OnPurged(ctx context.Context, s *stream.Stream, ev stream.Purged) {
 	if ev.Consumed {
 		return
 	}
@@ -265,9 +266,9 @@ func (cs *consumerSide) onPurged(ctx context.Context, s *stream, ev Purged) {
 // subject stay where they are, as there.
 func (cs *consumerSide) purgeMoves(ctx context.Context, sc *streamConsumers, subject string) {
 	b, s := cs.b, sc.s
-	st, err := b.db.State(ctx, s.id)
+	st, err := b.db.State(ctx, s.ID())
 	if err != nil {
-		b.log.Warn("stream state after a purge", "stream", s.name, "err", err)
+		b.log.Warn("stream state after a purge", "stream", s.Name(), "err", err)
 		return
 	}
 	first := st.FirstSeq
@@ -278,12 +279,12 @@ func (cs *consumerSide) purgeMoves(ctx context.Context, sc *streamConsumers, sub
 	if subject != "" {
 		// 0 when nothing is left on the subject: Purged then moves past the last sequence.
 		left = 0
-		m, err := b.db.NextBySubject(ctx, s.id, subject, first)
+		m, err := b.db.NextBySubject(ctx, s.ID(), subject, first)
 		switch {
 		case err == nil:
 			left = m.Seq
 		case !errors.Is(err, pg.ErrNotFound):
-			b.log.Warn("first message left after a purge", "stream", s.name, "err", err)
+			b.log.Warn("first message left after a purge", "stream", s.Name(), "err", err)
 			return
 		}
 		if st.Msgs == 0 {
@@ -301,7 +302,7 @@ func (cs *consumerSide) purgeMoves(ctx context.Context, sc *streamConsumers, sub
 			if !inside || !allInside(f, subject) {
 				move.start, move.wider = first, true
 				if move.gone, err = b.goneOf(ctx, s, c); err != nil {
-					b.log.Warn("pending messages after a purge", "stream", s.name, "consumer", c.name, "err", err)
+					b.log.Warn("pending messages after a purge", "stream", s.Name(), "consumer", c.name, "err", err)
 					continue
 				}
 			}
@@ -321,14 +322,14 @@ func (p *purgeMove) isGone(seq uint64) bool { return p.gone[seq] }
 
 // goneOf finds which of a consumer's pending deliveries no longer exist. Deliveries made
 // after the purge are of messages it left, so a snapshot taken now is enough.
-func (b *Bridge) goneOf(ctx context.Context, s *stream, c *consumer) (map[uint64]bool, error) {
+func (b *Bridge) goneOf(ctx context.Context, s *stream.Stream, c *consumer) (map[uint64]bool, error) {
 	c.mu.Lock()
 	pending := c.st.PendingSeqs()
 	c.mu.Unlock()
 	if len(pending) == 0 {
 		return nil, nil
 	}
-	gone, err := b.db.GoneSeqs(ctx, s.id, pending)
+	gone, err := b.db.GoneSeqs(ctx, s.ID(), pending)
 	if err != nil {
 		return nil, err
 	}
@@ -357,7 +358,7 @@ func allInside(filters []string, subject string) bool {
 }
 
 // onRemoved tells the consumers that rows they may have counted as pending went.
-func (cs *consumerSide) onRemoved(s *stream, ev Removed) {
+func (cs *consumerSide) OnRemoved(s *stream.Stream, ev stream.Removed) {
 	if ev.Unread == 0 {
 		return
 	}
@@ -402,7 +403,7 @@ func (b *Bridge) servePull(m *leaf.Msg, streamName, consumerName string) {
 
 // find returns the consumer if this process serves it.
 func (cs *consumerSide) find(streamName, consumerName string) *consumer {
-	s := cs.b.lookup(streamName)
+	s := cs.b.streams.Lookup(streamName)
 	if s == nil {
 		return nil
 	}
@@ -410,7 +411,7 @@ func (cs *consumerSide) find(streamName, consumerName string) *consumer {
 }
 
 // served returns s's consumer of that name if this process serves it.
-func (cs *consumerSide) served(s *stream, consumerName string) *consumer {
+func (cs *consumerSide) served(s *stream.Stream, consumerName string) *consumer {
 	sc := cs.registry(s)
 	if sc == nil {
 		return nil
@@ -419,7 +420,7 @@ func (cs *consumerSide) served(s *stream, consumerName string) *consumer {
 }
 
 // registryFor returns the stream's consumer registry, creating it.
-func (cs *consumerSide) registryFor(s *stream) *streamConsumers {
+func (cs *consumerSide) registryFor(s *stream.Stream) *streamConsumers {
 	sc := cs.registry(s)
 	if sc != nil {
 		return sc
@@ -435,18 +436,18 @@ func (cs *consumerSide) registryFor(s *stream) *streamConsumers {
 
 // streamLoaded returns the stream's registry, starting its tail at the high-water mark
 // PostgreSQL gives if no commit of this process started it.
-func (cs *consumerSide) streamLoaded(ctx context.Context, s *stream) (*streamConsumers, error) {
+func (cs *consumerSide) streamLoaded(ctx context.Context, s *stream.Stream) (*streamConsumers, error) {
 	sc := cs.registry(s)
 	if sc != nil {
 		return sc, nil
 	}
-	if !s.tail.Started() {
-		hw, err := cs.b.db.HighWater(ctx, []int64{s.id})
+	if !s.Tail().Started() {
+		hw, err := cs.b.db.HighWater(ctx, []int64{s.ID()})
 		if err != nil {
 			return nil, err
 		}
-		s.tail.StartAfter(hw[s.id])
-		s.tail.Raise(hw[s.id])
+		s.Tail().StartAfter(hw[s.ID()])
+		s.Tail().Raise(hw[s.ID()])
 	}
 	return cs.registryFor(s), nil
 }
@@ -466,9 +467,9 @@ func (cs *consumerSide) activate(ctx context.Context, sc *streamConsumers, row p
 		cs.release(sc.s, row.Name)
 		return nil, err
 	}
-	sc.s.tail.Raise(hw)
+	sc.s.Tail().Raise(hw)
 	from, extra := c.countFrom()
-	npc, err := cs.b.db.CountPending(ctx, pg.PendingParams{StreamID: sc.s.id, From: from, UpTo: hw, Filters: c.filters()})
+	npc, err := cs.b.db.CountPending(ctx, pg.PendingParams{StreamID: sc.s.ID(), From: from, UpTo: hw, Filters: c.filters()})
 	if err != nil {
 		cs.release(sc.s, row.Name)
 		return nil, err
@@ -506,11 +507,11 @@ func (cs *consumerSide) activate(ctx context.Context, sc *streamConsumers, row p
 }
 
 // release gives back one count of a consumer's lock that no served consumer stands for.
-func (cs *consumerSide) release(s *stream, name string) {
+func (cs *consumerSide) release(s *stream.Stream, name string) {
 	if own := cs.own.own; own != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), cs.b.cfg.Lease)
 		defer cancel()
-		_ = own.Unlock(ctx, pg.ConsumerKey{StreamID: s.id, Name: name})
+		_ = own.Unlock(ctx, pg.ConsumerKey{StreamID: s.ID(), Name: name})
 	}
 }
 
@@ -562,7 +563,7 @@ func (cs *consumerSide) ensure(ctx context.Context, streamName, consumerName str
 	if !jswire.ValidName(consumerName) {
 		return nil, pg.ErrNotFound
 	}
-	s, err := cs.b.lookupOrSync(ctx, streamName)
+	s, err := cs.b.streams.Find(ctx, streamName)
 	if err != nil {
 		return nil, err
 	}
@@ -570,7 +571,7 @@ func (cs *consumerSide) ensure(ctx context.Context, streamName, consumerName str
 	if own == nil {
 		return nil, errStopping
 	}
-	switch ok, err := own.TryLock(ctx, pg.ConsumerKey{StreamID: s.id, Name: consumerName}); {
+	switch ok, err := own.TryLock(ctx, pg.ConsumerKey{StreamID: s.ID(), Name: consumerName}); {
 	case err != nil:
 		return nil, err
 	case !ok:

@@ -1,20 +1,19 @@
-// Package bridge owns JetStream semantics: the streams and the pull and push consumers this
-// process serves and how they behave. It serves the $JS.API management subjects, takes
-// publishes to stream subjects through push fusion (one PostgreSQL transaction per bundle,
-// a PubAck only after commit), serves pull consumers from a tick-driven tail cache,
-// delivers push consumers' messages on the same path while their deliver subject has
-// interest (with flow control and idle heartbeats), turns acks into cursor writes, and
+// Package bridge owns JetStream semantics: the pull and push consumers this process serves
+// and how they behave, the $JS.API management subjects, retention and the SQL mover, and
+// the wiring of the engines beside it. It serves pull consumers from a tick-driven tail
+// cache, delivers push consumers' messages on the same path while their deliver subject
+// has interest (with flow control and idle heartbeats), turns acks into cursor writes, and
 // applies interest and workqueue retention.
 //
-// What needs no state lives beside it: the wire format (ack subjects and bodies, pull
-// requests and status lines, headers, PubAcks, configuration checks and defaults) in
-// internal/jswire, a consumer's ack state machine in bridge/consumerstate, and the tail
-// caches in bridge/tailcache. Gets answered from memory or with shared reads, and the
-// index of the last sequence per subject they use, are bridge/gets; each stream holds its
-// tail and its gets.Index. A stream announces its commits, purges, removals and deletion
-// as events (events.go) that its get index, its tail and the consumers take, in that
-// order, on the goroutine that made the change. Intake, consumers and retention stay
-// together here: they share the streams, and each reaches into the others.
+// The engines beside it: bridge/stream is the streams (the registry, each stream's intake
+// and the push transactions that fuse them, its tail and the events it announces),
+// bridge/gets answers gets from memory or with shared reads, bridge/consumerstate is a
+// consumer's ack state machine and bridge/tailcache the tail caches. The wire format (ack
+// subjects and bodies, pull requests and status lines, headers, PubAcks, configuration
+// checks and defaults) is internal/jswire. A stream announces its commits, purges,
+// removals and deletion as events that its get index, its tail and the consumers
+// (consumerSide, a stream.Subscriber) take, in that order, on the goroutine that made the
+// change.
 //
 // The bridge reaches NATS clients through a leafnode link to the embedded server (see
 // package leaf): a link handler runs on the link's read loop, so nothing here blocks in one.
@@ -76,10 +75,10 @@
 // The package's mutexes, in the order in which they may be held together: a goroutine that
 // holds one may take only those below it.
 //
-//  1. Bridge.adminMu serialises stream create, update and delete and the re-reading of the
-//     streams from PostgreSQL, so that overlap checks and subscriptions agree with what is
-//     stored. It is held across database calls, subscriptions and retention passes.
-//  2. retentionState.run (a stream's ret.run) lets one retention pass run on a stream at a time
+//  1. The stream registry's admin lock (bridge/stream, LockAdmin) serialises stream
+//     create, update and delete and the re-reading of the streams from PostgreSQL. The API
+//     handlers hold it across database calls, subscriptions and retention passes.
+//  2. retentionState.run (retOf) lets one retention pass run on a stream at a time
 //     and guards what the last pass applied. A pass holds it across database calls and reads
 //     the consumers this process serves: the locks from 3 down.
 //  3. consumerSide.mu guards the map from streams to their consumer registries. Held with
@@ -89,27 +88,22 @@
 //     it: its stream registry's mu (a stopping consumer removes itself), its
 //     pendingCommits.mu and cursorWriter.mu, and its stream's tail.
 //  5. streamConsumers.mu guards one stream's map of consumers.
-//  6. Bridge.mu guards the map of streams by name. Stop holds it while it drops each
-//     stream's subscriptions.
-//  7. stream.cfgMu guards a stream's subscriptions; it is held across the link's Subscribe
-//     and Unsubscribe.
-//  8. intake.mu guards a stream's fusion buffer. Held with it: the ready queue's mu, when a
-//     stream that cannot flush at once is queued.
-//  9. readyQueue.mu guards the queue of streams waiting for a push permit.
-//  10. retentionState.mu guards the acks noted for a stream's next retention pass and the
+//  6. bridge/stream's other locks (the map of streams, a stream's subscriptions, its
+//     intake, the ready queue), in that package's order.
+//  7. retentionState.mu guards the acks noted for a stream's next retention pass and the
 //     filters of the consumers other replicas serve.
-//  11. consumer.qmu guards a consumer's queue of events.
-//  12. pendingCommits.mu guards what commits added to a consumer's pending count.
-//  13. cursorWriter.mu guards a consumer's cursor write in flight and the double acks
+//  8. consumer.qmu guards a consumer's queue of events.
+//  9. pendingCommits.mu guards what commits added to a consumer's pending count.
+//  10. cursorWriter.mu guards a consumer's cursor write in flight and the double acks
 //     waiting for it.
-//  14. consumerSide.pushMu guards the set of push consumers the interest watcher looks
+//  11. consumerSide.pushMu guards the set of push consumers the interest watcher looks
 //     after; a stopping consumer leaves it under its own mu.
-//  15. ownership.mu guards the MSG.NEXT subscriptions of the consumers this replica serves;
+//  12. ownership.mu guards the MSG.NEXT subscriptions of the consumers this replica serves;
 //     a stopping consumer drops its own under its mu. The link's Subscribe and Unsubscribe
 //     run outside it, and so does the ownership session (pg.Ownership has its own lock,
 //     taken with none of these held: a lock given back goes from a goroutine of its own).
 //
-// From 9 down each is a leaf: nothing is taken while it is held. A tail's lock
+// From 6 down each is a leaf: nothing is taken while it is held. A tail's lock
 // (bridge/tailcache) is a leaf too, and so are those of bridge/gets (each stream's
 // gets.Index and the reads in flight, taken one at a time). The link's locks (package leaf) and the flow lanes'
 // come after all of these: the bridge publishes, subscribes and takes permits while holding

@@ -181,7 +181,7 @@ func TestDirectGetsFromMemorySkipBusyWorkers(t *testing.T) {
 	}
 	newStream(t, ctx, tb, "BLOCK", "block.>")
 	probe := rawsql.Open(t, tb.dbURL)
-	release := probe.HoldRows(t, `SELECT 1 FROM jetgres.stream_state WHERE stream_id = $1 FOR UPDATE`, tb.bridge.lookup("BLOCK").id)
+	release := probe.HoldRows(t, `SELECT 1 FROM jetgres.stream_state WHERE stream_id = $1 FOR UPDATE`, tb.bridge.streams.Lookup("BLOCK").ID())
 	defer release()
 	// Every worker takes a purge that waits on the held row; one more purge queues.
 	for range APIWorkersDefault + 1 {

@@ -22,6 +22,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/jetgres/jetgres/bridge/stream"
 	"github.com/jetgres/jetgres/internal/jswire"
 )
 
@@ -536,9 +537,9 @@ func TestHostilePublishes(t *testing.T) {
 		}
 	}
 	// The longest subject and message id that may be stored are stored.
-	longest := "h." + strings.Repeat("y", maxStoredText-2)
-	if _, err := tb.js.Publish(ctx, longest, nil, jetstream.WithMsgID(strings.Repeat("m", maxStoredText))); err != nil {
-		t.Fatalf("publish with a subject and id of %d bytes: %v", maxStoredText, err)
+	longest := "h." + strings.Repeat("y", stream.MaxStoredText-2)
+	if _, err := tb.js.Publish(ctx, longest, nil, jetstream.WithMsgID(strings.Repeat("m", stream.MaxStoredText))); err != nil {
+		t.Fatalf("publish with a subject and id of %d bytes: %v", stream.MaxStoredText, err)
 	}
 	s, err := tb.js.Stream(ctx, "H")
 	if err != nil {

@@ -31,10 +31,10 @@ func benchStreamInfo(b *testing.B, tb *testBundle, subjects int) {
 	if _, err := tb.js.CreateStream(ctx, jetstream.StreamConfig{Name: name, Subjects: []string{name + ".>"}}); err != nil {
 		b.Fatal(err)
 	}
-	s := tb.bridge.lookup(name)
+	s := tb.bridge.streams.Lookup(name)
 	data := make([]byte, 64)
 	for from := 0; from < msgs; from += batch {
-		bt := pg.AppendBatch{StreamID: s.id, ChunkRows: s.chunkRows.Load()}
+		bt := pg.AppendBatch{StreamID: s.ID(), ChunkRows: s.ChunkRows()}
 		for i := from; i < from+batch; i++ {
 			bt.Msgs = append(bt.Msgs, pg.AppendMsg{Subject: fmt.Sprintf("%s.%d", name, i%subjects), Data: data})
 		}
@@ -59,17 +59,17 @@ func benchStreamInfo(b *testing.B, tb *testBundle, subjects int) {
 
 	b.Run("recount", func(b *testing.B) {
 		for b.Loop() {
-			if _, err := tb.db.State(ctx, s.id); err != nil {
+			if _, err := tb.db.State(ctx, s.ID()); err != nil {
 				b.Fatal(err)
 			}
-			totals, err := tb.db.SubjectTotals(ctx, s.id, ">")
+			totals, err := tb.db.SubjectTotals(ctx, s.ID(), ">")
 			if err != nil {
 				b.Fatal(err)
 			}
 			if len(totals) != subjects {
 				b.Fatalf("%d subjects, want %d", len(totals), subjects)
 			}
-			if _, err := tb.db.CountConsumers(ctx, s.id); err != nil {
+			if _, err := tb.db.CountConsumers(ctx, s.ID()); err != nil {
 				b.Fatal(err)
 			}
 		}

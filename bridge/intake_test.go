@@ -6,12 +6,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jetgres/jetgres/bridge/stream"
 	"github.com/jetgres/jetgres/internal/testwait"
 	"github.com/jetgres/jetgres/pg"
 	"github.com/jetgres/jetgres/pg/pgtest"
 	"github.com/jetgres/jetgres/pg/pgtest/rawsql"
 	"github.com/nats-io/nats.go/jetstream"
-	dto "github.com/prometheus/client_model/go"
 )
 
 // Four streams face a database that has stopped answering. Each stream's own bound is far
@@ -49,7 +49,7 @@ func TestIntakeTotalBound(t *testing.T) {
 	}
 	// Refusals come back while the database is still stuck.
 	testwait.For(t, 10*time.Second, func() error {
-		if n := rejected(t, tb, reasonIntakeAll); n == 0 {
+		if n := rejected(t, tb, stream.ReasonIntakeAll); n == 0 {
 			return errors.New("no publish refused for the total bound yet")
 		}
 		return nil
@@ -74,10 +74,10 @@ func TestIntakeTotalBound(t *testing.T) {
 	if refused == 0 || stored < fit {
 		t.Errorf("%d stored and %d refused; want refusals, and at least the %d that fit", stored, refused, fit)
 	}
-	if n := rejected(t, tb, reasonIntakeAll); n != float64(refused) {
+	if n := rejected(t, tb, stream.ReasonIntakeAll); n != float64(refused) {
 		t.Errorf("intake_total_full counted %v, %d refused", n, refused)
 	}
-	if n := rejected(t, tb, reasonIntakeFull); n != 0 {
+	if n := rejected(t, tb, stream.ReasonIntakeFull); n != 0 {
 		t.Errorf("intake_full counted %v with every stream below its own bound", n)
 	}
 	var msgs uint64
@@ -91,17 +91,13 @@ func TestIntakeTotalBound(t *testing.T) {
 	if want := uint64(stored + streams); msgs != want {
 		t.Errorf("streams hold %d messages, want %d (%d acknowledged and the first of each)", msgs, want, stored)
 	}
-	if n := tb.bridge.intakeTotal.Load(); n != 0 {
-		t.Errorf("%d bytes still counted in the intakes with nothing waiting", n)
+	if n := gaugeValue(t, tb.reg, "jetgres_intake_bytes"); n != 0 {
+		t.Errorf("%v bytes still counted in the intakes with nothing waiting", n)
 	}
 }
 
 // rejected is jetgres_publish_rejected_total for one reason.
 func rejected(t *testing.T, tb *testBundle, reason string) float64 {
 	t.Helper()
-	var m dto.Metric
-	if err := tb.bridge.pm.rejected.WithLabelValues(reason).Write(&m); err != nil {
-		t.Fatal(err)
-	}
-	return m.GetCounter().GetValue()
+	return reasonCount(t, tb.reg, "jetgres_publish_rejected_total", reason)
 }

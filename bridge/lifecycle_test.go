@@ -17,12 +17,12 @@ import (
 )
 
 // idle reports which of the groups still has a goroutine running.
-func idle(groups map[string]*startstop.Group) error {
+func idle(groups map[string]func(context.Context) error) error {
 	now, cancel := context.WithCancel(context.Background())
 	cancel()
 	var busy []string
-	for name, g := range groups {
-		if g.Wait(now) != nil {
+	for name, wait := range groups {
+		if wait(now) != nil {
 			busy = append(busy, name)
 		}
 	}
@@ -32,8 +32,8 @@ func idle(groups map[string]*startstop.Group) error {
 	return nil
 }
 
-func (b *Bridge) groups() map[string]*startstop.Group {
-	return map[string]*startstop.Group{"background work": &b.bg, "flushes": &b.flushes, "consumer side": &b.cons.g}
+func (b *Bridge) groups() map[string]func(context.Context) error {
+	return map[string]func(context.Context) error{"background work": b.bg.Wait, "streams": b.streams.Wait, "consumer side": b.cons.g.Wait}
 }
 
 // A Start that fails part-way, here because the database stalls while it loads a stream's
@@ -50,7 +50,7 @@ func TestStartFailurePartWayStopsEverything(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	idB := first.bridge.lookup("B").id
+	idB := first.bridge.streams.Lookup("B").ID()
 	first.stop(t)
 
 	tb := setup(t, setupOpts{db: first.db, unstarted: true, config: func(c *Config) { c.ReplicaName = "restarted" }})
@@ -97,7 +97,7 @@ func TestStopPastDeadlineLeavesNothingRunning(t *testing.T) {
 	tb := setup(t)
 	ctx := testContext(t)
 	newStream(t, ctx, tb, "S", "s.>")
-	id := tb.bridge.lookup("S").id
+	id := tb.bridge.streams.Lookup("S").ID()
 	probe := rawsql.Open(t, tb.dbURL)
 	release := probe.HoldRows(t, `SELECT 1 FROM jetgres.stream_state WHERE stream_id = $1 FOR UPDATE`, id)
 

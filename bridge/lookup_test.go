@@ -18,12 +18,12 @@ import (
 func TestUnknownStreamTakesNoAdminLock(t *testing.T) {
 	t.Parallel()
 	tb := setup(t, setupOpts{})
-	tb.bridge.adminMu.Lock()
+	tb.bridge.streams.LockAdmin()
 	unlocked := false
 	unlock := func() {
 		if !unlocked {
 			unlocked = true
-			tb.bridge.adminMu.Unlock()
+			tb.bridge.streams.UnlockAdmin()
 		}
 	}
 	t.Cleanup(unlock)

@@ -62,8 +62,8 @@ func idSoak(b *testing.B, n int) {
 		Duplicates: idSoakWindow, MaxMsgs: 200_000}); err != nil {
 		b.Fatal(err)
 	}
-	s := tb.bridge.lookup("IDS")
-	like := fmt.Sprintf(`ids\_%d\_%%`, s.id)
+	s := tb.bridge.streams.Lookup("IDS")
+	like := fmt.Sprintf(`ids\_%d\_%%`, s.ID())
 
 	var sent atomic.Int64
 	var pubErrs atomic.Int64
@@ -93,7 +93,7 @@ func idSoak(b *testing.B, n int) {
 				ids = append(ids, idSoakID(max(top-1-i, 0)), fmt.Sprintf("absent-%d-%d", top, i))
 			}
 			start := time.Now()
-			err := raw.Exec(pctx, `SELECT count(*) FROM jetgres.msg_ids_seen($1, $2, $3)`, s.id, ids, time.Now().Add(-idSoakWindow).UnixNano())
+			err := raw.Exec(pctx, `SELECT count(*) FROM jetgres.msg_ids_seen($1, $2, $3)`, s.ID(), ids, time.Now().Add(-idSoakWindow).UnixNano())
 			switch {
 			case err == nil:
 				lookups = append(lookups, time.Since(start))

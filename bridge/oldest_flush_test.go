@@ -19,7 +19,7 @@ func TestOldestFlushOnAHungCommit(t *testing.T) {
 	tb := setup(t, setupOpts{config: func(c *Config) { c.Clock = clock }})
 	ctx := testContext(t)
 	newStream(t, ctx, tb, "S", "s.>")
-	id := tb.bridge.lookup("S").id
+	id := tb.bridge.streams.Lookup("S").ID()
 	if age := tb.bridge.OldestFlush(clock.Now()); age != 0 {
 		t.Fatalf("OldestFlush with nothing in flight: %s, want 0", age)
 	}

@@ -26,7 +26,7 @@ func TestFlushWaitsForTheOneInFlight(t *testing.T) {
 		newStream(t, ctx, tb, name, name+".>")
 	}
 	probe := rawsql.Open(t, tb.dbURL)
-	release := probe.HoldRows(t, `SELECT 1 FROM jetgres.stream_state WHERE stream_id = $1 FOR UPDATE`, tb.bridge.lookup("HUNG").id)
+	release := probe.HoldRows(t, `SELECT 1 FROM jetgres.stream_state WHERE stream_id = $1 FOR UPDATE`, tb.bridge.streams.Lookup("HUNG").ID())
 
 	publish := func(subject string) <-chan error {
 		done := make(chan error, 1)
@@ -51,7 +51,7 @@ func TestFlushWaitsForTheOneInFlight(t *testing.T) {
 
 	b, c := publish("B.x"), publish("C.x")
 	testwait.For(t, 10*time.Second, func() error {
-		if !tb.bridge.streamQueued("B") || !tb.bridge.streamQueued("C") {
+		if n := gaugeValue(t, tb.reg, "jetgres_fusion_streams_waiting"); n != 2 {
 			return errors.New("B and C are not both waiting for the next transaction yet")
 		}
 		if !clock.TimerDueIn(FlushOverlapAfterDefault) {
@@ -105,12 +105,4 @@ func TestFlushWaitsForTheOneInFlight(t *testing.T) {
 	if got := info.CachedInfo().State.Msgs; got != 1 {
 		t.Fatalf("HUNG holds %d messages, want 1", got)
 	}
-}
-
-// streamQueued reports whether the named stream waits in the ready queue.
-func (b *Bridge) streamQueued(name string) bool {
-	s := b.lookup(name)
-	s.in.mu.Lock()
-	defer s.in.mu.Unlock()
-	return s.in.queued
 }

@@ -617,7 +617,7 @@ func TestPushOrderedChurn(t *testing.T) {
 	publishN(t, ctx, tb.js, "churn.a", 3)
 	js := legacyJS(t, tb.nc)
 	id := mustStreamID(t, tb, "CHURN")
-	s := tb.bridge.lookup("CHURN")
+	s := tb.bridge.streams.Lookup("CHURN")
 	settle := func(what string, want func() error) {
 		t.Helper()
 		testwait.For(t, 20*time.Second, func() error {

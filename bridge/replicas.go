@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/jetgres/jetgres/bridge/stream"
 	"github.com/jetgres/jetgres/embedded/leaf"
 	"github.com/jetgres/jetgres/pg"
 )
@@ -119,7 +120,7 @@ func (o *ownership) holds(streamName, consumerName string) bool {
 // hold subscribes the consumer's own MSG.NEXT subject, so that its pull requests reach this
 // replica wherever the client is connected, as they reach a JetStream consumer's leader.
 func (cs *consumerSide) hold(c *consumer) {
-	ref := consumerRef{c.sc.s.name, c.name}
+	ref := consumerRef{c.sc.s.Name(), c.name}
 	subj := apiMsgNext + ref.stream + "." + ref.consumer
 	sub, err := cs.b.link.Subscribe(subj, "", func(m *leaf.Msg) { cs.b.servePull(m, ref.stream, ref.consumer) })
 	if err != nil {
@@ -139,7 +140,7 @@ func (cs *consumerSide) hold(c *consumer) {
 // unhold drops the consumer's MSG.NEXT subscription and gives its lock back, so that another
 // replica may serve it.
 func (cs *consumerSide) unhold(c *consumer) {
-	ref := consumerRef{c.sc.s.name, c.name}
+	ref := consumerRef{c.sc.s.Name(), c.name}
 	o := cs.own
 	o.mu.Lock()
 	h, ok := o.next[ref]
@@ -152,7 +153,7 @@ func (cs *consumerSide) unhold(c *consumer) {
 	}
 	_ = h.sub.Unsubscribe()
 	if own := o.own; own != nil {
-		k := pg.ConsumerKey{StreamID: c.sc.s.id, Name: c.name}
+		k := pg.ConsumerKey{StreamID: c.sc.s.ID(), Name: c.name}
 		// Off the caller's locks: the statement waits for the ownership session.
 		go func() {
 			ctx, cancel := context.WithTimeout(context.Background(), cs.b.cfg.Lease)
@@ -227,9 +228,9 @@ func (cs *consumerSide) stopDeleted(gone []pg.ConsumerKey) {
 	if len(gone) == 0 {
 		return
 	}
-	byID := make(map[int64]*stream)
-	for _, s := range cs.b.streamList() {
-		byID[s.id] = s
+	byID := make(map[int64]*stream.Stream)
+	for _, s := range cs.b.streams.List() {
+		byID[s.ID()] = s
 	}
 	for _, k := range gone {
 		s := byID[k.StreamID]
@@ -272,15 +273,15 @@ func (cs *consumerSide) all() []*consumer {
 // the caller may do off its own goroutine. A nil ctx gives the locks back instead, for a
 // caller that cannot serve them after all. It returns nil when it locked none.
 func (cs *consumerSide) claimFree(ctx context.Context) func(context.Context) {
-	streams := cs.b.streamList()
+	streams := cs.b.streams.List()
 	if len(streams) == 0 {
 		return nil
 	}
-	byID := make(map[int64]*stream, len(streams))
+	byID := make(map[int64]*stream.Stream, len(streams))
 	ids := make([]int64, 0, len(streams))
 	for _, s := range streams {
-		byID[s.id] = s
-		ids = append(ids, s.id)
+		byID[s.ID()] = s
+		ids = append(ids, s.ID())
 	}
 	keys, err := cs.own.own.ClaimFree(ctx, ids)
 	if err != nil {
@@ -300,7 +301,7 @@ func (cs *consumerSide) claimFree(ctx context.Context) func(context.Context) {
 				continue
 			}
 			if _, err := cs.serveLocked(ctx, s, k.Name); err != nil && !errors.Is(err, errStopping) && !errors.Is(err, pg.ErrNotFound) && ctx.Err() == nil {
-				cs.b.log.Warn("taking a consumer over failed", "stream", s.name, "consumer", k.Name, "err", err)
+				cs.b.log.Warn("taking a consumer over failed", "stream", s.Name(), "consumer", k.Name, "err", err)
 			}
 		}
 	}
@@ -308,20 +309,20 @@ func (cs *consumerSide) claimFree(ctx context.Context) func(context.Context) {
 
 // serveLocked starts serving a consumer whose lock this replica has just taken: it records
 // this replica as its owner, loads it and starts it. Whatever fails gives the lock back.
-func (cs *consumerSide) serveLocked(ctx context.Context, s *stream, name string) (*consumer, error) {
+func (cs *consumerSide) serveLocked(ctx context.Context, s *stream.Stream, name string) (*consumer, error) {
 	if c := cs.served(s, name); c != nil {
 		// Served here already, or still stopping after a fence: the lock counted twice.
 		cs.release(s, name)
 		return c, nil
 	}
-	row, prev, err := cs.b.db.SetOwner(ctx, pg.ConsumerKey{StreamID: s.id, Name: name}, cs.owner)
+	row, prev, err := cs.b.db.SetOwner(ctx, pg.ConsumerKey{StreamID: s.ID(), Name: name}, cs.owner)
 	if err != nil {
 		cs.release(s, name)
 		return nil, err
 	}
 	if prev != "" && prev != cs.owner {
 		cs.own.takeovers.Inc()
-		cs.b.log.Info("took a consumer over", "stream", s.name, "consumer", name, "from", prev)
+		cs.b.log.Info("took a consumer over", "stream", s.Name(), "consumer", name, "from", prev)
 	}
 	sc, err := cs.streamLoaded(ctx, s)
 	if err != nil {
@@ -399,8 +400,8 @@ func (b *Bridge) unseal(rest string, m *leaf.Msg) (api string, ok bool) {
 
 // servedBy names the replica whose row says it serves a consumer that another session
 // holds the lock of.
-func (cs *consumerSide) servedBy(ctx context.Context, s *stream, name string) error {
-	row, err := cs.b.db.GetConsumer(ctx, s.id, name)
+func (cs *consumerSide) servedBy(ctx context.Context, s *stream.Stream, name string) error {
+	row, err := cs.b.db.GetConsumer(ctx, s.ID(), name)
 	switch {
 	case errors.Is(err, pg.ErrNotFound):
 		// Deleted since its lock was found held.
@@ -408,7 +409,7 @@ func (cs *consumerSide) servedBy(ctx context.Context, s *stream, name string) er
 	case err != nil:
 		// Which replica serves it is unknown; the database's failure is the answer, never
 		// a claim that another replica serves it.
-		return fmt.Errorf("looking up the replica serving consumer %q on stream %q: %w", name, s.name, err)
+		return fmt.Errorf("looking up the replica serving consumer %q on stream %q: %w", name, s.Name(), err)
 	}
 	return &servedBy{owner: row.Owner}
 }

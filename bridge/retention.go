@@ -13,6 +13,7 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 
+	"github.com/jetgres/jetgres/bridge/stream"
 	"github.com/jetgres/jetgres/internal/jswire"
 	"github.com/jetgres/jetgres/internal/warnlog"
 	"github.com/jetgres/jetgres/pg"
@@ -39,9 +40,6 @@ const (
 	reapPeriod = time.Minute
 )
 
-// reasonLimit labels publishes a discard-new limit refused, beside the reasons in metrics.go.
-const reasonLimit = "limit"
-
 // maintainer is the bridge's background retention work: interest and workqueue retention
 // passes, max_age, chunk drops and de-duplication id pruning. It runs on one goroutine and
 // through db.Background, so it never takes a flow-limiter permit, and every transaction it
@@ -50,8 +48,8 @@ type maintainer struct {
 	b    *Bridge
 	kick chan struct{}
 
-	pruned map[*stream]time.Time // when each stream's ids were last pruned
-	reaped time.Time             // when orphaned chunk tables were last looked for
+	pruned map[*stream.Stream]time.Time // when each stream's ids were last pruned
+	reaped time.Time                    // when orphaned chunk tables were last looked for
 	// warn thins the jobs' failure warnings: while the database is away every job fails for
 	// every stream on every pass.
 	warn warnlog.Throttle
@@ -63,8 +61,8 @@ func (b *Bridge) maint() *maintainer { return b.maintainer.Load() }
 // it every ack, for the next retention pass; before, retention still follows the consumers'
 // ack floors, and only acks above a floor wait for it.
 func (b *Bridge) startRetention() {
-	m := &maintainer{b: b, kick: make(chan struct{}, 1), pruned: make(map[*stream]time.Time)}
-	if err := b.refreshUsage(b.ctx); err != nil {
+	m := &maintainer{b: b, kick: make(chan struct{}, 1), pruned: make(map[*stream.Stream]time.Time)}
+	if err := b.streams.RefreshUsage(b.ctx); err != nil {
 		b.log.Warn("reading what the streams hold failed; the storage bounds apply from the next pass", "err", err)
 	}
 	b.maintainer.Store(m)
@@ -74,6 +72,12 @@ func (b *Bridge) startRetention() {
 // stopRetention forgets the maintainer, for Stop once the background work it runs in has
 // stopped.
 func (b *Bridge) stopRetention() { b.maintainer.Store(nil) }
+
+// retOf is the stream's retention state, made on first use and kept until the stream goes.
+func (b *Bridge) retOf(s *stream.Stream) *retentionState {
+	v, _ := b.rets.LoadOrStore(s, new(retentionState))
+	return v.(*retentionState)
+}
 
 // retentionState is a stream's interest and workqueue retention state.
 type retentionState struct {
@@ -94,11 +98,11 @@ type retentionState struct {
 // whether or not this process serves the consumer: it notes which messages were
 // acknowledged, for the next retention pass. The consumer decides whether the ack counts;
 // the pass asks it.
-func (m *maintainer) noteAck(s *stream, consumer string, sseq uint64, body []byte) {
-	if !jswire.AckSettles(body) || s.cfgView().Retention == server.LimitsPolicy {
+func (m *maintainer) noteAck(s *stream.Stream, consumer string, sseq uint64, body []byte) {
+	if !jswire.AckSettles(body) || s.ConfigView().Retention == server.LimitsPolicy {
 		return
 	}
-	rs := &s.ret
+	rs := m.b.retOf(s)
 	rs.mu.Lock()
 	if rs.acked == nil {
 		rs.acked = make(map[string][]uint64)
@@ -131,7 +135,7 @@ func (m *maintainer) run() {
 				retry.Reset(retainRetry)
 			}
 		case <-tick.C():
-			if err := m.b.refreshUsage(ctx); err != nil && ctx.Err() == nil {
+			if err := m.b.streams.RefreshUsage(ctx); err != nil && ctx.Err() == nil {
 				m.warn.Warn(m.b.log, m.b.clock.Now(), "reading what the streams hold failed", "err", err)
 			}
 			m.retainAll(ctx, false)
@@ -146,21 +150,21 @@ func (m *maintainer) run() {
 // acks seen since the last pass when dirtyOnly). It reports whether acks were left for the
 // consumer to apply.
 func (m *maintainer) retainAll(ctx context.Context, dirtyOnly bool) (again bool) {
-	for _, s := range m.b.streamList() {
-		if s.config().Retention == server.LimitsPolicy {
+	for _, s := range m.b.streams.List() {
+		if s.Config().Retention == server.LimitsPolicy {
 			continue
 		}
 		if dirtyOnly {
-			s.ret.mu.Lock()
-			dirty := s.ret.dirty
-			s.ret.mu.Unlock()
+			m.b.retOf(s).mu.Lock()
+			dirty := m.b.retOf(s).dirty
+			m.b.retOf(s).mu.Unlock()
 			if !dirty {
 				continue
 			}
 		}
 		waiting, err := m.b.retain(ctx, s)
 		if err != nil && !errors.Is(err, pg.ErrNotFound) && ctx.Err() == nil {
-			m.warn.Warn(m.b.log, m.b.clock.Now(), "retention pass failed", "stream", s.name, "err", err)
+			m.warn.Warn(m.b.log, m.b.clock.Now(), "retention pass failed", "stream", s.Name(), "err", err)
 		}
 		again = again || waiting
 	}
@@ -169,29 +173,29 @@ func (m *maintainer) retainAll(ctx context.Context, dirtyOnly bool) (again bool)
 
 // consumerDeleted marks an interest stream that lost its last consumer as JetStream does,
 // which purges it then: one that never held a message reports first_seq 1 from there on.
-func (b *Bridge) consumerDeleted(ctx context.Context, s *stream) {
+func (b *Bridge) consumerDeleted(ctx context.Context, s *stream.Stream) {
 	b.retentionStale(s)
-	if s.config().Retention != server.InterestPolicy {
+	if s.Config().Retention != server.InterestPolicy {
 		return
 	}
-	if err := b.db.InterestGone(ctx, s.id); err != nil && ctx.Err() == nil {
-		b.log.Warn("marking an interest stream without consumers failed", "stream", s.name, "err", err)
+	if err := b.db.InterestGone(ctx, s.ID()); err != nil && ctx.Err() == nil {
+		b.log.Warn("marking an interest stream without consumers failed", "stream", s.Name(), "err", err)
 	}
 }
 
 // settleRetention runs a retention pass on s now if one is due, so that what a client reads
 // next reflects every ack the consumers have applied. A stream with nothing due costs
 // nothing: a stream info on a quiet interest or work-queue stream reads no consumer.
-func (b *Bridge) settleRetention(ctx context.Context, s *stream) error {
-	if s.config().Retention == server.LimitsPolicy || b.maint() == nil {
+func (b *Bridge) settleRetention(ctx context.Context, s *stream.Stream) error {
+	if s.Config().Retention == server.LimitsPolicy || b.maint() == nil {
 		return nil
 	}
 	// A pass in flight may have taken the acks before their messages are gone: wait it out.
-	s.ret.run.Lock()
-	s.ret.mu.Lock()
-	due := s.ret.dirty || s.ret.waiting
-	s.ret.mu.Unlock()
-	s.ret.run.Unlock()
+	b.retOf(s).run.Lock()
+	b.retOf(s).mu.Lock()
+	due := b.retOf(s).dirty || b.retOf(s).waiting
+	b.retOf(s).mu.Unlock()
+	b.retOf(s).run.Unlock()
 	if !due {
 		return nil
 	}
@@ -201,13 +205,13 @@ func (b *Bridge) settleRetention(ctx context.Context, s *stream) error {
 
 // retentionStale makes a retention pass over s due soon: its consumers came, went or
 // changed what they want.
-func (b *Bridge) retentionStale(s *stream) {
-	if s.config().Retention == server.LimitsPolicy {
+func (b *Bridge) retentionStale(s *stream.Stream) {
+	if s.Config().Retention == server.LimitsPolicy {
 		return
 	}
-	s.ret.mu.Lock()
-	s.ret.dirty = true
-	s.ret.mu.Unlock()
+	b.retOf(s).mu.Lock()
+	b.retOf(s).dirty = true
+	b.retOf(s).mu.Unlock()
 	if m := b.maint(); m != nil {
 		m.wake()
 	}
@@ -217,13 +221,13 @@ func (b *Bridge) retentionStale(s *stream) {
 // applied above it (from the consumer itself when this process serves it, from PostgreSQL
 // otherwise) and removes what no consumer needs any more. It reports whether acks seen on
 // the link were not yet applied by their consumer.
-func (b *Bridge) retain(ctx context.Context, s *stream) (waiting bool, err error) {
-	cfg := s.config()
-	rs := &s.ret
+func (b *Bridge) retain(ctx context.Context, s *stream.Stream) (waiting bool, err error) {
+	cfg := s.Config()
+	rs := b.retOf(s)
 	rs.run.Lock()
 	defer rs.run.Unlock()
-	b.pm.retentionPasses.Inc()
-	rows, err := b.db.Consumers(ctx, s.id)
+	b.am.retentionPasses.Inc()
+	rows, err := b.db.Consumers(ctx, s.ID())
 	if err != nil {
 		return false, err
 	}
@@ -235,7 +239,7 @@ func (b *Bridge) retain(ctx context.Context, s *stream) (waiting bool, err error
 	rs.dirty = false
 	rs.mu.Unlock()
 
-	p := pg.RetainParams{StreamID: s.id, WorkQueue: cfg.Retention == server.WorkQueuePolicy}
+	p := pg.RetainParams{StreamID: s.ID(), WorkQueue: cfg.Retention == server.WorkQueuePolicy}
 	floors := make(map[string]uint64, len(rows))
 	// open says which acks seen on the link may still matter after this pass: those the
 	// consumer has yet to apply, and those it applied that some other consumer still needs.
@@ -308,9 +312,9 @@ func (b *Bridge) retain(ctx context.Context, s *stream) (waiting bool, err error
 		case res.Tombstoned > 0:
 			// A work queue's consumers never share a message, so none can want one that
 			// retention tombstoned; under interest a consumer created since might.
-			s.purge(ctx, Purged{First: res.FirstSeq, Consumed: p.WorkQueue})
+			s.Purge(ctx, stream.Purged{First: res.FirstSeq, Consumed: p.WorkQueue})
 		case res.Removed > 0:
-			s.remove(Removed{First: res.FirstSeq})
+			s.Remove(stream.Removed{First: res.FirstSeq})
 		}
 	}
 	rs.applied, rs.sig = floors, sig.String()
@@ -335,19 +339,19 @@ func (b *Bridge) retain(ctx context.Context, s *stream) (waiting bool, err error
 
 // retentionChanged makes the next pass over s look at every message again: under the
 // policy it had, messages were kept for reasons the new one does not know.
-func (b *Bridge) retentionChanged(s *stream) {
-	s.ret.run.Lock()
-	s.ret.sig = ""
-	s.ret.run.Unlock()
+func (b *Bridge) retentionChanged(s *stream.Stream) {
+	b.retOf(s).run.Lock()
+	b.retOf(s).sig = ""
+	b.retOf(s).run.Unlock()
 }
 
 // servedConsumer is the consumer a stored row describes, if this process serves it.
-func (b *Bridge) servedConsumer(s *stream, row pg.Consumer) *consumer {
+func (b *Bridge) servedConsumer(s *stream.Stream, row pg.Consumer) *consumer {
 	cs := b.cs()
 	if cs == nil {
 		return nil
 	}
-	c := cs.find(s.name, row.Name)
+	c := cs.find(s.Name(), row.Name)
 	if c == nil || c.sc.s != s || !c.created.Equal(row.Created) {
 		return nil
 	}
@@ -366,14 +370,14 @@ func (c *consumer) retentionView() (floor, next uint64, pending []uint64) {
 // filter matches: JetStream gives such a publish a sequence and stores nothing. Consumers
 // this process serves are known at once; those other replicas serve, as of the last
 // retention pass.
-func (b *Bridge) noInterest(s *stream, subjects []string) []bool {
+func (b *Bridge) noInterest(s *stream.Stream, subjects []string) []bool {
 	var local []*consumer
 	if sc := b.consumersOf(s); sc != nil {
 		local = sc.list()
 	}
-	s.ret.mu.Lock()
-	remote := s.ret.remote
-	s.ret.mu.Unlock()
+	b.retOf(s).mu.Lock()
+	remote := b.retOf(s).remote
+	b.retOf(s).mu.Unlock()
 	out := make([]bool, len(subjects))
 	for i, subj := range subjects {
 		wanted := false
@@ -395,17 +399,17 @@ func (b *Bridge) noInterest(s *stream, subjects []string) []bool {
 // expire applies max_age.
 func (m *maintainer) expire(ctx context.Context) {
 	now := m.b.clock.Now()
-	for _, s := range m.b.streamList() {
-		cfg := s.config()
+	for _, s := range m.b.streams.List() {
+		cfg := s.Config()
 		if cfg.MaxAge <= 0 {
 			continue
 		}
-		n, err := m.b.db.ExpireOlder(ctx, s.id, now.Add(-cfg.MaxAge).UnixNano())
+		n, err := m.b.db.ExpireOlder(ctx, s.ID(), now.Add(-cfg.MaxAge).UnixNano())
 		switch {
 		case err != nil && !errors.Is(err, pg.ErrNotFound) && ctx.Err() == nil:
-			m.warn.Warn(m.b.log, m.b.clock.Now(), "expiring messages failed", "stream", s.name, "err", err)
+			m.warn.Warn(m.b.log, m.b.clock.Now(), "expiring messages failed", "stream", s.Name(), "err", err)
 		case n > 0:
-			s.purge(ctx, Purged{})
+			s.Purge(ctx, stream.Purged{})
 		}
 	}
 }
@@ -440,10 +444,10 @@ func (m *maintainer) dropChunks(ctx context.Context) {
 // after now was read measures from later still.
 func (m *maintainer) pruneIDs(ctx context.Context) {
 	now := m.b.clock.Now()
-	streams := m.b.streamList()
-	pruned := make(map[*stream]time.Time, len(streams))
+	streams := m.b.streams.List()
+	pruned := make(map[*stream.Stream]time.Time, len(streams))
 	for _, s := range streams {
-		cfg := s.config()
+		cfg := s.Config()
 		last, ok := m.pruned[s]
 		if !ok || now.Sub(last) < min(max(cfg.Duplicates, maintainPeriod), pruneIDsPeriod) {
 			if !ok {
@@ -454,11 +458,11 @@ func (m *maintainer) pruneIDs(ctx context.Context) {
 		}
 		pruned[s] = now
 		from := now.UnixNano()
-		if f := s.in.flushSince.Load(); f != 0 {
+		if f := s.FlushSince(); f != 0 {
 			from = min(from, f)
 		}
-		if _, err := m.b.db.PruneMsgIDs(ctx, s.id, from-cfg.Duplicates.Nanoseconds()); err != nil && ctx.Err() == nil {
-			m.warn.Warn(m.b.log, m.b.clock.Now(), "pruning message ids failed", "stream", s.name, "err", err)
+		if _, err := m.b.db.PruneMsgIDs(ctx, s.ID(), from-cfg.Duplicates.Nanoseconds()); err != nil && ctx.Err() == nil {
+			m.warn.Warn(m.b.log, m.b.clock.Now(), "pruning message ids failed", "stream", s.Name(), "err", err)
 		}
 	}
 	m.pruned = pruned
@@ -466,52 +470,35 @@ func (m *maintainer) pruneIDs(ctx context.Context) {
 
 // applyLimits applies a stream's limits to what it already holds, as JetStream does when
 // an update lowers them.
-func (b *Bridge) applyLimits(ctx context.Context, s *stream, cfg *server.StreamConfig) error {
-	n, err := b.db.EnforceLimits(ctx, s.id, streamLimits(cfg))
+func (b *Bridge) applyLimits(ctx context.Context, s *stream.Stream, cfg *server.StreamConfig) error {
+	n, err := b.db.EnforceLimits(ctx, s.ID(), stream.Limits(cfg))
 	if err != nil {
 		return err
 	}
 	if cfg.MaxAge > 0 {
-		expired, err := b.db.ExpireOlder(ctx, s.id, b.clock.Now().Add(-cfg.MaxAge).UnixNano())
+		expired, err := b.db.ExpireOlder(ctx, s.ID(), b.clock.Now().Add(-cfg.MaxAge).UnixNano())
 		if err != nil {
 			return err
 		}
 		n += expired
 	}
 	if n > 0 {
-		s.purge(ctx, Purged{})
+		s.Purge(ctx, stream.Purged{})
 	}
 	return nil
-}
-
-// streamLimits is what the append transaction enforces of a stream's configuration.
-func streamLimits(cfg *server.StreamConfig) pg.Limits {
-	return pg.Limits{
-		MaxMsgs:       cfg.MaxMsgs,
-		MaxBytes:      cfg.MaxBytes,
-		MaxMsgsPer:    cfg.MaxMsgsPer,
-		DiscardNew:    cfg.Discard == server.DiscardNew,
-		DiscardNewPer: cfg.DiscardNewPer,
-	}
-}
-
-// limitRejected is the JetStream error for a publish a discard-new limit refused: a store
-// failure (503, err_code 10077) whose description names the limit, as nats-server sends it.
-func limitRejected(e *pg.LimitError) *server.ApiError {
-	return server.NewJSStreamStoreFailedError(e)
 }
 
 // workQueueConflict is nats-server's check that a consumer on a workqueue stream does not
 // share messages with another: no second unfiltered consumer, and no filter that collides
 // with another consumer's. An existing consumer being updated is only checked for
 // collisions, as nats-server does.
-func (b *Bridge) workQueueConflict(ctx context.Context, s *stream, name string, cfg *server.ConsumerConfig) *server.ApiError {
-	if s.config().Retention != server.WorkQueuePolicy {
+func (b *Bridge) workQueueConflict(ctx context.Context, s *stream.Stream, name string, cfg *server.ConsumerConfig) *server.ApiError {
+	if s.Config().Retention != server.WorkQueuePolicy {
 		return nil
 	}
-	rows, err := b.db.Consumers(ctx, s.id)
+	rows, err := b.db.Consumers(ctx, s.ID())
 	if err != nil {
-		b.log.Error("listing consumers", "stream", s.name, "err", err)
+		b.log.Error("listing consumers", "stream", s.Name(), "err", err)
 		return apiError(err, server.NewJSConsumerCreateError)
 	}
 	filters := jswire.ConsumerFilters(cfg)

@@ -171,12 +171,12 @@ func soak(b *testing.B, n int, hold bool) {
 		Retention: jetstream.WorkQueuePolicy}); err != nil {
 		b.Fatal(err)
 	}
-	s := tb.bridge.lookup("SOAK")
-	s.chunkRows.Store(soakChunkRows)
+	s := tb.bridge.streams.Lookup("SOAK")
+	s.SetChunkRows(soakChunkRows)
 	start := time.Now()
 	soakPublish(b, ctx, tb.js, n)
 	pubTime := time.Since(start)
-	jetLike := fmt.Sprintf(`msgs\_%d\_%%`, s.id)
+	jetLike := fmt.Sprintf(`msgs\_%d\_%%`, s.ID())
 	before, err := readStats(ctx, probe, "jetgres", jetLike)
 	if err != nil {
 		b.Fatal(err)

@@ -580,7 +580,7 @@ func TestRetentionWorkQueueFilters(t *testing.T) {
 
 	// nats-server's rules for consumers sharing a work queue, checked on the same sequence of
 	// consumers as the reference holds.
-	s := tw.tb.bridge.lookup("WQF")
+	s := tw.tb.bridge.streams.Lookup("WQF")
 	for _, c := range []jetstream.ConsumerConfig{
 		{Durable: "all", AckPolicy: jetstream.AckExplicitPolicy},
 		{Durable: "a2", FilterSubject: "wqf.a.1", AckPolicy: jetstream.AckExplicitPolicy},

@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/jetgres/jetgres/bridge/stream"
 	"github.com/jetgres/jetgres/internal/jswire"
 	"github.com/jetgres/jetgres/internal/testwait"
 	"github.com/jetgres/jetgres/pg"
@@ -252,12 +253,12 @@ func TestSeqOverflowRefused(t *testing.T) {
 	}
 	exhausted := func(what string) {
 		t.Helper()
-		before := reasonCount(t, tb.reg, "jetgres_publish_rejected_total", reasonLimit)
+		before := reasonCount(t, tb.reg, "jetgres_publish_rejected_total", stream.ReasonLimit)
 		seq, e := rawPub(t, nc, "o.a")
 		if e == nil || e.Code != 503 || e.ErrCode != server.ApiErrors[server.JSStreamStoreFailedF].ErrCode || !strings.Contains(e.Description, "sequence space exhausted") {
 			t.Fatalf("%s: publish got seq %d error %+v, want 503 err_code 10077 sequence space exhausted", what, seq, e)
 		}
-		if after := reasonCount(t, tb.reg, "jetgres_publish_rejected_total", reasonLimit); after != before+1 {
+		if after := reasonCount(t, tb.reg, "jetgres_publish_rejected_total", stream.ReasonLimit); after != before+1 {
 			t.Errorf("%s: rejected{reason=limit} went from %v to %v", what, before, after)
 		}
 	}

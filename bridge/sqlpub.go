@@ -8,6 +8,7 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/jetgres/jetgres/bridge/stream"
 	"github.com/jetgres/jetgres/internal/permit"
 	"github.com/jetgres/jetgres/internal/warnlog"
 	"github.com/jetgres/jetgres/pg"
@@ -45,11 +46,10 @@ const (
 )
 
 // Refusal reasons at the move, the label values of jetgres_sql_publish_refused_total,
-// besides the publish path's own (reasonSealed, reasonTooLarge, reasonUnstorable,
-// reasonExpected, reasonLimit, reasonDuplicate). The publish path refuses with
-// reasonNoStream too.
+// besides the publish path's own (stream.ReasonSealed, ReasonTooLarge, ReasonUnstorable,
+// ReasonExpected, ReasonLimit, ReasonDuplicate and ReasonNoStream: the stream was deleted
+// since the call).
 const (
-	reasonNoStream   = "no_stream"   // the stream was deleted since the call
 	reasonNotTaken   = "not_taken"   // the stream no longer takes the subject
 	reasonFeatureOff = "unsupported" // a header asks for a feature jetgres refuses
 )
@@ -216,7 +216,7 @@ func (b *Bridge) moveOnce() (int, error) {
 	if errors.Is(err, errStreamUnknown) {
 		// Created on another replica a moment ago, or deleted: read the streams again, and
 		// refuse what still names none.
-		if err := b.syncStreams(b.ctx); err != nil {
+		if err := b.streams.Sync(b.ctx); err != nil {
 			return 0, err
 		}
 		n, err = b.move(true)
@@ -237,9 +237,9 @@ func (b *Bridge) move(refuseUnknown bool) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	byID := make(map[int64]*stream)
-	for _, s := range b.streamList() {
-		byID[s.id] = s
+	byID := make(map[int64]*stream.Stream)
+	for _, s := range b.streams.List() {
+		byID[s.ID()] = s
 	}
 	var refused []refusal
 	var batches []pg.AppendBatch
@@ -252,27 +252,27 @@ func (b *Bridge) move(refuseUnknown bool) (int, error) {
 				if !refuseUnknown {
 					return nil, errStreamUnknown
 				}
-				refused = append(refused, refusal{"", sm.Subject, reasonNoStream})
+				refused = append(refused, refusal{"", sm.Subject, stream.ReasonNoStream})
 				continue
 			}
 			m, reason := b.stagedMsg(s, sm)
 			if reason != "" {
-				refused = append(refused, refusal{s.name, sm.Subject, reason})
+				refused = append(refused, refusal{s.Name(), sm.Subject, reason})
 				continue
 			}
-			i, ok := at[s.id]
+			i, ok := at[s.ID()]
 			if !ok {
-				cfg := s.cfgView()
+				cfg := s.ConfigView()
 				i = len(batches)
-				at[s.id] = i
-				batches = append(batches, pg.AppendBatch{StreamID: s.id, DupWindow: cfg.Duplicates,
-					ChunkRows: s.chunkRows.Load(), Limits: streamLimits(cfg)})
+				at[s.ID()] = i
+				batches = append(batches, pg.AppendBatch{StreamID: s.ID(), DupWindow: cfg.Duplicates,
+					ChunkRows: s.ChunkRows(), Limits: stream.Limits(cfg)})
 			}
 			batches[i].Msgs = append(batches[i].Msgs, m)
 		}
 		for i := range batches {
 			s := byID[batches[i].StreamID]
-			if s.cfgView().Retention != server.InterestPolicy {
+			if s.ConfigView().Retention != server.InterestPolicy {
 				continue
 			}
 			msgs := batches[i].Msgs
@@ -298,25 +298,25 @@ func (b *Bridge) move(refuseUnknown bool) (int, error) {
 	for _, r := range results {
 		s := byID[r.StreamID]
 		if !r.Gone {
-			s.commit(b.ctx, r)
+			s.Commit(b.ctx, r)
 		}
 		for j, o := range r.Outcomes {
 			reason := ""
 			var le *pg.LimitError
 			switch {
 			case o.Duplicate:
-				reason = reasonDuplicate
+				reason = stream.ReasonDuplicate
 			case o.Err == nil:
 				b.sql.m.moved.Inc()
 			case errors.As(o.Err, &le), errors.Is(o.Err, pg.ErrSeqExhausted):
-				reason = reasonLimit
+				reason = stream.ReasonLimit
 			case errors.Is(o.Err, pg.ErrNotFound):
-				reason = reasonNoStream
+				reason = stream.ReasonNoStream
 			default:
-				reason = reasonExpected
+				reason = stream.ReasonExpected
 			}
 			if reason != "" {
-				b.refuseStaged(refusal{s.name, batchMsg(batches, r.StreamID, j), reason})
+				b.refuseStaged(refusal{s.Name(), batchMsg(batches, r.StreamID, j), reason})
 			}
 		}
 	}
@@ -334,7 +334,7 @@ func batchMsg(batches []pg.AppendBatch, id int64, j int) string {
 
 func (b *Bridge) refuseStaged(r refusal) {
 	b.sql.m.refused.WithLabelValues(r.reason).Inc()
-	if r.reason == reasonDuplicate {
+	if r.reason == stream.ReasonDuplicate {
 		return
 	}
 	b.sql.warnRefused.Warn(b.log, b.clock.Now(), "a stream refused a message published with jetgres.publish",
@@ -343,27 +343,27 @@ func (b *Bridge) refuseStaged(r refusal) {
 
 // stagedMsg checks a staged message as onPublish checks a NATS publish, against the
 // stream's configuration now, and returns it as an append, or the reason it is refused.
-func (b *Bridge) stagedMsg(s *stream, sm pg.StagedMsg) (pg.AppendMsg, string) {
-	cfg := s.cfgView()
+func (b *Bridge) stagedMsg(s *stream.Stream, sm pg.StagedMsg) (pg.AppendMsg, string) {
+	cfg := s.ConfigView()
 	m := pg.AppendMsg{Subject: sm.Subject, Header: sm.Header, Data: sm.Data}
 	switch {
 	case cfg.Sealed:
-		return m, reasonSealed
+		return m, stream.ReasonSealed
 	case !slices.ContainsFunc(cfg.Subjects, func(f string) bool { return pg.SubjectMatches(f, sm.Subject) }):
 		return m, reasonNotTaken
 	case cfg.MaxMsgSize > 0 && len(sm.Data)+len(sm.Header) > int(cfg.MaxMsgSize):
-		return m, reasonTooLarge
+		return m, stream.ReasonTooLarge
 	}
 	if len(sm.Header) > 0 {
-		if e := parseExpectations(cfg, sm.Header, &m); e != nil {
-			if e.ErrCode == badRequestCode {
-				return m, reasonUnstorable
+		if e := stream.ParseExpectations(cfg, sm.Header, &m); e != nil {
+			if e.ErrCode == server.ApiErrors[server.JSBadRequestErr].ErrCode {
+				return m, stream.ReasonUnstorable
 			}
 			if e.ErrCode == server.ApiErrors[server.JSMessageTTLDisabledErr].ErrCode ||
 				e.ErrCode == server.ApiErrors[server.JSAtomicPublishDisabledErr].ErrCode {
 				return m, reasonFeatureOff
 			}
-			return m, reasonExpected
+			return m, stream.ReasonExpected
 		}
 	}
 	return m, ""

@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/jetgres/jetgres/bridge/stream"
 	"github.com/jetgres/jetgres/internal/testwait"
 	"github.com/jetgres/jetgres/pg/pgtest/rawsql"
 )
@@ -257,7 +258,7 @@ func TestSQLPublishDedupSharedWithNATS(t *testing.T) {
 		t.Fatalf("NATS publish of y: %+v, want a duplicate of sequence 2", ack)
 	}
 	testwait.For(t, 10*time.Second, func() error {
-		if n := reasonCount(t, tb.reg, "jetgres_sql_publish_refused_total", reasonDuplicate); n != 2 {
+		if n := reasonCount(t, tb.reg, "jetgres_sql_publish_refused_total", stream.ReasonDuplicate); n != 2 {
 			return fmt.Errorf("refused duplicates counted %v, want 2", n)
 		}
 		return nil

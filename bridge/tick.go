@@ -64,8 +64,8 @@ func (cs *consumerSide) tick(ctx context.Context) bool {
 		served := len(sc.cons) > 0
 		sc.mu.RUnlock()
 		if served {
-			ids = append(ids, s.id)
-			byID[s.id] = sc
+			ids = append(ids, s.ID())
+			byID[s.ID()] = sc
 		}
 	}
 	cs.mu.RUnlock()
@@ -82,7 +82,7 @@ func (cs *consumerSide) tick(ctx context.Context) bool {
 	}
 	moved := false
 	for id, sc := range byID {
-		if !sc.s.tail.Raise(hw[id]) {
+		if !sc.s.Tail().Raise(hw[id]) {
 			continue
 		}
 		moved = true
@@ -98,19 +98,19 @@ func (cs *consumerSide) tick(ctx context.Context) bool {
 
 // fill reads the range the tail is missing, through the pop lane.
 func (cs *consumerSide) fill(ctx context.Context, sc *streamConsumers) {
-	from, upTo, ok := sc.s.tail.Missing()
+	from, upTo, ok := sc.s.Tail().Missing()
 	if !ok {
 		return
 	}
-	msgs, through, err := cs.readPop(ctx, pg.ReadParams{StreamID: sc.s.id, From: from, UpTo: upTo, MaxMsgs: tickReadMax, MaxBytes: TailBytesDefault / 2}, nil)
+	msgs, through, err := cs.readPop(ctx, pg.ReadParams{StreamID: sc.s.ID(), From: from, UpTo: upTo, MaxMsgs: tickReadMax, MaxBytes: TailBytesDefault / 2}, nil)
 	if err != nil {
 		if ctx.Err() == nil {
-			cs.b.warnFill.Warn(cs.b.log, cs.b.clock.Now(), "tick range read failed", "stream", sc.s.name, "err", err)
+			cs.b.warnFill.Warn(cs.b.log, cs.b.clock.Now(), "tick range read failed", "stream", sc.s.Name(), "err", err)
 		}
 		return
 	}
 	cs.m.tickReads.Inc()
-	sc.s.tail.Add(msgs, from, through)
+	sc.s.Tail().Add(msgs, from, through)
 	// Rows another replica committed reach the consumers' pending counts only here; rows
 	// this process committed were counted already and count once.
 	if len(msgs) > 0 {

@@ -1,10 +1,9 @@
-package bridge
+package stream
 
 import (
 	"context"
 	"errors"
 	"fmt"
-	"math/bits"
 	"strconv"
 	"strings"
 	"sync"
@@ -31,7 +30,7 @@ type intake struct {
 	flushing bool // a transaction for this stream is in flight
 	queued   bool // waiting in the ready queue for a push permit
 	closed   bool // the stream is gone; nothing more is taken in
-	// flushSince is when the stream's flush in flight started, in the bridge clock's Unix
+	// flushSince is when the stream's flush in flight started, in the registry clock's Unix
 	// nanoseconds, or 0 with none. It is an atomic apart from mu so that readiness can read
 	// it while a hung commit's flush is in flight, without taking any intake's lock.
 	flushSince atomic.Int64
@@ -48,34 +47,34 @@ type publish struct {
 // onPublish runs on the link's read loop for every message on a stream subject. It never
 // blocks: it validates, appends to the stream's intake, and starts a flush if the stream
 // has none in flight and the push lane has a permit free (fire on idle).
-func (b *Bridge) onPublish(s *stream, m *leaf.Msg) {
-	cfg := s.cfgView()
+func (r *Registry) onPublish(s *Stream, m *leaf.Msg) {
+	cfg := s.ConfigView()
 	if cfg.Sealed {
-		b.reject(s, m.Reply, reasonSealed, server.NewJSStreamSealedError())
+		r.reject(s, m.Reply, ReasonSealed, server.NewJSStreamSealedError())
 		return
 	}
-	if b.overBound(cfg) {
-		b.reject(s, m.Reply, reasonResources, server.NewJSInsufficientResourcesError())
+	if r.overBound(cfg) {
+		r.reject(s, m.Reply, ReasonResources, server.NewJSInsufficientResourcesError())
 		return
 	}
 	size := int(pg.MessageSize(cfg.Storage == server.MemoryStorage, m.Subject, m.Header, m.Data))
 	if cfg.MaxMsgSize > 0 && len(m.Data)+len(m.Header) > int(cfg.MaxMsgSize) {
-		b.reject(s, m.Reply, reasonTooLarge, server.NewJSStreamMessageExceedsMaximumError())
+		r.reject(s, m.Reply, ReasonTooLarge, server.NewJSStreamMessageExceedsMaximumError())
 		return
 	}
 	if e := checkStorable("subject", m.Subject); e != nil {
-		b.reject(s, m.Reply, reasonUnstorable, e)
+		r.reject(s, m.Reply, ReasonUnstorable, e)
 		return
 	}
-	p := publish{reply: m.Reply, recv: b.clock.Now(), size: size,
+	p := publish{reply: m.Reply, recv: r.cfg.Clock.Now(), size: size,
 		msg: pg.AppendMsg{Subject: m.Subject, Header: m.Header, Data: m.Data}}
 	if len(m.Header) > 0 {
-		if e := parseExpectations(cfg, m.Header, &p.msg); e != nil {
-			reason := reasonExpected
+		if e := ParseExpectations(cfg, m.Header, &p.msg); e != nil {
+			reason := ReasonExpected
 			if e.ErrCode == badRequestCode {
-				reason = reasonUnstorable
+				reason = ReasonUnstorable
 			}
-			b.reject(s, m.Reply, reason, e)
+			r.reject(s, m.Reply, reason, e)
 			return
 		}
 	}
@@ -83,20 +82,20 @@ func (b *Bridge) onPublish(s *stream, m *leaf.Msg) {
 	in.mu.Lock()
 	if in.closed {
 		in.mu.Unlock()
-		b.reject(s, m.Reply, reasonStopping, server.NewJSStreamNotFoundError())
+		r.reject(s, m.Reply, ReasonStopping, server.NewJSStreamNotFoundError())
 		return
 	}
-	if in.bytes+size > b.cfg.IntakeBytes && in.bytes > 0 {
+	if in.bytes+size > r.cfg.IntakeBytes && in.bytes > 0 {
 		in.mu.Unlock()
-		b.reject(s, m.Reply, reasonIntakeFull, errIntakeFull)
+		r.reject(s, m.Reply, ReasonIntakeFull, errIntakeFull)
 		return
 	}
 	// As with one stream's bound, a stream with nothing buffered always takes one message, so
 	// a single large publish cannot be refused for ever.
-	if total := b.intakeTotal.Add(int64(size)); total > int64(b.cfg.IntakeTotalBytes) && in.bytes > 0 {
-		b.intakeTotal.Add(-int64(size))
+	if total := r.intakeTotal.Add(int64(size)); total > int64(r.cfg.IntakeTotalBytes) && in.bytes > 0 {
+		r.intakeTotal.Add(-int64(size))
 		in.mu.Unlock()
-		b.reject(s, m.Reply, reasonIntakeAll, errIntakeFull)
+		r.reject(s, m.Reply, ReasonIntakeAll, errIntakeFull)
 		return
 	}
 	if len(in.buf) == cap(in.buf) {
@@ -104,7 +103,7 @@ func (b *Bridge) onPublish(s *stream, m *leaf.Msg) {
 	}
 	in.buf = append(in.buf, p)
 	in.bytes += size
-	b.kickLocked(s)
+	r.kickLocked(s)
 	in.mu.Unlock()
 }
 
@@ -114,9 +113,9 @@ func (b *Bridge) onPublish(s *stream, m *leaf.Msg) {
 // retryable.
 var errIntakeFull = server.NewJSInsufficientResourcesError()
 
-// maxStoredText bounds a publish's subject and its Nats-Msg-Id: both are keys of B-tree
+// MaxStoredText bounds a publish's subject and its Nats-Msg-Id: both are keys of B-tree
 // indexes in PostgreSQL, whose entries must fit in a third of a page (about 2.7 KB).
-const maxStoredText = 2048
+const MaxStoredText = 2048
 
 var badRequestCode = server.ApiErrors[server.JSBadRequestErr].ErrCode
 
@@ -127,8 +126,8 @@ var badRequestCode = server.ApiErrors[server.JSBadRequestErr].ErrCode
 func checkStorable(what, v string) *server.ApiError {
 	var why string
 	switch {
-	case len(v) > maxStoredText:
-		why = fmt.Sprintf("is longer than %d bytes", maxStoredText)
+	case len(v) > MaxStoredText:
+		why = fmt.Sprintf("is longer than %d bytes", MaxStoredText)
 	case !utf8.ValidString(v):
 		why = "is not valid UTF-8"
 	case strings.IndexByte(v, 0) >= 0:
@@ -139,9 +138,9 @@ func checkStorable(what, v string) *server.ApiError {
 	return &server.ApiError{Code: 400, ErrCode: badRequestCode, Description: "bad request: " + what + " " + why}
 }
 
-// parseExpectations reads the Nats-Msg-Id and Nats-Expected-* headers. The stream name is
+// ParseExpectations reads the Nats-Msg-Id and Nats-Expected-* headers. The stream name is
 // checked here; the rest need the stream's row lock and are decided in the transaction.
-func parseExpectations(cfg *server.StreamConfig, hdr []byte, m *pg.AppendMsg) *server.ApiError {
+func ParseExpectations(cfg *server.StreamConfig, hdr []byte, m *pg.AppendMsg) *server.ApiError {
 	// Features jetgres does not implement are refused, never silently ignored.
 	if jswire.HeaderValue(hdr, server.JSMessageTTL) != "" {
 		return server.NewJSMessageTTLDisabledError()
@@ -198,80 +197,80 @@ func parseExpectations(cfg *server.StreamConfig, hdr []byte, m *pg.AppendMsg) *s
 
 // reject answers a publish with a JetStream error, or counts it as dropped when it has no
 // reply subject to answer on.
-func (b *Bridge) reject(s *stream, reply, reason string, e *server.ApiError) {
+func (r *Registry) reject(s *Stream, reply, reason string, e *server.ApiError) {
 	if reply == "" {
-		b.pm.dropped.WithLabelValues(reason).Inc()
+		r.m.dropped.WithLabelValues(reason).Inc()
 		return
 	}
-	b.pm.rejected.WithLabelValues(reason).Inc()
-	_ = b.link.Publish(reply, "", nil, jswire.PubError(s.name, e))
+	r.m.rejected.WithLabelValues(reason).Inc()
+	_ = r.cfg.Link.Publish(reply, "", nil, jswire.PubError(s.name, e))
 }
 
 // kickLocked starts a flush of s at once when no push transaction is in flight and the lane
 // has a permit (fire on idle: a lone publish commits in one round trip). Otherwise s waits
 // in the ready queue, and the transaction in flight takes it into the next bundle as it
 // ends. It must be called with s.in.mu held.
-func (b *Bridge) kickLocked(s *stream) {
+func (r *Registry) kickLocked(s *Stream) {
 	in := &s.in
 	if in.flushing || in.queued || len(in.buf) == 0 {
 		return
 	}
-	if b.inFlight.CompareAndSwap(0, 1) {
-		if p, ok := b.cfg.Push.TryAcquire(); ok {
+	if r.inFlight.CompareAndSwap(0, 1) {
+		if p, ok := r.cfg.Push.TryAcquire(); ok {
 			in.flushing = true
-			b.youngest.Store(b.clock.Now().UnixNano())
-			if !b.flushes.Go(func() { b.flushChain(p, []*stream{s}) }) {
-				// The bridge stopped: what is left goes unanswered, like any publish it
+			r.youngest.Store(r.cfg.Clock.Now().UnixNano())
+			if !r.flushes.Go(func() { r.flushChain(p, []*Stream{s}) }) {
+				// The registry stopped: what is left goes unanswered, like any publish it
 				// never acknowledged, and the publisher retries elsewhere.
 				in.flushing = false
 				p.Abandon()
-				b.flushEnded()
+				r.flushEnded()
 			}
 			return
 		}
-		b.flushEnded()
+		r.flushEnded()
 	}
 	in.queued = true
-	b.ready.push(s)
+	r.ready.push(s)
 }
 
 // flushEnded counts a push transaction out and wakes the dispatcher, which may be waiting
 // for the lane to go idle.
-func (b *Bridge) flushEnded() {
-	b.inFlight.Add(-1)
-	poke(b.flushDone)
+func (r *Registry) flushEnded() {
+	r.inFlight.Add(-1)
+	poke(r.flushDone)
 }
 
 // flushChain flushes group, then, while streams are ready and the lane has a permit, the
 // next bundle of them, on the same goroutine: the hand-off from one transaction to the next
 // leaves no moment in which the lane looks idle, which would let a lone publish take it
 // first and split the bundle.
-func (b *Bridge) flushChain(p *flow.Permit, group []*stream) {
+func (r *Registry) flushChain(p *flow.Permit, group []*Stream) {
 	for {
-		b.flush(p, group)
-		if b.ready.empty() {
+		r.flush(p, group)
+		if r.ready.empty() {
 			break
 		}
-		next, ok := b.cfg.Push.TryAcquire()
+		next, ok := r.cfg.Push.TryAcquire()
 		if !ok {
 			// The limit shrank under what is in flight: the dispatcher waits for a permit.
 			break
 		}
-		if group = b.takeReady(); len(group) == 0 {
+		if group = r.takeReady(); len(group) == 0 {
 			next.Abandon()
 			break
 		}
 		p = next
-		b.youngest.Store(b.clock.Now().UnixNano())
+		r.youngest.Store(r.cfg.Clock.Now().UnixNano())
 	}
-	b.flushEnded()
+	r.flushEnded()
 }
 
 // takeReady pops up to FlushMaxStreams ready streams and marks them flushing.
-func (b *Bridge) takeReady() []*stream {
-	var group []*stream
-	for len(group) < b.cfg.FlushMaxStreams {
-		s, ok := b.ready.pop()
+func (r *Registry) takeReady() []*Stream {
+	var group []*Stream
+	for len(group) < r.cfg.FlushMaxStreams {
+		s, ok := r.ready.pop()
 		if !ok {
 			break
 		}
@@ -290,51 +289,51 @@ func (b *Bridge) takeReady() []*stream {
 // take them: the lane went idle while they waited, or the youngest transaction in flight has
 // run for longer than FlushOverlapAfter (hung on a lock, or carrying a bundle big enough that
 // overlapping the next pays). It waits for a permit within the lane's limit.
-func (b *Bridge) dispatchFlushes() {
+func (r *Registry) dispatchFlushes() {
 	for {
-		if !b.ready.waitReady(b.ctx) || !b.waitOverlap() {
+		if !r.ready.waitReady(r.ctx) || !r.waitOverlap() {
 			return
 		}
-		busy := b.inFlight.Load() > 0
-		p, err := b.cfg.Push.Acquire(b.ctx)
+		busy := r.inFlight.Load() > 0
+		p, err := r.cfg.Push.Acquire(r.ctx)
 		if err != nil {
 			return
 		}
-		group := b.takeReady()
+		group := r.takeReady()
 		if len(group) == 0 {
 			p.Abandon()
 			continue
 		}
 		if busy {
-			b.pm.overlaps.Inc()
+			r.m.overlaps.Inc()
 		}
-		b.inFlight.Add(1)
-		b.youngest.Store(b.clock.Now().UnixNano())
-		if !b.flushes.Go(func() { b.flushChain(p, group) }) {
-			p.Abandon() // the bridge stopped, see kickLocked
-			b.flushEnded()
+		r.inFlight.Add(1)
+		r.youngest.Store(r.cfg.Clock.Now().UnixNano())
+		if !r.flushes.Go(func() { r.flushChain(p, group) }) {
+			p.Abandon() // the registry stopped, see kickLocked
+			r.flushEnded()
 			return
 		}
 	}
 }
 
 // waitOverlap returns once the lane is idle or its youngest transaction has run for
-// FlushOverlapAfter, or false when the bridge stops.
-func (b *Bridge) waitOverlap() bool {
+// FlushOverlapAfter, or false when the registry stops.
+func (r *Registry) waitOverlap() bool {
 	for {
-		if b.inFlight.Load() == 0 {
+		if r.inFlight.Load() == 0 {
 			return true
 		}
-		age := time.Duration(b.clock.Now().UnixNano() - b.youngest.Load())
-		if age >= b.cfg.FlushOverlapAfter {
+		age := time.Duration(r.cfg.Clock.Now().UnixNano() - r.youngest.Load())
+		if age >= r.cfg.FlushOverlapAfter {
 			return true
 		}
-		t := b.clock.NewTimer(b.cfg.FlushOverlapAfter - age)
+		t := r.cfg.Clock.NewTimer(r.cfg.FlushOverlapAfter - age)
 		select {
-		case <-b.ctx.Done():
+		case <-r.ctx.Done():
 			t.Stop()
 			return false
-		case <-b.flushDone:
+		case <-r.flushDone:
 		case <-t.C():
 		}
 		t.Stop()
@@ -343,8 +342,8 @@ func (b *Bridge) waitOverlap() bool {
 
 // flush commits what the given streams have accumulated in one transaction, answers every
 // publisher after the commit, and hands the committed rows to the consumers.
-func (b *Bridge) flush(p *flow.Permit, group []*stream) {
-	started := b.clock.Now().UnixNano()
+func (r *Registry) flush(p *flow.Permit, group []*Stream) {
+	started := r.cfg.Clock.Now().UnixNano()
 	for _, s := range group {
 		s.in.flushSince.Store(started)
 	}
@@ -354,7 +353,7 @@ func (b *Bridge) flush(p *flow.Permit, group []*stream) {
 	for _, s := range group {
 		in := &s.in
 		in.mu.Lock()
-		n := min(len(in.buf), b.cfg.FlushMaxMsgs)
+		n := min(len(in.buf), r.cfg.FlushMaxMsgs)
 		pubs := in.buf[:n:n]
 		in.buf = in.buf[n:]
 		took := 0
@@ -362,7 +361,7 @@ func (b *Bridge) flush(p *flow.Permit, group []*stream) {
 			took += pb.size
 		}
 		in.bytes -= took
-		b.intakeTotal.Add(-int64(took))
+		r.intakeTotal.Add(-int64(took))
 		if len(in.buf) == 0 {
 			in.buf = nil
 		}
@@ -370,7 +369,7 @@ func (b *Bridge) flush(p *flow.Permit, group []*stream) {
 		if n == 0 {
 			continue
 		}
-		cfg := s.cfgView()
+		cfg := s.ConfigView()
 		msgs := msgBufs.get(n)
 		for i := range pubs {
 			msgs[i] = pubs[i].msg
@@ -380,48 +379,48 @@ func (b *Bridge) flush(p *flow.Permit, group []*stream) {
 			for i := range msgs {
 				subjects[i] = msgs[i].Subject
 			}
-			for i, none := range b.noInterest(s, subjects) {
+			for i, none := range r.cfg.NoInterest(s, subjects) {
 				msgs[i].NoInterest = none
 			}
 		}
 		taken[s.id] = pubs
 		batches = append(batches, pg.AppendBatch{StreamID: s.id, DupWindow: cfg.Duplicates, ChunkRows: s.chunkRows.Load(),
-			Limits: streamLimits(cfg), Msgs: msgs})
-		b.pm.batchMsgs.Observe(float64(n))
+			Limits: Limits(cfg), Msgs: msgs})
+		r.m.batchMsgs.Observe(float64(n))
 		total += n
 	}
 	if len(batches) == 0 {
 		p.Abandon()
 	} else {
-		b.pm.batchTx.Observe(float64(len(batches)))
-		b.pm.txMsgs.Observe(float64(total))
+		r.m.batchTx.Observe(float64(len(batches)))
+		r.m.txMsgs.Observe(float64(total))
 		// The flush is not tied to a request: it must finish and answer even while the
-		// bridge stops, so only the statement timeout and Stop's deadline bound it.
-		results, rtt, err := b.db.Append(b.flushCtx, batches, b.clock.Now().UnixNano())
+		// registry stops, so only the statement timeout and Stop's deadline bound it.
+		results, rtt, err := r.cfg.DB.Append(r.flushCtx, batches, r.cfg.Clock.Now().UnixNano())
 		permit.Return(p, rtt, err)
-		b.pm.commit.Observe(rtt.Seconds())
-		byID := make(map[int64]*stream, len(group))
+		r.m.commit.Observe(rtt.Seconds())
+		byID := make(map[int64]*Stream, len(group))
 		for _, s := range group {
 			byID[s.id] = s
 		}
 		if err != nil {
-			b.warnPush.Warn(b.log, b.clock.Now(), "push transaction failed", "streams", len(batches), "err", err)
+			r.warnPush.Warn(r.log, r.cfg.Clock.Now(), "push transaction failed", "streams", len(batches), "err", err)
 			for _, bt := range batches {
 				s := byID[bt.StreamID]
 				for _, pb := range taken[bt.StreamID] {
-					b.reject(s, pb.reply, reasonDatabase, storeFailed(err))
+					r.reject(s, pb.reply, ReasonDatabase, storeFailed(err))
 				}
 			}
 		} else {
-			for _, r := range results {
-				s := byID[r.StreamID]
+			for _, res := range results {
+				s := byID[res.StreamID]
 				// Consumers hear of what the commit removed and added before any publisher
 				// hears of the commit, so a fetch sent on a PubAck sees both.
-				if !r.Gone {
-					s.commit(b.flushCtx, r)
-					b.stored(s, r.Stored)
+				if !res.Gone {
+					s.Commit(r.flushCtx, res)
+					r.stored(s, res.Stored)
 				}
-				b.answer(s, taken[r.StreamID], r)
+				r.answer(s, taken[res.StreamID], res)
 			}
 		}
 	}
@@ -429,68 +428,13 @@ func (b *Bridge) flush(p *flow.Permit, group []*stream) {
 		s.in.flushSince.Store(0)
 		s.in.mu.Lock()
 		s.in.flushing = false
-		b.kickLocked(s)
+		r.kickLocked(s)
 		s.in.mu.Unlock()
 	}
 	for _, bt := range batches {
 		msgBufs.put(bt.Msgs)
 		publishBufs.put(taken[bt.StreamID])
 	}
-}
-
-// Under load every flush would regrow its stream's intake from nothing and copy its
-// messages into a new slice: half of the bridge's allocations per publish. Flushes give
-// both back once answered. Pools, not a spare per stream, so that idle streams keep
-// nothing (a pool empties itself at garbage collections); one pool per power-of-two
-// capacity, so that a slice is never more than four times the size asked for: a stream
-// with a few messages waiting, say while the database is down, holds a small slice, not
-// one that a busy stream grew.
-var (
-	publishBufs slicePool[publish]
-	msgBufs     slicePool[pg.AppendMsg]
-)
-
-const (
-	minPooledShift = 3  // 8 elements
-	maxPooledShift = 13 // 8,192 elements: FlushMaxMsgsDefault
-)
-
-// slicePool keeps slices by capacity: class i holds capacities from 1<<(i+minPooledShift)
-// up to twice that.
-type slicePool[T any] struct {
-	classes [maxPooledShift - minPooledShift + 1]sync.Pool
-}
-
-// get returns a slice of length n, reused if one is pooled.
-func (sp *slicePool[T]) get(n int) []T {
-	i := max(bits.Len(uint(max(n, 1)-1))-minPooledShift, 0) // the smallest class that fits n
-	if i >= len(sp.classes) {
-		return make([]T, n)
-	}
-	if b, ok := sp.classes[i].Get().(*[]T); ok {
-		return (*b)[:n]
-	}
-	return make([]T, n, 1<<(i+minPooledShift))
-}
-
-// grow returns a slice holding b's elements with room for as many again, and pools b.
-func (sp *slicePool[T]) grow(b []T) []T {
-	nb := sp.get(max(2*len(b), 1<<minPooledShift))[:len(b)]
-	copy(nb, b)
-	sp.put(b)
-	return nb
-}
-
-// put pools b, emptied so that it keeps nothing alive, in the largest class its capacity
-// fills.
-func (sp *slicePool[T]) put(b []T) {
-	if cap(b) < 1<<minPooledShift || cap(b) >= 2<<maxPooledShift {
-		return
-	}
-	i := bits.Len(uint(cap(b))) - 1 - minPooledShift
-	clear(b[:cap(b)])
-	b = b[:0]
-	sp.classes[i].Put(&b)
 }
 
 func storeFailed(err error) *server.ApiError {
@@ -500,76 +444,93 @@ func storeFailed(err error) *server.ApiError {
 	return server.NewJSStreamStoreFailedError(errors.New("database unavailable"))
 }
 
+// Limits is what the append transaction enforces of a stream's configuration.
+func Limits(cfg *server.StreamConfig) pg.Limits {
+	return pg.Limits{
+		MaxMsgs:       cfg.MaxMsgs,
+		MaxBytes:      cfg.MaxBytes,
+		MaxMsgsPer:    cfg.MaxMsgsPer,
+		DiscardNew:    cfg.Discard == server.DiscardNew,
+		DiscardNewPer: cfg.DiscardNewPer,
+	}
+}
+
+// LimitRejected is the JetStream error for a publish a discard-new limit refused: a store
+// failure (503, err_code 10077) whose description names the limit, as nats-server sends it.
+func LimitRejected(e *pg.LimitError) *server.ApiError {
+	return server.NewJSStreamStoreFailedError(e)
+}
+
 // answer sends each publisher its PubAck (or the error its expectation produced).
-func (b *Bridge) answer(s *stream, pubs []publish, r pg.AppendResult) {
-	now := b.clock.Now()
+func (r *Registry) answer(s *Stream, pubs []publish, res pg.AppendResult) {
+	now := r.cfg.Clock.Now()
 	for i, pb := range pubs {
-		o := r.Outcomes[i]
+		o := res.Outcomes[i]
 		if o.Err != nil {
 			var ee *pg.ExpectError
 			var le *pg.LimitError
-			e, reason := server.NewJSStreamStoreFailedError(o.Err), reasonExpected
+			e, reason := server.NewJSStreamStoreFailedError(o.Err), ReasonExpected
 			switch {
 			case errors.As(o.Err, &le):
-				e, reason = limitRejected(le), reasonLimit
+				e, reason = LimitRejected(le), ReasonLimit
 			case errors.Is(o.Err, pg.ErrSeqExhausted):
-				reason = reasonLimit
+				reason = ReasonLimit
 			case errors.Is(o.Err, pg.ErrNotFound):
 				// Deleted, by another replica, while the publish waited for its transaction.
-				e, reason = server.NewJSStreamNotFoundError(), reasonNoStream
+				e, reason = server.NewJSStreamNotFoundError(), ReasonNoStream
 			case errors.As(o.Err, &ee) && ee.Kind == pg.ExpectLastMsgIDKind:
 				e = server.NewJSStreamWrongLastMsgIDError(ee.LastID)
 			case errors.As(o.Err, &ee):
 				e = server.NewJSStreamWrongLastSequenceError(ee.LastSeq)
 			}
-			b.reject(s, pb.reply, reason, e)
+			r.reject(s, pb.reply, reason, e)
 			continue
 		}
-		b.pm.accepted.Inc()
+		r.m.accepted.Inc()
 		if o.Duplicate {
-			b.pm.rejected.WithLabelValues(reasonDuplicate).Inc()
+			r.m.rejected.WithLabelValues(ReasonDuplicate).Inc()
 		}
 		if pb.reply == "" {
 			continue
 		}
-		_ = b.link.Publish(pb.reply, "", nil, jswire.PubAck(s.ackPfx, o.Seq, o.Duplicate))
-		b.pm.pubAck.Observe(now.Sub(pb.recv).Seconds())
+		_ = r.cfg.Link.Publish(pb.reply, "", nil, jswire.PubAck(s.ackPfx, o.Seq, o.Duplicate))
+		r.m.pubAck.Observe(now.Sub(pb.recv).Seconds())
 	}
 }
 
-// drainIntake flushes whatever is still buffered, for Stop: nothing taken in is lost. It
+// drain flushes whatever is still buffered, for Stop: nothing taken in is lost. It
 // returns once every flush committed and answered, or with ctx's error.
-func (b *Bridge) drainIntake(ctx context.Context) error {
-	for _, s := range b.streamList() {
+func (r *Registry) drain(ctx context.Context) error {
+	for _, s := range r.List() {
 		s.in.mu.Lock()
-		b.kickLocked(s)
+		r.kickLocked(s)
 		s.in.mu.Unlock()
 	}
-	// Streams parked in the ready queue still need a permit; the dispatcher is running
-	// until the background work stops, which happens only after this drain. The wait is for
-	// the dispatcher, not for time, so it polls on the system clock: on the bridge's, a fake
-	// clock that no test moves while it stops the bridge would never end it.
-	for !b.ready.empty() {
+	// Streams parked in the ready queue still need a permit; the dispatcher runs until Stop
+	// stops it, which it does only after this drain. The wait is for
+	// the dispatcher, not for time, so it polls on the system clock: on the registry's, a fake
+	// clock that no test moves while it stops the registry would never end it.
+	for !r.ready.empty() {
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-time.After(time.Millisecond):
 		}
 	}
-	return b.flushes.Wait(ctx)
+	return r.flushes.Wait(ctx)
 }
 
 // closeIntake answers everything still buffered in s with e and takes no more: the stream
 // is gone.
-func (b *Bridge) closeIntake(s *stream, e *server.ApiError) {
+func (r *Registry) closeIntake(s *Stream, e *server.ApiError) {
 	in := &s.in
 	in.mu.Lock()
 	pubs := in.buf
-	b.intakeTotal.Add(-int64(in.bytes))
+	r.intakeTotal.Add(-int64(in.bytes))
 	in.buf, in.bytes, in.closed = nil, 0, true
 	in.mu.Unlock()
 	for _, pb := range pubs {
-		b.reject(s, pb.reply, reasonStopping, e)
+		r.reject(s, pb.reply, ReasonStopping, e)
 	}
 }
 
@@ -577,13 +538,13 @@ func (b *Bridge) closeIntake(s *stream, e *server.ApiError) {
 // once (intake.queued), so its length is bounded by the number of streams.
 type readyQueue struct {
 	mu     sync.Mutex
-	items  []*stream
+	items  []*Stream
 	signal chan struct{}
 }
 
 func newReadyQueue() *readyQueue { return &readyQueue{signal: make(chan struct{}, 1)} }
 
-func (q *readyQueue) push(s *stream) {
+func (q *readyQueue) push(s *Stream) {
 	q.mu.Lock()
 	q.items = append(q.items, s)
 	q.mu.Unlock()
@@ -599,7 +560,7 @@ func poke(ch chan struct{}) {
 	}
 }
 
-func (q *readyQueue) pop() (*stream, bool) {
+func (q *readyQueue) pop() (*Stream, bool) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if len(q.items) == 0 {
@@ -609,6 +570,12 @@ func (q *readyQueue) pop() (*stream, bool) {
 	q.items[0] = nil
 	q.items = q.items[1:]
 	return s, true
+}
+
+func (q *readyQueue) len() int {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return len(q.items)
 }
 
 func (q *readyQueue) empty() bool {

@@ -1,4 +1,4 @@
-package bridge
+package stream
 
 import (
 	"context"
@@ -8,10 +8,6 @@ import (
 
 	"github.com/jetgres/jetgres/pg"
 )
-
-// reasonResources labels publishes refused because the streams of their storage type hold
-// more than Config.MaxMemory or Config.MaxStore.
-const reasonResources = "resources"
 
 // storeUsage is what the streams of each storage type hold, in bytes, for Config.MaxMemory
 // and Config.MaxStore. The maintainer reads it from PostgreSQL every maintainPeriod, which
@@ -30,91 +26,91 @@ func (u *storeUsage) of(storage server.StorageType) *atomic.Int64 {
 }
 
 // bounded reports whether a storage type has a bound, and which.
-func (b *Bridge) bound(storage server.StorageType) int64 {
+func (r *Registry) bound(storage server.StorageType) int64 {
 	if storage == server.MemoryStorage {
-		return b.cfg.MaxMemory
+		return r.cfg.MaxMemory
 	}
-	return b.cfg.MaxStore
+	return r.cfg.MaxStore
 }
 
 // overBound reports whether the streams of a publish's storage type hold more than their
 // bound. It runs on the link's read loop: two atomic loads.
-func (b *Bridge) overBound(cfg *server.StreamConfig) bool {
-	max := b.bound(cfg.Storage)
-	return max > 0 && b.usage.of(cfg.Storage).Load() > max
+func (r *Registry) overBound(cfg *server.StreamConfig) bool {
+	max := r.bound(cfg.Storage)
+	return max > 0 && r.usage.of(cfg.Storage).Load() > max
 }
 
 // stored adds what a commit of this process stored in s to its storage type's usage, when
 // that type has a bound.
-func (b *Bridge) stored(s *stream, msgs []pg.Message) {
-	cfg := s.cfgView()
-	if b.bound(cfg.Storage) <= 0 {
+func (r *Registry) stored(s *Stream, msgs []pg.Message) {
+	cfg := s.ConfigView()
+	if r.bound(cfg.Storage) <= 0 {
 		return
 	}
 	var bytes uint64
 	for _, m := range msgs {
 		bytes += pg.MessageSize(cfg.Storage == server.MemoryStorage, m.Subject, m.Header, m.Data)
 	}
-	b.usage.of(cfg.Storage).Add(int64(bytes))
+	r.usage.of(cfg.Storage).Add(int64(bytes))
 }
 
-// storageSums is what the streams of each storage type hold and reserve: a stream with
+// StorageSums is what the streams of each storage type hold and reserve: a stream with
 // max_bytes reserves that much of its type, as nats-server counts it.
-type storageSums struct {
-	memory, file                 uint64
-	reservedMemory, reservedFile uint64
+type StorageSums struct {
+	Memory, File                 uint64
+	ReservedMemory, ReservedFile uint64
 }
 
-// sumByStorage adds up by storage type the bytes totals gives each stream (nil: none) and
+// SumByStorage adds up by storage type the bytes totals gives each stream (nil: none) and
 // what each reserves, leaving out the stream named skip.
-func (b *Bridge) sumByStorage(totals map[int64]pg.StreamTotals, skip string) storageSums {
-	var sums storageSums
-	for _, s := range b.streamList() {
+func (r *Registry) SumByStorage(totals map[int64]pg.StreamTotals, skip string) StorageSums {
+	var sums StorageSums
+	for _, s := range r.List() {
 		if s.name == skip {
 			continue
 		}
-		cfg := s.cfgView()
+		cfg := s.ConfigView()
 		held, reserved := totals[s.id].Bytes, uint64(max(cfg.MaxBytes, 0))
 		if cfg.Storage == server.MemoryStorage {
-			sums.memory, sums.reservedMemory = sums.memory+held, sums.reservedMemory+reserved
+			sums.Memory, sums.ReservedMemory = sums.Memory+held, sums.ReservedMemory+reserved
 		} else {
-			sums.file, sums.reservedFile = sums.file+held, sums.reservedFile+reserved
+			sums.File, sums.ReservedFile = sums.File+held, sums.ReservedFile+reserved
 		}
 	}
 	return sums
 }
 
-// refreshUsage reads what every stream holds, for the bounds that are set.
-func (b *Bridge) refreshUsage(ctx context.Context) error {
-	if b.cfg.MaxMemory <= 0 && b.cfg.MaxStore <= 0 {
+// RefreshUsage reads what every stream holds, for the bounds that are set.
+func (r *Registry) RefreshUsage(ctx context.Context) error {
+	if r.cfg.MaxMemory <= 0 && r.cfg.MaxStore <= 0 {
 		return nil
 	}
-	totals, err := b.db.AllTotals(ctx)
+	totals, err := r.cfg.DB.AllTotals(ctx)
 	if err != nil {
 		return err
 	}
-	sums := b.sumByStorage(totals, "")
-	b.usage.memory.Store(int64(sums.memory))
-	b.usage.file.Store(int64(sums.file))
+	sums := r.SumByStorage(totals, "")
+	r.usage.memory.Store(int64(sums.Memory))
+	r.usage.file.Store(int64(sums.File))
 	return nil
 }
 
-// checkReservation refuses a stream whose max_bytes would take the reservations of its
+// CheckReservation refuses a stream whose max_bytes would take the reservations of its
 // storage type past its bound, as nats-server refuses it (10028 for memory, 10047 for file).
-// Called with adminMu held, so that two creates cannot both take the last room.
-func (b *Bridge) checkReservation(name string, cfg *server.StreamConfig) *server.ApiError {
-	max := b.bound(cfg.Storage)
+// Called with the admin lock held, so that two creates cannot both take the last room.
+func (r *Registry) CheckReservation(name string, cfg *server.StreamConfig) *server.ApiError {
+	max := r.bound(cfg.Storage)
 	if max <= 0 || cfg.MaxBytes <= 0 {
 		return nil
 	}
-	others := b.sumByStorage(nil, name)
+	others := r.SumByStorage(nil, name)
 	if cfg.Storage == server.MemoryStorage {
-		if uint64(cfg.MaxBytes)+others.reservedMemory > uint64(max) {
+		if uint64(cfg.MaxBytes)+others.ReservedMemory > uint64(max) {
 			return server.NewJSMemoryResourcesExceededError()
 		}
 		return nil
 	}
-	if uint64(cfg.MaxBytes)+others.reservedFile > uint64(max) {
+	if uint64(cfg.MaxBytes)+others.ReservedFile > uint64(max) {
 		return server.NewJSStorageResourcesExceededError()
 	}
 	return nil

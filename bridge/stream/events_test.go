@@ -1,4 +1,4 @@
-package bridge
+package stream
 
 import (
 	"context"
@@ -15,28 +15,42 @@ import (
 // saw it.
 type eventLog struct{ got []string }
 
-func (r *eventLog) onCommitted(s *stream, ev Committed) {
-	r.got = append(r.got, fmt.Sprintf("committed %d-%d hw %d", ev.First, ev.Last, s.tail.HighWater()))
+func (r *eventLog) OnCommitted(s *Stream, ev Committed) {
+	r.got = append(r.got, fmt.Sprintf("committed %d-%d hw %d", ev.First, ev.Last, s.Tail().HighWater()))
 }
 
-func (r *eventLog) onPurged(_ context.Context, s *stream, ev Purged) {
-	r.got = append(r.got, fmt.Sprintf("purged by commit %v, tail starts at %d", ev.ByCommit, s.tail.Start()))
+func (r *eventLog) OnPurged(_ context.Context, s *Stream, ev Purged) {
+	r.got = append(r.got, fmt.Sprintf("purged by commit %v, tail starts at %d", ev.ByCommit, s.Tail().Start()))
 }
 
-func (r *eventLog) onRemoved(_ *stream, ev Removed) {
+func (r *eventLog) OnRemoved(_ *Stream, ev Removed) {
 	r.got = append(r.got, fmt.Sprintf("removed first %d unread %d", ev.First, ev.Unread))
 }
 
-func (r *eventLog) onDropped(*stream, Dropped) { r.got = append(r.got, "dropped") }
+func (r *eventLog) OnDropped(*Stream, Dropped) { r.got = append(r.got, "dropped") }
 
 // eventStream is a stream served by no bridge, whose events go to the get index, then
 // before, then the tail, then after.
-func eventStream(before, after subscriber) *stream {
-	s := &stream{id: 1, tail: tailcache.New(TailBytesDefault, tailcache.NewBudget(TailTotalBytesDefault))}
-	s.gets = gets.New(nil, SubjectIndexBytesDefault, nil).Open(s.id, s.tail)
-	s.subscribers = []subscriber{getSubscriber{}, before, tailSubscriber{}, after}
+func eventStream(before, after Subscriber) *Stream {
+	s := newTestStream()
+	s.subscribers = []Subscriber{getSubscriber{}, before, tailSubscriber{}, after}
 	return s
 }
+
+// newTestStream is a stream with a tail and a get index of the bridge's default sizes.
+func newTestStream() *Stream {
+	s := &Stream{id: 1, tail: tailcache.New(16<<20, tailcache.NewBudget(256<<20))}
+	s.gets = gets.New(nil, 64<<20, nil).Open(s.id, s.tail)
+	return s
+}
+
+// idle takes every event and does nothing with it.
+type idle struct{}
+
+func (idle) OnCommitted(*Stream, Committed)            {}
+func (idle) OnPurged(context.Context, *Stream, Purged) {}
+func (idle) OnRemoved(*Stream, Removed)                {}
+func (idle) OnDropped(*Stream, Dropped)                {}
 
 func committed(first uint64, stored ...uint64) pg.AppendResult {
 	r := pg.AppendResult{StreamID: 1, FirstSeq: first}
@@ -54,15 +68,15 @@ func TestCommitEventsInOrder(t *testing.T) {
 	before, after := &eventLog{}, &eventLog{}
 	s := eventStream(before, after)
 	ctx := context.Background()
-	s.commit(ctx, committed(1, 1, 2, 3))
+	s.Commit(ctx, committed(1, 1, 2, 3))
 	below := committed(5, 7)
 	below.Removed, below.Tombstoned = true, []uint64{6}
-	s.commit(ctx, committed(1, 4, 5, 6))
-	s.tail.Clear()
-	s.commit(ctx, below)
+	s.Commit(ctx, committed(1, 4, 5, 6))
+	s.Tail().Clear()
+	s.Commit(ctx, below)
 	reaching := committed(5, 8)
 	reaching.Removed, reaching.Tombstoned = true, []uint64{7}
-	s.commit(ctx, reaching)
+	s.Commit(ctx, reaching)
 	s.drop()
 	want := [][]string{{
 		"committed 1-3 hw 0",
@@ -91,10 +105,8 @@ func TestCommitEventsInOrder(t *testing.T) {
 // Announcing a commit allocates nothing of its own: the flush path's allocations are those
 // of what takes the rows.
 func TestCommitEventsAllocateNothing(t *testing.T) {
-	cs := &consumerSide{streams: make(map[*stream]*streamConsumers)}
-	s := &stream{id: 1, tail: tailcache.New(TailBytesDefault, tailcache.NewBudget(TailTotalBytesDefault))}
-	s.gets = gets.New(nil, SubjectIndexBytesDefault, nil).Open(s.id, s.tail)
-	s.subscribers = []subscriber{getSubscriber{}, tailSubscriber{}, cs}
+	s := newTestStream()
+	s.subscribers = []Subscriber{getSubscriber{}, tailSubscriber{}, idle{}}
 	ctx := context.Background()
 	const warm, runs = 32, 500
 	rs := make([]pg.AppendResult, warm+runs+1)
@@ -103,11 +115,11 @@ func TestCommitEventsAllocateNothing(t *testing.T) {
 	}
 	// The tail's first blocks and the index's entry are made before counting.
 	for _, r := range rs[:warm] {
-		s.commit(ctx, r)
+		s.Commit(ctx, r)
 	}
 	i := warm
 	if n := testing.AllocsPerRun(runs, func() {
-		s.commit(ctx, rs[i])
+		s.Commit(ctx, rs[i])
 		i++
 	}); n != 0 {
 		t.Errorf("%v allocations per commit announced", n)

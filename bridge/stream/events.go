@@ -1,4 +1,4 @@
-package bridge
+package stream
 
 import (
 	"context"
@@ -8,12 +8,12 @@ import (
 
 // A stream tells what happens to its messages through events, so that what keeps some of
 // them in memory follows without the code that changed them knowing who that is:
-// Committed, Purged, Removed and Dropped. The subscribers are fixed when the bridge is
-// built, the same for every stream, and each event goes to them in this order:
+// Committed, Purged, Removed and Dropped. The subscribers are fixed before the registry
+// starts, the same for every stream, and each event goes to them in this order:
 //
 //  1. the get index (the stream's gets.Index);
 //  2. the stream's own tail;
-//  3. the consumers this process serves (consumerSide).
+//  3. those given to Registry.Subscribe, in that order (the bridge's consumers).
 //
 // The order is part of the contract. The get index learns of a commit before the tail
 // shows it: a tail high-water mark beyond the last commit it learned of is another
@@ -33,8 +33,8 @@ import (
 // tail with other replicas' commits: all of that may interleave with a flush's events, as
 // it did with the changes themselves; each subscriber's locks keep its state whole.
 //
-// A subscriber takes locks from consumerSide.mu down (see the package doc): a dispatcher
-// may hold the admin lock or a retention pass's. Only a purge request's Purged makes one
+// A dispatcher may hold the admin lock, or a lock of the engine that made the change (a
+// retention pass's), and no lock of this package's but adminMu. Only a purge request's Purged makes one
 // read PostgreSQL (the consumers look up where to move), and it is sent with no lock held.
 
 // Committed is one append's commit to a stream.
@@ -81,47 +81,49 @@ type Removed struct {
 // Dropped says that the stream was deleted: whatever a subscriber keeps of it goes.
 type Dropped struct{}
 
-// subscriber takes a stream's events; see above for the order and what may interleave.
-type subscriber interface {
-	onCommitted(s *stream, ev Committed)
-	onPurged(ctx context.Context, s *stream, ev Purged)
-	onRemoved(s *stream, ev Removed)
-	onDropped(s *stream, ev Dropped)
+// Subscriber takes a stream's events; see above for the order and what may interleave.
+type Subscriber interface {
+	OnCommitted(s *Stream, ev Committed)
+	OnPurged(ctx context.Context, s *Stream, ev Purged)
+	OnRemoved(s *Stream, ev Removed)
+	OnDropped(s *Stream, ev Dropped)
 }
 
-// commit announces a commit to s: what its limits removed, then what it stored. ctx bounds
+// Commit announces a commit to s: what its limits removed, then what it stored. ctx bounds
 // what subscribers do about the removal.
-func (s *stream) commit(ctx context.Context, r pg.AppendResult) {
+func (s *Stream) Commit(ctx context.Context, r pg.AppendResult) {
 	switch {
 	case !r.Removed:
 	case s.tailHoldsAny(r.FirstSeq-1, r.Tombstoned):
-		s.purge(ctx, Purged{ByCommit: true})
+		s.Purge(ctx, Purged{ByCommit: true})
 	default:
-		s.remove(Removed{First: r.FirstSeq, Unread: removedUpTo(r)})
+		s.Remove(Removed{First: r.FirstSeq, Unread: removedUpTo(r)})
 	}
 	ev := Committed{First: r.FirstSeq, Last: r.LastSeq, Stored: r.Stored}
 	for _, sub := range s.subscribers {
-		sub.onCommitted(s, ev)
+		sub.OnCommitted(s, ev)
 	}
 }
 
-// purge announces that messages of s went that readers may hold. ctx bounds the reads a
+// Purge announces that messages of s went that readers may hold. ctx bounds the reads a
 // purge request's subscribers make.
-func (s *stream) purge(ctx context.Context, ev Purged) {
+func (s *Stream) Purge(ctx context.Context, ev Purged) {
 	for _, sub := range s.subscribers {
-		sub.onPurged(ctx, s, ev)
+		sub.OnPurged(ctx, s, ev)
 	}
 }
 
-func (s *stream) remove(ev Removed) {
+// Remove announces that messages of s went that no reader needs to forget.
+func (s *Stream) Remove(ev Removed) {
 	for _, sub := range s.subscribers {
-		sub.onRemoved(s, ev)
+		sub.OnRemoved(s, ev)
 	}
 }
 
-func (s *stream) drop() {
+// drop announces that s was deleted.
+func (s *Stream) drop() {
 	for _, sub := range s.subscribers {
-		sub.onDropped(s, Dropped{})
+		sub.OnDropped(s, Dropped{})
 	}
 }
 
@@ -129,7 +131,7 @@ func (s *stream) drop() {
 // forget what limits just removed. Limits usually remove the oldest messages, long gone
 // from the tail, and clearing it for nothing would send every consumer that keeps up back
 // to PostgreSQL.
-func (s *stream) tailHoldsAny(below uint64, seqs []uint64) bool {
+func (s *Stream) tailHoldsAny(below uint64, seqs []uint64) bool {
 	if _, _, covered := s.tail.Get(below); covered {
 		return true
 	}
@@ -154,37 +156,37 @@ func removedUpTo(r pg.AppendResult) uint64 {
 // getSubscriber keeps each stream's get index up to date.
 type getSubscriber struct{}
 
-func (getSubscriber) onCommitted(s *stream, ev Committed) {
+func (getSubscriber) OnCommitted(s *Stream, ev Committed) {
 	s.gets.Committed(ev.First, ev.Last, ev.Stored)
 }
 
-func (getSubscriber) onPurged(_ context.Context, s *stream, ev Purged) {
+func (getSubscriber) OnPurged(_ context.Context, s *Stream, ev Purged) {
 	if !ev.ByCommit {
 		s.gets.Purged(ev.First)
 	}
 }
 
-func (getSubscriber) onRemoved(s *stream, ev Removed) { s.gets.Removed(ev.First) }
+func (getSubscriber) OnRemoved(s *Stream, ev Removed) { s.gets.Removed(ev.First) }
 
-func (getSubscriber) onDropped(s *stream, _ Dropped) { s.gets.Dropped() }
+func (getSubscriber) OnDropped(s *Stream, _ Dropped) { s.gets.Dropped() }
 
 // tailSubscriber keeps each stream's tail: the stream's own, taking its events between
 // the get index and the consumers.
 type tailSubscriber struct{}
 
-func (tailSubscriber) onCommitted(s *stream, ev Committed) {
+func (tailSubscriber) OnCommitted(s *Stream, ev Committed) {
 	if n := len(ev.Stored); n > 0 {
 		s.tail.Add(ev.Stored, ev.Stored[0].Seq, ev.Stored[n-1].Seq)
 	}
 }
 
-func (tailSubscriber) onPurged(_ context.Context, s *stream, ev Purged) {
+func (tailSubscriber) OnPurged(_ context.Context, s *Stream, ev Purged) {
 	if !ev.Consumed {
 		s.tail.Clear()
 	}
 }
 
-func (tailSubscriber) onRemoved(*stream, Removed) {}
+func (tailSubscriber) OnRemoved(*Stream, Removed) {}
 
 // onDropped clears the tail, which gives its bytes back to the shared bound.
-func (tailSubscriber) onDropped(s *stream, _ Dropped) { s.tail.Clear() }
+func (tailSubscriber) OnDropped(s *Stream, _ Dropped) { s.tail.Clear() }

@@ -17,6 +17,7 @@ import (
 	"github.com/jetgres/jetgres/flow"
 	"github.com/jetgres/jetgres/internal/clock"
 	"github.com/jetgres/jetgres/internal/startstop"
+	"github.com/jetgres/jetgres/internal/warnlog"
 	"github.com/jetgres/jetgres/pg"
 )
 
@@ -232,7 +233,7 @@ type Bridge struct {
 	clock clock.Clock
 	// The warnings of attempts that fail together while the database is away, thinned.
 	// Each warning has a throttle of its own, so that one cannot hide another.
-	warnPush, warnRead, warnPending, warnTick, warnFill, warnOwnSession, warnUnserved logEvery
+	warnPush, warnRead, warnPending, warnTick, warnFill, warnOwnSession, warnUnserved warnlog.Throttle
 
 	// bg runs the background work: API workers, the flush dispatcher, the stream sync loop
 	// and the retention maintainer. ctx is its context, from Start until Stop cancels it.

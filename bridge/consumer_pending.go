@@ -139,7 +139,7 @@ func (c *consumer) recountPending(ctx context.Context) {
 	}
 	if err != nil {
 		if ctx.Err() == nil {
-			c.cs.b.warnPending.warn(c.cs.b.log, c.cs.b.clock.Now(), "counting pending messages failed", "stream", c.sc.s.name, "consumer", c.name, "err", err)
+			c.cs.b.warnPending.Warn(c.cs.b.log, c.cs.b.clock.Now(), "counting pending messages failed", "stream", c.sc.s.name, "consumer", c.name, "err", err)
 		}
 		c.stale.Store(true)
 		c.recountAt = clock.Now().Add(readRetry)

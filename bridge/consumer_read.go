@@ -129,7 +129,7 @@ func (c *consumer) readAhead(ctx context.Context, from, hw uint64) bool {
 	c.mu.Lock()
 	if err != nil {
 		if ctx.Err() == nil {
-			c.cs.b.warnRead.warn(c.cs.b.log, c.cs.b.clock.Now(), "consumer read failed", "stream", c.sc.s.name, "consumer", c.name, "err", err)
+			c.cs.b.warnRead.Warn(c.cs.b.log, c.cs.b.clock.Now(), "consumer read failed", "stream", c.sc.s.name, "consumer", c.name, "err", err)
 		}
 		c.retryAt = c.cs.b.clock.Now().Add(readRetry)
 		return false
@@ -218,7 +218,7 @@ func (c *consumer) takePrefetch(ctx context.Context) bool {
 	}
 	if pf.err != nil {
 		if ctx.Err() == nil {
-			c.cs.b.warnRead.warn(c.cs.b.log, c.cs.b.clock.Now(), "consumer read failed", "stream", c.sc.s.name, "consumer", c.name, "err", pf.err)
+			c.cs.b.warnRead.Warn(c.cs.b.log, c.cs.b.clock.Now(), "consumer read failed", "stream", c.sc.s.name, "consumer", c.name, "err", pf.err)
 		}
 		c.retryAt = c.cs.b.clock.Now().Add(readRetry)
 		return false

@@ -404,7 +404,7 @@ func (b *Bridge) flush(p *flow.Permit, group []*stream) {
 			byID[s.id] = s
 		}
 		if err != nil {
-			b.warnPush.warn(b.log, b.clock.Now(), "push transaction failed", "streams", len(batches), "err", err)
+			b.warnPush.Warn(b.log, b.clock.Now(), "push transaction failed", "streams", len(batches), "err", err)
 			for _, bt := range batches {
 				s := byID[bt.StreamID]
 				for _, pb := range taken[bt.StreamID] {

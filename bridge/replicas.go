@@ -190,7 +190,7 @@ func (cs *consumerSide) ownershipLoop() {
 			cs.fence(pg.ErrOwnershipLost)
 			if err := own.Reconnect(cs.ctx); err != nil {
 				if cs.ctx.Err() == nil {
-					cs.b.warnOwnSession.warn(cs.b.log, clock.Now(), "reconnecting the ownership session failed", "err", err)
+					cs.b.warnOwnSession.Warn(cs.b.log, clock.Now(), "reconnecting the ownership session failed", "err", err)
 				}
 				continue
 			}
@@ -285,7 +285,7 @@ func (cs *consumerSide) claimFree(ctx context.Context) func(context.Context) {
 	keys, err := cs.own.own.ClaimFree(ctx, ids)
 	if err != nil {
 		if ctx.Err() == nil {
-			cs.b.warnUnserved.warn(cs.b.log, cs.b.clock.Now(), "looking for consumers nobody serves failed", "err", err)
+			cs.b.warnUnserved.Warn(cs.b.log, cs.b.clock.Now(), "looking for consumers nobody serves failed", "err", err)
 		}
 		return nil
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 
 	"github.com/jetgres/jetgres/internal/jswire"
+	"github.com/jetgres/jetgres/internal/warnlog"
 	"github.com/jetgres/jetgres/pg"
 )
 
@@ -53,7 +54,7 @@ type maintainer struct {
 	reaped time.Time             // when orphaned chunk tables were last looked for
 	// warn thins the jobs' failure warnings: while the database is away every job fails for
 	// every stream on every pass.
-	warn logEvery
+	warn warnlog.Throttle
 }
 
 func (b *Bridge) maint() *maintainer { return b.maintainer.Load() }
@@ -131,7 +132,7 @@ func (m *maintainer) run() {
 			}
 		case <-tick.C():
 			if err := m.b.refreshUsage(ctx); err != nil && ctx.Err() == nil {
-				m.warn.warn(m.b.log, m.b.clock.Now(), "reading what the streams hold failed", "err", err)
+				m.warn.Warn(m.b.log, m.b.clock.Now(), "reading what the streams hold failed", "err", err)
 			}
 			m.retainAll(ctx, false)
 			m.expire(ctx)
@@ -159,7 +160,7 @@ func (m *maintainer) retainAll(ctx context.Context, dirtyOnly bool) (again bool)
 		}
 		waiting, err := m.b.retain(ctx, s)
 		if err != nil && !errors.Is(err, pg.ErrNotFound) && ctx.Err() == nil {
-			m.warn.warn(m.b.log, m.b.clock.Now(), "retention pass failed", "stream", s.name, "err", err)
+			m.warn.Warn(m.b.log, m.b.clock.Now(), "retention pass failed", "stream", s.name, "err", err)
 		}
 		again = again || waiting
 	}
@@ -402,7 +403,7 @@ func (m *maintainer) expire(ctx context.Context) {
 		n, err := m.b.db.ExpireOlder(ctx, s.id, now.Add(-cfg.MaxAge).UnixNano())
 		switch {
 		case err != nil && !errors.Is(err, pg.ErrNotFound) && ctx.Err() == nil:
-			m.warn.warn(m.b.log, m.b.clock.Now(), "expiring messages failed", "stream", s.name, "err", err)
+			m.warn.Warn(m.b.log, m.b.clock.Now(), "expiring messages failed", "stream", s.name, "err", err)
 		case n > 0:
 			s.purge(ctx, Purged{})
 		}
@@ -414,17 +415,17 @@ func (m *maintainer) expire(ctx context.Context) {
 func (m *maintainer) dropChunks(ctx context.Context) {
 	ids, err := m.b.db.ChunkDropCandidates(ctx, chunkIdleRetire)
 	if err != nil && ctx.Err() == nil {
-		m.warn.warn(m.b.log, m.b.clock.Now(), "finding chunks to drop failed", "err", err)
+		m.warn.Warn(m.b.log, m.b.clock.Now(), "finding chunks to drop failed", "err", err)
 	}
 	for _, id := range ids {
 		if _, err := m.b.db.DropChunks(ctx, id, chunkIdleRetire); err != nil && !errors.Is(err, pg.ErrNotFound) && ctx.Err() == nil {
-			m.warn.warn(m.b.log, m.b.clock.Now(), "dropping chunks failed", "stream_id", id, "err", err)
+			m.warn.Warn(m.b.log, m.b.clock.Now(), "dropping chunks failed", "stream_id", id, "err", err)
 		}
 	}
 	if now := m.b.clock.Now(); now.Sub(m.reaped) >= reapPeriod {
 		m.reaped = now
 		if _, err := m.b.db.ReapChunks(ctx); err != nil && ctx.Err() == nil {
-			m.warn.warn(m.b.log, now, "dropping the chunk tables no stream lists failed", "err", err)
+			m.warn.Warn(m.b.log, now, "dropping the chunk tables no stream lists failed", "err", err)
 		}
 	}
 }
@@ -457,7 +458,7 @@ func (m *maintainer) pruneIDs(ctx context.Context) {
 			from = min(from, f)
 		}
 		if _, err := m.b.db.PruneMsgIDs(ctx, s.id, from-cfg.Duplicates.Nanoseconds()); err != nil && ctx.Err() == nil {
-			m.warn.warn(m.b.log, m.b.clock.Now(), "pruning message ids failed", "stream", s.name, "err", err)
+			m.warn.Warn(m.b.log, m.b.clock.Now(), "pruning message ids failed", "stream", s.name, "err", err)
 		}
 	}
 	m.pruned = pruned

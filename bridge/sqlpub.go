@@ -8,6 +8,7 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/jetgres/jetgres/internal/warnlog"
 	"github.com/jetgres/jetgres/pg"
 )
 
@@ -86,7 +87,7 @@ type sqlMover struct {
 	m    *sqlMetrics
 	wake chan struct{}
 
-	warnMove, warnRefused, warnListen logEvery
+	warnMove, warnRefused, warnListen warnlog.Throttle
 }
 
 func newSQLMover(reg prometheus.Registerer) *sqlMover {
@@ -105,7 +106,7 @@ func (b *Bridge) listenStaged() {
 		if b.ctx.Err() != nil {
 			return
 		}
-		b.sql.warnListen.warn(b.log, b.clock.Now(), "listening for SQL publishes failed; moving on the timer", "err", err)
+		b.sql.warnListen.Warn(b.log, b.clock.Now(), "listening for SQL publishes failed; moving on the timer", "err", err)
 		t := b.clock.NewTimer(listenRetry)
 		select {
 		case <-b.ctx.Done():
@@ -154,7 +155,7 @@ func (b *Bridge) moveLoop() {
 		// push permit only to find that would hold back the publishes that need it.
 		work, err := b.db.StagedWaiting(b.ctx)
 		if err != nil && b.ctx.Err() == nil {
-			b.sql.warnMove.warn(b.log, b.clock.Now(), "looking for SQL publishes failed", "err", err)
+			b.sql.warnMove.Warn(b.log, b.clock.Now(), "looking for SQL publishes failed", "err", err)
 		}
 		if work && !held {
 			// Held from now on, commits stop notifying; one that read the lock free a
@@ -162,7 +163,7 @@ func (b *Bridge) moveLoop() {
 			if ok, err := awake.Hold(b.ctx); err == nil {
 				held = ok
 			} else if b.ctx.Err() == nil {
-				b.sql.warnMove.warn(b.log, b.clock.Now(), "taking the SQL mover's awake lock failed", "err", err)
+				b.sql.warnMove.Warn(b.log, b.clock.Now(), "taking the SQL mover's awake lock failed", "err", err)
 			}
 		}
 		for work && b.ctx.Err() == nil {
@@ -178,7 +179,7 @@ func (b *Bridge) moveLoop() {
 		if now.Sub(lastRotate) >= stagingRotateEvery && b.ctx.Err() == nil {
 			lastRotate = now
 			if _, err := b.db.RotateStaging(b.ctx, stagingRotatePeriod); err != nil && b.ctx.Err() == nil {
-				b.sql.warnMove.warn(b.log, b.clock.Now(), "rotating the staging tables failed", "err", err)
+				b.sql.warnMove.Warn(b.log, b.clock.Now(), "rotating the staging tables failed", "err", err)
 			}
 		}
 		if moved {
@@ -188,7 +189,7 @@ func (b *Bridge) moveLoop() {
 			h, err := awake.Release(b.ctx)
 			held = false
 			if err != nil {
-				b.sql.warnMove.warn(b.log, b.clock.Now(), "letting the SQL mover's awake lock go failed", "err", err)
+				b.sql.warnMove.Warn(b.log, b.clock.Now(), "letting the SQL mover's awake lock go failed", "err", err)
 			}
 			// Without a horizon, the idle back-off bounds how late an unnotified commit moves.
 			settle = h
@@ -220,7 +221,7 @@ func (b *Bridge) moveOnce() (int, error) {
 		n, err = b.move(true)
 	}
 	if err != nil && b.ctx.Err() == nil {
-		b.sql.warnMove.warn(b.log, b.clock.Now(), "moving SQL publishes failed", "err", err)
+		b.sql.warnMove.Warn(b.log, b.clock.Now(), "moving SQL publishes failed", "err", err)
 	}
 	return n, err
 }
@@ -335,7 +336,7 @@ func (b *Bridge) refuseStaged(r refusal) {
 	if r.reason == reasonDuplicate {
 		return
 	}
-	b.sql.warnRefused.warn(b.log, b.clock.Now(), "a stream refused a message published with jetgres.publish",
+	b.sql.warnRefused.Warn(b.log, b.clock.Now(), "a stream refused a message published with jetgres.publish",
 		"stream", r.stream, "subject", r.subject, "reason", r.reason)
 }
 

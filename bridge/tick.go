@@ -75,7 +75,7 @@ func (cs *consumerSide) tick(ctx context.Context) bool {
 	hw, err := cs.b.db.HighWater(ctx, ids)
 	if err != nil {
 		if ctx.Err() == nil {
-			cs.b.warnTick.warn(cs.b.log, cs.b.clock.Now(), "tick failed", "err", err)
+			cs.b.warnTick.Warn(cs.b.log, cs.b.clock.Now(), "tick failed", "err", err)
 		}
 		return false
 	}
@@ -104,7 +104,7 @@ func (cs *consumerSide) fill(ctx context.Context, sc *streamConsumers) {
 	msgs, through, err := cs.readPop(ctx, pg.ReadParams{StreamID: sc.s.id, From: from, UpTo: upTo, MaxMsgs: tickReadMax, MaxBytes: TailBytesDefault / 2}, nil)
 	if err != nil {
 		if ctx.Err() == nil {
-			cs.b.warnFill.warn(cs.b.log, cs.b.clock.Now(), "tick range read failed", "stream", sc.s.name, "err", err)
+			cs.b.warnFill.Warn(cs.b.log, cs.b.clock.Now(), "tick range read failed", "stream", sc.s.name, "err", err)
 		}
 		return
 	}

@@ -1,4 +1,4 @@
-package bridge
+package warnlog
 
 import (
 	"context"
@@ -46,14 +46,14 @@ func (h *recordHandler) take() []int64 {
 	return out
 }
 
-// A warning repeated on every failed attempt reaches the log once per warnEvery of the
-// bridge's clock, the next line counting the ones left out, however many goroutines fail.
-func TestLogEveryThinsRepeatedWarnings(t *testing.T) {
+// A warning repeated on every failed attempt reaches the log once per Every of the
+// caller's clock, the next line counting the ones left out, however many goroutines fail.
+func TestThrottleThinsRepeatedWarnings(t *testing.T) {
 	t.Parallel()
 	clock := clocktest.New()
 	h := &recordHandler{}
 	log := slog.New(h)
-	var l logEvery
+	var l Throttle
 	want := func(step string, lines ...int64) {
 		t.Helper()
 		got := h.take()
@@ -67,42 +67,42 @@ func TestLogEveryThinsRepeatedWarnings(t *testing.T) {
 		}
 	}
 
-	l.warn(log, clock.Now(), "failed", "err", "down")
+	l.Warn(log, clock.Now(), "failed", "err", "down")
 	want("first", -1)
 	for range 100 {
-		clock.Advance(warnEvery / 200)
-		l.warn(log, clock.Now(), "failed", "err", "down")
+		clock.Advance(Every / 200)
+		l.Warn(log, clock.Now(), "failed", "err", "down")
 	}
 	want("within the interval")
-	clock.Advance(warnEvery / 2)
-	l.warn(log, clock.Now(), "failed", "err", "down")
+	clock.Advance(Every / 2)
+	l.Warn(log, clock.Now(), "failed", "err", "down")
 	want("after the interval", 100)
-	clock.Advance(warnEvery)
-	l.warn(log, clock.Now(), "failed", "err", "down")
+	clock.Advance(Every)
+	l.Warn(log, clock.Now(), "failed", "err", "down")
 	want("after a quiet interval", -1)
 
 	var wg sync.WaitGroup
 	for range 8 {
 		wg.Go(func() {
 			for range 1000 {
-				l.warn(log, clock.Now(), "failed", "err", "down")
+				l.Warn(log, clock.Now(), "failed", "err", "down")
 			}
 		})
 	}
 	wg.Wait()
 	want("concurrent, within the interval")
-	clock.Advance(warnEvery + time.Nanosecond)
+	clock.Advance(Every + time.Nanosecond)
 	wg = sync.WaitGroup{}
 	for range 8 {
 		wg.Go(func() {
 			for range 1000 {
-				l.warn(log, clock.Now(), "failed", "err", "down")
+				l.Warn(log, clock.Now(), "failed", "err", "down")
 			}
 		})
 	}
 	wg.Wait()
 	want("concurrent, past the interval", 8000)
-	clock.Advance(warnEvery)
-	l.warn(log, clock.Now(), "failed", "err", "down")
+	clock.Advance(Every)
+	l.Warn(log, clock.Now(), "failed", "err", "down")
 	want("the rest", 7999)
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/jetgres/jetgres/bridge/gets"
+	"github.com/jetgres/jetgres/bridge/sqlmove"
 	"github.com/jetgres/jetgres/bridge/tailcache"
 	"github.com/jetgres/jetgres/embedded/leaf"
 	"github.com/jetgres/jetgres/flow"
@@ -277,7 +278,7 @@ type Bridge struct {
 
 	cons       *consumerSide
 	gets       *gets.Indexes
-	sql        *sqlMover
+	sql        *sqlmove.Mover[*stream]
 	maintainer atomic.Pointer[maintainer] // retention; nil outside Start .. Stop
 
 	stopOnce sync.Once
@@ -295,7 +296,6 @@ func New(cfg Config) (*Bridge, error) {
 		link:      cfg.Link,
 		log:       cfg.Logger,
 		pm:        newPublishMetrics(cfg.Registerer),
-		sql:       newSQLMover(cfg.Registerer),
 		clock:     clock.OrSystem(cfg.Clock),
 		streams:   make(map[string]*stream),
 		tails:     tailcache.NewBudget(int64(cfg.TailTotalBytes)),
@@ -309,6 +309,11 @@ func New(cfg Config) (*Bridge, error) {
 	b.initConsumers(cfg.Registerer)
 	b.gets = gets.New(cfg.DB, cfg.SubjectIndexBytes, cfg.Registerer)
 	b.subscribers = []subscriber{getSubscriber{}, tailSubscriber{}, b.cons}
+	sql, err := newSQLMover(b)
+	if err != nil {
+		return nil, fmt.Errorf("bridge: %w", err)
+	}
+	b.sql = sql
 	return b, nil
 }
 
@@ -346,7 +351,9 @@ func (b *Bridge) Start(ctx context.Context) (err error) {
 		return fmt.Errorf("bridge: start consumers: %w", err)
 	}
 	b.startRetention()
-	b.startSQLMover()
+	if err := b.sql.Start(b.ctx); err != nil {
+		return fmt.Errorf("bridge: start the SQL mover: %w", err)
+	}
 	sub, err := b.link.Subscribe("$JS.API.>", QueueGroup, b.onAPI)
 	if err != nil {
 		return fmt.Errorf("bridge: subscribe $JS.API.>: %w", err)
@@ -382,6 +389,7 @@ func (b *Bridge) Stop(ctx context.Context) error {
 		}
 		b.stopConsumers(ctx)
 		b.bg.Stop()
+		b.sql.Stop()
 		b.stopRetention()
 		// The dispatcher may have started a last flush after the drain looked.
 		if e := b.flushes.Wait(ctx); e != nil && err == nil {

@@ -5,7 +5,8 @@ import (
 )
 
 // Reject and drop reasons, the label values of jetgres_publish_rejected_total and
-// jetgres_publish_dropped_total.
+// jetgres_publish_dropped_total. The SQL mover (bridge/sqlmove) counts its refusals with
+// the same values for the same reasons, spelled there again: change them together.
 const (
 	reasonIntakeFull = "intake_full"
 	reasonIntakeAll  = "intake_total_full"
@@ -16,6 +17,7 @@ const (
 	reasonStopping   = "stopping"
 	reasonDuplicate  = "duplicate"
 	reasonSealed     = "sealed"
+	reasonNoStream   = "no_stream"
 )
 
 // publishMetrics are the publish path's instruments.

@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/jetgres/jetgres/bridge/gets"
+	"github.com/jetgres/jetgres/bridge/sqlmove"
 	"github.com/jetgres/jetgres/bridge/stream"
 	"github.com/jetgres/jetgres/bridge/tailcache"
 	"github.com/jetgres/jetgres/embedded/leaf"
@@ -260,7 +261,7 @@ type Bridge struct {
 
 	cons       *consumerSide
 	gets       *gets.Indexes
-	sql        *sqlMover
+	sql        *sqlmove.Mover[*stream.Stream]
 	maintainer atomic.Pointer[maintainer] // retention; nil outside Start .. Stop
 
 	stopOnce sync.Once
@@ -278,7 +279,6 @@ func New(cfg Config) (*Bridge, error) {
 		link:    cfg.Link,
 		log:     cfg.Logger,
 		am:      newAPIMetrics(cfg.Registerer),
-		sql:     newSQLMover(cfg.Registerer),
 		clock:   clock.OrSystem(cfg.Clock),
 		apiReqs: make(chan *leaf.Msg, APIQueueDefault),
 	}
@@ -297,6 +297,11 @@ func New(cfg Config) (*Bridge, error) {
 		NoInterest: b.noInterest,
 	})
 	b.streams.Subscribe(b.cons)
+	sql, err := newSQLMover(b)
+	if err != nil {
+		return nil, fmt.Errorf("bridge: %w", err)
+	}
+	b.sql = sql
 	return b, nil
 }
 
@@ -333,7 +338,9 @@ func (b *Bridge) Start(ctx context.Context) (err error) {
 		return fmt.Errorf("bridge: start consumers: %w", err)
 	}
 	b.startRetention()
-	b.startSQLMover()
+	if err := b.sql.Start(b.ctx); err != nil {
+		return fmt.Errorf("bridge: start the SQL mover: %w", err)
+	}
 	sub, err := b.link.Subscribe("$JS.API.>", QueueGroup, b.onAPI)
 	if err != nil {
 		return fmt.Errorf("bridge: subscribe $JS.API.>: %w", err)
@@ -365,6 +372,7 @@ func (b *Bridge) Stop(ctx context.Context) error {
 		}
 		b.stopConsumers(ctx)
 		b.bg.Stop()
+		b.sql.Stop()
 		b.stopRetention()
 	})
 	return err

@@ -15,6 +15,11 @@
 // (consumerSide, a stream.Subscriber) take, in that order, on the goroutine that made the
 // change.
 //
+// The SQL mover, which brings what applications published with jetgres.publish into their
+// streams, is bridge/sqlmove. It reaches the streams and the publish path only through
+// sqlHost (sqlmove_wiring.go): it checks a message as a publish is checked, appends it
+// under a push permit as a flush does, and announces the commit to the stream.
+//
 // The bridge reaches NATS clients through a leafnode link to the embedded server (see
 // package leaf): a link handler runs on the link's read loop, so nothing here blocks in one.
 // It reaches PostgreSQL only through package pg, and every hot-path database call holds a
@@ -107,5 +112,8 @@
 // (bridge/tailcache) is a leaf too, and so are those of bridge/gets (each stream's
 // gets.Index and the reads in flight, taken one at a time). The link's locks (package leaf) and the flow lanes'
 // come after all of these: the bridge publishes, subscribes and takes permits while holding
-// some of them, and the link calls its handlers with none of its own locks held.
+// some of them, and the link calls its handlers with none of its own locks held. The SQL
+// mover holds none of these when it calls sqlHost, whose methods take them as their owners
+// do: re-reading the streams from 1 down, the interest check and a commit's announcement
+// from 3 down.
 package bridge

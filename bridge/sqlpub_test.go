@@ -4,10 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"slices"
 	"strconv"
-	"sync"
 	"testing"
 	"time"
 
@@ -18,6 +16,9 @@ import (
 	"github.com/jetgres/jetgres/internal/testwait"
 	"github.com/jetgres/jetgres/pg/pgtest/rawsql"
 )
+
+// The tests here need a whole bridge: what the SQL mover does alone is tested in
+// bridge/sqlmove.
 
 var errRollback = errors.New("rolled back on purpose")
 
@@ -97,123 +98,6 @@ func TestSQLPublishCommitDeliveredRollbackNever(t *testing.T) {
 	}
 	if info.State.Msgs != 1 {
 		t.Fatalf("stream holds %d messages, want 1", info.State.Msgs)
-	}
-}
-
-// 200 concurrent application transactions, each inserting a row and publishing one to three
-// messages, committed or rolled back at random: exactly the committed messages arrive, each
-// once, each transaction's in call order.
-func TestSQLPublishConcurrentTransactions(t *testing.T) {
-	t.Parallel()
-	tb := setup(t)
-	ctx := testContext(t)
-	s := newStream(t, ctx, tb, "ORDERS", "orders.>")
-	raw := rawsql.Open(t, tb.dbURL)
-	if err := raw.Exec(ctx, `CREATE TABLE orders (id bigint PRIMARY KEY)`); err != nil {
-		t.Fatal(err)
-	}
-	const txs = 200
-	want := map[string]int{} // "tx.call" -> 1, for committed transactions
-	var mu sync.Mutex
-	var wg sync.WaitGroup
-	for i := range txs {
-		commit := rand.IntN(2) == 0
-		n := 1 + rand.IntN(3)
-		wg.Go(func() {
-			sqlTx(t, ctx, raw, commit, func(q rawsql.Querier) error {
-				if err := q.Exec(ctx, `INSERT INTO orders VALUES ($1)`, i); err != nil {
-					return err
-				}
-				for c := range n {
-					if err := sqlPublish(ctx, q, fmt.Sprintf("orders.%d", i%7), fmt.Sprintf("%d.%d", i, c), ""); err != nil {
-						return err
-					}
-				}
-				return nil
-			})
-			if commit {
-				mu.Lock()
-				for c := range n {
-					want[fmt.Sprintf("%d.%d", i, c)] = 1
-				}
-				mu.Unlock()
-			}
-		})
-	}
-	wg.Wait()
-	oc, err := s.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	got := map[string]int{}
-	lastCall := map[int]int{}
-	for len(got) < len(want) {
-		m, err := oc.Next(jetstream.FetchMaxWait(10 * time.Second))
-		if err != nil {
-			t.Fatalf("after %d of %d messages: %v", len(got), len(want), err)
-		}
-		d := string(m.Data())
-		got[d]++
-		var tx, call int
-		if _, err := fmt.Sscanf(d, "%d.%d", &tx, &call); err != nil {
-			t.Fatal(err)
-		}
-		prev, ok := lastCall[tx]
-		if !ok {
-			prev = -1
-		}
-		if call != prev+1 {
-			t.Errorf("transaction %d: call %d came after call %d (-1: none yet)", tx, call, prev)
-		}
-		lastCall[tx] = call
-	}
-	for k, n := range got {
-		if want[k] != n {
-			t.Errorf("message %s came %d times, want %d", k, n, want[k])
-		}
-	}
-	info, err := s.Info(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if info.State.Msgs != uint64(len(want)) || info.State.LastSeq != uint64(len(want)) {
-		t.Fatalf("stream holds %d messages up to %d, want %d", info.State.Msgs, info.State.LastSeq, len(want))
-	}
-}
-
-// What applications commit while jetgres is down is delivered once it is back.
-func TestSQLPublishWhileStopped(t *testing.T) {
-	t.Parallel()
-	first := setup(t)
-	ctx := testContext(t)
-	newStream(t, ctx, first, "S", "s.>")
-	first.stop(t)
-	raw := rawsql.Open(t, first.dbURL)
-	sqlTx(t, ctx, raw, true, func(q rawsql.Querier) error {
-		for i := range 3 {
-			if err := sqlPublish(ctx, q, "s.x", strconv.Itoa(i), ""); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
-	tb := setup(t, setupOpts{db: first.db})
-	s, err := tb.js.Stream(ctx, "S")
-	if err != nil {
-		t.Fatal(err)
-	}
-	oc, err := s.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i := range 3 {
-		m, err := oc.Next(jetstream.FetchMaxWait(10 * time.Second))
-		if err != nil {
-			t.Fatalf("message %d: %v", i, err)
-		}
-		if string(m.Data()) != strconv.Itoa(i) {
-			t.Fatalf("message %d is %q", i, m.Data())
-		}
 	}
 }
 

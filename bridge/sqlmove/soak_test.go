@@ -1,4 +1,4 @@
-package bridge
+package sqlmove
 
 import (
 	"context"
@@ -24,11 +24,10 @@ func TestSQLPublishStagingRotates(t *testing.T) {
 // back, while sampling how much the staging tables hold, and returns once the stream holds
 // every committed message and the staging tables are empty.
 func soakSQLPublish(t *testing.T, total int) {
-	tb := setup(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
-	s := newStream(t, ctx, tb, "S", "s.>")
-	raw := rawsql.Open(t, tb.dbURL)
+	db, raw := sqlDB(t, `{"name":"S","subjects":["s.>"]}`)
+	startMover(t, db, newHost(t, db), nil)
 	const perTx, sessions = 500, 8
 	var next, committed atomic.Int64
 	var maxBytes atomic.Int64
@@ -79,12 +78,12 @@ func soakSQLPublish(t *testing.T, total int) {
 	})
 	published := time.Since(started)
 	testwait.For(t, 10*time.Minute, func() error {
-		info, err := s.Info(ctx)
-		if err != nil {
+		var msgs int64
+		if err := raw.QueryRow(ctx, `SELECT messages FROM jetgres.stream_list WHERE name = 'S'`).Scan(&msgs); err != nil {
 			return err
 		}
-		if info.State.Msgs != uint64(committed.Load()) {
-			return fmt.Errorf("stream holds %d of %d committed messages", info.State.Msgs, committed.Load())
+		if msgs != committed.Load() {
+			return fmt.Errorf("stream holds %d of %d committed messages", msgs, committed.Load())
 		}
 		return nil
 	})

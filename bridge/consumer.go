@@ -265,21 +265,7 @@ func (c *consumer) filters() []string { return *c.filter.Load() }
 // matchFilters runs on the commit path, off the goroutine, so it reads the filters through
 // an atomic rather than wait for mu.
 func (c *consumer) matchFilters(subject string) bool {
-	return matchAny(c.filters(), subject)
-}
-
-func matchAny(filters []string, subject string) bool {
-	if len(filters) == 0 {
-		return true
-	}
-	for _, f := range filters {
-		// A literal filter is most often the subject itself, which needs no tokenizing: a
-		// fifth of a push consumer's pump went to matching the filter js.Subscribe sets.
-		if f == subject || pg.SubjectMatches(f, subject) {
-			return true
-		}
-	}
-	return false
+	return jswire.FiltersMatch(c.filters(), subject)
 }
 
 // run is the consumer's goroutine.

@@ -387,7 +387,7 @@ func (b *Bridge) noInterest(s *stream.Stream, subjects []string) []bool {
 			}
 		}
 		for _, f := range remote {
-			if wanted = wanted || matchAny(f, subj); wanted {
+			if wanted = wanted || jswire.FiltersMatch(f, subj); wanted {
 				break
 			}
 		}

@@ -149,3 +149,26 @@ func TestPushConsumerUpdate(t *testing.T) {
 		}
 	}
 }
+
+// A consumer without filters wants every subject; one with filters, the subjects one of
+// them matches, wildcards as nats-server routes them.
+func TestFiltersMatch(t *testing.T) {
+	for _, c := range []struct {
+		filters []string
+		subject string
+		want    bool
+	}{
+		{nil, "a.b", true},
+		{[]string{"a.b"}, "a.b", true},
+		{[]string{"a.b"}, "a.c", false},
+		{[]string{"a.c", "a.*"}, "a.b", true},
+		{[]string{"a.*"}, "a.b.c", false},
+		{[]string{"x", "a.>"}, "a.b.c", true},
+		{[]string{"a.>"}, "a", false},
+		{[]string{"*.b"}, "a.b", true},
+	} {
+		if got := FiltersMatch(c.filters, c.subject); got != c.want {
+			t.Errorf("FiltersMatch(%q, %q) = %v, want %v", c.filters, c.subject, got, c.want)
+		}
+	}
+}

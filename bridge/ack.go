@@ -47,15 +47,13 @@ func (cs *consumerSide) onAck(m *leaf.Msg) {
 		return
 	}
 	c := cs.served(s, a.Consumer)
-	if mt := cs.b.maint(); mt != nil {
-		name := a.Consumer
-		if c != nil {
-			name = c.name
-		} else {
-			name = strings.Clone(name)
-		}
-		mt.noteAck(s, name, a.StreamSeq, m.Data)
+	name := a.Consumer
+	if c != nil {
+		name = c.name
+	} else {
+		name = strings.Clone(name)
 	}
+	cs.b.retention.NoteAck(s, name, a.StreamSeq, m.Data)
 	if c == nil {
 		return
 	}
@@ -368,5 +366,5 @@ func (cs *consumerSide) deleteInactive(c *consumer) {
 	}
 	cs.remove(c)
 	c.stop(stopDeleted)
-	cs.b.consumerDeleted(cs.ctx, c.sc.s)
+	cs.b.retention.ConsumerDeleted(cs.ctx, c.sc.s)
 }

@@ -159,7 +159,7 @@ func (cs *consumerSide) apiCreate(ctx context.Context, tok []string, data []byte
 		if e := cs.applyConfig(ctx, c, cfg, req.Action); e != nil {
 			return fail(e)
 		}
-		cs.b.retentionStale(s)
+		cs.b.retention.Stale(s)
 		info, err := cs.info(ctx, c)
 		if err != nil {
 			return fail(fmt.Errorf("consumer %q on stream %q: %w", name, streamName, err))
@@ -178,7 +178,7 @@ func (cs *consumerSide) apiCreate(ctx context.Context, tok []string, data []byte
 	if err != nil {
 		return fail(err)
 	}
-	cs.b.retentionStale(s)
+	cs.b.retention.Stale(s)
 	info, err := cs.createdInfo(ctx, c)
 	if err != nil {
 		return fail(fmt.Errorf("consumer %q on stream %q: %w", name, streamName, err))
@@ -535,7 +535,7 @@ func (cs *consumerSide) apiDelete(ctx context.Context, streamName, name string, 
 		cs.remove(c)
 		c.stop(stopDeleted)
 	}
-	cs.b.consumerDeleted(ctx, s)
+	cs.b.retention.ConsumerDeleted(ctx, s)
 	resp.Success = true
 	return resp, nil
 }

@@ -132,7 +132,7 @@ func (b *Bridge) streamCreated(ctx context.Context, resp *server.JSApiStreamCrea
 func (b *Bridge) streamInfo(ctx context.Context, s *stream.Stream) (*server.StreamInfo, error) {
 	// JetStream removes an acknowledged message before it answers the ack; a pass now makes
 	// every ack the consumers applied show, whether or not the maintainer got to it yet.
-	if err := b.settleRetention(ctx, s); err != nil {
+	if err := b.retention.Settle(ctx, s); err != nil {
 		b.log.Warn("retention pass before stream info failed", "stream", s.Name(), "err", err)
 	}
 	st, err := b.db.StreamInfo(ctx, s.ID())
@@ -231,9 +231,9 @@ func (b *Bridge) apiStreamUpdate(ctx context.Context, name string, body []byte) 
 		return fail(server.NewJSStreamUpdateError(err))
 	}
 	if old.Retention != cfg.Retention {
-		b.retentionChanged(s)
+		b.retention.PolicyChanged(s)
 	}
-	if err := b.applyLimits(ctx, s, &cfg); err != nil {
+	if err := b.retention.ApplyLimits(ctx, s, stream.Limits(&cfg), cfg.MaxAge); err != nil {
 		return fail(fmt.Errorf("applying updated limits of stream %q: %w", name, err))
 	}
 	info, err := b.streamInfo(ctx, s)

@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/jetgres/jetgres/bridge/gets"
+	"github.com/jetgres/jetgres/bridge/retention"
 	"github.com/jetgres/jetgres/bridge/sqlmove"
 	"github.com/jetgres/jetgres/bridge/stream"
 	"github.com/jetgres/jetgres/bridge/tailcache"
@@ -237,15 +238,13 @@ type Bridge struct {
 	// Each warning has a throttle of its own, so that one cannot hide another.
 	warnRead, warnPending, warnTick, warnFill, warnOwnSession, warnUnserved warnlog.Throttle
 
-	// bg runs the background work: API workers, the stream sync loop and the retention
-	// maintainer. ctx is its context, from Start until Stop cancels it.
+	// bg runs the background work: API workers and the stream sync loop. ctx is its
+	// context, from Start until Stop cancels it; the SQL mover and retention run under it.
 	bg  startstop.Group
 	ctx context.Context
 
 	// streams are the streams this process serves, their intakes and flushes.
 	streams *stream.Registry
-	// rets holds each served stream's *retentionState (retOf).
-	rets    sync.Map
 	apiReqs chan *leaf.Msg
 	apiSub  *leaf.Subscription
 	// ownForward is forwardPrefix(cfg.ReplicaName): the subjects of the requests other
@@ -259,10 +258,10 @@ type Bridge struct {
 	// metaKick wakes the stream sync loop when another replica changed a stream.
 	metaKick chan struct{}
 
-	cons       *consumerSide
-	gets       *gets.Indexes
-	sql        *sqlmove.Mover[*stream.Stream]
-	maintainer atomic.Pointer[maintainer] // retention; nil outside Start .. Stop
+	cons      *consumerSide
+	gets      *gets.Indexes
+	sql       *sqlmove.Mover[*stream.Stream]
+	retention *retention.Engine[*stream.Stream]
 
 	stopOnce sync.Once
 }
@@ -286,6 +285,11 @@ func New(cfg Config) (*Bridge, error) {
 	b.ownForward = b.forwardPrefix(cfg.ReplicaName)
 	b.initConsumers(cfg.Registerer)
 	b.gets = gets.New(cfg.DB, cfg.SubjectIndexBytes, cfg.Registerer)
+	ret, err := newRetention(b)
+	if err != nil {
+		return nil, fmt.Errorf("bridge: %w", err)
+	}
+	b.retention = ret
 	b.streams = stream.NewRegistry(stream.Config{
 		DB: cfg.DB, Link: cfg.Link, Push: cfg.Push, Clock: b.clock, Logger: cfg.Logger, Registerer: cfg.Registerer,
 		QueueGroup:  QueueGroup,
@@ -294,7 +298,7 @@ func New(cfg Config) (*Bridge, error) {
 		MaxMemory: cfg.MaxMemory, MaxStore: cfg.MaxStore,
 		TailBytes: TailBytesDefault, Tails: tailcache.NewBudget(int64(cfg.TailTotalBytes)),
 		Gets:       b.gets,
-		NoInterest: b.noInterest,
+		NoInterest: b.retention.NoInterest,
 	})
 	b.streams.Subscribe(b.cons)
 	sql, err := newSQLMover(b)
@@ -337,7 +341,9 @@ func (b *Bridge) Start(ctx context.Context) (err error) {
 	if err := b.startConsumers(ctx); err != nil {
 		return fmt.Errorf("bridge: start consumers: %w", err)
 	}
-	b.startRetention()
+	if err := b.retention.Start(b.ctx); err != nil {
+		return fmt.Errorf("bridge: start retention: %w", err)
+	}
 	if err := b.sql.Start(b.ctx); err != nil {
 		return fmt.Errorf("bridge: start the SQL mover: %w", err)
 	}
@@ -373,7 +379,7 @@ func (b *Bridge) Stop(ctx context.Context) error {
 		b.stopConsumers(ctx)
 		b.bg.Stop()
 		b.sql.Stop()
-		b.stopRetention()
+		b.retention.Stop()
 	})
 	return err
 }

@@ -1,9 +1,8 @@
 // Package bridge owns JetStream semantics: the pull and push consumers this process serves
-// and how they behave, the $JS.API management subjects, retention and the SQL mover, and
-// the wiring of the engines beside it. It serves pull consumers from a tick-driven tail
-// cache, delivers push consumers' messages on the same path while their deliver subject
-// has interest (with flow control and idle heartbeats), turns acks into cursor writes, and
-// applies interest and workqueue retention.
+// and how they behave, the $JS.API management subjects, and the wiring of the engines
+// beside it. It serves pull consumers from a tick-driven tail cache, delivers push
+// consumers' messages on the same path while their deliver subject has interest (with flow
+// control and idle heartbeats), and turns acks into cursor writes.
 //
 // The engines beside it: bridge/stream is the streams (the registry, each stream's intake
 // and the push transactions that fuse them, its tail and the events it announces),
@@ -19,6 +18,13 @@
 // streams, is bridge/sqlmove. It reaches the streams and the publish path only through
 // sqlHost (sqlmove_wiring.go): it checks a message as a publish is checked, appends it
 // under a push permit as a flush does, and announces the commit to the stream.
+//
+// Retention is bridge/retention: interest and workqueue retention passes, max_age and
+// lowered limits, chunk drops and de-duplication id pruning, and the interest and work
+// queue checks. It keeps its own state of each stream and reaches the streams, the
+// consumers this process serves and the streams' events only through retentionHost
+// (retention_wiring.go); the ack path hands it every ack, and the API handlers tell it of
+// consumer changes and settle it before a stream info.
 //
 // The bridge reaches NATS clients through a leafnode link to the embedded server (see
 // package leaf): a link handler runs on the link's read loop, so nothing here blocks in one.
@@ -83,9 +89,9 @@
 //  1. The stream registry's admin lock (bridge/stream, LockAdmin) serialises stream
 //     create, update and delete and the re-reading of the streams from PostgreSQL. The API
 //     handlers hold it across database calls, subscriptions and retention passes.
-//  2. retentionState.run (retOf) lets one retention pass run on a stream at a time
-//     and guards what the last pass applied. A pass holds it across database calls and reads
-//     the consumers this process serves: the locks from 3 down.
+//  2. A retention pass's lock (bridge/retention) lets one pass run on a stream at a time.
+//     A pass holds it across database calls, reads the consumers this process serves (the
+//     locks from 3 down) and announces what it removed, whose subscribers take theirs.
 //  3. consumerSide.mu guards the map from streams to their consumer registries. Held with
 //     it: each registry's mu, to list it, and each consumer's mu while metrics are collected.
 //  4. consumer.mu guards a consumer's state. Its goroutine holds it while it works, except
@@ -95,8 +101,8 @@
 //  5. streamConsumers.mu guards one stream's map of consumers.
 //  6. bridge/stream's other locks (the map of streams, a stream's subscriptions, its
 //     intake, the ready queue), in that package's order.
-//  7. retentionState.mu guards the acks noted for a stream's next retention pass and the
-//     filters of the consumers other replicas serve.
+//  7. bridge/retention's other locks, leaves: those of the acks noted for a stream's next
+//     pass and the filters of the consumers other replicas serve, and of the map of them.
 //  8. consumer.qmu guards a consumer's queue of events.
 //  9. pendingCommits.mu guards what commits added to a consumer's pending count.
 //  10. cursorWriter.mu guards a consumer's cursor write in flight and the double acks

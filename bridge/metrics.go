@@ -4,14 +4,12 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// apiMetrics are the JetStream API's instruments, and retention's.
+// apiMetrics are the JetStream API's instruments.
 type apiMetrics struct {
 	reqs *prometheus.CounterVec
 	// unsupported counts requests jetgres does not serve, by request; the labels are those
 	// of unsupportedRequests, all present from the start.
 	unsupported *prometheus.CounterVec
-	// retentionPasses counts interest and work-queue retention passes.
-	retentionPasses prometheus.Counter
 }
 
 func newAPIMetrics(reg prometheus.Registerer) *apiMetrics {
@@ -24,16 +22,12 @@ func newAPIMetrics(reg prometheus.Registerer) *apiMetrics {
 			Name: "jetgres_api_unsupported_total",
 			Help: "JetStream API requests jetgres does not serve (answered with err_code 10036), by request.",
 		}, []string{"request"}),
-		retentionPasses: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "jetgres_retention_passes_total",
-			Help: "Retention passes over interest and work-queue streams: each reads the stream's consumers and removes what none of them needs.",
-		}),
 	}
 	for _, u := range unsupportedRequests {
 		m.unsupported.WithLabelValues(u.name)
 	}
 	if reg != nil {
-		reg.MustRegister(m.reqs, m.unsupported, m.retentionPasses)
+		reg.MustRegister(m.reqs, m.unsupported)
 	}
 	return m
 }

@@ -47,7 +47,7 @@ func (sqlHost) Expectations(cfg *server.StreamConfig, hdr []byte, m *pg.AppendMs
 }
 
 func (h sqlHost) NoInterest(s *stream.Stream, subjects []string) []bool {
-	return h.b.noInterest(s, subjects)
+	return h.b.retention.NoInterest(s, subjects)
 }
 
 func (sqlHost) Commit(ctx context.Context, s *stream.Stream, r pg.AppendResult) { s.Commit(ctx, r) }

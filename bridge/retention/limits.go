@@ -1,0 +1,28 @@
+package retention
+
+import (
+	"context"
+	"time"
+
+	"github.com/jetgres/jetgres/pg"
+)
+
+// ApplyLimits applies a stream's limits, and its max_age when positive, to what s already
+// holds, as JetStream does when an update lowers them.
+func (e *Engine[S]) ApplyLimits(ctx context.Context, s S, lim pg.Limits, maxAge time.Duration) error {
+	n, err := e.store.EnforceLimits(ctx, s.ID(), lim)
+	if err != nil {
+		return err
+	}
+	if maxAge > 0 {
+		expired, err := e.store.ExpireOlder(ctx, s.ID(), e.clock.Now().Add(-maxAge).UnixNano())
+		if err != nil {
+			return err
+		}
+		n += expired
+	}
+	if n > 0 {
+		e.host.Purged(ctx, s, 0, false)
+	}
+	return nil
+}

@@ -1,0 +1,80 @@
+package bridge
+
+import (
+	"context"
+
+	"github.com/nats-io/nats-server/v2/server"
+
+	"github.com/jetgres/jetgres/bridge/retention"
+	"github.com/jetgres/jetgres/bridge/stream"
+	"github.com/jetgres/jetgres/pg"
+)
+
+// retentionHost is what the retention engine (bridge/retention) asks of the bridge: the
+// streams, the consumers this process serves, and the streams' events for what it removed.
+type retentionHost struct{ b *Bridge }
+
+var _ retention.Host[*stream.Stream] = retentionHost{}
+
+// newRetention builds the bridge's retention engine.
+func newRetention(b *Bridge) (*retention.Engine[*stream.Stream], error) {
+	return retention.New(retention.Config[*stream.Stream]{
+		Store:      b.db,
+		Host:       retentionHost{b},
+		Logger:     b.log,
+		Clock:      b.clock,
+		Registerer: b.cfg.Registerer,
+	})
+}
+
+func (h retentionHost) Streams() []*stream.Stream { return h.b.streams.List() }
+
+// Served is the progress of the consumer a stored row describes when this process serves
+// it: on the same stream and of the same creation, not a consumer deleted and made again.
+func (h retentionHost) Served(s *stream.Stream, row pg.Consumer) (retention.Progress, bool) {
+	cs := h.b.cs()
+	if cs == nil {
+		return retention.Progress{}, false
+	}
+	c := cs.find(s.Name(), row.Name)
+	if c == nil || c.sc.s != s || !c.created.Equal(row.Created) {
+		return retention.Progress{}, false
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return retention.Progress{Floor: c.st.AckFloor().Stream, Next: c.st.Next(), Pending: c.st.PendingSeqs()}, true
+}
+
+func (h retentionHost) LocalFilters(s *stream.Stream) [][]string {
+	sc := h.b.consumersOf(s)
+	if sc == nil {
+		return nil
+	}
+	cons := sc.list()
+	filters := make([][]string, len(cons))
+	for i, c := range cons {
+		filters[i] = c.filters()
+	}
+	return filters
+}
+
+func (retentionHost) Purged(ctx context.Context, s *stream.Stream, first uint64, consumed bool) {
+	s.Purge(ctx, stream.Purged{First: first, Consumed: consumed})
+}
+
+func (retentionHost) Removed(s *stream.Stream, first uint64) {
+	s.Remove(stream.Removed{First: first})
+}
+
+func (h retentionHost) RefreshUsage(ctx context.Context) error { return h.b.streams.RefreshUsage(ctx) }
+
+// workQueueConflict is retention's check of a consumer on a workqueue stream, answered as
+// the API answers it.
+func (b *Bridge) workQueueConflict(ctx context.Context, s *stream.Stream, name string, cfg *server.ConsumerConfig) *server.ApiError {
+	refused, err := b.retention.WorkQueueConflict(ctx, s, name, cfg)
+	if err != nil {
+		b.log.Error("listing consumers", "stream", s.Name(), "err", err)
+		return apiError(err, server.NewJSConsumerCreateError)
+	}
+	return refused
+}

@@ -331,3 +331,61 @@ func TestMetadataMatchesJetStream(t *testing.T) {
 		return c.CachedInfo().Config.Metadata, nil
 	})
 }
+
+// A stream info on an interest stream runs a retention pass only when one is due: acks seen
+// since the last pass, or consumers that came, went or changed. On a quiet stream it reads
+// no consumer; after an ack it shows the message gone, as JetStream does.
+func TestStreamInfoRetainsOnlyWhenDue(t *testing.T) {
+	t.Parallel()
+	tb := setup(t, setupOpts{})
+	ctx := testContext(t)
+	s, err := tb.js.CreateStream(ctx, jetstream.StreamConfig{Name: "Q", Subjects: []string{"q.>"}, Retention: jetstream.InterestPolicy})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := s.CreateConsumer(ctx, jetstream.ConsumerConfig{Durable: "D", AckPolicy: jetstream.AckExplicitPolicy})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		if _, err := tb.js.Publish(ctx, "q.x", []byte("x")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	msgs := func() uint64 {
+		t.Helper()
+		info, err := s.Info(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return info.State.Msgs
+	}
+	// What the consumer's creation made due is settled by the first info, or the maintainer.
+	if n := msgs(); n != 3 {
+		t.Fatalf("the stream holds %d messages, want 3", n)
+	}
+	passes := counterValue(t, tb.reg, "jetgres_retention_passes_total")
+	for range 5 {
+		if n := msgs(); n != 3 {
+			t.Fatalf("the stream holds %d messages, want 3", n)
+		}
+	}
+	if n := counterValue(t, tb.reg, "jetgres_retention_passes_total"); n != passes {
+		t.Fatalf("five stream infos of a quiet stream ran %v retention passes, want none", n-passes)
+	}
+	batch, err := c.Fetch(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for m := range batch.Messages() {
+		if err := m.DoubleAck(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := msgs(); n != 2 {
+		t.Fatalf("after an ack the stream holds %d messages, want 2", n)
+	}
+	if n := counterValue(t, tb.reg, "jetgres_retention_passes_total"); n == passes {
+		t.Fatal("an ack was applied without a retention pass")
+	}
+}

@@ -92,3 +92,59 @@ func TestFilteredPurgeMovesConsumersMatchesJetStream(t *testing.T) {
 		}
 	}
 }
+
+func TestPurgeVariants(t *testing.T) {
+	t.Parallel()
+	tw := newTwin(t)
+	tw.createStream(jetstream.StreamConfig{Name: "PG", Subjects: []string{"pg.>"}})
+	subjects := []string{"pg.a", "pg.b", "pg.a.x", "pg.c"}
+	for i := range 40 {
+		tw.pub(subjects[i%len(subjects)], []byte{byte(i)})
+	}
+	steps := []struct {
+		name string
+		opts []jetstream.StreamPurgeOpt
+	}{
+		{"subject below sequence", []jetstream.StreamPurgeOpt{jetstream.WithPurgeSubject("pg.b"), jetstream.WithPurgeSequence(20)}},
+		{"wildcard keep", []jetstream.StreamPurgeOpt{jetstream.WithPurgeSubject("pg.a.*"), jetstream.WithPurgeKeep(3)}},
+		{"subject", []jetstream.StreamPurgeOpt{jetstream.WithPurgeSubject("pg.c")}},
+		{"keep", []jetstream.StreamPurgeOpt{jetstream.WithPurgeKeep(12)}},
+		{"below sequence", []jetstream.StreamPurgeOpt{jetstream.WithPurgeSequence(34)}},
+		{"everything", nil},
+	}
+	for _, step := range steps {
+		tw.purge("PG", step.opts...)
+		st, err := tw.states("PG")
+		if err != nil {
+			t.Fatalf("after purge %s: %v", step.name, err)
+		}
+		t.Logf("after purge %s: %s", step.name, brief(st[ours]))
+	}
+	tw.want("PG", 0, 41, 40, 0)
+	tw.pub("pg.a", nil)
+	// Past the end the stream restarts at the sequence given.
+	tw.purge("PG", jetstream.WithPurgeSequence(100))
+	tw.want("PG", 0, 100, 99, 0)
+	if seq, _ := tw.pub("pg.b", nil); seq != 100 {
+		t.Fatalf("first sequence after compacting past the end: %d", seq)
+	}
+}
+
+func TestDeleteMessage(t *testing.T) {
+	t.Parallel()
+	tw := newTwin(t)
+	tw.createStream(jetstream.StreamConfig{Name: "DEL", Subjects: []string{"del"}})
+	tw.pubN("del", 6, 8)
+	tw.deleteMsg("DEL", 3)
+	tw.deleteMsg("DEL", 4)
+	tw.want("DEL", 4, 1, 6, 2)
+	tw.deleteMsg("DEL", 1)
+	tw.deleteMsg("DEL", 2)
+	tw.want("DEL", 2, 5, 6, 0)
+	if code := tw.deleteMsg("DEL", 3); code == 0 {
+		t.Fatal("deleting a deleted message succeeded")
+	}
+	tw.deleteMsg("DEL", 6)
+	tw.deleteMsg("DEL", 5)
+	tw.want("DEL", 0, 7, 6, 0)
+}

@@ -1,6 +1,7 @@
 package bridge
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"testing"
@@ -202,4 +203,22 @@ func TestPurgeNeverUsedStreamMatchesJetStream(t *testing.T) {
 	tw.consumer("PI", jetstream.ConsumerConfig{Durable: "c", AckPolicy: jetstream.AckExplicitPolicy})
 	tw.deleteConsumer("PI", "c")
 	tw.pub("pi.a", nil)
+}
+
+// TestStreamStateBytes checks the byte accounting with headers, which JetStream counts with
+// their own length prefix.
+func TestStreamStateBytes(t *testing.T) {
+	t.Parallel()
+	tw := newTwin(t)
+	tw.createStream(jetstream.StreamConfig{Name: "HB", Subjects: []string{"hb.*"}})
+	for side, js := range tw.js {
+		msg := nats.NewMsg("hb.h")
+		msg.Header.Set("Trace", "abc")
+		msg.Data = bytes.Repeat([]byte("z"), 20)
+		if _, err := js.PublishMsg(tw.ctx, msg); err != nil {
+			t.Fatalf("%s: %v", sideName[side], err)
+		}
+	}
+	tw.pub("hb.p", []byte("plain"))
+	tw.state("HB")
 }

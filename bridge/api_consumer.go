@@ -248,7 +248,7 @@ func (cs *consumerSide) create(ctx context.Context, s *stream.Stream, name strin
 	row, err := cs.b.db.CreateConsumer(ctx, pg.Consumer{ID: id, StreamID: s.ID(), Name: name, Config: raw, AckStreamSeq: start.next - 1, Owner: cs.owner},
 		s.Config().MaxConsumers)
 	if err != nil {
-		cs.release(s, name)
+		cs.release(id)
 	}
 	switch {
 	case errors.Is(err, pg.ErrExists):

@@ -99,6 +99,7 @@ type startPos struct {
 type consumer struct {
 	cs      *consumerSide
 	sc      *streamConsumers
+	id      int64 // its row's id: the key of its lock
 	name    string
 	created time.Time
 
@@ -163,6 +164,7 @@ func newConsumer(cs *consumerSide, sc *streamConsumers, row pg.Consumer, cfg ser
 	c := &consumer{
 		cs:         cs,
 		sc:         sc,
+		id:         row.ID,
 		name:       row.Name,
 		created:    row.Created,
 		wake:       make(chan struct{}, 1),

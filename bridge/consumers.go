@@ -464,14 +464,14 @@ func (cs *consumerSide) activate(ctx context.Context, sc *streamConsumers, row p
 	// beyond it.
 	hw, err := cs.highWater(ctx, sc.s)
 	if err != nil {
-		cs.release(sc.s, row.Name)
+		cs.release(row.ID)
 		return nil, err
 	}
 	sc.s.Tail().Raise(hw)
 	from, extra := c.countFrom()
 	npc, err := cs.b.db.CountPending(ctx, pg.PendingParams{StreamID: sc.s.ID(), From: from, UpTo: hw, Filters: c.filters()})
 	if err != nil {
-		cs.release(sc.s, row.Name)
+		cs.release(row.ID)
 		return nil, err
 	}
 	c.npc = int64(npc + extra)
@@ -489,7 +489,7 @@ func (cs *consumerSide) activate(ctx context.Context, sc *streamConsumers, row p
 	sc.mu.Lock()
 	if old := sc.cons[c.name]; old != nil {
 		sc.mu.Unlock()
-		cs.release(sc.s, row.Name) // the lock counted twice
+		cs.release(row.ID) // the lock counted twice
 		return old, nil
 	}
 	sc.cons[c.name] = c
@@ -507,11 +507,11 @@ func (cs *consumerSide) activate(ctx context.Context, sc *streamConsumers, row p
 }
 
 // release gives back one count of a consumer's lock that no served consumer stands for.
-func (cs *consumerSide) release(s *stream.Stream, name string) {
+func (cs *consumerSide) release(id int64) {
 	if own := cs.own.own; own != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), cs.b.cfg.Lease)
 		defer cancel()
-		_ = own.Unlock(ctx, pg.ConsumerKey{StreamID: s.ID(), Name: name})
+		_ = own.Unlock(ctx, id)
 	}
 }
 
@@ -571,11 +571,12 @@ func (cs *consumerSide) ensure(ctx context.Context, streamName, consumerName str
 	if own == nil {
 		return nil, errStopping
 	}
-	switch ok, err := own.TryLock(ctx, pg.ConsumerKey{StreamID: s.ID(), Name: consumerName}); {
+	id, ok, err := own.TryLock(ctx, pg.ConsumerKey{StreamID: s.ID(), Name: consumerName})
+	switch {
 	case err != nil:
 		return nil, err
 	case !ok:
 		return nil, pg.ErrServedElsewhere
 	}
-	return cs.serveLocked(ctx, s, consumerName)
+	return cs.serveLocked(ctx, s, consumerName, id)
 }

@@ -153,12 +153,11 @@ func (cs *consumerSide) unhold(c *consumer) {
 	}
 	_ = h.sub.Unsubscribe()
 	if own := o.own; own != nil {
-		k := pg.ConsumerKey{StreamID: c.sc.s.ID(), Name: c.name}
 		// Off the caller's locks: the statement waits for the ownership session.
 		go func() {
 			ctx, cancel := context.WithTimeout(context.Background(), cs.b.cfg.Lease)
 			defer cancel()
-			_ = own.Unlock(ctx, k)
+			_ = own.Unlock(ctx, c.id)
 		}()
 	}
 }
@@ -204,7 +203,7 @@ func (cs *consumerSide) ownershipLoop() {
 		var err error
 		if check || now.Sub(checked) >= lease/deletedChecksPerLease {
 			checked = now
-			var gone []pg.ConsumerKey
+			var gone []pg.Claim
 			if gone, err = own.Deleted(cs.ctx); err == nil {
 				cs.stopDeleted(gone)
 			}
@@ -224,7 +223,7 @@ func (cs *consumerSide) ownershipLoop() {
 }
 
 // stopDeleted stops serving the consumers whose rows are gone.
-func (cs *consumerSide) stopDeleted(gone []pg.ConsumerKey) {
+func (cs *consumerSide) stopDeleted(gone []pg.Claim) {
 	if len(gone) == 0 {
 		return
 	}
@@ -239,7 +238,8 @@ func (cs *consumerSide) stopDeleted(gone []pg.ConsumerKey) {
 		}
 		// One not served yet is being created or loaded here: its own path gives the
 		// lock back if it finds no row, and must keep it if its row is still to commit.
-		if c := cs.served(s, k.Name); c != nil {
+		// Only the consumer of that id: one created again under its name has a row.
+		if c := cs.served(s, k.Name); c != nil && c.id == k.ID {
 			c.stop(stopDeleted)
 		}
 	}
@@ -297,10 +297,10 @@ func (cs *consumerSide) claimFree(ctx context.Context) func(context.Context) {
 		for _, k := range keys {
 			s := byID[k.StreamID]
 			if ctx == nil {
-				cs.release(s, k.Name)
+				cs.release(k.ID)
 				continue
 			}
-			if _, err := cs.serveLocked(ctx, s, k.Name); err != nil && !errors.Is(err, errStopping) && !errors.Is(err, pg.ErrNotFound) && ctx.Err() == nil {
+			if _, err := cs.serveLocked(ctx, s, k.Name, k.ID); err != nil && !errors.Is(err, errStopping) && !errors.Is(err, pg.ErrNotFound) && ctx.Err() == nil {
 				cs.b.log.Warn("taking a consumer over failed", "stream", s.Name(), "consumer", k.Name, "err", err)
 			}
 		}
@@ -309,15 +309,15 @@ func (cs *consumerSide) claimFree(ctx context.Context) func(context.Context) {
 
 // serveLocked starts serving a consumer whose lock this replica has just taken: it records
 // this replica as its owner, loads it and starts it. Whatever fails gives the lock back.
-func (cs *consumerSide) serveLocked(ctx context.Context, s *stream.Stream, name string) (*consumer, error) {
+func (cs *consumerSide) serveLocked(ctx context.Context, s *stream.Stream, name string, id int64) (*consumer, error) {
 	if c := cs.served(s, name); c != nil {
 		// Served here already, or still stopping after a fence: the lock counted twice.
-		cs.release(s, name)
+		cs.release(id)
 		return c, nil
 	}
-	row, prev, err := cs.b.db.SetOwner(ctx, pg.ConsumerKey{StreamID: s.ID(), Name: name}, cs.owner)
+	row, prev, err := cs.b.db.SetOwner(ctx, id, cs.owner)
 	if err != nil {
-		cs.release(s, name)
+		cs.release(id)
 		return nil, err
 	}
 	if prev != "" && prev != cs.owner {
@@ -326,7 +326,7 @@ func (cs *consumerSide) serveLocked(ctx context.Context, s *stream.Stream, name 
 	}
 	sc, err := cs.streamLoaded(ctx, s)
 	if err != nil {
-		cs.release(s, name)
+		cs.release(id)
 		return nil, err
 	}
 	return cs.activate(ctx, sc, row, nil)

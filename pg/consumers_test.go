@@ -65,7 +65,7 @@ func TestConsumerRowsAndOwners(t *testing.T) {
 	if err := db.ClearOwner(ctx, "r1"); err != nil {
 		t.Fatal(err)
 	}
-	if row, prev, err := db.SetOwner(ctx, pg.ConsumerKey{StreamID: st.ID, Name: "C"}, "r2"); err != nil || prev != "" || row.Owner != "r2" || row.ID != c.ID {
+	if row, prev, err := db.SetOwner(ctx, c.ID, "r2"); err != nil || prev != "" || row.Owner != "r2" || row.ID != c.ID {
 		t.Fatalf("take released: %+v, previous %q, %v", row, prev, err)
 	}
 	if err := db.UpdateConsumerConfig(ctx, st.ID, "C", []byte(`{"b":2}`)); err != nil {
@@ -81,7 +81,7 @@ func TestConsumerRowsAndOwners(t *testing.T) {
 	if err := db.DeleteConsumer(ctx, st.ID, "C"); !errors.Is(err, pg.ErrNotFound) {
 		t.Fatalf("second delete: %v", err)
 	}
-	if _, _, err := db.SetOwner(ctx, pg.ConsumerKey{StreamID: st.ID, Name: "C"}, "r1"); !errors.Is(err, pg.ErrNotFound) {
+	if _, _, err := db.SetOwner(ctx, c.ID, "r1"); !errors.Is(err, pg.ErrNotFound) {
 		t.Fatalf("take deleted: %v", err)
 	}
 }

@@ -38,18 +38,19 @@ type Ownership struct {
 	// PostgreSQL has not noticed is gone (its locks would stay held).
 	pid     uint32
 	started time.Time
-	held    map[ConsumerKey]heldLock // what this session locked
+	held    map[int64]heldLock // what this session locked, by consumer id
 	// confirmed is when (unix ns, on clock) the last statement that succeeded on conn was
 	// sent: the session held its locks then. Zero while there is no connection. Atomic, so
 	// that a watchdog reads it while a statement holds mu.
 	confirmed atomic.Int64
 }
 
-// heldLock is one consumer's lock as this session holds it: the key, and how many times it
-// was taken.
+// heldLock is one consumer's lock as this session holds it: whose it is, and how many
+// times it was taken. Two consumers of one name may be held at once, a deleted one still
+// stopping and its successor: each gives back its own lock, by id.
 type heldLock struct {
-	id int64
-	n  int
+	k ConsumerKey
+	n int
 }
 
 // replicaLockKey is the one-key advisory lock every ownership session holds shared, so that
@@ -59,8 +60,10 @@ const replicaLockKey int64 = 0x6a677265706c6963
 
 const (
 	// sqlLockKey is a consumer's lock key from its id, $1.
-	sqlLockKey      = `(($1::bigint >> 31)::int4, ($1::bigint & 2147483647)::int4)`
-	sqlTryLockRow   = `SELECT id, pg_try_advisory_lock((id >> 31)::int4, (id & 2147483647)::int4) FROM jetgres.consumers WHERE stream_id = $1 AND name = $2`
+	sqlLockKey = `(($1::bigint >> 31)::int4, ($1::bigint & 2147483647)::int4)`
+	// sqlTryLockRow locks a consumer by its row, unless this session holds it already ($3).
+	sqlTryLockRow = `SELECT id, id = ANY($3) OR pg_try_advisory_lock((id >> 31)::int4, (id & 2147483647)::int4)
+		FROM jetgres.consumers WHERE stream_id = $1 AND name = $2`
 	sqlLockNew      = `SELECT id, pg_try_advisory_lock((id >> 31)::int4, (id & 2147483647)::int4) FROM (SELECT nextval(pg_get_serial_sequence('jetgres.consumers', 'id')) AS id) n`
 	sqlUnlock       = `SELECT pg_advisory_unlock` + sqlLockKey
 	sqlStored       = `SELECT id FROM jetgres.consumers WHERE id = ANY($1)`
@@ -106,7 +109,7 @@ const (
 // caller learns at once that it can vouch for nothing. Both are in real time, whatever clk
 // is: they bound what PostgreSQL and the network do.
 func (db *DB) OpenOwnership(ctx context.Context, clk clock.Clock, keepalive, timeout time.Duration) (*Ownership, error) {
-	o := &Ownership{db: db, clock: clock.OrSystem(clk), keepalive: keepalive, timeout: timeout, held: make(map[ConsumerKey]heldLock)}
+	o := &Ownership{db: db, clock: clock.OrSystem(clk), keepalive: keepalive, timeout: timeout, held: make(map[int64]heldLock)}
 	if err := o.Reconnect(ctx); err != nil {
 		return nil, err
 	}
@@ -219,20 +222,15 @@ func (o *Ownership) Confirm(ctx context.Context) error {
 	return o.exec(ctx, func(ctx context.Context, c *pgx.Conn) error { return c.Ping(ctx) })
 }
 
-// TryLock takes the lock of a stored consumer unless another session holds it; ErrNotFound
-// says there is no such consumer.
-func (o *Ownership) TryLock(ctx context.Context, k ConsumerKey) (bool, error) {
+// TryLock takes the lock of a stored consumer unless another session holds it, and returns
+// its id, which Unlock takes; ErrNotFound says there is no such consumer.
+func (o *Ownership) TryLock(ctx context.Context, k ConsumerKey) (int64, bool, error) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	if h, ok := o.held[k]; ok {
-		h.n++
-		o.held[k] = h
-		return true, nil
-	}
 	var id int64
 	var ok bool
 	err := o.exec(ctx, func(ctx context.Context, c *pgx.Conn) error {
-		err := c.QueryRow(ctx, sqlTryLockRow, k.StreamID, k.Name).Scan(&id, &ok)
+		err := c.QueryRow(ctx, sqlTryLockRow, k.StreamID, k.Name, o.heldIDs()).Scan(&id, &ok)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return errNoRow
 		}
@@ -240,11 +238,23 @@ func (o *Ownership) TryLock(ctx context.Context, k ConsumerKey) (bool, error) {
 	})
 	switch {
 	case errors.Is(err, errNoRow):
-		return false, ErrNotFound
-	case ok:
-		o.held[k] = heldLock{id: id, n: 1}
+		return 0, false, ErrNotFound
+	case err != nil || !ok:
+		return id, false, err
 	}
-	return ok, err
+	h := o.held[id]
+	h.k, h.n = k, h.n+1
+	o.held[id] = h
+	return id, true, nil
+}
+
+// heldIDs lists the ids of the consumers this session holds; mu is held.
+func (o *Ownership) heldIDs() []int64 {
+	ids := make([]int64, 0, len(o.held))
+	for id := range o.held {
+		ids = append(ids, id)
+	}
+	return ids
 }
 
 // errNoRow is a statement on the session that found nothing, which says nothing about the
@@ -269,30 +279,26 @@ func (o *Ownership) LockNew(ctx context.Context, k ConsumerKey) (int64, error) {
 		// A fresh id from the sequence that some session holds: only a lock taken by hand.
 		return 0, fmt.Errorf("pg: the lock of new consumer id %d is held", id)
 	}
-	if h, had := o.held[k]; had {
-		// A consumer of that name was deleted while this session still held its lock.
-		_ = o.unlockLocked(ctx, h.id)
-	}
-	o.held[k] = heldLock{id: id, n: 1}
+	o.held[id] = heldLock{k: k, n: 1}
 	return id, nil
 }
 
-// Unlock gives one TryLock or LockNew of the consumer back; the last one frees it for other
-// replicas.
-func (o *Ownership) Unlock(ctx context.Context, k ConsumerKey) error {
+// Unlock gives one TryLock, LockNew or ClaimFree of the consumer with that id back; the
+// last one frees it for other replicas.
+func (o *Ownership) Unlock(ctx context.Context, id int64) error {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	h, ok := o.held[k]
+	h, ok := o.held[id]
 	switch {
 	case !ok:
 		return nil
 	case h.n > 1:
 		h.n--
-		o.held[k] = h
+		o.held[id] = h
 		return nil
 	}
-	delete(o.held, k)
-	return o.unlockLocked(ctx, h.id)
+	delete(o.held, id)
+	return o.unlockLocked(ctx, id)
 }
 
 func (o *Ownership) unlockLocked(ctx context.Context, id int64) error {
@@ -302,54 +308,47 @@ func (o *Ownership) unlockLocked(ctx context.Context, id int64) error {
 	})
 }
 
+// Claim is a consumer whose lock this session took: its key and its id, which Unlock takes.
+type Claim struct {
+	ConsumerKey
+	ID int64
+}
+
 // ClaimFree locks this replica's fair share of the consumers of the given streams that no
 // session holds, and returns them: enough to bring it to its share of them all among the
 // live replicas, and at least one.
-func (o *Ownership) ClaimFree(ctx context.Context, streamIDs []int64) ([]ConsumerKey, error) {
+func (o *Ownership) ClaimFree(ctx context.Context, streamIDs []int64) ([]Claim, error) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	mine := make([]int64, 0, len(o.held))
-	for _, h := range o.held {
-		mine = append(mine, h.id)
-	}
-	type claimed struct {
-		id int64
-		k  ConsumerKey
-	}
-	var got []claimed
+	mine := o.heldIDs()
+	var got []Claim
 	err := o.exec(ctx, func(ctx context.Context, c *pgx.Conn) error {
 		rows, err := c.Query(ctx, sqlClaimFree, streamIDs, mine, len(mine), replicaLockKey>>32, replicaLockKey&0xffffffff)
 		if err != nil {
 			return err
 		}
-		got, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (claimed, error) {
-			var cl claimed
-			err := r.Scan(&cl.id, &cl.k.StreamID, &cl.k.Name)
+		got, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (Claim, error) {
+			var cl Claim
+			err := r.Scan(&cl.ID, &cl.StreamID, &cl.Name)
 			return cl, err
 		})
 		return err
 	})
-	out := make([]ConsumerKey, 0, len(got))
 	for _, cl := range got {
-		o.held[cl.k] = heldLock{id: cl.id, n: 1}
-		out = append(out, cl.k)
+		o.held[cl.ID] = heldLock{k: cl.ConsumerKey, n: 1}
 	}
-	return out, err
+	return got, err
 }
 
 // Deleted returns the consumers this session holds the lock of whose rows are gone:
 // deleted, by this replica or another, they must stop being served. A statement on the
 // session, it confirms the session as Confirm does.
-func (o *Ownership) Deleted(ctx context.Context) ([]ConsumerKey, error) {
+func (o *Ownership) Deleted(ctx context.Context) ([]Claim, error) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	ids := make([]int64, 0, len(o.held))
-	for _, h := range o.held {
-		ids = append(ids, h.id)
-	}
 	var stored []int64
 	err := o.exec(ctx, func(ctx context.Context, c *pgx.Conn) error {
-		rows, err := c.Query(ctx, sqlStored, ids)
+		rows, err := c.Query(ctx, sqlStored, o.heldIDs())
 		if err != nil {
 			return err
 		}
@@ -363,10 +362,10 @@ func (o *Ownership) Deleted(ctx context.Context) ([]ConsumerKey, error) {
 	for _, id := range stored {
 		there[id] = true
 	}
-	var gone []ConsumerKey
-	for k, h := range o.held {
-		if !there[h.id] {
-			gone = append(gone, k)
+	var gone []Claim
+	for id, h := range o.held {
+		if !there[id] {
+			gone = append(gone, Claim{ConsumerKey: h.k, ID: id})
 		}
 	}
 	return gone, nil
@@ -384,20 +383,20 @@ func (o *Ownership) Close() {
 	clear(o.held)
 }
 
-// SetOwner records owner as the consumer's server, for a consumer whose lock owner's
+// SetOwner records owner as the server of the consumer with that id, whose lock owner's
 // session holds, and returns it as stored with the owner it had before. ErrNotFound says it
-// does not exist.
-func (db *DB) SetOwner(ctx context.Context, k ConsumerKey, owner string) (Consumer, string, error) {
+// does not exist (any more: one created again under its name has another id).
+func (db *DB) SetOwner(ctx context.Context, id int64, owner string) (Consumer, string, error) {
 	var c Consumer
 	var prev string
 	err := db.background(ctx, func(ctx context.Context, q querier) error {
 		var as, ac, ss int64
-		err := q.QueryRow(ctx, `WITH prev AS (SELECT owner FROM jetgres.consumers WHERE stream_id = $1 AND name = $2 FOR UPDATE)
-			UPDATE jetgres.consumers c SET owner = $3 FROM prev
-			WHERE c.stream_id = $1 AND c.name = $2
+		err := q.QueryRow(ctx, `WITH prev AS (SELECT owner FROM jetgres.consumers WHERE id = $1 FOR UPDATE)
+			UPDATE jetgres.consumers c SET owner = $2 FROM prev
+			WHERE c.id = $1
 			RETURNING c.id, c.stream_id, c.name, c.config, c.created, c.ack_stream_seq, c.ack_consumer_seq, c.owner,
 				coalesce(c.shown_stream_seq, c.ack_stream_seq), prev.owner`,
-			k.StreamID, k.Name, owner).Scan(&c.ID, &c.StreamID, &c.Name, &c.Config, &c.Created, &as, &ac, &c.Owner, &ss, &prev)
+			id, owner).Scan(&c.ID, &c.StreamID, &c.Name, &c.Config, &c.Created, &as, &ac, &c.Owner, &ss, &prev)
 		c.AckStreamSeq, c.AckConsumerSeq, c.ShownStreamSeq = uint64(as), uint64(ac), uint64(ss)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return ErrNotFound

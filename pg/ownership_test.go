@@ -40,10 +40,10 @@ func TestOwnershipLocks(t *testing.T) {
 	}
 	r1, r2 := openOwnership(t, db), openOwnership(t, db)
 	a := pg.ConsumerKey{StreamID: st.ID, Name: "A"}
-	if ok, err := r1.TryLock(ctx, a); !ok || err != nil {
+	if _, ok, err := r1.TryLock(ctx, a); !ok || err != nil {
 		t.Fatalf("r1 locks A: %v %v", ok, err)
 	}
-	if ok, err := r2.TryLock(ctx, a); ok || err != nil {
+	if _, ok, err := r2.TryLock(ctx, a); ok || err != nil {
 		t.Fatalf("r2 locks A that r1 holds: %v %v", ok, err)
 	}
 	got, err := r2.ClaimFree(ctx, []int64{st.ID})
@@ -53,7 +53,7 @@ func TestOwnershipLocks(t *testing.T) {
 	if got, err := r2.ClaimFree(ctx, []int64{st.ID}); err != nil || len(got) != 0 {
 		t.Fatalf("r2 claims again: %v %v, want none", got, err)
 	}
-	c, prev, err := db.SetOwner(ctx, pg.ConsumerKey{StreamID: st.ID, Name: "B"}, "r2")
+	c, prev, err := db.SetOwner(ctx, got[0].ID, "r2")
 	if err != nil || prev != "" || c.Owner != "r2" {
 		t.Fatalf("r2 records itself as B's owner: %+v, previous %q, %v", c, prev, err)
 	}
@@ -96,14 +96,14 @@ func TestOwnershipLocks(t *testing.T) {
 	if err := r1.Reconnect(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if ok, err := r1.TryLock(ctx, a); ok || err != nil {
+	if _, ok, err := r1.TryLock(ctx, a); ok || err != nil {
 		t.Fatalf("r1 locks A that r2 took over: %v %v", ok, err)
 	}
 	// Unlocking gives it back.
-	if err := r2.Unlock(ctx, a); err != nil {
+	if err := r2.Unlock(ctx, rowA.ID); err != nil {
 		t.Fatal(err)
 	}
-	if ok, err := r1.TryLock(ctx, a); !ok || err != nil {
+	if _, ok, err := r1.TryLock(ctx, a); !ok || err != nil {
 		t.Fatalf("r1 locks A once r2 let go: %v %v", ok, err)
 	}
 }
@@ -331,13 +331,13 @@ func TestOwnershipLockPerConsumer(t *testing.T) {
 		}
 	}
 	r1, r2 := openOwnership(t, db), openOwnership(t, db)
-	if ok, err := r1.TryLock(ctx, pg.ConsumerKey{StreamID: st.ID, Name: a}); !ok || err != nil {
+	if _, ok, err := r1.TryLock(ctx, pg.ConsumerKey{StreamID: st.ID, Name: a}); !ok || err != nil {
 		t.Fatalf("r1 locks %s: %v %v", a, ok, err)
 	}
-	if ok, err := r2.TryLock(ctx, pg.ConsumerKey{StreamID: st.ID, Name: b}); !ok || err != nil {
+	if _, ok, err := r2.TryLock(ctx, pg.ConsumerKey{StreamID: st.ID, Name: b}); !ok || err != nil {
 		t.Fatalf("r2 locks %s, whose name hashes as %s's: %v %v", b, a, ok, err)
 	}
-	if _, err := r2.TryLock(ctx, pg.ConsumerKey{StreamID: st.ID, Name: "missing"}); !errors.Is(err, pg.ErrNotFound) {
+	if _, _, err := r2.TryLock(ctx, pg.ConsumerKey{StreamID: st.ID, Name: "missing"}); !errors.Is(err, pg.ErrNotFound) {
 		t.Fatalf("locking a consumer that does not exist: %v, want ErrNotFound", err)
 	}
 	if !r2.Connected() {
@@ -352,5 +352,47 @@ func TestOwnershipLockPerConsumer(t *testing.T) {
 	}
 	if got, err := r2.ClaimFree(ctx, []int64{st.ID}); err != nil || len(got) != 0 {
 		t.Fatalf("r2 claims %v, %v; every consumer is held", got, err)
+	}
+}
+
+// A consumer deleted and created again under its name while this session still holds the
+// old one's lock (its goroutine still stopping) gets a lock of its own: giving the old one
+// back leaves the new one held.
+func TestOwnershipRecreatedConsumerKeepsItsLock(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.Open(t)
+	st := consumerTestStream(t, ctx, db)
+	r1, r2 := openOwnership(t, db), openOwnership(t, db)
+	k := pg.ConsumerKey{StreamID: st.ID, Name: "C"}
+	oldID, err := r1.LockNew(ctx, k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.CreateConsumer(ctx, pg.Consumer{ID: oldID, StreamID: st.ID, Name: "C", Config: []byte(`{}`), Owner: "r1"}, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.DeleteConsumer(ctx, st.ID, "C"); err != nil {
+		t.Fatal(err)
+	}
+	newID, err := r1.LockNew(ctx, k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.CreateConsumer(ctx, pg.Consumer{ID: newID, StreamID: st.ID, Name: "C", Config: []byte(`{}`), Owner: "r1"}, 0); err != nil {
+		t.Fatal(err)
+	}
+	gone, err := r1.Deleted(ctx)
+	if err != nil || len(gone) != 1 || gone[0].ID != oldID {
+		t.Fatalf("deleted: %v, %v; want the old consumer %d alone", gone, err, oldID)
+	}
+	if err := r1.Unlock(ctx, oldID); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok, err := r2.TryLock(ctx, k); ok || err != nil {
+		t.Fatalf("another session locks the new consumer once the old one's lock was given back: %v %v", ok, err)
+	}
+	if got, err := r2.ClaimFree(ctx, []int64{st.ID}); err != nil || len(got) != 0 {
+		t.Fatalf("another session claims %v, %v; the new consumer is held", got, err)
 	}
 }

@@ -136,6 +136,10 @@ type lockedState struct {
 // When the commit was sent and no answer came back, the error is an *OutcomeUnknownError
 // (ErrOutcomeUnknown): the batches may be stored or not, and Resolve tells which. Nothing
 // that may have committed is ever run again.
+//
+// The batches the fast path can take commit in a transaction of their own, before the
+// others. When the others then fail, the results still hold the fast path's batches, which
+// are stored; the error is about the batches missing from them.
 func (db *DB) Append(ctx context.Context, batches []AppendBatch, ts int64) ([]AppendResult, time.Duration, error) {
 	// Streams are locked in id order, so that two transactions never deadlock on each other;
 	// most calls hold one batch, or batches already in order, and need no copy.
@@ -145,6 +149,7 @@ func (db *DB) Append(ctx context.Context, batches []AppendBatch, ts int64) ([]Ap
 	}
 	var results []AppendResult
 	rtt, err := db.hot(ctx, func(ctx context.Context, q querier) error {
+		results = nil
 		done, rest, err := db.appendFast(ctx, q, batches, ts)
 		switch {
 		case errors.Is(err, ErrOutcomeUnknown):
@@ -156,18 +161,21 @@ func (db *DB) Append(ctx context.Context, batches []AppendBatch, ts int64) ([]Ap
 			// its guards could not see, say); the general path decides afresh.
 			done, rest = nil, batches
 		}
+		results = done
 		if len(rest) > 0 {
 			slow, err := db.appendTx(ctx, q, rest, ts, "BEGIN")
+			if err != nil && len(done) > 0 {
+				return committedBefore{err}
+			}
 			if err != nil {
 				return err
 			}
-			done = append(done, slow...)
+			results = append(results, slow...)
 		}
-		results = done
 		return nil
 	})
 	if err != nil {
-		return nil, rtt, fmt.Errorf("pg: append: %w", err)
+		return results, rtt, fmt.Errorf("pg: append: %w", err)
 	}
 	return results, rtt, nil
 }

@@ -166,6 +166,16 @@ func (db *DB) runRetry(ctx context.Context, timeout time.Duration, fn func(ctx c
 	return db.runOn(ctx, timeout, attempt, true)
 }
 
+// committedBefore is the error of a call that failed after an earlier call of the same fn
+// committed. The failed call may have found the connection closed before it wrote anything,
+// which pgx marks safe to retry, but running fn again would commit the earlier call's work a
+// second time.
+type committedBefore struct{ error }
+
+func (e committedBefore) Unwrap() error { return e.error }
+
+func (committedBefore) SafeToRetry() bool { return false }
+
 // sendCounter counts the calls fn starts on a connection that is still open; a call on a
 // connection already closed cannot reach the server.
 type sendCounter struct {

@@ -155,3 +155,30 @@ func TestAppendCommitRequestLost(t *testing.T) {
 		})
 	}
 }
+
+// The batches the fast path stored stay stored when the general path then fails in the
+// same call: Append returns them with the error, so that their publishers hear the truth.
+func TestAppendReturnsWhatTheFastPathStored(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	db, proxy, fast := outcomeStream(t)
+	st, err := db.CreateStream(ctx, "T", []byte(`{}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	batches := []pg.AppendBatch{
+		{StreamID: fast, Msgs: []pg.AppendMsg{{Subject: "s", Data: []byte("fast")}}},
+		{StreamID: st.ID, DupWindow: time.Minute, Msgs: []pg.AppendMsg{{Subject: "t", Data: []byte("general"), MsgID: "id-1"}}},
+	}
+	done := proxy.Arm(pgtest.CutAnswer, func(sql string) bool { return sql == "BEGIN" })
+	res, _, err := db.Append(ctx, batches, 2)
+	<-done
+	if err == nil || errors.Is(err, pg.ErrOutcomeUnknown) {
+		t.Fatalf("append whose general path lost its connection before the commit: err = %v, want a failure", err)
+	}
+	if len(res) != 1 || res[0].StreamID != fast || res[0].Outcomes[0].Seq != 2 {
+		t.Fatalf("results %+v, want the fast path's batch stored at 2", res)
+	}
+	expectState(t, db, fast, 2, 2)
+	expectState(t, db, st.ID, 0, 0)
+}

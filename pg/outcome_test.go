@@ -182,3 +182,29 @@ func TestAppendReturnsWhatTheFastPathStored(t *testing.T) {
 	expectState(t, db, fast, 2, 2)
 	expectState(t, db, st.ID, 0, 0)
 }
+
+// While the database is away Resolve cannot look, and says so with ErrOutcomeUnknown once
+// its time is up; once the database is back, it finds the batch stored.
+func TestResolveWhileTheDatabaseIsAway(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	proxy := pgtest.NewProxy(t, pgtest.NewDB(t))
+	db := pgtest.OpenWith(t, pg.Config{URL: proxy.URL(), StmtTimeout: time.Second})
+	st, err := db.CreateStream(ctx, "S", []byte(`{}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	bt := pg.AppendBatch{StreamID: st.ID, Msgs: []pg.AppendMsg{{Subject: "s", Data: []byte("first")}}}
+	ue := cut(t, db, proxy, pgtest.CutAll, isFastWrite, bt, 1)
+	if r, err := db.Resolve(ctx, ue); !errors.Is(err, pg.ErrOutcomeUnknown) {
+		t.Fatalf("resolving while the database is away: %+v, err = %v, want ErrOutcomeUnknown", r, err)
+	}
+	proxy.Restore()
+	r, err := db.Resolve(ctx, ue)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(r.Stored) != 1 || r.Stored[0].Outcomes[0].Seq != 1 {
+		t.Fatalf("resolution once the database is back: %+v, want the batch stored at 1", r)
+	}
+}

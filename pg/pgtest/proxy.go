@@ -27,6 +27,9 @@ const (
 	// server's session stays open, idle, as a network partition leaves it, and whatever
 	// transaction it had open stays open with its locks until that session ends.
 	CutRequest
+	// CutAll is CutAnswer, after which the database is away, as during a failover: the proxy
+	// closes every connection it holds and refuses new ones until Restore.
+	CutAll
 )
 
 // Proxy stands between a test's clients and its database and reads the protocol both
@@ -41,6 +44,7 @@ type Proxy struct {
 	mu    sync.Mutex
 	armed *armedCut
 	conns []net.Conn
+	away  bool // CutAll fired and Restore has not come
 	wg    sync.WaitGroup
 }
 
@@ -102,21 +106,40 @@ func (p *Proxy) take(sql string) *armedCut {
 	return a
 }
 
-func (p *Proxy) track(c net.Conn) {
+// Restore lets connections through again after CutAll.
+func (p *Proxy) Restore() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.conns = append(p.conns, c)
+	p.away = false
 }
 
-func (p *Proxy) close() {
-	_ = p.ln.Close()
+// track keeps c to close when the proxy stops, or closes it now if the database is away.
+func (p *Proxy) track(c net.Conn) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.away {
+		_ = c.Close()
+		return false
+	}
+	p.conns = append(p.conns, c)
+	return true
+}
+
+// closeAll closes every connection, and keeps new ones out while away.
+func (p *Proxy) closeAll(away bool) {
 	p.mu.Lock()
 	conns := p.conns
 	p.conns = nil
+	p.away = away
 	p.mu.Unlock()
 	for _, c := range conns {
 		_ = c.Close()
 	}
+}
+
+func (p *Proxy) close() {
+	_ = p.ln.Close()
+	p.closeAll(false)
 	p.wg.Wait()
 }
 
@@ -126,8 +149,9 @@ func (p *Proxy) accept() {
 		if err != nil {
 			return
 		}
-		p.track(c)
-		p.wg.Go(func() { p.serve(c) })
+		if p.track(c) {
+			p.wg.Go(func() { p.serve(c) })
+		}
 	}
 }
 
@@ -144,7 +168,10 @@ func (p *Proxy) serve(client net.Conn) {
 		_ = client.Close()
 		return
 	}
-	p.track(server)
+	if !p.track(server) {
+		_ = client.Close()
+		return
+	}
 	c := &proxyConn{p: p, client: client, server: server, in: bufio.NewReader(client), stmts: make(map[string]string)}
 	if !c.start() {
 		_ = client.Close()
@@ -278,6 +305,9 @@ func (c *proxyConn) down() {
 			_ = c.client.Close()
 			if cut != nil {
 				_ = c.server.Close()
+				if cut.how == CutAll {
+					c.p.closeAll(true)
+				}
 				cut.finish()
 			}
 			return

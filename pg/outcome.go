@@ -201,14 +201,17 @@ func (db *DB) Resolve(ctx context.Context, e *OutcomeUnknownError) (Resolution, 
 
 // endSession ends the session s, if the server still has it, and returns once it is gone. A
 // session of another server (after a failover) is not found, and needs nothing: the old
-// primary's commits are on this one or nowhere.
+// primary's commits are on this one or nowhere. A session waiting for synchronous
+// replication has committed locally and waits for the standby: ended there, it would leave
+// a commit that the standby may not have, which the read-back would then acknowledge, so
+// it is left to finish.
 func endSession(ctx context.Context, q querier, s session) error {
 	if s.pid == 0 || s.started.IsZero() {
 		return nil
 	}
 	for {
-		rows, err := q.Query(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE pid = $1 AND backend_start = $2`,
-			int64(s.pid), s.started)
+		rows, err := q.Query(ctx, `SELECT CASE WHEN wait_event IS DISTINCT FROM 'SyncRep' THEN pg_terminate_backend(pid) END
+			FROM pg_stat_activity WHERE pid = $1 AND backend_start = $2`, int64(s.pid), s.started)
 		if err != nil {
 			return fmt.Errorf("ending the session of the transaction: %w", err)
 		}

@@ -171,10 +171,15 @@ const (
 // It runs outside the flow limiter, like the background work.
 func (db *DB) Resolve(ctx context.Context, e *OutcomeUnknownError) (Resolution, error) {
 	deadline := time.Now().Add(db.cfg.StmtTimeout)
-	pause := resolveRetryMin
-	for {
+	var err error
+	for pause := resolveRetryMin; ; pause = min(2*pause, resolveRetryMax) {
+		// A timeout of zero would be none at all.
+		remaining := time.Until(deadline)
+		if remaining <= 0 {
+			break
+		}
 		var seen []readBack
-		_, err := db.runRetry(ctx, time.Until(deadline), func(ctx context.Context, q querier) error {
+		_, err = db.runRetry(ctx, remaining, func(ctx context.Context, q querier) error {
 			if err := endSession(ctx, q, e.session); err != nil {
 				return err
 			}
@@ -186,7 +191,7 @@ func (db *DB) Resolve(ctx context.Context, e *OutcomeUnknownError) (Resolution, 
 			return e.resolve(seen), nil
 		}
 		if !errors.Is(err, ErrUnavailable) || time.Until(deadline) < pause {
-			return Resolution{}, fmt.Errorf("%w: reading it back: %w", ErrOutcomeUnknown, err)
+			break
 		}
 		t := time.NewTimer(pause)
 		select {
@@ -195,8 +200,8 @@ func (db *DB) Resolve(ctx context.Context, e *OutcomeUnknownError) (Resolution, 
 			return Resolution{}, fmt.Errorf("%w: reading it back: %w", ErrOutcomeUnknown, ctx.Err())
 		case <-t.C:
 		}
-		pause = min(2*pause, resolveRetryMax)
 	}
+	return Resolution{}, fmt.Errorf("%w: reading it back: %w", ErrOutcomeUnknown, err)
 }
 
 // endSession ends the session s, if the server still has it, and returns once it is gone. A

@@ -199,6 +199,13 @@ func gaugeValue(t *testing.T, reg *prometheus.Registry, name string) float64 {
 // the first.
 func reasonCount(t *testing.T, reg *prometheus.Registry, name, reason string) float64 {
 	t.Helper()
+	return labelCount(t, reg, name, "reason", reason)
+}
+
+// labelCount reads the series of a counter whose label is value from reg, 0 before the
+// first.
+func labelCount(t *testing.T, reg *prometheus.Registry, name, label, value string) float64 {
+	t.Helper()
 	mfs, err := reg.Gather()
 	if err != nil {
 		t.Fatal(err)
@@ -209,7 +216,7 @@ func reasonCount(t *testing.T, reg *prometheus.Registry, name, reason string) fl
 		}
 		for _, m := range mf.GetMetric() {
 			for _, l := range m.GetLabel() {
-				if l.GetName() == "reason" && l.GetValue() == reason {
+				if l.GetName() == label && l.GetValue() == value {
 					return m.GetCounter().GetValue()
 				}
 			}

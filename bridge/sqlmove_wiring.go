@@ -51,3 +51,5 @@ func (h sqlHost) NoInterest(s *stream.Stream, subjects []string) []bool {
 }
 
 func (sqlHost) Commit(ctx context.Context, s *stream.Stream, r pg.AppendResult) { s.Commit(ctx, r) }
+
+func (sqlHost) Forget(ctx context.Context, s *stream.Stream) { s.Purge(ctx, stream.Purged{}) }

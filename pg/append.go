@@ -3,6 +3,7 @@ package pg
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"time"
@@ -131,6 +132,14 @@ type lockedState struct {
 // the flow limiter, recorded whatever the outcome. batches is left as it was: the caller may
 // still be walking it. The results, one per batch, name their streams and come in no
 // particular order.
+//
+// When the commit was sent and no answer came back, the error is an *OutcomeUnknownError
+// (ErrOutcomeUnknown): the batches may be stored or not, and Resolve tells which. Nothing
+// that may have committed is ever run again.
+//
+// The batches the fast path can take commit in a transaction of their own, before the
+// others. When the others then fail, the results still hold the fast path's batches, which
+// are stored; the error is about the batches missing from them.
 func (db *DB) Append(ctx context.Context, batches []AppendBatch, ts int64) ([]AppendResult, time.Duration, error) {
 	// Streams are locked in id order, so that two transactions never deadlock on each other;
 	// most calls hold one batch, or batches already in order, and need no copy.
@@ -140,24 +149,33 @@ func (db *DB) Append(ctx context.Context, batches []AppendBatch, ts int64) ([]Ap
 	}
 	var results []AppendResult
 	rtt, err := db.hot(ctx, func(ctx context.Context, q querier) error {
+		results = nil
 		done, rest, err := db.appendFast(ctx, q, batches, ts)
-		if err != nil {
+		switch {
+		case errors.Is(err, ErrOutcomeUnknown):
+			// It may have committed: only Resolve can tell whether the batches still
+			// need storing.
+			return err
+		case err != nil:
 			// The fast path's implicit transaction rolled back as a whole (a collision
 			// its guards could not see, say); the general path decides afresh.
 			done, rest = nil, batches
 		}
+		results = done
 		if len(rest) > 0 {
 			slow, err := db.appendTx(ctx, q, rest, ts, "BEGIN")
+			if err != nil && len(done) > 0 {
+				return committedBefore{err}
+			}
 			if err != nil {
 				return err
 			}
-			done = append(done, slow...)
+			results = append(results, slow...)
 		}
-		results = done
 		return nil
 	})
 	if err != nil {
-		return nil, rtt, fmt.Errorf("pg: append: %w", err)
+		return results, rtt, fmt.Errorf("pg: append: %w", err)
 	}
 	return results, rtt, nil
 }
@@ -229,6 +247,7 @@ func (db *DB) appendTx(ctx context.Context, q querier, batches []AppendBatch, ts
 	holds := make([]*holdings, len(batches))
 	befores := make([]lockedState, len(batches))
 	indexes := make([]*subjectIndex, len(batches))
+	doubts := make([]inDoubt, len(batches))
 	for i, bt := range batches {
 		r := &res[i]
 		r.StreamID = bt.StreamID
@@ -241,6 +260,7 @@ func (db *DB) appendTx(ctx context.Context, q querier, batches []AppendBatch, ts
 			}
 			continue
 		}
+		doubts[i].before = st.lastSeq
 		r.Stored = make([]Message, 0, len(bt.Msgs))
 		seen := reads[i].seen
 		befores[i], indexes[i] = *st, db.subjects.take(bt.StreamID)
@@ -346,6 +366,9 @@ func (db *DB) appendTx(ctx context.Context, q querier, batches []AppendBatch, ts
 			}
 			ins.add(bt.StreamID, st.chunk, part)
 		}
+		if n := len(r.Stored); n > 0 {
+			doubts[i].probe, doubts[i].probed, doubts[i].chunk = r.Stored[n-1], true, st.chunk
+		}
 		if len(newIDs) > 0 {
 			b.Queue(`SELECT jetgres.msg_ids_put($1, $2, $3, $4, $5)`,
 				bt.StreamID, newIDs, newIDSeqs, ts, bt.DupWindow.Nanoseconds())
@@ -367,8 +390,27 @@ func (db *DB) appendTx(ctx context.Context, q querier, batches []AppendBatch, ts
 	ins.queue(b)
 	b.Queue("COMMIT")
 	// Round trip 2: insert, advance the state rows, commit.
-	if err := q.SendBatch(ctx, b).Close(); err != nil {
-		return nil, err
+	sendErr := q.SendBatch(ctx, b).Close()
+	for i := range res {
+		r, h := &res[i], holds[i]
+		if r.Gone {
+			continue
+		}
+		r.FirstSeq, r.Removed = h.st.firstSeq, h.removed
+		for _, t := range h.tombs {
+			if t.size > 0 {
+				r.Tombstoned = append(r.Tombstoned, t.seq)
+			}
+		}
+		if h.removed {
+			r.Stored = slices.DeleteFunc(r.Stored, func(m Message) bool { return !h.live(m.Seq) })
+		}
+	}
+	if sendErr != nil {
+		for i := range doubts {
+			doubts[i].res = res[i]
+		}
+		return nil, db.commitFailed(q, sendErr, true, doubts)
 	}
 	committed = true
 	for _, o := range opened {
@@ -382,15 +424,6 @@ func (db *DB) appendTx(ctx context.Context, q querier, batches []AppendBatch, ts
 		}
 		db.tails.remember(r.StreamID, h.st)
 		db.chunks.committed(r.StreamID, h.st.chunk, h.st.lastSeq)
-		r.FirstSeq, r.Removed = h.st.firstSeq, h.removed
-		for _, t := range h.tombs {
-			if t.size > 0 {
-				r.Tombstoned = append(r.Tombstoned, t.seq)
-			}
-		}
-		if h.removed {
-			r.Stored = slices.DeleteFunc(r.Stored, func(m Message) bool { return !h.live(m.Seq) })
-		}
 		if indexes[i] != nil {
 			db.subjects.afterGeneral(r.StreamID, indexes[i], befores[i], h.st, h.tombs, batchSubjects(batches[i]), r.Stored)
 		}

@@ -213,7 +213,7 @@ func (db *DB) appendFast(ctx context.Context, q querier, batches []AppendBatch, 
 		for _, p := range plans {
 			db.tails.forget(p.bt.StreamID)
 		}
-		return nil, nil, err
+		return nil, nil, db.commitFailed(q, err, false, fastDoubts(plans))
 	}
 	for i, p := range plans {
 		if !applied[i] {
@@ -233,6 +233,22 @@ func (db *DB) appendFast(ctx context.Context, q querier, batches []AppendBatch, 
 		done = append(done, p.res)
 	}
 	return done, rest, nil
+}
+
+// fastDoubts is what each plan's batch stores if the statement committed and its guard held.
+func fastDoubts(plans []fastPlan) []inDoubt {
+	doubts := make([]inDoubt, len(plans))
+	for i, p := range plans {
+		d := &doubts[i]
+		d.before, d.chunk = p.prev.lastSeq, p.prev.chunk
+		d.probe, d.probed = p.res.Stored[len(p.res.Stored)-1], true
+		d.res = p.res
+		d.res.FirstSeq = p.next.firstSeq
+		if len(p.tombs) > 0 {
+			d.res.Stored = slices.DeleteFunc(slices.Clone(p.res.Stored), func(m Message) bool { return slices.Contains(p.res.Tombstoned, m.Seq) })
+		}
+	}
+	return doubts
 }
 
 // readFastResults reads, per planned batch, whether its guarded state update matched, after

@@ -61,7 +61,12 @@ func Open(ctx context.Context, cfg Config) (*DB, error) {
 	// A connection can come back to the pool marked by pgx-internal work, such as the liveness
 	// ping pgxpool runs on acquire, having been cancelled.
 	pcfg.PrepareConn = func(_ context.Context, c *pgx.Conn) (bool, error) { return !cancelSent(c), nil }
-	pcfg.AfterConnect = db.pinCommitMode
+	pcfg.AfterConnect = func(ctx context.Context, c *pgx.Conn) error {
+		if err := noteSession(ctx, c); err != nil {
+			return err
+		}
+		return db.pinCommitMode(ctx, c)
+	}
 
 	db.pool, err = pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {

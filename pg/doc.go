@@ -19,6 +19,11 @@
 // lets go of its locks, and it destroys the connection instead of returning it to the pool, so
 // a late cancel can never hit the next statement run on it.
 //
+// A transaction whose commit was sent and got no answer (the connection broke, the timeout
+// fired, the server ended the session) may have committed or not. Append and MoveStaged say
+// so with ErrOutcomeUnknown, never run it again, and forget what they remember of its
+// streams; Resolve ends the session that ran it and reads back whether each batch is stored.
+//
 // Message rows are only ever inserted. Each stream's messages live in chunks of a fixed
 // number of rows: tables jetgres.msgs_<stream>_<chunk>, listed in jetgres.chunks and attached
 // as the partitions [(stream, chunk), (stream, chunk + 1)) of one table, jetgres.msgs. Every

@@ -15,13 +15,15 @@ import (
 
 // ErrTimeout is returned (wrapped) when a call ran past its statement timeout, or waited longer
 // than that for a connection. The statement was cancelled on the server. A timeout during
-// COMMIT leaves the outcome unknown: the transaction may have committed.
+// COMMIT leaves the outcome unknown: the transaction may have committed, and Append and
+// MoveStaged say so with ErrOutcomeUnknown.
 var ErrTimeout = errors.New("pg: statement timeout")
 
 // ErrUnavailable is returned (wrapped) when the database gave no answer: no connection could be
 // had (the server is down or refuses), or the connection broke during the call (the server went
 // away or terminated the backend). The round trip returned with it measures nothing about the
-// database. As with ErrTimeout, a transaction whose COMMIT was in flight may have committed.
+// database. As with ErrTimeout, a transaction whose COMMIT was in flight may have committed
+// (ErrOutcomeUnknown).
 var ErrUnavailable = errors.New("pg: database unavailable")
 
 // querier runs statements on one connection or inside one transaction; both *pgx.Conn and
@@ -163,6 +165,16 @@ func (db *DB) runRetry(ctx context.Context, timeout time.Duration, fn func(ctx c
 	db.log.Debug("pooled connection was dead before use; retrying on a live one", "err", err)
 	return db.runOn(ctx, timeout, attempt, true)
 }
+
+// committedBefore is the error of a call that failed after an earlier call of the same fn
+// committed. The failed call may have found the connection closed before it wrote anything,
+// which pgx marks safe to retry, but running fn again would commit the earlier call's work a
+// second time.
+type committedBefore struct{ error }
+
+func (e committedBefore) Unwrap() error { return e.error }
+
+func (committedBefore) SafeToRetry() bool { return false }
 
 // sendCounter counts the calls fn starts on a connection that is still open; a call on a
 // connection already closed cannot reach the server.

@@ -92,8 +92,9 @@ func (m *Mover[S]) move(ctx context.Context, refuseUnknown bool) (int, error) {
 	}
 	var refused []refusal
 	var batches []pg.AppendBatch
+	planned := 0
 	plan := func(staged []pg.StagedMsg) ([]pg.AppendBatch, error) {
-		refused, batches = refused[:0], batches[:0]
+		refused, batches, planned = refused[:0], batches[:0], len(staged)
 		at := make(map[int64]int)
 		for _, sm := range staged {
 			s, ok := byID[sm.StreamID]
@@ -135,6 +136,11 @@ func (m *Mover[S]) move(ctx context.Context, refuseUnknown bool) (int, error) {
 	}
 	taken, results, rtt, err := m.db.MoveStaged(ctx, m.max, plan, m.clock.Now().UnixNano())
 	permit.Return(p, rtt, err)
+	if ue, ok := errors.AsType[*pg.OutcomeUnknownError](err); ok {
+		if stored, ok := m.resolve(ctx, ue, byID); ok {
+			taken, results, err = planned, stored, nil
+		}
+	}
 	if err != nil || taken == 0 {
 		return 0, err
 	}
@@ -168,6 +174,27 @@ func (m *Mover[S]) move(ctx context.Context, refuseUnknown bool) (int, error) {
 		}
 	}
 	return taken, nil
+}
+
+// resolve finds out whether a move whose commit got no answer committed, and returns its
+// results when it did. A move is one transaction, progress included: when it did not
+// commit, the next move takes the same staged messages again. When that cannot be told, the
+// streams' readers forget what they hold of them, since the move may have stored messages
+// that nobody was told of.
+func (m *Mover[S]) resolve(ctx context.Context, ue *pg.OutcomeUnknownError, byID map[int64]S) ([]pg.AppendResult, bool) {
+	r, err := m.db.Resolve(ctx, ue)
+	switch {
+	case err == nil && len(r.NotStored) > 0:
+		return nil, false
+	case err == nil && len(r.Stored) == len(ue.Streams()):
+		return r.Stored, true
+	}
+	for _, id := range ue.Streams() {
+		if s, ok := byID[id]; ok {
+			m.host.Forget(ctx, s)
+		}
+	}
+	return nil, false
 }
 
 // batchMsg is the subject of message j of stream id's batch.

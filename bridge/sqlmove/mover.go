@@ -69,6 +69,7 @@ type Store interface {
 	StagedWaiting(ctx context.Context) (bool, error)
 	StagedSettled(ctx context.Context, horizon string) (bool, error)
 	MoveStaged(ctx context.Context, max int, plan pg.MovePlan, ts int64) (taken int, results []pg.AppendResult, rtt time.Duration, err error)
+	Resolve(ctx context.Context, e *pg.OutcomeUnknownError) (pg.Resolution, error)
 	RotateStaging(ctx context.Context, period time.Duration) (string, error)
 }
 
@@ -100,6 +101,10 @@ type Host[S Stream] interface {
 	NoInterest(s S, subjects []string) []bool
 	// Commit announces a move's commit to s, as a flush's commit is announced.
 	Commit(ctx context.Context, s S, r pg.AppendResult)
+	// Forget tells whatever holds messages of s in memory to drop them: a move whose commit
+	// got no answer, and could not be read back, may have stored messages in s that nobody
+	// was told of.
+	Forget(ctx context.Context, s S)
 }
 
 // Config configures a Mover. Every field is required but Logger, Clock and Registerer.

@@ -58,6 +58,7 @@ type testHost struct {
 	streams []*testStream
 	syncs   int
 	commits map[string][]pg.AppendResult // by stream name
+	forgets map[string]int               // by stream name
 }
 
 func (h *testHost) Streams() []*testStream {
@@ -120,6 +121,12 @@ func (h *testHost) Commit(_ context.Context, s *testStream, r pg.AppendResult) {
 	h.commits[s.name] = append(h.commits[s.name], r)
 }
 
+func (h *testHost) Forget(_ context.Context, s *testStream) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.forgets[s.name]++
+}
+
 // announced is the sequences of the messages the commits announced to stream name stored,
 // in the order announced.
 func (h *testHost) announced(name string) []uint64 {
@@ -162,7 +169,7 @@ func createStream(t testing.TB, db *pg.DB, config string) pg.Stream {
 // newHost returns a host over db that has read the streams.
 func newHost(t testing.TB, db *pg.DB) *testHost {
 	t.Helper()
-	h := &testHost{db: db, commits: map[string][]pg.AppendResult{}}
+	h := &testHost{db: db, commits: map[string][]pg.AppendResult{}, forgets: map[string]int{}}
 	if err := h.Sync(t.Context()); err != nil {
 		t.Fatal(err)
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -403,24 +404,31 @@ func (r *Registry) flush(p *flow.Permit, group []*Stream) {
 		for _, s := range group {
 			byID[s.id] = s
 		}
+		// The results hold what was stored even when err says that other batches were not.
+		for _, res := range results {
+			r.committed(byID[res.StreamID], taken[res.StreamID], res)
+		}
 		if err != nil {
-			r.warnPush.Warn(r.log, r.cfg.Clock.Now(), "push transaction failed", "streams", len(batches), "err", err)
+			settled := make(map[int64]bool, len(batches))
+			for _, res := range results {
+				settled[res.StreamID] = true
+			}
+			if ue, ok := errors.AsType[*pg.OutcomeUnknownError](err); ok {
+				r.settleUnknown(ue, byID, taken, settled)
+			}
+			failed := 0
 			for _, bt := range batches {
+				if settled[bt.StreamID] {
+					continue
+				}
+				failed++
 				s := byID[bt.StreamID]
 				for _, pb := range taken[bt.StreamID] {
 					r.reject(s, pb.reply, ReasonDatabase, storeFailed(err))
 				}
 			}
-		} else {
-			for _, res := range results {
-				s := byID[res.StreamID]
-				// Consumers hear of what the commit removed and added before any publisher
-				// hears of the commit, so a fetch sent on a PubAck sees both.
-				if !res.Gone {
-					s.Commit(r.flushCtx, res)
-					r.stored(s, res.Stored)
-				}
-				r.answer(s, taken[res.StreamID], res)
+			if failed > 0 {
+				r.warnPush.Warn(r.log, r.cfg.Clock.Now(), "push transaction failed", "streams", failed, "err", err)
 			}
 		}
 	}
@@ -434,6 +442,51 @@ func (r *Registry) flush(p *flow.Permit, group []*Stream) {
 	for _, bt := range batches {
 		msgBufs.put(bt.Msgs)
 		publishBufs.put(taken[bt.StreamID])
+	}
+}
+
+// committed announces what an append stored in s and answers its publishers.
+func (r *Registry) committed(s *Stream, pubs []publish, res pg.AppendResult) {
+	// Consumers hear of what the commit removed and added before any publisher hears of
+	// the commit, so a fetch sent on a PubAck sees both.
+	if !res.Gone {
+		s.Commit(r.flushCtx, res)
+		r.stored(s, res.Stored)
+	}
+	r.answer(s, pubs, res)
+}
+
+// settleUnknown answers the publishes of a push transaction whose commit got no answer with
+// what reading it back finds: a PubAck for a batch found stored, after its commit is
+// announced as any other; nothing yet for one found not stored, which the caller answers
+// as failed; and no answer at all while it cannot tell, since a failure could be a lie:
+// the client's timeout and its retry decide, and a retry with the same Nats-Msg-Id is
+// answered as a duplicate if the first was stored. Such a commit may have stored messages
+// that nothing in memory knows of, so the stream's tail, get index and consumers forget
+// what they hold of it. It marks in settled the streams it answered or left unanswered.
+func (r *Registry) settleUnknown(ue *pg.OutcomeUnknownError, byID map[int64]*Stream, taken map[int64][]publish, settled map[int64]bool) {
+	res, err := r.cfg.DB.Resolve(r.flushCtx, ue)
+	for _, stored := range res.Stored {
+		r.committed(byID[stored.StreamID], taken[stored.StreamID], stored)
+		r.m.outcomeUnknown.WithLabelValues(foundStored).Add(float64(len(taken[stored.StreamID])))
+		settled[stored.StreamID] = true
+	}
+	for _, id := range res.NotStored {
+		r.m.outcomeUnknown.WithLabelValues(foundNotStored).Add(float64(len(taken[id])))
+	}
+	unanswered := 0
+	for _, id := range ue.Streams() {
+		if settled[id] || slices.Contains(res.NotStored, id) {
+			continue
+		}
+		settled[id] = true
+		unanswered += len(taken[id])
+		byID[id].Purge(r.flushCtx, Purged{})
+	}
+	if unanswered > 0 {
+		r.m.outcomeUnknown.WithLabelValues(foundUnknown).Add(float64(unanswered))
+		r.log.Warn("a push transaction's commit got no answer and could not be read back: its publishes are left unanswered",
+			"publishes", unanswered, "err", err)
 	}
 }
 

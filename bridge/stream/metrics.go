@@ -26,21 +26,34 @@ const (
 	ReasonResources = "resources"
 )
 
+// What reading back a push transaction whose commit got no answer found, the label values
+// of jetgres_publish_outcome_unknown_total.
+const (
+	foundStored    = "stored"
+	foundNotStored = "not_stored"
+	foundUnknown   = "unknown"
+)
+
 // metrics are the publish path's instruments.
 type metrics struct {
-	accepted  prometheus.Counter
-	rejected  *prometheus.CounterVec
-	dropped   *prometheus.CounterVec
-	batchMsgs prometheus.Histogram
-	batchTx   prometheus.Histogram
-	txMsgs    prometheus.Histogram
-	overlaps  prometheus.Counter
-	commit    prometheus.Histogram
-	pubAck    prometheus.Histogram
+	outcomeUnknown *prometheus.CounterVec
+	accepted       prometheus.Counter
+	rejected       *prometheus.CounterVec
+	dropped        *prometheus.CounterVec
+	batchMsgs      prometheus.Histogram
+	batchTx        prometheus.Histogram
+	txMsgs         prometheus.Histogram
+	overlaps       prometheus.Counter
+	commit         prometheus.Histogram
+	pubAck         prometheus.Histogram
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
 	m := &metrics{
+		outcomeUnknown: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "jetgres_publish_outcome_unknown_total",
+			Help: "Publishes whose transaction's commit got no answer (the connection broke or timed out during it), by what reading it back found: stored (acknowledged), not_stored (answered with an error), unknown (left unanswered, for the client's timeout and retry).",
+		}, []string{"found"}),
 		accepted: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "jetgres_publish_accepted_total",
 			Help: "Publishes stored in a committed transaction (duplicates included).",
@@ -84,7 +97,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.accepted, m.rejected, m.dropped, m.batchMsgs, m.batchTx, m.txMsgs, m.overlaps, m.commit, m.pubAck)
+		reg.MustRegister(m.outcomeUnknown, m.accepted, m.rejected, m.dropped, m.batchMsgs, m.batchTx, m.txMsgs, m.overlaps, m.commit, m.pubAck)
 	}
 	return m
 }

@@ -29,6 +29,7 @@ import (
 // Store is what the registry and its flushes ask of PostgreSQL; *pg.DB is one.
 type Store interface {
 	Append(ctx context.Context, batches []pg.AppendBatch, ts int64) ([]pg.AppendResult, time.Duration, error)
+	Resolve(ctx context.Context, e *pg.OutcomeUnknownError) (pg.Resolution, error)
 	Streams(ctx context.Context) ([]pg.Stream, error)
 	StreamNamed(ctx context.Context, name string) (bool, error)
 	AllTotals(ctx context.Context) (map[int64]pg.StreamTotals, error)

@@ -1,8 +1,6 @@
 package bridge
 
 import (
-	"context"
-	"errors"
 	"fmt"
 	"slices"
 	"strconv"
@@ -19,33 +17,6 @@ import (
 
 // The tests here need a whole bridge: what the SQL mover does alone is tested in
 // bridge/sqlmove.
-
-var errRollback = errors.New("rolled back on purpose")
-
-// sqlTx runs fn in an application transaction and commits it or rolls it back.
-func sqlTx(t testing.TB, ctx context.Context, raw *rawsql.DB, commit bool, fn func(q rawsql.Querier) error) {
-	t.Helper()
-	err := raw.Tx(ctx, func(ctx context.Context, q rawsql.Querier) error {
-		if err := fn(q); err != nil {
-			return err
-		}
-		if !commit {
-			return errRollback
-		}
-		return nil
-	})
-	if err != nil && !errors.Is(err, errRollback) {
-		t.Fatal(err)
-	}
-}
-
-func sqlPublish(ctx context.Context, q rawsql.Querier, subject, data, headers string) error {
-	var h *string
-	if headers != "" {
-		h = &headers
-	}
-	return q.Exec(ctx, `SELECT jetgres.publish($1, $2::text, $3::jsonb)`, subject, data, h)
-}
 
 // A waiting pull consumer gets a committed transaction's message, and never a rolled-back
 // one's.
@@ -68,17 +39,17 @@ func TestSQLPublishCommitDeliveredRollbackNever(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer cc.Stop()
-	sqlTx(t, ctx, raw, false, func(q rawsql.Querier) error {
+	raw.AppTx(t, ctx, false, func(q rawsql.Querier) error {
 		if err := q.Exec(ctx, `INSERT INTO orders VALUES (1)`); err != nil {
 			return err
 		}
-		return sqlPublish(ctx, q, "orders.created", "rolled back", "")
+		return rawsql.Publish(ctx, q, "orders.created", "rolled back", "")
 	})
-	sqlTx(t, ctx, raw, true, func(q rawsql.Querier) error {
+	raw.AppTx(t, ctx, true, func(q rawsql.Querier) error {
 		if err := q.Exec(ctx, `INSERT INTO orders VALUES (2)`); err != nil {
 			return err
 		}
-		return sqlPublish(ctx, q, "orders.created", "committed", `{"Order": "2"}`)
+		return rawsql.Publish(ctx, q, "orders.created", "committed", `{"Order": "2"}`)
 	})
 	select {
 	case m := <-got:
@@ -115,14 +86,14 @@ func TestSQLPublishDedupSharedWithNATS(t *testing.T) {
 	if _, err := tb.js.Publish(ctx, "s.a", []byte("nats x"), jetstream.WithMsgID("x")); err != nil {
 		t.Fatal(err)
 	}
-	sqlTx(t, ctx, raw, true, func(q rawsql.Querier) error {
-		if err := sqlPublish(ctx, q, "s.a", "sql x", `{"Nats-Msg-Id": "x"}`); err != nil {
+	raw.AppTx(t, ctx, true, func(q rawsql.Querier) error {
+		if err := rawsql.Publish(ctx, q, "s.a", "sql x", `{"Nats-Msg-Id": "x"}`); err != nil {
 			return err
 		}
-		return sqlPublish(ctx, q, "s.a", "sql y", `{"Nats-Msg-Id": "y"}`)
+		return rawsql.Publish(ctx, q, "s.a", "sql y", `{"Nats-Msg-Id": "y"}`)
 	})
-	sqlTx(t, ctx, raw, true, func(q rawsql.Querier) error {
-		return sqlPublish(ctx, q, "s.a", "sql y again", `{"Nats-Msg-Id": "y"}`)
+	raw.AppTx(t, ctx, true, func(q rawsql.Querier) error {
+		return rawsql.Publish(ctx, q, "s.a", "sql y again", `{"Nats-Msg-Id": "y"}`)
 	})
 	testwait.For(t, 10*time.Second, func() error {
 		info, err := s.Info(ctx)

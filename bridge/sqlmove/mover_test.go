@@ -3,7 +3,6 @@ package sqlmove
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"math/rand/v2"
 	"slices"
@@ -192,33 +191,6 @@ func startMover(t testing.TB, db *pg.DB, h *testHost, reg prometheus.Registerer)
 	return m
 }
 
-var errRollback = errors.New("rolled back on purpose")
-
-// sqlTx runs fn in an application transaction and commits it or rolls it back.
-func sqlTx(t testing.TB, ctx context.Context, raw *rawsql.DB, commit bool, fn func(q rawsql.Querier) error) {
-	t.Helper()
-	err := raw.Tx(ctx, func(ctx context.Context, q rawsql.Querier) error {
-		if err := fn(q); err != nil {
-			return err
-		}
-		if !commit {
-			return errRollback
-		}
-		return nil
-	})
-	if err != nil && !errors.Is(err, errRollback) {
-		t.Fatal(err)
-	}
-}
-
-func sqlPublish(ctx context.Context, q rawsql.Querier, subject, data, headers string) error {
-	var h *string
-	if headers != "" {
-		h = &headers
-	}
-	return q.Exec(ctx, `SELECT jetgres.publish($1, $2::text, $3::jsonb)`, subject, data, h)
-}
-
 // streamHolds waits until stream name holds n messages, the last at sequence n.
 func streamHolds(t testing.TB, ctx context.Context, raw *rawsql.DB, name string, n int) {
 	t.Helper()
@@ -254,12 +226,12 @@ func TestSQLPublishConcurrentTransactions(t *testing.T) {
 		commit := rand.IntN(2) == 0
 		n := 1 + rand.IntN(3)
 		wg.Go(func() {
-			sqlTx(t, ctx, raw, commit, func(q rawsql.Querier) error {
+			raw.AppTx(t, ctx, commit, func(q rawsql.Querier) error {
 				if err := q.Exec(ctx, `INSERT INTO orders VALUES ($1)`, i); err != nil {
 					return err
 				}
 				for c := range n {
-					if err := sqlPublish(ctx, q, fmt.Sprintf("orders.%d", i%7), fmt.Sprintf("%d.%d", i, c), ""); err != nil {
+					if err := rawsql.Publish(ctx, q, fmt.Sprintf("orders.%d", i%7), fmt.Sprintf("%d.%d", i, c), ""); err != nil {
 						return err
 					}
 				}
@@ -313,9 +285,9 @@ func TestSQLPublishWhileStopped(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
 	db, raw := sqlDB(t, `{"name":"S","subjects":["s.>"]}`)
-	sqlTx(t, ctx, raw, true, func(q rawsql.Querier) error {
+	raw.AppTx(t, ctx, true, func(q rawsql.Querier) error {
 		for i := range 3 {
-			if err := sqlPublish(ctx, q, "s.x", strconv.Itoa(i), ""); err != nil {
+			if err := rawsql.Publish(ctx, q, "s.x", strconv.Itoa(i), ""); err != nil {
 				return err
 			}
 		}
@@ -343,7 +315,7 @@ func TestSQLPublishRefusedAtTheMove(t *testing.T) {
 		`{"name":"C","subjects":["c.>"],"duplicate_window":60000000000,"max_msgs":2,"discard":"new"}`)
 	d := createStream(t, db, `{"name":"D","subjects":["d.>"]}`)
 	e := createStream(t, db, `{"name":"E","subjects":["e.>"]}`)
-	sqlTx(t, ctx, raw, true, func(q rawsql.Querier) error {
+	raw.AppTx(t, ctx, true, func(q rawsql.Querier) error {
 		for _, p := range []struct{ subject, data, headers string }{
 			{"a.gone", "x", ""},
 			{"a.kept", "far too large now", ""},
@@ -358,7 +330,7 @@ func TestSQLPublishRefusedAtTheMove(t *testing.T) {
 			{"d.1", "x", ""},
 			{"e.1", "x", ""},
 		} {
-			if err := sqlPublish(ctx, q, p.subject, p.data, p.headers); err != nil {
+			if err := rawsql.Publish(ctx, q, p.subject, p.data, p.headers); err != nil {
 				return err
 			}
 		}

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"errors"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -178,4 +179,35 @@ func (db *DB) HoldRows(t testing.TB, sql string, args ...any) (release func()) {
 	}
 	t.Cleanup(release)
 	return release
+}
+
+// errRollback ends the transaction of an AppTx that does not commit.
+var errRollback = errors.New("rawsql: rolled back on purpose")
+
+// AppTx runs fn in a transaction of its own, as an application's, and commits it or, when
+// commit is false, rolls it back; any other failure fails t.
+func (db *DB) AppTx(t testing.TB, ctx context.Context, commit bool, fn func(q Querier) error) {
+	t.Helper()
+	err := db.Tx(ctx, func(ctx context.Context, q Querier) error {
+		if err := fn(q); err != nil {
+			return err
+		}
+		if !commit {
+			return errRollback
+		}
+		return nil
+	})
+	if err != nil && !errors.Is(err, errRollback) {
+		t.Fatal(err)
+	}
+}
+
+// Publish calls jetgres.publish as an application does: headers is a JSON object, or ""
+// for none.
+func Publish(ctx context.Context, q Querier, subject, data, headers string) error {
+	var h *string
+	if headers != "" {
+		h = &headers
+	}
+	return q.Exec(ctx, `SELECT jetgres.publish($1, $2::text, $3::jsonb)`, subject, data, h)
 }

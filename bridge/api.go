@@ -33,7 +33,7 @@ func (b *Bridge) onAPI(m *leaf.Msg) {
 			}
 			return
 		}
-		b.handlePullRequest(m, stream, consumer)
+		b.cons.HandlePull(m, stream, consumer)
 		return
 	}
 	if m.Reply == "" {
@@ -67,7 +67,7 @@ func (b *Bridge) serveAPI(ctx context.Context, m *leaf.Msg) {
 	if forwarded {
 		api, ok := b.unseal(rest, m)
 		if !ok {
-			b.cons.own.refused.Inc()
+			b.fm.refused.Inc()
 			return
 		}
 		m.Subject = apiPrefix + api

@@ -11,6 +11,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/jetgres/jetgres/bridge/consumer"
 	"github.com/jetgres/jetgres/bridge/gets"
 	"github.com/jetgres/jetgres/bridge/retention"
 	"github.com/jetgres/jetgres/bridge/sqlmove"
@@ -20,7 +21,6 @@ import (
 	"github.com/jetgres/jetgres/flow"
 	"github.com/jetgres/jetgres/internal/clock"
 	"github.com/jetgres/jetgres/internal/startstop"
-	"github.com/jetgres/jetgres/internal/warnlog"
 	"github.com/jetgres/jetgres/pg"
 )
 
@@ -120,8 +120,9 @@ type Config struct {
 	MaxPayload int32
 	// Lease is how long PostgreSQL lets this replica's ownership session be silent before it
 	// probes it and, once the probes fail, frees its consumers for other replicas. A replica
-	// confirms its session claimsPerLease times per lease and stops serving every consumer
-	// when it cannot, within a fifth of the lease, long before, all on Clock. Defaults to LeaseDefault.
+	// confirms its session consumer.ClaimsPerLease times per lease and stops serving every
+	// consumer when it cannot, within a fifth of the lease, long before, all on Clock.
+	// Defaults to LeaseDefault.
 	Lease time.Duration
 	// MaxMemory and MaxStore bound the bytes of memory and of file streams, as a JetStream
 	// server's max_memory_store and max_file_store do: a stream whose max_bytes would take
@@ -222,9 +223,6 @@ func (c *Config) applyDefaults() {
 	}
 }
 
-// errStopping is what work refused because the bridge is stopping fails with.
-var errStopping = errors.New("bridge: stopping")
-
 // Bridge serves JetStream on top of PostgreSQL through a leafnode link.
 type Bridge struct {
 	cfg  Config
@@ -234,9 +232,6 @@ type Bridge struct {
 	am   *apiMetrics
 	// clock is Config.Clock, or the system clock.
 	clock clock.Clock
-	// The warnings of attempts that fail together while the database is away, thinned.
-	// Each warning has a throttle of its own, so that one cannot hide another.
-	warnRead, warnPending, warnTick, warnFill, warnOwnSession, warnUnserved warnlog.Throttle
 
 	// bg runs the background work: API workers and the stream sync loop. ctx is its
 	// context, from Start until Stop cancels it; the SQL mover and retention run under it.
@@ -252,13 +247,16 @@ type Bridge struct {
 	ownForward string
 	// fwdKey is the deployment's secret that seals forwarded requests.
 	fwdKey []byte
+	// fwdSub receives the consumer requests other replicas forward to this one.
+	fwdSub *leaf.Subscription
+	fm     *forwardMetrics
 	// unsupportedLogged[i] is set once unsupportedRequests[i] has been logged.
 	unsupportedLogged [len(unsupportedRequests)]atomic.Bool
 
 	// metaKick wakes the stream sync loop when another replica changed a stream.
 	metaKick chan struct{}
 
-	cons      *consumerSide
+	cons      *consumer.Engine
 	gets      *gets.Indexes
 	sql       *sqlmove.Mover[*stream.Stream]
 	retention *retention.Engine[*stream.Stream]
@@ -283,7 +281,7 @@ func New(cfg Config) (*Bridge, error) {
 	}
 	b.metaKick = make(chan struct{}, 1)
 	b.ownForward = b.forwardPrefix(cfg.ReplicaName)
-	b.initConsumers(cfg.Registerer)
+	b.fm = newForwardMetrics(cfg.Registerer)
 	b.gets = gets.New(cfg.DB, cfg.SubjectIndexBytes, cfg.Registerer)
 	ret, err := newRetention(b)
 	if err != nil {
@@ -300,6 +298,11 @@ func New(cfg Config) (*Bridge, error) {
 		Gets:       b.gets,
 		NoInterest: b.retention.NoInterest,
 	})
+	cons, err := newConsumers(b)
+	if err != nil {
+		return nil, fmt.Errorf("bridge: %w", err)
+	}
+	b.cons = cons
 	b.streams.Subscribe(b.cons)
 	sql, err := newSQLMover(b)
 	if err != nil {
@@ -376,7 +379,10 @@ func (b *Bridge) Stop(ctx context.Context) error {
 		if e := b.streams.Stop(ctx); e != nil {
 			err = fmt.Errorf("bridge: %w", e)
 		}
-		b.stopConsumers(ctx)
+		if b.fwdSub != nil {
+			_ = b.fwdSub.Unsubscribe()
+		}
+		b.cons.Stop(ctx)
 		b.bg.Stop()
 		b.sql.Stop()
 		b.retention.Stop()
@@ -391,13 +397,25 @@ func (b *Bridge) Stop(ctx context.Context) error {
 // a stream deleted meanwhile no longer counts.
 func (b *Bridge) OldestFlush(now time.Time) time.Duration { return b.streams.OldestFlush(now) }
 
+// startConsumers reads the secret that seals forwarded requests and subscribes the
+// requests forwarded here before the consumer engine serves any consumer (other replicas
+// forward its updates once its lock names this one), then starts the engine.
+func (b *Bridge) startConsumers(ctx context.Context) error {
+	var err error
+	if b.fwdKey, err = b.db.DeploymentSecret(ctx); err != nil {
+		return err
+	}
+	if b.fwdSub, err = b.link.Subscribe(b.ownForward+"*.*.CONSUMER.>", "", b.onAPI); err != nil {
+		return err
+	}
+	return b.cons.Start(ctx, b.ctx)
+}
+
 // metaChanged is told of each stream and consumer change any replica commits (0: some may
 // have been missed): the streams are re-read, and the ownership loop looks, at once.
 func (b *Bridge) metaChanged(int64) {
 	poke(b.metaKick)
-	if cs := b.cs(); cs != nil {
-		poke(cs.ownKick)
-	}
+	b.cons.Kick()
 }
 
 // streamSyncLoop picks up stream changes that another replica made: at once when

@@ -1,9 +1,11 @@
-package bridge
+package consumer
 
 import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
+	"log/slog"
 	"maps"
 	"slices"
 	"sync"
@@ -14,8 +16,11 @@ import (
 
 	"github.com/jetgres/jetgres/bridge/stream"
 	"github.com/jetgres/jetgres/embedded/leaf"
+	"github.com/jetgres/jetgres/flow"
+	"github.com/jetgres/jetgres/internal/clock"
 	"github.com/jetgres/jetgres/internal/jswire"
 	"github.com/jetgres/jetgres/internal/startstop"
+	"github.com/jetgres/jetgres/internal/warnlog"
 	"github.com/jetgres/jetgres/pg"
 )
 
@@ -38,14 +43,105 @@ const (
 	activationsMax = 16
 )
 
-// consumerSide is the consumer half of the bridge: every pull consumer this process serves,
-// the ack subscription, the ticker and the lease keeper.
-type consumerSide struct {
-	b     *Bridge
+// Store is what the engine asks of PostgreSQL; *pg.DB satisfies it.
+type Store interface {
+	CreateConsumer(ctx context.Context, c pg.Consumer, maxConsumers int) (pg.Consumer, error)
+	UpdateConsumerConfig(ctx context.Context, streamID int64, name string, config []byte) error
+	DeleteConsumer(ctx context.Context, streamID int64, name string) error
+	GetConsumer(ctx context.Context, streamID int64, name string) (pg.Consumer, error)
+	WriteCursor(ctx context.Context, p pg.CursorParams) (time.Duration, error)
+	HighWater(ctx context.Context, streamIDs []int64) (map[int64]uint64, error)
+	ReadFiltered(ctx context.Context, p pg.ReadParams, filters []string) (out []pg.Message, through uint64, rtt time.Duration, err error)
+	CountPending(ctx context.Context, p pg.PendingParams) (uint64, error)
+	LastSeqsPerSubject(ctx context.Context, streamID int64, filters []string, upTo uint64) ([]uint64, error)
+	SeqAtTime(ctx context.Context, streamID int64, ts int64) (uint64, error)
+	LastBySubject(ctx context.Context, streamID int64, filter string) (*pg.Message, error)
+	NextBySubject(ctx context.Context, streamID int64, filter string, from uint64) (*pg.Message, error)
+	State(ctx context.Context, id int64) (pg.StreamState, error)
+	GoneSeqs(ctx context.Context, id int64, seqs []uint64) ([]uint64, error)
+	OpenOwnership(ctx context.Context, clk clock.Clock, keepalive, timeout time.Duration) (*pg.Ownership, error)
+	SetOwner(ctx context.Context, k pg.ConsumerKey, owner string) (pg.Consumer, string, error)
+	ClearOwner(ctx context.Context, owner string) error
+}
+
+// Retention is what the engine tells the retention engine (bridge/retention): every ack
+// that reaches this replica, and the consumers it creates, changes and deletes.
+type Retention interface {
+	NoteAck(s *stream.Stream, consumer string, sseq uint64, body []byte)
+	Stale(s *stream.Stream)
+	ConsumerDeleted(ctx context.Context, s *stream.Stream)
+}
+
+// Config configures an Engine. Every field is required but Logger and Registerer; the
+// durations must be positive.
+type Config struct {
+	Store Store
+	Link  *leaf.Conn
+	// Pop is the lane of reads behind the tail cache, and Ack that of cursor writes.
+	Pop, Ack *flow.Lane
+	Clock    clock.Clock
+	// Logger receives the engine's records. Defaults to discarding them.
+	Logger *slog.Logger
+	// Registerer receives the engine's metrics. Nil registers nothing.
+	Registerer prometheus.Registerer
+	// Streams are the streams whose consumers the engine serves. The engine does not
+	// subscribe itself to their events: whoever builds it does (it is a stream.Subscriber).
+	Streams   *stream.Registry
+	Retention Retention
+
+	// TickPeriod is how often the ticker polls the high-water marks of streams that have
+	// consumers, to see commits made by other replicas.
+	TickPeriod time.Duration
+	// CursorInterval is the least time between two writes of a consumer's ack floor while
+	// plain acks move it.
+	CursorInterval time.Duration
+	// Lease is how long PostgreSQL lets the ownership session be silent before it frees
+	// this replica's consumers.
+	Lease time.Duration
+	// ReplicaName names this replica as the owner of the consumers it serves.
+	ReplicaName string
+	// ClusterName is the NATS cluster's name, reported in consumer info; empty reports no
+	// cluster.
+	ClusterName string
+	// TailBytes is the bound of each stream's tail cache: a tick reads at most half of it
+	// into the tail.
+	TailBytes int
+}
+
+func (c *Config) validate() error {
+	var errs []error
+	if c.Store == nil || c.Link == nil || c.Pop == nil || c.Ack == nil || c.Clock == nil || c.Streams == nil || c.Retention == nil {
+		errs = append(errs, errors.New("Config.Store, Link, Pop, Ack, Clock, Streams and Retention are required"))
+	}
+	if c.ReplicaName == "" {
+		errs = append(errs, errors.New("Config.ReplicaName is required"))
+	}
+	if c.TickPeriod <= 0 || c.CursorInterval <= 0 || c.Lease <= 0 || c.TailBytes <= 0 {
+		errs = append(errs, fmt.Errorf("Config.TickPeriod, CursorInterval, Lease and TailBytes must be positive, got %s, %s, %s and %d",
+			c.TickPeriod, c.CursorInterval, c.Lease, c.TailBytes))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("consumer: %w", err)
+	}
+	return nil
+}
+
+// Engine serves the pull and push consumers this replica owns: the ack subscription, the
+// ticker, the ownership loop, and every consumer's goroutine.
+type Engine struct {
+	cfg   Config
+	db    Store
+	link  *leaf.Conn
+	clock clock.Clock
+	log   *slog.Logger
 	owner string
 	m     *consumerMetrics
+	// The warnings of attempts that fail together while the database is away, thinned.
+	// Each warning has a throttle of its own, so that one cannot hide another.
+	warnRead, warnPending, warnTick, warnFill, warnOwnSession, warnUnserved warnlog.Throttle
+
 	// g runs the ticker, the lease keeper, every consumer's goroutine and their background
-	// reads and cursor writes; ctx is its context, nil until startConsumers.
+	// reads and cursor writes; ctx is its context, nil until Start.
 	g       startstop.Group
 	ctx     context.Context
 	ackSub  *leaf.Subscription
@@ -89,70 +185,64 @@ func (sc *streamConsumers) get(name string) *consumer {
 	return sc.cons[name]
 }
 
-func (b *Bridge) cs() *consumerSide { return b.cons }
-
 // registry returns the stream's consumer registry, nil when it has none yet.
-func (cs *consumerSide) registry(s *stream.Stream) *streamConsumers {
+func (cs *Engine) registry(s *stream.Stream) *streamConsumers {
 	cs.mu.RLock()
 	defer cs.mu.RUnlock()
 	return cs.streams[s]
 }
 
-// consumersOf is registry for callers on the stream side, which may run before the consumer
-// side exists or after it stopped.
-func (b *Bridge) consumersOf(s *stream.Stream) *streamConsumers {
-	if cs := b.cs(); cs != nil {
-		return cs.registry(s)
+// New checks the configuration and builds an Engine; Start makes it serve.
+func New(cfg Config) (*Engine, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
 	}
-	return nil
-}
-
-func (b *Bridge) initConsumers(reg prometheus.Registerer) {
-	cs := &consumerSide{
-		b:       b,
-		owner:   b.cfg.ReplicaName,
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	cs := &Engine{
+		cfg:     cfg,
+		db:      cfg.Store,
+		link:    cfg.Link,
+		clock:   cfg.Clock,
+		log:     log,
+		owner:   cfg.ReplicaName,
 		kick:    make(chan struct{}, 1),
 		activeN: make(chan struct{}, activationsMax),
 		streams: make(map[*stream.Stream]*streamConsumers),
+		ownKick: make(chan struct{}, 1),
 	}
-	cs.ownKick = make(chan struct{}, 1)
-	cs.m = newConsumerMetrics(reg, cs)
-	cs.own = newOwnership(reg, cs)
-	b.cons = cs
+	cs.m = newConsumerMetrics(cfg.Registerer, cs)
+	cs.own = newOwnership(cfg.Registerer, cs)
+	return cs, nil
 }
 
-// startConsumers subscribes the ack subjects, takes the leases of every stored consumer it
-// can and starts serving them, the ticker and the lease keeper. ctx bounds the loading; the
-// consumers live until stopConsumers, which also undoes a start that failed part-way.
-func (b *Bridge) startConsumers(ctx context.Context) error {
-	cs := b.cs()
-	cctx, err := cs.g.Start(b.ctx)
+// Start takes the locks of the stored consumers nobody serves, as many as are this
+// replica's share, and serves them; then it subscribes the ack and flow-control subjects
+// and starts the ticker, the interest watcher and the ownership loop, all under parent,
+// which Stop cancels. ctx bounds the start only. A start that failed part-way is undone by
+// Stop.
+func (cs *Engine) Start(ctx, parent context.Context) error {
+	cctx, err := cs.g.Start(parent)
 	if err != nil {
 		return err
 	}
 	cs.ctx = cctx
 	// Ownership is a session of its own; PostgreSQL gives a replica that is cut off its
 	// keepalive probes only after a whole lease of silence.
-	if cs.own.own, err = b.db.OpenOwnership(ctx, b.clock, b.cfg.Lease, b.cfg.Lease/confirmsPerLease); err != nil {
-		return err
-	}
-	if b.fwdKey, err = b.db.DeploymentSecret(ctx); err != nil {
-		return err
-	}
-	// Before any consumer is served here: other replicas forward its updates once its lease
-	// names this one.
-	if cs.own.fwd, err = b.link.Subscribe(b.forwardPrefix(cs.owner)+"*.*.CONSUMER.>", "", b.onAPI); err != nil {
+	if cs.own.own, err = cs.db.OpenOwnership(ctx, cs.clock, cs.cfg.Lease, cs.cfg.Lease/confirmsPerLease); err != nil {
 		return err
 	}
 	if serve := cs.claimFree(ctx); serve != nil {
 		serve(ctx)
 	}
-	sub, err := b.link.SubscribeBorrowed(jswire.AckPrefix+">", "", cs.onAck)
+	sub, err := cs.link.SubscribeBorrowed(jswire.AckPrefix+">", "", cs.onAck)
 	if err != nil {
 		return err
 	}
 	cs.ackSub = sub
-	if cs.fcSub, err = b.link.SubscribeBorrowed(jswire.FCPrefix+">", "", cs.onFlowControl); err != nil {
+	if cs.fcSub, err = cs.link.SubscribeBorrowed(jswire.FCPrefix+">", "", cs.onFlowControl); err != nil {
 		return err
 	}
 	cs.g.Go(cs.interestLoop)
@@ -161,13 +251,10 @@ func (b *Bridge) startConsumers(ctx context.Context) error {
 	return nil
 }
 
-// stopConsumers stops every consumer goroutine, lets the cursor writes in flight finish,
-// writes every floor not yet persisted and gives the leases back. ctx bounds the wait.
-func (b *Bridge) stopConsumers(ctx context.Context) {
-	cs := b.cs()
-	if cs == nil {
-		return
-	}
+// Stop stops every consumer goroutine, lets the cursor writes in flight finish, writes
+// every floor not yet persisted and gives the locks back. ctx bounds the wait. Stop is
+// safe to call before Start and after a failed Start.
+func (cs *Engine) Stop(ctx context.Context) {
 	if cs.ctx == nil {
 		cs.g.Stop() // never started, and now never will
 		return
@@ -177,9 +264,6 @@ func (b *Bridge) stopConsumers(ctx context.Context) {
 	}
 	if cs.fcSub != nil {
 		_ = cs.fcSub.Unsubscribe()
-	}
-	if cs.own.fwd != nil {
-		_ = cs.own.fwd.Unsubscribe()
 	}
 	var all []*consumer
 	cs.mu.Lock()
@@ -200,17 +284,23 @@ func (b *Bridge) stopConsumers(ctx context.Context) {
 		c.flushCursor(ctx)
 	}
 	cs.g.Stop()
-	if err := b.db.ClearOwner(context.WithoutCancel(ctx), cs.owner); err != nil {
-		b.log.Warn("clearing this replica from its consumers failed", "err", err)
+	if err := cs.db.ClearOwner(context.WithoutCancel(ctx), cs.owner); err != nil {
+		cs.log.Warn("clearing this replica from its consumers failed", "err", err)
 	}
 	if cs.own.own != nil {
 		cs.own.own.Close()
 	}
 }
 
-// onCommitted wakes the consumers waiting for rows that s's tail just took: the
+// Wait waits until every goroutine the engine started has returned, or ctx ends.
+func (cs *Engine) Wait(ctx context.Context) error { return cs.g.Wait(ctx) }
+
+// Kick makes the ownership loop look at once: a consumer may have changed elsewhere.
+func (cs *Engine) Kick() { poke(cs.ownKick) }
+
+// OnCommitted wakes the consumers waiting for rows that s's tail just took: the
 // local-commit fast path, no tick needed.
-func (cs *consumerSide) OnCommitted(s *stream.Stream, ev stream.Committed) {
+func (cs *Engine) OnCommitted(s *stream.Stream, ev stream.Committed) {
 	if len(ev.Stored) == 0 {
 		return
 	}
@@ -223,9 +313,9 @@ func (cs *consumerSide) OnCommitted(s *stream.Stream, ev stream.Committed) {
 	}
 }
 
-// onDropped stops serving a deleted stream's consumers; PostgreSQL removed their rows with
+// OnDropped stops serving a deleted stream's consumers; PostgreSQL removed their rows with
 // the stream.
-func (cs *consumerSide) OnDropped(s *stream.Stream, _ stream.Dropped) {
+func (cs *Engine) OnDropped(s *stream.Stream, _ stream.Dropped) {
 	cs.mu.Lock()
 	sc := cs.streams[s]
 	delete(cs.streams, s)
@@ -238,9 +328,9 @@ func (cs *consumerSide) OnDropped(s *stream.Stream, _ stream.Dropped) {
 	}
 }
 
-// onPurged makes the consumers forget rows they read or counted that may be gone, and
+// OnPurged makes the consumers forget rows they read or counted that may be gone, and
 // moves them as a purge request moves them (see purgeMoves).
-func (cs *consumerSide) OnPurged(ctx context.Context, s *stream.Stream, ev stream.Purged) {
+func (cs *Engine) OnPurged(ctx context.Context, s *stream.Stream, ev stream.Purged) {
 	if ev.Consumed {
 		return
 	}
@@ -264,11 +354,11 @@ func (cs *consumerSide) OnPurged(ctx context.Context, s *stream.Stream, ev strea
 // reach beyond it but cover it (wider), up to the stream's first sequence, dropping its
 // pending deliveries of purged messages. Consumers whose filters only partly overlap the
 // subject stay where they are, as there.
-func (cs *consumerSide) purgeMoves(ctx context.Context, sc *streamConsumers, subject string) {
-	b, s := cs.b, sc.s
-	st, err := b.db.State(ctx, s.ID())
+func (cs *Engine) purgeMoves(ctx context.Context, sc *streamConsumers, subject string) {
+	s := sc.s
+	st, err := cs.db.State(ctx, s.ID())
 	if err != nil {
-		b.log.Warn("stream state after a purge", "stream", s.Name(), "err", err)
+		cs.log.Warn("stream state after a purge", "stream", s.Name(), "err", err)
 		return
 	}
 	first := st.FirstSeq
@@ -279,12 +369,12 @@ func (cs *consumerSide) purgeMoves(ctx context.Context, sc *streamConsumers, sub
 	if subject != "" {
 		// 0 when nothing is left on the subject: Purged then moves past the last sequence.
 		left = 0
-		m, err := b.db.NextBySubject(ctx, s.ID(), subject, first)
+		m, err := cs.db.NextBySubject(ctx, s.ID(), subject, first)
 		switch {
 		case err == nil:
 			left = m.Seq
 		case !errors.Is(err, pg.ErrNotFound):
-			b.log.Warn("first message left after a purge", "stream", s.Name(), "err", err)
+			cs.log.Warn("first message left after a purge", "stream", s.Name(), "err", err)
 			return
 		}
 		if st.Msgs == 0 {
@@ -301,8 +391,8 @@ func (cs *consumerSide) purgeMoves(ctx context.Context, sc *streamConsumers, sub
 			}
 			if !inside || !allInside(f, subject) {
 				move.start, move.wider = first, true
-				if move.gone, err = b.goneOf(ctx, s, c); err != nil {
-					b.log.Warn("pending messages after a purge", "stream", s.Name(), "consumer", c.name, "err", err)
+				if move.gone, err = cs.goneOf(ctx, s, c); err != nil {
+					cs.log.Warn("pending messages after a purge", "stream", s.Name(), "consumer", c.name, "err", err)
 					continue
 				}
 			}
@@ -322,14 +412,14 @@ func (p *purgeMove) isGone(seq uint64) bool { return p.gone[seq] }
 
 // goneOf finds which of a consumer's pending deliveries no longer exist. Deliveries made
 // after the purge are of messages it left, so a snapshot taken now is enough.
-func (b *Bridge) goneOf(ctx context.Context, s *stream.Stream, c *consumer) (map[uint64]bool, error) {
+func (cs *Engine) goneOf(ctx context.Context, s *stream.Stream, c *consumer) (map[uint64]bool, error) {
 	c.mu.Lock()
 	pending := c.st.PendingSeqs()
 	c.mu.Unlock()
 	if len(pending) == 0 {
 		return nil, nil
 	}
-	gone, err := b.db.GoneSeqs(ctx, s.ID(), pending)
+	gone, err := cs.db.GoneSeqs(ctx, s.ID(), pending)
 	if err != nil {
 		return nil, err
 	}
@@ -357,8 +447,8 @@ func allInside(filters []string, subject string) bool {
 	return len(filters) > 0 && !slices.ContainsFunc(filters, func(f string) bool { return !server.SubjectMatchesFilter(f, subject) })
 }
 
-// onRemoved tells the consumers that rows they may have counted as pending went.
-func (cs *consumerSide) OnRemoved(s *stream.Stream, ev stream.Removed) {
+// OnRemoved tells the consumers that rows they may have counted as pending went.
+func (cs *Engine) OnRemoved(s *stream.Stream, ev stream.Removed) {
 	if ev.Unread == 0 {
 		return
 	}
@@ -369,32 +459,27 @@ func (cs *consumerSide) OnRemoved(s *stream.Stream, ev stream.Removed) {
 	}
 }
 
-// handlePullRequest takes a pull request that reached this replica through the $JS.API
+// HandlePull takes a pull request that reached this replica through the $JS.API
 // queue group. The replica serving the consumer has its own subscription to the consumer's
 // subject and so has the request already, whether it is this one or another: only a request
 // for a consumer served nowhere is taken here, by taking the consumer over.
-func (b *Bridge) handlePullRequest(m *leaf.Msg, streamName, consumerName string) {
-	cs := b.cs()
-	if cs == nil || cs.own.holds(streamName, consumerName) || b.link.HasQueueInterest(m.Subject, "") {
+func (cs *Engine) HandlePull(m *leaf.Msg, streamName, consumerName string) {
+	if cs.own.holds(streamName, consumerName) || cs.link.HasQueueInterest(m.Subject, "") {
 		return
 	}
-	b.servePull(m, streamName, consumerName)
+	cs.servePull(m, streamName, consumerName)
 }
 
 // servePull runs on the link's read loop: it only hands the request to the consumer's
 // goroutine, in arrival order with that consumer's acks.
-func (b *Bridge) servePull(m *leaf.Msg, streamName, consumerName string) {
+func (cs *Engine) servePull(m *leaf.Msg, streamName, consumerName string) {
 	if m.Reply == "" {
-		return
-	}
-	cs := b.cs()
-	if cs == nil {
 		return
 	}
 	ev := event{kind: evPull, reply: m.Reply, data: m.Data}
 	if c := cs.find(streamName, consumerName); c != nil {
 		if !c.post(ev) {
-			_ = b.link.Publish(m.Reply, "", jswire.StatusHeader(409, jswire.DescMaxWaiting), nil)
+			_ = cs.link.Publish(m.Reply, "", jswire.StatusHeader(409, jswire.DescMaxWaiting), nil)
 		}
 		return
 	}
@@ -402,8 +487,8 @@ func (b *Bridge) servePull(m *leaf.Msg, streamName, consumerName string) {
 }
 
 // find returns the consumer if this process serves it.
-func (cs *consumerSide) find(streamName, consumerName string) *consumer {
-	s := cs.b.streams.Lookup(streamName)
+func (cs *Engine) find(streamName, consumerName string) *consumer {
+	s := cs.cfg.Streams.Lookup(streamName)
 	if s == nil {
 		return nil
 	}
@@ -411,7 +496,7 @@ func (cs *consumerSide) find(streamName, consumerName string) *consumer {
 }
 
 // served returns s's consumer of that name if this process serves it.
-func (cs *consumerSide) served(s *stream.Stream, consumerName string) *consumer {
+func (cs *Engine) served(s *stream.Stream, consumerName string) *consumer {
 	sc := cs.registry(s)
 	if sc == nil {
 		return nil
@@ -420,7 +505,7 @@ func (cs *consumerSide) served(s *stream.Stream, consumerName string) *consumer 
 }
 
 // registryFor returns the stream's consumer registry, creating it.
-func (cs *consumerSide) registryFor(s *stream.Stream) *streamConsumers {
+func (cs *Engine) registryFor(s *stream.Stream) *streamConsumers {
 	sc := cs.registry(s)
 	if sc != nil {
 		return sc
@@ -436,13 +521,13 @@ func (cs *consumerSide) registryFor(s *stream.Stream) *streamConsumers {
 
 // streamLoaded returns the stream's registry, starting its tail at the high-water mark
 // PostgreSQL gives if no commit of this process started it.
-func (cs *consumerSide) streamLoaded(ctx context.Context, s *stream.Stream) (*streamConsumers, error) {
+func (cs *Engine) streamLoaded(ctx context.Context, s *stream.Stream) (*streamConsumers, error) {
 	sc := cs.registry(s)
 	if sc != nil {
 		return sc, nil
 	}
 	if !s.Tail().Started() {
-		hw, err := cs.b.db.HighWater(ctx, []int64{s.ID()})
+		hw, err := cs.db.HighWater(ctx, []int64{s.ID()})
 		if err != nil {
 			return nil, err
 		}
@@ -454,7 +539,7 @@ func (cs *consumerSide) streamLoaded(ctx context.Context, s *stream.Stream) (*st
 
 // activate starts serving a stored consumer whose lease this process holds. start, for a
 // consumer just created, carries the start position decided at creation.
-func (cs *consumerSide) activate(ctx context.Context, sc *streamConsumers, row pg.Consumer, start *startPos) (*consumer, error) {
+func (cs *Engine) activate(ctx context.Context, sc *streamConsumers, row pg.Consumer, start *startPos) (*consumer, error) {
 	var cfg server.ConsumerConfig
 	if err := json.Unmarshal(row.Config, &cfg); err != nil {
 		return nil, errors.New("stored consumer config does not decode: " + err.Error())
@@ -469,7 +554,7 @@ func (cs *consumerSide) activate(ctx context.Context, sc *streamConsumers, row p
 	}
 	sc.s.Tail().Raise(hw)
 	from, extra := c.countFrom()
-	npc, err := cs.b.db.CountPending(ctx, pg.PendingParams{StreamID: sc.s.ID(), From: from, UpTo: hw, Filters: c.filters()})
+	npc, err := cs.db.CountPending(ctx, pg.PendingParams{StreamID: sc.s.ID(), From: from, UpTo: hw, Filters: c.filters()})
 	if err != nil {
 		cs.release(sc.s, row.Name)
 		return nil, err
@@ -507,16 +592,16 @@ func (cs *consumerSide) activate(ctx context.Context, sc *streamConsumers, row p
 }
 
 // release gives back one count of a consumer's lock that no served consumer stands for.
-func (cs *consumerSide) release(s *stream.Stream, name string) {
+func (cs *Engine) release(s *stream.Stream, name string) {
 	if own := cs.own.own; own != nil {
-		ctx, cancel := context.WithTimeout(context.Background(), cs.b.cfg.Lease)
+		ctx, cancel := context.WithTimeout(context.Background(), cs.cfg.Lease)
 		defer cancel()
 		_ = own.Unlock(ctx, pg.ConsumerKey{StreamID: s.ID(), Name: name})
 	}
 }
 
 // remove forgets a consumer that stopped.
-func (cs *consumerSide) remove(c *consumer) {
+func (cs *Engine) remove(c *consumer) {
 	c.sc.mu.Lock()
 	if c.sc.cons[c.name] == c {
 		delete(c.sc.cons, c.name)
@@ -529,11 +614,11 @@ func (cs *consumerSide) remove(c *consumer) {
 // activateLater loads a consumer that a request named but this process does not serve yet,
 // off the read loop, and hands it the request. Another replica may have created it, or it
 // may be this process's own consumer whose lease had not expired at start.
-func (cs *consumerSide) activateLater(streamName, consumerName string, ev event) {
+func (cs *Engine) activateLater(streamName, consumerName string, ev event) {
 	select {
 	case cs.activeN <- struct{}{}:
 	default:
-		_ = cs.b.link.Publish(ev.reply, "", jswire.StatusHeader(503, "No Responders"), nil)
+		_ = cs.link.Publish(ev.reply, "", jswire.StatusHeader(503, "No Responders"), nil)
 		return
 	}
 	if !cs.g.Go(func() {
@@ -543,18 +628,18 @@ func (cs *consumerSide) activateLater(streamName, consumerName string, ev event)
 		case errors.Is(err, pg.ErrServedElsewhere):
 			// Another replica serves it and received the same request.
 		case err != nil:
-			_ = cs.b.link.Publish(ev.reply, "", jswire.StatusHeader(503, "No Responders"), nil)
+			_ = cs.link.Publish(ev.reply, "", jswire.StatusHeader(503, "No Responders"), nil)
 		case !c.post(ev):
-			_ = cs.b.link.Publish(ev.reply, "", jswire.StatusHeader(409, jswire.DescMaxWaiting), nil)
+			_ = cs.link.Publish(ev.reply, "", jswire.StatusHeader(409, jswire.DescMaxWaiting), nil)
 		}
 	}) {
 		<-cs.activeN
-		_ = cs.b.link.Publish(ev.reply, "", jswire.StatusHeader(503, "No Responders"), nil)
+		_ = cs.link.Publish(ev.reply, "", jswire.StatusHeader(503, "No Responders"), nil)
 	}
 }
 
 // ensure returns the consumer, loading it from PostgreSQL if its lease can be taken.
-func (cs *consumerSide) ensure(ctx context.Context, streamName, consumerName string) (*consumer, error) {
+func (cs *Engine) ensure(ctx context.Context, streamName, consumerName string) (*consumer, error) {
 	if c := cs.find(streamName, consumerName); c != nil {
 		return c, nil
 	}
@@ -563,7 +648,7 @@ func (cs *consumerSide) ensure(ctx context.Context, streamName, consumerName str
 	if !jswire.ValidName(consumerName) {
 		return nil, pg.ErrNotFound
 	}
-	s, err := cs.b.streams.Find(ctx, streamName)
+	s, err := cs.cfg.Streams.Find(ctx, streamName)
 	if err != nil {
 		return nil, err
 	}
@@ -578,4 +663,51 @@ func (cs *consumerSide) ensure(ctx context.Context, streamName, consumerName str
 		return nil, pg.ErrServedElsewhere
 	}
 	return cs.serveLocked(ctx, s, consumerName)
+}
+
+// errStopping is what work refused because the engine is stopping fails with.
+var errStopping = errors.New("bridge: stopping")
+
+// Progress is how far a consumer this replica serves has come, as retention reads it.
+type Progress struct {
+	// Floor is the ack floor's stream sequence and Next the next sequence to deliver.
+	Floor, Next uint64
+	// Pending are the stream sequences delivered and not yet acknowledged.
+	Pending []uint64
+}
+
+// Progress reports the progress of the consumer a stored row describes when this replica
+// serves it: on the same stream and of the same creation, not a consumer deleted and made
+// again.
+func (cs *Engine) Progress(s *stream.Stream, row pg.Consumer) (Progress, bool) {
+	c := cs.find(s.Name(), row.Name)
+	if c == nil || c.sc.s != s || !c.created.Equal(row.Created) {
+		return Progress{}, false
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return Progress{Floor: c.st.AckFloor().Stream, Next: c.st.Next(), Pending: c.st.PendingSeqs()}, true
+}
+
+// Filters reports the filter subjects of each of s's consumers this replica serves.
+func (cs *Engine) Filters(s *stream.Stream) [][]string {
+	sc := cs.registry(s)
+	if sc == nil {
+		return nil
+	}
+	cons := sc.list()
+	filters := make([][]string, len(cons))
+	for i, c := range cons {
+		filters[i] = c.filters()
+	}
+	return filters
+}
+
+// poke wakes whoever waits on ch, a channel of capacity one, without waiting itself: a
+// wake-up already pending covers this one.
+func poke(ch chan struct{}) {
+	select {
+	case ch <- struct{}{}:
+	default:
+	}
 }

@@ -1,14 +1,9 @@
-package bridge
+package consumer
 
 import (
 	"context"
-	"crypto/hmac"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
-	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -23,35 +18,24 @@ import (
 const (
 	// LeaseDefault is Config.Lease's default.
 	LeaseDefault = 10 * time.Second
-	// QueueGroup is the queue group of every replica's stream-subject and $JS.API
-	// subscriptions: NATS hands each publish and each API request to one replica. The
-	// bridges are leafnodes of their servers, which nats-server does not prefer over a
-	// routed member: the pick is at random.
-	QueueGroup = "jetgres"
-	// ForwardPrefix begins the subjects on which replicas hand each other consumer requests:
-	// ForwardPrefix, the replica's name in hex, the seal (two tokens), and the request's
-	// subject after "$JS.API.". Clients have no business there; deployments that restrict
-	// subjects can deny it to them, and a request a client sends there is dropped all the
-	// same, as its seal cannot be right.
-	ForwardPrefix = "$JETGRES.REPLICA."
-	// forwardMaxAge is how long a forwarded request's seal holds, either way, for replicas
-	// whose clocks disagree a little: a request captured there cannot be replayed later.
-	forwardMaxAge = time.Minute
+	// apiMsgNext begins the subject of a consumer's pull requests, followed by its stream
+	// and its name.
+	apiMsgNext = "$JS.API.CONSUMER.MSG.NEXT."
 
-	// claimsPerLease is how many times per lease a replica confirms its ownership session
+	// ClaimsPerLease is how many times per lease a replica confirms its ownership session
 	// and looks for consumers nobody serves: with the default lease, every 250 ms, which
 	// bounds the time a dead replica's consumers stay silent.
-	claimsPerLease = 40
+	ClaimsPerLease = 40
 	// confirmsPerLease sets the timeout of every statement of the ownership session, a
 	// tenth of the lease: one that runs past it breaks the session.
 	confirmsPerLease = 10
-	// deletedChecksPerLease is how often per lease the ownership loop reads which of its
+	// DeletedChecksPerLease is how often per lease the ownership loop reads which of its
 	// consumers were deleted, should the notification of a deletion be lost.
-	deletedChecksPerLease = 3
-	// fencePerLease sets the fencing deadline, a fifth of the lease: a replica that has not
+	DeletedChecksPerLease = 3
+	// FencePerLease sets the fencing deadline, a fifth of the lease: a replica that has not
 	// confirmed its session for that long stops serving every consumer, whatever else it is
 	// waiting for. PostgreSQL gives a silent session's locks away only after a whole lease.
-	fencePerLease = 5
+	FencePerLease = 5
 )
 
 // consumerRef names a consumer by its stream's name, as requests do.
@@ -63,41 +47,32 @@ type heldNext struct {
 	sub *leaf.Subscription
 }
 
-// ownership is the consumer side's share of several replicas: the session whose advisory
+// ownership is the engine's share of several replicas: the session whose advisory
 // locks say which consumers this replica serves, and the MSG.NEXT subscription of each.
 type ownership struct {
-	own *pg.Ownership // nil outside startConsumers .. stopConsumers
+	own *pg.Ownership // nil outside Start .. Stop
 
 	// mu guards next. It is a leaf: nothing is taken while it is held.
 	mu   sync.Mutex
 	next map[consumerRef]heldNext
 
-	// fwd receives the consumer requests other replicas forward to this one.
-	fwd *leaf.Subscription
-
 	served    prometheus.GaugeFunc
 	takeovers prometheus.Counter
 	fencings  prometheus.Counter
-	forwards  prometheus.Counter
-	refused   prometheus.Counter
 }
 
-func newOwnership(reg prometheus.Registerer, cs *consumerSide) *ownership {
+func newOwnership(reg prometheus.Registerer, cs *Engine) *ownership {
 	o := &ownership{
 		next: make(map[consumerRef]heldNext),
 		takeovers: prometheus.NewCounter(prometheus.CounterOpts{Name: "jetgres_consumer_takeovers_total",
 			Help: "Consumers this replica took over from another replica that had served them."}),
 		fencings: prometheus.NewCounter(prometheus.CounterOpts{Name: "jetgres_consumer_fencings_total",
 			Help: "Times this replica could not confirm its ownership session and stopped serving every consumer."}),
-		forwards: prometheus.NewCounter(prometheus.CounterOpts{Name: "jetgres_consumer_requests_forwarded_total",
-			Help: "Consumer updates, pauses and info requests this replica forwarded to the replica that serves the consumer."}),
-		refused: prometheus.NewCounter(prometheus.CounterOpts{Name: "jetgres_consumer_forwards_refused_total",
-			Help: "Requests on this replica's forwarding subjects dropped because their seal was wrong or too old: not sent by a replica."}),
 	}
 	o.served = prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "jetgres_consumers_served",
 		Help: "Consumers this replica serves."}, func() float64 { return float64(o.count()) })
 	if reg != nil {
-		reg.MustRegister(o.served, o.takeovers, o.fencings, o.forwards, o.refused)
+		reg.MustRegister(o.served, o.takeovers, o.fencings)
 	}
 	return o
 }
@@ -119,12 +94,12 @@ func (o *ownership) holds(streamName, consumerName string) bool {
 
 // hold subscribes the consumer's own MSG.NEXT subject, so that its pull requests reach this
 // replica wherever the client is connected, as they reach a JetStream consumer's leader.
-func (cs *consumerSide) hold(c *consumer) {
+func (cs *Engine) hold(c *consumer) {
 	ref := consumerRef{c.sc.s.Name(), c.name}
 	subj := apiMsgNext + ref.stream + "." + ref.consumer
-	sub, err := cs.b.link.Subscribe(subj, "", func(m *leaf.Msg) { cs.b.servePull(m, ref.stream, ref.consumer) })
+	sub, err := cs.link.Subscribe(subj, "", func(m *leaf.Msg) { cs.servePull(m, ref.stream, ref.consumer) })
 	if err != nil {
-		cs.b.log.Warn("subscribing a consumer's pull requests failed", "stream", ref.stream, "consumer", ref.consumer, "err", err)
+		cs.log.Warn("subscribing a consumer's pull requests failed", "stream", ref.stream, "consumer", ref.consumer, "err", err)
 		return
 	}
 	o := cs.own
@@ -139,7 +114,7 @@ func (cs *consumerSide) hold(c *consumer) {
 
 // unhold drops the consumer's MSG.NEXT subscription and gives its lock back, so that another
 // replica may serve it.
-func (cs *consumerSide) unhold(c *consumer) {
+func (cs *Engine) unhold(c *consumer) {
 	ref := consumerRef{c.sc.s.Name(), c.name}
 	o := cs.own
 	o.mu.Lock()
@@ -156,14 +131,14 @@ func (cs *consumerSide) unhold(c *consumer) {
 		k := pg.ConsumerKey{StreamID: c.sc.s.ID(), Name: c.name}
 		// Off the caller's locks: the statement waits for the ownership session.
 		go func() {
-			ctx, cancel := context.WithTimeout(context.Background(), cs.b.cfg.Lease)
+			ctx, cancel := context.WithTimeout(context.Background(), cs.cfg.Lease)
 			defer cancel()
 			_ = own.Unlock(ctx, k)
 		}()
 	}
 }
 
-// ownershipLoop keeps this replica's claim on the consumers it serves, claimsPerLease times
+// ownershipLoop keeps this replica's claim on the consumers it serves, ClaimsPerLease times
 // per lease and whenever a consumer changed anywhere. It stops serving every consumer at once
 // (fences) when the ownership session is gone, fails a statement, or was last confirmed
 // longer ago than the fencing deadline; it stops those deleted by any replica; and it takes
@@ -171,9 +146,9 @@ func (cs *consumerSide) unhold(c *consumer) {
 // on the ownership session, bounded by a tenth of the lease, whose failure fences, and the
 // consumers it takes over are loaded and served off the loop: so it looks again well within
 // the fencing deadline, however slow the database is, and no other loop is needed.
-func (cs *consumerSide) ownershipLoop() {
-	clock, lease := cs.b.clock, cs.b.cfg.Lease
-	t := clock.NewTicker(lease / claimsPerLease)
+func (cs *Engine) ownershipLoop() {
+	clock, lease := cs.clock, cs.cfg.Lease
+	t := clock.NewTicker(lease / ClaimsPerLease)
 	defer t.Stop()
 	var checked time.Time
 	for {
@@ -191,18 +166,18 @@ func (cs *consumerSide) ownershipLoop() {
 			cs.fence(pg.ErrOwnershipLost)
 			if err := own.Reconnect(cs.ctx); err != nil {
 				if cs.ctx.Err() == nil {
-					cs.b.warnOwnSession.Warn(cs.b.log, clock.Now(), "reconnecting the ownership session failed", "err", err)
+					cs.warnOwnSession.Warn(cs.log, clock.Now(), "reconnecting the ownership session failed", "err", err)
 				}
 				continue
 			}
 		}
 		now := clock.Now()
-		if last := own.Confirmed(); last.IsZero() || now.Sub(last) > lease/fencePerLease {
+		if last := own.Confirmed(); last.IsZero() || now.Sub(last) > lease/FencePerLease {
 			cs.fence(errors.New("ownership session not confirmed within the fencing deadline"))
 		}
 		// A deletion elsewhere notifies and so kicks; the period is for a lost notification.
 		var err error
-		if check || now.Sub(checked) >= lease/deletedChecksPerLease {
+		if check || now.Sub(checked) >= lease/DeletedChecksPerLease {
 			checked = now
 			var gone []pg.ConsumerKey
 			if gone, err = own.Deleted(cs.ctx); err == nil {
@@ -224,12 +199,12 @@ func (cs *consumerSide) ownershipLoop() {
 }
 
 // stopDeleted stops serving the consumers whose rows are gone.
-func (cs *consumerSide) stopDeleted(gone []pg.ConsumerKey) {
+func (cs *Engine) stopDeleted(gone []pg.ConsumerKey) {
 	if len(gone) == 0 {
 		return
 	}
 	byID := make(map[int64]*stream.Stream)
-	for _, s := range cs.b.streams.List() {
+	for _, s := range cs.cfg.Streams.List() {
 		byID[s.ID()] = s
 	}
 	for _, k := range gone {
@@ -246,19 +221,19 @@ func (cs *consumerSide) stopDeleted(gone []pg.ConsumerKey) {
 }
 
 // fence stops serving every consumer: their locks can no longer be vouched for.
-func (cs *consumerSide) fence(cause error) {
+func (cs *Engine) fence(cause error) {
 	all := cs.all()
 	if len(all) == 0 {
 		return
 	}
 	cs.own.fencings.Inc()
-	cs.b.log.Warn("ownership session lost: stopping every consumer this replica serves", "consumers", len(all), "err", cause)
+	cs.log.Warn("ownership session lost: stopping every consumer this replica serves", "consumers", len(all), "err", cause)
 	for _, c := range all {
 		c.stop(stopLost)
 	}
 }
 
-func (cs *consumerSide) all() []*consumer {
+func (cs *Engine) all() []*consumer {
 	cs.mu.RLock()
 	defer cs.mu.RUnlock()
 	var out []*consumer
@@ -272,8 +247,8 @@ func (cs *consumerSide) all() []*consumer {
 // serves, and returns what serves them: each is loaded from PostgreSQL and started, which
 // the caller may do off its own goroutine. A nil ctx gives the locks back instead, for a
 // caller that cannot serve them after all. It returns nil when it locked none.
-func (cs *consumerSide) claimFree(ctx context.Context) func(context.Context) {
-	streams := cs.b.streams.List()
+func (cs *Engine) claimFree(ctx context.Context) func(context.Context) {
+	streams := cs.cfg.Streams.List()
 	if len(streams) == 0 {
 		return nil
 	}
@@ -286,7 +261,7 @@ func (cs *consumerSide) claimFree(ctx context.Context) func(context.Context) {
 	keys, err := cs.own.own.ClaimFree(ctx, ids)
 	if err != nil {
 		if ctx.Err() == nil {
-			cs.b.warnUnserved.Warn(cs.b.log, cs.b.clock.Now(), "looking for consumers nobody serves failed", "err", err)
+			cs.warnUnserved.Warn(cs.log, cs.clock.Now(), "looking for consumers nobody serves failed", "err", err)
 		}
 		return nil
 	}
@@ -301,7 +276,7 @@ func (cs *consumerSide) claimFree(ctx context.Context) func(context.Context) {
 				continue
 			}
 			if _, err := cs.serveLocked(ctx, s, k.Name); err != nil && !errors.Is(err, errStopping) && !errors.Is(err, pg.ErrNotFound) && ctx.Err() == nil {
-				cs.b.log.Warn("taking a consumer over failed", "stream", s.Name(), "consumer", k.Name, "err", err)
+				cs.log.Warn("taking a consumer over failed", "stream", s.Name(), "consumer", k.Name, "err", err)
 			}
 		}
 	}
@@ -309,20 +284,20 @@ func (cs *consumerSide) claimFree(ctx context.Context) func(context.Context) {
 
 // serveLocked starts serving a consumer whose lock this replica has just taken: it records
 // this replica as its owner, loads it and starts it. Whatever fails gives the lock back.
-func (cs *consumerSide) serveLocked(ctx context.Context, s *stream.Stream, name string) (*consumer, error) {
+func (cs *Engine) serveLocked(ctx context.Context, s *stream.Stream, name string) (*consumer, error) {
 	if c := cs.served(s, name); c != nil {
 		// Served here already, or still stopping after a fence: the lock counted twice.
 		cs.release(s, name)
 		return c, nil
 	}
-	row, prev, err := cs.b.db.SetOwner(ctx, pg.ConsumerKey{StreamID: s.ID(), Name: name}, cs.owner)
+	row, prev, err := cs.db.SetOwner(ctx, pg.ConsumerKey{StreamID: s.ID(), Name: name}, cs.owner)
 	if err != nil {
 		cs.release(s, name)
 		return nil, err
 	}
 	if prev != "" && prev != cs.owner {
 		cs.own.takeovers.Inc()
-		cs.b.log.Info("took a consumer over", "stream", s.Name(), "consumer", name, "from", prev)
+		cs.log.Info("took a consumer over", "stream", s.Name(), "consumer", name, "from", prev)
 	}
 	sc, err := cs.streamLoaded(ctx, s)
 	if err != nil {
@@ -332,76 +307,10 @@ func (cs *consumerSide) serveLocked(ctx context.Context, s *stream.Stream, name 
 	return cs.activate(ctx, sc, row, nil)
 }
 
-// forwardPrefix is where the replica called name receives forwarded requests. The name is
-// in hex: a replica's default name has dots and colons, which a subject token cannot hold.
-func (b *Bridge) forwardPrefix(name string) string {
-	return ForwardPrefix + hex.EncodeToString([]byte(name)) + "."
-}
-
-// errForwarded says that forward sent the request on: its answer comes from there.
-var errForwarded = errors.New("forwarded to the consumer's replica")
-
-// forward sends a consumer request that err says another replica serves to that replica,
-// with the client's reply subject, so that the replica holding the consumer's state decides
-// and answers it exactly as if it had received it, as a JetStream consumer's leader does.
-// It returns errForwarded then, and otherwise the error to answer with: a request forwarded
-// once is never forwarded again (the lock may have moved meanwhile), and one whose replica
-// the server does not know of (no cluster, or the owner just died and another holds the
-// lock before its row names it) is refused as before.
-func (b *Bridge) forward(m *leaf.Msg, err error, forwarded bool) error {
-	var sb *servedBy
-	if !errors.As(err, &sb) {
-		return err
-	}
-	refuse := server.NewJSConsumerCreateError(errServedElsewhere)
-	if forwarded || sb.owner == "" || sb.owner == b.cfg.ReplicaName {
-		return refuse
-	}
-	api := strings.TrimPrefix(m.Subject, apiPrefix)
-	subj := b.forwardPrefix(sb.owner) + b.seal(b.clock.Now().Unix(), api, m) + "." + api
-	if !b.link.HasInterest(subj) {
-		return refuse
-	}
-	if e := b.link.Publish(subj, m.Reply, m.Header, m.Data); e != nil {
-		return refuse
-	}
-	b.cons.own.forwards.Inc()
-	return errForwarded
-}
-
-// seal is the two subject tokens that vouch for a forwarded request: when it was sealed, in
-// unix seconds, and a MAC with the deployment's secret over that time and everything the
-// receiving replica acts on.
-func (b *Bridge) seal(unix int64, api string, m *leaf.Msg) string {
-	ts := strconv.FormatInt(unix, 10)
-	mac := hmac.New(sha256.New, b.fwdKey)
-	for _, part := range [][]byte{[]byte(ts), []byte(api), []byte(m.Reply), m.Header} {
-		mac.Write(part)
-		mac.Write([]byte{0})
-	}
-	mac.Write(m.Data)
-	return ts + "." + hex.EncodeToString(mac.Sum(nil)[:16])
-}
-
-// unseal checks the seal of a request forwarded here, rest being its subject after
-// ownForward, and returns its subject after "$JS.API.".
-func (b *Bridge) unseal(rest string, m *leaf.Msg) (api string, ok bool) {
-	ts, after, _ := strings.Cut(rest, ".")
-	mac, api, _ := strings.Cut(after, ".")
-	unix, err := strconv.ParseInt(ts, 10, 64)
-	if err != nil || api == "" || len(b.fwdKey) == 0 {
-		return "", false
-	}
-	if age := b.clock.Now().Sub(time.Unix(unix, 0)); age > forwardMaxAge || age < -forwardMaxAge {
-		return "", false
-	}
-	return api, hmac.Equal([]byte(ts+"."+mac), []byte(b.seal(unix, api, m)))
-}
-
 // servedBy names the replica whose row says it serves a consumer that another session
 // holds the lock of.
-func (cs *consumerSide) servedBy(ctx context.Context, s *stream.Stream, name string) error {
-	row, err := cs.b.db.GetConsumer(ctx, s.ID(), name)
+func (cs *Engine) servedBy(ctx context.Context, s *stream.Stream, name string) error {
+	row, err := cs.db.GetConsumer(ctx, s.ID(), name)
 	switch {
 	case errors.Is(err, pg.ErrNotFound):
 		// Deleted since its lock was found held.
@@ -411,26 +320,19 @@ func (cs *consumerSide) servedBy(ctx context.Context, s *stream.Stream, name str
 		// a claim that another replica serves it.
 		return fmt.Errorf("looking up the replica serving consumer %q on stream %q: %w", name, s.Name(), err)
 	}
-	return &servedBy{owner: row.Owner}
+	return &ServedBy{Owner: row.Owner}
 }
 
 // clusterInfo is the cluster block of consumer info, as JetStream reports its cluster and
 // the leader: the replica that serves the consumer, or this one while none does. As
 // nats-server, which reports it for a consumer only in cluster mode, there is none without
 // a cluster.
-func (b *Bridge) clusterInfo(leader string) *server.ClusterInfo {
-	if b.cfg.ClusterName == "" {
+func (cs *Engine) clusterInfo(leader string) *server.ClusterInfo {
+	if cs.cfg.ClusterName == "" {
 		return nil
 	}
 	if leader == "" {
-		leader = b.cfg.ReplicaName
+		leader = cs.owner
 	}
-	return &server.ClusterInfo{Name: b.cfg.ClusterName, Leader: leader}
-}
-
-// streamClusterInfo is the cluster block of stream info: nats-server reports it for every
-// stream, outside cluster mode too (no name, itself the leader), and clients print it
-// ("Cluster Information"). The leader is the replica that answers: every replica appends.
-func (b *Bridge) streamClusterInfo() *server.ClusterInfo {
-	return &server.ClusterInfo{Name: b.cfg.ClusterName, Leader: b.cfg.ReplicaName}
+	return &server.ClusterInfo{Name: cs.cfg.ClusterName, Leader: leader}
 }

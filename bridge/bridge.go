@@ -120,7 +120,7 @@ type Config struct {
 	MaxPayload int32
 	// Lease is how long PostgreSQL lets this replica's ownership session be silent before it
 	// probes it and, once the probes fail, frees its consumers for other replicas. A replica
-	// confirms its session consumer.ClaimsPerLease times per lease and stops serving every
+	// confirms its session ownership.ClaimsPerLease times per lease and stops serving every
 	// consumer when it cannot, within a fifth of the lease, long before, all on Clock.
 	// Defaults to LeaseDefault.
 	Lease time.Duration

@@ -2,6 +2,7 @@ package bridge
 
 import (
 	"github.com/jetgres/jetgres/bridge/consumer"
+	"github.com/jetgres/jetgres/bridge/ownership"
 	"github.com/jetgres/jetgres/bridge/retention"
 	"github.com/jetgres/jetgres/bridge/stream"
 )
@@ -15,7 +16,7 @@ const (
 	// CursorIntervalDefault is Config.CursorInterval's default.
 	CursorIntervalDefault = consumer.CursorIntervalDefault
 	// LeaseDefault is Config.Lease's default.
-	LeaseDefault = consumer.LeaseDefault
+	LeaseDefault = ownership.LeaseDefault
 	// ReadAheadMsgs and ReadAheadBytes cap one read of PostgreSQL for a consumer behind the
 	// tail; see consumer.ReadAheadMsgs.
 	ReadAheadMsgs  = consumer.ReadAheadMsgs

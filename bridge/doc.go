@@ -5,7 +5,8 @@
 // The engines beside it: bridge/stream is the streams (the registry, each stream's intake
 // and the push transactions that fuse them, its tail and the events it announces),
 // bridge/consumer the pull and push consumers this process serves (their deliveries, acks
-// and cursor writes, the ticker, and which replica serves which consumer), bridge/gets
+// and cursor writes, the ticker), bridge/ownership which replica serves which consumer (the
+// session, its locks, the loop that keeps them and the fence), bridge/gets
 // answers gets from memory or with shared reads, bridge/consumerstate is a consumer's ack
 // state machine and bridge/tailcache the tail caches. The wire format (ack
 // subjects and bodies, pull requests and status lines, headers, PubAcks, configuration
@@ -34,7 +35,7 @@
 //
 // # Several replicas
 //
-// Replicas share one PostgreSQL and one NATS cluster (see bridge/consumer, forward.go and
+// Replicas share one PostgreSQL and one NATS cluster (see bridge/ownership, forward.go and
 // the README's "Several replicas"). Stream subjects and $JS.API.> are queue subscriptions
 // of QueueGroup, so each publish is appended and each request answered by one replica;
 // every replica appends, serialised by the stream's row lock. A consumer is served by the
@@ -72,14 +73,14 @@
 //
 // The lock is the one mechanism of ownership: its id-keyed advisory lock, one per
 // consumer, says who serves it, and the row's owner column only records the holder. One
-// loop (bridge/consumer's ownershipLoop) keeps it: it confirms the session, stops the
+// loop (bridge/ownership's Keeper.Run) keeps it: it confirms the session, stops the
 // consumers whose rows are gone, and takes over free ones. Takeover spreads: a replica
 // takes its fair share of the free consumers per look, and at least one
 // (pg.Ownership.ClaimFree), the live replicas counted by their ownership sessions' shared
 // lock.
 //
 // Fencing keeps two replicas from serving one consumer: the session is confirmed
-// consumer.ClaimsPerLease times per lease, and a failed confirmation, or one older than a
+// ownership.ClaimsPerLease times per lease, and a failed confirmation, or one older than a
 // fifth of the lease, stops every consumer at once, while PostgreSQL frees a silent
 // session's locks only after a whole lease and its keepalive probes. A cursor write also
 // lands only while the row names this replica as owner.

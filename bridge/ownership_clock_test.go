@@ -8,7 +8,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/jetgres/jetgres/bridge/consumer"
+	"github.com/jetgres/jetgres/bridge/ownership"
 	"github.com/jetgres/jetgres/internal/clock/clocktest"
 	"github.com/jetgres/jetgres/internal/testwait"
 	"github.com/jetgres/jetgres/pg/pgtest/rawsql"
@@ -41,7 +41,7 @@ func TestOwnershipLooksOnTheBridgeClock(t *testing.T) {
 	// the fence, on the same clock, from ever finding one older than a step.
 	step := func() {
 		t.Helper()
-		clock.Advance(ownershipLease / consumer.ClaimsPerLease)
+		clock.Advance(ownershipLease / ownership.ClaimsPerLease)
 		testwait.For(t, 30*time.Second, func() error {
 			if got, now := tb.bridge.cons.OwnershipConfirmed(), clock.Now(); got.Before(now) {
 				return fmt.Errorf("ownership confirmed at %v, the clock is at %v", got, now)
@@ -49,7 +49,7 @@ func TestOwnershipLooksOnTheBridgeClock(t *testing.T) {
 			return nil
 		})
 	}
-	for range consumer.ClaimsPerLease/consumer.DeletedChecksPerLease - 1 {
+	for range ownership.ClaimsPerLease/ownership.DeletedChecksPerLease - 1 {
 		step()
 		if !tb.bridge.cons.Holds("LOOK", "C") {
 			t.Fatal("stopped before the ownership loop was due to look")
@@ -89,7 +89,7 @@ func TestFenceOnTheBridgeClock(t *testing.T) {
 		if counterValue(t, tb.reg, "jetgres_consumer_fencings_total") > 0 {
 			return nil
 		}
-		clock.Advance(ownershipLease/consumer.FencePerLease + ownershipLease/consumer.ClaimsPerLease)
+		clock.Advance(ownershipLease/ownership.FencePerLease + ownershipLease/ownership.ClaimsPerLease)
 		return errors.New("not fenced")
 	})
 }

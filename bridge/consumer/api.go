@@ -112,11 +112,10 @@ func (cs *Engine) create(ctx context.Context, s *stream.Stream, name string, cfg
 	}
 	// The lock comes first: a replica looking for consumers nobody serves must not take one
 	// that is being created here.
-	own := cs.own.own
-	if own == nil {
+	if !cs.keeper.Opened() {
 		return nil, errStopping
 	}
-	id, err := own.LockNew(ctx, pg.ConsumerKey{StreamID: s.ID(), Name: name})
+	id, err := cs.keeper.LockNew(ctx, pg.ConsumerKey{StreamID: s.ID(), Name: name})
 	if err != nil {
 		return nil, fmt.Errorf("creating consumer %q on stream %q: %w", name, s.Name(), err)
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/jetgres/jetgres/bridge/ownership"
 	"github.com/jetgres/jetgres/bridge/stream"
 	"github.com/jetgres/jetgres/embedded/leaf"
 	"github.com/jetgres/jetgres/flow"
@@ -138,7 +139,7 @@ type Engine struct {
 	m     *consumerMetrics
 	// The warnings of attempts that fail together while the database is away, thinned.
 	// Each warning has a throttle of its own, so that one cannot hide another.
-	warnRead, warnPending, warnTick, warnFill, warnOwnSession, warnUnserved warnlog.Throttle
+	warnRead, warnPending, warnTick, warnFill warnlog.Throttle
 
 	// g runs the ticker, the lease keeper, every consumer's goroutine and their background
 	// reads and cursor writes; ctx is its context, nil until Start.
@@ -151,11 +152,10 @@ type Engine struct {
 	mu      sync.RWMutex
 	streams map[*stream.Stream]*streamConsumers
 
-	// own says which consumers this replica serves; see replicas.go.
-	own *ownership
-	// ownKick makes the ownership loop look at once: a consumer may have been deleted, or
-	// freed, elsewhere.
-	ownKick chan struct{}
+	// keeper holds the locks of the consumers this replica serves, and held their MSG.NEXT
+	// subscriptions; see replicas.go.
+	keeper *ownership.Keeper
+	held   *held
 
 	// fcSub takes the answers to push consumers' flow-control requests.
 	fcSub *leaf.Subscription
@@ -211,10 +211,21 @@ func New(cfg Config) (*Engine, error) {
 		kick:    make(chan struct{}, 1),
 		activeN: make(chan struct{}, activationsMax),
 		streams: make(map[*stream.Stream]*streamConsumers),
-		ownKick: make(chan struct{}, 1),
 	}
 	cs.m = newConsumerMetrics(cfg.Registerer, cs)
-	cs.own = newOwnership(cfg.Registerer, cs)
+	cs.held = newHeld(cfg.Registerer)
+	keeper, err := ownership.New(ownership.Config{
+		Store: cfg.Store, Clock: cfg.Clock, Logger: log, Registerer: cfg.Registerer, Lease: cfg.Lease,
+		Streams:     cfg.Streams.List,
+		Serve:       cs.serveClaimed,
+		StopDeleted: cs.stopDeleted,
+		StopAll:     cs.stopAll,
+		Go:          cs.g.Go,
+	})
+	if err != nil {
+		return nil, err
+	}
+	cs.keeper = keeper
 	return cs, nil
 }
 
@@ -229,12 +240,10 @@ func (cs *Engine) Start(ctx, parent context.Context) error {
 		return err
 	}
 	cs.ctx = cctx
-	// Ownership is a session of its own; PostgreSQL gives a replica that is cut off its
-	// keepalive probes only after a whole lease of silence.
-	if cs.own.own, err = cs.db.OpenOwnership(ctx, cs.clock, cs.cfg.Lease, cs.cfg.Lease/confirmsPerLease); err != nil {
+	if err := cs.keeper.Open(ctx); err != nil {
 		return err
 	}
-	if serve := cs.claimFree(ctx); serve != nil {
+	if serve := cs.keeper.ClaimFree(ctx); serve != nil {
 		serve(ctx)
 	}
 	sub, err := cs.link.SubscribeBorrowed(jswire.AckPrefix+">", "", cs.onAck)
@@ -247,7 +256,7 @@ func (cs *Engine) Start(ctx, parent context.Context) error {
 	}
 	cs.g.Go(cs.interestLoop)
 	cs.g.Go(cs.tickLoop)
-	cs.g.Go(cs.ownershipLoop)
+	cs.g.Go(func() { cs.keeper.Run(cs.ctx) })
 	return nil
 }
 
@@ -287,16 +296,14 @@ func (cs *Engine) Stop(ctx context.Context) {
 	if err := cs.db.ClearOwner(context.WithoutCancel(ctx), cs.owner); err != nil {
 		cs.log.Warn("clearing this replica from its consumers failed", "err", err)
 	}
-	if cs.own.own != nil {
-		cs.own.own.Close()
-	}
+	cs.keeper.Close()
 }
 
 // Wait waits until every goroutine the engine started has returned, or ctx ends.
 func (cs *Engine) Wait(ctx context.Context) error { return cs.g.Wait(ctx) }
 
 // Kick makes the ownership loop look at once: a consumer may have changed elsewhere.
-func (cs *Engine) Kick() { poke(cs.ownKick) }
+func (cs *Engine) Kick() { cs.keeper.Kick() }
 
 // OnCommitted wakes the consumers waiting for rows that s's tail just took: the
 // local-commit fast path, no tick needed.
@@ -464,7 +471,7 @@ func (cs *Engine) OnRemoved(s *stream.Stream, ev stream.Removed) {
 // subject and so has the request already, whether it is this one or another: only a request
 // for a consumer served nowhere is taken here, by taking the consumer over.
 func (cs *Engine) HandlePull(m *leaf.Msg, streamName, consumerName string) {
-	if cs.own.holds(streamName, consumerName) || cs.link.HasQueueInterest(m.Subject, "") {
+	if cs.held.holds(streamName, consumerName) || cs.link.HasQueueInterest(m.Subject, "") {
 		return
 	}
 	cs.servePull(m, streamName, consumerName)
@@ -593,11 +600,7 @@ func (cs *Engine) activate(ctx context.Context, sc *streamConsumers, row pg.Cons
 
 // release gives back one count of a consumer's lock that no served consumer stands for.
 func (cs *Engine) release(s *stream.Stream, name string) {
-	if own := cs.own.own; own != nil {
-		ctx, cancel := context.WithTimeout(context.Background(), cs.cfg.Lease)
-		defer cancel()
-		_ = own.Unlock(ctx, pg.ConsumerKey{StreamID: s.ID(), Name: name})
-	}
+	cs.keeper.Release(pg.ConsumerKey{StreamID: s.ID(), Name: name})
 }
 
 // remove forgets a consumer that stopped.
@@ -652,11 +655,10 @@ func (cs *Engine) ensure(ctx context.Context, streamName, consumerName string) (
 	if err != nil {
 		return nil, err
 	}
-	own := cs.own.own
-	if own == nil {
+	if !cs.keeper.Opened() {
 		return nil, errStopping
 	}
-	switch ok, err := own.TryLock(ctx, pg.ConsumerKey{StreamID: s.ID(), Name: consumerName}); {
+	switch ok, err := cs.keeper.TryLock(ctx, pg.ConsumerKey{StreamID: s.ID(), Name: consumerName}); {
 	case err != nil:
 		return nil, err
 	case !ok:

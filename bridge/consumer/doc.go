@@ -17,16 +17,12 @@
 //
 // # Ownership
 //
-// A consumer is served by the replica whose ownership session (pg.Ownership) holds its
-// advisory lock, keyed by the consumer's id; that replica alone subscribes the consumer's
-// MSG.NEXT subject. One loop (ownershipLoop) keeps the claim: ClaimsPerLease times per
-// lease it confirms the session, stops the consumers whose rows are gone (at once when
-// Kick says something changed, DeletedChecksPerLease times per lease in case a
-// notification was lost) and takes over this replica's share of the free ones. It fences,
-// stopping every consumer at once, when a confirmation fails or is older than the lease
-// divided by FencePerLease, well before PostgreSQL frees a silent session's locks.
-// A request that must reach another replica's consumer is refused with a *ServedBy naming
-// that replica; forwarding it is the bridge's.
+// A consumer is served by the replica whose ownership session holds its advisory lock
+// (bridge/ownership, whose loop the engine runs and whose fence stops every consumer at
+// once); that replica alone subscribes the consumer's MSG.NEXT subject. The engine takes a
+// consumer's lock before it serves it, gives it back when it stops, and serves what the
+// loop claims. A request that must reach another replica's consumer is refused with a
+// *ServedBy naming that replica; forwarding it is the bridge's.
 //
 // # Locks
 //
@@ -46,13 +42,13 @@
 //     events), pendingCommits.mu (what commits added to its pending count), cursorWriter.mu
 //     (its cursor write in flight and the double acks waiting for it), Engine.pushMu (the
 //     push consumers the interest watcher looks after; a stopping consumer leaves it under
-//     its own mu) and ownership.mu (the MSG.NEXT subscriptions; a stopping consumer drops
-//     its own under its mu).
+//     its own mu) and held.mu (the MSG.NEXT subscriptions; a stopping consumer drops its
+//     own under its mu).
 //
 // A tail's lock (bridge/tailcache) is a leaf too. The link's locks (package leaf) and the
 // flow lanes' come after all of these: the engine publishes, subscribes and takes permits
 // while holding some of them, and the link calls its handlers with none of its own locks
-// held; the link's Subscribe and Unsubscribe of MSG.NEXT run outside ownership.mu. The
+// held; the link's Subscribe and Unsubscribe of MSG.NEXT run outside held.mu. The
 // ownership session (pg.Ownership) has its own lock, taken with none of these held: a lock
 // given back goes from a goroutine of its own.
 package consumer

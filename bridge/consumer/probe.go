@@ -54,10 +54,10 @@ func (p *Probe) CursorWrite() (want uint64, inflight bool) {
 
 // Holds reports whether this replica's own subscription to the consumer's pull requests
 // receives them: whether it serves the consumer.
-func (cs *Engine) Holds(streamName, name string) bool { return cs.own.holds(streamName, name) }
+func (cs *Engine) Holds(streamName, name string) bool { return cs.held.holds(streamName, name) }
 
 // OwnershipConfirmed is when the ownership session was last confirmed.
-func (cs *Engine) OwnershipConfirmed() time.Time { return cs.own.own.Confirmed() }
+func (cs *Engine) OwnershipConfirmed() time.Time { return cs.keeper.Confirmed() }
 
 // RegistryBusy reports whether the map from streams to their consumers is locked.
 func (cs *Engine) RegistryBusy() bool {

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"sync"
-	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/prometheus/client_golang/prometheus"
@@ -15,28 +14,9 @@ import (
 	"github.com/jetgres/jetgres/pg"
 )
 
-const (
-	// LeaseDefault is Config.Lease's default.
-	LeaseDefault = 10 * time.Second
-	// apiMsgNext begins the subject of a consumer's pull requests, followed by its stream
-	// and its name.
-	apiMsgNext = "$JS.API.CONSUMER.MSG.NEXT."
-
-	// ClaimsPerLease is how many times per lease a replica confirms its ownership session
-	// and looks for consumers nobody serves: with the default lease, every 250 ms, which
-	// bounds the time a dead replica's consumers stay silent.
-	ClaimsPerLease = 40
-	// confirmsPerLease sets the timeout of every statement of the ownership session, a
-	// tenth of the lease: one that runs past it breaks the session.
-	confirmsPerLease = 10
-	// DeletedChecksPerLease is how often per lease the ownership loop reads which of its
-	// consumers were deleted, should the notification of a deletion be lost.
-	DeletedChecksPerLease = 3
-	// FencePerLease sets the fencing deadline, a fifth of the lease: a replica that has not
-	// confirmed its session for that long stops serving every consumer, whatever else it is
-	// waiting for. PostgreSQL gives a silent session's locks away only after a whole lease.
-	FencePerLease = 5
-)
+// apiMsgNext begins the subject of a consumer's pull requests, followed by its stream and
+// its name.
+const apiMsgNext = "$JS.API.CONSUMER.MSG.NEXT."
 
 // consumerRef names a consumer by its stream's name, as requests do.
 type consumerRef struct{ stream, consumer string }
@@ -47,37 +27,32 @@ type heldNext struct {
 	sub *leaf.Subscription
 }
 
-// ownership is the engine's share of several replicas: the session whose advisory
-// locks say which consumers this replica serves, and the MSG.NEXT subscription of each.
-type ownership struct {
-	own *pg.Ownership // nil outside Start .. Stop
-
+// held is the MSG.NEXT subscriptions of the consumers this replica serves, whose locks
+// its ownership session (bridge/ownership) holds.
+type held struct {
 	// mu guards next. It is a leaf: nothing is taken while it is held.
 	mu   sync.Mutex
 	next map[consumerRef]heldNext
 
 	served    prometheus.GaugeFunc
 	takeovers prometheus.Counter
-	fencings  prometheus.Counter
 }
 
-func newOwnership(reg prometheus.Registerer, cs *Engine) *ownership {
-	o := &ownership{
+func newHeld(reg prometheus.Registerer) *held {
+	o := &held{
 		next: make(map[consumerRef]heldNext),
 		takeovers: prometheus.NewCounter(prometheus.CounterOpts{Name: "jetgres_consumer_takeovers_total",
 			Help: "Consumers this replica took over from another replica that had served them."}),
-		fencings: prometheus.NewCounter(prometheus.CounterOpts{Name: "jetgres_consumer_fencings_total",
-			Help: "Times this replica could not confirm its ownership session and stopped serving every consumer."}),
 	}
 	o.served = prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "jetgres_consumers_served",
 		Help: "Consumers this replica serves."}, func() float64 { return float64(o.count()) })
 	if reg != nil {
-		reg.MustRegister(o.served, o.takeovers, o.fencings)
+		reg.MustRegister(o.served, o.takeovers)
 	}
 	return o
 }
 
-func (o *ownership) count() int {
+func (o *held) count() int {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	return len(o.next)
@@ -85,7 +60,7 @@ func (o *ownership) count() int {
 
 // holds reports whether this replica's own subscription to the consumer's MSG.NEXT subject
 // receives its pull requests.
-func (o *ownership) holds(streamName, consumerName string) bool {
+func (o *held) holds(streamName, consumerName string) bool {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	_, ok := o.next[consumerRef{streamName, consumerName}]
@@ -102,7 +77,7 @@ func (cs *Engine) hold(c *consumer) {
 		cs.log.Warn("subscribing a consumer's pull requests failed", "stream", ref.stream, "consumer", ref.consumer, "err", err)
 		return
 	}
-	o := cs.own
+	o := cs.held
 	o.mu.Lock()
 	old, had := o.next[ref]
 	o.next[ref] = heldNext{c, sub}
@@ -116,7 +91,7 @@ func (cs *Engine) hold(c *consumer) {
 // replica may serve it.
 func (cs *Engine) unhold(c *consumer) {
 	ref := consumerRef{c.sc.s.Name(), c.name}
-	o := cs.own
+	o := cs.held
 	o.mu.Lock()
 	h, ok := o.next[ref]
 	if ok && h.c == c {
@@ -127,82 +102,11 @@ func (cs *Engine) unhold(c *consumer) {
 		return
 	}
 	_ = h.sub.Unsubscribe()
-	if own := o.own; own != nil {
-		k := pg.ConsumerKey{StreamID: c.sc.s.ID(), Name: c.name}
-		// Off the caller's locks: the statement waits for the ownership session.
-		go func() {
-			ctx, cancel := context.WithTimeout(context.Background(), cs.cfg.Lease)
-			defer cancel()
-			_ = own.Unlock(ctx, k)
-		}()
-	}
-}
-
-// ownershipLoop keeps this replica's claim on the consumers it serves, ClaimsPerLease times
-// per lease and whenever a consumer changed anywhere. It stops serving every consumer at once
-// (fences) when the ownership session is gone, fails a statement, or was last confirmed
-// longer ago than the fencing deadline; it stops those deleted by any replica; and it takes
-// over this replica's share of those nobody serves. Everything it waits for is a statement
-// on the ownership session, bounded by a tenth of the lease, whose failure fences, and the
-// consumers it takes over are loaded and served off the loop: so it looks again well within
-// the fencing deadline, however slow the database is, and no other loop is needed.
-func (cs *Engine) ownershipLoop() {
-	clock, lease := cs.clock, cs.cfg.Lease
-	t := clock.NewTicker(lease / ClaimsPerLease)
-	defer t.Stop()
-	var checked time.Time
-	for {
-		check := false
-		select {
-		case <-cs.ctx.Done():
-			return
-		case <-t.C():
-		case <-cs.ownKick:
-			check = true
-		}
-		own := cs.own.own
-		if !own.Connected() {
-			// The session is gone, and its locks with it, or soon.
-			cs.fence(pg.ErrOwnershipLost)
-			if err := own.Reconnect(cs.ctx); err != nil {
-				if cs.ctx.Err() == nil {
-					cs.warnOwnSession.Warn(cs.log, clock.Now(), "reconnecting the ownership session failed", "err", err)
-				}
-				continue
-			}
-		}
-		now := clock.Now()
-		if last := own.Confirmed(); last.IsZero() || now.Sub(last) > lease/FencePerLease {
-			cs.fence(errors.New("ownership session not confirmed within the fencing deadline"))
-		}
-		// A deletion elsewhere notifies and so kicks; the period is for a lost notification.
-		var err error
-		if check || now.Sub(checked) >= lease/DeletedChecksPerLease {
-			checked = now
-			var gone []pg.ConsumerKey
-			if gone, err = own.Deleted(cs.ctx); err == nil {
-				cs.stopDeleted(gone)
-			}
-		} else {
-			err = own.Confirm(cs.ctx)
-		}
-		if err != nil {
-			if cs.ctx.Err() == nil {
-				cs.fence(err)
-			}
-			continue
-		}
-		if serve := cs.claimFree(cs.ctx); serve != nil && !cs.g.Go(func() { serve(cs.ctx) }) {
-			serve(nil)
-		}
-	}
+	cs.keeper.ReleaseLater(pg.ConsumerKey{StreamID: c.sc.s.ID(), Name: c.name})
 }
 
 // stopDeleted stops serving the consumers whose rows are gone.
 func (cs *Engine) stopDeleted(gone []pg.ConsumerKey) {
-	if len(gone) == 0 {
-		return
-	}
 	byID := make(map[int64]*stream.Stream)
 	for _, s := range cs.cfg.Streams.List() {
 		byID[s.ID()] = s
@@ -220,17 +124,13 @@ func (cs *Engine) stopDeleted(gone []pg.ConsumerKey) {
 	}
 }
 
-// fence stops serving every consumer: their locks can no longer be vouched for.
-func (cs *Engine) fence(cause error) {
+// stopAll stops serving every consumer, for the fence, and reports how many it stopped.
+func (cs *Engine) stopAll() int {
 	all := cs.all()
-	if len(all) == 0 {
-		return
-	}
-	cs.own.fencings.Inc()
-	cs.log.Warn("ownership session lost: stopping every consumer this replica serves", "consumers", len(all), "err", cause)
 	for _, c := range all {
 		c.stop(stopLost)
 	}
+	return len(all)
 }
 
 func (cs *Engine) all() []*consumer {
@@ -243,43 +143,13 @@ func (cs *Engine) all() []*consumer {
 	return out
 }
 
-// claimFree locks this replica's share of the consumers of known streams that no replica
-// serves, and returns what serves them: each is loaded from PostgreSQL and started, which
-// the caller may do off its own goroutine. A nil ctx gives the locks back instead, for a
-// caller that cannot serve them after all. It returns nil when it locked none.
-func (cs *Engine) claimFree(ctx context.Context) func(context.Context) {
-	streams := cs.cfg.Streams.List()
-	if len(streams) == 0 {
-		return nil
+// serveClaimed serves a consumer the ownership loop claimed; one left unserved because the
+// engine is stopping is no failure.
+func (cs *Engine) serveClaimed(ctx context.Context, s *stream.Stream, name string) error {
+	if _, err := cs.serveLocked(ctx, s, name); err != nil && !errors.Is(err, errStopping) {
+		return err
 	}
-	byID := make(map[int64]*stream.Stream, len(streams))
-	ids := make([]int64, 0, len(streams))
-	for _, s := range streams {
-		byID[s.ID()] = s
-		ids = append(ids, s.ID())
-	}
-	keys, err := cs.own.own.ClaimFree(ctx, ids)
-	if err != nil {
-		if ctx.Err() == nil {
-			cs.warnUnserved.Warn(cs.log, cs.clock.Now(), "looking for consumers nobody serves failed", "err", err)
-		}
-		return nil
-	}
-	if len(keys) == 0 {
-		return nil
-	}
-	return func(ctx context.Context) {
-		for _, k := range keys {
-			s := byID[k.StreamID]
-			if ctx == nil {
-				cs.release(s, k.Name)
-				continue
-			}
-			if _, err := cs.serveLocked(ctx, s, k.Name); err != nil && !errors.Is(err, errStopping) && !errors.Is(err, pg.ErrNotFound) && ctx.Err() == nil {
-				cs.log.Warn("taking a consumer over failed", "stream", s.Name(), "consumer", k.Name, "err", err)
-			}
-		}
-	}
+	return nil
 }
 
 // serveLocked starts serving a consumer whose lock this replica has just taken: it records
@@ -296,7 +166,7 @@ func (cs *Engine) serveLocked(ctx context.Context, s *stream.Stream, name string
 		return nil, err
 	}
 	if prev != "" && prev != cs.owner {
-		cs.own.takeovers.Inc()
+		cs.held.takeovers.Inc()
 		cs.log.Info("took a consumer over", "stream", s.Name(), "consumer", name, "from", prev)
 	}
 	sc, err := cs.streamLoaded(ctx, s)

@@ -9,6 +9,7 @@ import (
 	"github.com/nats-io/nuid"
 
 	"github.com/jetgres/jetgres/bridge/consumer"
+	"github.com/jetgres/jetgres/bridge/ownership"
 	"github.com/jetgres/jetgres/bridge/stream"
 	"github.com/jetgres/jetgres/embedded/leaf"
 	"github.com/jetgres/jetgres/internal/jswire"
@@ -22,15 +23,15 @@ func (b *Bridge) handleConsumerAPI(ctx context.Context, tok []string, m *leaf.Ms
 	switch {
 	case len(tok) >= 2 && (tok[0] == "CREATE" || tok[0] == "DURABLE" && tok[1] == "CREATE"):
 		r, err := b.apiCreate(ctx, tok, m.Data)
-		if err = b.forward(m, err, forwarded); err == errForwarded {
+		if err = b.fwd.Forward(m, err, forwarded); err == ownership.ErrForwarded {
 			return
 		}
 		b.respond(m.Reply, r, &r.ApiResponse, server.NewJSConsumerCreateError, err)
 	case len(tok) == 3 && tok[0] == "INFO":
 		r, err := b.apiInfo(ctx, tok[1], tok[2], m.Data, func(served error) bool {
-			return b.forward(m, served, forwarded) == errForwarded
+			return b.fwd.Forward(m, served, forwarded) == ownership.ErrForwarded
 		})
-		if err == errForwarded {
+		if err == ownership.ErrForwarded {
 			return
 		}
 		b.respond(m.Reply, r, &r.ApiResponse, server.NewJSStreamGeneralError, err)
@@ -45,7 +46,7 @@ func (b *Bridge) handleConsumerAPI(ctx context.Context, tok []string, m *leaf.Ms
 		b.respond(m.Reply, r, &r.ApiResponse, server.NewJSStreamGeneralError, err)
 	case len(tok) == 3 && tok[0] == "PAUSE":
 		r, err := b.apiPause(ctx, tok[1], tok[2], m.Data)
-		if err = b.forward(m, err, forwarded); err == errForwarded {
+		if err = b.fwd.Forward(m, err, forwarded); err == ownership.ErrForwarded {
 			return
 		}
 		b.respond(m.Reply, r, &r.ApiResponse, server.NewJSConsumerCreateError, err)
@@ -158,7 +159,7 @@ func (b *Bridge) apiInfo(ctx context.Context, streamName, name string, data []by
 	}
 	info, forwarded, err := b.cons.Info(ctx, s, name, forward)
 	if forwarded {
-		return resp, errForwarded
+		return resp, ownership.ErrForwarded
 	}
 	if err != nil {
 		return resp, err

@@ -13,6 +13,7 @@ import (
 
 	"github.com/jetgres/jetgres/bridge/consumer"
 	"github.com/jetgres/jetgres/bridge/gets"
+	"github.com/jetgres/jetgres/bridge/ownership"
 	"github.com/jetgres/jetgres/bridge/retention"
 	"github.com/jetgres/jetgres/bridge/sqlmove"
 	"github.com/jetgres/jetgres/bridge/stream"
@@ -61,6 +62,12 @@ const (
 	StreamSyncPeriodDefault = 5 * time.Second
 	// MaxPayloadDefault is nats-server's own default max_payload.
 	MaxPayloadDefault = 1 << 20
+
+	// QueueGroup is the queue group of every replica's stream-subject and $JS.API
+	// subscriptions: NATS hands each publish and each API request to one replica. The
+	// bridges are leafnodes of their servers, which nats-server does not prefer over a
+	// routed member: the pick is at random.
+	QueueGroup = "jetgres"
 
 	// tickPeriodMin is the shortest TickPeriod taken: every tick is a database statement.
 	tickPeriodMin = time.Millisecond
@@ -242,14 +249,9 @@ type Bridge struct {
 	streams *stream.Registry
 	apiReqs chan *leaf.Msg
 	apiSub  *leaf.Subscription
-	// ownForward is forwardPrefix(cfg.ReplicaName): the subjects of the requests other
-	// replicas forward here.
-	ownForward string
-	// fwdKey is the deployment's secret that seals forwarded requests.
-	fwdKey []byte
-	// fwdSub receives the consumer requests other replicas forward to this one.
-	fwdSub *leaf.Subscription
-	fm     *forwardMetrics
+	// fwd forwards consumer requests to the replica that serves the consumer, and takes
+	// those forwarded here.
+	fwd *ownership.Forwarder
 	// unsupportedLogged[i] is set once unsupportedRequests[i] has been logged.
 	unsupportedLogged [len(unsupportedRequests)]atomic.Bool
 
@@ -280,8 +282,9 @@ func New(cfg Config) (*Bridge, error) {
 		apiReqs: make(chan *leaf.Msg, APIQueueDefault),
 	}
 	b.metaKick = make(chan struct{}, 1)
-	b.ownForward = b.forwardPrefix(cfg.ReplicaName)
-	b.fm = newForwardMetrics(cfg.Registerer)
+	b.fwd = ownership.NewForwarder(ownership.ForwarderConfig{
+		Store: cfg.DB, Link: cfg.Link, Clock: b.clock, Registerer: cfg.Registerer, ReplicaName: cfg.ReplicaName,
+	})
 	b.gets = gets.New(cfg.DB, cfg.SubjectIndexBytes, cfg.Registerer)
 	ret, err := newRetention(b)
 	if err != nil {
@@ -379,9 +382,7 @@ func (b *Bridge) Stop(ctx context.Context) error {
 		if e := b.streams.Stop(ctx); e != nil {
 			err = fmt.Errorf("bridge: %w", e)
 		}
-		if b.fwdSub != nil {
-			_ = b.fwdSub.Unsubscribe()
-		}
+		b.fwd.Stop()
 		b.cons.Stop(ctx)
 		b.bg.Stop()
 		b.sql.Stop()
@@ -397,15 +398,11 @@ func (b *Bridge) Stop(ctx context.Context) error {
 // a stream deleted meanwhile no longer counts.
 func (b *Bridge) OldestFlush(now time.Time) time.Duration { return b.streams.OldestFlush(now) }
 
-// startConsumers reads the secret that seals forwarded requests and subscribes the
-// requests forwarded here before the consumer engine serves any consumer (other replicas
-// forward its updates once its lock names this one), then starts the engine.
+// startConsumers takes the requests other replicas forward here before the consumer
+// engine serves any consumer (they forward its updates once its lock names this one), then
+// starts the engine.
 func (b *Bridge) startConsumers(ctx context.Context) error {
-	var err error
-	if b.fwdKey, err = b.db.DeploymentSecret(ctx); err != nil {
-		return err
-	}
-	if b.fwdSub, err = b.link.Subscribe(b.ownForward+"*.*.CONSUMER.>", "", b.onAPI); err != nil {
+	if err := b.fwd.Start(ctx, b.onAPI); err != nil {
 		return err
 	}
 	return b.cons.Start(ctx, b.ctx)

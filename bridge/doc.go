@@ -1,12 +1,12 @@
 // Package bridge serves JetStream on top of PostgreSQL: it answers the $JS.API management
-// subjects, forwards consumer requests to the replica that serves the consumer, and wires
-// together the engines beside it.
+// subjects and wires together the engines beside it.
 //
 // The engines beside it: bridge/stream is the streams (the registry, each stream's intake
 // and the push transactions that fuse them, its tail and the events it announces),
 // bridge/consumer the pull and push consumers this process serves (their deliveries, acks
 // and cursor writes, the ticker), bridge/ownership which replica serves which consumer (the
-// session, its locks, the loop that keeps them and the fence), bridge/gets
+// session, its locks, the loop that keeps them, the fence, and the forwarding of requests
+// to that replica), bridge/gets
 // answers gets from memory or with shared reads, bridge/consumerstate is a consumer's ack
 // state machine and bridge/tailcache the tail caches. The wire format (ack
 // subjects and bodies, pull requests and status lines, headers, PubAcks, configuration
@@ -35,10 +35,10 @@
 //
 // # Several replicas
 //
-// Replicas share one PostgreSQL and one NATS cluster (see bridge/ownership, forward.go and
-// the README's "Several replicas"). Stream subjects and $JS.API.> are queue subscriptions
-// of QueueGroup, so each publish is appended and each request answered by one replica;
-// every replica appends, serialised by the stream's row lock. A consumer is served by the
+// Replicas share one PostgreSQL and one NATS cluster (see bridge/ownership and the
+// README's "Several replicas"). Stream subjects and $JS.API.> are queue subscriptions of
+// QueueGroup, so each publish is appended and each request answered by one replica; every
+// replica appends, serialised by the stream's row lock. A consumer is served by the
 // replica whose ownership session (pg.Ownership) holds its advisory lock; that replica
 // alone subscribes the consumer's MSG.NEXT subject. A pull request that reaches a replica
 // through the queue group is dropped when the replica serves the consumer (its own
@@ -57,19 +57,20 @@
 //     it asked, and what it does not acknowledge comes again after ack_wait.
 //
 // A consumer update, pause or info request that reaches a replica not serving the consumer
-// is forwarded to the one that does, on that replica's subject under ForwardPrefix with the
-// client's reply subject, and answered from there, as JetStream sends such requests to the
-// consumer's leader. Info is forwarded because only that replica knows what it delivered
-// and what waits for an ack; when no replica can be asked, info reports what PostgreSQL
-// holds, the ack floor. The other way, writing the change to PostgreSQL and letting the server
-// apply it on the notification, would check the change against a stored configuration
-// rather than the one in force, let two replicas write one consumer's configuration, and
-// answer with what PostgreSQL holds rather than the consumer's state; forwarding keeps one
-// writer per consumer and today's checks unchanged, at the cost of a hop on a rare request.
-// A request is forwarded once: an update or pause that finds the lock moved again is refused.
-// A forwarded request is sealed with a MAC over it and the time, keyed with a secret every
-// replica reads from PostgreSQL, and dropped without it: the forwarding subjects would
-// otherwise let a client that may publish anywhere past the server's permissions on $JS.API.
+// is forwarded to the one that does, on that replica's subject under
+// ownership.ForwardPrefix with the client's reply subject, and answered from there, as
+// JetStream sends such requests to the consumer's leader. Info is forwarded because only
+// that replica knows what it delivered and what waits for an ack; when no replica can be
+// asked, info reports what PostgreSQL holds, the ack floor. The other way, writing the
+// change to PostgreSQL and letting the server apply it on the notification, would check
+// the change against a stored configuration rather than the one in force, let two replicas
+// write one consumer's configuration, and answer with what PostgreSQL holds rather than
+// the consumer's state; forwarding keeps one writer per consumer and today's checks
+// unchanged, at the cost of a hop on a rare request. A request is forwarded once: an
+// update or pause that finds the lock moved again is refused. A forwarded request is
+// sealed with a MAC over it and the time, keyed with a secret every replica reads from
+// PostgreSQL, and dropped without it: the forwarding subjects would otherwise let a client
+// that may publish anywhere past the server's permissions on $JS.API.
 //
 // The lock is the one mechanism of ownership: its id-keyed advisory lock, one per
 // consumer, says who serves it, and the row's owner column only records the holder. One

@@ -14,20 +14,10 @@ import (
 	"github.com/jetgres/jetgres/pg"
 )
 
-// ErrServedElsewhere refuses changes to a consumer whose lease another replica holds, when
-// the request cannot reach that replica.
-var ErrServedElsewhere = errors.New("consumer is served by another replica")
-
-// ServedBy says that the replica called Owner serves the consumer a request would change:
-// the request belongs there.
-type ServedBy struct{ Owner string }
-
-func (e *ServedBy) Error() string { return ErrServedElsewhere.Error() }
-
 // Create applies a create request whose configuration the API checked to the consumer
 // called name on s: it updates the consumer when this process serves it and action allows,
 // creates it when it does not exist, and reports it as ConsumerInfo. A consumer another
-// replica serves is refused with a *ServedBy.
+// replica serves is refused with an *ownership.ServedBy.
 func (cs *Engine) Create(ctx context.Context, s *stream.Stream, name string, cfg server.ConsumerConfig, action server.ConsumerAction) (*server.ConsumerInfo, error) {
 	streamName := s.Name()
 	c, err := cs.ensure(ctx, streamName, name)
@@ -317,8 +307,8 @@ func utcOrNil(t time.Time) *time.Time {
 }
 
 // Info reports the consumer called name on s. When another replica serves it, forward is
-// given the reason (a *ServedBy, or why that replica is unknown) and may send the request
-// there: Info then reports forwarded and nothing else. Otherwise, since only the serving
+// given the reason (an *ownership.ServedBy, or why that replica is unknown) and may send
+// the request there: Info then reports forwarded and nothing else. Otherwise, since only the serving
 // replica knows what it delivered and what waits for an ack, Info reports what PostgreSQL
 // holds, the ack floor.
 func (cs *Engine) Info(ctx context.Context, s *stream.Stream, name string, forward func(served error) bool) (info *server.ConsumerInfo, forwarded bool, err error) {
@@ -350,7 +340,7 @@ func (cs *Engine) Info(ctx context.Context, s *stream.Stream, name string, forwa
 // Pause sets the pause_until of the consumer called name on s: a time in the future stops
 // deliveries until then (pull requests still queue, expire and get heartbeats); a zero
 // time, or one in the past, resumes at once. A consumer another replica serves is refused
-// with a *ServedBy.
+// with an *ownership.ServedBy.
 func (cs *Engine) Pause(ctx context.Context, s *stream.Stream, name string, until time.Time) error {
 	streamName := s.Name()
 	c, err := cs.ensure(ctx, streamName, name)

@@ -21,8 +21,8 @@
 // (bridge/ownership, whose loop the engine runs and whose fence stops every consumer at
 // once); that replica alone subscribes the consumer's MSG.NEXT subject. The engine takes a
 // consumer's lock before it serves it, gives it back when it stops, and serves what the
-// loop claims. A request that must reach another replica's consumer is refused with a
-// *ServedBy naming that replica; forwarding it is the bridge's.
+// loop claims. A request that must reach another replica's consumer is refused with an
+// *ownership.ServedBy naming that replica, for the caller to forward it there.
 //
 // # Locks
 //

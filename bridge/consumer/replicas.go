@@ -9,6 +9,7 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/jetgres/jetgres/bridge/ownership"
 	"github.com/jetgres/jetgres/bridge/stream"
 	"github.com/jetgres/jetgres/embedded/leaf"
 	"github.com/jetgres/jetgres/pg"
@@ -190,7 +191,7 @@ func (cs *Engine) servedBy(ctx context.Context, s *stream.Stream, name string) e
 		// a claim that another replica serves it.
 		return fmt.Errorf("looking up the replica serving consumer %q on stream %q: %w", name, s.Name(), err)
 	}
-	return &ServedBy{Owner: row.Owner}
+	return &ownership.ServedBy{Owner: row.Owner}
 }
 
 // clusterInfo is the cluster block of consumer info, as JetStream reports its cluster and

@@ -11,6 +11,9 @@
 // stops every consumer this replica serves at once, long before PostgreSQL frees a silent
 // session's locks (a whole lease and its keepalive probes).
 //
+// A consumer request that reaches a replica not serving the consumer goes to the one that
+// does through the Forwarder, sealed with the deployment's secret, and is answered there.
+//
 // The keeper serves nothing itself: the consumer engine (bridge/consumer) takes the locks
 // through it and tells it, through Config, how to serve a consumer it claimed and how to
 // stop consumers. It has no mutex of its own; pg.Ownership's lock is taken with none of the

@@ -33,7 +33,7 @@ func (b *Bridge) onAPI(m *leaf.Msg) {
 			}
 			return
 		}
-		b.handlePullRequest(m, stream, consumer)
+		b.cons.HandlePull(m, stream, consumer)
 		return
 	}
 	if m.Reply == "" {
@@ -63,16 +63,11 @@ func (b *Bridge) apiWorker() {
 
 // serveAPI routes one API request by its subject, after the "$JS.API." prefix.
 func (b *Bridge) serveAPI(ctx context.Context, m *leaf.Msg) {
-	rest, forwarded := strings.CutPrefix(m.Subject, b.ownForward)
-	if forwarded {
-		api, ok := b.unseal(rest, m)
-		if !ok {
-			b.cons.own.refused.Inc()
-			return
-		}
-		m.Subject = apiPrefix + api
+	forwarded, ok := b.fwd.Received(m)
+	if !ok {
+		return
 	}
-	rest = strings.TrimPrefix(m.Subject, apiPrefix)
+	rest := strings.TrimPrefix(m.Subject, apiPrefix)
 	tok := strings.Split(rest, ".")
 	if i := findUnsupported(rest); i >= 0 {
 		b.answerUnsupported(m, i)

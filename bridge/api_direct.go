@@ -173,8 +173,7 @@ func (dg *directGet) run(ctx context.Context) error {
 // count still to come, then an end-of-batch status.
 func (dg *directGet) batch(ctx context.Context, seq uint64) error {
 	req := &dg.req
-	cs := dg.b.cs()
-	hw, err := cs.highWater(ctx, dg.s)
+	hw, err := dg.b.cons.HighWater(ctx, dg.s)
 	if err != nil {
 		return err
 	}
@@ -186,7 +185,7 @@ func (dg *directGet) batch(ctx context.Context, seq uint64) error {
 	if err != nil {
 		return err
 	}
-	msgs, _, err := cs.readPop(ctx, pg.ReadParams{StreamID: dg.s.ID(), From: seq, UpTo: hw, MaxMsgs: req.Batch, MaxBytes: dg.maxBytes(), BytesThrough: true}, filters)
+	msgs, _, err := dg.b.cons.ReadPop(ctx, pg.ReadParams{StreamID: dg.s.ID(), From: seq, UpTo: hw, MaxMsgs: req.Batch, MaxBytes: dg.maxBytes(), BytesThrough: true}, filters)
 	if err != nil {
 		return err
 	}
@@ -218,7 +217,7 @@ func (dg *directGet) multiLast(ctx context.Context) error {
 		}
 		upTo = at - 1
 	} else {
-		last, err := dg.b.cs().highWater(ctx, dg.s)
+		last, err := dg.b.cons.HighWater(ctx, dg.s)
 		if err != nil {
 			return err
 		}

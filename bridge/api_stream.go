@@ -481,3 +481,10 @@ func (b *Bridge) apiMsgDelete(ctx context.Context, name string, body []byte) (*s
 	resp.Success = true
 	return resp, nil
 }
+
+// streamClusterInfo is the cluster block of stream info: nats-server reports it for every
+// stream, outside cluster mode too (no name, itself the leader), and clients print it
+// ("Cluster Information"). The leader is the replica that answers: every replica appends.
+func (b *Bridge) streamClusterInfo() *server.ClusterInfo {
+	return &server.ClusterInfo{Name: b.cfg.ClusterName, Leader: b.cfg.ReplicaName}
+}

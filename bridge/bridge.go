@@ -11,7 +11,9 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/jetgres/jetgres/bridge/consumer"
 	"github.com/jetgres/jetgres/bridge/gets"
+	"github.com/jetgres/jetgres/bridge/ownership"
 	"github.com/jetgres/jetgres/bridge/retention"
 	"github.com/jetgres/jetgres/bridge/sqlmove"
 	"github.com/jetgres/jetgres/bridge/stream"
@@ -20,7 +22,6 @@ import (
 	"github.com/jetgres/jetgres/flow"
 	"github.com/jetgres/jetgres/internal/clock"
 	"github.com/jetgres/jetgres/internal/startstop"
-	"github.com/jetgres/jetgres/internal/warnlog"
 	"github.com/jetgres/jetgres/pg"
 )
 
@@ -61,6 +62,12 @@ const (
 	StreamSyncPeriodDefault = 5 * time.Second
 	// MaxPayloadDefault is nats-server's own default max_payload.
 	MaxPayloadDefault = 1 << 20
+
+	// QueueGroup is the queue group of every replica's stream-subject and $JS.API
+	// subscriptions: NATS hands each publish and each API request to one replica. The
+	// bridges are leafnodes of their servers, which nats-server does not prefer over a
+	// routed member: the pick is at random.
+	QueueGroup = "jetgres"
 
 	// tickPeriodMin is the shortest TickPeriod taken: every tick is a database statement.
 	tickPeriodMin = time.Millisecond
@@ -120,8 +127,9 @@ type Config struct {
 	MaxPayload int32
 	// Lease is how long PostgreSQL lets this replica's ownership session be silent before it
 	// probes it and, once the probes fail, frees its consumers for other replicas. A replica
-	// confirms its session claimsPerLease times per lease and stops serving every consumer
-	// when it cannot, within a fifth of the lease, long before, all on Clock. Defaults to LeaseDefault.
+	// confirms its session ownership.ClaimsPerLease times per lease and stops serving every
+	// consumer when it cannot, within a fifth of the lease, long before, all on Clock.
+	// Defaults to LeaseDefault.
 	Lease time.Duration
 	// MaxMemory and MaxStore bound the bytes of memory and of file streams, as a JetStream
 	// server's max_memory_store and max_file_store do: a stream whose max_bytes would take
@@ -222,9 +230,6 @@ func (c *Config) applyDefaults() {
 	}
 }
 
-// errStopping is what work refused because the bridge is stopping fails with.
-var errStopping = errors.New("bridge: stopping")
-
 // Bridge serves JetStream on top of PostgreSQL through a leafnode link.
 type Bridge struct {
 	cfg  Config
@@ -234,9 +239,6 @@ type Bridge struct {
 	am   *apiMetrics
 	// clock is Config.Clock, or the system clock.
 	clock clock.Clock
-	// The warnings of attempts that fail together while the database is away, thinned.
-	// Each warning has a throttle of its own, so that one cannot hide another.
-	warnRead, warnPending, warnTick, warnFill, warnOwnSession, warnUnserved warnlog.Throttle
 
 	// bg runs the background work: API workers and the stream sync loop. ctx is its
 	// context, from Start until Stop cancels it; the SQL mover and retention run under it.
@@ -247,18 +249,16 @@ type Bridge struct {
 	streams *stream.Registry
 	apiReqs chan *leaf.Msg
 	apiSub  *leaf.Subscription
-	// ownForward is forwardPrefix(cfg.ReplicaName): the subjects of the requests other
-	// replicas forward here.
-	ownForward string
-	// fwdKey is the deployment's secret that seals forwarded requests.
-	fwdKey []byte
+	// fwd forwards consumer requests to the replica that serves the consumer, and takes
+	// those forwarded here.
+	fwd *ownership.Forwarder
 	// unsupportedLogged[i] is set once unsupportedRequests[i] has been logged.
 	unsupportedLogged [len(unsupportedRequests)]atomic.Bool
 
 	// metaKick wakes the stream sync loop when another replica changed a stream.
 	metaKick chan struct{}
 
-	cons      *consumerSide
+	cons      *consumer.Engine
 	gets      *gets.Indexes
 	sql       *sqlmove.Mover[*stream.Stream]
 	retention *retention.Engine[*stream.Stream]
@@ -282,8 +282,9 @@ func New(cfg Config) (*Bridge, error) {
 		apiReqs: make(chan *leaf.Msg, APIQueueDefault),
 	}
 	b.metaKick = make(chan struct{}, 1)
-	b.ownForward = b.forwardPrefix(cfg.ReplicaName)
-	b.initConsumers(cfg.Registerer)
+	b.fwd = ownership.NewForwarder(ownership.ForwarderConfig{
+		Store: cfg.DB, Link: cfg.Link, Clock: b.clock, Registerer: cfg.Registerer, ReplicaName: cfg.ReplicaName,
+	})
 	b.gets = gets.New(cfg.DB, cfg.SubjectIndexBytes, cfg.Registerer)
 	ret, err := newRetention(b)
 	if err != nil {
@@ -300,6 +301,11 @@ func New(cfg Config) (*Bridge, error) {
 		Gets:       b.gets,
 		NoInterest: b.retention.NoInterest,
 	})
+	cons, err := newConsumers(b)
+	if err != nil {
+		return nil, fmt.Errorf("bridge: %w", err)
+	}
+	b.cons = cons
 	b.streams.Subscribe(b.cons)
 	sql, err := newSQLMover(b)
 	if err != nil {
@@ -376,7 +382,8 @@ func (b *Bridge) Stop(ctx context.Context) error {
 		if e := b.streams.Stop(ctx); e != nil {
 			err = fmt.Errorf("bridge: %w", e)
 		}
-		b.stopConsumers(ctx)
+		b.fwd.Stop()
+		b.cons.Stop(ctx)
 		b.bg.Stop()
 		b.sql.Stop()
 		b.retention.Stop()
@@ -391,13 +398,21 @@ func (b *Bridge) Stop(ctx context.Context) error {
 // a stream deleted meanwhile no longer counts.
 func (b *Bridge) OldestFlush(now time.Time) time.Duration { return b.streams.OldestFlush(now) }
 
+// startConsumers takes the requests other replicas forward here before the consumer
+// engine serves any consumer (they forward its updates once its lock names this one), then
+// starts the engine.
+func (b *Bridge) startConsumers(ctx context.Context) error {
+	if err := b.fwd.Start(ctx, b.onAPI); err != nil {
+		return err
+	}
+	return b.cons.Start(ctx, b.ctx)
+}
+
 // metaChanged is told of each stream and consumer change any replica commits (0: some may
 // have been missed): the streams are re-read, and the ownership loop looks, at once.
 func (b *Bridge) metaChanged(int64) {
 	poke(b.metaKick)
-	if cs := b.cs(); cs != nil {
-		poke(cs.ownKick)
-	}
+	b.cons.Kick()
 }
 
 // streamSyncLoop picks up stream changes that another replica made: at once when

@@ -7,7 +7,6 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/jetgres/jetgres/internal/jswire"
 	"github.com/jetgres/jetgres/internal/testwait"
 )
 
@@ -22,16 +21,15 @@ func TestPurgeReachesAConsumerWithAFullQueue(t *testing.T) {
 	if _, err := s.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{Durable: "C", AckPolicy: jetstream.AckExplicitPolicy}); err != nil {
 		t.Fatal(err)
 	}
-	c := tb.bridge.cs().find("FULLQ", "C")
+	c := tb.bridge.cons.Probe("FULLQ", "C")
 	if c == nil {
 		t.Fatal("consumer not served")
 	}
 	// Hold the goroutine and fill its queue with acks it will ignore.
-	c.mu.Lock()
-	for c.post(event{kind: evAck, ack: jswire.AckUnknown}) {
-	}
+	c.Lock()
+	c.FillQueue()
 	purged := s.Purge(ctx)
-	c.mu.Unlock()
+	c.Unlock()
 	if purged != nil {
 		t.Fatal(purged)
 	}

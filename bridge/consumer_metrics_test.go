@@ -10,6 +10,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/jetgres/jetgres/bridge/consumer"
 	"github.com/jetgres/jetgres/internal/testwait"
 )
 
@@ -26,26 +27,21 @@ func TestScrapeWaitsForAConsumerWithoutTheRegistryLock(t *testing.T) {
 	if _, err := s.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{Durable: "C", AckPolicy: jetstream.AckExplicitPolicy}); err != nil {
 		t.Fatal(err)
 	}
-	cs := tb.bridge.cs()
-	var c *consumer
+	cs := tb.bridge.cons
+	var c *consumer.Probe
 	testwait.For(t, 10*time.Second, func() error {
-		cs.mu.RLock()
-		if sc := cs.streams[tb.bridge.streams.Lookup("S")]; sc != nil {
-			c = sc.get("C")
-		}
-		cs.mu.RUnlock()
-		if c == nil {
+		if c = cs.Probe("S", "C"); c == nil {
 			return errors.New("consumer C is not served yet")
 		}
 		return nil
 	})
 
 	// The consumer busy, as in a long delivery batch, while a scrape comes.
-	c.mu.Lock()
+	c.Lock()
 	busy := true
 	t.Cleanup(func() {
 		if busy {
-			c.mu.Unlock()
+			c.Unlock()
 		}
 	})
 	scraped := make(chan error, 1)
@@ -63,14 +59,13 @@ func TestScrapeWaitsForAConsumerWithoutTheRegistryLock(t *testing.T) {
 		return errors.New("the scrape is not waiting for the busy consumer yet")
 	})
 	testwait.For(t, 10*time.Second, func() error {
-		if !cs.mu.TryLock() {
+		if cs.RegistryBusy() {
 			return errors.New("the consumer registry stays locked while the scrape waits for a busy consumer")
 		}
-		cs.mu.Unlock()
 		return nil
 	})
 	busy = false
-	c.mu.Unlock()
+	c.Unlock()
 	if err := <-scraped; err != nil {
 		t.Fatal(err)
 	}

@@ -246,17 +246,15 @@ func TestRecreatedConsumerKeepsItsOwnCursor(t *testing.T) {
 	if err := msgs[1].Ack(); err != nil {
 		t.Fatal(err)
 	}
-	old := tb.bridge.cs().find("AGAIN", "C")
+	old := tb.bridge.cons.Probe("AGAIN", "C")
 	if old == nil {
 		t.Fatal("consumer C is not served")
 	}
 	// Wherever the writer now is with floor 2 (waiting out the interval, or about to), its
 	// write, if any, has to come after the permits below are taken.
 	testwait.For(t, 5*time.Second, func() error {
-		old.cw.mu.Lock()
-		defer old.cw.mu.Unlock()
-		if old.cw.want.Stream != 2 || !old.cw.inflight {
-			return fmt.Errorf("cursor writer wants floor %d (in flight %v), want floor 2 in flight", old.cw.want.Stream, old.cw.inflight)
+		if want, inflight := old.CursorWrite(); want != 2 || !inflight {
+			return fmt.Errorf("cursor writer wants floor %d (in flight %v), want floor 2 in flight", want, inflight)
 		}
 		return nil
 	})
@@ -281,9 +279,7 @@ func TestRecreatedConsumerKeepsItsOwnCursor(t *testing.T) {
 	// The old writer ends after any write it was still to make, so once it has ended the
 	// new row shows whether that write reached it.
 	testwait.For(t, 5*time.Second, func() error {
-		old.cw.mu.Lock()
-		defer old.cw.mu.Unlock()
-		if old.cw.inflight {
+		if _, inflight := old.CursorWrite(); inflight {
 			return errors.New("the deleted consumer's cursor writer still runs")
 		}
 		return nil

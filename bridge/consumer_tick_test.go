@@ -240,7 +240,7 @@ func TestCatchUpSwitchesToTail(t *testing.T) {
 	s := tb.bridge.streams.Lookup("CU")
 	tail := s.Tail()
 	start := tail.Start()
-	if start <= readAheadMax || start > total {
+	if start <= ReadAheadMsgs || start > total {
 		t.Fatalf("the tail starts at %d: the test wants a backlog well behind it", start)
 	}
 	sub, err := legacyJS(t, tb.nc).SubscribeSync("cu.>", nats.AckNone(), nats.DeliverAll())

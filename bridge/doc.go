@@ -1,18 +1,20 @@
-// Package bridge owns JetStream semantics: the pull and push consumers this process serves
-// and how they behave, the $JS.API management subjects, and the wiring of the engines
-// beside it. It serves pull consumers from a tick-driven tail cache, delivers push
-// consumers' messages on the same path while their deliver subject has interest (with flow
-// control and idle heartbeats), and turns acks into cursor writes.
+// Package bridge serves JetStream on top of PostgreSQL: it answers the $JS.API management
+// subjects and wires together the engines beside it.
 //
 // The engines beside it: bridge/stream is the streams (the registry, each stream's intake
 // and the push transactions that fuse them, its tail and the events it announces),
-// bridge/gets answers gets from memory or with shared reads, bridge/consumerstate is a
-// consumer's ack state machine and bridge/tailcache the tail caches. The wire format (ack
+// bridge/consumer the pull and push consumers this process serves (their deliveries, acks
+// and cursor writes, the ticker), bridge/ownership which replica serves which consumer (the
+// session, its locks, the loop that keeps them, the fence, and the forwarding of requests
+// to that replica), bridge/gets
+// answers gets from memory or with shared reads, bridge/consumerstate is a consumer's ack
+// state machine and bridge/tailcache the tail caches. The wire format (ack
 // subjects and bodies, pull requests and status lines, headers, PubAcks, configuration
 // checks and defaults) is internal/jswire. A stream announces its commits, purges,
-// removals and deletion as events that its get index, its tail and the consumers
-// (consumerSide, a stream.Subscriber) take, in that order, on the goroutine that made the
-// change.
+// removals and deletion as events that its get index, its tail and the consumer engine
+// (a stream.Subscriber) take, in that order, on the goroutine that made the change. The
+// consumer engine reaches the streams through the registry and retention through
+// consumer.Retention (consumer_wiring.go).
 //
 // The SQL mover, which brings what applications published with jetgres.publish into their
 // streams, is bridge/sqlmove. It reaches the streams and the publish path only through
@@ -33,15 +35,16 @@
 //
 // # Several replicas
 //
-// Replicas share one PostgreSQL and one NATS cluster (see replicas.go and the README's
-// "Several replicas"). Stream subjects and $JS.API.> are queue subscriptions of QueueGroup,
-// so each publish is appended and each request answered by one replica; every replica
-// appends, serialised by the stream's row lock. A consumer is served by the replica whose
-// ownership session (pg.Ownership) holds its advisory lock; that replica alone subscribes
-// the consumer's MSG.NEXT subject. A pull request that reaches a replica through the queue
-// group is dropped when the replica serves the consumer (its own subscription has the
-// request too) or when the server announces another replica's subscription to that subject;
-// otherwise the consumer is served nowhere and the replica takes it over.
+// Replicas share one PostgreSQL and one NATS cluster (see bridge/ownership and the
+// README's "Several replicas"). Stream subjects and $JS.API.> are queue subscriptions of
+// QueueGroup, so each publish is appended and each request answered by one replica; every
+// replica appends, serialised by the stream's row lock. A consumer is served by the
+// replica whose ownership session (pg.Ownership) holds its advisory lock; that replica
+// alone subscribes the consumer's MSG.NEXT subject. A pull request that reaches a replica
+// through the queue group is dropped when the replica serves the consumer (its own
+// subscription has the request too) or when the server announces another replica's
+// subscription to that subject; otherwise the consumer is served nowhere and the replica
+// takes it over.
 //
 // The two races that remain, and why they are harmless:
 //   - No answer: a request published after the old server dropped its subscription and
@@ -54,72 +57,57 @@
 //     it asked, and what it does not acknowledge comes again after ack_wait.
 //
 // A consumer update, pause or info request that reaches a replica not serving the consumer
-// is forwarded to the one that does, on that replica's subject under ForwardPrefix with the
-// client's reply subject, and answered from there, as JetStream sends such requests to the
-// consumer's leader. Info is forwarded because only that replica knows what it delivered
-// and what waits for an ack; when no replica can be asked, info reports what PostgreSQL
-// holds, the ack floor. The other way, writing the change to PostgreSQL and letting the server
-// apply it on the notification, would check the change against a stored configuration
-// rather than the one in force, let two replicas write one consumer's configuration, and
-// answer with what PostgreSQL holds rather than the consumer's state; forwarding keeps one
-// writer per consumer and today's checks unchanged, at the cost of a hop on a rare request.
-// A request is forwarded once: an update or pause that finds the lock moved again is refused.
-// A forwarded request is sealed with a MAC over it and the time, keyed with a secret every
-// replica reads from PostgreSQL, and dropped without it: the forwarding subjects would
-// otherwise let a client that may publish anywhere past the server's permissions on $JS.API.
+// is forwarded to the one that does, on that replica's subject under
+// ownership.ForwardPrefix with the client's reply subject, and answered from there, as
+// JetStream sends such requests to the consumer's leader. Info is forwarded because only
+// that replica knows what it delivered and what waits for an ack; when no replica can be
+// asked, info reports what PostgreSQL holds, the ack floor. The other way, writing the
+// change to PostgreSQL and letting the server apply it on the notification, would check
+// the change against a stored configuration rather than the one in force, let two replicas
+// write one consumer's configuration, and answer with what PostgreSQL holds rather than
+// the consumer's state; forwarding keeps one writer per consumer and today's checks
+// unchanged, at the cost of a hop on a rare request. A request is forwarded once: an
+// update or pause that finds the lock moved again is refused. A forwarded request is
+// sealed with a MAC over it and the time, keyed with a secret every replica reads from
+// PostgreSQL, and dropped without it: the forwarding subjects would otherwise let a client
+// that may publish anywhere past the server's permissions on $JS.API.
 //
-// The lock is the one mechanism of ownership: its id-keyed advisory lock, one per consumer,
-// says who serves it, and the row's owner column only records the holder. One loop
-// (ownershipLoop) keeps it: it confirms the session, stops the consumers whose rows are gone,
-// and takes over free ones. Takeover spreads: a replica takes its fair share of the free
-// consumers per look, and at least one (pg.Ownership.ClaimFree), the live replicas counted
-// by their ownership sessions' shared lock.
+// The lock is the one mechanism of ownership: its id-keyed advisory lock, one per
+// consumer, says who serves it, and the row's owner column only records the holder. One
+// loop (bridge/ownership's Keeper.Run) keeps it: it confirms the session, stops the
+// consumers whose rows are gone, and takes over free ones. Takeover spreads: a replica
+// takes its fair share of the free consumers per look, and at least one
+// (pg.Ownership.ClaimFree), the live replicas counted by their ownership sessions' shared
+// lock.
 //
 // Fencing keeps two replicas from serving one consumer: the session is confirmed
-// claimsPerLease times per lease, and a failed confirmation, or one older than a fifth of
-// the lease, stops every consumer at once, while PostgreSQL frees a silent session's locks
-// only after a whole lease and its keepalive probes. A cursor write also lands only while
-// the row names this replica as owner.
+// ownership.ClaimsPerLease times per lease, and a failed confirmation, or one older than a
+// fifth of the lease, stops every consumer at once, while PostgreSQL frees a silent
+// session's locks only after a whole lease and its keepalive probes. A cursor write also
+// lands only while the row names this replica as owner.
 //
 // # Locks
 //
-// The package's mutexes, in the order in which they may be held together: a goroutine that
-// holds one may take only those below it.
+// The mutexes the bridge and its engines take together, in the order in which they may be
+// held: a goroutine that holds one may take only those below it.
 //
 //  1. The stream registry's admin lock (bridge/stream, LockAdmin) serialises stream
 //     create, update and delete and the re-reading of the streams from PostgreSQL. The API
 //     handlers hold it across database calls, subscriptions and retention passes.
 //  2. A retention pass's lock (bridge/retention) lets one pass run on a stream at a time.
-//     A pass holds it across database calls, reads the consumers this process serves (the
-//     locks from 3 down) and announces what it removed, whose subscribers take theirs.
-//  3. consumerSide.mu guards the map from streams to their consumer registries. Held with
-//     it: each registry's mu, to list it, and each consumer's mu while metrics are collected.
-//  4. consumer.mu guards a consumer's state. Its goroutine holds it while it works, except
-//     around database reads; API requests, retention and metrics take it briefly. Held with
-//     it: its stream registry's mu (a stopping consumer removes itself), its
-//     pendingCommits.mu and cursorWriter.mu, and its stream's tail.
-//  5. streamConsumers.mu guards one stream's map of consumers.
-//  6. bridge/stream's other locks (the map of streams, a stream's subscriptions, its
-//     intake, the ready queue), in that package's order.
-//  7. bridge/retention's other locks, leaves: those of the acks noted for a stream's next
-//     pass and the filters of the consumers other replicas serve, and of the map of them.
-//  8. consumer.qmu guards a consumer's queue of events.
-//  9. pendingCommits.mu guards what commits added to a consumer's pending count.
-//  10. cursorWriter.mu guards a consumer's cursor write in flight and the double acks
-//     waiting for it.
-//  11. consumerSide.pushMu guards the set of push consumers the interest watcher looks
-//     after; a stopping consumer leaves it under its own mu.
-//  12. ownership.mu guards the MSG.NEXT subscriptions of the consumers this replica serves;
-//     a stopping consumer drops its own under its mu. The link's Subscribe and Unsubscribe
-//     run outside it, and so does the ownership session (pg.Ownership has its own lock,
-//     taken with none of these held: a lock given back goes from a goroutine of its own).
+//     A pass holds it across database calls, reads the consumers this process serves
+//     (bridge/consumer's locks) and announces what it removed, whose subscribers take theirs.
+//  3. bridge/consumer's locks, in that package's order: its registry, each consumer, each
+//     stream's consumers, then its leaves. Held with them: bridge/stream's other locks (the
+//     map of streams, a stream's subscriptions, its intake, the ready queue), in that
+//     package's order, and bridge/retention's leaves (the acks noted for a stream's next pass
+//     and the filters of the consumers other replicas serve, and the map of them).
 //
-// From 6 down each is a leaf: nothing is taken while it is held. A tail's lock
-// (bridge/tailcache) is a leaf too, and so are those of bridge/gets (each stream's
-// gets.Index and the reads in flight, taken one at a time). The link's locks (package leaf) and the flow lanes'
-// come after all of these: the bridge publishes, subscribes and takes permits while holding
-// some of them, and the link calls its handlers with none of its own locks held. The SQL
-// mover holds none of these when it calls sqlHost, whose methods take them as their owners
-// do: re-reading the streams from 1 down, the interest check and a commit's announcement
-// from 3 down.
+// A tail's lock (bridge/tailcache) is a leaf, and so are those of bridge/gets (each stream's
+// gets.Index and the reads in flight, taken one at a time). The link's locks (package leaf)
+// and the flow lanes' come after all of these: the bridge publishes, subscribes and takes
+// permits while holding some of them, and the link calls its handlers with none of its own
+// locks held. The SQL mover holds none of these when it calls sqlHost, whose methods take
+// them as their owners do: re-reading the streams from 1 down, the interest check and a
+// commit's announcement from 3 down.
 package bridge

@@ -9,6 +9,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/jetgres/jetgres/bridge/ownership"
 	"github.com/jetgres/jetgres/embedded/leaf"
 	"github.com/jetgres/jetgres/internal/testwait"
 )
@@ -24,7 +25,7 @@ func TestForwardedRequestsNeedTheSeal(t *testing.T) {
 	if _, err := s.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{Durable: "C"}); err != nil {
 		t.Fatal(err)
 	}
-	prefix := tb.bridge.forwardPrefix("a")
+	prefix := tb.bridge.fwd.Prefix("a")
 	const api = "CONSUMER.DELETE.FWD.C"
 	now := time.Now().Unix()
 	stale := &leaf.Msg{Reply: "_INBOX.fwd.stale"}
@@ -36,7 +37,7 @@ func TestForwardedRequestsNeedTheSeal(t *testing.T) {
 	forged := []string{
 		prefix + "1.00." + api,
 		prefix + strconv.FormatInt(now, 10) + ".0123456789abcdef0123456789abcdef." + api,
-		prefix + tb.bridge.seal(now-int64(2*forwardMaxAge/time.Second), api, stale) + "." + api,
+		prefix + tb.bridge.fwd.Seal(now-int64(2*ownership.ForwardMaxAge/time.Second), api, stale) + "." + api,
 	}
 	for i, subj := range forged {
 		reply := "_INBOX.fwd.forged"
@@ -71,7 +72,7 @@ func TestForwardedRequestsNeedTheSeal(t *testing.T) {
 		t.Fatal(err)
 	}
 	m := &leaf.Msg{Reply: reply}
-	if err := tb.nc.PublishMsg(&nats.Msg{Subject: prefix + tb.bridge.seal(time.Now().Unix(), api, m) + "." + api, Reply: reply}); err != nil {
+	if err := tb.nc.PublishMsg(&nats.Msg{Subject: prefix + tb.bridge.fwd.Seal(time.Now().Unix(), api, m) + "." + api, Reply: reply}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := sub.NextMsg(5 * time.Second); err != nil {

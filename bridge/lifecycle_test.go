@@ -33,7 +33,7 @@ func idle(groups map[string]func(context.Context) error) error {
 }
 
 func (b *Bridge) groups() map[string]func(context.Context) error {
-	return map[string]func(context.Context) error{"background work": b.bg.Wait, "streams": b.streams.Wait, "consumer side": b.cons.g.Wait}
+	return map[string]func(context.Context) error{"background work": b.bg.Wait, "streams": b.streams.Wait, "consumer side": b.cons.Wait}
 }
 
 // A Start that fails part-way, here because the database stalls while it loads a stream's

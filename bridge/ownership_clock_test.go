@@ -8,6 +8,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/jetgres/jetgres/bridge/ownership"
 	"github.com/jetgres/jetgres/internal/clock/clocktest"
 	"github.com/jetgres/jetgres/internal/testwait"
 	"github.com/jetgres/jetgres/pg/pgtest/rawsql"
@@ -40,24 +41,24 @@ func TestOwnershipLooksOnTheBridgeClock(t *testing.T) {
 	// the fence, on the same clock, from ever finding one older than a step.
 	step := func() {
 		t.Helper()
-		clock.Advance(ownershipLease / claimsPerLease)
+		clock.Advance(ownershipLease / ownership.ClaimsPerLease)
 		testwait.For(t, 30*time.Second, func() error {
-			if got, now := tb.bridge.cons.own.own.Confirmed(), clock.Now(); got.Before(now) {
+			if got, now := tb.bridge.cons.OwnershipConfirmed(), clock.Now(); got.Before(now) {
 				return fmt.Errorf("ownership confirmed at %v, the clock is at %v", got, now)
 			}
 			return nil
 		})
 	}
-	for range claimsPerLease/deletedChecksPerLease - 1 {
+	for range ownership.ClaimsPerLease/ownership.DeletedChecksPerLease - 1 {
 		step()
-		if !tb.bridge.cons.own.holds("LOOK", "C") {
+		if !tb.bridge.cons.Holds("LOOK", "C") {
 			t.Fatal("stopped before the ownership loop was due to look")
 		}
 	}
 	step()
 	step()
 	testwait.For(t, 30*time.Second, func() error {
-		if tb.bridge.cons.own.holds("LOOK", "C") {
+		if tb.bridge.cons.Holds("LOOK", "C") {
 			return errors.New("the consumer deleted without a notification is still served")
 		}
 		return nil
@@ -79,7 +80,7 @@ func TestFenceOnTheBridgeClock(t *testing.T) {
 	if _, err := s.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{Durable: "C"}); err != nil {
 		t.Fatal(err)
 	}
-	if !tb.bridge.cons.own.holds("FENCE", "C") {
+	if !tb.bridge.cons.Holds("FENCE", "C") {
 		t.Fatal("the bridge does not serve the consumer it created")
 	}
 	// One jump fires the ownership loop's tick and the fence's together; a confirmation that
@@ -88,7 +89,7 @@ func TestFenceOnTheBridgeClock(t *testing.T) {
 		if counterValue(t, tb.reg, "jetgres_consumer_fencings_total") > 0 {
 			return nil
 		}
-		clock.Advance(ownershipLease/fencePerLease + ownershipLease/claimsPerLease)
+		clock.Advance(ownershipLease/ownership.FencePerLease + ownershipLease/ownership.ClaimsPerLease)
 		return errors.New("not fenced")
 	})
 }
@@ -113,7 +114,7 @@ func TestOwnershipStopsAConsumerDeletedElsewhereOnAStillClock(t *testing.T) {
 		t.Fatal(err)
 	}
 	testwait.For(t, 30*time.Second, func() error {
-		if tb.bridge.cons.own.holds("GONE", "C") {
+		if tb.bridge.cons.Holds("GONE", "C") {
 			return errors.New("the consumer deleted elsewhere is still served")
 		}
 		return nil

@@ -633,15 +633,8 @@ func TestPushOrderedChurn(t *testing.T) {
 		if err != nil {
 			return err
 		}
-		tb.bridge.cons.pushMu.Lock()
-		pushers := len(tb.bridge.cons.pushers)
-		tb.bridge.cons.pushMu.Unlock()
-		n := 0
-		if sc := tb.bridge.consumersOf(s); sc != nil {
-			sc.mu.RLock()
-			n = len(sc.cons)
-			sc.mu.RUnlock()
-		}
+		pushers := tb.bridge.cons.PushWatched()
+		n := tb.bridge.cons.Served(s)
 		if n != 0 || len(rows) != 0 || pushers != 0 {
 			return fmt.Errorf("%d consumers served, %d rows, %d push consumers watched", n, len(rows), pushers)
 		}

@@ -51,13 +51,11 @@ func expectPaced(t *testing.T, tb *testBundle, name string, clock *clocktest.Clo
 		t.Helper()
 		due := clock.Now().Add(gap)
 		testwait.For(t, 10*time.Second, func() error {
-			c := tb.bridge.cs().find("R", name)
+			c := tb.bridge.cons.Probe("R", name)
 			if c == nil {
 				return errors.New("the consumer is not served here")
 			}
-			c.mu.Lock()
-			at := c.replay.at
-			c.mu.Unlock()
+			at := c.ReplayAt()
 			if !at.Equal(due) {
 				return fmt.Errorf("the consumer holds the next message until %v, want %v", at, due)
 			}

@@ -32,31 +32,11 @@ func (h retentionHost) Streams() []*stream.Stream { return h.b.streams.List() }
 // Served is the progress of the consumer a stored row describes when this process serves
 // it: on the same stream and of the same creation, not a consumer deleted and made again.
 func (h retentionHost) Served(s *stream.Stream, row pg.Consumer) (retention.Progress, bool) {
-	cs := h.b.cs()
-	if cs == nil {
-		return retention.Progress{}, false
-	}
-	c := cs.find(s.Name(), row.Name)
-	if c == nil || c.sc.s != s || !c.created.Equal(row.Created) {
-		return retention.Progress{}, false
-	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return retention.Progress{Floor: c.st.AckFloor().Stream, Next: c.st.Next(), Pending: c.st.PendingSeqs()}, true
+	p, ok := h.b.cons.Progress(s, row)
+	return retention.Progress{Floor: p.Floor, Next: p.Next, Pending: p.Pending}, ok
 }
 
-func (h retentionHost) LocalFilters(s *stream.Stream) [][]string {
-	sc := h.b.consumersOf(s)
-	if sc == nil {
-		return nil
-	}
-	cons := sc.list()
-	filters := make([][]string, len(cons))
-	for i, c := range cons {
-		filters[i] = c.filters()
-	}
-	return filters
-}
+func (h retentionHost) LocalFilters(s *stream.Stream) [][]string { return h.b.cons.Filters(s) }
 
 func (retentionHost) Purged(ctx context.Context, s *stream.Stream, first uint64, consumed bool) {
 	s.Purge(ctx, stream.Purged{First: first, Consumed: consumed})

@@ -1,4 +1,4 @@
-package bridge
+package consumer
 
 import (
 	"github.com/nats-io/nats-server/v2/server"

@@ -1,4 +1,4 @@
-package bridge
+package consumer
 
 // The consumer's read path: what goes out next (a redelivery, the start list, the
 // read-ahead, the tail cache, PostgreSQL), the read-ahead and its background prefetch, and
@@ -117,7 +117,7 @@ func (c *consumer) consume(src source) {
 // first, then a connection, and neither is held once it returns. mu is released meanwhile;
 // only this goroutine changes the state, so nothing moves under it.
 func (c *consumer) readAhead(ctx context.Context, from, hw uint64) bool {
-	if c.cs.b.clock.Now().Before(c.retryAt) {
+	if c.cs.clock.Now().Before(c.retryAt) {
 		return false
 	}
 	n := c.out.readSize()
@@ -129,9 +129,9 @@ func (c *consumer) readAhead(ctx context.Context, from, hw uint64) bool {
 	c.mu.Lock()
 	if err != nil {
 		if ctx.Err() == nil {
-			c.cs.b.warnRead.Warn(c.cs.b.log, c.cs.b.clock.Now(), "consumer read failed", "stream", c.sc.s.Name(), "consumer", c.name, "err", err)
+			c.cs.warnRead.Warn(c.cs.log, c.cs.clock.Now(), "consumer read failed", "stream", c.sc.s.Name(), "consumer", c.name, "err", err)
 		}
-		c.retryAt = c.cs.b.clock.Now().Add(readRetry)
+		c.retryAt = c.cs.clock.Now().Add(readRetry)
 		return false
 	}
 	c.dropAhead()
@@ -170,7 +170,7 @@ func (c *consumer) prefetch(ctx context.Context) {
 	if from < c.st.Next() || from > hw {
 		return // delivery moved past the read-ahead, or nothing more is committed
 	}
-	if c.cs.b.clock.Now().Before(c.retryAt) {
+	if c.cs.clock.Now().Before(c.retryAt) {
 		return
 	}
 	if _, _, covered := c.sc.s.Tail().Get(from); covered {
@@ -218,9 +218,9 @@ func (c *consumer) takePrefetch(ctx context.Context) bool {
 	}
 	if pf.err != nil {
 		if ctx.Err() == nil {
-			c.cs.b.warnRead.Warn(c.cs.b.log, c.cs.b.clock.Now(), "consumer read failed", "stream", c.sc.s.Name(), "consumer", c.name, "err", pf.err)
+			c.cs.warnRead.Warn(c.cs.log, c.cs.clock.Now(), "consumer read failed", "stream", c.sc.s.Name(), "consumer", c.name, "err", pf.err)
 		}
-		c.retryAt = c.cs.b.clock.Now().Add(readRetry)
+		c.retryAt = c.cs.clock.Now().Add(readRetry)
 		return false
 	}
 	if len(c.ahead) == 0 {
@@ -252,15 +252,15 @@ func (c *consumer) load(ctx context.Context, seq uint64) (pg.Message, bool, erro
 		return c.ahead[i], true, nil
 	}
 	c.cs.m.tailMisses.Inc()
-	if c.cs.b.clock.Now().Before(c.retryAt) {
+	if c.cs.clock.Now().Before(c.retryAt) {
 		return pg.Message{}, false, errRetryLater
 	}
 	c.unlocked = true
 	c.mu.Unlock()
-	msgs, _, err := c.cs.readPop(ctx, pg.ReadParams{StreamID: c.sc.s.ID(), From: seq, UpTo: seq, MaxMsgs: 1}, nil)
+	msgs, _, err := c.cs.ReadPop(ctx, pg.ReadParams{StreamID: c.sc.s.ID(), From: seq, UpTo: seq, MaxMsgs: 1}, nil)
 	c.mu.Lock()
 	if err != nil {
-		c.retryAt = c.cs.b.clock.Now().Add(readRetry)
+		c.retryAt = c.cs.clock.Now().Add(readRetry)
 		return pg.Message{}, false, err
 	}
 	if len(msgs) == 0 {

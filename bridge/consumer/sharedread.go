@@ -1,4 +1,4 @@
-package bridge
+package consumer
 
 import (
 	"context"
@@ -37,7 +37,7 @@ type sharedRead struct {
 
 // read reads [p.From, p.UpTo] through the pop lane, or joins the same read in flight. The
 // messages are shared read-only, and clipped so that a consumer appending to them copies.
-func (r *sharedReads) read(ctx context.Context, cs *consumerSide, p pg.ReadParams, filters []string) ([]pg.Message, uint64, error) {
+func (r *sharedReads) read(ctx context.Context, cs *Engine, p pg.ReadParams, filters []string) ([]pg.Message, uint64, error) {
 	key := readKey{from: p.From, filters: strings.Join(filters, "\x00")}
 	r.mu.Lock()
 	if sr := r.inFlight[key]; sr != nil {
@@ -56,7 +56,7 @@ func (r *sharedReads) read(ctx context.Context, cs *consumerSide, p pg.ReadParam
 	}
 	r.inFlight[key] = sr
 	r.mu.Unlock()
-	sr.msgs, sr.through, sr.err = cs.readPop(ctx, p, filters)
+	sr.msgs, sr.through, sr.err = cs.ReadPop(ctx, p, filters)
 	sr.msgs = slices.Clip(sr.msgs)
 	r.mu.Lock()
 	if r.inFlight[key] == sr {

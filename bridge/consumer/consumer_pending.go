@@ -1,4 +1,4 @@
-package bridge
+package consumer
 
 import (
 	"context"
@@ -119,7 +119,7 @@ func (c *consumer) recountPending(ctx context.Context) {
 	if !c.stale.Load() {
 		return
 	}
-	clock := c.cs.b.clock
+	clock := c.cs.clock
 	if clock.Now().Before(c.recountAt) {
 		c.cs.m.recountsLate.Inc()
 		return
@@ -130,7 +130,7 @@ func (c *consumer) recountPending(ctx context.Context) {
 	p := pg.PendingParams{StreamID: c.sc.s.ID(), From: from, UpTo: through, Filters: c.filters()}
 	c.mu.Unlock()
 	start := clock.Now()
-	n, err := c.cs.b.db.CountPending(ctx, p)
+	n, err := c.cs.db.CountPending(ctx, p)
 	took := clock.Now().Sub(start)
 	c.mu.Lock()
 	c.recountAt = time.Time{}
@@ -139,7 +139,7 @@ func (c *consumer) recountPending(ctx context.Context) {
 	}
 	if err != nil {
 		if ctx.Err() == nil {
-			c.cs.b.warnPending.Warn(c.cs.b.log, c.cs.b.clock.Now(), "counting pending messages failed", "stream", c.sc.s.Name(), "consumer", c.name, "err", err)
+			c.cs.warnPending.Warn(c.cs.log, c.cs.clock.Now(), "counting pending messages failed", "stream", c.sc.s.Name(), "consumer", c.name, "err", err)
 		}
 		c.stale.Store(true)
 		c.recountAt = clock.Now().Add(readRetry)

@@ -1,4 +1,4 @@
-package bridge
+package consumer
 
 import (
 	"bytes"
@@ -37,12 +37,12 @@ const (
 // m is borrowed from the link's read buffer (acks come by the hundred thousand a second,
 // and most are a subject and nothing else), so whatever outlives the call is copied: the
 // reply of a double ack and the body of an ack that carries arguments.
-func (cs *consumerSide) onAck(m *leaf.Msg) {
+func (cs *Engine) onAck(m *leaf.Msg) {
 	a, ok := jswire.ParseAckSubject(m.Subject)
 	if !ok {
 		return
 	}
-	s := cs.b.streams.Lookup(a.Stream)
+	s := cs.cfg.Streams.Lookup(a.Stream)
 	if s == nil {
 		return
 	}
@@ -53,7 +53,7 @@ func (cs *consumerSide) onAck(m *leaf.Msg) {
 	} else {
 		name = strings.Clone(name)
 	}
-	cs.b.retention.NoteAck(s, name, a.StreamSeq, m.Data)
+	cs.cfg.Retention.NoteAck(s, name, a.StreamSeq, m.Data)
 	if c == nil {
 		return
 	}
@@ -114,7 +114,7 @@ func (c *consumer) ack(sseq, dseq uint64, reply string, now time.Time) {
 
 func (c *consumer) replyAck(reply string) {
 	if reply != "" {
-		_ = c.cs.b.link.Publish(reply, "", nil, nil)
+		_ = c.cs.link.Publish(reply, "", nil, nil)
 	}
 }
 
@@ -234,7 +234,7 @@ func (c *consumer) writeCursors() {
 		if !hurried && c.pace(ctx) {
 			continue
 		}
-		w.lastWrite = c.cs.b.clock.Now()
+		w.lastWrite = c.cs.clock.Now()
 		err := c.writeCursor(ctx, f, shown, !hurried)
 		if lost := errors.Is(err, pg.ErrNotOwner); lost || (err != nil && ctx.Err() != nil) {
 			if lost {
@@ -246,8 +246,8 @@ func (c *consumer) writeCursors() {
 			return
 		}
 		if err != nil {
-			c.cs.b.log.Warn("cursor write failed", "stream", c.sc.s.Name(), "consumer", c.name, "err", err)
-			t := c.cs.b.clock.NewTimer(cursorRetry)
+			c.cs.log.Warn("cursor write failed", "stream", c.sc.s.Name(), "consumer", c.name, "err", err)
+			t := c.cs.clock.NewTimer(cursorRetry)
 			select {
 			case <-ctx.Done():
 			case <-t.C():
@@ -289,11 +289,11 @@ func (c *consumer) gone() bool {
 // arrives, the consumer stops or ctx ends. It reports whether it waited: the floor may have
 // moved since, and the consumer may be gone.
 func (c *consumer) pace(ctx context.Context) bool {
-	d := c.cw.lastWrite.Add(c.cs.b.cfg.CursorInterval).Sub(c.cs.b.clock.Now())
+	d := c.cw.lastWrite.Add(c.cs.cfg.CursorInterval).Sub(c.cs.clock.Now())
 	if d <= 0 {
 		return false
 	}
-	t := c.cs.b.clock.NewTimer(d)
+	t := c.cs.clock.NewTimer(d)
 	defer t.Stop()
 	select {
 	case <-t.C():
@@ -305,17 +305,17 @@ func (c *consumer) pace(ctx context.Context) bool {
 }
 
 func (c *consumer) writeCursor(ctx context.Context, f consumerstate.Pair, shown uint64, lazy bool) error {
-	p, err := c.cs.b.cfg.Ack.Acquire(ctx)
+	p, err := c.cs.cfg.Ack.Acquire(ctx)
 	if err != nil {
 		return err
 	}
-	start := c.cs.b.clock.Now()
+	start := c.cs.clock.Now()
 	cp := c.cursorParams(f, shown)
 	cp.Lazy = lazy
-	rtt, err := c.cs.b.db.WriteCursor(ctx, cp)
+	rtt, err := c.cs.db.WriteCursor(ctx, cp)
 	permit.Return(p, rtt, err)
 	c.cs.m.cursorWrites.Inc()
-	c.cs.m.cursorLatency.Observe(c.cs.b.clock.Now().Sub(start).Seconds())
+	c.cs.m.cursorLatency.Observe(c.cs.clock.Now().Sub(start).Seconds())
 	return err
 }
 
@@ -330,7 +330,7 @@ func (c *consumer) cursorParams(f consumerstate.Pair, shown uint64) pg.CursorPar
 // graceful stop loses no ack. ctx bounds it.
 func (c *consumer) flushCursor(ctx context.Context) {
 	done := make(chan struct{})
-	// On the consumer side's group, so that when ctx gives up first the group's Stop still
+	// On the engine's group, so that when ctx gives up first the group's Stop still
 	// waits for this goroutine. The group stops after flushCursor; stopped, it has no writer.
 	if !c.cs.g.Go(func() {
 		c.cw.wg.Wait()
@@ -349,22 +349,22 @@ func (c *consumer) flushCursor(ctx context.Context) {
 	if f == written {
 		return
 	}
-	if _, err := c.cs.b.db.WriteCursor(ctx, c.cursorParams(f, shown)); err != nil {
-		c.cs.b.log.Warn("final cursor write failed", "stream", c.sc.s.Name(), "consumer", c.name, "err", err)
+	if _, err := c.cs.db.WriteCursor(ctx, c.cursorParams(f, shown)); err != nil {
+		c.cs.log.Warn("final cursor write failed", "stream", c.sc.s.Name(), "consumer", c.name, "err", err)
 	}
 }
 
 // deleteInactive removes a consumer that passed its inactive threshold.
-func (cs *consumerSide) deleteInactive(c *consumer) {
-	err := cs.b.db.DeleteConsumer(cs.ctx, c.sc.s.ID(), c.name)
+func (cs *Engine) deleteInactive(c *consumer) {
+	err := cs.db.DeleteConsumer(cs.ctx, c.sc.s.ID(), c.name)
 	if err != nil && !errors.Is(err, pg.ErrNotFound) {
-		cs.b.log.Warn("deleting inactive consumer failed", "stream", c.sc.s.Name(), "consumer", c.name, "err", err)
+		cs.log.Warn("deleting inactive consumer failed", "stream", c.sc.s.Name(), "consumer", c.name, "err", err)
 		c.mu.Lock()
-		c.lastActive = cs.b.clock.Now()
+		c.lastActive = cs.clock.Now()
 		c.mu.Unlock()
 		return
 	}
 	cs.remove(c)
 	c.stop(stopDeleted)
-	cs.b.retention.ConsumerDeleted(cs.ctx, c.sc.s)
+	cs.cfg.Retention.ConsumerDeleted(cs.ctx, c.sc.s)
 }

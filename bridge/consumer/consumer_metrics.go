@@ -1,4 +1,4 @@
-package bridge
+package consumer
 
 import (
 	"sort"
@@ -13,7 +13,7 @@ const consumerGaugesMax = 100
 
 // consumerMetrics are the read path's instruments.
 type consumerMetrics struct {
-	side *consumerSide
+	side *Engine
 
 	pulls         prometheus.Counter
 	delivered     prometheus.Counter
@@ -44,7 +44,7 @@ type consumerMetrics struct {
 	totalsDesc     *prometheus.Desc
 }
 
-func newConsumerMetrics(reg prometheus.Registerer, side *consumerSide) *consumerMetrics {
+func newConsumerMetrics(reg prometheus.Registerer, side *Engine) *consumerMetrics {
 	counter := func(name, help string) prometheus.Counter {
 		return prometheus.NewCounter(prometheus.CounterOpts{Name: name, Help: help})
 	}
@@ -127,7 +127,7 @@ func (m *consumerMetrics) Collect(ch chan<- prometheus.Metric) {
 	}
 	cs.mu.RUnlock()
 	rows := make([]row, 0, len(all))
-	now := cs.b.clock.Now()
+	now := cs.clock.Now()
 	for _, sv := range all {
 		c := sv.c
 		c.mu.Lock()

@@ -1,4 +1,4 @@
-package bridge
+package consumer
 
 import (
 	"time"
@@ -106,7 +106,7 @@ func pendingHeader(code int, desc string, pr *pullRequest) []byte {
 
 // request queues a pull request, or answers it at once when JetStream would.
 func (p *puller) request(c *consumer, reply string, body []byte, now time.Time) {
-	link := c.cs.b.link
+	link := c.cs.link
 	req, bad := jswire.DecodePullRequest(body, now)
 	if bad == nil {
 		bad = jswire.CheckPullLimits(&c.cfg, &req, now)
@@ -165,7 +165,7 @@ func (p *puller) ready(*consumer, time.Time) bool { return len(p.reqs) > 0 }
 // route picks the request the next message goes to, dropping those that expired, cannot
 // take it, or lost their subscriber. The request stays at the head until sent moves it.
 func (p *puller) route(c *consumer, _ string, size int, now time.Time) (target, int, bool) {
-	link := c.cs.b.link
+	link := c.cs.link
 	for len(p.reqs) > 0 {
 		wr := p.reqs[0]
 		switch {
@@ -186,7 +186,7 @@ func (p *puller) route(c *consumer, _ string, size int, now time.Time) (target, 
 
 // hasInterest reports whether the request's inbox still has a subscriber (see interestGrace).
 func (p *puller) hasInterest(c *consumer, wr *pullRequest, now time.Time) bool {
-	link := c.cs.b.link
+	link := c.cs.link
 	v := link.InterestVersion()
 	if wr.seen && wr.seenAt == v {
 		return true
@@ -216,7 +216,7 @@ func (p *puller) sent(c *consumer, to target, size int, now time.Time) {
 	p.reqs = p.reqs[1:]
 	if wr.batch <= 0 {
 		if wr.maxBytes > 0 {
-			_ = c.cs.b.link.Publish(wr.reply, "", pendingHeader(409, jswire.DescBatchCompleted, wr), nil)
+			_ = c.cs.link.Publish(wr.reply, "", pendingHeader(409, jswire.DescBatchCompleted, wr), nil)
 		}
 		return
 	}
@@ -233,7 +233,7 @@ func (p *puller) settle(c *consumer, now time.Time, eos bool) { p.expire(c, now,
 // expire expires requests (408), ends no-wait requests once nothing is left to deliver
 // (eos), drops requests whose inbox went away, and sends due heartbeats.
 func (p *puller) expire(c *consumer, now time.Time, eos bool) {
-	link := c.cs.b.link
+	link := c.cs.link
 	kept := p.reqs[:0]
 	for _, wr := range p.reqs {
 		switch {
@@ -300,7 +300,7 @@ func (p *puller) configure(*consumer, *server.ConsumerConfig, time.Time) deliver
 func (p *puller) stopped(c *consumer, hdr []byte) {
 	if hdr != nil {
 		for _, wr := range p.reqs {
-			_ = c.cs.b.link.Publish(wr.reply, "", hdr, nil)
+			_ = c.cs.link.Publish(wr.reply, "", hdr, nil)
 		}
 	}
 	p.reqs = nil

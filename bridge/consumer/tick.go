@@ -1,4 +1,4 @@
-package bridge
+package consumer
 
 import (
 	"context"
@@ -13,16 +13,16 @@ const tickReadMax = 4096
 
 // kickTicker brings the ticker back to its base period: a consumer just parked and wants
 // to hear of commits made elsewhere promptly.
-func (cs *consumerSide) kickTicker() { poke(cs.kick) }
+func (cs *Engine) kickTicker() { poke(cs.kick) }
 
 // tickLoop polls the high-water marks of the streams this process serves consumers of,
 // every TickPeriod while they move and backing off to TickIdleMaxDefault while they do not.
 // It is how this process learns of commits made by other replicas, for the consumers that
 // wait and for the num_pending of those that do not; its own commits need no tick.
-func (cs *consumerSide) tickLoop() {
-	base := cs.b.cfg.TickPeriod
+func (cs *Engine) tickLoop() {
+	base := cs.cfg.TickPeriod
 	period := base
-	t := cs.b.clock.NewTimer(period)
+	t := cs.clock.NewTimer(period)
 	defer t.Stop()
 	for {
 		select {
@@ -55,7 +55,7 @@ func (cs *consumerSide) tickLoop() {
 // tick is one poll: one statement for every stream with consumers, then at most one range
 // read per stream whose high-water mark moved, shared by all its consumers through the
 // tail. It reports whether anything moved.
-func (cs *consumerSide) tick(ctx context.Context) bool {
+func (cs *Engine) tick(ctx context.Context) bool {
 	cs.mu.RLock()
 	var ids []int64
 	byID := make(map[int64]*streamConsumers)
@@ -73,10 +73,10 @@ func (cs *consumerSide) tick(ctx context.Context) bool {
 		return false
 	}
 	cs.m.ticks.Inc()
-	hw, err := cs.b.db.HighWater(ctx, ids)
+	hw, err := cs.db.HighWater(ctx, ids)
 	if err != nil {
 		if ctx.Err() == nil {
-			cs.b.warnTick.Warn(cs.b.log, cs.b.clock.Now(), "tick failed", "err", err)
+			cs.warnTick.Warn(cs.log, cs.clock.Now(), "tick failed", "err", err)
 		}
 		return false
 	}
@@ -97,15 +97,15 @@ func (cs *consumerSide) tick(ctx context.Context) bool {
 }
 
 // fill reads the range the tail is missing, through the pop lane.
-func (cs *consumerSide) fill(ctx context.Context, sc *streamConsumers) {
+func (cs *Engine) fill(ctx context.Context, sc *streamConsumers) {
 	from, upTo, ok := sc.s.Tail().Missing()
 	if !ok {
 		return
 	}
-	msgs, through, err := cs.readPop(ctx, pg.ReadParams{StreamID: sc.s.ID(), From: from, UpTo: upTo, MaxMsgs: tickReadMax, MaxBytes: TailBytesDefault / 2}, nil)
+	msgs, through, err := cs.ReadPop(ctx, pg.ReadParams{StreamID: sc.s.ID(), From: from, UpTo: upTo, MaxMsgs: tickReadMax, MaxBytes: cs.cfg.TailBytes / 2}, nil)
 	if err != nil {
 		if ctx.Err() == nil {
-			cs.b.warnFill.Warn(cs.b.log, cs.b.clock.Now(), "tick range read failed", "stream", sc.s.Name(), "err", err)
+			cs.warnFill.Warn(cs.log, cs.clock.Now(), "tick range read failed", "stream", sc.s.Name(), "err", err)
 		}
 		return
 	}
@@ -120,14 +120,14 @@ func (cs *consumerSide) fill(ctx context.Context, sc *streamConsumers) {
 	}
 }
 
-// readPop is every read of messages behind the tail: a pop lane permit first, then a
+// ReadPop is every read of messages behind the tail: a pop lane permit first, then a
 // connection; both are given back before it returns.
-func (cs *consumerSide) readPop(ctx context.Context, p pg.ReadParams, filters []string) ([]pg.Message, uint64, error) {
-	held, err := cs.b.cfg.Pop.Acquire(ctx)
+func (cs *Engine) ReadPop(ctx context.Context, p pg.ReadParams, filters []string) ([]pg.Message, uint64, error) {
+	held, err := cs.cfg.Pop.Acquire(ctx)
 	if err != nil {
 		return nil, 0, err
 	}
-	msgs, through, rtt, err := cs.b.db.ReadFiltered(ctx, p, filters)
+	msgs, through, rtt, err := cs.db.ReadFiltered(ctx, p, filters)
 	permit.Return(held, rtt, err)
 	cs.m.dbReads.Inc()
 	return msgs, through, err

@@ -1,4 +1,4 @@
-package bridge
+package consumer
 
 import (
 	"context"
@@ -97,7 +97,7 @@ type startPos struct {
 // ends, addressed to its deliver subject while that has interest. A parked consumer holds no
 // permit and no connection: only its waiting requests.
 type consumer struct {
-	cs      *consumerSide
+	cs      *Engine
 	sc      *streamConsumers
 	id      int64 // its row's id: the key of its lock
 	name    string
@@ -151,7 +151,7 @@ type consumer struct {
 	ackedFloor bool // an ack moved the floor; the cursor writer is told after the queue
 }
 
-func newConsumer(cs *consumerSide, sc *streamConsumers, row pg.Consumer, cfg server.ConsumerConfig, start *startPos) *consumer {
+func newConsumer(cs *Engine, sc *streamConsumers, row pg.Consumer, cfg server.ConsumerConfig, start *startPos) *consumer {
 	floor := consumerstate.Pair{Consumer: row.AckConsumerSeq, Stream: row.AckStreamSeq}
 	next := floor.Stream + 1
 	if start != nil {
@@ -160,7 +160,7 @@ func newConsumer(cs *consumerSide, sc *streamConsumers, row pg.Consumer, cfg ser
 			start = nil
 		}
 	}
-	now := cs.b.clock.Now()
+	now := cs.clock.Now()
 	c := &consumer{
 		cs:         cs,
 		sc:         sc,
@@ -273,7 +273,7 @@ func (c *consumer) matchFilters(subject string) bool {
 // run is the consumer's goroutine.
 func (c *consumer) run() {
 	defer close(c.done)
-	clock := c.cs.b.clock
+	clock := c.cs.clock
 	timer := clock.NewTimer(time.Hour)
 	defer timer.Stop()
 	ctx := c.cs.ctx
@@ -394,7 +394,7 @@ const (
 func (c *consumer) pump(ctx context.Context) {
 	c.recountPending(ctx)
 	c.applyCommitted()
-	now := c.cs.b.clock.Now()
+	now := c.cs.clock.Now()
 	if _, moved := c.st.Expire(now); moved {
 		c.floorMoved()
 	}
@@ -410,7 +410,7 @@ func (c *consumer) pump(ctx context.Context) {
 			eos = found == nextEmpty
 			break
 		}
-		if c.replay.on && c.replay.hold(m, c.cs.b.clock.Now()) {
+		if c.replay.on && c.replay.hold(m, c.cs.clock.Now()) {
 			eos = false
 			break
 		}
@@ -436,7 +436,7 @@ func (c *consumer) pump(ctx context.Context) {
 		// push consumer's pump.
 		if sent%clockEvery == 0 || c.unlocked {
 			c.unlocked = false
-			now = c.cs.b.clock.Now()
+			now = c.cs.clock.Now()
 		}
 		to, size, ok := c.out.route(c, m.Subject, size, now)
 		if !ok {
@@ -444,14 +444,14 @@ func (c *consumer) pump(ctx context.Context) {
 		}
 		reply = append(append(reply, '@'), m.Subject...)
 		c.reply = reply
-		if err := c.cs.b.link.PublishQueue(to.subject, reply, to.group, hdr, data); err != nil {
+		if err := c.cs.link.PublishQueue(to.subject, reply, to.group, hdr, data); err != nil {
 			// Not sent (the link is full or closing), so not delivered: it stays next in
 			// line and is tried again shortly, not after an ack wait.
-			c.cs.b.log.Debug("delivery not sent", "stream", c.sc.s.Name(), "consumer", c.name, "err", err)
+			c.cs.log.Debug("delivery not sent", "stream", c.sc.s.Name(), "consumer", c.name, "err", err)
 			if uncounted {
 				c.npc++ // claimed from its commit; the next try takes it off again
 			}
-			c.retryAt = c.cs.b.clock.Now().Add(readRetry)
+			c.retryAt = c.cs.clock.Now().Add(readRetry)
 			eos = false
 			break
 		}
@@ -483,7 +483,7 @@ func (c *consumer) pump(ctx context.Context) {
 	if c.replay.on && c.st.Next() > c.replay.upTo {
 		c.replay = replay{} // caught up: live messages go out at once
 	}
-	c.out.settle(c, c.cs.b.clock.Now(), eos)
+	c.out.settle(c, c.cs.clock.Now(), eos)
 	if sent > 0 {
 		c.prefetch(ctx)
 	}
@@ -547,7 +547,7 @@ func (c *consumer) nextWake(now time.Time) time.Time {
 
 // paused reports whether pause_until holds deliveries back at now.
 func (c *consumer) paused(now time.Time) bool {
-	paused, _ := pausedAt(c.cfg.PauseUntil, now)
+	paused, _ := PausedAt(c.cfg.PauseUntil, now)
 	return paused
 }
 

@@ -1,4 +1,4 @@
-package bridge
+package consumer
 
 import (
 	"math/rand/v2"
@@ -90,7 +90,7 @@ func (p *pusher) windowClosed() bool { return p.maxpb > 0 && p.pbytes > p.maxpb 
 
 // request answers a pull request as nats-server does for a push consumer.
 func (p *pusher) request(c *consumer, reply string, _ []byte, _ time.Time) {
-	_ = c.cs.b.link.Publish(reply, "", jswire.StatusHeader(409, jswire.DescPushBased), nil)
+	_ = c.cs.link.Publish(reply, "", jswire.StatusHeader(409, jswire.DescPushBased), nil)
 }
 
 // waits: a push consumer waits like a pull request while its deliver subject has interest.
@@ -99,7 +99,7 @@ func (p *pusher) waits() bool { return p.active }
 // bound looks at the deliver subject's interest again if the link's changed since the
 // last look, and reports it.
 func (p *pusher) bound(c *consumer, now time.Time) bool {
-	link := c.cs.b.link
+	link := c.cs.link
 	v := link.InterestVersion()
 	if p.known && v == p.seenVer {
 		return p.active
@@ -174,7 +174,7 @@ func (p *pusher) sent(c *consumer, _ target, size int, now time.Time) {
 // sendFlowControl asks the client to answer once it has taken what was sent so far.
 func (p *pusher) sendFlowControl(c *consumer) {
 	p.fcsz, p.fcid = p.pbytes, jswire.FlowControlSubject(c.sc.s.Name(), c.name, rand.Uint64())
-	_ = c.cs.b.link.PublishQueue(p.subject, []byte(p.fcid), p.group, jswire.FlowControlStatus(), nil)
+	_ = c.cs.link.PublishQueue(p.subject, []byte(p.fcid), p.group, jswire.FlowControlStatus(), nil)
 	c.cs.m.fcRequests.Inc()
 }
 
@@ -202,7 +202,7 @@ func (p *pusher) settle(c *consumer, now time.Time, _ bool) {
 		return
 	}
 	d := c.st.Delivered()
-	_ = c.cs.b.link.PublishQueue(p.subject, nil, p.group, jswire.PushHeartbeatStatus(d.Consumer, d.Stream, p.fcid), nil)
+	_ = c.cs.link.PublishQueue(p.subject, nil, p.group, jswire.PushHeartbeatStatus(d.Consumer, d.Stream, p.fcid), nil)
 	c.cs.m.heartbeats.Inc()
 }
 
@@ -247,12 +247,12 @@ func (p *pusher) stopped(*consumer, []byte) {}
 
 // onFlowControl runs on the link's read loop: it hands a client's answer to a flow-control
 // request to its consumer, in order with that consumer's acks.
-func (cs *consumerSide) onFlowControl(m *leaf.Msg) {
+func (cs *Engine) onFlowControl(m *leaf.Msg) {
 	streamName, consumerName, ok := jswire.ParseFlowControlSubject(m.Subject)
 	if !ok {
 		return
 	}
-	s := cs.b.streams.Lookup(streamName)
+	s := cs.cfg.Streams.Lookup(streamName)
 	if s == nil {
 		return
 	}
@@ -262,7 +262,7 @@ func (cs *consumerSide) onFlowControl(m *leaf.Msg) {
 }
 
 // trackPush adds a push consumer to those the interest watcher looks after, or removes it.
-func (cs *consumerSide) trackPush(c *consumer, push bool) {
+func (cs *Engine) trackPush(c *consumer, push bool) {
 	cs.pushMu.Lock()
 	defer cs.pushMu.Unlock()
 	if !push {
@@ -279,8 +279,8 @@ func (cs *consumerSide) trackPush(c *consumer, push bool) {
 // the link hears of it. A consumer looks for itself before each delivery; this is for the
 // one that waits for a subscriber to come back, or for one to leave so that its inactive
 // threshold starts.
-func (cs *consumerSide) interestLoop() {
-	link := cs.b.link
+func (cs *Engine) interestLoop() {
+	link := cs.link
 	var list []*consumer
 	for {
 		select {

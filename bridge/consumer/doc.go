@@ -1,0 +1,54 @@
+// Package consumer is the consumer engine: the pull and push consumers this replica serves
+// and how they behave. One consumer type serves both; pull and push are delivery strategies
+// (puller and pusher) chosen when a consumer starts from its configuration. The engine owns
+// each consumer's goroutine and queue of events, its pending count (counted in PostgreSQL,
+// then moved by commits and removals), its cursor writer (acks become ack floor writes,
+// paced by Config.CursorInterval), the ticker that finds other replicas' commits, the
+// shared reads behind the tail cache, and the registry of served consumers per stream. A
+// consumer's ack state machine is bridge/consumerstate.
+//
+// It reaches PostgreSQL through Store, which *pg.DB satisfies; every read behind the tail
+// holds a permit of the pop lane and every cursor write one of the ack lane. It takes the
+// streams' events as a stream.Subscriber (OnCommitted, OnPurged, OnRemoved, OnDropped) and
+// tells retention of acks and consumer changes through Retention. The API handlers, which
+// decode requests and build responses, are the bridge's: they call Create, Info, Pause,
+// Delete and List, and HandlePull takes the pull requests that reach this replica through
+// the $JS.API queue group.
+//
+// # Ownership
+//
+// A consumer is served by the replica whose ownership session holds its advisory lock
+// (bridge/ownership, whose loop the engine runs and whose fence stops every consumer at
+// once); that replica alone subscribes the consumer's MSG.NEXT subject. The engine takes a
+// consumer's lock before it serves it, gives it back when it stops, and serves what the
+// loop claims. A request that must reach another replica's consumer is refused with an
+// *ownership.ServedBy naming that replica, for the caller to forward it there.
+//
+// # Locks
+//
+// In the order in which they may be held together: a goroutine that holds one may take
+// only those below it.
+//
+//  1. Engine.mu guards the map from streams to their consumer registries. Held with it:
+//     each registry's mu, to list it, and each consumer's mu while metrics are collected.
+//  2. consumer.mu guards a consumer's state. Its goroutine holds it while it works, except
+//     around database reads; API requests, retention and metrics take it briefly. Held with
+//     it: its registry's mu (a stopping consumer removes itself), the leaves below and its
+//     stream's tail.
+//  3. streamConsumers.mu guards one stream's map of consumers.
+//  4. bridge/stream's locks, in that package's order, and bridge/retention's leaves, taken
+//     when the engine tells retention of an ack or a consumer change.
+//  5. Leaves, nothing taken while one is held: consumer.qmu (a consumer's queue of
+//     events), pendingCommits.mu (what commits added to its pending count), cursorWriter.mu
+//     (its cursor write in flight and the double acks waiting for it), Engine.pushMu (the
+//     push consumers the interest watcher looks after; a stopping consumer leaves it under
+//     its own mu) and held.mu (the MSG.NEXT subscriptions; a stopping consumer drops its
+//     own under its mu).
+//
+// A tail's lock (bridge/tailcache) is a leaf too. The link's locks (package leaf) and the
+// flow lanes' come after all of these: the engine publishes, subscribes and takes permits
+// while holding some of them, and the link calls its handlers with none of its own locks
+// held; the link's Subscribe and Unsubscribe of MSG.NEXT run outside held.mu. The
+// ownership session (pg.Ownership) has its own lock, taken with none of these held: a lock
+// given back goes from a goroutine of its own.
+package consumer

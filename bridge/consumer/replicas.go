@@ -1,0 +1,210 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/jetgres/jetgres/bridge/ownership"
+	"github.com/jetgres/jetgres/bridge/stream"
+	"github.com/jetgres/jetgres/embedded/leaf"
+	"github.com/jetgres/jetgres/pg"
+)
+
+// apiMsgNext begins the subject of a consumer's pull requests, followed by its stream and
+// its name.
+const apiMsgNext = "$JS.API.CONSUMER.MSG.NEXT."
+
+// consumerRef names a consumer by its stream's name, as requests do.
+type consumerRef struct{ stream, consumer string }
+
+// heldNext is the MSG.NEXT subscription of a consumer this replica serves.
+type heldNext struct {
+	c   *consumer
+	sub *leaf.Subscription
+}
+
+// held is the MSG.NEXT subscriptions of the consumers this replica serves, whose locks
+// its ownership session (bridge/ownership) holds.
+type held struct {
+	// mu guards next. It is a leaf: nothing is taken while it is held.
+	mu   sync.Mutex
+	next map[consumerRef]heldNext
+
+	served    prometheus.GaugeFunc
+	takeovers prometheus.Counter
+}
+
+func newHeld(reg prometheus.Registerer) *held {
+	o := &held{
+		next: make(map[consumerRef]heldNext),
+		takeovers: prometheus.NewCounter(prometheus.CounterOpts{Name: "jetgres_consumer_takeovers_total",
+			Help: "Consumers this replica took over from another replica that had served them."}),
+	}
+	o.served = prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "jetgres_consumers_served",
+		Help: "Consumers this replica serves."}, func() float64 { return float64(o.count()) })
+	if reg != nil {
+		reg.MustRegister(o.served, o.takeovers)
+	}
+	return o
+}
+
+func (o *held) count() int {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return len(o.next)
+}
+
+// holds reports whether this replica's own subscription to the consumer's MSG.NEXT subject
+// receives its pull requests.
+func (o *held) holds(streamName, consumerName string) bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	_, ok := o.next[consumerRef{streamName, consumerName}]
+	return ok
+}
+
+// hold subscribes the consumer's own MSG.NEXT subject, so that its pull requests reach this
+// replica wherever the client is connected, as they reach a JetStream consumer's leader.
+func (cs *Engine) hold(c *consumer) {
+	ref := consumerRef{c.sc.s.Name(), c.name}
+	subj := apiMsgNext + ref.stream + "." + ref.consumer
+	sub, err := cs.link.Subscribe(subj, "", func(m *leaf.Msg) { cs.servePull(m, ref.stream, ref.consumer) })
+	if err != nil {
+		cs.log.Warn("subscribing a consumer's pull requests failed", "stream", ref.stream, "consumer", ref.consumer, "err", err)
+		return
+	}
+	o := cs.held
+	o.mu.Lock()
+	old, had := o.next[ref]
+	o.next[ref] = heldNext{c, sub}
+	o.mu.Unlock()
+	if had {
+		_ = old.sub.Unsubscribe()
+	}
+}
+
+// unhold drops the consumer's MSG.NEXT subscription and gives its lock back, so that another
+// replica may serve it.
+func (cs *Engine) unhold(c *consumer) {
+	ref := consumerRef{c.sc.s.Name(), c.name}
+	o := cs.held
+	o.mu.Lock()
+	h, ok := o.next[ref]
+	if ok && h.c == c {
+		delete(o.next, ref)
+	}
+	o.mu.Unlock()
+	if !ok || h.c != c {
+		return
+	}
+	_ = h.sub.Unsubscribe()
+	cs.keeper.ReleaseLater(c.id)
+}
+
+// stopDeleted stops serving the consumers whose rows are gone.
+func (cs *Engine) stopDeleted(gone []pg.Claim) {
+	byID := make(map[int64]*stream.Stream)
+	for _, s := range cs.cfg.Streams.List() {
+		byID[s.ID()] = s
+	}
+	for _, k := range gone {
+		s := byID[k.StreamID]
+		if s == nil {
+			continue // the stream went, and its consumers with it
+		}
+		// One not served yet is being created or loaded here: its own path gives the
+		// lock back if it finds no row, and must keep it if its row is still to commit.
+		// Only the consumer of that id: one created again under its name has a row.
+		if c := cs.served(s, k.Name); c != nil && c.id == k.ID {
+			c.stop(stopDeleted)
+		}
+	}
+}
+
+// stopAll stops serving every consumer, for the fence, and reports how many it stopped.
+func (cs *Engine) stopAll() int {
+	all := cs.all()
+	for _, c := range all {
+		c.stop(stopLost)
+	}
+	return len(all)
+}
+
+func (cs *Engine) all() []*consumer {
+	cs.mu.RLock()
+	defer cs.mu.RUnlock()
+	var out []*consumer
+	for _, sc := range cs.streams {
+		out = append(out, sc.list()...)
+	}
+	return out
+}
+
+// serveClaimed serves a consumer the ownership loop claimed; one left unserved because the
+// engine is stopping is no failure.
+func (cs *Engine) serveClaimed(ctx context.Context, s *stream.Stream, name string, id int64) error {
+	if _, err := cs.serveLocked(ctx, s, name, id); err != nil && !errors.Is(err, errStopping) {
+		return err
+	}
+	return nil
+}
+
+// serveLocked starts serving a consumer whose lock this replica has just taken: it records
+// this replica as its owner, loads it and starts it. Whatever fails gives the lock back.
+func (cs *Engine) serveLocked(ctx context.Context, s *stream.Stream, name string, id int64) (*consumer, error) {
+	if c := cs.served(s, name); c != nil {
+		// Served here already, or still stopping after a fence: the lock counted twice.
+		cs.release(id)
+		return c, nil
+	}
+	row, prev, err := cs.db.SetOwner(ctx, id, cs.owner)
+	if err != nil {
+		cs.release(id)
+		return nil, err
+	}
+	if prev != "" && prev != cs.owner {
+		cs.held.takeovers.Inc()
+		cs.log.Info("took a consumer over", "stream", s.Name(), "consumer", name, "from", prev)
+	}
+	sc, err := cs.streamLoaded(ctx, s)
+	if err != nil {
+		cs.release(id)
+		return nil, err
+	}
+	return cs.activate(ctx, sc, row, nil)
+}
+
+// servedBy names the replica whose row says it serves a consumer that another session
+// holds the lock of.
+func (cs *Engine) servedBy(ctx context.Context, s *stream.Stream, name string) error {
+	row, err := cs.db.GetConsumer(ctx, s.ID(), name)
+	switch {
+	case errors.Is(err, pg.ErrNotFound):
+		// Deleted since its lock was found held.
+		return server.NewJSConsumerNotFoundError()
+	case err != nil:
+		// Which replica serves it is unknown; the database's failure is the answer, never
+		// a claim that another replica serves it.
+		return fmt.Errorf("looking up the replica serving consumer %q on stream %q: %w", name, s.Name(), err)
+	}
+	return &ownership.ServedBy{Owner: row.Owner}
+}
+
+// clusterInfo is the cluster block of consumer info, as JetStream reports its cluster and
+// the leader: the replica that serves the consumer, or this one while none does. As
+// nats-server, which reports it for a consumer only in cluster mode, there is none without
+// a cluster.
+func (cs *Engine) clusterInfo(leader string) *server.ClusterInfo {
+	if cs.cfg.ClusterName == "" {
+		return nil
+	}
+	if leader == "" {
+		leader = cs.owner
+	}
+	return &server.ClusterInfo{Name: cs.cfg.ClusterName, Leader: leader}
+}

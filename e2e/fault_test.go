@@ -215,7 +215,12 @@ func TestDatabaseDown(t *testing.T) {
 		if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: name, Subjects: []string{fmt.Sprintf("down%d.>", i)}, Duplicates: 10 * time.Minute}); err != nil {
 			t.Fatal(err)
 		}
-		pubs = append(pubs, newPublisher(fmt.Sprintf("d%d", i), name, fmt.Sprintf("down%d.x", i), 256, 128))
+		p := newPublisher(fmt.Sprintf("d%d", i), name, fmt.Sprintf("down%d.x", i), 256, 128)
+		// A publish whose commit got no answer when PostgreSQL stopped, and that cannot be
+		// read back before it is up again, is left unanswered: the client retries it with
+		// the same id once its own timeout passes, as a JetStream client must.
+		p.ackTimeout = 5 * time.Second
+		pubs = append(pubs, p)
 	}
 	s0, err := js.Stream(ctx, "DOWN0")
 	if err != nil {

@@ -2,13 +2,13 @@ package bridge
 
 import (
 	"encoding/json"
-	"os"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
-	dto "github.com/prometheus/client_model/go"
+
+	"github.com/jetgres/jetgres/bridge/jsapi"
 )
 
 // TestEveryJetStreamRequestIsServedOrRefused sends every API request nats-server knows
@@ -18,8 +18,8 @@ import (
 func TestEveryJetStreamRequestIsServedOrRefused(t *testing.T) {
 	tb := setup(t)
 	unsupported := map[string]bool{}
-	for _, u := range unsupportedRequests {
-		unsupported[u.name] = true
+	for _, name := range jsapi.Unsupported() {
+		unsupported[name] = true
 	}
 	for _, subject := range []string{
 		server.JSApiAccountInfo,
@@ -61,34 +61,12 @@ func TestEveryJetStreamRequestIsServedOrRefused(t *testing.T) {
 		if resp.Error == nil || resp.Error.Code != 503 || resp.Error.ErrCode != uint16(server.JSClusterUnSupportFeatureErr) || resp.Error.Description != want {
 			t.Errorf("%s: answered %+v, want 503, err_code 10036, %q", subject, resp.Error, want)
 		}
-		var m dto.Metric
-		if err := tb.bridge.am.unsupported.WithLabelValues(name).Write(&m); err != nil {
-			t.Fatal(err)
-		}
-		if got := m.GetCounter().GetValue(); got != 1 {
+		if got := labelCount(t, tb.reg, "jetgres_api_unsupported_total", "request", name); got != 1 {
 			t.Errorf("%s: counted %v times, want 1", name, got)
 		}
 		delete(unsupported, name)
 	}
 	for name := range unsupported {
 		t.Errorf("%s is listed as unsupported but is no request nats-server knows", name)
-	}
-}
-
-// TestReadmeListsUnsupported keeps the README's list of what jetgres does not serve true.
-func TestReadmeListsUnsupported(t *testing.T) {
-	readme, err := os.ReadFile("../README.md")
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, section, ok := strings.Cut(string(readme), "\n## Not supported\n")
-	if !ok {
-		t.Fatal(`README has no "## Not supported" section`)
-	}
-	section, _, _ = strings.Cut(section, "\n## ")
-	for _, u := range unsupportedRequests {
-		if !strings.Contains(section, "`"+u.name+"`") {
-			t.Errorf("README's Not supported section does not list %s", u.name)
-		}
 	}
 }

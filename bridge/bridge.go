@@ -6,13 +6,13 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/jetgres/jetgres/bridge/consumer"
 	"github.com/jetgres/jetgres/bridge/gets"
+	"github.com/jetgres/jetgres/bridge/jsapi"
 	"github.com/jetgres/jetgres/bridge/ownership"
 	"github.com/jetgres/jetgres/bridge/retention"
 	"github.com/jetgres/jetgres/bridge/sqlmove"
@@ -236,24 +236,22 @@ type Bridge struct {
 	db   *pg.DB
 	link *leaf.Conn
 	log  *slog.Logger
-	am   *apiMetrics
 	// clock is Config.Clock, or the system clock.
 	clock clock.Clock
 
-	// bg runs the background work: API workers and the stream sync loop. ctx is its
+	// bg runs the background work: the stream sync loop. ctx is its
 	// context, from Start until Stop cancels it; the SQL mover and retention run under it.
 	bg  startstop.Group
 	ctx context.Context
 
 	// streams are the streams this process serves, their intakes and flushes.
 	streams *stream.Registry
-	apiReqs chan *leaf.Msg
-	apiSub  *leaf.Subscription
+	// api serves the JetStream API, subscribed as apiSub.
+	api    *jsapi.API
+	apiSub *leaf.Subscription
 	// fwd forwards consumer requests to the replica that serves the consumer, and takes
 	// those forwarded here.
 	fwd *ownership.Forwarder
-	// unsupportedLogged[i] is set once unsupportedRequests[i] has been logged.
-	unsupportedLogged [len(unsupportedRequests)]atomic.Bool
 
 	// metaKick wakes the stream sync loop when another replica changed a stream.
 	metaKick chan struct{}
@@ -273,13 +271,11 @@ func New(cfg Config) (*Bridge, error) {
 	}
 	cfg.applyDefaults()
 	b := &Bridge{
-		cfg:     cfg,
-		db:      cfg.DB,
-		link:    cfg.Link,
-		log:     cfg.Logger,
-		am:      newAPIMetrics(cfg.Registerer),
-		clock:   clock.OrSystem(cfg.Clock),
-		apiReqs: make(chan *leaf.Msg, APIQueueDefault),
+		cfg:   cfg,
+		db:    cfg.DB,
+		link:  cfg.Link,
+		log:   cfg.Logger,
+		clock: clock.OrSystem(cfg.Clock),
 	}
 	b.metaKick = make(chan struct{}, 1)
 	b.fwd = ownership.NewForwarder(ownership.ForwarderConfig{
@@ -312,6 +308,12 @@ func New(cfg Config) (*Bridge, error) {
 		return nil, fmt.Errorf("bridge: %w", err)
 	}
 	b.sql = sql
+	b.api = jsapi.New(jsapi.Config{
+		Link: cfg.Link, Store: cfg.DB, Streams: b.streams, Consumers: b.cons, Forwarder: b.fwd, Retention: b.retention,
+		Clock: b.clock, Logger: cfg.Logger, Registerer: cfg.Registerer,
+		Queue: APIQueueDefault, Workers: APIWorkersDefault,
+		MaxPayload: cfg.MaxPayload, ClusterName: cfg.ClusterName, ReplicaName: cfg.ReplicaName,
+	})
 	return b, nil
 }
 
@@ -339,8 +341,8 @@ func (b *Bridge) Start(ctx context.Context) (err error) {
 	if err := b.streams.Sync(ctx); err != nil {
 		return fmt.Errorf("bridge: load streams: %w", err)
 	}
-	for range APIWorkersDefault {
-		b.bg.Go(b.apiWorker)
+	if err := b.api.Start(b.ctx); err != nil {
+		return fmt.Errorf("bridge: %w", err)
 	}
 	b.bg.Go(b.streamSyncLoop)
 	b.bg.Go(func() { b.db.ListenMeta(b.ctx, b.metaChanged) })
@@ -353,7 +355,7 @@ func (b *Bridge) Start(ctx context.Context) (err error) {
 	if err := b.sql.Start(b.ctx); err != nil {
 		return fmt.Errorf("bridge: start the SQL mover: %w", err)
 	}
-	sub, err := b.link.Subscribe("$JS.API.>", QueueGroup, b.onAPI)
+	sub, err := b.link.Subscribe("$JS.API.>", QueueGroup, b.api.Serve)
 	if err != nil {
 		return fmt.Errorf("bridge: subscribe $JS.API.>: %w", err)
 	}
@@ -384,6 +386,7 @@ func (b *Bridge) Stop(ctx context.Context) error {
 		}
 		b.fwd.Stop()
 		b.cons.Stop(ctx)
+		b.api.Stop()
 		b.bg.Stop()
 		b.sql.Stop()
 		b.retention.Stop()
@@ -402,7 +405,7 @@ func (b *Bridge) OldestFlush(now time.Time) time.Duration { return b.streams.Old
 // engine serves any consumer (they forward its updates once its lock names this one), then
 // starts the engine.
 func (b *Bridge) startConsumers(ctx context.Context) error {
-	if err := b.fwd.Start(ctx, b.onAPI); err != nil {
+	if err := b.fwd.Start(ctx, b.api.Serve); err != nil {
 		return err
 	}
 	return b.cons.Start(ctx, b.ctx)

@@ -1,5 +1,9 @@
-// Package bridge serves JetStream on top of PostgreSQL: it answers the $JS.API management
-// subjects and wires together the engines beside it.
+// Package bridge serves JetStream on top of PostgreSQL: it wires together the engines beside
+// it, starts them and stops them.
+//
+// The JetStream API is bridge/jsapi: the router, the handlers, the worker queue and the one
+// mapping from the engines' and package pg's domain errors to JetStream API errors. The
+// bridge subscribes $JS.API.> and the forwarding subjects to its Serve.
 //
 // The engines beside it: bridge/stream is the streams (the registry, each stream's intake
 // and the push transactions that fuse them, its tail and the events it announces),
@@ -93,7 +97,7 @@
 //
 //  1. The stream registry's admin lock (bridge/stream, LockAdmin) serialises stream
 //     create, update and delete and the re-reading of the streams from PostgreSQL. The API
-//     handlers hold it across database calls, subscriptions and retention passes.
+//     handlers (bridge/jsapi) hold it across database calls, subscriptions and retention passes.
 //  2. A retention pass's lock (bridge/retention) lets one pass run on a stream at a time.
 //     A pass holds it across database calls, reads the consumers this process serves
 //     (bridge/consumer's locks) and announces what it removed, whose subscribers take theirs.

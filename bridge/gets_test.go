@@ -190,7 +190,7 @@ func TestDirectGetsFromMemorySkipBusyWorkers(t *testing.T) {
 		}
 	}
 	testwait.For(t, 10*time.Second, func() error {
-		if n := len(tb.bridge.apiReqs); n != 1 {
+		if n := tb.bridge.api.Queued(); n != 1 {
 			return fmt.Errorf("%d requests queued for a worker, want 1", n)
 		}
 		return nil
@@ -209,7 +209,7 @@ func TestDirectGetsFromMemorySkipBusyWorkers(t *testing.T) {
 			t.Errorf("%s %s: %q, want %q", a.subject, a.body, m.Data, a.want)
 		}
 	}
-	if n := len(tb.bridge.apiReqs); n != 1 {
+	if n := tb.bridge.api.Queued(); n != 1 {
 		t.Fatalf("%d requests queued after the gets, want the 1 still waiting: the workers were not all busy", n)
 	}
 	// A sequence memory does not hold: past the last, which only the database can tell.
@@ -222,7 +222,7 @@ func TestDirectGetsFromMemorySkipBusyWorkers(t *testing.T) {
 		late <- m
 	}()
 	testwait.For(t, 10*time.Second, func() error {
-		if n := len(tb.bridge.apiReqs); n != 2 {
+		if n := tb.bridge.api.Queued(); n != 2 {
 			return fmt.Errorf("%d requests queued, want 2: the get of a sequence memory does not hold", n)
 		}
 		return nil

@@ -69,8 +69,12 @@ func TestRetentionWorkQueueFilters(t *testing.T) {
 		want := errCode(t, theirs, err)
 		var got jetstream.ErrorCode
 		cfg := server.ConsumerConfig{Durable: c.Durable, FilterSubject: c.FilterSubject, FilterSubjects: c.FilterSubjects}
-		if e := tw.tb.bridge.workQueueConflict(tw.ctx, s, c.Durable, &cfg); e != nil {
-			got = jetstream.ErrorCode(e.ErrCode)
+		refused, rerr := tw.tb.bridge.retention.WorkQueueConflict(tw.ctx, s, c.Durable, &cfg)
+		if rerr != nil {
+			t.Fatal(rerr)
+		}
+		if refused != nil {
+			got = jetstream.ErrorCode(refused.ErrCode)
 		}
 		if got != want {
 			t.Fatalf("consumer %s filters %q %q: jetgres err_code %d, jetstream %d", c.Durable, c.FilterSubject, c.FilterSubjects, got, want)

@@ -3,8 +3,6 @@ package bridge
 import (
 	"context"
 
-	"github.com/nats-io/nats-server/v2/server"
-
 	"github.com/jetgres/jetgres/bridge/retention"
 	"github.com/jetgres/jetgres/bridge/stream"
 	"github.com/jetgres/jetgres/pg"
@@ -47,14 +45,3 @@ func (retentionHost) Removed(s *stream.Stream, first uint64) {
 }
 
 func (h retentionHost) RefreshUsage(ctx context.Context) error { return h.b.streams.RefreshUsage(ctx) }
-
-// workQueueConflict is retention's check of a consumer on a workqueue stream, answered as
-// the API answers it.
-func (b *Bridge) workQueueConflict(ctx context.Context, s *stream.Stream, name string, cfg *server.ConsumerConfig) *server.ApiError {
-	refused, err := b.retention.WorkQueueConflict(ctx, s, name, cfg)
-	if err != nil {
-		b.log.Error("listing consumers", "stream", s.Name(), "err", err)
-		return apiError(err, server.NewJSConsumerCreateError)
-	}
-	return refused
-}

@@ -1,4 +1,4 @@
-package bridge
+package jsapi
 
 import (
 	"fmt"
@@ -77,12 +77,22 @@ func unsupportedError(u *unsupportedRequest) *server.ApiError {
 
 // answerUnsupported refuses a request jetgres does not serve: logged once per kind, counted
 // every time.
-func (b *Bridge) answerUnsupported(m *leaf.Msg, i int) {
+func (a *API) answerUnsupported(m *leaf.Msg, i int) {
 	u := &unsupportedRequests[i]
-	if b.unsupportedLogged[i].CompareAndSwap(false, true) {
-		b.log.Warn("JetStream API request not supported (logged once per kind)", "request", u.name, "subject", m.Subject)
+	if a.unsupportedLogged[i].CompareAndSwap(false, true) {
+		a.log.Warn("JetStream API request not supported (logged once per kind)", "request", u.name, "subject", m.Subject)
 	}
-	b.am.unsupported.WithLabelValues(u.name).Inc()
+	a.am.unsupported.WithLabelValues(u.name).Inc()
 	r := jswire.ErrorResponse(u.typ, nil)
-	b.respond(m.Reply, r, r, server.NewJSStreamGeneralError, unsupportedError(u))
+	a.respond(m.Reply, r, r, server.NewJSStreamGeneralError, unsupportedError(u))
+}
+
+// Unsupported names the requests the API refuses as not supported, as the labels of
+// jetgres_api_unsupported_total name them.
+func Unsupported() []string {
+	names := make([]string, len(unsupportedRequests))
+	for i, u := range unsupportedRequests {
+		names[i] = u.name
+	}
+	return names
 }

@@ -1,4 +1,4 @@
-package bridge
+package jsapi
 
 import (
 	"context"
@@ -32,11 +32,11 @@ const (
 	directMaxBytes = 64 << 20
 )
 
-func (b *Bridge) directGet(ctx context.Context, m *leaf.Msg, tok []string) {
-	status := func(code int, desc string) { _ = b.link.Publish(m.Reply, "", jswire.StatusHeader(code, desc), nil) }
-	s, err := b.streams.Find(ctx, tok[0])
+func (a *API) directGet(ctx context.Context, m *leaf.Msg, tok []string) {
+	status := func(code int, desc string) { _ = a.link.Publish(m.Reply, "", jswire.StatusHeader(code, desc), nil) }
+	s, err := a.streams.Find(ctx, tok[0])
 	if err != nil && !errors.Is(err, pg.ErrNotFound) {
-		b.log.Warn("direct get", "stream", tok[0], "err", err)
+		a.log.Warn("direct get", "stream", tok[0], "err", err)
 	}
 	if err != nil {
 		status(503, "")
@@ -47,7 +47,7 @@ func (b *Bridge) directGet(ctx context.Context, m *leaf.Msg, tok []string) {
 		status(refused.code, refused.desc)
 		return
 	}
-	dg := directGet{b: b, s: s, reply: m.Reply, req: req}
+	dg := directGet{a: a, s: s, reply: m.Reply, req: req}
 	if err := dg.run(ctx); err != nil {
 		var code *directStatus
 		if errors.As(err, &code) {
@@ -57,10 +57,10 @@ func (b *Bridge) directGet(ctx context.Context, m *leaf.Msg, tok []string) {
 		failed, desc := directFailure(err)
 		status(failed, desc)
 		if failed == 503 {
-			b.log.Warn("direct get: database unavailable", "stream", s.Name(), "err", err)
+			a.log.Warn("direct get: database unavailable", "stream", s.Name(), "err", err)
 			return
 		}
-		b.log.Error("direct get", "stream", s.Name(), "err", err)
+		a.log.Error("direct get", "stream", s.Name(), "err", err)
 	}
 }
 
@@ -69,9 +69,9 @@ func (b *Bridge) directGet(ctx context.Context, m *leaf.Msg, tok []string) {
 // hand-off to one and back was most of what a key-value get cost beyond the link's round
 // trip. Everything else, a database read, a batch, an error to tell, goes to the workers,
 // which look again and answer as before.
-func (b *Bridge) directGetFromMemory(m *leaf.Msg, rest string) bool {
+func (a *API) directGetFromMemory(m *leaf.Msg, rest string) bool {
 	tok := strings.Split(rest, ".")
-	s := b.streams.Lookup(tok[0])
+	s := a.streams.Lookup(tok[0])
 	if s == nil {
 		return false
 	}
@@ -84,10 +84,10 @@ func (b *Bridge) directGetFromMemory(m *leaf.Msg, rest string) bool {
 		return false
 	}
 	if !live {
-		_ = b.link.Publish(m.Reply, "", jswire.StatusHeader(errDirectNotFound.code, errDirectNotFound.desc), nil)
+		_ = a.link.Publish(m.Reply, "", jswire.StatusHeader(errDirectNotFound.code, errDirectNotFound.desc), nil)
 		return true
 	}
-	dg := directGet{b: b, s: s, reply: m.Reply, req: req}
+	dg := directGet{a: a, s: s, reply: m.Reply, req: req}
 	dg.send(msg, nil)
 	return true
 }
@@ -133,7 +133,7 @@ var (
 
 // directGet is one direct get being answered.
 type directGet struct {
-	b     *Bridge
+	a     *API
 	s     *stream.Stream
 	reply string
 	req   server.JSApiMsgGetRequest
@@ -141,7 +141,7 @@ type directGet struct {
 
 func (dg *directGet) run(ctx context.Context) error {
 	req := &dg.req
-	db := dg.b.db
+	db := dg.a.db
 	if len(req.MultiLastFor) > 0 {
 		return dg.multiLast(ctx)
 	}
@@ -173,7 +173,7 @@ func (dg *directGet) run(ctx context.Context) error {
 // count still to come, then an end-of-batch status.
 func (dg *directGet) batch(ctx context.Context, seq uint64) error {
 	req := &dg.req
-	hw, err := dg.b.cons.HighWater(ctx, dg.s)
+	hw, err := dg.a.cons.HighWater(ctx, dg.s)
 	if err != nil {
 		return err
 	}
@@ -181,11 +181,11 @@ func (dg *directGet) batch(ctx context.Context, seq uint64) error {
 	if req.NextFor != "" {
 		filters = []string{req.NextFor}
 	}
-	np, err := dg.b.db.CountPending(ctx, pg.PendingParams{StreamID: dg.s.ID(), From: seq, UpTo: hw, Filters: filters})
+	np, err := dg.a.db.CountPending(ctx, pg.PendingParams{StreamID: dg.s.ID(), From: seq, UpTo: hw, Filters: filters})
 	if err != nil {
 		return err
 	}
-	msgs, _, err := dg.b.cons.ReadPop(ctx, pg.ReadParams{StreamID: dg.s.ID(), From: seq, UpTo: hw, MaxMsgs: req.Batch, MaxBytes: dg.maxBytes(), BytesThrough: true}, filters)
+	msgs, _, err := dg.a.cons.ReadPop(ctx, pg.ReadParams{StreamID: dg.s.ID(), From: seq, UpTo: hw, MaxMsgs: req.Batch, MaxBytes: dg.maxBytes(), BytesThrough: true}, filters)
 	if err != nil {
 		return err
 	}
@@ -198,7 +198,7 @@ func (dg *directGet) batch(ctx context.Context, seq uint64) error {
 		dg.send(&msgs[i], []string{"Nats-Num-Pending", strconv.FormatUint(np, 10), "Nats-Last-Sequence", strconv.FormatUint(last, 10)})
 		last = msgs[i].Seq
 	}
-	_ = dg.b.link.Publish(dg.reply, "", jswire.StatusHeader(204, "EOB", "Nats-Num-Pending", strconv.FormatUint(np, 10), "Nats-Last-Sequence", strconv.FormatUint(last, 10)), nil)
+	_ = dg.a.link.Publish(dg.reply, "", jswire.StatusHeader(204, "EOB", "Nats-Num-Pending", strconv.FormatUint(np, 10), "Nats-Last-Sequence", strconv.FormatUint(last, 10)), nil)
 	return nil
 }
 
@@ -206,7 +206,7 @@ func (dg *directGet) batch(ctx context.Context, seq uint64) error {
 // up_to_time, lowest sequence first, then an end-of-batch status.
 func (dg *directGet) multiLast(ctx context.Context) error {
 	req := &dg.req
-	db := dg.b.db
+	db := dg.a.db
 	var upTo uint64
 	if req.UpToTime != nil {
 		// Nothing before the first message: no subject has a last message, and the 404
@@ -217,7 +217,7 @@ func (dg *directGet) multiLast(ctx context.Context) error {
 		}
 		upTo = at - 1
 	} else {
-		last, err := dg.b.cons.HighWater(ctx, dg.s)
+		last, err := dg.a.cons.HighWater(ctx, dg.s)
 		if err != nil {
 			return err
 		}
@@ -261,7 +261,7 @@ func (dg *directGet) multiLast(ctx context.Context) error {
 			break
 		}
 	}
-	_ = dg.b.link.Publish(dg.reply, "", jswire.StatusHeader(204, "EOB", "Nats-Num-Pending", strconv.Itoa(pending), "Nats-Last-Sequence", strconv.FormatUint(last, 10),
+	_ = dg.a.link.Publish(dg.reply, "", jswire.StatusHeader(204, "EOB", "Nats-Num-Pending", strconv.Itoa(pending), "Nats-Last-Sequence", strconv.FormatUint(last, 10),
 		"Nats-UpTo-Sequence", strconv.FormatUint(upTo, 10)), nil)
 	return nil
 }
@@ -277,10 +277,10 @@ func (dg *directGet) maxBytes() int {
 // with no_hdr.
 func (dg *directGet) send(m *pg.Message, extra []string) {
 	if dg.req.NoHeaders {
-		_ = dg.b.link.Publish(dg.reply, "", nil, m.Data)
+		_ = dg.a.link.Publish(dg.reply, "", nil, m.Data)
 		return
 	}
 	kv := append([]string{"Nats-Stream", dg.s.Name(), "Nats-Subject", m.Subject, "Nats-Sequence", strconv.FormatUint(m.Seq, 10),
 		"Nats-Time-Stamp", time.Unix(0, m.TS).UTC().Format(time.RFC3339Nano)}, extra...)
-	_ = dg.b.link.Publish(dg.reply, "", jswire.AppendHeaders(m.Header, kv...), m.Data)
+	_ = dg.a.link.Publish(dg.reply, "", jswire.AppendHeaders(m.Header, kv...), m.Data)
 }

@@ -1,4 +1,4 @@
-package bridge
+package jsapi
 
 import (
 	"context"
@@ -19,46 +19,46 @@ import (
 // handleConsumerAPI serves $JS.API.CONSUMER.* (tok is the subject after "CONSUMER.") on an
 // API worker; forwarded says another replica sent it here as the consumer's server. MSG.NEXT
 // never comes here: it takes the in-order path of consumer.Engine.HandlePull.
-func (b *Bridge) handleConsumerAPI(ctx context.Context, tok []string, m *leaf.Msg, forwarded bool) {
+func (a *API) handleConsumerAPI(ctx context.Context, tok []string, m *leaf.Msg, forwarded bool) {
 	switch {
 	case len(tok) >= 2 && (tok[0] == "CREATE" || tok[0] == "DURABLE" && tok[1] == "CREATE"):
-		r, err := b.apiCreate(ctx, tok, m.Data)
-		if err = b.fwd.Forward(m, err, forwarded); err == ownership.ErrForwarded {
+		r, err := a.apiCreate(ctx, tok, m.Data)
+		if err = a.fwd.Forward(m, err, forwarded); err == ownership.ErrForwarded {
 			return
 		}
-		b.respond(m.Reply, r, &r.ApiResponse, server.NewJSConsumerCreateError, err)
+		a.respond(m.Reply, r, &r.ApiResponse, server.NewJSConsumerCreateError, err)
 	case len(tok) == 3 && tok[0] == "INFO":
-		r, err := b.apiInfo(ctx, tok[1], tok[2], m.Data, func(served error) bool {
-			return b.fwd.Forward(m, served, forwarded) == ownership.ErrForwarded
+		r, err := a.apiInfo(ctx, tok[1], tok[2], m.Data, func(served error) bool {
+			return a.fwd.Forward(m, served, forwarded) == ownership.ErrForwarded
 		})
 		if err == ownership.ErrForwarded {
 			return
 		}
-		b.respond(m.Reply, r, &r.ApiResponse, server.NewJSStreamGeneralError, err)
+		a.respond(m.Reply, r, &r.ApiResponse, server.NewJSStreamGeneralError, err)
 	case len(tok) == 3 && tok[0] == "DELETE":
-		r, err := b.apiDelete(ctx, tok[1], tok[2], m.Data)
-		b.respond(m.Reply, r, &r.ApiResponse, server.NewJSStreamGeneralError, err)
+		r, err := a.apiDelete(ctx, tok[1], tok[2], m.Data)
+		a.respond(m.Reply, r, &r.ApiResponse, server.NewJSStreamGeneralError, err)
 	case len(tok) == 2 && tok[0] == "NAMES":
-		r, err := b.apiNames(ctx, tok[1], m.Data)
-		b.respond(m.Reply, r, &r.ApiResponse, server.NewJSStreamGeneralError, err)
+		r, err := a.apiNames(ctx, tok[1], m.Data)
+		a.respond(m.Reply, r, &r.ApiResponse, server.NewJSStreamGeneralError, err)
 	case len(tok) == 2 && tok[0] == "LIST":
-		r, err := b.apiList(ctx, tok[1], m.Data)
-		b.respond(m.Reply, r, &r.ApiResponse, server.NewJSStreamGeneralError, err)
+		r, err := a.apiList(ctx, tok[1], m.Data)
+		a.respond(m.Reply, r, &r.ApiResponse, server.NewJSStreamGeneralError, err)
 	case len(tok) == 3 && tok[0] == "PAUSE":
-		r, err := b.apiPause(ctx, tok[1], tok[2], m.Data)
-		if err = b.fwd.Forward(m, err, forwarded); err == ownership.ErrForwarded {
+		r, err := a.apiPause(ctx, tok[1], tok[2], m.Data)
+		if err = a.fwd.Forward(m, err, forwarded); err == ownership.ErrForwarded {
 			return
 		}
-		b.respond(m.Reply, r, &r.ApiResponse, server.NewJSConsumerCreateError, err)
+		a.respond(m.Reply, r, &r.ApiResponse, server.NewJSConsumerCreateError, err)
 	default:
-		b.badRequest(m, server.JSApiConsumerInfoResponseType)
+		a.badRequest(m, server.JSApiConsumerInfoResponseType)
 	}
 }
 
 // apiCreate serves CONSUMER.CREATE.<stream>[.<consumer>[.<filter>]] and
 // CONSUMER.DURABLE.CREATE.<stream>.<consumer>, with nats-server's rules for names,
 // filters in the subject and the create/update action.
-func (b *Bridge) apiCreate(ctx context.Context, tok []string, data []byte) (*server.JSApiConsumerCreateResponse, error) {
+func (a *API) apiCreate(ctx context.Context, tok []string, data []byte) (*server.JSApiConsumerCreateResponse, error) {
 	resp := &server.JSApiConsumerCreateResponse{ApiResponse: jswire.APIResponse(server.JSApiConsumerCreateResponseType)}
 	fail := func(e error) (*server.JSApiConsumerCreateResponse, error) { return resp, e }
 	var req server.CreateConsumerRequest
@@ -114,7 +114,7 @@ func (b *Bridge) apiCreate(ctx context.Context, tok []string, data []byte) (*ser
 	if filter != "" && req.Config.FilterSubject != filter {
 		return fail(server.NewJSConsumerCreateFilterSubjectMismatchError())
 	}
-	s, err := b.findStream(ctx, streamName)
+	s, err := a.findStream(ctx, streamName)
 	if err != nil {
 		return fail(err)
 	}
@@ -137,11 +137,11 @@ func (b *Bridge) apiCreate(ctx context.Context, tok []string, data []byte) (*ser
 	if cfg.Name == "" {
 		cfg.Name = name
 	}
-	if e := b.workQueueConflict(ctx, s, name, &cfg); e != nil {
+	if e := a.workQueueConflict(ctx, s, name, &cfg); e != nil {
 		return fail(e)
 	}
 
-	info, err := b.cons.Create(ctx, s, name, cfg, req.Action)
+	info, err := a.cons.Create(ctx, s, name, cfg, req.Action)
 	if err != nil {
 		return fail(err)
 	}
@@ -151,13 +151,13 @@ func (b *Bridge) apiCreate(ctx context.Context, tok []string, data []byte) (*ser
 
 // apiInfo serves CONSUMER.INFO.<stream>.<consumer>. forward sends the request on to the
 // replica that serves the consumer, when there is one to reach, and reports whether it did.
-func (b *Bridge) apiInfo(ctx context.Context, streamName, name string, data []byte, forward func(served error) bool) (*server.JSApiConsumerInfoResponse, error) {
+func (a *API) apiInfo(ctx context.Context, streamName, name string, data []byte, forward func(served error) bool) (*server.JSApiConsumerInfoResponse, error) {
 	resp := &server.JSApiConsumerInfoResponse{ApiResponse: jswire.APIResponse(server.JSApiConsumerInfoResponseType)}
-	s, err := b.requestedStream(ctx, streamName, data, nil)
+	s, err := a.requestedStream(ctx, streamName, data, nil)
 	if err != nil {
 		return resp, err
 	}
-	info, forwarded, err := b.cons.Info(ctx, s, name, forward)
+	info, forwarded, err := a.cons.Info(ctx, s, name, forward)
 	if forwarded {
 		return resp, ownership.ErrForwarded
 	}
@@ -171,29 +171,29 @@ func (b *Bridge) apiInfo(ctx context.Context, streamName, name string, data []by
 // apiPause serves CONSUMER.PAUSE.<stream>.<consumer>: pause_until in the future stops
 // deliveries until then (pull requests still queue, expire and get heartbeats); a time in
 // the past or none resumes at once. It is the consumer's pause_until, stored with its config.
-func (b *Bridge) apiPause(ctx context.Context, streamName, name string, data []byte) (*server.JSApiConsumerPauseResponse, error) {
+func (a *API) apiPause(ctx context.Context, streamName, name string, data []byte) (*server.JSApiConsumerPauseResponse, error) {
 	resp := &server.JSApiConsumerPauseResponse{ApiResponse: jswire.APIResponse(server.JSApiConsumerPauseResponseType)}
 	var req server.JSApiConsumerPauseRequest
-	s, err := b.requestedStream(ctx, streamName, data, &req)
+	s, err := a.requestedStream(ctx, streamName, data, &req)
 	if err != nil {
 		return resp, err
 	}
 	until := req.PauseUntil.UTC()
-	if err := b.cons.Pause(ctx, s, name, until); err != nil {
+	if err := a.cons.Pause(ctx, s, name, until); err != nil {
 		return resp, err
 	}
 	resp.PauseUntil = until
-	resp.Paused, resp.PauseRemaining = consumer.PausedAt(&until, b.clock.Now())
+	resp.Paused, resp.PauseRemaining = consumer.PausedAt(&until, a.clock.Now())
 	return resp, nil
 }
 
-func (b *Bridge) apiDelete(ctx context.Context, streamName, name string, data []byte) (*server.JSApiConsumerDeleteResponse, error) {
+func (a *API) apiDelete(ctx context.Context, streamName, name string, data []byte) (*server.JSApiConsumerDeleteResponse, error) {
 	resp := &server.JSApiConsumerDeleteResponse{ApiResponse: jswire.APIResponse(server.JSApiConsumerDeleteResponseType)}
-	s, err := b.requestedStream(ctx, streamName, data, nil)
+	s, err := a.requestedStream(ctx, streamName, data, nil)
 	if err != nil {
 		return resp, err
 	}
-	if err := b.cons.Delete(ctx, s, name); err != nil {
+	if err := a.cons.Delete(ctx, s, name); err != nil {
 		return resp, err
 	}
 	resp.Success = true
@@ -201,22 +201,22 @@ func (b *Bridge) apiDelete(ctx context.Context, streamName, name string, data []
 }
 
 // pagedConsumers reads a stream's stored consumers and the requested offset.
-func (b *Bridge) pagedConsumers(ctx context.Context, streamName string, data []byte) (*stream.Stream, []pg.Consumer, int, error) {
+func (a *API) pagedConsumers(ctx context.Context, streamName string, data []byte) (*stream.Stream, []pg.Consumer, int, error) {
 	var req server.JSApiConsumersRequest
-	s, err := b.requestedStream(ctx, streamName, data, &req)
+	s, err := a.requestedStream(ctx, streamName, data, &req)
 	if err != nil {
 		return nil, nil, 0, err
 	}
-	rows, err := b.db.Consumers(ctx, s.ID())
+	rows, err := a.db.Consumers(ctx, s.ID())
 	if err != nil {
 		return nil, nil, 0, fmt.Errorf("listing consumers of stream %q: %w", streamName, err)
 	}
 	return s, rows, min(max(req.Offset, 0), len(rows)), nil
 }
 
-func (b *Bridge) apiNames(ctx context.Context, streamName string, data []byte) (*server.JSApiConsumerNamesResponse, error) {
+func (a *API) apiNames(ctx context.Context, streamName string, data []byte) (*server.JSApiConsumerNamesResponse, error) {
 	resp := &server.JSApiConsumerNamesResponse{ApiResponse: jswire.APIResponse(server.JSApiConsumerNamesResponseType), Consumers: []string{}}
-	_, rows, offset, err := b.pagedConsumers(ctx, streamName, data)
+	_, rows, offset, err := a.pagedConsumers(ctx, streamName, data)
 	if err != nil {
 		return resp, err
 	}
@@ -230,15 +230,26 @@ func (b *Bridge) apiNames(ctx context.Context, streamName string, data []byte) (
 	return resp, nil
 }
 
-func (b *Bridge) apiList(ctx context.Context, streamName string, data []byte) (*server.JSApiConsumerListResponse, error) {
+func (a *API) apiList(ctx context.Context, streamName string, data []byte) (*server.JSApiConsumerListResponse, error) {
 	resp := &server.JSApiConsumerListResponse{ApiResponse: jswire.APIResponse(server.JSApiConsumerListResponseType), Consumers: []*server.ConsumerInfo{}}
-	s, rows, offset, err := b.pagedConsumers(ctx, streamName, data)
+	s, rows, offset, err := a.pagedConsumers(ctx, streamName, data)
 	if err != nil {
 		return resp, err
 	}
-	if resp.Consumers, err = b.cons.List(ctx, s, rows[offset:], server.JSApiListLimit); err != nil {
+	if resp.Consumers, err = a.cons.List(ctx, s, rows[offset:], server.JSApiListLimit); err != nil {
 		return resp, err
 	}
 	resp.Total, resp.Offset, resp.Limit = len(rows), offset, server.JSApiListLimit
 	return resp, nil
+}
+
+// workQueueConflict is retention's check of a consumer on a workqueue stream, answered as
+// the API answers it.
+func (a *API) workQueueConflict(ctx context.Context, s *stream.Stream, name string, cfg *server.ConsumerConfig) *server.ApiError {
+	refused, err := a.retention.WorkQueueConflict(ctx, s, name, cfg)
+	if err != nil {
+		a.log.Error("listing consumers", "stream", s.Name(), "err", err)
+		return apiError(err, server.NewJSConsumerCreateError)
+	}
+	return refused
 }

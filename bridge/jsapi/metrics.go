@@ -1,4 +1,4 @@
-package bridge
+package jsapi
 
 import (
 	"github.com/prometheus/client_golang/prometheus"

@@ -1,4 +1,4 @@
-package bridge
+package jsapi
 
 import (
 	"context"
@@ -19,48 +19,48 @@ import (
 )
 
 // streamAPI serves $JS.API.STREAM.*; tok follows "STREAM".
-func (b *Bridge) streamAPI(ctx context.Context, tok []string, m *leaf.Msg) {
+func (a *API) streamAPI(ctx context.Context, tok []string, m *leaf.Msg) {
 	if len(tok) == 0 {
-		b.badRequest(m, server.JSApiSystemResponseType)
+		a.badRequest(m, server.JSApiSystemResponseType)
 		return
 	}
 	op, body := tok[0], m.Data
 	switch {
 	case op == "NAMES":
-		r, err := b.apiStreamNames(body)
-		b.respond(m.Reply, r, &r.ApiResponse, server.NewJSStreamGeneralError, err)
+		r, err := a.apiStreamNames(body)
+		a.respond(m.Reply, r, &r.ApiResponse, server.NewJSStreamGeneralError, err)
 	case op == "LIST":
-		r, err := b.apiStreamList(ctx, body)
-		b.respond(m.Reply, r, &r.ApiResponse, server.NewJSStreamGeneralError, err)
+		r, err := a.apiStreamList(ctx, body)
+		a.respond(m.Reply, r, &r.ApiResponse, server.NewJSStreamGeneralError, err)
 	case op == "MSG" && len(tok) == 3 && tok[1] == "GET":
-		r, err := b.apiMsgGet(ctx, tok[2], body)
-		b.respond(m.Reply, r, &r.ApiResponse, server.NewJSStreamStoreFailedError, err)
+		r, err := a.apiMsgGet(ctx, tok[2], body)
+		a.respond(m.Reply, r, &r.ApiResponse, server.NewJSStreamStoreFailedError, err)
 	case op == "MSG" && len(tok) == 3 && tok[1] == "DELETE":
-		r, err := b.apiMsgDelete(ctx, tok[2], body)
-		b.respond(m.Reply, r, &r.ApiResponse, server.NewJSStreamMsgDeleteFailedError, err)
+		r, err := a.apiMsgDelete(ctx, tok[2], body)
+		a.respond(m.Reply, r, &r.ApiResponse, server.NewJSStreamMsgDeleteFailedError, err)
 	case len(tok) != 2:
-		b.badRequest(m, server.JSApiSystemResponseType)
+		a.badRequest(m, server.JSApiSystemResponseType)
 	case op == "CREATE":
-		r, err := b.apiStreamCreate(ctx, tok[1], body)
-		b.respond(m.Reply, r, &r.ApiResponse, server.NewJSStreamCreateError, err)
+		r, err := a.apiStreamCreate(ctx, tok[1], body)
+		a.respond(m.Reply, r, &r.ApiResponse, server.NewJSStreamCreateError, err)
 	case op == "UPDATE":
-		r, err := b.apiStreamUpdate(ctx, tok[1], body)
-		b.respond(m.Reply, r, &r.ApiResponse, server.NewJSStreamUpdateError, err)
+		r, err := a.apiStreamUpdate(ctx, tok[1], body)
+		a.respond(m.Reply, r, &r.ApiResponse, server.NewJSStreamUpdateError, err)
 	case op == "INFO":
-		r, err := b.apiStreamInfo(ctx, tok[1], body)
-		b.respond(m.Reply, r, &r.ApiResponse, server.NewJSStreamStoreFailedError, err)
+		r, err := a.apiStreamInfo(ctx, tok[1], body)
+		a.respond(m.Reply, r, &r.ApiResponse, server.NewJSStreamStoreFailedError, err)
 	case op == "DELETE":
-		r, err := b.apiStreamDelete(ctx, tok[1], body)
-		b.respond(m.Reply, r, &r.ApiResponse, server.NewJSStreamDeleteError, err)
+		r, err := a.apiStreamDelete(ctx, tok[1], body)
+		a.respond(m.Reply, r, &r.ApiResponse, server.NewJSStreamDeleteError, err)
 	case op == "PURGE":
-		r, err := b.apiStreamPurge(ctx, tok[1], body)
-		b.respond(m.Reply, r, &r.ApiResponse, server.NewJSStreamPurgeFailedError, err)
+		r, err := a.apiStreamPurge(ctx, tok[1], body)
+		a.respond(m.Reply, r, &r.ApiResponse, server.NewJSStreamPurgeFailedError, err)
 	default:
-		b.badRequest(m, server.JSApiSystemResponseType)
+		a.badRequest(m, server.JSApiSystemResponseType)
 	}
 }
 
-func (b *Bridge) apiStreamCreate(ctx context.Context, name string, body []byte) (*server.JSApiStreamCreateResponse, error) {
+func (a *API) apiStreamCreate(ctx context.Context, name string, body []byte) (*server.JSApiStreamCreateResponse, error) {
 	resp := &server.JSApiStreamCreateResponse{ApiResponse: jswire.APIResponse(server.JSApiStreamCreateResponseType)}
 	var req server.StreamConfig
 	if e := jswire.DecodeRequest(body, &req); e != nil {
@@ -72,7 +72,7 @@ func (b *Bridge) apiStreamCreate(ctx context.Context, name string, body []byte) 
 	if req.Name != name {
 		return resp, server.NewJSStreamMismatchError()
 	}
-	cfg, e := jswire.CheckStreamConfig(req, b.cfg.MaxPayload)
+	cfg, e := jswire.CheckStreamConfig(req, a.cfg.MaxPayload)
 	if e != nil {
 		return resp, e
 	}
@@ -80,26 +80,26 @@ func (b *Bridge) apiStreamCreate(ctx context.Context, name string, body []byte) 
 	if cfg.Sealed {
 		return resp, server.NewJSStreamInvalidConfigError(errors.New("stream configuration for create can not be sealed"))
 	}
-	b.streams.LockAdmin()
-	defer b.streams.UnlockAdmin()
-	if e := b.streams.CheckReservation(name, &cfg); e != nil {
+	a.streams.LockAdmin()
+	defer a.streams.UnlockAdmin()
+	if e := a.streams.CheckReservation(name, &cfg); e != nil {
 		return resp, e
 	}
-	if cur := b.streams.Lookup(name); cur != nil {
+	if cur := a.streams.Lookup(name); cur != nil {
 		// Creating an existing stream with the same configuration succeeds, as in JetStream.
 		if jswire.SameStreamConfig(cur.Config(), cfg) {
-			return b.streamCreated(ctx, resp, cur, false)
+			return a.streamCreated(ctx, resp, cur, false)
 		}
 		return resp, server.NewJSStreamNameExistError()
 	}
-	if o := b.streams.Overlapping(name, cfg.Subjects); o != nil {
+	if o := a.streams.Overlapping(name, cfg.Subjects); o != nil {
 		return resp, server.NewJSStreamSubjectOverlapError()
 	}
 	raw, err := json.Marshal(cfg)
 	if err != nil {
 		return resp, server.NewJSStreamCreateError(err)
 	}
-	st, err := b.db.CreateStreamChecked(ctx, name, raw, cfg.FirstSeq, stream.OverlapCheck(cfg.Subjects))
+	st, err := a.db.CreateStreamChecked(ctx, name, raw, cfg.FirstSeq, stream.OverlapCheck(cfg.Subjects))
 	if errors.Is(err, stream.ErrOverlap) {
 		return resp, server.NewJSStreamSubjectOverlapError()
 	}
@@ -109,16 +109,16 @@ func (b *Bridge) apiStreamCreate(ctx context.Context, name string, body []byte) 
 	if err != nil {
 		return resp, fmt.Errorf("create stream %q: %w", name, err)
 	}
-	s, err := b.streams.Add(st, cfg)
+	s, err := a.streams.Add(st, cfg)
 	if err != nil {
 		return resp, server.NewJSStreamCreateError(err)
 	}
-	b.log.Info("stream created", "stream", name, "subjects", cfg.Subjects)
-	return b.streamCreated(ctx, resp, s, true)
+	a.log.Info("stream created", "stream", name, "subjects", cfg.Subjects)
+	return a.streamCreated(ctx, resp, s, true)
 }
 
-func (b *Bridge) streamCreated(ctx context.Context, resp *server.JSApiStreamCreateResponse, s *stream.Stream, created bool) (*server.JSApiStreamCreateResponse, error) {
-	info, err := b.streamInfo(ctx, s)
+func (a *API) streamCreated(ctx context.Context, resp *server.JSApiStreamCreateResponse, s *stream.Stream, created bool) (*server.JSApiStreamCreateResponse, error) {
+	info, err := a.streamInfo(ctx, s)
 	if err != nil {
 		return resp, err
 	}
@@ -129,13 +129,13 @@ func (b *Bridge) streamCreated(ctx context.Context, resp *server.JSApiStreamCrea
 // streamInfo answers what a stream info reports of the stream's state. The state, the
 // number of subjects and of consumers come from one snapshot; the subjects are counted
 // anew only when the stream changed since the last info (pg/subject_count.go).
-func (b *Bridge) streamInfo(ctx context.Context, s *stream.Stream) (*server.StreamInfo, error) {
+func (a *API) streamInfo(ctx context.Context, s *stream.Stream) (*server.StreamInfo, error) {
 	// JetStream removes an acknowledged message before it answers the ack; a pass now makes
 	// every ack the consumers applied show, whether or not the maintainer got to it yet.
-	if err := b.retention.Settle(ctx, s); err != nil {
-		b.log.Warn("retention pass before stream info failed", "stream", s.Name(), "err", err)
+	if err := a.retention.Settle(ctx, s); err != nil {
+		a.log.Warn("retention pass before stream info failed", "stream", s.Name(), "err", err)
 	}
-	st, err := b.db.StreamInfo(ctx, s.ID())
+	st, err := a.db.StreamInfo(ctx, s.ID())
 	if errors.Is(err, pg.ErrNotFound) {
 		return nil, server.NewJSStreamNotFoundError()
 	}
@@ -164,11 +164,11 @@ func (b *Bridge) streamInfo(ctx context.Context, s *stream.Stream) (*server.Stre
 			state.FirstSeq = 0
 		}
 	}
-	return &server.StreamInfo{Config: jswire.StreamConfigForResponse(s.Config()), Created: s.Created().UTC(), State: state, TimeStamp: b.clock.Now().UTC(),
-		Cluster: b.streamClusterInfo()}, nil
+	return &server.StreamInfo{Config: jswire.StreamConfigForResponse(s.Config()), Created: s.Created().UTC(), State: state, TimeStamp: a.clock.Now().UTC(),
+		Cluster: a.streamClusterInfo()}, nil
 }
 
-func (b *Bridge) apiStreamUpdate(ctx context.Context, name string, body []byte) (*server.JSApiStreamUpdateResponse, error) {
+func (a *API) apiStreamUpdate(ctx context.Context, name string, body []byte) (*server.JSApiStreamUpdateResponse, error) {
 	resp := &server.JSApiStreamUpdateResponse{ApiResponse: jswire.APIResponse(server.JSApiStreamUpdateResponseType)}
 	fail := func(e error) (*server.JSApiStreamUpdateResponse, error) { return resp, e }
 	var req server.StreamConfig
@@ -181,17 +181,17 @@ func (b *Bridge) apiStreamUpdate(ctx context.Context, name string, body []byte) 
 	if req.Name != name {
 		return fail(server.NewJSStreamMismatchError())
 	}
-	cfg, e := jswire.CheckStreamConfig(req, b.cfg.MaxPayload)
+	cfg, e := jswire.CheckStreamConfig(req, a.cfg.MaxPayload)
 	if e != nil {
 		return fail(e)
 	}
 	jswire.SetStaticStreamMetadata(&cfg)
-	b.streams.LockAdmin()
-	defer b.streams.UnlockAdmin()
-	if e := b.streams.CheckReservation(name, &cfg); e != nil {
+	a.streams.LockAdmin()
+	defer a.streams.UnlockAdmin()
+	if e := a.streams.CheckReservation(name, &cfg); e != nil {
 		return fail(e)
 	}
-	s, err := b.streams.FindLocked(ctx, name)
+	s, err := a.streams.FindLocked(ctx, name)
 	if err != nil {
 		return fail(notFoundAsStream(err))
 	}
@@ -213,30 +213,30 @@ func (b *Bridge) apiStreamUpdate(ctx context.Context, name string, body []byte) 
 		cfg.MaxAge, cfg.Discard = 0, server.DiscardNew
 		cfg.DenyDelete, cfg.DenyPurge, cfg.AllowRollup = true, true, false
 	}
-	if o := b.streams.Overlapping(name, cfg.Subjects); o != nil {
+	if o := a.streams.Overlapping(name, cfg.Subjects); o != nil {
 		return fail(server.NewJSStreamSubjectOverlapError())
 	}
 	raw, err := json.Marshal(cfg)
 	if err != nil {
 		return fail(server.NewJSStreamUpdateError(err))
 	}
-	if err := b.db.UpdateStreamChecked(ctx, s.ID(), name, raw, stream.OverlapCheck(cfg.Subjects)); err != nil {
+	if err := a.db.UpdateStreamChecked(ctx, s.ID(), name, raw, stream.OverlapCheck(cfg.Subjects)); err != nil {
 		if errors.Is(err, stream.ErrOverlap) {
 			return fail(server.NewJSStreamSubjectOverlapError())
 		}
 		return fail(fmt.Errorf("update stream %q: %w", name, err))
 	}
 	s.SetConfig(cfg)
-	if err := b.streams.Resubscribe(s); err != nil {
+	if err := a.streams.Resubscribe(s); err != nil {
 		return fail(server.NewJSStreamUpdateError(err))
 	}
 	if old.Retention != cfg.Retention {
-		b.retention.PolicyChanged(s)
+		a.retention.PolicyChanged(s)
 	}
-	if err := b.retention.ApplyLimits(ctx, s, stream.Limits(&cfg), cfg.MaxAge); err != nil {
+	if err := a.retention.ApplyLimits(ctx, s, stream.Limits(&cfg), cfg.MaxAge); err != nil {
 		return fail(fmt.Errorf("applying updated limits of stream %q: %w", name, err))
 	}
-	info, err := b.streamInfo(ctx, s)
+	info, err := a.streamInfo(ctx, s)
 	if err != nil {
 		return fail(err)
 	}
@@ -244,26 +244,26 @@ func (b *Bridge) apiStreamUpdate(ctx context.Context, name string, body []byte) 
 	return resp, nil
 }
 
-func (b *Bridge) apiStreamInfo(ctx context.Context, name string, body []byte) (*server.JSApiStreamInfoResponse, error) {
+func (a *API) apiStreamInfo(ctx context.Context, name string, body []byte) (*server.JSApiStreamInfoResponse, error) {
 	resp := &server.JSApiStreamInfoResponse{ApiResponse: jswire.APIResponse(server.JSApiStreamInfoResponseType)}
 	var req server.JSApiStreamInfoRequest
-	s, err := b.requestedStream(ctx, name, body, &req)
+	s, err := a.requestedStream(ctx, name, body, &req)
 	if err != nil {
 		return resp, err
 	}
-	info, err := b.streamInfo(ctx, s)
+	info, err := a.streamInfo(ctx, s)
 	if err != nil {
 		return resp, err
 	}
 	if req.DeletedDetails {
-		deleted, err := b.db.DeletedSeqs(ctx, s.ID())
+		deleted, err := a.db.DeletedSeqs(ctx, s.ID())
 		if err != nil {
 			return resp, fmt.Errorf("deleted details of stream %q: %w", name, err)
 		}
 		info.State.Deleted = deleted
 	}
 	if req.SubjectsFilter != "" {
-		totals, err := b.db.SubjectTotals(ctx, s.ID(), req.SubjectsFilter)
+		totals, err := a.db.SubjectTotals(ctx, s.ID(), req.SubjectsFilter)
 		if err != nil {
 			return resp, fmt.Errorf("subject totals of stream %q: %w", name, err)
 		}
@@ -296,35 +296,35 @@ func pageSubjects(resp *server.JSApiStreamInfoResponse, totals map[string]uint64
 	}
 }
 
-func (b *Bridge) apiStreamDelete(ctx context.Context, name string, body []byte) (*server.JSApiStreamDeleteResponse, error) {
+func (a *API) apiStreamDelete(ctx context.Context, name string, body []byte) (*server.JSApiStreamDeleteResponse, error) {
 	resp := &server.JSApiStreamDeleteResponse{ApiResponse: jswire.APIResponse(server.JSApiStreamDeleteResponseType)}
 	fail := func(e error) (*server.JSApiStreamDeleteResponse, error) { return resp, e }
 	if !jswire.IsEmptyRequest(body) {
 		return fail(server.NewJSNotEmptyRequestError())
 	}
-	b.streams.LockAdmin()
-	defer b.streams.UnlockAdmin()
-	s, err := b.streams.FindLocked(ctx, name)
+	a.streams.LockAdmin()
+	defer a.streams.UnlockAdmin()
+	s, err := a.streams.FindLocked(ctx, name)
 	if err != nil {
 		return fail(notFoundAsStream(err))
 	}
-	b.streams.Unsubscribe(s)
-	err = b.db.DeleteStream(ctx, s.ID())
+	a.streams.Unsubscribe(s)
+	err = a.db.DeleteStream(ctx, s.ID())
 	if err != nil && !errors.Is(err, pg.ErrNotFound) {
-		_ = b.streams.Resubscribe(s)
+		_ = a.streams.Resubscribe(s)
 		return fail(fmt.Errorf("delete stream %q: %w", name, err))
 	}
-	b.streams.Remove(s)
-	b.log.Info("stream deleted", "stream", name)
+	a.streams.Remove(s)
+	a.log.Info("stream deleted", "stream", name)
 	resp.Success = true
 	return resp, nil
 }
 
-func (b *Bridge) apiStreamPurge(ctx context.Context, name string, body []byte) (*server.JSApiStreamPurgeResponse, error) {
+func (a *API) apiStreamPurge(ctx context.Context, name string, body []byte) (*server.JSApiStreamPurgeResponse, error) {
 	resp := &server.JSApiStreamPurgeResponse{ApiResponse: jswire.APIResponse(server.JSApiStreamPurgeResponseType)}
 	fail := func(e error) (*server.JSApiStreamPurgeResponse, error) { return resp, e }
 	var req server.JSApiStreamPurgeRequest
-	s, err := b.requestedStream(ctx, name, body, &req)
+	s, err := a.requestedStream(ctx, name, body, &req)
 	if err != nil {
 		return fail(err)
 	}
@@ -337,7 +337,7 @@ func (b *Bridge) apiStreamPurge(ctx context.Context, name string, body []byte) (
 	if e := jswire.CheckPurgeRequest(&req); e != nil {
 		return fail(e)
 	}
-	purged, err := b.db.Purge(ctx, s.ID(), pg.PurgeParams{Filter: req.Subject, UpTo: req.Sequence, Keep: req.Keep})
+	purged, err := a.db.Purge(ctx, s.ID(), pg.PurgeParams{Filter: req.Subject, UpTo: req.Sequence, Keep: req.Keep})
 	if err != nil {
 		return fail(fmt.Errorf("purge stream %q: %w", name, err))
 	}
@@ -354,11 +354,11 @@ func pagedNames(names []string, offset, limit int) []string {
 	return names[offset:min(len(names), offset+limit)]
 }
 
-func (b *Bridge) sortedStreams(subject string) []*stream.Stream {
-	all := b.streams.List()
+func (a *API) sortedStreams(subject string) []*stream.Stream {
+	all := a.streams.List()
 	out := all[:0]
 	for _, s := range all {
-		if subject == "" || b.streamCovers(s, subject) {
+		if subject == "" || a.streamCovers(s, subject) {
 			out = append(out, s)
 		}
 	}
@@ -366,7 +366,7 @@ func (b *Bridge) sortedStreams(subject string) []*stream.Stream {
 	return out
 }
 
-func (b *Bridge) streamCovers(s *stream.Stream, subject string) bool {
+func (a *API) streamCovers(s *stream.Stream, subject string) bool {
 	for _, subj := range s.Config().Subjects {
 		if server.SubjectsCollide(subj, subject) {
 			return true
@@ -375,12 +375,12 @@ func (b *Bridge) streamCovers(s *stream.Stream, subject string) bool {
 	return false
 }
 
-func (b *Bridge) apiStreamNames(body []byte) (*server.JSApiStreamNamesResponse, error) {
+func (a *API) apiStreamNames(body []byte) (*server.JSApiStreamNamesResponse, error) {
 	var req server.JSApiStreamNamesRequest
 	if e := jswire.DecodeRequest(body, &req); e != nil {
 		return &server.JSApiStreamNamesResponse{ApiResponse: jswire.APIResponse(server.JSApiStreamNamesResponseType)}, e
 	}
-	streams := b.sortedStreams(req.Subject)
+	streams := a.sortedStreams(req.Subject)
 	names := make([]string, len(streams))
 	for i, s := range streams {
 		names[i] = s.Name()
@@ -393,12 +393,12 @@ func (b *Bridge) apiStreamNames(body []byte) (*server.JSApiStreamNamesResponse, 
 	}, nil
 }
 
-func (b *Bridge) apiStreamList(ctx context.Context, body []byte) (*server.JSApiStreamListResponse, error) {
+func (a *API) apiStreamList(ctx context.Context, body []byte) (*server.JSApiStreamListResponse, error) {
 	var req server.JSApiStreamListRequest
 	if e := jswire.DecodeRequest(body, &req); e != nil {
 		return &server.JSApiStreamListResponse{ApiResponse: jswire.APIResponse(server.JSApiStreamListResponseType)}, e
 	}
-	streams := b.sortedStreams(req.Subject)
+	streams := a.sortedStreams(req.Subject)
 	offset := max(req.Offset, 0)
 	resp := &server.JSApiStreamListResponse{
 		ApiResponse: jswire.APIResponse(server.JSApiStreamListResponseType),
@@ -407,7 +407,7 @@ func (b *Bridge) apiStreamList(ctx context.Context, body []byte) (*server.JSApiS
 	}
 	if offset < len(streams) {
 		for _, s := range streams[offset:min(len(streams), offset+server.JSApiListLimit)] {
-			info, err := b.streamInfo(ctx, s)
+			info, err := a.streamInfo(ctx, s)
 			var ae *server.ApiError
 			switch {
 			case errors.As(err, &ae) && ae.ErrCode == server.ApiErrors[server.JSStreamNotFoundErr].ErrCode:
@@ -422,11 +422,11 @@ func (b *Bridge) apiStreamList(ctx context.Context, body []byte) (*server.JSApiS
 	return resp, nil
 }
 
-func (b *Bridge) apiMsgGet(ctx context.Context, name string, body []byte) (*server.JSApiMsgGetResponse, error) {
+func (a *API) apiMsgGet(ctx context.Context, name string, body []byte) (*server.JSApiMsgGetResponse, error) {
 	resp := &server.JSApiMsgGetResponse{ApiResponse: jswire.APIResponse(server.JSApiMsgGetResponseType)}
 	fail := func(e error) (*server.JSApiMsgGetResponse, error) { return resp, e }
 	var req server.JSApiMsgGetRequest
-	s, err := b.requestedStream(ctx, name, body, &req)
+	s, err := a.requestedStream(ctx, name, body, &req)
 	if err != nil {
 		return fail(err)
 	}
@@ -449,11 +449,11 @@ func (b *Bridge) apiMsgGet(ctx context.Context, name string, body []byte) (*serv
 	return resp, nil
 }
 
-func (b *Bridge) apiMsgDelete(ctx context.Context, name string, body []byte) (*server.JSApiMsgDeleteResponse, error) {
+func (a *API) apiMsgDelete(ctx context.Context, name string, body []byte) (*server.JSApiMsgDeleteResponse, error) {
 	resp := &server.JSApiMsgDeleteResponse{ApiResponse: jswire.APIResponse(server.JSApiMsgDeleteResponseType)}
 	fail := func(e error) (*server.JSApiMsgDeleteResponse, error) { return resp, e }
 	var req server.JSApiMsgDeleteRequest
-	s, err := b.requestedStream(ctx, name, body, &req)
+	s, err := a.requestedStream(ctx, name, body, &req)
 	if err != nil {
 		return fail(err)
 	}
@@ -466,7 +466,7 @@ func (b *Bridge) apiMsgDelete(ctx context.Context, name string, body []byte) (*s
 	if req.Seq == 0 {
 		return fail(server.NewJSBadRequestError())
 	}
-	err = b.db.DeleteMessage(ctx, s.ID(), req.Seq)
+	err = a.db.DeleteMessage(ctx, s.ID(), req.Seq)
 	if errors.Is(err, pg.ErrPastLast) {
 		// nats-server's file store's answer, whatever the sequence: up to 2^64-1.
 		return fail(server.NewJSStreamMsgDeleteFailedError(errors.New("stream store EOF")))
@@ -485,6 +485,6 @@ func (b *Bridge) apiMsgDelete(ctx context.Context, name string, body []byte) (*s
 // streamClusterInfo is the cluster block of stream info: nats-server reports it for every
 // stream, outside cluster mode too (no name, itself the leader), and clients print it
 // ("Cluster Information"). The leader is the replica that answers: every replica appends.
-func (b *Bridge) streamClusterInfo() *server.ClusterInfo {
-	return &server.ClusterInfo{Name: b.cfg.ClusterName, Leader: b.cfg.ReplicaName}
+func (a *API) streamClusterInfo() *server.ClusterInfo {
+	return &server.ClusterInfo{Name: a.cfg.ClusterName, Leader: a.cfg.ReplicaName}
 }

@@ -1,4 +1,4 @@
-package bridge
+package jsapi
 
 import (
 	"context"
@@ -57,7 +57,7 @@ func apiError(err error, fail failFunc) *server.ApiError {
 // respond sends a typed handler's response; head is the response's embedded ApiResponse.
 // When err is set, the same response goes out carrying apiError(err, fail), with every other
 // field as the handler left it, as nats-server sends its error responses.
-func (b *Bridge) respond(reply string, resp any, head *server.ApiResponse, fail failFunc, err error) {
+func (a *API) respond(reply string, resp any, head *server.ApiResponse, fail failFunc, err error) {
 	outcome := "ok"
 	if err != nil {
 		head.Error = apiError(err, fail)
@@ -65,18 +65,18 @@ func (b *Bridge) respond(reply string, resp any, head *server.ApiResponse, fail 
 		switch {
 		case head.Error.ErrCode == uint16(server.JSClusterNotAvailErr):
 			outcome = "unavailable"
-			b.log.Warn("API request failed: database unavailable", "type", head.Type, "err", err)
+			a.log.Warn("API request failed: database unavailable", "type", head.Type, "err", err)
 		case !isAPIError(err):
-			b.log.Error("API request failed", "type", head.Type, "err", err)
+			a.log.Error("API request failed", "type", head.Type, "err", err)
 		}
 	}
 	data, merr := json.Marshal(resp)
 	if merr != nil {
-		b.log.Error("encoding API response", "err", merr)
+		a.log.Error("encoding API response", "err", merr)
 		return
 	}
-	b.am.reqs.WithLabelValues(outcome).Inc()
-	_ = b.link.Publish(reply, "", nil, data)
+	a.am.reqs.WithLabelValues(outcome).Inc()
+	_ = a.link.Publish(reply, "", nil, data)
 }
 
 func isAPIError(err error) bool {

@@ -80,9 +80,9 @@
 // consumer, says who serves it, and the row's owner column only records the holder. One
 // loop (bridge/ownership's Keeper.Run) keeps it: it confirms the session, stops the
 // consumers whose rows are gone, and takes over free ones. Takeover spreads: a replica
-// takes its fair share of the free consumers per look, and at least one
-// (pg.Ownership.ClaimFree), the live replicas counted by their ownership sessions' shared
-// lock.
+// takes its fair share of the free consumers per look (pg.Ownership.ClaimFree), the live
+// replicas counted by their ownership sessions' shared lock, and one more once free ones
+// have been left for a fencing deadline.
 //
 // Fencing keeps two replicas from serving one consumer: the session is confirmed
 // ownership.ClaimsPerLease times per lease, and a failed confirmation, or one older than a

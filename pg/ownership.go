@@ -74,12 +74,14 @@ const (
 	sqlReplica = `SELECT pg_advisory_lock_shared($1)`
 	// sqlClaimFree locks, in one statement, this replica's share of the consumers of the
 	// given streams whose lock no session holds: as many as bring it to its fair share of
-	// them all among the live replicas ($3 is how many it holds), and at least one, so that
-	// a consumer the others leave (a replica that is alive but does not look, say) is still
-	// taken. The ones this session holds already ($2) are left out (a second lock would only
-	// count up); so are those pg_locks shows another session holding, and the candidates are
-	// chosen at random and materialised first, so that the lock is tried on no more than the
-	// share and two replicas looking at once mostly try different ones.
+	// them all among the live replicas ($3 is how many it holds), and at least one when $6
+	// says free consumers have been left too long, so that one the others leave (a replica
+	// that is alive but does not look, say) is still taken. The ones this session holds
+	// already ($2) are left out (a second lock would only count up); so are those pg_locks
+	// shows another session holding. The candidates are numbered at random and materialised
+	// first, so that the lock is tried on no more than the share and two replicas looking at
+	// once mostly try different ones; every free candidate is returned, taken or not, so
+	// that the caller knows what it left.
 	sqlClaimFree = `WITH here AS (SELECT oid FROM pg_database WHERE datname = current_database()),
 		locked AS MATERIALIZED (
 			SELECT (l.classid::bigint << 31) | l.objid::bigint AS id FROM pg_locks l, here
@@ -90,14 +92,15 @@ const (
 			WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted AND l.database = here.oid
 				AND l.classid::bigint = $4 AND l.objid::bigint = $5),
 		total AS (SELECT count(*) AS n FROM jetgres.consumers WHERE stream_id = ANY($1)),
+		share AS (SELECT greatest(ceil(total.n::numeric / live.n)::bigint - $3, CASE WHEN $6 THEN 1 ELSE 0 END) AS n
+			FROM total, live),
 		cand AS MATERIALIZED (
-			SELECT id, stream_id, name FROM jetgres.consumers c
+			SELECT id, stream_id, name, row_number() OVER (ORDER BY random()) AS rn FROM jetgres.consumers c
 			WHERE stream_id = ANY($1) AND NOT (id = ANY($2))
-				AND NOT EXISTS (SELECT 1 FROM locked WHERE locked.id = c.id)
-			ORDER BY random()
-			LIMIT (SELECT greatest(ceil(total.n::numeric / live.n)::bigint - $3, 1) FROM total, live))
-		SELECT id, stream_id, name FROM cand
-		WHERE pg_try_advisory_lock((id >> 31)::int4, (id & 2147483647)::int4)`
+				AND NOT EXISTS (SELECT 1 FROM locked WHERE locked.id = c.id))
+		SELECT id, stream_id, name,
+			CASE WHEN rn <= share.n THEN pg_try_advisory_lock((id >> 31)::int4, (id & 2147483647)::int4) ELSE false END
+		FROM cand, share`
 )
 
 // OpenOwnership opens the dedicated connection. clk stamps the confirmations that Confirmed
@@ -315,29 +318,38 @@ type Claim struct {
 }
 
 // ClaimFree locks this replica's fair share of the consumers of the given streams that no
-// session holds, and returns them: enough to bring it to its share of them all among the
-// live replicas, and at least one.
-func (o *Ownership) ClaimFree(ctx context.Context, streamIDs []int64) ([]Claim, error) {
+// session holds, and at least one when overdue says free consumers have been left too long,
+// and returns those it took and how many free ones it left.
+func (o *Ownership) ClaimFree(ctx context.Context, streamIDs []int64, overdue bool) ([]Claim, int, error) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	mine := o.heldIDs()
 	var got []Claim
+	left := 0
 	err := o.exec(ctx, func(ctx context.Context, c *pgx.Conn) error {
-		rows, err := c.Query(ctx, sqlClaimFree, streamIDs, mine, len(mine), replicaLockKey>>32, replicaLockKey&0xffffffff)
+		rows, err := c.Query(ctx, sqlClaimFree, streamIDs, mine, len(mine), replicaLockKey>>32, replicaLockKey&0xffffffff, overdue)
 		if err != nil {
 			return err
 		}
-		got, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (Claim, error) {
+		defer rows.Close()
+		for rows.Next() {
 			var cl Claim
-			err := r.Scan(&cl.ID, &cl.StreamID, &cl.Name)
-			return cl, err
-		})
-		return err
+			var taken bool
+			if err := rows.Scan(&cl.ID, &cl.StreamID, &cl.Name, &taken); err != nil {
+				return err
+			}
+			if taken {
+				got = append(got, cl)
+			} else {
+				left++
+			}
+		}
+		return rows.Err()
 	})
 	for _, cl := range got {
 		o.held[cl.ID] = heldLock{k: cl.ConsumerKey, n: 1}
 	}
-	return got, err
+	return got, left, err
 }
 
 // Deleted returns the consumers this session holds the lock of whose rows are gone:

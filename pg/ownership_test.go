@@ -46,11 +46,11 @@ func TestOwnershipLocks(t *testing.T) {
 	if _, ok, err := r2.TryLock(ctx, a); ok || err != nil {
 		t.Fatalf("r2 locks A that r1 holds: %v %v", ok, err)
 	}
-	got, err := r2.ClaimFree(ctx, []int64{st.ID})
+	got, _, err := r2.ClaimFree(ctx, []int64{st.ID}, false)
 	if err != nil || len(got) != 1 || got[0].Name != "B" {
 		t.Fatalf("r2 claims the free consumers: %v %v, want B alone", got, err)
 	}
-	if got, err := r2.ClaimFree(ctx, []int64{st.ID}); err != nil || len(got) != 0 {
+	if got, _, err := r2.ClaimFree(ctx, []int64{st.ID}, false); err != nil || len(got) != 0 {
 		t.Fatalf("r2 claims again: %v %v, want none", got, err)
 	}
 	c, prev, err := db.SetOwner(ctx, got[0].ID, "r2")
@@ -63,8 +63,13 @@ func TestOwnershipLocks(t *testing.T) {
 	if err := db.DeleteConsumer(ctx, st.ID, "B"); err != nil {
 		t.Fatal(err)
 	}
-	if gone, err := r2.Deleted(ctx); err != nil || len(gone) != 1 || gone[0].Name != "B" {
+	gone, err := r2.Deleted(ctx)
+	if err != nil || len(gone) != 1 || gone[0].Name != "B" {
 		t.Fatalf("r2's deleted consumers: %v, %v; want B", gone, err)
+	}
+	// As the engine gives back the lock of a deleted consumer once it stopped serving it.
+	if err := r2.Unlock(ctx, gone[0].ID); err != nil {
+		t.Fatal(err)
 	}
 	rowA, err := db.GetConsumer(ctx, st.ID, "A")
 	if err != nil {
@@ -78,7 +83,7 @@ func TestOwnershipLocks(t *testing.T) {
 		t.Fatal(err)
 	}
 	testwait.For(t, 10*time.Second, func() error {
-		got, err := r2.ClaimFree(ctx, []int64{st.ID})
+		got, _, err := r2.ClaimFree(ctx, []int64{st.ID}, false)
 		if err != nil {
 			return err
 		}
@@ -243,9 +248,10 @@ func TestOwnershipClaimsFairShare(t *testing.T) {
 		}
 	}
 	reps := []*pg.Ownership{openOwnership(t, db), openOwnership(t, db), openOwnership(t, db)}
+	overdue := false
 	claim := func(o *pg.Ownership) int {
 		t.Helper()
-		got, err := o.ClaimFree(ctx, []int64{st.ID})
+		got, _, err := o.ClaimFree(ctx, []int64{st.ID}, overdue)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -292,17 +298,23 @@ func TestOwnershipClaimsFairShare(t *testing.T) {
 		t.Fatalf("the last replica claimed %d of 4 freed consumers, want 4", n)
 	}
 
-	// A replica at its share still takes one free consumer per look, so that none stays
-	// free for good because a live replica does not look.
+	// A replica at its share takes no more, and says how many it left; once its caller
+	// finds them left too long (overdue), it takes one per look, so that none stays free for
+	// good because a live replica does not look.
 	r4, r5 := openOwnership(t, db), openOwnership(t, db)
 	live += 2
 	reps[0].Close()
 	if n := claimOnceFreed(r4); n != 5 {
 		t.Fatalf("the first of 2 replicas left claimed %d of 9 freed consumers, want 5", n)
 	}
-	if n := claim(r4); n != 1 {
-		t.Fatalf("a replica at its share claimed %d free consumers, want 1", n)
+	if got, left, err := r4.ClaimFree(ctx, []int64{st.ID}, false); err != nil || len(got) != 0 || left != 4 {
+		t.Fatalf("a replica at its share claimed %v and left %d (%v), want none and 4 left", got, left, err)
 	}
+	overdue = true
+	if n := claim(r4); n != 1 {
+		t.Fatalf("a replica at its share claimed %d overdue free consumers, want 1", n)
+	}
+	overdue = false
 	if n := claim(r5); n != 3 {
 		t.Fatalf("the second of 2 replicas left claimed %d of 3 free consumers, want 3", n)
 	}
@@ -350,7 +362,7 @@ func TestOwnershipLockPerConsumer(t *testing.T) {
 	if c, err := db.CreateConsumer(ctx, pg.Consumer{ID: id, StreamID: st.ID, Name: "new", Config: []byte(`{}`), Owner: "r1"}, 0); err != nil || c.ID != id {
 		t.Fatalf("create with the locked id %d: %+v %v", id, c, err)
 	}
-	if got, err := r2.ClaimFree(ctx, []int64{st.ID}); err != nil || len(got) != 0 {
+	if got, _, err := r2.ClaimFree(ctx, []int64{st.ID}, false); err != nil || len(got) != 0 {
 		t.Fatalf("r2 claims %v, %v; every consumer is held", got, err)
 	}
 }
@@ -392,7 +404,7 @@ func TestOwnershipRecreatedConsumerKeepsItsLock(t *testing.T) {
 	if _, ok, err := r2.TryLock(ctx, k); ok || err != nil {
 		t.Fatalf("another session locks the new consumer once the old one's lock was given back: %v %v", ok, err)
 	}
-	if got, err := r2.ClaimFree(ctx, []int64{st.ID}); err != nil || len(got) != 0 {
+	if got, _, err := r2.ClaimFree(ctx, []int64{st.ID}, false); err != nil || len(got) != 0 {
 		t.Fatalf("another session claims %v, %v; the new consumer is held", got, err)
 	}
 }

@@ -108,6 +108,10 @@ type Keeper struct {
 	warnSession, warnUnserved warnlog.Throttle
 
 	fencings prometheus.Counter
+	// leftSince is when ClaimFree first left free consumers it did not take, zero while
+	// the last look left none. Only ClaimFree reads and writes it, at start and then on
+	// the loop alone.
+	leftSince time.Time
 }
 
 // New checks the configuration and builds a Keeper; Open opens its session.
@@ -279,12 +283,23 @@ func (k *Keeper) ClaimFree(ctx context.Context) func(context.Context) {
 		byID[s.ID()] = s
 		ids = append(ids, s.ID())
 	}
-	keys, err := k.own.ClaimFree(ctx, ids)
+	now := k.cfg.Clock.Now()
+	// At its share, this replica takes one more free consumer only once free ones have been
+	// left for a fencing deadline: those a dead replica left go first to the replicas below
+	// their share, and none stays free for good because a live replica does not look.
+	overdue := !k.leftSince.IsZero() && now.Sub(k.leftSince) >= k.cfg.Lease/FencePerLease
+	keys, left, err := k.own.ClaimFree(ctx, ids, overdue)
 	if err != nil {
 		if ctx.Err() == nil {
 			k.warnUnserved.Warn(k.log, k.cfg.Clock.Now(), "looking for consumers nobody serves failed", "err", err)
 		}
 		return nil
+	}
+	switch {
+	case left == 0:
+		k.leftSince = time.Time{}
+	case k.leftSince.IsZero():
+		k.leftSince = now
 	}
 	if len(keys) == 0 {
 		return nil

@@ -22,6 +22,7 @@ import (
 	"github.com/jetgres/jetgres/flow"
 	"github.com/jetgres/jetgres/internal/clock"
 	"github.com/jetgres/jetgres/internal/startstop"
+	"github.com/jetgres/jetgres/internal/wake"
 	"github.com/jetgres/jetgres/pg"
 )
 
@@ -414,7 +415,7 @@ func (b *Bridge) startConsumers(ctx context.Context) error {
 // metaChanged is told of each stream and consumer change any replica commits (0: some may
 // have been missed): the streams are re-read, and the ownership loop looks, at once.
 func (b *Bridge) metaChanged(int64) {
-	poke(b.metaKick)
+	wake.Poke(b.metaKick)
 	b.cons.Kick()
 }
 
@@ -434,14 +435,5 @@ func (b *Bridge) streamSyncLoop() {
 		if err := b.streams.Sync(b.ctx); err != nil && b.ctx.Err() == nil {
 			b.log.Warn("re-reading streams failed", "err", err)
 		}
-	}
-}
-
-// poke wakes whoever waits on ch, a channel of capacity one, without waiting itself: a
-// wake-up already pending covers this one.
-func poke(ch chan struct{}) {
-	select {
-	case ch <- struct{}{}:
-	default:
 	}
 }

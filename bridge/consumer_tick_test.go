@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 )
 
 // TestTickSeesOtherReplicaCommits runs two bridges on one database: a consumer served by
@@ -163,36 +164,50 @@ func wantAllInOrder(t *testing.T, sub *nats.Subscription, total int) {
 	}
 }
 
-// counterValue reads a counter without labels from reg.
-func counterValue(t *testing.T, reg *prometheus.Registry, name string) float64 {
+// series finds the series of the metric called name in reg: the only one when label is
+// "", else the one whose label has value.
+func series(t testing.TB, reg *prometheus.Registry, name, label, value string) (*dto.Metric, bool) {
 	t.Helper()
 	mfs, err := reg.Gather()
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, mf := range mfs {
-		if mf.GetName() == name && len(mf.GetMetric()) == 1 {
-			return mf.GetMetric()[0].GetCounter().GetValue()
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			if label == "" && len(mf.GetMetric()) == 1 {
+				return m, true
+			}
+			for _, l := range m.GetLabel() {
+				if l.GetName() == label && l.GetValue() == value {
+					return m, true
+				}
+			}
 		}
 	}
-	t.Fatalf("no counter %s", name)
-	return 0
+	return nil, false
+}
+
+// counterValue reads a counter without labels from reg.
+func counterValue(t *testing.T, reg *prometheus.Registry, name string) float64 {
+	t.Helper()
+	m, ok := series(t, reg, name, "", "")
+	if !ok {
+		t.Fatalf("no counter %s", name)
+	}
+	return m.GetCounter().GetValue()
 }
 
 // gaugeValue reads a gauge without labels from reg.
 func gaugeValue(t *testing.T, reg *prometheus.Registry, name string) float64 {
 	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
+	m, ok := series(t, reg, name, "", "")
+	if !ok {
+		t.Fatalf("no gauge %s", name)
 	}
-	for _, mf := range mfs {
-		if mf.GetName() == name && len(mf.GetMetric()) == 1 {
-			return mf.GetMetric()[0].GetGauge().GetValue()
-		}
-	}
-	t.Fatalf("no gauge %s", name)
-	return 0
+	return m.GetGauge().GetValue()
 }
 
 // reasonCount reads the reason series of a counter labelled by reason from reg, 0 before
@@ -206,23 +221,8 @@ func reasonCount(t *testing.T, reg *prometheus.Registry, name, reason string) fl
 // first.
 func labelCount(t *testing.T, reg *prometheus.Registry, name, label, value string) float64 {
 	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if l.GetName() == label && l.GetValue() == value {
-					return m.GetCounter().GetValue()
-				}
-			}
-		}
-	}
-	return 0
+	m, _ := series(t, reg, name, label, value)
+	return m.GetCounter().GetValue()
 }
 
 // TestCatchUpSwitchesToTail drains, with a push consumer, a backlog of which the tail

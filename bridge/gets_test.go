@@ -86,24 +86,11 @@ func getCount(t testing.TB, reg *prometheus.Registry, vec string, label string) 
 	if vec == "lookups" {
 		name, key = "jetgres_subject_index_lookups_total", "result"
 	}
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
+	m, ok := series(t, reg, name, key, label)
+	if !ok {
+		t.Fatalf("no %s{%s=%q}", name, key, label)
 	}
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if l.GetName() == key && l.GetValue() == label {
-					return m.GetCounter().GetValue()
-				}
-			}
-		}
-	}
-	t.Fatalf("no %s{%s=%q}", name, key, label)
-	return 0
+	return m.GetCounter().GetValue()
 }
 
 // Gets answered from memory must follow every way a message stops being there, as

@@ -13,6 +13,7 @@ import (
 	"github.com/jetgres/jetgres/embedded/leaf"
 	"github.com/jetgres/jetgres/internal/jswire"
 	"github.com/jetgres/jetgres/internal/permit"
+	"github.com/jetgres/jetgres/internal/wake"
 	"github.com/jetgres/jetgres/pg"
 )
 
@@ -196,7 +197,7 @@ func (w *cursorWriter) await(c *consumer, seq uint64, reply string) {
 	} else {
 		w.mu.Unlock()
 	}
-	poke(w.hurry)
+	wake.Poke(w.hurry)
 }
 
 // flushed is the stream sequence of the last floor written and flushed. Called with mu held.

@@ -14,6 +14,7 @@ import (
 
 	"github.com/jetgres/jetgres/bridge/consumerstate"
 	"github.com/jetgres/jetgres/internal/jswire"
+	"github.com/jetgres/jetgres/internal/wake"
 	"github.com/jetgres/jetgres/pg"
 )
 
@@ -211,7 +212,7 @@ func (c *consumer) enqueue(ev event, bound int) bool {
 	return true
 }
 
-func (c *consumer) signal() { poke(c.wake) }
+func (c *consumer) signal() { wake.Poke(c.wake) }
 
 func (c *consumer) take() []event {
 	c.qmu.Lock()

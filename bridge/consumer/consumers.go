@@ -705,12 +705,3 @@ func (cs *Engine) Filters(s *stream.Stream) [][]string {
 	}
 	return filters
 }
-
-// poke wakes whoever waits on ch, a channel of capacity one, without waiting itself: a
-// wake-up already pending covers this one.
-func poke(ch chan struct{}) {
-	select {
-	case ch <- struct{}{}:
-	default:
-	}
-}

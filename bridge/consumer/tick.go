@@ -4,6 +4,7 @@ import (
 	"context"
 
 	"github.com/jetgres/jetgres/internal/permit"
+	"github.com/jetgres/jetgres/internal/wake"
 	"github.com/jetgres/jetgres/pg"
 )
 
@@ -13,7 +14,7 @@ const tickReadMax = 4096
 
 // kickTicker brings the ticker back to its base period: a consumer just parked and wants
 // to hear of commits made elsewhere promptly.
-func (cs *Engine) kickTicker() { poke(cs.kick) }
+func (cs *Engine) kickTicker() { wake.Poke(cs.kick) }
 
 // tickLoop polls the high-water marks of the streams this process serves consumers of,
 // every TickPeriod while they move and backing off to TickIdleMaxDefault while they do not.

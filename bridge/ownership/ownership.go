@@ -31,6 +31,7 @@ import (
 
 	"github.com/jetgres/jetgres/bridge/stream"
 	"github.com/jetgres/jetgres/internal/clock"
+	"github.com/jetgres/jetgres/internal/wake"
 	"github.com/jetgres/jetgres/internal/warnlog"
 	"github.com/jetgres/jetgres/pg"
 )
@@ -161,12 +162,7 @@ func (k *Keeper) Close() {
 func (k *Keeper) Confirmed() time.Time { return k.own.Confirmed() }
 
 // Kick makes the loop look at once: a consumer may have been deleted, or freed, elsewhere.
-func (k *Keeper) Kick() {
-	select {
-	case k.kick <- struct{}{}:
-	default:
-	}
-}
+func (k *Keeper) Kick() { wake.Poke(k.kick) }
 
 // TryLock takes a consumer's lock if no other session holds it, and returns its id, which
 // Release takes. The session must be open.

@@ -54,6 +54,7 @@ import (
 	"github.com/jetgres/jetgres/internal/clock"
 	"github.com/jetgres/jetgres/internal/jswire"
 	"github.com/jetgres/jetgres/internal/startstop"
+	"github.com/jetgres/jetgres/internal/wake"
 	"github.com/jetgres/jetgres/internal/warnlog"
 	"github.com/jetgres/jetgres/pg"
 )
@@ -268,12 +269,7 @@ func (e *Engine[S]) NoteAck(s S, consumer string, sseq uint64, body []byte) {
 	e.wake()
 }
 
-func (e *Engine[S]) wake() {
-	select {
-	case e.kick <- struct{}{}:
-	default:
-	}
-}
+func (e *Engine[S]) wake() { wake.Poke(e.kick) }
 
 // Stale makes a retention pass over s due soon: its consumers came, went or changed what
 // they want.

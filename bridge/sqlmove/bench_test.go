@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jetgres/jetgres/internal/wake"
 	"github.com/jetgres/jetgres/pg"
 	"github.com/jetgres/jetgres/pg/pgtest"
 	"github.com/jetgres/jetgres/pg/pgtest/rawsql"
@@ -120,10 +121,10 @@ func BenchmarkSQLPublish(b *testing.B) {
 			var wg sync.WaitGroup
 			// Buffered so that a commit never waits for the mover, and a wake-up given while
 			// the mover is busy is kept for its next look.
-			wake := make(chan struct{}, 1)
+			woken := make(chan struct{}, 1)
 			var moved chan time.Time
 			if c.move {
-				moved = floorMove(b, raw, wake)
+				moved = floorMove(b, raw, woken)
 			}
 			b.ResetTimer()
 			start := time.Now()
@@ -140,7 +141,7 @@ func BenchmarkSQLPublish(b *testing.B) {
 								b.Error(err)
 								return
 							}
-							poke(wake)
+							wake.Poke(woken)
 							continue
 						}
 						i := next.Add(1)
@@ -153,7 +154,7 @@ func BenchmarkSQLPublish(b *testing.B) {
 							b.Error(err)
 							return
 						}
-						poke(wake)
+						wake.Poke(woken)
 					}
 				})
 			}
@@ -169,11 +170,11 @@ func BenchmarkSQLPublish(b *testing.B) {
 }
 
 // floorMove starts floormove's mover for one run of a sub-benchmark: it moves from
-// floor_staged into floor_chunk what the run's sessions commit, woken by wake, until b.N
+// floor_staged into floor_chunk what the run's sessions commit, woken by woken, until b.N
 // messages are moved, and then sends the time it finished on the returned channel, which
 // it closes without one if a move or the benchmark failed. The chunk starts empty and the
 // progress after what earlier runs and rows staged, all of it committed by then.
-func floorMove(b *testing.B, raw *rawsql.DB, wake <-chan struct{}) chan time.Time {
+func floorMove(b *testing.B, raw *rawsql.DB, woken <-chan struct{}) chan time.Time {
 	b.Helper()
 	ctx := context.Background()
 	if err := raw.Exec(ctx, `TRUNCATE floor_chunk;
@@ -230,7 +231,7 @@ func floorMove(b *testing.B, raw *rawsql.DB, wake <-chan struct{}) chan time.Tim
 			// a transaction outside the benchmark holding the horizon back, whose end nothing
 			// signals.
 			select {
-			case <-wake:
+			case <-woken:
 			case <-time.After(10 * time.Millisecond):
 			}
 		}
@@ -243,12 +244,4 @@ func floorMove(b *testing.B, raw *rawsql.DB, wake <-chan struct{}) chan time.Tim
 		}
 	}()
 	return done
-}
-
-// poke wakes floorMove's mover without waiting: a wake-up already pending covers this one.
-func poke(ch chan struct{}) {
-	select {
-	case ch <- struct{}{}:
-	default:
-	}
 }

@@ -41,6 +41,7 @@ import (
 	"github.com/jetgres/jetgres/flow"
 	"github.com/jetgres/jetgres/internal/clock"
 	"github.com/jetgres/jetgres/internal/startstop"
+	"github.com/jetgres/jetgres/internal/wake"
 	"github.com/jetgres/jetgres/internal/warnlog"
 	"github.com/jetgres/jetgres/pg"
 )
@@ -225,12 +226,7 @@ func (m *Mover[S]) listen(ctx context.Context) {
 }
 
 // poke wakes the move loop without waiting: a wake-up already pending covers this one.
-func (m *Mover[S]) poke() {
-	select {
-	case m.wake <- struct{}{}:
-	default:
-	}
-}
+func (m *Mover[S]) poke() { wake.Poke(m.wake) }
 
 func (m *Mover[S]) loop(ctx context.Context) {
 	base := m.tick

@@ -18,6 +18,7 @@ import (
 	"github.com/jetgres/jetgres/flow"
 	"github.com/jetgres/jetgres/internal/jswire"
 	"github.com/jetgres/jetgres/internal/permit"
+	"github.com/jetgres/jetgres/internal/wake"
 	"github.com/jetgres/jetgres/pg"
 )
 
@@ -239,7 +240,7 @@ func (r *Registry) kickLocked(s *Stream) {
 // for the lane to go idle.
 func (r *Registry) flushEnded() {
 	r.inFlight.Add(-1)
-	poke(r.flushDone)
+	wake.Poke(r.flushDone)
 }
 
 // flushChain flushes group, then, while streams are ready and the lane has a permit, the
@@ -601,16 +602,7 @@ func (q *readyQueue) push(s *Stream) {
 	q.mu.Lock()
 	q.items = append(q.items, s)
 	q.mu.Unlock()
-	poke(q.signal)
-}
-
-// poke wakes whoever waits on ch, a channel of capacity one, without waiting itself: a
-// wake-up already pending covers this one.
-func poke(ch chan struct{}) {
-	select {
-	case ch <- struct{}{}:
-	default:
-	}
+	wake.Poke(q.signal)
 }
 
 func (q *readyQueue) pop() (*Stream, bool) {

@@ -14,23 +14,23 @@ import (
 	"github.com/jetgres/jetgres/internal/testwait"
 )
 
-// apiReply is what a JetStream API request is answered with: a JSON error, or for a direct
+// apiErrorReply is what a JetStream API request is answered with: a JSON error, or for a direct
 // get a bare status line.
-type apiReply struct {
+type apiErrorReply struct {
 	code, errCode int
 	status        string
 	desc          string
 }
 
-func (r apiReply) String() string {
+func (r apiErrorReply) String() string {
 	if r.status != "" {
 		return "status " + r.status
 	}
 	return fmt.Sprintf("code %d err_code %d %q", r.code, r.errCode, r.desc)
 }
 
-// apiRequest sends one API request and reads its first reply.
-func apiReplyTo(t testing.TB, nc *nats.Conn, subject, body string) (apiReply, error) {
+// apiReplyTo sends one API request and reads its first reply.
+func apiReplyTo(t testing.TB, nc *nats.Conn, subject, body string) (apiErrorReply, error) {
 	t.Helper()
 	inbox := nats.NewInbox()
 	sub, err := nc.SubscribeSync(inbox)
@@ -43,16 +43,16 @@ func apiReplyTo(t testing.TB, nc *nats.Conn, subject, body string) (apiReply, er
 	}
 	m, err := sub.NextMsg(20 * time.Second)
 	if errors.Is(err, nats.ErrNoResponders) {
-		return apiReply{status: "503"}, nil // nats.go's reading of a bare 503 status line
+		return apiErrorReply{status: "503"}, nil // nats.go's reading of a bare 503 status line
 	}
 	if err != nil {
-		return apiReply{}, fmt.Errorf("%s: %w", subject, err)
+		return apiErrorReply{}, fmt.Errorf("%s: %w", subject, err)
 	}
 	if m.Header.Get("Nats-Sequence") != "" {
-		return apiReply{}, nil // a direct get's message
+		return apiErrorReply{}, nil // a direct get's message
 	}
 	if st := m.Header.Get("Status"); st != "" && len(m.Data) == 0 {
-		return apiReply{status: st, desc: m.Header.Get("Description")}, nil
+		return apiErrorReply{status: st, desc: m.Header.Get("Description")}, nil
 	}
 	var resp struct {
 		Error *struct {
@@ -62,12 +62,12 @@ func apiReplyTo(t testing.TB, nc *nats.Conn, subject, body string) (apiReply, er
 		} `json:"error"`
 	}
 	if err := json.Unmarshal(m.Data, &resp); err != nil {
-		return apiReply{}, fmt.Errorf("%s: %w in %q", subject, err, m.Data)
+		return apiErrorReply{}, fmt.Errorf("%s: %w in %q", subject, err, m.Data)
 	}
 	if resp.Error == nil {
-		return apiReply{}, nil
+		return apiErrorReply{}, nil
 	}
-	return apiReply{code: resp.Error.Code, errCode: resp.Error.ErrCode, desc: resp.Error.Description}, nil
+	return apiErrorReply{code: resp.Error.Code, errCode: resp.Error.ErrCode, desc: resp.Error.Description}, nil
 }
 
 // TestDatabaseDownIsUnavailable takes PostgreSQL away under a running jetgres: lookups it
@@ -109,12 +109,12 @@ func TestDatabaseDownIsUnavailable(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%s with the database down: %v", r.what, err)
 		}
-		want := apiReply{code: 503, errCode: 10008, desc: "JetStream system temporarily unavailable"}
+		want := apiErrorReply{code: 503, errCode: 10008, desc: "JetStream system temporarily unavailable"}
 		if strings.HasPrefix(r.subject, "$JS.API.DIRECT.") {
-			want = apiReply{status: "503"}
+			want = apiErrorReply{status: "503"}
 		}
 		if r.what == inMemory {
-			want = apiReply{}
+			want = apiErrorReply{}
 		}
 		if got != want {
 			t.Errorf("%s with the database down: %v, want %v", r.what, got, want)
@@ -139,14 +139,14 @@ func TestDatabaseDownIsUnavailable(t *testing.T) {
 			if err != nil {
 				return err
 			}
-			var want apiReply
+			var want apiErrorReply
 			switch {
 			case strings.HasSuffix(r.subject, ".OTHER"):
-				want = apiReply{code: 404, errCode: 10059, desc: "stream not found"}
+				want = apiErrorReply{code: 404, errCode: 10059, desc: "stream not found"}
 			case strings.HasSuffix(r.subject, ".E"):
-				want = apiReply{code: 404, errCode: 10014, desc: "consumer not found"}
+				want = apiErrorReply{code: 404, errCode: 10014, desc: "consumer not found"}
 			case strings.Contains(r.body, "last_by_subj"):
-				want = apiReply{status: "404", desc: "Message Not Found"}
+				want = apiErrorReply{status: "404", desc: "Message Not Found"}
 			}
 			if got != want {
 				return fmt.Errorf("%s with the database back: %v, want %v", r.what, got, want)
@@ -177,7 +177,7 @@ func TestUnsupportedRequests(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		want := apiReply{code: 503, errCode: 10036, desc: r.name + " is not supported by jetgres"}
+		want := apiErrorReply{code: 503, errCode: 10036, desc: r.name + " is not supported by jetgres"}
 		if got != want {
 			t.Errorf("%s: %v, want %v", r.subject, got, want)
 		}

@@ -26,14 +26,14 @@ import (
 	"github.com/jetgres/jetgres/internal/jswire"
 )
 
-// apiReply is the part of every JetStream API response these tests look at.
-type apiReply struct {
+// jsonAPIReply is the part of every JetStream API response these tests look at.
+type jsonAPIReply struct {
 	Type  string           `json:"type"`
 	Error *server.ApiError `json:"error"`
 }
 
 // apiRequest sends body to an API subject and returns the decoded reply and its raw bytes.
-func apiRequest(t *testing.T, nc *nats.Conn, subject string, body []byte) (apiReply, []byte) {
+func apiRequest(t *testing.T, nc *nats.Conn, subject string, body []byte) (jsonAPIReply, []byte) {
 	t.Helper()
 	// A bound on a hang, not on speed: a loaded machine may take seconds over a large
 	// request.
@@ -41,7 +41,7 @@ func apiRequest(t *testing.T, nc *nats.Conn, subject string, body []byte) (apiRe
 	if err != nil {
 		t.Fatalf("%s %q: %v", subject, body, err)
 	}
-	var r apiReply
+	var r jsonAPIReply
 	if err := json.Unmarshal(m.Data, &r); err != nil {
 		t.Fatalf("%s %q: reply %q is not JSON: %v", subject, body, m.Data, err)
 	}
@@ -372,7 +372,7 @@ func TestHostileSubjects(t *testing.T) {
 	probe := newProber(t, ctx, tb)
 	newStream(t, ctx, tb, "A", "o.>")
 
-	create := func(name string, subjects ...string) apiReply {
+	create := func(name string, subjects ...string) jsonAPIReply {
 		t.Helper()
 		body, err := json.Marshal(map[string]any{"name": name, "subjects": subjects})
 		if err != nil {
@@ -531,7 +531,7 @@ func TestHostilePublishes(t *testing.T) {
 		if err != nil {
 			t.Fatalf("bad publish %d (%q %v): no answer: %v", i, bad[i].Subject, bad[i].Header, err)
 		}
-		var r apiReply
+		var r jsonAPIReply
 		if err := json.Unmarshal(m.Data, &r); err != nil || r.Error == nil || r.Error.Code != 400 {
 			t.Errorf("bad publish %d (%q %v): answer %q, want a 400 error", i, bad[i].Subject, bad[i].Header, m.Data)
 		}

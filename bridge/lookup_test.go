@@ -32,7 +32,7 @@ func TestUnknownStreamTakesNoAdminLock(t *testing.T) {
 	if err != nil {
 		t.Fatalf("STREAM.INFO of an unknown stream while the admin lock is held: %v", err)
 	}
-	var r apiReply
+	var r jsonAPIReply
 	if err := json.Unmarshal(m.Data, &r); err != nil {
 		t.Fatal(err)
 	}

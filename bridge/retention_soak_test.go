@@ -80,8 +80,8 @@ func readStats(ctx context.Context, probe *pgtest.Probe, schema, like string) (t
 	return tableStats{TableStats: st}, err
 }
 
-// sampler records table statistics every second while a consumption runs.
-type sampler struct {
+// tableSampler records table statistics every second while a consumption runs.
+type tableSampler struct {
 	probe        *pgtest.Probe
 	schema, like string
 	done         *atomic.Int64
@@ -91,7 +91,7 @@ type sampler struct {
 	samples []tableStats
 }
 
-func (s *sampler) run(ctx context.Context, start time.Time) {
+func (s *tableSampler) run(ctx context.Context, start time.Time) {
 	t := time.NewTicker(sampleEvery)
 	defer t.Stop()
 	for {
@@ -112,7 +112,7 @@ func (s *sampler) run(ctx context.Context, start time.Time) {
 	}
 }
 
-func (s *sampler) peak() tableStats {
+func (s *tableSampler) peak() tableStats {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var p tableStats
@@ -126,7 +126,7 @@ func (s *sampler) peak() tableStats {
 }
 
 // during picks a few samples spread over the consumption, for the log.
-func (s *sampler) during() []tableStats {
+func (s *tableSampler) during() []tableStats {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var out []tableStats
@@ -182,7 +182,7 @@ func soak(b *testing.B, n int, hold bool) {
 		b.Fatal(err)
 	}
 	var done atomic.Int64
-	jetSamples := &sampler{probe: probe, schema: "jetgres", like: jetLike, done: &done, total: n}
+	jetSamples := &tableSampler{probe: probe, schema: "jetgres", like: jetLike, done: &done, total: n}
 	sctx, stopSampling := context.WithCancel(ctx)
 	go jetSamples.run(sctx, time.Now())
 	start = time.Now()
@@ -232,7 +232,7 @@ func soak(b *testing.B, n int, hold bool) {
 	}
 	naivePub := time.Since(start)
 	var naiveDone atomic.Int64
-	naiveSamples := &sampler{probe: probe, schema: pgtest.NaiveSchema, like: naiveLike, done: &naiveDone, total: n}
+	naiveSamples := &tableSampler{probe: probe, schema: pgtest.NaiveSchema, like: naiveLike, done: &naiveDone, total: n}
 	sctx, stopSampling = context.WithCancel(ctx)
 	go naiveSamples.run(sctx, time.Now())
 	start = time.Now()

@@ -839,8 +839,8 @@ func vmRSS(pid int) (int64, error) {
 	return 0, errors.New("no VmRSS in /proc status")
 }
 
-// sample is one look at a running jetgres.
-type sample struct {
+// processSample is one look at a running jetgres.
+type processSample struct {
 	at        time.Time
 	ready     int // /readyz status, 0 when it did not answer
 	pushLimit float64
@@ -857,24 +857,24 @@ type sample struct {
 	over256, over1024 float64
 }
 
-// sampler watches a jetgres every period: /readyz, /metrics and VmRSS.
-type sampler struct {
+// processSampler watches a jetgres every period: /readyz, /metrics and VmRSS.
+type processSampler struct {
 	j      *jetgres
 	period time.Duration
 	stopCh chan struct{}
 	done   chan struct{}
 
 	mu      sync.Mutex
-	samples []sample
+	samples []processSample
 }
 
-func startSampler(j *jetgres, period time.Duration) *sampler {
-	s := &sampler{j: j, period: period, stopCh: make(chan struct{}), done: make(chan struct{})}
+func startSampler(j *jetgres, period time.Duration) *processSampler {
+	s := &processSampler{j: j, period: period, stopCh: make(chan struct{}), done: make(chan struct{})}
 	go s.loop()
 	return s
 }
 
-func (s *sampler) loop() {
+func (s *processSampler) loop() {
 	defer close(s.done)
 	t := time.NewTicker(s.period)
 	defer t.Stop()
@@ -888,8 +888,8 @@ func (s *sampler) loop() {
 	}
 }
 
-func (s *sampler) take() {
-	sm := sample{at: time.Now(), rejected: make(map[string]float64)}
+func (s *processSampler) take() {
+	sm := processSample{at: time.Now(), rejected: make(map[string]float64)}
 	var wg sync.WaitGroup
 	wg.Go(func() {
 		if code, _, err := s.j.get("/readyz"); err == nil {
@@ -921,21 +921,21 @@ func (s *sampler) take() {
 	s.mu.Unlock()
 }
 
-func (s *sampler) stop() []sample {
+func (s *processSampler) stop() []processSample {
 	close(s.stopCh)
 	<-s.done
 	return s.all()
 }
 
-func (s *sampler) all() []sample {
+func (s *processSampler) all() []processSample {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return slices.Clone(s.samples)
 }
 
 // between returns the samples taken in [from, to).
-func between(ss []sample, from, to time.Time) []sample {
-	var out []sample
+func between(ss []processSample, from, to time.Time) []processSample {
+	var out []processSample
 	for _, s := range ss {
 		if !s.at.Before(from) && s.at.Before(to) {
 			out = append(out, s)
@@ -945,7 +945,7 @@ func between(ss []sample, from, to time.Time) []sample {
 }
 
 // limitRange is the smallest and largest push lane limit among samples that have one.
-func limitRange(ss []sample) (lo, hi float64) {
+func limitRange(ss []processSample) (lo, hi float64) {
 	for _, s := range ss {
 		if s.pushLimit == 0 {
 			continue
@@ -958,7 +958,7 @@ func limitRange(ss []sample) (lo, hi float64) {
 	return lo, hi
 }
 
-func peakRSS(ss []sample) int64 {
+func peakRSS(ss []processSample) int64 {
 	var p int64
 	for _, s := range ss {
 		p = max(p, s.rss)
@@ -967,7 +967,7 @@ func peakRSS(ss []sample) int64 {
 }
 
 // limitTrace renders the push lane limit over time, two values a second, for the log.
-func limitTrace(ss []sample, t0 time.Time) string {
+func limitTrace(ss []processSample, t0 time.Time) string {
 	var b strings.Builder
 	last := math.MinInt
 	for _, s := range ss {
@@ -983,7 +983,7 @@ func limitTrace(ss []sample, t0 time.Time) string {
 
 // rssTrace renders resident memory and the Go heap in use over time, one value a second,
 // for the log.
-func rssTrace(ss []sample, t0 time.Time) string {
+func rssTrace(ss []processSample, t0 time.Time) string {
 	var b strings.Builder
 	last := math.MinInt
 	for _, s := range ss {

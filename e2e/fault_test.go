@@ -589,13 +589,13 @@ func TestSlowDatabase(t *testing.T) {
 	if driven && loDuring >= loBefore {
 		t.Errorf("the push lane limit did not fall although the lane was driven: %g..%g before, down to %g while the database was slow", loBefore, hiBefore, loDuring)
 	}
-	rejAt := func(ss []sample) float64 {
+	rejAt := func(ss []processSample) float64 {
 		if len(ss) == 0 {
 			return 0
 		}
 		return ss[len(ss)-1].rejected["intake_full"]
 	}
-	batchesAt := func(ss []sample) (over256, over1024 float64) {
+	batchesAt := func(ss []processSample) (over256, over1024 float64) {
 		if len(ss) == 0 {
 			return 0, 0
 		}

@@ -524,18 +524,18 @@ func replayAcked(t testing.TB, ctx context.Context, js jetstream.JetStream, pubs
 	replayed := 0
 	for _, p := range pubs {
 		p.mu.Lock()
-		type acked struct {
+		type ackedID struct {
 			id  string
 			seq uint64
 		}
-		var all []acked
+		var all []ackedID
 		for id, st := range p.msgs {
 			if !st.ackedAt.IsZero() {
-				all = append(all, acked{id, st.seq})
+				all = append(all, ackedID{id, st.seq})
 			}
 		}
 		p.mu.Unlock()
-		slices.SortFunc(all, func(a, b acked) int { return int(b.seq) - int(a.seq) })
+		slices.SortFunc(all, func(a, b ackedID) int { return int(b.seq) - int(a.seq) })
 		for _, a := range all[:min(n, len(all))] {
 			body := make([]byte, p.payload)
 			copy(body, a.id)

@@ -22,17 +22,18 @@ func TestMain(m *testing.M) {
 
 const waitTimeout = 5 * time.Second
 
-type testBundle struct {
+// linkFixture is a running server, a link attached to it and a nats.go client of it.
+type linkFixture struct {
 	srv  *natsd.Server
 	link *leaf.Conn
 	nc   *nats.Conn
 }
 
 // setup starts a server, attaches a link and connects a nats.go client.
-func setup(t *testing.T) *testBundle {
+func setup(t *testing.T) *linkFixture {
 	t.Helper()
 	srv := startServer(t, nil)
-	return &testBundle{srv: srv, link: dial(t, srv.Leaf(), nil), nc: connect(t, srv)}
+	return &linkFixture{srv: srv, link: dial(t, srv.Leaf(), nil), nc: connect(t, srv)}
 }
 
 func startServer(t testing.TB, logger *slog.Logger) *natsd.Server {

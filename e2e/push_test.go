@@ -134,8 +134,8 @@ var orderedCreates = []struct {
 		false, false},
 }
 
-// delivery is one message on a deliver subject, as a client's subscription hands it over.
-type delivery struct {
+// pushedMsg is one message on a deliver subject, as a client's subscription hands it over.
+type pushedMsg struct {
 	at time.Time
 	m  *nats.Msg
 }
@@ -143,12 +143,12 @@ type delivery struct {
 // inbox collects everything a deliver subject receives.
 type inbox struct {
 	mu  sync.Mutex
-	all []delivery
+	all []pushedMsg
 }
 
 func (b *inbox) add(m *nats.Msg) {
 	b.mu.Lock()
-	b.all = append(b.all, delivery{time.Now(), m})
+	b.all = append(b.all, pushedMsg{time.Now(), m})
 	b.mu.Unlock()
 }
 

@@ -2,10 +2,11 @@ package e2e
 
 // Helpers most end-to-end tests share beside the harness (e2e_test.go): jetgres on a database
 // of the test's own, watched for data races; the nats CLI and nats.go clients; publishing in
-// bulk; reading /metrics and command output.
+// bulk; reading /metrics and command output; the switch for the long variants.
 
 import (
 	"context"
+	"os"
 	"regexp"
 	"strconv"
 	"strings"
@@ -150,3 +151,6 @@ func wantMatch(t *testing.T, what, out, re string) {
 		t.Errorf("%s: no match for %s in:\n%s", what, re, out)
 	}
 }
+
+// soak reports whether the long variants run (JETGRES_SOAK=1).
+func soak() bool { return os.Getenv("JETGRES_SOAK") == "1" }

@@ -407,3 +407,60 @@ func TestComposeFileLoadsInBothComposes(t *testing.T) {
 		}
 	}
 }
+
+// TestReplicasComposeFile checks docker-compose.replicas.yml, which no test can run here:
+// three jetgres services on one PostgreSQL, each routed to the three, with distinct names and
+// ports, setting only variables and flags the binary has.
+func TestReplicasComposeFile(t *testing.T) {
+	t.Parallel()
+	raw, err := os.ReadFile("../docker-compose.replicas.yml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cf composeFile
+	if err := yaml.Unmarshal(raw, &cf); err != nil {
+		t.Fatalf("docker-compose.replicas.yml: %v", err)
+	}
+	flags := binaryFlags(t)
+	envs := map[string]bool{}
+	for _, f := range flags {
+		for _, e := range f.env {
+			envs[e] = true
+		}
+	}
+	if pg, ok := cf.Services["postgres"]; !ok || pg.Healthcheck == nil {
+		t.Fatal("no postgres service with a healthcheck")
+	}
+	names, ports := map[string]bool{}, map[string]bool{}
+	for _, svc := range []string{"jetgres1", "jetgres2", "jetgres3"} {
+		s, ok := cf.Services[svc]
+		if !ok {
+			t.Fatalf("no %s service", svc)
+		}
+		for k := range s.Environment {
+			if !envs[k] {
+				t.Errorf("%s sets %s, which is no flag's environment variable", svc, k)
+			}
+		}
+		if !strings.Contains(s.Environment["JETGRES_ROUTES"], "nats://"+svc+":6222") || s.Environment["JETGRES_CLUSTER"] != "0.0.0.0:6222" {
+			t.Errorf("%s: cluster %q, routes %q do not route to it", svc, s.Environment["JETGRES_CLUSTER"], s.Environment["JETGRES_ROUTES"])
+		}
+		if s.DependsOn["postgres"].Condition != "service_healthy" {
+			t.Errorf("%s does not wait for a healthy postgres", svc)
+		}
+		args := s.Command
+		if len(args) != 3 || args[0] != "serve" || args[1] != "--replica-name" {
+			t.Fatalf("%s: command %v, want serve --replica-name <name>", svc, args)
+		}
+		names[args[2]] = true
+		for _, p := range s.Ports {
+			if ports[p] {
+				t.Errorf("%s: port %s published twice", svc, p)
+			}
+			ports[p] = true
+		}
+	}
+	if len(names) != 3 {
+		t.Errorf("replica names %v are not distinct", names)
+	}
+}

@@ -31,7 +31,7 @@ type Store interface {
 	CountPending(ctx context.Context, p pg.PendingParams) (uint64, error)
 	LastSeqsPerSubject(ctx context.Context, streamID int64, filters []string, upTo uint64) ([]uint64, error)
 	SeqAtTime(ctx context.Context, streamID int64, ts int64) (uint64, error)
-	CreateStreamChecked(ctx context.Context, name string, config []byte, firstSeq uint64, check pg.StreamCheck) (pg.Stream, error)
+	CreateStreamChecked(ctx context.Context, name string, config []byte, firstSeq uint64, check pg.StreamCheck) (pg.StreamRow, error)
 	UpdateStreamChecked(ctx context.Context, id int64, name string, config []byte, check pg.StreamCheck) error
 	DeleteStream(ctx context.Context, id int64) error
 	StreamInfo(ctx context.Context, id int64) (pg.InfoState, error)

@@ -32,14 +32,14 @@ var (
 
 var errStreamUnknown = errors.New("sqlmove: a staged message names a stream this process does not know yet")
 
-type metrics struct {
+type moverMetrics struct {
 	moved   prometheus.Counter
 	refused *prometheus.CounterVec
 	moves   prometheus.Counter
 }
 
-func newMetrics(reg prometheus.Registerer) *metrics {
-	m := &metrics{
+func newMetrics(reg prometheus.Registerer) *moverMetrics {
+	m := &moverMetrics{
 		moved: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "jetgres_sql_publish_moved_total",
 			Help: "Messages published with jetgres.publish and stored in their streams.",

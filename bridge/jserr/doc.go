@@ -4,8 +4,8 @@
 // client hears for them, in whichever of the three shapes its request is answered:
 //
 //   - an API error, the error object of a $JS.API JSON response (code, err_code and
-//     description): API, with the request-specific verdicts StreamLookup, MsgLookup and
-//     MsgDelete;
+//     description): API, with the request-specific verdicts StreamLookup, StreamCreate,
+//     MsgLookup and MsgDelete;
 //   - a PubAck error, the same object in a publish's answer: PublishFailed for a transaction
 //     that stored nothing, PublishRefused for one message the transaction refused;
 //   - an inline status line, a header-only answer such as "404 Message Not Found", for

@@ -1,9 +1,10 @@
 // Package bridge serves JetStream on top of PostgreSQL: it wires together the engines beside
 // it, starts them and stops them.
 //
-// The JetStream API is bridge/jsapi: the router, the handlers, the worker queue and the one
-// mapping from the engines' and package pg's domain errors to JetStream API errors. The
-// bridge subscribes $JS.API.> and the forwarding subjects to its Serve.
+// The JetStream API is bridge/jsapi: the router, the handlers and the worker queue. The
+// bridge subscribes $JS.API.> and the forwarding subjects to its Serve. bridge/jserr is the
+// one mapping from the engines' and package pg's domain errors to what JetStream says: API
+// errors, PubAck errors and the status lines of direct gets.
 //
 // The engines beside it: bridge/stream is the streams (the registry, each stream's intake
 // and the push transactions that fuse them, its tail and the events it announces),

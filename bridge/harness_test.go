@@ -95,7 +95,7 @@ func setup(t testing.TB, opts ...setupOpts) *testBundle {
 	if o.config != nil {
 		o.config(&cfg)
 	}
-	if _, fake := cfg.Clock.(*clocktest.Clock); fake && cfg.Lease == 0 {
+	if _, fake := cfg.Clock.(*clocktest.Fake); fake && cfg.Lease == 0 {
 		cfg.Lease = fakeClockLease
 	}
 	tb.bridge, err = New(cfg)

@@ -229,7 +229,7 @@ func TestPushObjectStore(t *testing.T) {
 }
 
 // newClockTwin is newTwin with jetgres on a fake clock; the reference keeps real time.
-func newClockTwin(t *testing.T) (*twin, *clocktest.Clock) {
+func newClockTwin(t *testing.T) (*twin, *clocktest.Fake) {
 	t.Helper()
 	clock := clocktest.New()
 	tb := setup(t, setupOpts{config: func(c *Config) { c.Clock = clock }})

@@ -16,7 +16,7 @@ import (
 
 // replayStream starts a bridge on a fake clock and stores r.1 to r.4 on it with gaps of 2 s,
 // 5 s and none, as a replay original consumer must deliver them again.
-func replayStream(t *testing.T) (*testBundle, *clocktest.Clock, context.Context) {
+func replayStream(t *testing.T) (*testBundle, *clocktest.Fake, context.Context) {
 	t.Helper()
 	clock := clocktest.New()
 	tb := setup(t, setupOpts{config: func(c *Config) { c.Clock = clock }})
@@ -34,7 +34,7 @@ func replayStream(t *testing.T) (*testBundle, *clocktest.Clock, context.Context)
 // expectPaced checks that deliveries of consumer R > name come out as the messages were
 // stored: the first at once, the second only once the clock has moved 2 s, the third and
 // fourth 5 s after that.
-func expectPaced(t *testing.T, tb *testBundle, name string, clock *clocktest.Clock, got <-chan uint64) {
+func expectPaced(t *testing.T, tb *testBundle, name string, clock *clocktest.Fake, got <-chan uint64) {
 	t.Helper()
 	receive := func(want uint64) {
 		t.Helper()

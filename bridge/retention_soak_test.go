@@ -75,14 +75,20 @@ func (s tableStats) short() string {
 		s.consumedPercent, s.Tables, s.Live, s.Dead, float64(s.Bytes)/(1<<20))
 }
 
-func readStats(ctx context.Context, probe *pgtest.Probe, schema, like string) (tableStats, error) {
+func readStats(ctx context.Context, probe *pgtest.ServerProbe, schema, like string) (tableStats, error) {
 	st, err := probe.TableStats(ctx, schema, like)
 	return tableStats{TableStats: st}, err
 }
 
+<<<<<<< HEAD
 // tableSampler records table statistics every second while a consumption runs.
 type tableSampler struct {
-	probe        *pgtest.Probe
+	probe        *pgtest.ServerProbe
+=======
+// sampler records table statistics every second while a consumption runs.
+type sampler struct {
+	probe        *pgtest.ServerProbe
+>>>>>>> jerr
 	schema, like string
 	done         *atomic.Int64
 	total        int

@@ -73,7 +73,7 @@ func BenchmarkSQLPublishLatency(b *testing.B) {
 			time.Sleep(d)
 		}
 		wg.Go(func() {
-			err := raw.Tx(ctx, func(ctx context.Context, q rawsql.Querier) error {
+			err := raw.Tx(ctx, func(ctx context.Context, q rawsql.Runner) error {
 				if err := q.Exec(ctx, `SELECT jetgres.publish('s.x', $1::text)`, strconv.Itoa(i)); err != nil {
 					return err
 				}
@@ -99,7 +99,7 @@ func BenchmarkSQLPublishLatency(b *testing.B) {
 	floors := make([]time.Duration, 0, 500)
 	for n := range cap(floors) {
 		var at time.Time
-		err := raw.Tx(ctx, func(ctx context.Context, q rawsql.Querier) error {
+		err := raw.Tx(ctx, func(ctx context.Context, q rawsql.Runner) error {
 			if err := q.Exec(ctx, `INSERT INTO floor_latency VALUES ($1)`, n); err != nil {
 				return err
 			}

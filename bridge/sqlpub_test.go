@@ -39,13 +39,13 @@ func TestSQLPublishCommitDeliveredRollbackNever(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer cc.Stop()
-	raw.AppTx(t, ctx, false, func(q rawsql.Querier) error {
+	raw.AppTx(t, ctx, false, func(q rawsql.Runner) error {
 		if err := q.Exec(ctx, `INSERT INTO orders VALUES (1)`); err != nil {
 			return err
 		}
 		return rawsql.Publish(ctx, q, "orders.created", "rolled back", "")
 	})
-	raw.AppTx(t, ctx, true, func(q rawsql.Querier) error {
+	raw.AppTx(t, ctx, true, func(q rawsql.Runner) error {
 		if err := q.Exec(ctx, `INSERT INTO orders VALUES (2)`); err != nil {
 			return err
 		}
@@ -86,13 +86,13 @@ func TestSQLPublishDedupSharedWithNATS(t *testing.T) {
 	if _, err := tb.js.Publish(ctx, "s.a", []byte("nats x"), jetstream.WithMsgID("x")); err != nil {
 		t.Fatal(err)
 	}
-	raw.AppTx(t, ctx, true, func(q rawsql.Querier) error {
+	raw.AppTx(t, ctx, true, func(q rawsql.Runner) error {
 		if err := rawsql.Publish(ctx, q, "s.a", "sql x", `{"Nats-Msg-Id": "x"}`); err != nil {
 			return err
 		}
 		return rawsql.Publish(ctx, q, "s.a", "sql y", `{"Nats-Msg-Id": "y"}`)
 	})
-	raw.AppTx(t, ctx, true, func(q rawsql.Querier) error {
+	raw.AppTx(t, ctx, true, func(q rawsql.Runner) error {
 		return rawsql.Publish(ctx, q, "s.a", "sql y again", `{"Nats-Msg-Id": "y"}`)
 	})
 	testwait.For(t, 10*time.Second, func() error {

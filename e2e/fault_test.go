@@ -437,12 +437,12 @@ func TestDatabaseDown(t *testing.T) {
 // holdStreamLocks locks every stream's state row in one transaction for d: every push
 // transaction then waits on the lock until its statement timeout. It returns when the
 // locks are taken; the transaction ends (rolls back) after d.
-func holdStreamLocks(t testing.TB, ctx context.Context, probe *rawsql.DB, d time.Duration) <-chan error {
+func holdStreamLocks(t testing.TB, ctx context.Context, probe *rawsql.Pool, d time.Duration) <-chan error {
 	t.Helper()
 	locked := make(chan int, 1)
 	done := make(chan error, 1)
 	go func() {
-		done <- probe.Tx(ctx, func(ctx context.Context, q rawsql.Querier) error {
+		done <- probe.Tx(ctx, func(ctx context.Context, q rawsql.Runner) error {
 			var n int
 			if err := q.QueryRow(ctx, `SELECT count(*) FROM (SELECT 1 FROM jetgres.stream_state FOR UPDATE) l`).Scan(&n); err != nil {
 				return err

@@ -106,13 +106,13 @@ func (p *pgServer) dsn() string {
 }
 
 // openProbe opens a small pool of the test's own on dsn, closed when the test ends.
-func openProbe(t testing.TB, dsn string, conns int32) *rawsql.DB {
+func openProbe(t testing.TB, dsn string, conns int32) *rawsql.Pool {
 	t.Helper()
 	return rawsql.Open(t, fmt.Sprintf("%s application_name=e2e-probe pool_max_conns=%d", dsn, conns))
 }
 
 // storedFloor reads a consumer's persisted ack floor.
-func storedFloor(ctx context.Context, db *rawsql.DB, stream, consumer string) (uint64, error) {
+func storedFloor(ctx context.Context, db *rawsql.Pool, stream, consumer string) (uint64, error) {
 	var seq int64
 	err := db.QueryRow(ctx, `
 		SELECT c.ack_stream_seq FROM jetgres.consumers c JOIN jetgres.streams s ON s.id = c.stream_id

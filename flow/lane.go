@@ -41,7 +41,7 @@ func NewLane(name string, opts Options) (*Lane, error) {
 }
 
 // NewFixed returns a lane held at n permits, for comparing the limiter with a fixed
-// concurrency. It still records round trips, so Stats.RTTBase means the same as on an adaptive
+// concurrency. It still records round trips, so LaneStats.RTTBase means the same as on an adaptive
 // lane, but its limit never moves. It panics if n < 1.
 func NewFixed(name string, n int) *Lane {
 	l, err := NewLane(name, Options{Init: n, Min: n, Max: n, Alpha: AlphaDefault, Beta: BetaDefault})
@@ -79,8 +79,8 @@ func (l *Lane) TryAcquire() (*Permit, bool) {
 	return &Permit{lane: l, start: l.clock.Now()}, true
 }
 
-// Stats is a snapshot of a lane. Counters are cumulative since NewLane.
-type Stats struct {
+// LaneStats is a snapshot of a lane. Counters are cumulative since NewLane.
+type LaneStats struct {
 	// Limit is the number of permits the limiter allows now.
 	Limit int
 	// InFlight is the number of permits held. It exceeds Limit for a while after a shrink,
@@ -104,13 +104,13 @@ type Stats struct {
 
 // Stats returns a snapshot of the lane. Counters and gauges are read at marginally different
 // instants, so under load they need not be mutually consistent.
-func (l *Lane) Stats() Stats {
+func (l *Lane) Stats() LaneStats {
 	now := l.clock.Now()
 	l.mu.Lock()
 	base := l.vegas.window.base(now)
 	size, held, waiting := l.sem.state()
 	l.mu.Unlock()
-	return Stats{
+	return LaneStats{
 		Limit:     size,
 		InFlight:  held,
 		RTTBase:   base,

@@ -56,7 +56,7 @@ func TestNewLaneStartsAtInit(t *testing.T) {
 	if l.Name() != t.Name() {
 		t.Fatalf("Name = %q, want %q", l.Name(), t.Name())
 	}
-	want := Stats{Limit: PopInitDefault, RTTBase: time.Nanosecond}
+	want := LaneStats{Limit: PopInitDefault, RTTBase: time.Nanosecond}
 	if st := l.Stats(); st != want {
 		t.Fatalf("Stats = %+v, want %+v", st, want)
 	}

@@ -18,7 +18,7 @@ func TestMain(m *testing.M) {
 
 // newFakeClock returns a clock that stands still until advanced, so the 60-second rtt_base
 // window can be walked through without waiting for it, at a time the tests can write down.
-func newFakeClock() *clocktest.Clock {
+func newFakeClock() *clocktest.Fake {
 	return clocktest.At(time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC))
 }
 
@@ -73,7 +73,7 @@ func drivenSample(t *testing.T, l *Lane, rtt time.Duration) {
 	if len(ps) == 0 {
 		t.Fatal("no free permit to drive the lane with")
 	}
-	if c, ok := l.clock.(*clocktest.Clock); ok {
+	if c, ok := l.clock.(*clocktest.Fake); ok {
 		c.Advance(rtt)
 	}
 	ps[0].Release(rtt)

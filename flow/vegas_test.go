@@ -199,7 +199,7 @@ func TestOneAdjustmentPerRoundTrip(t *testing.T) {
 // uncongested one hold the limit at its minimum (the publishes wait in jetgres and fuse), while round
 // trips that do not grow with concurrency, a database with cores to spare, let it climb.
 func TestPushDefaultsHoldWhenRoundTripsDoubleAndGrowWhenTheyDoNot(t *testing.T) {
-	push := func(clk *clocktest.Clock) Options {
+	push := func(clk *clocktest.Fake) Options {
 		return Options{Init: PushInitDefault, Min: PushMinDefault, Max: PushMaxDefault,
 			Alpha: PushAlphaDefault, Beta: PushBetaDefault, Clock: clk}
 	}

@@ -11,7 +11,7 @@ import (
 	"github.com/jetgres/jetgres/pg/pgtest"
 )
 
-func consumerTestStream(t *testing.T, ctx context.Context, db *pg.DB, subjects ...string) pg.Stream {
+func consumerTestStream(t *testing.T, ctx context.Context, db *pg.DB, subjects ...string) pg.StreamRow {
 	t.Helper()
 	st, err := db.CreateStream(ctx, "S", []byte(`{}`))
 	if err != nil {

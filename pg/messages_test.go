@@ -13,7 +13,7 @@ import (
 
 // twoReplicas opens two pools, as two jetgres replicas would, on one fresh migrated database
 // holding one stream.
-func twoReplicas(t *testing.T) (a, b *pg.DB, st pg.Stream) {
+func twoReplicas(t *testing.T) (a, b *pg.DB, st pg.StreamRow) {
 	t.Helper()
 	ctx := context.Background()
 	url := pgtest.NewDB(t)

@@ -29,7 +29,7 @@ func notifyMeta(ctx context.Context, q querier, streamID int64) error {
 
 // StreamCheck decides, inside the transaction that stores a stream, whether it may be
 // stored next to the others as PostgreSQL holds them (every stream but itself).
-type StreamCheck func(others []Stream) error
+type StreamCheck func(others []StreamRow) error
 
 // runStreamCheck runs check, when there is one, on the streams streamsForCheck reads.
 // check's refusal is returned and also kept in *refused, so that the caller can tell it from
@@ -47,7 +47,7 @@ func runStreamCheck(ctx context.Context, q querier, name string, check StreamChe
 }
 
 // streamsForCheck takes the stream-admin lock and reads every stream but the one named.
-func streamsForCheck(ctx context.Context, q querier, name string) ([]Stream, error) {
+func streamsForCheck(ctx context.Context, q querier, name string) ([]StreamRow, error) {
 	if _, err := q.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, streamAdminLockKey); err != nil {
 		return nil, err
 	}
@@ -55,8 +55,8 @@ func streamsForCheck(ctx context.Context, q querier, name string) ([]Stream, err
 	if err != nil {
 		return nil, err
 	}
-	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (Stream, error) {
-		var s Stream
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (StreamRow, error) {
+		var s StreamRow
 		err := r.Scan(&s.ID, &s.Name, &s.Config, &s.Created)
 		return s, err
 	})

@@ -17,7 +17,7 @@ import (
 
 // openBefore opens a fresh database with the embedded migrations numbered below version
 // applied, as an older jetgres left it, and a raw connection to it.
-func openBefore(t *testing.T, version int) (*pg.DB, *rawsql.DB) {
+func openBefore(t *testing.T, version int) (*pg.DB, *rawsql.Pool) {
 	t.Helper()
 	url := pgtest.NewDB(t)
 	raw := rawsql.Open(t, url)
@@ -52,7 +52,7 @@ func openBefore(t *testing.T, version int) (*pg.DB, *rawsql.DB) {
 
 // oldStream creates a stream as jetgres did before its chunk tables were partitions of
 // jetgres.msgs (migration 011): a state row and a first chunk table of its own.
-func oldStream(t *testing.T, raw *rawsql.DB, name, config string) int64 {
+func oldStream(t *testing.T, raw *rawsql.Pool, name, config string) int64 {
 	t.Helper()
 	var id int64
 	if err := raw.QueryRow(t.Context(), `WITH s AS (INSERT INTO jetgres.streams (name, config) VALUES ($1, $2) RETURNING id),
@@ -65,7 +65,7 @@ func oldStream(t *testing.T, raw *rawsql.DB, name, config string) int64 {
 }
 
 // oldChunk creates a chunk table as jetgres did before migration 011.
-func oldChunk(t *testing.T, raw *rawsql.DB, id, chunk int64, first uint64) {
+func oldChunk(t *testing.T, raw *rawsql.Pool, id, chunk int64, first uint64) {
 	t.Helper()
 	table := fmt.Sprintf("jetgres.msgs_%d_%d", id, chunk)
 	for _, sql := range []string{
@@ -82,7 +82,7 @@ func oldChunk(t *testing.T, raw *rawsql.DB, id, chunk int64, first uint64) {
 
 // oldAppend stores subjects as jetgres did before migration 011, into the stream's current
 // chunk table, opening a new one every perChunk messages, and moves the state row.
-func oldAppend(t *testing.T, raw *rawsql.DB, id int64, perChunk int64, subjects ...string) {
+func oldAppend(t *testing.T, raw *rawsql.Pool, id int64, perChunk int64, subjects ...string) {
 	t.Helper()
 	ctx := t.Context()
 	var last, cum, chunk, rows int64
@@ -230,7 +230,7 @@ func TestChunkDropWaitsOutLongTransactions(t *testing.T) {
 	stop := sync.OnceFunc(func() { close(release) })
 	t.Cleanup(stop)
 	go func() {
-		done <- raw.Tx(ctx, func(ctx context.Context, q rawsql.Querier) error {
+		done <- raw.Tx(ctx, func(ctx context.Context, q rawsql.Runner) error {
 			var n int
 			if err := q.QueryRow(ctx, `SELECT count(*) FROM jetgres.msgs`).Scan(&n); err != nil {
 				return err

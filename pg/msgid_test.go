@@ -31,7 +31,7 @@ func appendIDs(t *testing.T, db *pg.DB, stream int64, window time.Duration, ts i
 	return res[0].Outcomes
 }
 
-func idBuckets(t *testing.T, raw *rawsql.DB, stream int64) []string {
+func idBuckets(t *testing.T, raw *rawsql.Pool, stream int64) []string {
 	t.Helper()
 	return raw.Strings(t, `SELECT tablename FROM pg_tables WHERE schemaname = 'jetgres' AND tablename LIKE $1 ORDER BY tablename`,
 		fmt.Sprintf(`ids\_%d\_%%`, stream))
@@ -208,7 +208,7 @@ func TestMsgIDMigrationMovesLiveIDs(t *testing.T) {
 	db, raw := openBefore(t, 6)
 	const window = time.Minute
 	id := oldStream(t, raw, "OLD", fmt.Sprintf(`{"duplicate_window": %d}`, window.Nanoseconds()))
-	st := pg.Stream{ID: id}
+	st := pg.StreamRow{ID: id}
 	now := time.Now().UnixNano()
 	if err := raw.Exec(ctx, `INSERT INTO jetgres.msg_ids (stream_id, msg_id, seq, ts) VALUES
 		($1, 'live-1', 7, $2), ($1, 'live-2', 8, $3), ($1, 'expired', 9, $4)`,

@@ -215,7 +215,7 @@ func TestMetaNotifyAndCheck(t *testing.T) {
 	}
 	refused := errors.New("refused")
 	var seen []string
-	_, err = db.CreateStreamChecked(ctx, "M", []byte(`{}`), 1, func(others []pg.Stream) error {
+	_, err = db.CreateStreamChecked(ctx, "M", []byte(`{}`), 1, func(others []pg.StreamRow) error {
 		for _, o := range others {
 			seen = append(seen, o.Name)
 		}
@@ -224,7 +224,7 @@ func TestMetaNotifyAndCheck(t *testing.T) {
 	if !errors.Is(err, refused) || len(seen) != 1 || seen[0] != "N" {
 		t.Fatalf("checked create: %v, check saw %v", err, seen)
 	}
-	if _, err := db.CreateStreamChecked(ctx, "M", []byte(`{}`), 1, func([]pg.Stream) error { return nil }); err != nil {
+	if _, err := db.CreateStreamChecked(ctx, "M", []byte(`{}`), 1, func([]pg.StreamRow) error { return nil }); err != nil {
 		t.Fatal(err)
 	}
 	if n, err := db.CountConsumers(ctx, st.ID); err != nil || n != 0 {

@@ -46,7 +46,7 @@ func sqlState(err error) string {
 
 // sqlDB opens a fresh database with the streams of configs (their JSON configurations)
 // created, and a raw connection to it for calling the SQL functions.
-func sqlDB(t *testing.T, configs ...string) (url string, db *pg.DB, raw *rawsql.DB) {
+func sqlDB(t *testing.T, configs ...string) (url string, db *pg.DB, raw *rawsql.Pool) {
 	t.Helper()
 	url = pgtest.NewDB(t)
 	db = pgtest.OpenAt(t, url)
@@ -72,7 +72,7 @@ func TestSQLPublishMovesCommittedInCallOrder(t *testing.T) {
 	publish := func(commit bool, subjects ...string) {
 		t.Helper()
 		errRollback := errors.New("rollback")
-		err := raw.Tx(ctx, func(ctx context.Context, q rawsql.Querier) error {
+		err := raw.Tx(ctx, func(ctx context.Context, q rawsql.Runner) error {
 			for _, s := range subjects {
 				if err := q.Exec(ctx, `SELECT jetgres.publish($1, $2::text, '{"K":["a","b"]}')`, s, "data "+s); err != nil {
 					return err
@@ -305,7 +305,7 @@ func TestSQLRoles(t *testing.T) {
 		{"jetgres_reader", `SELECT count(*) FROM jetgres.streams`, false},
 		{"jetgres_reader", `SELECT count(*) FROM jetgres.msgs_1_0`, false},
 	} {
-		err := raw.Tx(ctx, func(ctx context.Context, q rawsql.Querier) error {
+		err := raw.Tx(ctx, func(ctx context.Context, q rawsql.Runner) error {
 			if err := q.Exec(ctx, `SET LOCAL ROLE `+c.role); err != nil {
 				t.Fatal(err)
 			}
@@ -404,7 +404,7 @@ func TestSQLPublishRouteKeptInTheTransaction(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
 	_, _, raw := sqlDB(t, `{"name":"A","subjects":["a.>"]}`, `{"name":"B","subjects":["b.x"]}`)
-	err := raw.Tx(ctx, func(ctx context.Context, q rawsql.Querier) error {
+	err := raw.Tx(ctx, func(ctx context.Context, q rawsql.Runner) error {
 		for _, s := range []string{"a.1", "b.x", "a.2.3", "a.4"} {
 			if err := q.Exec(ctx, `SELECT jetgres.publish($1, 'x'::text)`, s); err != nil {
 				return err
@@ -420,7 +420,7 @@ func TestSQLPublishRouteKeptInTheTransaction(t *testing.T) {
 		t.Fatal("the transaction committed after an error")
 	}
 	// The error aborted that transaction; the same calls again, committed, without it.
-	if err := raw.Tx(ctx, func(ctx context.Context, q rawsql.Querier) error {
+	if err := raw.Tx(ctx, func(ctx context.Context, q rawsql.Runner) error {
 		for _, s := range []string{"a.1", "b.x", "a.2.3", "a.4"} {
 			if err := q.Exec(ctx, `SELECT jetgres.publish($1, 'x'::text)`, s); err != nil {
 				return err

@@ -19,9 +19,9 @@ var (
 	ErrPastLast = fmt.Errorf("%w: past the last sequence", ErrNotFound)
 )
 
-// Stream is a stream's stored identity and configuration. Config is the JSON the bridge
+// StreamRow is a stream's stored identity and configuration. Config is the JSON the bridge
 // stores; pg does not interpret it.
-type Stream struct {
+type StreamRow struct {
 	ID      int64
 	Name    string
 	Config  []byte
@@ -54,7 +54,7 @@ SELECT id, created, coalesce(config->>'storage' = 'memory', false) FROM s`
 
 // CreateStream stores a new stream and creates its first chunk table.
 // It returns ErrExists when the name is taken.
-func (db *DB) CreateStream(ctx context.Context, name string, config []byte) (Stream, error) {
+func (db *DB) CreateStream(ctx context.Context, name string, config []byte) (StreamRow, error) {
 	return db.CreateStreamFrom(ctx, name, config, 0)
 }
 
@@ -62,20 +62,20 @@ func (db *DB) CreateStream(ctx context.Context, name string, config []byte) (Str
 // firstSeq (JetStream's first_seq; 0 is 1), as though a purge had moved it there: JetStream
 // reports any first_seq given, 1 too, as purged (StreamState.Purged). It returns ErrSeqRange
 // when firstSeq is above MaxSeq.
-func (db *DB) CreateStreamFrom(ctx context.Context, name string, config []byte, firstSeq uint64) (Stream, error) {
+func (db *DB) CreateStreamFrom(ctx context.Context, name string, config []byte, firstSeq uint64) (StreamRow, error) {
 	return db.CreateStreamChecked(ctx, name, config, firstSeq, nil)
 }
 
 // CreateStreamChecked is CreateStreamFrom that stores the stream only when check, run in
 // the same transaction under a lock that serialises stream creation across replicas,
 // accepts the streams stored already. check's error is returned as it is.
-func (db *DB) CreateStreamChecked(ctx context.Context, name string, config []byte, firstSeq uint64, check StreamCheck) (Stream, error) {
+func (db *DB) CreateStreamChecked(ctx context.Context, name string, config []byte, firstSeq uint64, check StreamCheck) (StreamRow, error) {
 	if firstSeq > MaxSeq {
-		return Stream{}, fmt.Errorf("pg: create stream from %d: %w", firstSeq, ErrSeqRange)
+		return StreamRow{}, fmt.Errorf("pg: create stream from %d: %w", firstSeq, ErrSeqRange)
 	}
 	purged := firstSeq > 0
 	firstSeq = max(firstSeq, 1)
-	st := Stream{Name: name, Config: config}
+	st := StreamRow{Name: name, Config: config}
 	var memory bool
 	var checkErr error
 	err := db.backgroundTx(ctx, func(ctx context.Context, q querier) error {
@@ -96,13 +96,13 @@ func (db *DB) CreateStreamChecked(ctx context.Context, name string, config []byt
 		return notifyMeta(ctx, q, st.ID)
 	})
 	if checkErr != nil {
-		return Stream{}, checkErr
+		return StreamRow{}, checkErr
 	}
 	if hasSQLState(err, "23505") {
-		return Stream{}, ErrExists
+		return StreamRow{}, ErrExists
 	}
 	if err != nil {
-		return Stream{}, fmt.Errorf("pg: create stream: %w", err)
+		return StreamRow{}, fmt.Errorf("pg: create stream: %w", err)
 	}
 	// The state row is as sqlCreateStream made it, so the stream's first publish can take
 	// the fast path rather than lock the row to learn what this process just wrote.
@@ -211,8 +211,8 @@ func (db *DB) StreamNamed(ctx context.Context, name string) (bool, error) {
 // row to learn it. A read of the row is as good a starting point as a commit of this
 // process's own: while the last sequence and chunk are as read, the counts can only have
 // fallen, which the fast path allows for.
-func (db *DB) Streams(ctx context.Context) ([]Stream, error) {
-	var out []Stream
+func (db *DB) Streams(ctx context.Context) ([]StreamRow, error) {
+	var out []StreamRow
 	var tails []tailState
 	err := db.background(ctx, func(ctx context.Context, q querier) error {
 		rows, err := q.Query(ctx, `SELECT s.id, s.name, s.config, s.created, st.first_seq, st.last_seq, st.last_ts,
@@ -224,7 +224,7 @@ func (db *DB) Streams(ctx context.Context) ([]Stream, error) {
 		defer rows.Close()
 		out, tails = out[:0], tails[:0]
 		for rows.Next() {
-			var s Stream
+			var s StreamRow
 			var t tailState
 			if err := rows.Scan(&s.ID, &s.Name, &s.Config, &s.Created, &t.firstSeq, &t.lastSeq, &t.lastTS,
 				&t.cumBytes, &t.msgs, &t.bytes, &t.chunk, &t.chunkRows, &t.memory); err != nil {

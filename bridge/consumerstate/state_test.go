@@ -8,14 +8,14 @@ import (
 	"github.com/jetgres/jetgres/internal/clock/clocktest"
 )
 
-func setup(t *testing.T, cfg Config) (*State, *clocktest.Clock) {
+func setup(t *testing.T, cfg Config) (*State, *clocktest.Fake) {
 	t.Helper()
 	clk := clocktest.At(time.Unix(1_700_000_000, 0))
 	return New(cfg, Pair{}, 1), clk
 }
 
 // deliverNew delivers stream sequences from..to as first deliveries, at clk's time.
-func deliverNew(s *State, clk *clocktest.Clock, from, to uint64) {
+func deliverNew(s *State, clk *clocktest.Fake, from, to uint64) {
 	for q := from; q <= to; q++ {
 		s.Deliver(q, 1, clk.Now())
 	}

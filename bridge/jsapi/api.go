@@ -2,7 +2,7 @@ package jsapi
 
 import (
 	"context"
-	"errors"
+	"encoding/json"
 	"fmt"
 	"log/slog"
 	"strings"
@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/jetgres/jetgres/bridge/consumer"
+	"github.com/jetgres/jetgres/bridge/jserr"
 	"github.com/jetgres/jetgres/bridge/ownership"
 	"github.com/jetgres/jetgres/bridge/retention"
 	"github.com/jetgres/jetgres/bridge/stream"
@@ -30,7 +31,7 @@ type Store interface {
 	CountPending(ctx context.Context, p pg.PendingParams) (uint64, error)
 	LastSeqsPerSubject(ctx context.Context, streamID int64, filters []string, upTo uint64) ([]uint64, error)
 	SeqAtTime(ctx context.Context, streamID int64, ts int64) (uint64, error)
-	CreateStreamChecked(ctx context.Context, name string, config []byte, firstSeq uint64, check pg.StreamCheck) (pg.Stream, error)
+	CreateStreamChecked(ctx context.Context, name string, config []byte, firstSeq uint64, check pg.StreamCheck) (pg.StreamRow, error)
 	UpdateStreamChecked(ctx context.Context, id int64, name string, config []byte, check pg.StreamCheck) error
 	DeleteStream(ctx context.Context, id int64) error
 	StreamInfo(ctx context.Context, id int64) (pg.InfoState, error)
@@ -223,16 +224,7 @@ func (a *API) requestedStream(ctx context.Context, name string, body []byte, req
 // PostgreSQL said so; a database it could not read is the database's error.
 func (a *API) findStream(ctx context.Context, name string) (*stream.Stream, error) {
 	s, err := a.streams.Find(ctx, name)
-	return s, notFoundAsStream(err)
-}
-
-// notFoundAsStream answers pg.ErrNotFound from a stream lookup as JetStream's "stream not
-// found", and any other error as it is.
-func notFoundAsStream(err error) error {
-	if errors.Is(err, pg.ErrNotFound) {
-		return server.NewJSStreamNotFoundError()
-	}
-	return err
+	return s, jserr.StreamLookup(err)
 }
 
 func (a *API) apiAccountInfo(ctx context.Context) (*server.JSApiAccountInfoResponse, error) {
@@ -261,4 +253,30 @@ func (a *API) apiAccountInfo(ctx context.Context) (*server.JSApiAccountInfoRespo
 	stats.Limits = server.JetStreamAccountLimits{MaxMemory: -1, MaxStore: -1, MaxStreams: -1, MaxConsumers: -1, MaxAckPending: -1, MemoryMaxStreamBytes: -1, StoreMaxStreamBytes: -1}
 	resp.JetStreamAccountStats = &stats
 	return resp, nil
+}
+
+// respond sends a typed handler's response; head is the response's embedded ApiResponse.
+// When err is set, the same response goes out carrying jserr.API(err, fail), with every other
+// field as the handler left it, as nats-server sends its error responses: handlers return
+// errors, and this is where they become what a client hears.
+func (a *API) respond(reply string, resp any, head *server.ApiResponse, fail jserr.Fail, err error) {
+	outcome := "ok"
+	if err != nil {
+		head.Error = jserr.API(err, fail)
+		outcome = "error"
+		switch {
+		case head.Error.ErrCode == uint16(server.JSClusterNotAvailErr):
+			outcome = "unavailable"
+			a.log.Warn("API request failed: database unavailable", "type", head.Type, "err", err)
+		case !jserr.IsVerdict(err):
+			a.log.Error("API request failed", "type", head.Type, "err", err)
+		}
+	}
+	data, merr := json.Marshal(resp)
+	if merr != nil {
+		a.log.Error("encoding API response", "err", merr)
+		return
+	}
+	a.am.reqs.WithLabelValues(outcome).Inc()
+	_ = a.link.Publish(reply, "", nil, data)
 }

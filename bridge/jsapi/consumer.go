@@ -9,6 +9,7 @@ import (
 	"github.com/nats-io/nuid"
 
 	"github.com/jetgres/jetgres/bridge/consumer"
+	"github.com/jetgres/jetgres/bridge/jserr"
 	"github.com/jetgres/jetgres/bridge/ownership"
 	"github.com/jetgres/jetgres/bridge/stream"
 	"github.com/jetgres/jetgres/embedded/leaf"
@@ -249,7 +250,7 @@ func (a *API) workQueueConflict(ctx context.Context, s *stream.Stream, name stri
 	refused, err := a.retention.WorkQueueConflict(ctx, s, name, cfg)
 	if err != nil {
 		a.log.Error("listing consumers", "stream", s.Name(), "err", err)
-		return apiError(err, server.NewJSConsumerCreateError)
+		return jserr.API(err, server.NewJSConsumerCreateError)
 	}
 	return refused
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 
 	"github.com/jetgres/jetgres/bridge/gets"
+	"github.com/jetgres/jetgres/bridge/jserr"
 	"github.com/jetgres/jetgres/bridge/stream"
 	"github.com/jetgres/jetgres/embedded/leaf"
 	"github.com/jetgres/jetgres/internal/jswire"
@@ -33,35 +34,37 @@ const (
 )
 
 func (a *API) directGet(ctx context.Context, m *leaf.Msg, tok []string) {
-	status := func(code int, desc string) { _ = a.link.Publish(m.Reply, "", jswire.StatusHeader(code, desc), nil) }
 	s, err := a.streams.Find(ctx, tok[0])
-	if err != nil && !errors.Is(err, pg.ErrNotFound) {
-		a.log.Warn("direct get", "stream", tok[0], "err", err)
-	}
 	if err != nil {
-		status(503, "")
+		if !errors.Is(err, pg.ErrNotFound) {
+			a.log.Warn("direct get", "stream", tok[0], "err", err)
+		}
+		// Whether the stream does not exist or could not be read, no JetStream serves it.
+		a.status(m.Reply, jserr.NotServed)
 		return
 	}
 	req, refused := directRequest(s, m, tok[1:])
 	if refused != nil {
-		status(refused.code, refused.desc)
+		a.status(m.Reply, refused)
 		return
 	}
 	dg := directGet{a: a, s: s, reply: m.Reply, req: req}
 	if err := dg.run(ctx); err != nil {
-		var code *directStatus
-		if errors.As(err, &code) {
-			status(code.code, code.desc)
-			return
-		}
-		failed, desc := directFailure(err)
-		status(failed, desc)
-		if failed == 503 {
+		st := jserr.StatusOf(err)
+		a.status(m.Reply, st)
+		switch {
+		case jserr.IsStatus(err):
+		case st == jserr.NotServed:
 			a.log.Warn("direct get: database unavailable", "stream", s.Name(), "err", err)
-			return
+		default:
+			a.log.Error("direct get", "stream", s.Name(), "err", err)
 		}
-		a.log.Error("direct get", "stream", s.Name(), "err", err)
 	}
+}
+
+// status answers reply with a status line and no message.
+func (a *API) status(reply string, st *jserr.Status) {
+	_ = a.link.Publish(reply, "", jswire.StatusHeader(st.Code, st.Description), nil)
 }
 
 // directGetFromMemory answers a direct get on the link's read loop when memory holds the
@@ -84,7 +87,7 @@ func (a *API) directGetFromMemory(m *leaf.Msg, rest string) bool {
 		return false
 	}
 	if !live {
-		_ = a.link.Publish(m.Reply, "", jswire.StatusHeader(errDirectNotFound.code, errDirectNotFound.desc), nil)
+		a.status(m.Reply, jserr.NoMessage)
 		return true
 	}
 	dg := directGet{a: a, s: s, reply: m.Reply, req: req}
@@ -95,18 +98,18 @@ func (a *API) directGetFromMemory(m *leaf.Msg, rest string) bool {
 // directRequest reads a direct get of stream s, whose subject goes on with key, or the status
 // that refuses it: the stream does not allow direct gets, the client needs a later API
 // level, or the request is malformed.
-func directRequest(s *stream.Stream, m *leaf.Msg, key []string) (server.JSApiMsgGetRequest, *directStatus) {
+func directRequest(s *stream.Stream, m *leaf.Msg, key []string) (server.JSApiMsgGetRequest, *jserr.Status) {
 	if !s.Config().AllowDirect {
-		return server.JSApiMsgGetRequest{}, &directStatus{503, ""}
+		return server.JSApiMsgGetRequest{}, jserr.NotServed
 	}
 	if v := jswire.HeaderValue(m.Header, server.JSRequiredApiLevel); v != "" {
 		if n, err := strconv.Atoi(v); err != nil || n > jswire.APILevel {
-			return server.JSApiMsgGetRequest{}, &directStatus{412, "Required Api Level"}
+			return server.JSApiMsgGetRequest{}, jserr.APILevel
 		}
 	}
 	req, desc := jswire.DirectRequest(key, m.Data)
 	if desc != "" {
-		return req, &directStatus{408, desc}
+		return req, jserr.BadRequest(desc)
 	}
 	return req, nil
 }
@@ -116,20 +119,6 @@ func directRequest(s *stream.Stream, m *leaf.Msg, key []string) (server.JSApiMsg
 func getRequest(req *server.JSApiMsgGetRequest) gets.Request {
 	return gets.Request{Seq: req.Seq, LastFor: req.LastFor, NextFor: req.NextFor}
 }
-
-// directStatus is a status-line answer, such as "404 Message Not Found".
-type directStatus struct {
-	code int
-	desc string
-}
-
-func (e *directStatus) Error() string { return strconv.Itoa(e.code) + " " + e.desc }
-
-var (
-	errDirectNotFound = &directStatus{404, "Message Not Found"}
-	errDirectNone     = &directStatus{404, "No Results"}
-	errDirectTooMany  = &directStatus{413, "Too Many Results"}
-)
 
 // directGet is one direct get being answered.
 type directGet struct {
@@ -157,11 +146,8 @@ func (dg *directGet) run(ctx context.Context) error {
 	}
 	if req.Batch == 0 {
 		m, err := dg.s.Gets().Get(ctx, getRequest(req))
-		if errors.Is(err, pg.ErrNotFound) {
-			return errDirectNotFound
-		}
 		if err != nil {
-			return err
+			return jserr.DirectLookup(err)
 		}
 		dg.send(m, nil)
 		return nil
@@ -190,7 +176,7 @@ func (dg *directGet) batch(ctx context.Context, seq uint64) error {
 		return err
 	}
 	if len(msgs) == 0 {
-		return errDirectNotFound
+		return jserr.NoMessage
 	}
 	var last uint64
 	for i := range msgs {
@@ -233,10 +219,10 @@ func (dg *directGet) multiLast(ctx context.Context) error {
 	// As in nats-server, the bound, and the count still to come, cover the subjects' last
 	// messages below the requested sequence too: those are skipped, not left out.
 	if len(seqs) > directMaxResults {
-		return errDirectTooMany
+		return jserr.TooManyResults
 	}
 	if len(seqs) == 0 {
-		return errDirectNone
+		return jserr.NoResults
 	}
 	var last uint64
 	pending, sent, bytes := len(seqs), 0, 0

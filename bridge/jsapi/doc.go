@@ -4,11 +4,12 @@
 // answers as nats-server answers. It also refuses, as unsupported, the requests jetgres
 // does not serve.
 //
-// It owns the router, the handlers, the worker queue and the one mapping from what went
-// wrong to the JetStream error a client receives (errors.go): the engines and package pg
-// return domain errors (pg.ErrNotFound, pg.ErrUnavailable, a *server.ApiError verdict,
-// ...), and only this package turns them into err_codes and status lines. Everything it
-// serves from is handed to it in a Config; it keeps no state of streams or consumers.
+// It owns the router, the handlers and the worker queue. Handlers return domain errors
+// (pg.ErrNotFound, pg.ErrUnavailable, a *server.ApiError verdict, ...) as the engines and
+// package pg give them; package jserr, the one mapping from what went wrong to what
+// JetStream says, turns them into err_codes and status lines, in respond and directGet.
+// Everything it serves from is handed to it in a Config; it keeps no state of streams or
+// consumers.
 //
 // # Goroutines
 //

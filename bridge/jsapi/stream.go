@@ -12,6 +12,7 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 
+	"github.com/jetgres/jetgres/bridge/jserr"
 	"github.com/jetgres/jetgres/bridge/stream"
 	"github.com/jetgres/jetgres/embedded/leaf"
 	"github.com/jetgres/jetgres/internal/jswire"
@@ -103,11 +104,8 @@ func (a *API) apiStreamCreate(ctx context.Context, name string, body []byte) (*s
 	if errors.Is(err, stream.ErrOverlap) {
 		return resp, server.NewJSStreamSubjectOverlapError()
 	}
-	if errors.Is(err, pg.ErrExists) {
-		return resp, server.NewJSStreamNameExistError()
-	}
 	if err != nil {
-		return resp, fmt.Errorf("create stream %q: %w", name, err)
+		return resp, fmt.Errorf("create stream %q: %w", name, jserr.StreamCreate(err))
 	}
 	s, err := a.streams.Add(st, cfg)
 	if err != nil {
@@ -136,11 +134,8 @@ func (a *API) streamInfo(ctx context.Context, s *stream.Stream) (*server.StreamI
 		a.log.Warn("retention pass before stream info failed", "stream", s.Name(), "err", err)
 	}
 	st, err := a.db.StreamInfo(ctx, s.ID())
-	if errors.Is(err, pg.ErrNotFound) {
-		return nil, server.NewJSStreamNotFoundError()
-	}
 	if err != nil {
-		return nil, fmt.Errorf("stream %q state: %w", s.Name(), err)
+		return nil, fmt.Errorf("stream %q state: %w", s.Name(), jserr.StreamLookup(err))
 	}
 	state := server.StreamState{
 		NumSubjects: st.NumSubjects,
@@ -193,7 +188,7 @@ func (a *API) apiStreamUpdate(ctx context.Context, name string, body []byte) (*s
 	}
 	s, err := a.streams.FindLocked(ctx, name)
 	if err != nil {
-		return fail(notFoundAsStream(err))
+		return fail(jserr.StreamLookup(err))
 	}
 	old := s.Config()
 	switch {
@@ -306,7 +301,7 @@ func (a *API) apiStreamDelete(ctx context.Context, name string, body []byte) (*s
 	defer a.streams.UnlockAdmin()
 	s, err := a.streams.FindLocked(ctx, name)
 	if err != nil {
-		return fail(notFoundAsStream(err))
+		return fail(jserr.StreamLookup(err))
 	}
 	a.streams.Unsubscribe(s)
 	err = a.db.DeleteStream(ctx, s.ID())
@@ -435,11 +430,8 @@ func (a *API) apiMsgGet(ctx context.Context, name string, body []byte) (*server.
 		return fail(server.NewJSBadRequestError())
 	}
 	m, err := s.Gets().Get(ctx, getRequest(&req))
-	if errors.Is(err, pg.ErrNotFound) {
-		return fail(server.NewJSNoMessageFoundError())
-	}
 	if err != nil {
-		return fail(fmt.Errorf("get message from stream %q: %w", name, err))
+		return fail(fmt.Errorf("get message from stream %q: %w", name, jserr.MsgLookup(err)))
 	}
 	sm := &server.StoredMsg{Subject: m.Subject, Sequence: m.Seq, Data: m.Data, Time: time.Unix(0, m.TS).UTC()}
 	if !req.NoHeaders {
@@ -466,16 +458,8 @@ func (a *API) apiMsgDelete(ctx context.Context, name string, body []byte) (*serv
 	if req.Seq == 0 {
 		return fail(server.NewJSBadRequestError())
 	}
-	err = a.db.DeleteMessage(ctx, s.ID(), req.Seq)
-	if errors.Is(err, pg.ErrPastLast) {
-		// nats-server's file store's answer, whatever the sequence: up to 2^64-1.
-		return fail(server.NewJSStreamMsgDeleteFailedError(errors.New("stream store EOF")))
-	}
-	if errors.Is(err, pg.ErrNotFound) {
-		return fail(server.NewJSStreamMsgDeleteFailedError(fmt.Errorf("no message found")))
-	}
-	if err != nil {
-		return fail(fmt.Errorf("delete message from stream %q: %w", name, err))
+	if err := a.db.DeleteMessage(ctx, s.ID(), req.Seq); err != nil {
+		return fail(fmt.Errorf("delete message from stream %q: %w", name, jserr.MsgDelete(err)))
 	}
 	s.Purge(ctx, stream.Purged{})
 	resp.Success = true

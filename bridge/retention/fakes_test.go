@@ -145,7 +145,7 @@ type fakeHost struct {
 	mu      sync.Mutex
 	streams []*fakeStream
 	// served is the progress of the consumers this process serves, by name.
-	served map[string]Progress
+	served map[string]ConsumerProgress
 	local  [][]string
 
 	events    []string
@@ -155,7 +155,7 @@ type fakeHost struct {
 var _ Host[*fakeStream] = (*fakeHost)(nil)
 
 func newHost(streams ...*fakeStream) *fakeHost {
-	return &fakeHost{streams: streams, served: make(map[string]Progress)}
+	return &fakeHost{streams: streams, served: make(map[string]ConsumerProgress)}
 }
 
 func (h *fakeHost) Streams() []*fakeStream {
@@ -164,7 +164,7 @@ func (h *fakeHost) Streams() []*fakeStream {
 	return slices.Clone(h.streams)
 }
 
-func (h *fakeHost) Served(_ *fakeStream, row pg.Consumer) (Progress, bool) {
+func (h *fakeHost) Served(_ *fakeStream, row pg.Consumer) (ConsumerProgress, bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	p, ok := h.served[row.Name]
@@ -207,7 +207,7 @@ func (h *fakeHost) take() []string {
 	return evs
 }
 
-func (h *fakeHost) serve(name string, p Progress) {
+func (h *fakeHost) serve(name string, p ConsumerProgress) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.served[name] = p
@@ -225,7 +225,7 @@ type bundle struct {
 	e     *Engine[*fakeStream]
 	store *fakeStore
 	host  *fakeHost
-	clock *clocktest.Clock
+	clock *clocktest.Fake
 }
 
 // setup builds an engine over the given streams, not started.
@@ -242,7 +242,7 @@ func setup(t *testing.T, streams ...*fakeStream) *bundle {
 
 // noteAcks makes e note acks and settle as a started engine does, without its maintainer:
 // the test alone runs passes.
-func noteAcks[S Stream](e *Engine[S]) { e.running.Store(true) }
+func noteAcks[S StreamView](e *Engine[S]) { e.running.Store(true) }
 
 // consumer is a stored consumer row with the given filters, made at a fixed time.
 func consumer(t *testing.T, streamID int64, name string, floor uint64, filters ...string) pg.Consumer {

@@ -102,7 +102,7 @@ func TestAcksWakeTheMaintainer(t *testing.T) {
 	s := newStream(3, server.WorkQueuePolicy)
 	b := setup(t, s)
 	b.store.consumers[3] = []pg.Consumer{consumer(t, 3, "w", 0)}
-	b.host.serve("w", Progress{Floor: 0, Next: 5, Pending: []uint64{2}})
+	b.host.serve("w", ConsumerProgress{Floor: 0, Next: 5, Pending: []uint64{2}})
 	b.start(t)
 	passes := func(n int) func() error {
 		return func() error {
@@ -120,7 +120,7 @@ func TestAcksWakeTheMaintainer(t *testing.T) {
 		}
 		return nil
 	})
-	b.host.serve("w", Progress{Floor: 0, Next: 5})
+	b.host.serve("w", ConsumerProgress{Floor: 0, Next: 5})
 	b.clock.Advance(retainRetry)
 	testwait.For(t, 10*time.Second, passes(2))
 	wantRetains(t, b.store, 0, pg.RetainParams{StreamID: 3, WorkQueue: true,

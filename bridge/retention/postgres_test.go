@@ -42,7 +42,7 @@ func TestPassesOnPostgreSQL(t *testing.T) {
 		t.Fatal(err)
 	}
 	host := newHost(s)
-	host.serve("w", Progress{Floor: 0, Next: 7})
+	host.serve("w", ConsumerProgress{Floor: 0, Next: 7})
 	e, err := New(Config[*fakeStream]{Store: db, Host: host, Clock: clock})
 	if err != nil {
 		t.Fatal(err)

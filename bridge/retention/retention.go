@@ -25,13 +25,13 @@
 //
 // In the order in which they may be held together:
 //
-//  1. state.run lets one pass run on a stream at a time and guards what the last pass
+//  1. streamState.run lets one pass run on a stream at a time and guards what the last pass
 //     applied. A pass holds it across its two database calls (the consumers, then the
 //     removal) and while it asks Host for the consumers this process serves and announces
 //     what it removed: the next pass starts from what this one applied, and Settle waits
 //     on it so that no stream info answers between a pass taking acks and their messages
 //     going.
-//  2. state.mu guards the acks noted for the next pass, whether one is due, and the other
+//  2. streamState.mu guards the acks noted for the next pass, whether one is due, and the other
 //     replicas' filters. A leaf.
 //
 // Engine.mu guards the map of states; it is a leaf taken with neither of the others held.
@@ -74,8 +74,8 @@ type Store interface {
 	ReapChunks(ctx context.Context) (int, error)
 }
 
-// Stream is what retention reads of a stream. The engine keeps its state by ID.
-type Stream interface {
+// StreamView is what retention reads of a stream. The engine keeps its state by ID.
+type StreamView interface {
 	ID() int64
 	Name() string
 	// ConfigView is the stream's configuration now, for reading only.
@@ -88,12 +88,12 @@ type Stream interface {
 // Host is what retention needs of the bridge that runs it: the streams, the consumers this
 // process serves, and the announcing of what went. A pass calls Served, Purged and Removed
 // with its lock held (see the package doc); no method may call back into the Engine.
-type Host[S Stream] interface {
+type Host[S StreamView] interface {
 	// Streams lists the streams this process serves.
 	Streams() []S
 	// Served reports the progress of the consumer row describes, if this process serves
 	// it: that consumer, not an older one of the same name.
-	Served(s S, row pg.Consumer) (Progress, bool)
+	Served(s S, row pg.Consumer) (ConsumerProgress, bool)
 	// LocalFilters lists the filters (jswire.ConsumerFilters) of each consumer of s this
 	// process serves, as they are now.
 	LocalFilters(s S) [][]string
@@ -108,8 +108,8 @@ type Host[S Stream] interface {
 	RefreshUsage(ctx context.Context) error
 }
 
-// Progress is what a pass needs of a consumer this process serves.
-type Progress struct {
+// ConsumerProgress is what a pass needs of a consumer this process serves.
+type ConsumerProgress struct {
 	// Floor is its ack floor's stream sequence: everything at or below it is done with.
 	Floor uint64
 	// Next is the next stream sequence it would consider.
@@ -119,7 +119,7 @@ type Progress struct {
 }
 
 // Config configures an Engine. Store and Host are required.
-type Config[S Stream] struct {
+type Config[S StreamView] struct {
 	Store Store
 	Host  Host[S]
 	// Logger receives the engine's warnings. Defaults to discarding them.
@@ -147,7 +147,7 @@ func (c *Config[S]) validate() error {
 
 // Engine is the retention of every stream a process serves. Until Start, and after Stop,
 // it notes no acks and Settle runs no pass; the other methods work throughout.
-type Engine[S Stream] struct {
+type Engine[S StreamView] struct {
 	store  Store
 	host   Host[S]
 	log    *slog.Logger
@@ -159,7 +159,7 @@ type Engine[S Stream] struct {
 	kick    chan struct{}
 
 	mu     sync.Mutex // guards states; a leaf
-	states map[int64]*state
+	states map[int64]*streamState
 
 	// Only the maintainer's goroutine touches these.
 	pruned map[int64]time.Time // when each stream's ids were last pruned, by stream id
@@ -169,8 +169,8 @@ type Engine[S Stream] struct {
 	warn warnlog.Throttle
 }
 
-// state is a stream's interest and workqueue retention state.
-type state struct {
+// streamState is a stream's interest and workqueue retention streamState.
+type streamState struct {
 	mu    sync.Mutex
 	acked map[string][]uint64 // acks seen on the link, by consumer, not yet settled
 	// dirty says a pass is due: acks were seen, or consumers came, went or changed, since the
@@ -186,7 +186,7 @@ type state struct {
 
 // New checks the configuration, registers the engine's metric and returns the engine,
 // not yet started.
-func New[S Stream](cfg Config[S]) (*Engine[S], error) {
+func New[S StreamView](cfg Config[S]) (*Engine[S], error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
@@ -204,7 +204,7 @@ func New[S Stream](cfg Config[S]) (*Engine[S], error) {
 			Help: "Retention passes over interest and work-queue streams: each reads the stream's consumers and removes what none of them needs.",
 		}),
 		kick:   make(chan struct{}, 1),
-		states: make(map[int64]*state),
+		states: make(map[int64]*streamState),
 		pruned: make(map[int64]time.Time),
 	}
 	if cfg.Registerer != nil {
@@ -239,12 +239,12 @@ func (e *Engine[S]) Stop() {
 }
 
 // state returns the retention state of s, made on first use.
-func (e *Engine[S]) state(s S) *state {
+func (e *Engine[S]) state(s S) *streamState {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	st := e.states[s.ID()]
 	if st == nil {
-		st = &state{}
+		st = &streamState{}
 		e.states[s.ID()] = st
 	}
 	return st

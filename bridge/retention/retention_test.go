@@ -53,7 +53,7 @@ func TestPassAppliesServedAcksAboveTheFloor(t *testing.T) {
 	b := setup(t, s)
 	noteAcks(b.e)
 	b.store.consumers[1] = []pg.Consumer{consumer(t, 1, "w", 2)}
-	b.host.serve("w", Progress{Floor: 3, Next: 10, Pending: []uint64{6}})
+	b.host.serve("w", ConsumerProgress{Floor: 3, Next: 10, Pending: []uint64{6}})
 	for _, seq := range []uint64{2, 5, 4, 6, 12, 5} {
 		b.e.NoteAck(s, "w", seq, ack)
 	}
@@ -66,7 +66,7 @@ func TestPassAppliesServedAcksAboveTheFloor(t *testing.T) {
 	wantEvents(t, b.host, "purged S1 first=4 consumed=true")
 
 	// 6 was pending: the pass is due again until the consumer has applied it.
-	b.host.serve("w", Progress{Floor: 6, Next: 10})
+	b.host.serve("w", ConsumerProgress{Floor: 6, Next: 10})
 	b.store.retained = pg.RetainResult{FirstSeq: 7, Removed: 1}
 	if err := b.e.Settle(t.Context(), s); err != nil {
 		t.Fatal(err)
@@ -93,7 +93,7 @@ func TestPassTakesOtherReplicasConsumersFromTheStore(t *testing.T) {
 	b := setup(t, s)
 	noteAcks(b.e)
 	b.store.consumers[2] = []pg.Consumer{consumer(t, 2, "remote", 5, "a.*"), consumer(t, 2, "local", 1, "b")}
-	b.host.serve("local", Progress{Floor: 4, Next: 9})
+	b.host.serve("local", ConsumerProgress{Floor: 4, Next: 9})
 	b.host.local = [][]string{{"b"}}
 	subjects := []string{"a.x", "b", "c"}
 	if got := b.e.NoInterest(s, subjects); !slices.Equal(got, []bool{true, false, true}) {
@@ -224,7 +224,7 @@ func TestFailedPassStaysDue(t *testing.T) {
 	b := setup(t, s)
 	noteAcks(b.e)
 	b.store.consumers[8] = []pg.Consumer{consumer(t, 8, "w", 0)}
-	b.host.serve("w", Progress{Floor: 0, Next: 5})
+	b.host.serve("w", ConsumerProgress{Floor: 0, Next: 5})
 	b.e.NoteAck(s, "w", 2, ack)
 	down := errors.New("database away")
 	b.store.err = down

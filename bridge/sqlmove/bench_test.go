@@ -137,7 +137,7 @@ func BenchmarkSQLPublish(b *testing.B) {
 								return
 							}
 							n := min(int64(b.N)-from, 10_000)
-							if err := raw.Tx(ctx, func(ctx context.Context, q rawsql.Querier) error { return q.Exec(ctx, c.sql, n) }); err != nil {
+							if err := raw.Tx(ctx, func(ctx context.Context, q rawsql.Runner) error { return q.Exec(ctx, c.sql, n) }); err != nil {
 								b.Error(err)
 								return
 							}
@@ -148,7 +148,7 @@ func BenchmarkSQLPublish(b *testing.B) {
 						if i > int64(b.N) {
 							return
 						}
-						if err := raw.Tx(ctx, func(ctx context.Context, q rawsql.Querier) error {
+						if err := raw.Tx(ctx, func(ctx context.Context, q rawsql.Runner) error {
 							return q.Exec(ctx, c.sql, "s.x", strconv.FormatInt(i, 10))
 						}); err != nil {
 							b.Error(err)
@@ -174,7 +174,7 @@ func BenchmarkSQLPublish(b *testing.B) {
 // messages are moved, and then sends the time it finished on the returned channel, which
 // it closes without one if a move or the benchmark failed. The chunk starts empty and the
 // progress after what earlier runs and rows staged, all of it committed by then.
-func floorMove(b *testing.B, raw *rawsql.DB, woken <-chan struct{}) chan time.Time {
+func floorMove(b *testing.B, raw *rawsql.Pool, woken <-chan struct{}) chan time.Time {
 	b.Helper()
 	ctx := context.Background()
 	if err := raw.Exec(ctx, `TRUNCATE floor_chunk;

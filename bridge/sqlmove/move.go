@@ -32,14 +32,14 @@ var (
 
 var errStreamUnknown = errors.New("sqlmove: a staged message names a stream this process does not know yet")
 
-type metrics struct {
+type moverMetrics struct {
 	moved   prometheus.Counter
 	refused *prometheus.CounterVec
 	moves   prometheus.Counter
 }
 
-func newMetrics(reg prometheus.Registerer) *metrics {
-	m := &metrics{
+func newMetrics(reg prometheus.Registerer) *moverMetrics {
+	m := &moverMetrics{
 		moved: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "jetgres_sql_publish_moved_total",
 			Help: "Messages published with jetgres.publish and stored in their streams.",
@@ -155,18 +155,13 @@ func (m *Mover[S]) move(ctx context.Context, refuseUnknown bool) (int, error) {
 		}
 		for j, o := range r.Outcomes {
 			reason := ""
-			var le *pg.LimitError
 			switch {
 			case o.Duplicate:
 				reason = stream.ReasonDuplicate
 			case o.Err == nil:
 				m.m.moved.Inc()
-			case errors.As(o.Err, &le), errors.Is(o.Err, pg.ErrSeqExhausted):
-				reason = stream.ReasonLimit
-			case errors.Is(o.Err, pg.ErrNotFound):
-				reason = stream.ReasonNoStream
 			default:
-				reason = stream.ReasonExpected
+				reason = stream.RefusedReason(o.Err)
 			}
 			if reason != "" {
 				m.refuse(refusal{s.Name(), batchMsg(batches, r.StreamID, j), reason})

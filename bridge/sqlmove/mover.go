@@ -74,8 +74,8 @@ type Store interface {
 	RotateStaging(ctx context.Context, period time.Duration) (string, error)
 }
 
-// Stream is what the mover reads of a stream.
-type Stream interface {
+// Destination is what the mover reads of a stream.
+type Destination interface {
 	ID() int64
 	Name() string
 	// ConfigView is the stream's configuration now, for reading only.
@@ -86,7 +86,7 @@ type Stream interface {
 // path: the bridge's, so that a moved message is checked, stored and announced as a NATS
 // publish is. Batch, Expectations and NoInterest are called inside the move's transaction
 // (pg.MovePlan) and must not block.
-type Host[S Stream] interface {
+type Host[S Destination] interface {
 	// Streams lists the streams served now.
 	Streams() []S
 	// Sync re-reads the streams from PostgreSQL, for staged messages that name a stream
@@ -109,7 +109,7 @@ type Host[S Stream] interface {
 }
 
 // Config configures a Mover. Every field is required but Logger, Clock and Registerer.
-type Config[S Stream] struct {
+type Config[S Destination] struct {
 	Store Store
 	// Push is the lane of appends: a move takes one of its permits, as a flush does.
 	Push *flow.Lane
@@ -156,7 +156,7 @@ func (c *Config[S]) validate() error {
 }
 
 // Mover moves committed staged messages into their streams.
-type Mover[S Stream] struct {
+type Mover[S Destination] struct {
 	db    Store
 	push  *flow.Lane
 	host  Host[S]
@@ -166,7 +166,7 @@ type Mover[S Stream] struct {
 	idle  time.Duration
 	max   int
 
-	m    *metrics
+	m    *moverMetrics
 	wake chan struct{}
 	run  startstop.Group
 
@@ -175,7 +175,7 @@ type Mover[S Stream] struct {
 
 // New checks the configuration, registers the mover's metrics and returns the mover, not
 // yet started.
-func New[S Stream](cfg Config[S]) (*Mover[S], error) {
+func New[S Destination](cfg Config[S]) (*Mover[S], error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}

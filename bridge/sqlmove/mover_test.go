@@ -142,7 +142,7 @@ func (h *testHost) announced(name string) []uint64 {
 
 // sqlDB opens a fresh database with the streams of configs (their JSON configurations)
 // created, and a raw connection to it for publishing and reading with SQL.
-func sqlDB(t testing.TB, configs ...string) (*pg.DB, *rawsql.DB) {
+func sqlDB(t testing.TB, configs ...string) (*pg.DB, *rawsql.Pool) {
 	t.Helper()
 	url := pgtest.NewDB(t)
 	db := pgtest.OpenAt(t, url)
@@ -152,7 +152,7 @@ func sqlDB(t testing.TB, configs ...string) (*pg.DB, *rawsql.DB) {
 	return db, rawsql.Open(t, url)
 }
 
-func createStream(t testing.TB, db *pg.DB, config string) pg.Stream {
+func createStream(t testing.TB, db *pg.DB, config string) pg.StreamRow {
 	t.Helper()
 	var cfg server.StreamConfig
 	if err := json.Unmarshal([]byte(config), &cfg); err != nil {
@@ -192,7 +192,7 @@ func startMover(t testing.TB, db *pg.DB, h *testHost, reg prometheus.Registerer)
 }
 
 // streamHolds waits until stream name holds n messages, the last at sequence n.
-func streamHolds(t testing.TB, ctx context.Context, raw *rawsql.DB, name string, n int) {
+func streamHolds(t testing.TB, ctx context.Context, raw *rawsql.Pool, name string, n int) {
 	t.Helper()
 	testwait.For(t, 30*time.Second, func() error {
 		var msgs, last int64
@@ -226,7 +226,7 @@ func TestSQLPublishConcurrentTransactions(t *testing.T) {
 		commit := rand.IntN(2) == 0
 		n := 1 + rand.IntN(3)
 		wg.Go(func() {
-			raw.AppTx(t, ctx, commit, func(q rawsql.Querier) error {
+			raw.AppTx(t, ctx, commit, func(q rawsql.Runner) error {
 				if err := q.Exec(ctx, `INSERT INTO orders VALUES ($1)`, i); err != nil {
 					return err
 				}
@@ -285,7 +285,7 @@ func TestSQLPublishWhileStopped(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
 	db, raw := sqlDB(t, `{"name":"S","subjects":["s.>"]}`)
-	raw.AppTx(t, ctx, true, func(q rawsql.Querier) error {
+	raw.AppTx(t, ctx, true, func(q rawsql.Runner) error {
 		for i := range 3 {
 			if err := rawsql.Publish(ctx, q, "s.x", strconv.Itoa(i), ""); err != nil {
 				return err
@@ -315,7 +315,7 @@ func TestSQLPublishRefusedAtTheMove(t *testing.T) {
 		`{"name":"C","subjects":["c.>"],"duplicate_window":60000000000,"max_msgs":2,"discard":"new"}`)
 	d := createStream(t, db, `{"name":"D","subjects":["d.>"]}`)
 	e := createStream(t, db, `{"name":"E","subjects":["e.>"]}`)
-	raw.AppTx(t, ctx, true, func(q rawsql.Querier) error {
+	raw.AppTx(t, ctx, true, func(q rawsql.Runner) error {
 		for _, p := range []struct{ subject, data, headers string }{
 			{"a.gone", "x", ""},
 			{"a.kept", "far too large now", ""},

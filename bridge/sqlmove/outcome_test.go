@@ -25,7 +25,7 @@ func TestMoveCommitAnswerLost(t *testing.T) {
 	raw := rawsql.Open(t, url)
 	createStream(t, db, `{"name":"S","subjects":["s.>"]}`)
 	h := newHost(t, db)
-	raw.AppTx(t, ctx, true, func(q rawsql.Querier) error {
+	raw.AppTx(t, ctx, true, func(q rawsql.Runner) error {
 		for _, d := range []string{"a", "b"} {
 			if err := rawsql.Publish(ctx, q, "s.x", d, ""); err != nil {
 				return err
@@ -46,7 +46,7 @@ func TestMoveCommitAnswerLost(t *testing.T) {
 		}
 		return nil
 	})
-	raw.AppTx(t, ctx, true, func(q rawsql.Querier) error { return rawsql.Publish(ctx, q, "s.x", "c", "") })
+	raw.AppTx(t, ctx, true, func(q rawsql.Runner) error { return rawsql.Publish(ctx, q, "s.x", "c", "") })
 	streamHolds(t, ctx, raw, "S", 3)
 	if got := raw.Strings(t, `SELECT seq || ' ' || convert_from(data, 'UTF8') FROM jetgres.messages('S')`); !slices.Equal(got, []string{"1 a", "2 b", "3 c"}) {
 		t.Fatalf("stream holds %v, want a, b and c once each", got)

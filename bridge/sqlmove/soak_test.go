@@ -62,7 +62,7 @@ func soakSQLPublish(t *testing.T, total int) {
 					return
 				}
 				commit := tx%10 != 0
-				raw.AppTx(t, ctx, commit, func(q rawsql.Querier) error {
+				raw.AppTx(t, ctx, commit, func(q rawsql.Runner) error {
 					return q.Exec(ctx, `SELECT jetgres.publish('s.x', g::text) FROM generate_series(1, $1) g`, perTx)
 				})
 				if commit {
@@ -73,7 +73,7 @@ func soakSQLPublish(t *testing.T, total int) {
 	}
 	wg.Wait()
 	// The last transaction rolls back: its rows are dead, and staging must shed them too.
-	raw.AppTx(t, ctx, false, func(q rawsql.Querier) error {
+	raw.AppTx(t, ctx, false, func(q rawsql.Runner) error {
 		return q.Exec(ctx, `SELECT jetgres.publish('s.x', g::text) FROM generate_series(1, $1) g`, perTx)
 	})
 	published := time.Since(started)

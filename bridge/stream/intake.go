@@ -14,6 +14,7 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 
+	"github.com/jetgres/jetgres/bridge/jserr"
 	"github.com/jetgres/jetgres/embedded/leaf"
 	"github.com/jetgres/jetgres/flow"
 	"github.com/jetgres/jetgres/internal/jswire"
@@ -425,7 +426,7 @@ func (r *Registry) flush(p *flow.Permit, group []*Stream) {
 				failed++
 				s := byID[bt.StreamID]
 				for _, pb := range taken[bt.StreamID] {
-					r.reject(s, pb.reply, ReasonDatabase, storeFailed(err))
+					r.reject(s, pb.reply, ReasonDatabase, jserr.PublishFailed(err))
 				}
 			}
 			if failed > 0 {
@@ -491,13 +492,6 @@ func (r *Registry) settleUnknown(ue *pg.OutcomeUnknownError, byID map[int64]*Str
 	}
 }
 
-func storeFailed(err error) *server.ApiError {
-	if errors.Is(err, pg.ErrTimeout) {
-		return server.NewJSStreamStoreFailedError(errors.New("database timeout"))
-	}
-	return server.NewJSStreamStoreFailedError(errors.New("database unavailable"))
-}
-
 // Limits is what the append transaction enforces of a stream's configuration.
 func Limits(cfg *server.StreamConfig) pg.Limits {
 	return pg.Limits{
@@ -509,35 +503,13 @@ func Limits(cfg *server.StreamConfig) pg.Limits {
 	}
 }
 
-// LimitRejected is the JetStream error for a publish a discard-new limit refused: a store
-// failure (503, err_code 10077) whose description names the limit, as nats-server sends it.
-func LimitRejected(e *pg.LimitError) *server.ApiError {
-	return server.NewJSStreamStoreFailedError(e)
-}
-
 // answer sends each publisher its PubAck (or the error its expectation produced).
 func (r *Registry) answer(s *Stream, pubs []publish, res pg.AppendResult) {
 	now := r.cfg.Clock.Now()
 	for i, pb := range pubs {
 		o := res.Outcomes[i]
 		if o.Err != nil {
-			var ee *pg.ExpectError
-			var le *pg.LimitError
-			e, reason := server.NewJSStreamStoreFailedError(o.Err), ReasonExpected
-			switch {
-			case errors.As(o.Err, &le):
-				e, reason = LimitRejected(le), ReasonLimit
-			case errors.Is(o.Err, pg.ErrSeqExhausted):
-				reason = ReasonLimit
-			case errors.Is(o.Err, pg.ErrNotFound):
-				// Deleted, by another replica, while the publish waited for its transaction.
-				e, reason = server.NewJSStreamNotFoundError(), ReasonNoStream
-			case errors.As(o.Err, &ee) && ee.Kind == pg.ExpectLastMsgIDKind:
-				e = server.NewJSStreamWrongLastMsgIDError(ee.LastID)
-			case errors.As(o.Err, &ee):
-				e = server.NewJSStreamWrongLastSequenceError(ee.LastSeq)
-			}
-			r.reject(s, pb.reply, reason, e)
+			r.reject(s, pb.reply, RefusedReason(o.Err), jserr.PublishRefused(o.Err))
 			continue
 		}
 		r.m.accepted.Inc()

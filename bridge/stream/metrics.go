@@ -1,9 +1,12 @@
 package stream
 
 import (
+	"errors"
+
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/jetgres/jetgres/bridge/tailcache"
+	"github.com/jetgres/jetgres/pg"
 )
 
 // Reject and drop reasons, the label values of jetgres_publish_rejected_total and
@@ -25,6 +28,19 @@ const (
 	// Config.MaxMemory or Config.MaxStore.
 	ReasonResources = "resources"
 )
+
+// RefusedReason is the reject reason of one message an append refused, err being its
+// outcome's error: the publish path and the SQL mover count refusals alike.
+func RefusedReason(err error) string {
+	var le *pg.LimitError
+	switch {
+	case errors.As(err, &le), errors.Is(err, pg.ErrSeqExhausted):
+		return ReasonLimit
+	case errors.Is(err, pg.ErrNotFound):
+		return ReasonNoStream
+	}
+	return ReasonExpected
+}
 
 // What reading back a push transaction whose commit got no answer found, the label values
 // of jetgres_publish_outcome_unknown_total.

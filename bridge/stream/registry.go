@@ -30,7 +30,7 @@ import (
 type Store interface {
 	Append(ctx context.Context, batches []pg.AppendBatch, ts int64) ([]pg.AppendResult, time.Duration, error)
 	Resolve(ctx context.Context, e *pg.OutcomeUnknownError) (pg.Resolution, error)
-	Streams(ctx context.Context) ([]pg.Stream, error)
+	Streams(ctx context.Context) ([]pg.StreamRow, error)
 	StreamNamed(ctx context.Context, name string) (bool, error)
 	AllTotals(ctx context.Context) (map[int64]pg.StreamTotals, error)
 }
@@ -301,7 +301,7 @@ func (r *Registry) SyncLocked(ctx context.Context) error {
 
 // Add serves a stored stream: it makes its tail and get index and subscribes its subjects.
 // Called with the admin lock held.
-func (r *Registry) Add(st pg.Stream, cfg server.StreamConfig) (*Stream, error) {
+func (r *Registry) Add(st pg.StreamRow, cfg server.StreamConfig) (*Stream, error) {
 	s := &Stream{id: st.ID, name: st.Name, created: st.Created, ackPfx: jswire.PubAckPrefix(st.Name),
 		tail: tailcache.New(r.cfg.TailBytes, r.cfg.Tails)}
 	s.gets = r.cfg.Gets.Open(s.id, s.tail)
@@ -347,7 +347,7 @@ var ErrOverlap = errors.New("subjects overlap with an existing stream")
 // serialises stream creation across replicas, so two replicas cannot both create
 // overlapping streams.
 func OverlapCheck(subjects []string) pg.StreamCheck {
-	return func(others []pg.Stream) error {
+	return func(others []pg.StreamRow) error {
 		for _, o := range others {
 			var cfg server.StreamConfig
 			if err := json.Unmarshal(o.Config, &cfg); err != nil {

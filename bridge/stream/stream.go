@@ -11,7 +11,8 @@
 // flight takes it into the next bundle as it ends, or the dispatcher starts one once the
 // one in flight has run for Config.FlushOverlapAfter. A stream has one flush in flight at
 // most, and its row lock in PostgreSQL orders the flushes of several replicas, so commit
-// order is sequence order.
+// order is sequence order. A publish refused or failed hears the PubAck error package jserr
+// maps its cause to.
 //
 // # Locks
 //

@@ -88,24 +88,24 @@ func (c *statsCollector[S]) Collect(ch chan<- prometheus.Metric) {
 	}
 }
 
-func laneMetrics(lane string) []statMetric[flow.Stats] {
-	return []statMetric[flow.Stats]{
+func laneMetrics(lane string) []statMetric[flow.LaneStats] {
+	return []statMetric[flow.LaneStats]{
 		{"vegas_limit", "Current Vegas limit of the " + lane + " lane: permits that may be out at once.",
-			prometheus.GaugeValue, func(s flow.Stats) float64 { return float64(s.Limit) }},
+			prometheus.GaugeValue, func(s flow.LaneStats) float64 { return float64(s.Limit) }},
 		{"vegas_in_flight", "Permits of the " + lane + " lane held right now.",
-			prometheus.GaugeValue, func(s flow.Stats) float64 { return float64(s.InFlight) }},
+			prometheus.GaugeValue, func(s flow.LaneStats) float64 { return float64(s.InFlight) }},
 		{"vegas_rtt_base_seconds", "Minimum database round trip of the " + lane + " lane over the last minute.",
-			prometheus.GaugeValue, func(s flow.Stats) float64 { return s.RTTBase.Seconds() }},
+			prometheus.GaugeValue, func(s flow.LaneStats) float64 { return s.RTTBase.Seconds() }},
 		{"permit_waiting", "Callers of the " + lane + " lane waiting for a permit right now.",
-			prometheus.GaugeValue, func(s flow.Stats) float64 { return float64(s.Waiting) }},
+			prometheus.GaugeValue, func(s flow.LaneStats) float64 { return float64(s.Waiting) }},
 		{"permits_acquired_total", "Permits of the " + lane + " lane handed out.",
-			prometheus.CounterValue, func(s flow.Stats) float64 { return float64(s.Acquired) }},
+			prometheus.CounterValue, func(s flow.LaneStats) float64 { return float64(s.Acquired) }},
 		{"permit_try_failed_total", "Non-blocking permit requests of the " + lane + " lane that found none free.",
-			prometheus.CounterValue, func(s flow.Stats) float64 { return float64(s.TryFailed) }},
+			prometheus.CounterValue, func(s flow.LaneStats) float64 { return float64(s.TryFailed) }},
 		{"permits_failed_total", "Operations of the " + lane + " lane the database did not answer at all (no connection, or a broken one); each may step the limit down.",
-			prometheus.CounterValue, func(s flow.Stats) float64 { return float64(s.Failed) }},
+			prometheus.CounterValue, func(s flow.LaneStats) float64 { return float64(s.Failed) }},
 		{"permit_wait_seconds_total", "Time callers spent waiting for a permit of the " + lane + " lane.",
-			prometheus.CounterValue, func(s flow.Stats) float64 { return s.WaitTotal.Seconds() }},
+			prometheus.CounterValue, func(s flow.LaneStats) float64 { return s.WaitTotal.Seconds() }},
 	}
 }
 
@@ -140,19 +140,19 @@ var poolMetrics = []statMetric[pg.Stats]{
 		prometheus.CounterValue, func(s pg.Stats) float64 { return float64(s.SubjectCountDropped) }},
 }
 
-var leafMetrics = []statMetric[leaf.Stats]{
+var leafMetrics = []statMetric[leaf.LinkStats]{
 	{"in_msgs_total", "Messages the bridge received over its leafnode link.",
-		prometheus.CounterValue, func(s leaf.Stats) float64 { return float64(s.InMsgs) }},
+		prometheus.CounterValue, func(s leaf.LinkStats) float64 { return float64(s.InMsgs) }},
 	{"in_bytes_total", "Message bytes, headers included, the bridge received over its leafnode link.",
-		prometheus.CounterValue, func(s leaf.Stats) float64 { return float64(s.InBytes) }},
+		prometheus.CounterValue, func(s leaf.LinkStats) float64 { return float64(s.InBytes) }},
 	{"out_msgs_total", "Messages the bridge sent over its leafnode link.",
-		prometheus.CounterValue, func(s leaf.Stats) float64 { return float64(s.OutMsgs) }},
+		prometheus.CounterValue, func(s leaf.LinkStats) float64 { return float64(s.OutMsgs) }},
 	{"out_bytes_total", "Message bytes, headers included, the bridge sent over its leafnode link.",
-		prometheus.CounterValue, func(s leaf.Stats) float64 { return float64(s.OutBytes) }},
+		prometheus.CounterValue, func(s leaf.LinkStats) float64 { return float64(s.OutBytes) }},
 	{"dropped_msgs_total", "Inbound messages no bridge subscription took.",
-		prometheus.CounterValue, func(s leaf.Stats) float64 { return float64(s.Dropped) }},
+		prometheus.CounterValue, func(s leaf.LinkStats) float64 { return float64(s.Dropped) }},
 	{"slow_consumer_total", "Publishes refused because the link's write buffer was full.",
-		prometheus.CounterValue, func(s leaf.Stats) float64 { return float64(s.SlowConsumer) }},
+		prometheus.CounterValue, func(s leaf.LinkStats) float64 { return float64(s.SlowConsumer) }},
 }
 
 // clusterCollectors report on the private PostgreSQL's supervision.

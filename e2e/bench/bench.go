@@ -28,9 +28,9 @@ type runner struct {
 	rep  *Report
 	dsn  string
 	// targets in table order: jetgres, JetStream, JetStream sync_always, naive INSERT.
-	targets []*target
+	targets []*benchTarget
 	// probe serves the bench's own queries: settings and statement statistics.
-	probe *pgtest.Probe
+	probe *pgtest.ServerProbe
 	// noCheckpoint: the probe may not CHECKPOINT, and settle has said so.
 	noCheckpoint bool
 	// statements is set when the server has pg_stat_statements.
@@ -41,14 +41,14 @@ type runner struct {
 const topStatements = 12
 
 // readStatements reads the statements with the most execution time.
-func (r *runner) readStatements(ctx context.Context) ([]Statement, error) {
+func (r *runner) readStatements(ctx context.Context) ([]StatementStats, error) {
 	sts, err := r.probe.TopStatements(ctx, topStatements)
 	if err != nil {
 		return nil, err
 	}
-	out := make([]Statement, len(sts))
+	out := make([]StatementStats, len(sts))
 	for i, s := range sts {
-		out[i] = Statement(s)
+		out[i] = StatementStats(s)
 	}
 	return out, nil
 }
@@ -190,7 +190,7 @@ func (r *runner) start(ctx context.Context) (func() error, error) {
 	}
 
 	r.prog.phase("starting jetgres and JetStream", 0, 0)
-	jg := &target{name: TargetJetgres, url: r.cfg.URL}
+	jg := &benchTarget{name: TargetJetgres, url: r.cfg.URL}
 	if jg.url == "" {
 		push, pop, ack, err := defaultLanes()
 		if err != nil {
@@ -215,9 +215,9 @@ func (r *runner) start(ctx context.Context) (func() error, error) {
 			return stop, err
 		}
 		stops = append(stops, func() error { s.Stop(); return nil })
-		r.targets = append(r.targets, &target{name: js.name, url: s.ClientURL()})
+		r.targets = append(r.targets, &benchTarget{name: js.name, url: s.ClientURL()})
 	}
-	r.targets = append(r.targets, &target{name: TargetPostgres, naive: naive})
+	r.targets = append(r.targets, &benchTarget{name: TargetPostgres, naive: naive})
 
 	m.Cores = runtime.NumCPU()
 	m.OS = runtime.GOOS + "/" + runtime.GOARCH
@@ -229,7 +229,7 @@ func (r *runner) start(ctx context.Context) (func() error, error) {
 }
 
 // fail records a failed measurement; the run goes on with the next.
-func (r *runner) fail(what string, t *target, err error) {
+func (r *runner) fail(what string, t *benchTarget, err error) {
 	msg := fmt.Sprintf("%s on %s: %v", what, t.name, err)
 	r.rep.Errors = append(r.rep.Errors, msg)
 	r.log.Warn("measurement failed", "section", what, "target", t.name, "err", err)
@@ -237,7 +237,7 @@ func (r *runner) fail(what string, t *target, err error) {
 
 // cleanup runs an undo step after a measurement; a failure there is reported, since a stream
 // left behind would skew the next measurement.
-func (r *runner) cleanup(t *target, undo func(string) error, name string) {
+func (r *runner) cleanup(t *benchTarget, undo func(string) error, name string) {
 	if err := undo(name); err != nil {
 		r.fail("clean-up", t, err)
 	}

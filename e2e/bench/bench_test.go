@@ -105,7 +105,7 @@ func TestQuickRun(t *testing.T) {
 	checkNatsBench(t, rep.NatsBench)
 	// The private cluster preloads pg_stat_statements, and the naive baseline's INSERT is
 	// among the statements it ran most.
-	if !slices.ContainsFunc(rep.Statements, func(s Statement) bool {
+	if !slices.ContainsFunc(rep.Statements, func(s StatementStats) bool {
 		return strings.HasPrefix(s.Query, "INSERT INTO "+pgtest.NaiveSchema+"."+pgtest.NaiveTable) && s.Calls > 0
 	}) {
 		t.Errorf("the report does not list the naive INSERT among its statements: %+v", rep.Statements)

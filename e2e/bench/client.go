@@ -87,7 +87,7 @@ func stampOf(b []byte) (time.Time, bool) {
 // Publish for a NATS target, an INSERT for the naive baseline.
 type publishFunc func(ctx context.Context, subject string, data []byte) error
 
-func (r *runner) publisher(t *target, c *client) publishFunc {
+func (r *runner) publisher(t *benchTarget, c *client) publishFunc {
 	if t.naive != nil {
 		return func(ctx context.Context, subject string, data []byte) error {
 			return t.naive.Insert(ctx, subject, data)

@@ -18,7 +18,7 @@ const fetchTurns = 8
 
 // drain is one target's fetch + ack measurement, taken in turns.
 type drain struct {
-	t     *target
+	t     *benchTarget
 	c     *client
 	cons  jetstream.Consumer
 	total int // messages stored
@@ -80,7 +80,7 @@ func turnOrder[T any](ds []T, turn int) []T {
 // fillForFetch fills a stream with up to Msgs messages and creates the durable pull
 // consumer that will drain it. On success the caller closes the client and deletes the
 // stream.
-func (r *runner) fillForFetch(ctx context.Context, t *target) (d *drain, err error) {
+func (r *runner) fillForFetch(ctx context.Context, t *benchTarget) (d *drain, err error) {
 	c, err := dial(t.url, "jetgres-bench-fetch", jetstream.WithPublishAsyncMaxPending(r.cfg.Window))
 	if err != nil {
 		return nil, err

@@ -76,7 +76,7 @@ func (r *runner) settle(ctx context.Context) {
 //     that acks every message, from the send time stamped in the payload;
 //   - subscriber: pull request → first message, by a probe on a second durable consumer that
 //     starts halfway through, when a backlog is ready for it.
-func (r *runner) threeLatencies(ctx context.Context, t *target, rate int) (LatResult, error) {
+func (r *runner) threeLatencies(ctx context.Context, t *benchTarget, rate int) (LatResult, error) {
 	r.prog.phase(fmt.Sprintf("latency %5d/s %s", rate, t.name), 0, r.cfg.Duration)
 	var prodMu sync.Mutex
 	prod := &Histogram{}

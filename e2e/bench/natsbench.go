@@ -158,7 +158,7 @@ func (r *runner) runNatsBench(ctx context.Context) {
 	for _, name := range natsBenchTargets {
 		t, stop, err := r.natsBenchTarget(ctx, name)
 		if err != nil {
-			r.fail(SectionNatsBench, &target{name: name}, err)
+			r.fail(SectionNatsBench, &benchTarget{name: name}, err)
 			continue
 		}
 		if t == nil {
@@ -192,9 +192,9 @@ func (r *runner) runNatsBench(ctx context.Context) {
 // run's own node does not use is started for the section alone, on the same database, and
 // stop stops it; a jetgres given by URL runs in one mode only, Config.SynchronousCommit, and t
 // is nil for the other.
-func (r *runner) natsBenchTarget(ctx context.Context, name string) (t *target, stop func() error, err error) {
+func (r *runner) natsBenchTarget(ctx context.Context, name string) (t *benchTarget, stop func() error, err error) {
 	none := func() error { return nil }
-	var main *target
+	var main *benchTarget
 	for _, tt := range r.targets {
 		if tt.name == TargetJetgres {
 			main = tt
@@ -211,7 +211,7 @@ func (r *runner) natsBenchTarget(ctx context.Context, name string) (t *target, s
 	case main == nil:
 		return nil, none, nil
 	case mode == r.cfg.SynchronousCommit:
-		return &target{name: name, url: main.url, node: main.node}, none, nil
+		return &benchTarget{name: name, url: main.url, node: main.node}, none, nil
 	case main.node == nil:
 		return nil, none, nil
 	}
@@ -224,11 +224,11 @@ func (r *runner) natsBenchTarget(ctx context.Context, name string) (t *target, s
 	if err != nil {
 		return nil, none, err
 	}
-	return &target{name: name, url: n.url(), node: n}, n.stop, nil
+	return &benchTarget{name: name, url: n.url(), node: n}, n.stop, nil
 }
 
 // natsBenchOn runs every command against one target; what they made stays, for the floors.
-func (r *runner) natsBenchOn(ctx context.Context, bin string, t *target, nb *NatsBench) {
+func (r *runner) natsBenchOn(ctx context.Context, bin string, t *benchTarget, nb *NatsBench) {
 	for _, run := range natsBenchRuns() {
 		msgs := nb.Msgs
 		// An fsync per message makes sync_always the slowest writer by far: it moves the
@@ -263,7 +263,7 @@ func (r *runner) natsBenchOn(ctx context.Context, bin string, t *target, nb *Nat
 // natsBenchFloor measures the link floor on t: its responder answers each publish on the
 // link's read loop, as the bridge's intake runs, with a valid PubAck of the next sequence:
 // nats.go checks the stream name, nothing else.
-func (r *runner) natsBenchFloor(ctx context.Context, bin string, t *target, nb *NatsBench) error {
+func (r *runner) natsBenchFloor(ctx context.Context, bin string, t *benchTarget, nb *NatsBench) error {
 	link := t.node.link
 	prefix := jswire.PubAckPrefix(natsBenchFloorStream)
 	var seq atomic.Uint64
@@ -284,7 +284,7 @@ func (nb *NatsBench) natsBenchArgs(url string, global, cmd []string, msgs int) [
 
 // respondOnLink subscribes h to subject on t's leafnode link and waits until the server has
 // the interest, so that the floor's first request finds its responder.
-func respondOnLink(ctx context.Context, t *target, subject string, h leaf.Handler) (*leaf.Subscription, error) {
+func respondOnLink(ctx context.Context, t *benchTarget, subject string, h leaf.Handler) (*leaf.Subscription, error) {
 	sub, err := t.node.link.Subscribe(subject, "", h)
 	if err != nil {
 		return nil, fmt.Errorf("subscribe %s on the link: %w", subject, err)

@@ -24,7 +24,7 @@ const natsBenchFloorAPI = "$JGFLOOR.API"
 // (client → nats-server → leafnode link → bridge → back), the part of a jetgres get that no
 // cache can take away. It needs the stream and bucket of t's runs, so it runs before they are
 // deleted.
-func (r *runner) natsBenchGetFloor(ctx context.Context, bin string, t *target, nb *NatsBench) error {
+func (r *runner) natsBenchGetFloor(ctx context.Context, bin string, t *benchTarget, nb *NatsBench) error {
 	c, err := dial(t.url, "jetgres-bench nats bench get floor")
 	if err != nil {
 		return err

@@ -37,7 +37,7 @@ func floorName(floor string, run natsBenchRun) string {
 // natsBenchPubOnLink runs `nats bench js pub async` with its publishes going to respond, a
 // handler on t's leafnode link, and records the result as target's; name tells the floor
 // apart in progress lines and errors.
-func (r *runner) natsBenchPubOnLink(ctx context.Context, bin string, t *target, nb *NatsBench, target, name string, respond leaf.Handler) (err error) {
+func (r *runner) natsBenchPubOnLink(ctx context.Context, bin string, t *benchTarget, nb *NatsBench, target, name string, respond leaf.Handler) (err error) {
 	r.prog.phase("nats bench     js pub async, "+name+", on "+t.name, 0, 0)
 	c, err := dial(t.url, "jetgres-bench nats bench "+name)
 	if err != nil {
@@ -72,7 +72,7 @@ func (r *runner) natsBenchPubOnLink(ctx context.Context, bin string, t *target, 
 
 // natsBenchStoreFloor measures the storage floor on t, in a table of its own in jetgres's
 // database that it drops afterwards.
-func (r *runner) natsBenchStoreFloor(ctx context.Context, bin string, t *target, nb *NatsBench) (err error) {
+func (r *runner) natsBenchStoreFloor(ctx context.Context, bin string, t *benchTarget, nb *NatsBench) (err error) {
 	floor, err := pgtest.OpenStoreFloor(ctx, r.dsn)
 	if err != nil {
 		return err

@@ -64,7 +64,7 @@ func (r *runner) runOverload(ctx context.Context) {
 		}
 		fixed, err := r.fixedTarget(ctx)
 		if err != nil {
-			r.fail(SectionOverload, &target{name: TargetJetgresFixed}, err)
+			r.fail(SectionOverload, &benchTarget{name: TargetJetgresFixed}, err)
 			continue
 		}
 		ovf, err := r.overload(ctx, fixed, &ov, nil)
@@ -81,20 +81,20 @@ func (r *runner) runOverload(ctx context.Context) {
 
 // fixedTarget starts the jetgres node whose limiter is disabled: both lanes hold
 // FixedConcurrency permits whatever the round trips do.
-func (r *runner) fixedTarget(ctx context.Context) (*target, error) {
+func (r *runner) fixedTarget(ctx context.Context) (*benchTarget, error) {
 	n, err := startJetgres(ctx, r.dsn, r.cfg.SynchronousCommit, flow.NewFixed("push", FixedConcurrency), flow.NewFixed("pop", FixedConcurrency),
 		flow.NewFixed("ack", FixedConcurrency), r.log)
 	if err != nil {
 		return nil, err
 	}
-	return &target{name: TargetJetgresFixed, url: n.url(), node: n}, nil
+	return &benchTarget{name: TargetJetgresFixed, url: n.url(), node: n}, nil
 }
 
 // overload runs one target's sweep. like, when set, is a sweep of the same system to copy
 // the calibration and load levels from, so that two configurations see identical publisher
 // counts. counts, when set, is another target's sweep to copy only the publisher counts
 // from: the target is still calibrated, but its levels keep the other's multiples.
-func (r *runner) overload(ctx context.Context, t *target, like, counts *Overload) (Overload, error) {
+func (r *runner) overload(ctx context.Context, t *benchTarget, like, counts *Overload) (Overload, error) {
 	nstreams := r.overloadStreams()
 	subjects := make([]string, nstreams)
 	for i := range subjects {
@@ -197,12 +197,12 @@ func (r *runner) overload(ctx context.Context, t *target, like, counts *Overload
 
 // step runs n closed-loop synchronous publishers, publisher i on subjects[i % len], for a
 // warm-up and then stepDuration, and reports what completed inside the measured window.
-func (r *runner) step(ctx context.Context, t *target, pubs []publishFunc, subjects []string, n int, label string) (OverloadStep, error) {
+func (r *runner) step(ctx context.Context, t *benchTarget, pubs []publishFunc, subjects []string, n int, label string) (OverloadStep, error) {
 	return r.stepAfter(ctx, t, pubs, subjects, n, label, r.stepDuration()/5)
 }
 
 // stepAfter is step with a warm-up of its own; with none, it measures from the first publish.
-func (r *runner) stepAfter(ctx context.Context, t *target, pubs []publishFunc, subjects []string, n int, label string, warm time.Duration) (OverloadStep, error) {
+func (r *runner) stepAfter(ctx context.Context, t *benchTarget, pubs []publishFunc, subjects []string, n int, label string, warm time.Duration) (OverloadStep, error) {
 	d := r.stepDuration()
 	r.prog.phase(fmt.Sprintf("overload %-5s %4d pubs %s", label, n, t.name), 0, warm+d)
 	payload := make([]byte, r.cfg.Size)

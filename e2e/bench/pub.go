@@ -37,7 +37,7 @@ func (r *runner) runPub(ctx context.Context) {
 
 // asyncPublish sends up to Msgs messages within Duration with at most Window unacknowledged,
 // and reports acknowledged messages per second, up to the last ack.
-func (r *runner) asyncPublish(ctx context.Context, t *target) (PubResult, error) {
+func (r *runner) asyncPublish(ctx context.Context, t *benchTarget) (PubResult, error) {
 	r.prog.phase(fmt.Sprintf("async publish  %s", t.name), int64(r.cfg.Msgs), 0)
 	if t.naive != nil {
 		return r.asyncNaive(ctx, t)
@@ -117,7 +117,7 @@ func (r *runner) publishAsync(ctx context.Context, c *client, subject string, pa
 
 // asyncNaive is the baseline's async publish: Window INSERTs in flight at once, each committed
 // on its own, which is the most a client can get out of one-row transactions.
-func (r *runner) asyncNaive(ctx context.Context, t *target) (PubResult, error) {
+func (r *runner) asyncNaive(ctx context.Context, t *benchTarget) (PubResult, error) {
 	if err := t.naive.Reset(ctx); err != nil {
 		return PubResult{}, err
 	}
@@ -164,7 +164,7 @@ func (r *runner) asyncNaive(ctx context.Context, t *target) (PubResult, error) {
 const syncWarmup = 50
 
 // syncPublish measures one publisher that waits for each PubAck (or COMMIT) before the next.
-func (r *runner) syncPublish(ctx context.Context, t *target) (SyncResult, error) {
+func (r *runner) syncPublish(ctx context.Context, t *benchTarget) (SyncResult, error) {
 	r.prog.phase(fmt.Sprintf("sync publish   %s", t.name), 0, r.cfg.Duration)
 	var c *client
 	if t.naive == nil {

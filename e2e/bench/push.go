@@ -83,7 +83,7 @@ const pushTurns = 2
 
 // pushTarget is one target's stream, filled once and drained by every push measurement.
 type pushTarget struct {
-	t     *target
+	t     *benchTarget
 	c     *client
 	js    nats.JetStreamContext
 	total int
@@ -187,7 +187,7 @@ func (r *runner) addCPUFloor(floor, send string) {
 
 // fillForPush fills a stream with up to Msgs messages. On success the caller closes the
 // client and deletes the stream.
-func (r *runner) fillForPush(ctx context.Context, t *target) (*pushTarget, error) {
+func (r *runner) fillForPush(ctx context.Context, t *benchTarget) (*pushTarget, error) {
 	c, err := dial(t.url, "jetgres-bench-push")
 	if err != nil {
 		return nil, err
@@ -451,7 +451,7 @@ func (r *runner) pushReadFloor(ctx context.Context, p *pushTarget) (int, time.Du
 	if err != nil {
 		return 0, 0, fmt.Errorf("read floor: %w", err)
 	}
-	i := slices.IndexFunc(streams, func(s pg.Stream) bool { return s.Name == "BENCH_PUSH" })
+	i := slices.IndexFunc(streams, func(s pg.StreamRow) bool { return s.Name == "BENCH_PUSH" })
 	if i < 0 {
 		return 0, 0, errors.New("read floor: no stream BENCH_PUSH")
 	}

@@ -43,7 +43,7 @@ type Report struct {
 	Goals     []Goal     `json:"goals,omitempty"`
 	// Statements are the statements PostgreSQL spent the most time on over the whole run,
 	// from pg_stat_statements, when the server has it.
-	Statements []Statement `json:"statements,omitempty"`
+	Statements []StatementStats `json:"statements,omitempty"`
 	// Errors name every measurement that failed; the rest of the run went on without it.
 	Errors []string `json:"errors,omitempty"`
 }
@@ -215,8 +215,8 @@ type Goal struct {
 	Gap  string `json:"gap,omitempty"`
 }
 
-// Statement is one line of pg_stat_statements.
-type Statement struct {
+// StatementStats is one line of pg_stat_statements.
+type StatementStats struct {
 	Query   string  `json:"query"`
 	Calls   int64   `json:"calls"`
 	TotalMs float64 `json:"total_ms"`

@@ -57,7 +57,7 @@ func (r *runner) runSweep(ctx context.Context) {
 		r.rep.SweepSkipped = "it starts a fresh jetgres for every level, and --url names one already running"
 		return
 	}
-	var naive *target
+	var naive *benchTarget
 	for _, t := range r.targets {
 		if t.naive != nil {
 			naive = t
@@ -69,7 +69,7 @@ func (r *runner) runSweep(ctx context.Context) {
 	}
 	bridge, stop, err := r.startNaiveBridge(naive.naive)
 	if err != nil {
-		r.fail(SectionSweep, &target{name: TargetNaiveBridge}, err)
+		r.fail(SectionSweep, &benchTarget{name: TargetNaiveBridge}, err)
 		return
 	}
 	defer stop()
@@ -81,7 +81,7 @@ func (r *runner) runSweep(ctx context.Context) {
 		for _, n := range publishers {
 			lv, err := r.sweepLevel(ctx, s, n, naive, bridge)
 			if err != nil {
-				r.fail(SectionSweep, &target{name: fmt.Sprintf("%s (%d streams, %d publishers)", TargetJetgres, s, n)}, err)
+				r.fail(SectionSweep, &benchTarget{name: fmt.Sprintf("%s (%d streams, %d publishers)", TargetJetgres, s, n)}, err)
 				if ctx.Err() != nil {
 					return
 				}
@@ -136,7 +136,7 @@ func (r *runner) startNaiveBridge(q *pgtest.Naive) (pubs []publishFunc, stop fun
 
 // sweepLevel runs one level: jetgres cold and warm on a node of its own, then the two
 // baselines.
-func (r *runner) sweepLevel(ctx context.Context, nstreams, n int, naive *target, bridge []publishFunc) (SweepLevel, error) {
+func (r *runner) sweepLevel(ctx context.Context, nstreams, n int, naive *benchTarget, bridge []publishFunc) (SweepLevel, error) {
 	lv := SweepLevel{Streams: nstreams, Publishers: n}
 	label := fmt.Sprintf("%d×%d", nstreams, n)
 	cold, warm, err := r.sweepJetgres(ctx, nstreams, n, label)
@@ -148,7 +148,7 @@ func (r *runner) sweepLevel(ctx context.Context, nstreams, n int, naive *target,
 	for i := range subjects {
 		subjects[i] = fmt.Sprintf("naive.%d", i)
 	}
-	st, err := r.step(ctx, &target{name: TargetNaiveBridge}, bridge, subjects, n, label)
+	st, err := r.step(ctx, &benchTarget{name: TargetNaiveBridge}, bridge, subjects, n, label)
 	if err != nil {
 		return lv, fmt.Errorf("naive bridge: %w", err)
 	}
@@ -178,7 +178,7 @@ func (r *runner) sweepJetgres(ctx context.Context, nstreams, n int, label string
 			err = errors.Join(err, stopErr)
 		}
 	}()
-	t := &target{name: TargetJetgres, url: node.url(), node: node}
+	t := &benchTarget{name: TargetJetgres, url: node.url(), node: node}
 	admin, err := dial(t.url, "jetgres-bench-sweep-admin")
 	if err != nil {
 		return cold, warm, err

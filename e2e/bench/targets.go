@@ -20,9 +20,9 @@ import (
 // stopTimeout bounds the stop of each component the bench started.
 const stopTimeout = 30 * time.Second
 
-// target is one system under test. NATS targets have a client URL; the naive baseline has a
+// benchTarget is one system under test. NATS targets have a client URL; the naive baseline has a
 // queue instead, and its "client" calls a function where the others call nats.go.
-type target struct {
+type benchTarget struct {
 	name  string
 	url   string
 	naive *pgtest.Naive
@@ -113,7 +113,7 @@ const (
 type histSums map[string][2]float64
 
 // sums snapshots the target's bridge histograms; empty for a target not run in-process.
-func (t *target) sums() histSums {
+func (t *benchTarget) sums() histSums {
 	out := histSums{}
 	if t.node == nil {
 		return out

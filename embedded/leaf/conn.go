@@ -120,8 +120,8 @@ func (cfg Config) withDefaults() (Config, error) {
 	return cfg, nil
 }
 
-// Stats counts the link's traffic since Dial. Bytes are headers plus data.
-type Stats struct {
+// LinkStats counts the link's traffic since Dial. Bytes are headers plus data.
+type LinkStats struct {
 	InMsgs   uint64
 	InBytes  uint64
 	OutMsgs  uint64
@@ -738,8 +738,8 @@ func (c *Conn) Err() error {
 }
 
 // Stats returns a snapshot of the link's counters.
-func (c *Conn) Stats() Stats {
-	return Stats{
+func (c *Conn) Stats() LinkStats {
+	return LinkStats{
 		InMsgs:       c.inMsgs.Load(),
 		InBytes:      c.inBytes.Load(),
 		OutMsgs:      c.outMsgs.Load(),

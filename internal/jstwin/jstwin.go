@@ -27,15 +27,15 @@ type Config struct {
 	MaxMemory, MaxStore int64
 }
 
-// Server is a running nats-server with JetStream on file storage, listening on a free
+// Twin is a running nats-server with JetStream on file storage, listening on a free
 // loopback port.
-type Server struct {
+type Twin struct {
 	ns *server.Server
 }
 
 // Start starts the server and returns once it accepts clients. It does not log, and it
 // leaves signals to the process.
-func Start(cfg Config) (*Server, error) {
+func Start(cfg Config) (*Twin, error) {
 	if cfg.StoreDir == "" {
 		return nil, errors.New("jstwin: Config.StoreDir is empty")
 	}
@@ -59,14 +59,14 @@ func Start(cfg Config) (*Server, error) {
 		ns.WaitForShutdown()
 		return nil, fmt.Errorf("jstwin: JetStream server (sync_always=%t): not ready within %s", cfg.SyncAlways, readyTimeout)
 	}
-	return &Server{ns: ns}, nil
+	return &Twin{ns: ns}, nil
 }
 
 // ClientURL is the nats:// URL clients connect to.
-func (s *Server) ClientURL() string { return s.ns.ClientURL() }
+func (s *Twin) ClientURL() string { return s.ns.ClientURL() }
 
 // Stop shuts the server down and returns when it has stopped.
-func (s *Server) Stop() {
+func (s *Twin) Stop() {
 	s.ns.Shutdown()
 	s.ns.WaitForShutdown()
 }

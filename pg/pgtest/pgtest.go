@@ -81,7 +81,7 @@ var (
 
 type testServer struct {
 	url     string // maintenance database: CREATE and DROP DATABASE run here
-	admin   *rawsql.DB
+	admin   *rawsql.Pool
 	cluster *localpg.Cluster // nil with JETGRES_TEST_DATABASE_URL
 	dir     string
 	err     error // a failed start fails every later test the same way

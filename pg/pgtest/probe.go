@@ -8,11 +8,11 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-// Probe looks at a PostgreSQL server from beside what a benchmark measures, on connections
+// ServerProbe looks at a PostgreSQL server from beside what a benchmark measures, on connections
 // of its own: settings, pg_stat_statements, table statistics, and a snapshot held open as a
 // lagging replica or a forgotten session would. It needs no testing.TB, so that the bench
-// command can use it too. A Probe is safe for concurrent use.
-type Probe struct {
+// command can use it too. A ServerProbe is safe for concurrent use.
+type ServerProbe struct {
 	pool *pgxpool.Pool
 }
 
@@ -20,7 +20,7 @@ type Probe struct {
 const probeConns = 4
 
 // OpenProbe connects to the database at url.
-func OpenProbe(ctx context.Context, url string) (*Probe, error) {
+func OpenProbe(ctx context.Context, url string) (*ServerProbe, error) {
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
 		return nil, fmt.Errorf("probe: parse database URL: %w", err)
@@ -35,14 +35,14 @@ func OpenProbe(ctx context.Context, url string) (*Probe, error) {
 		pool.Close()
 		return nil, fmt.Errorf("probe: connect: %w", err)
 	}
-	return &Probe{pool: pool}, nil
+	return &ServerProbe{pool: pool}, nil
 }
 
 // Close closes the connections.
-func (p *Probe) Close() { p.pool.Close() }
+func (p *ServerProbe) Close() { p.pool.Close() }
 
 // Setting is the current value of a server setting, as SHOW prints it.
-func (p *Probe) Setting(ctx context.Context, name string) (string, error) {
+func (p *ServerProbe) Setting(ctx context.Context, name string) (string, error) {
 	var v string
 	if err := p.pool.QueryRow(ctx, `SELECT current_setting($1)`, name).Scan(&v); err != nil {
 		return "", fmt.Errorf("probe: read setting %s: %w", name, err)
@@ -53,7 +53,7 @@ func (p *Probe) Setting(ctx context.Context, name string) (string, error) {
 // Checkpoint writes every dirty buffer out now (CHECKPOINT), so that what the server was
 // yet to write back does not fall into the measurement that follows. It needs a superuser,
 // or the pg_checkpoint role.
-func (p *Probe) Checkpoint(ctx context.Context) error {
+func (p *ServerProbe) Checkpoint(ctx context.Context) error {
 	if _, err := p.pool.Exec(ctx, `CHECKPOINT`); err != nil {
 		return fmt.Errorf("probe: checkpoint: %w", err)
 	}
@@ -62,7 +62,7 @@ func (p *Probe) Checkpoint(ctx context.Context) error {
 
 // EnableStatements creates the pg_stat_statements extension in the database. TopStatements
 // also needs the server to preload the library (shared_preload_libraries).
-func (p *Probe) EnableStatements(ctx context.Context) error {
+func (p *ServerProbe) EnableStatements(ctx context.Context) error {
 	if _, err := p.pool.Exec(ctx, `CREATE EXTENSION IF NOT EXISTS pg_stat_statements`); err != nil {
 		return fmt.Errorf("probe: create extension pg_stat_statements: %w", err)
 	}
@@ -80,7 +80,7 @@ type Statement struct {
 
 // TopStatements returns the n statements the server spent the most execution time on, from
 // pg_stat_statements (see EnableStatements).
-func (p *Probe) TopStatements(ctx context.Context, n int) ([]Statement, error) {
+func (p *ServerProbe) TopStatements(ctx context.Context, n int) ([]Statement, error) {
 	rows, err := p.pool.Query(ctx, `SELECT regexp_replace(query, '\s+', ' ', 'g'), calls, total_exec_time, mean_exec_time, rows
 		FROM pg_stat_statements ORDER BY total_exec_time DESC LIMIT $1`, n)
 	if err != nil {
@@ -108,7 +108,7 @@ type TableStats struct {
 // TableStats sums the statistics of the tables in schema whose name is LIKE like. The counts
 // lag the writes: PostgreSQL 15 and later publish a busy session's within ten seconds of it
 // going idle.
-func (p *Probe) TableStats(ctx context.Context, schema, like string) (TableStats, error) {
+func (p *ServerProbe) TableStats(ctx context.Context, schema, like string) (TableStats, error) {
 	var s TableStats
 	err := p.pool.QueryRow(ctx, `SELECT count(*), coalesce(sum(n_live_tup), 0), coalesce(sum(n_dead_tup), 0),
 			coalesce(sum(pg_total_relation_size(relid)), 0)
@@ -122,7 +122,7 @@ func (p *Probe) TableStats(ctx context.Context, schema, like string) (TableStats
 
 // HoldSnapshot opens a REPEATABLE READ transaction and takes its snapshot, which keeps
 // VACUUM from removing any row version deleted after it until release is called.
-func (p *Probe) HoldSnapshot(ctx context.Context) (release func(), err error) {
+func (p *ServerProbe) HoldSnapshot(ctx context.Context) (release func(), err error) {
 	tx, err := p.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
 	if err != nil {
 		return nil, fmt.Errorf("probe: hold a snapshot: %w", err)

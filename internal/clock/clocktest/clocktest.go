@@ -10,11 +10,11 @@ import (
 	"github.com/jetgres/jetgres/internal/clock"
 )
 
-// Clock stands still until a test advances it. Advancing it fires, at once, every timer and
+// Fake stands still until a test advances it. Advancing it fires, at once, every timer and
 // ticker whose time has come; the goroutines that wait on them react in their own time, so a
 // test waits for the effect it expects rather than for the clock. It is safe for concurrent
 // use.
-type Clock struct {
+type Fake struct {
 	mu      sync.Mutex
 	now     time.Time
 	pending map[*timer]struct{} // timers and tickers armed and not yet fired or stopped
@@ -22,22 +22,22 @@ type Clock struct {
 
 // New returns a clock standing at the real time, so that what code under test stamps with
 // it (message times, info times) looks like what it stamps in production.
-func New() *Clock { return At(time.Now()) }
+func New() *Fake { return At(time.Now()) }
 
 // At returns a clock standing at t, for tests that compare times they can write down.
-func At(t time.Time) *Clock {
-	return &Clock{now: t, pending: make(map[*timer]struct{})}
+func At(t time.Time) *Fake {
+	return &Fake{now: t, pending: make(map[*timer]struct{})}
 }
 
 // Now returns the time the clock stands at.
-func (c *Clock) Now() time.Time {
+func (c *Fake) Now() time.Time {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.now
 }
 
 // Advance moves the clock on by d and fires what falls due.
-func (c *Clock) Advance(d time.Duration) {
+func (c *Fake) Advance(d time.Duration) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.now = c.now.Add(d)
@@ -45,11 +45,11 @@ func (c *Clock) Advance(d time.Duration) {
 }
 
 // NewTimer returns a timer that fires once the clock has moved on by d.
-func (c *Clock) NewTimer(d time.Duration) clock.Timer { return c.arm(d, 0) }
+func (c *Fake) NewTimer(d time.Duration) clock.Timer { return c.arm(d, 0) }
 
 // NewTicker returns a ticker that fires each time the clock passes another d. It panics if d
 // is not positive, as time.NewTicker does.
-func (c *Clock) NewTicker(d time.Duration) clock.Ticker {
+func (c *Fake) NewTicker(d time.Duration) clock.Ticker {
 	if d <= 0 {
 		panic("clocktest: non-positive ticker period")
 	}
@@ -58,7 +58,7 @@ func (c *Clock) NewTicker(d time.Duration) clock.Ticker {
 
 // TimerDueIn reports whether a timer (not a ticker) is armed to fire d from now: a test that
 // knows the one wait lasting d can tell that the goroutine it watches has started waiting.
-func (c *Clock) TimerDueIn(d time.Duration) bool {
+func (c *Fake) TimerDueIn(d time.Duration) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for t := range c.pending {
@@ -69,7 +69,7 @@ func (c *Clock) TimerDueIn(d time.Duration) bool {
 	return false
 }
 
-func (c *Clock) arm(d, period time.Duration) *timer {
+func (c *Fake) arm(d, period time.Duration) *timer {
 	t := &timer{c: c, ch: make(chan time.Time, 1), period: period}
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -81,7 +81,7 @@ func (c *Clock) arm(d, period time.Duration) *timer {
 
 // fireLocked sends the current time to every timer due. A ticker whose receiver is behind
 // drops the tick, as a time.Ticker does, and moves on to its next period after now.
-func (c *Clock) fireLocked() {
+func (c *Fake) fireLocked() {
 	for t := range c.pending {
 		if t.at.After(c.now) {
 			continue
@@ -100,10 +100,10 @@ func (c *Clock) fireLocked() {
 	}
 }
 
-// timer is a Clock's timer or, with a period, its ticker. Stop and Reset empty its channel,
+// timer is a Fake's timer or, with a period, its ticker. Stop and Reset empty its channel,
 // so that no tick from before them is received after, as with time.Timer.
 type timer struct {
-	c      *Clock
+	c      *Fake
 	ch     chan time.Time
 	period time.Duration
 	at     time.Time // guarded by c.mu

@@ -8,7 +8,7 @@ import (
 	"github.com/jetgres/jetgres/internal/clock/clocktest"
 )
 
-var _ clock.Clock = (*clocktest.Clock)(nil)
+var _ clock.Clock = (*clocktest.Fake)(nil)
 
 // fired returns the tick ch holds, if any, without waiting: a fake clock fires on Advance,
 // not later.

@@ -23,9 +23,9 @@ import (
 // connectTimeout bounds Open's first connection.
 const connectTimeout = 30 * time.Second
 
-// Querier runs SQL: a DB on any of its connections, or the transaction DB.Tx hands its
+// Runner runs SQL: a Pool on any of its connections, or the transaction Pool.Tx hands its
 // function on one.
-type Querier interface {
+type Runner interface {
 	// Exec runs a statement and discards what it returns.
 	Exec(ctx context.Context, sql string, args ...any) error
 	// QueryRow runs a query for one row; its Scan reports an error when there is none.
@@ -47,16 +47,16 @@ type Rows interface {
 	Close()
 }
 
-// DB is a small pool of connections to one database. It reconnects after the server
+// Pool is a small pool of connections to one database. It reconnects after the server
 // restarts, like pg's pool. It is safe for concurrent use.
-type DB struct {
+type Pool struct {
 	queries
 	pool *pgxpool.Pool
 }
 
 // Open connects to the database at url (a URL or keyword/value connection string, which may
 // set pool_max_conns or application_name) and closes the pool when t ends.
-func Open(t testing.TB, url string) *DB {
+func Open(t testing.TB, url string) *Pool {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), connectTimeout)
 	defer cancel()
@@ -70,7 +70,7 @@ func Open(t testing.TB, url string) *DB {
 
 // Connect is Open for code without a test to tie the pool to: the caller closes it. It
 // returns once the database has answered, so that a wrong url fails here.
-func Connect(ctx context.Context, url string) (*DB, error) {
+func Connect(ctx context.Context, url string) (*Pool, error) {
 	pool, err := pgxpool.New(ctx, url)
 	if err != nil {
 		return nil, fmt.Errorf("connecting: %w", err)
@@ -79,15 +79,15 @@ func Connect(ctx context.Context, url string) (*DB, error) {
 		pool.Close()
 		return nil, fmt.Errorf("connecting: %w", err)
 	}
-	return &DB{queries: queries{pool}, pool: pool}, nil
+	return &Pool{queries: queries{pool}, pool: pool}, nil
 }
 
 // Close closes the pool, waiting for connections in use to come back.
-func (db *DB) Close() { db.pool.Close() }
+func (db *Pool) Close() { db.pool.Close() }
 
 // Tx runs fn in a transaction on one connection: BEGIN, fn, then COMMIT if fn returned nil
 // and ROLLBACK otherwise. Locks fn takes are held until it returns.
-func (db *DB) Tx(ctx context.Context, fn func(ctx context.Context, q Querier) error) error {
+func (db *Pool) Tx(ctx context.Context, fn func(ctx context.Context, q Runner) error) error {
 	tx, err := db.pool.Begin(ctx)
 	if err != nil {
 		return fmt.Errorf("beginning transaction: %w", err)
@@ -106,7 +106,7 @@ type pgxQuerier interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
-// queries is Querier over pgx, which keeps pgx's types out of this package's API.
+// queries is Runner over pgx, which keeps pgx's types out of this package's API.
 type queries struct{ q pgxQuerier }
 
 func (q queries) Exec(ctx context.Context, sql string, args ...any) error {
@@ -124,7 +124,7 @@ func (q queries) Query(ctx context.Context, sql string, args ...any) (Rows, erro
 
 // Strings runs sql, whose rows have one column, and returns that column as text, failing t
 // on any error.
-func (db *DB) Strings(t testing.TB, sql string, args ...any) []string {
+func (db *Pool) Strings(t testing.TB, sql string, args ...any) []string {
 	t.Helper()
 	rows, err := db.Query(t.Context(), sql, args...)
 	if err != nil {
@@ -148,14 +148,14 @@ func (db *DB) Strings(t testing.TB, sql string, args ...any) []string {
 // HoldRows locks, in a transaction of its own, the rows sql selects (it ends in FOR UPDATE),
 // until the returned release is called or t ends: a test's way of making the database hang
 // for whoever needs those rows.
-func (db *DB) HoldRows(t testing.TB, sql string, args ...any) (release func()) {
+func (db *Pool) HoldRows(t testing.TB, sql string, args ...any) (release func()) {
 	t.Helper()
 	locked := make(chan error, 1)
 	done := make(chan struct{})
 	ended := make(chan struct{})
 	go func() {
 		defer close(ended)
-		err := db.Tx(context.Background(), func(ctx context.Context, q Querier) error {
+		err := db.Tx(context.Background(), func(ctx context.Context, q Runner) error {
 			if err := q.Exec(ctx, sql, args...); err != nil {
 				return err
 			}
@@ -186,9 +186,9 @@ var errRollback = errors.New("rawsql: rolled back on purpose")
 
 // AppTx runs fn in a transaction of its own, as an application's, and commits it or, when
 // commit is false, rolls it back; any other failure fails t.
-func (db *DB) AppTx(t testing.TB, ctx context.Context, commit bool, fn func(q Querier) error) {
+func (db *Pool) AppTx(t testing.TB, ctx context.Context, commit bool, fn func(q Runner) error) {
 	t.Helper()
-	err := db.Tx(ctx, func(ctx context.Context, q Querier) error {
+	err := db.Tx(ctx, func(ctx context.Context, q Runner) error {
 		if err := fn(q); err != nil {
 			return err
 		}
@@ -204,7 +204,7 @@ func (db *DB) AppTx(t testing.TB, ctx context.Context, commit bool, fn func(q Qu
 
 // Publish calls jetgres.publish as an application does: headers is a JSON object, or ""
 // for none.
-func Publish(ctx context.Context, q Querier, subject, data, headers string) error {
+func Publish(ctx context.Context, q Runner, subject, data, headers string) error {
 	var h *string
 	if headers != "" {
 		h = &headers

@@ -18,13 +18,13 @@ func TestTxCommitsOrRollsBack(t *testing.T) {
 	if err := db.Exec(ctx, `CREATE TABLE t (v int)`); err != nil {
 		t.Fatal(err)
 	}
-	if err := db.Tx(ctx, func(ctx context.Context, q rawsql.Querier) error {
+	if err := db.Tx(ctx, func(ctx context.Context, q rawsql.Runner) error {
 		return q.Exec(ctx, `INSERT INTO t VALUES ($1)`, 1)
 	}); err != nil {
 		t.Fatal(err)
 	}
 	failed := errors.New("fn failed")
-	if err := db.Tx(ctx, func(ctx context.Context, q rawsql.Querier) error {
+	if err := db.Tx(ctx, func(ctx context.Context, q rawsql.Runner) error {
 		if err := q.Exec(ctx, `INSERT INTO t VALUES ($1)`, 2); err != nil {
 			return err
 		}

@@ -80,15 +80,9 @@ func readStats(ctx context.Context, probe *pgtest.ServerProbe, schema, like stri
 	return tableStats{TableStats: st}, err
 }
 
-<<<<<<< HEAD
 // tableSampler records table statistics every second while a consumption runs.
 type tableSampler struct {
 	probe        *pgtest.ServerProbe
-=======
-// sampler records table statistics every second while a consumption runs.
-type sampler struct {
-	probe        *pgtest.ServerProbe
->>>>>>> jerr
 	schema, like string
 	done         *atomic.Int64
 	total        int

@@ -260,7 +260,7 @@ type Bridge struct {
 	cons      *consumer.Engine
 	gets      *gets.Indexes
 	sql       *sqlmove.Mover[*stream.Stream]
-	retention *retention.Engine[*stream.Stream]
+	retention *retention.Enforcer[*stream.Stream]
 
 	stopOnce sync.Once
 }

@@ -24,7 +24,7 @@ const (
 )
 
 // The consumer engine takes acks and consumer changes to retention through this.
-var _ consumer.Retention = (*retention.Engine[*stream.Stream])(nil)
+var _ consumer.Retention = (*retention.Enforcer[*stream.Stream])(nil)
 
 // newConsumers builds the bridge's consumer engine (bridge/consumer). The streams'
 // events reach it once New subscribes it to the registry.

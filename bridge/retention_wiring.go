@@ -15,7 +15,7 @@ type retentionHost struct{ b *Bridge }
 var _ retention.Host[*stream.Stream] = retentionHost{}
 
 // newRetention builds the bridge's retention engine.
-func newRetention(b *Bridge) (*retention.Engine[*stream.Stream], error) {
+func newRetention(b *Bridge) (*retention.Enforcer[*stream.Stream], error) {
 	return retention.New(retention.Config[*stream.Stream]{
 		Store:      b.db,
 		Host:       retentionHost{b},

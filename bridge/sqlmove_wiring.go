@@ -15,7 +15,7 @@ import (
 // message moved from SQL is handled as a NATS publish is.
 type sqlHost struct{ b *Bridge }
 
-var _ sqlmove.Host[*stream.Stream] = sqlHost{}
+var _ sqlmove.AppendPath[*stream.Stream] = sqlHost{}
 
 // newSQLMover builds the bridge's SQL mover: its moves take push permits and at most
 // FlushMaxMsgs messages, as flushes do, and it looks on the consumers' tick period.

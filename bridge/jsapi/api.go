@@ -51,7 +51,7 @@ type Config struct {
 	Consumers *consumer.Engine
 	// Forwarder sends consumer requests to the replica that serves the consumer.
 	Forwarder *ownership.Forwarder
-	Retention *retention.Engine[*stream.Stream]
+	Retention *retention.Enforcer[*stream.Stream]
 	Clock     clock.Clock
 	Logger    *slog.Logger
 	// Registerer receives the API's metrics. Nil registers nothing.
@@ -76,7 +76,7 @@ type API struct {
 	streams   *stream.Registry
 	cons      *consumer.Engine
 	fwd       *ownership.Forwarder
-	retention *retention.Engine[*stream.Stream]
+	retention *retention.Enforcer[*stream.Stream]
 
 	bg startstop.Group
 	// ctx is the workers' context, from Start until Stop cancels it.

@@ -222,7 +222,7 @@ func (h *fakeHost) setStreams(streams ...*fakeStream) {
 
 // bundle is an engine on fakes and a fake clock.
 type bundle struct {
-	e     *Engine[*fakeStream]
+	e     *Enforcer[*fakeStream]
 	store *fakeStore
 	host  *fakeHost
 	clock *clocktest.Fake
@@ -242,7 +242,7 @@ func setup(t *testing.T, streams ...*fakeStream) *bundle {
 
 // noteAcks makes e note acks and settle as a started engine does, without its maintainer:
 // the test alone runs passes.
-func noteAcks[S StreamView](e *Engine[S]) { e.running.Store(true) }
+func noteAcks[S StreamView](e *Enforcer[S]) { e.running.Store(true) }
 
 // consumer is a stored consumer row with the given filters, made at a fixed time.
 func consumer(t *testing.T, streamID int64, name string, floor uint64, filters ...string) pg.Consumer {

@@ -9,7 +9,7 @@ import (
 
 // ApplyLimits applies a stream's limits, and its max_age when positive, to what s already
 // holds, as JetStream does when an update lowers them.
-func (e *Engine[S]) ApplyLimits(ctx context.Context, s S, lim pg.Limits, maxAge time.Duration) error {
+func (e *Enforcer[S]) ApplyLimits(ctx context.Context, s S, lim pg.Limits, maxAge time.Duration) error {
 	n, err := e.store.EnforceLimits(ctx, s.ID(), lim)
 	if err != nil {
 		return err

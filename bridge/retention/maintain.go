@@ -32,7 +32,7 @@ const (
 )
 
 // maintain is the maintainer's goroutine, until ctx ends; see the package doc.
-func (e *Engine[S]) maintain(ctx context.Context) {
+func (e *Enforcer[S]) maintain(ctx context.Context) {
 	tick := e.clock.NewTicker(maintainPeriod)
 	defer tick.Stop()
 	retry := e.clock.NewTimer(time.Hour)
@@ -65,7 +65,7 @@ func (e *Engine[S]) maintain(ctx context.Context) {
 // retainAll runs a retention pass on every interest and workqueue stream (only those with
 // acks seen since the last pass when dirtyOnly). It reports whether acks were left for the
 // consumer to apply.
-func (e *Engine[S]) retainAll(ctx context.Context, dirtyOnly bool) (again bool) {
+func (e *Enforcer[S]) retainAll(ctx context.Context, dirtyOnly bool) (again bool) {
 	for _, s := range e.host.Streams() {
 		if s.ConfigView().Retention == server.LimitsPolicy {
 			continue
@@ -89,7 +89,7 @@ func (e *Engine[S]) retainAll(ctx context.Context, dirtyOnly bool) (again bool) 
 }
 
 // expire applies max_age.
-func (e *Engine[S]) expire(ctx context.Context) {
+func (e *Enforcer[S]) expire(ctx context.Context) {
 	now := e.clock.Now()
 	for _, s := range e.host.Streams() {
 		cfg := s.ConfigView()
@@ -108,7 +108,7 @@ func (e *Engine[S]) expire(ctx context.Context) {
 
 // dropChunks gives back the space of chunks that no stream can read any more, and, once a
 // reapPeriod, of chunk tables that no stream lists.
-func (e *Engine[S]) dropChunks(ctx context.Context) {
+func (e *Enforcer[S]) dropChunks(ctx context.Context) {
 	ids, err := e.store.ChunkDropCandidates(ctx, chunkIdleRetire)
 	if err != nil && ctx.Err() == nil {
 		e.warn.Warn(e.log, e.clock.Now(), "finding chunks to drop failed", "err", err)
@@ -134,7 +134,7 @@ func (e *Engine[S]) dropChunks(ctx context.Context) {
 // stream's row (a slow connection, a busy database): the window is measured back from the
 // start of the stream's flush in flight, if that is older than now. A flush that starts
 // after now was read measures from later still.
-func (e *Engine[S]) pruneIDs(ctx context.Context) {
+func (e *Enforcer[S]) pruneIDs(ctx context.Context) {
 	now := e.clock.Now()
 	streams := e.host.Streams()
 	pruned := make(map[int64]time.Time, len(streams))

@@ -18,7 +18,7 @@ import (
 // applied above it (from Host when this process serves the consumer, from PostgreSQL
 // otherwise) and removes what no consumer needs any more. It reports whether acks seen on
 // the link were not yet applied by their consumer.
-func (e *Engine[S]) retain(ctx context.Context, s S) (waiting bool, err error) {
+func (e *Enforcer[S]) retain(ctx context.Context, s S) (waiting bool, err error) {
 	cfg := s.ConfigView()
 	st := e.state(s)
 	st.run.Lock()

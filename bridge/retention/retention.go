@@ -34,7 +34,7 @@
 //  2. streamState.mu guards the acks noted for the next pass, whether one is due, and the other
 //     replicas' filters. A leaf.
 //
-// Engine.mu guards the map of states; it is a leaf taken with neither of the others held.
+// Enforcer.mu guards the map of states; it is a leaf taken with neither of the others held.
 // The warnings' throttle has a leaf lock of its own (package warnlog).
 package retention
 
@@ -87,7 +87,7 @@ type StreamView interface {
 
 // Host is what retention needs of the bridge that runs it: the streams, the consumers this
 // process serves, and the announcing of what went. A pass calls Served, Purged and Removed
-// with its lock held (see the package doc); no method may call back into the Engine.
+// with its lock held (see the package doc); no method may call back into the Enforcer.
 type Host[S StreamView] interface {
 	// Streams lists the streams this process serves.
 	Streams() []S
@@ -118,7 +118,7 @@ type ConsumerProgress struct {
 	Pending []uint64
 }
 
-// Config configures an Engine. Store and Host are required.
+// Config configures an Enforcer. Store and Host are required.
 type Config[S StreamView] struct {
 	Store Store
 	Host  Host[S]
@@ -145,9 +145,9 @@ func (c *Config[S]) validate() error {
 	return nil
 }
 
-// Engine is the retention of every stream a process serves. Until Start, and after Stop,
+// Enforcer is the retention of every stream a process serves. Until Start, and after Stop,
 // it notes no acks and Settle runs no pass; the other methods work throughout.
-type Engine[S StreamView] struct {
+type Enforcer[S StreamView] struct {
 	store  Store
 	host   Host[S]
 	log    *slog.Logger
@@ -186,7 +186,7 @@ type streamState struct {
 
 // New checks the configuration, registers the engine's metric and returns the engine,
 // not yet started.
-func New[S StreamView](cfg Config[S]) (*Engine[S], error) {
+func New[S StreamView](cfg Config[S]) (*Enforcer[S], error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
@@ -194,7 +194,7 @@ func New[S StreamView](cfg Config[S]) (*Engine[S], error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	e := &Engine[S]{
+	e := &Enforcer[S]{
 		store: cfg.Store,
 		host:  cfg.Host,
 		log:   log,
@@ -217,7 +217,7 @@ func New[S StreamView](cfg Config[S]) (*Engine[S], error) {
 // for its passes, and starts the maintainer, which runs until Stop or until ctx ends.
 // Before, retention still follows the consumers' ack floors, and only acks above a floor
 // wait for it. An engine starts once: a second Start fails, and so does a Start after Stop.
-func (e *Engine[S]) Start(ctx context.Context) error {
+func (e *Enforcer[S]) Start(ctx context.Context) error {
 	ctx, err := e.run.Start(ctx)
 	if err != nil {
 		return fmt.Errorf("retention: start: %w", err)
@@ -233,13 +233,13 @@ func (e *Engine[S]) Start(ctx context.Context) error {
 // Stop stops the maintainer and returns once it has; from then on the engine notes no
 // acks and Settle runs no pass. A pass in flight is cancelled. Stop is safe to call twice
 // and before Start.
-func (e *Engine[S]) Stop() {
+func (e *Enforcer[S]) Stop() {
 	e.run.Stop()
 	e.running.Store(false)
 }
 
 // state returns the retention state of s, made on first use.
-func (e *Engine[S]) state(s S) *streamState {
+func (e *Enforcer[S]) state(s S) *streamState {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	st := e.states[s.ID()]
@@ -254,7 +254,7 @@ func (e *Engine[S]) state(s S) *streamState {
 // whether or not this process serves the consumer: it notes which messages were
 // acknowledged, for the next retention pass. The consumer decides whether the ack counts;
 // the pass asks it. consumer is kept, so it must not be borrowed memory.
-func (e *Engine[S]) NoteAck(s S, consumer string, sseq uint64, body []byte) {
+func (e *Enforcer[S]) NoteAck(s S, consumer string, sseq uint64, body []byte) {
 	if !e.running.Load() || !jswire.AckSettles(body) || s.ConfigView().Retention == server.LimitsPolicy {
 		return
 	}
@@ -269,11 +269,11 @@ func (e *Engine[S]) NoteAck(s S, consumer string, sseq uint64, body []byte) {
 	e.wake()
 }
 
-func (e *Engine[S]) wake() { wake.Poke(e.kick) }
+func (e *Enforcer[S]) wake() { wake.Poke(e.kick) }
 
 // Stale makes a retention pass over s due soon: its consumers came, went or changed what
 // they want.
-func (e *Engine[S]) Stale(s S) {
+func (e *Enforcer[S]) Stale(s S) {
 	if s.ConfigView().Retention == server.LimitsPolicy {
 		return
 	}
@@ -289,7 +289,7 @@ func (e *Engine[S]) Stale(s S) {
 // ConsumerDeleted follows a consumer's deletion from s. It marks an interest stream that
 // lost its last consumer as JetStream does, which purges it then: one that never held a
 // message reports first_seq 1 from there on.
-func (e *Engine[S]) ConsumerDeleted(ctx context.Context, s S) {
+func (e *Enforcer[S]) ConsumerDeleted(ctx context.Context, s S) {
 	e.Stale(s)
 	if s.ConfigView().Retention != server.InterestPolicy {
 		return
@@ -302,7 +302,7 @@ func (e *Engine[S]) ConsumerDeleted(ctx context.Context, s S) {
 // Settle runs a retention pass on s now if one is due, so that what a client reads next
 // reflects every ack the consumers have applied. A stream with nothing due costs nothing:
 // a stream info on a quiet interest or work-queue stream reads no consumer.
-func (e *Engine[S]) Settle(ctx context.Context, s S) error {
+func (e *Enforcer[S]) Settle(ctx context.Context, s S) error {
 	if s.ConfigView().Retention == server.LimitsPolicy || !e.running.Load() {
 		return nil
 	}
@@ -322,7 +322,7 @@ func (e *Engine[S]) Settle(ctx context.Context, s S) error {
 
 // PolicyChanged makes the next pass over s look at every message again: under the policy
 // it had, messages were kept for reasons the new one does not know.
-func (e *Engine[S]) PolicyChanged(s S) {
+func (e *Enforcer[S]) PolicyChanged(s S) {
 	st := e.state(s)
 	st.run.Lock()
 	st.sig = ""
@@ -333,7 +333,7 @@ func (e *Engine[S]) PolicyChanged(s S) {
 // filter matches: JetStream gives such a publish a sequence and stores nothing. Consumers
 // this process serves are known at once; those other replicas serve, as of the last
 // retention pass.
-func (e *Engine[S]) NoInterest(s S, subjects []string) []bool {
+func (e *Enforcer[S]) NoInterest(s S, subjects []string) []bool {
 	local := e.host.LocalFilters(s)
 	st := e.state(s)
 	st.mu.Lock()
@@ -351,7 +351,7 @@ func (e *Engine[S]) NoInterest(s S, subjects []string) []bool {
 // streams were listed can go: one made since may be a new stream's that the list missed.
 // A state made again for a stream that is gone, by a call that raced its deletion, goes
 // at the next look.
-func (e *Engine[S]) forget() {
+func (e *Enforcer[S]) forget() {
 	e.mu.Lock()
 	ids := make([]int64, 0, len(e.states))
 	for id := range e.states {

@@ -15,7 +15,7 @@ import (
 // with another consumer's. An existing consumer being updated is only checked for
 // collisions, as nats-server does. It returns the refusal, or the store's error when the
 // consumers could not be listed.
-func (e *Engine[S]) WorkQueueConflict(ctx context.Context, s S, name string, cfg *server.ConsumerConfig) (*server.ApiError, error) {
+func (e *Enforcer[S]) WorkQueueConflict(ctx context.Context, s S, name string, cfg *server.ConsumerConfig) (*server.ApiError, error) {
 	if s.ConfigView().Retention != server.WorkQueuePolicy {
 		return nil, nil
 	}

@@ -82,11 +82,11 @@ type Destination interface {
 	ConfigView() *server.StreamConfig
 }
 
-// Host is what the mover needs of the streams this process serves and of their append
+// AppendPath is what the mover needs of the streams this process serves and of their append
 // path: the bridge's, so that a moved message is checked, stored and announced as a NATS
 // publish is. Batch, Expectations and NoInterest are called inside the move's transaction
 // (pg.MovePlan) and must not block.
-type Host[S Destination] interface {
+type AppendPath[S Destination] interface {
 	// Streams lists the streams served now.
 	Streams() []S
 	// Sync re-reads the streams from PostgreSQL, for staged messages that name a stream
@@ -113,7 +113,7 @@ type Config[S Destination] struct {
 	Store Store
 	// Push is the lane of appends: a move takes one of its permits, as a flush does.
 	Push *flow.Lane
-	Host Host[S]
+	Host AppendPath[S]
 	// Logger receives the mover's warnings. Defaults to discarding them.
 	Logger *slog.Logger
 	// Clock tells the time and wakes the mover. Nil means the system clock.
@@ -159,7 +159,7 @@ func (c *Config[S]) validate() error {
 type Mover[S Destination] struct {
 	db    Store
 	push  *flow.Lane
-	host  Host[S]
+	host  AppendPath[S]
 	log   *slog.Logger
 	clock clock.Clock
 	tick  time.Duration

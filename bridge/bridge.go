@@ -28,7 +28,7 @@ import (
 
 const (
 	// IntakeBytesDefault bounds each stream's fusion buffer: publishes waiting for the next
-	// push transaction. A publish that does not fit is rejected at once.
+	// append transaction. A publish that does not fit is rejected at once.
 	IntakeBytesDefault = 64 << 20
 	// IntakeTotalBytesDefault bounds the fusion buffers of all streams together, so that many
 	// streams facing a slow database cannot each fill their own bound.
@@ -45,12 +45,12 @@ const (
 	// FlushMaxMsgsDefault caps the messages of one stream that go into one transaction.
 	FlushMaxMsgsDefault = 8192
 	// FlushMaxStreamsDefault caps how many ready streams share one transaction. It is high:
-	// with the push lane holding few transactions in flight, a permit that frees takes
+	// with the append lane holding few transactions in flight, a permit that frees takes
 	// whatever waits in every stream, and at 256 streams and 256 publishers a bundle held 20
 	// to 50 streams; a cap of 16 would leave the rest for the next permit. What the bundle
 	// carries stays bounded by the intakes' bytes.
 	FlushMaxStreamsDefault = 1024
-	// FlushOverlapAfterDefault is how long a push transaction runs alone before another may
+	// FlushOverlapAfterDefault is how long a append transaction runs alone before another may
 	// start beside it; see Config.FlushOverlapAfter.
 	FlushOverlapAfterDefault = 10 * time.Millisecond
 	// APIQueueDefault bounds API requests waiting for a worker; beyond it the API answers
@@ -74,15 +74,15 @@ const (
 	tickPeriodMin = time.Millisecond
 )
 
-// Config configures a Bridge. DB, Link, Push, Pop, Ack and ReplicaName are required. A zero
+// Config configures a Bridge. DB, Link, Append, Pop, Ack and ReplicaName are required. A zero
 // value in any other field means its default; a negative one is refused.
 type Config struct {
-	DB   *pg.DB
-	Link *leaf.Conn
-	Push *flow.Lane // appends
-	Pop  *flow.Lane // reads behind the tail cache
+	DB     *pg.DB
+	Link   *leaf.Conn
+	Append *flow.Lane // appends
+	Pop    *flow.Lane // reads behind the tail cache
 	// Ack is the lane of consumer cursor writes. They are not pushes: a one-row update
-	// takes a fraction of an append's round trip, and sharing the push lane's rtt_base
+	// takes a fraction of an append's round trip, and sharing the append lane's rtt_base
 	// with them made every append read as congestion.
 	Ack *flow.Lane
 	// Logger receives the bridge's records. Defaults to discarding them.
@@ -103,8 +103,8 @@ type Config struct {
 	FlushMaxMsgs int
 	// FlushMaxStreams caps the streams that share one transaction. Defaults to FlushMaxStreamsDefault.
 	FlushMaxStreams int
-	// FlushOverlapAfter is how long a push transaction runs alone before the next may start
-	// beside it (within the push lane's limit). Until then what arrives waits for it and goes
+	// FlushOverlapAfter is how long a append transaction runs alone before the next may start
+	// beside it (within the append lane's limit). Until then what arrives waits for it and goes
 	// into the next transaction together: a transaction costs about the same whether it
 	// carries one message or eight, so two half-full ones in flight store less than one full
 	// one. Past it the one in flight is either hung (a row lock another session holds) or
@@ -156,8 +156,8 @@ func (c *Config) validate() error {
 	if c.Link == nil {
 		errs = append(errs, errors.New("Config.Link is required"))
 	}
-	if c.Push == nil || c.Pop == nil || c.Ack == nil {
-		errs = append(errs, errors.New("Config.Push, Config.Pop and Config.Ack are required"))
+	if c.Append == nil || c.Pop == nil || c.Ack == nil {
+		errs = append(errs, errors.New("Config.Append, Config.Pop and Config.Ack are required"))
 	}
 	if c.ReplicaName == "" {
 		errs = append(errs, errors.New("Config.ReplicaName is required"))
@@ -289,7 +289,7 @@ func New(cfg Config) (*Bridge, error) {
 	}
 	b.retention = ret
 	b.streams = stream.NewRegistry(stream.Config{
-		DB: cfg.DB, Link: cfg.Link, Push: cfg.Push, Clock: b.clock, Logger: cfg.Logger, Registerer: cfg.Registerer,
+		DB: cfg.DB, Link: cfg.Link, Append: cfg.Append, Clock: b.clock, Logger: cfg.Logger, Registerer: cfg.Registerer,
 		QueueGroup:  QueueGroup,
 		IntakeBytes: cfg.IntakeBytes, IntakeTotalBytes: cfg.IntakeTotalBytes,
 		FlushMaxMsgs: cfg.FlushMaxMsgs, FlushMaxStreams: cfg.FlushMaxStreams, FlushOverlapAfter: cfg.FlushOverlapAfter,
@@ -395,7 +395,7 @@ func (b *Bridge) Stop(ctx context.Context) error {
 	return err
 }
 
-// OldestFlush is how long the oldest push transaction still in flight has been running at
+// OldestFlush is how long the oldest append transaction still in flight has been running at
 // now, a time of the bridge's clock, or 0 when none is. A commit that hangs (a row lock held
 // elsewhere, a saturated disk) shows here while every publish it carries waits for its
 // PubAck, so readiness can report the stall. Only served streams are looked at: a flush of

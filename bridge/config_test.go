@@ -17,7 +17,7 @@ func validConfig(t *testing.T) Config {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return Config{DB: new(pg.DB), Link: new(leaf.Conn), Push: lane, Pop: lane, Ack: lane, ReplicaName: "r"}
+	return Config{DB: new(pg.DB), Link: new(leaf.Conn), Append: lane, Pop: lane, Ack: lane, ReplicaName: "r"}
 }
 
 func TestConfigZeroMeansDefault(t *testing.T) {

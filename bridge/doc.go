@@ -7,7 +7,7 @@
 // errors, PubAck errors and the status lines of direct gets.
 //
 // The engines beside it: bridge/stream is the streams (the registry, each stream's intake
-// and the push transactions that fuse them, its tail and the events it announces),
+// and the append transactions that fuse them, its tail and the events it announces),
 // bridge/consumer the pull and push consumers this process serves (their deliveries, acks
 // and cursor writes, the ticker), bridge/ownership which replica serves which consumer (the
 // session, its locks, the loop that keeps them, the fence, and the forwarding of requests
@@ -24,7 +24,7 @@
 // The SQL mover, which brings what applications published with jetgres.publish into their
 // streams, is bridge/sqlmove. It reaches the streams and the publish path only through
 // sqlHost (sqlmove_wiring.go): it checks a message as a publish is checked, appends it
-// under a push permit as a flush does, and announces the commit to the stream.
+// under a append permit as a flush does, and announces the commit to the stream.
 //
 // Retention is bridge/retention: interest and workqueue retention passes, max_age and
 // lowered limits, chunk drops and de-duplication id pruning, and the interest and work
@@ -36,7 +36,7 @@
 // The bridge reaches NATS clients through a leafnode link to the embedded server (see
 // package leaf): a link handler runs on the link's read loop, so nothing here blocks in one.
 // It reaches PostgreSQL only through package pg, and every hot-path database call holds a
-// permit of a flow lane first: push for appends, pop for reads behind the tail cache.
+// permit of a flow lane first: append for appends, pop for reads behind the tail cache.
 //
 // # Several replicas
 //

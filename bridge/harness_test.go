@@ -79,7 +79,7 @@ func setup(t testing.TB, opts ...setupOpts) *testBundle {
 		t.Fatalf("dial leaf: %v", err)
 	}
 	t.Cleanup(func() { _ = tb.link.Close() })
-	push, err := flow.NewLane("push", flow.Options{Init: flow.PushInitDefault, Min: flow.PushMinDefault, Max: flow.PushMaxDefault, Alpha: flow.PushAlphaDefault, Beta: flow.PushBetaDefault})
+	push, err := flow.NewLane("append", flow.Options{Init: flow.AppendInitDefault, Min: flow.AppendMinDefault, Max: flow.AppendMaxDefault, Alpha: flow.AppendAlphaDefault, Beta: flow.AppendBetaDefault})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -91,7 +91,7 @@ func setup(t testing.TB, opts ...setupOpts) *testBundle {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg := Config{DB: tb.db, Link: tb.link, Push: push, Pop: pop, Ack: ack, Logger: logger, Registerer: tb.reg, ReplicaName: "bridge-test"}
+	cfg := Config{DB: tb.db, Link: tb.link, Append: push, Pop: pop, Ack: ack, Logger: logger, Registerer: tb.reg, ReplicaName: "bridge-test"}
 	if o.config != nil {
 		o.config(&cfg)
 	}

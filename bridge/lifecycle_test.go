@@ -109,7 +109,7 @@ func TestStopPastDeadlineLeavesNothingRunning(t *testing.T) {
 		answered <- err
 	}()
 	testwait.For(t, 10*time.Second, func() error {
-		if n := tb.bridge.cfg.Push.Stats().InFlight; n == 0 {
+		if n := tb.bridge.cfg.Append.Stats().InFlight; n == 0 {
 			return errors.New("no flush in flight yet")
 		}
 		return nil

@@ -20,7 +20,7 @@ import (
 // two baselines: the naive bridge (responders on the same NATS server, JetStream off, that
 // store each request with one autocommit INSERT before answering it: what anyone writes in an
 // afternoon) and the naive INSERT (the same INSERT from the publishers themselves, no NATS). It
-// reports where a publish's time went: the push lane's limit and its permit wait per publish,
+// reports where a publish's time went: the append lane's limit and its permit wait per publish,
 // the streams per transaction and transactions per publish, a transaction's mean round trip and
 // the statements prepared per publish, all of the cold run: jetgres runs twice, cold (a fresh
 // jetgres and pool, as after a restart) and then warm. The test cluster runs with fsync off;
@@ -31,7 +31,7 @@ func BenchmarkPublishManyStreams(b *testing.B) {
 		for _, n := range []int{1, 8, 32, 64, 256} {
 			b.Run(fmt.Sprintf("streams=%d/publishers=%d", streams, n), func(b *testing.B) {
 				var lane *flow.Lane
-				tb := setup(b, setupOpts{config: func(c *Config) { lane = c.Push }})
+				tb := setup(b, setupOpts{config: func(c *Config) { lane = c.Append }})
 				ctx := context.Background()
 				for i := range streams {
 					if _, err := tb.js.CreateStream(ctx, jetstream.StreamConfig{Name: fmt.Sprintf("M%d", i), Subjects: []string{fmt.Sprintf("m%d.>", i)}}); err != nil {

@@ -11,7 +11,7 @@ import (
 	"github.com/jetgres/jetgres/pg/pgtest/rawsql"
 )
 
-// OldestFlush measures a hung push transaction on the bridge's clock, from the moment its
+// OldestFlush measures a hung append transaction on the bridge's clock, from the moment its
 // flush started, and forgets it once it commits.
 func TestOldestFlushOnAHungCommit(t *testing.T) {
 	t.Parallel()

@@ -17,12 +17,12 @@ type sqlHost struct{ b *Bridge }
 
 var _ sqlmove.AppendPath[*stream.Stream] = sqlHost{}
 
-// newSQLMover builds the bridge's SQL mover: its moves take push permits and at most
+// newSQLMover builds the bridge's SQL mover: its moves take append permits and at most
 // FlushMaxMsgs messages, as flushes do, and it looks on the consumers' tick period.
 func newSQLMover(b *Bridge) (*sqlmove.Mover[*stream.Stream], error) {
 	return sqlmove.New(sqlmove.Config[*stream.Stream]{
 		Store:      b.db,
-		Push:       b.cfg.Push,
+		Append:     b.cfg.Append,
 		Host:       sqlHost{b},
 		Logger:     b.log,
 		Clock:      b.clock,

@@ -190,7 +190,7 @@ func TestCrashUnderLoad(t *testing.T) {
 
 // TestDatabaseDown stops PostgreSQL for 10 s under load and starts it again, without
 // restarting jetgres. Publishers get errors within the statement timeout, nothing
-// acknowledged is lost, /readyz reports the outage and the recovery, the push lane shrinks
+// acknowledged is lost, /readyz reports the outage and the recovery, the append lane shrinks
 // during the fault and grows back after it, and publishing and fetching work again.
 func TestDatabaseDown(t *testing.T) {
 	t.Parallel()
@@ -204,7 +204,7 @@ func TestDatabaseDown(t *testing.T) {
 		downFor, warm, settle, timeout = []time.Duration{10 * time.Second, 45 * time.Second, 10 * time.Second, 10 * time.Second}, 10*time.Second, 30*time.Second, 15*time.Minute
 	}
 	db := startPGServer(t)
-	j := startWithDatabase(t, db.dsn(), append(seedPushLane, "--stmt-timeout", stmtTimeout.String(), "--replica-name", "e2e-dbdown")...)
+	j := startWithDatabase(t, db.dsn(), append(seedAppendLane, "--stmt-timeout", stmtTimeout.String(), "--replica-name", "e2e-dbdown")...)
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 
@@ -392,11 +392,11 @@ func TestDatabaseDown(t *testing.T) {
 		if k == 0 {
 			loDuring = lo
 		}
-		// Every push transaction fails without an answer, so the lane falls to its minimum.
+		// Every append transaction fails without an answer, so the lane falls to its minimum.
 		// (On a loaded machine it may be there already, or /metrics may not have answered
 		// before the outage.)
-		if lo > seedPushMin || (hiBefore > seedPushMin && lo >= hiBefore) {
-			t.Errorf("outage %d: the push lane limit did not shrink to its minimum %d: %g during the outage, up to %g before", k, seedPushMin, lo, hiBefore)
+		if lo > seedAppendMin || (hiBefore > seedAppendMin && lo >= hiBefore) {
+			t.Errorf("outage %d: the append lane limit did not shrink to its minimum %d: %g during the outage, up to %g before", k, seedAppendMin, lo, hiBefore)
 		}
 		unready := 0
 		for _, s := range between(samples, o.unready, o.startAt) {
@@ -420,7 +420,7 @@ func TestDatabaseDown(t *testing.T) {
 		lastAfter = after[n-1].pushLimit
 	}
 	if hiAfter <= loDuring {
-		t.Errorf("the push lane limit did not grow back after the outage: %g during, at most %g after", loDuring, hiAfter)
+		t.Errorf("the append lane limit did not grow back after the outage: %g during, at most %g after", loDuring, hiAfter)
 	}
 	errCodes := make([]string, 0, len(sum.errs))
 	for code, n := range sum.errs {
@@ -428,7 +428,7 @@ func TestDatabaseDown(t *testing.T) {
 	}
 	o := outs[0]
 	t.Logf("FIGURES database-down: outages=%d down_for=%v acked=%d lost=%d duplicated_in_stream=%d stream_msgs=%d retries_answered_duplicate=%d errors=[%s] "+
-		"probe_answers=%d probe_errors=%d probe_longest_error_wait=%v (while down %v) recover_readyz=%v recover_puback=%v recover_delivery=%v push_limit_before=%g..%g during_min=%g after_max=%g after_last=%g",
+		"probe_answers=%d probe_errors=%d probe_longest_error_wait=%v (while down %v) recover_readyz=%v recover_puback=%v recover_delivery=%v append_limit_before=%g..%g during_min=%g after_max=%g after_last=%g",
 		len(downFor), downFor, sum.acked, lost, dups, total, sum.dupAcks, strings.Join(errCodes, " "), probe.acks+len(probe.errs), len(probe.errs), probe.longestErrWait(t0, time.Now()).Round(time.Millisecond), probe.longestErrWait(o.stopAt, o.startAt).Round(time.Millisecond),
 		o.ready.Sub(o.upAt).Round(time.Millisecond), o.firstAck.Sub(o.upAt).Round(time.Millisecond), o.firstDelivery.Sub(o.upAt).Round(time.Millisecond),
 		loBefore, hiBefore, loDuring, hiAfter, lastAfter)
@@ -460,19 +460,19 @@ func holdStreamLocks(t testing.TB, ctx context.Context, probe *rawsql.Pool, d ti
 	return done
 }
 
-// seedPushLane gives the push lane the seed's band, for the tests that watch its limit fall
+// seedAppendLane gives the append lane the seed's band, for the tests that watch its limit fall
 // during a fault and grow back after it: the default band keeps the limit at its minimum
 // whenever the database is the bottleneck, as it is on a small machine, where a fall and a
-// recovery cannot show. seedPushMin is its minimum.
-var seedPushLane = []string{"--push-limit-init", "16", "--push-limit-min", fmt.Sprint(seedPushMin),
-	"--push-vegas-alpha", "3", "--push-vegas-beta", "6"}
+// recovery cannot show. seedAppendMin is its minimum.
+var seedAppendLane = []string{"--append-limit-init", "16", "--append-limit-min", fmt.Sprint(seedAppendMin),
+	"--append-vegas-alpha", "3", "--append-vegas-beta", "6"}
 
-const seedPushMin = 4
+const seedAppendMin = 4
 
 // TestSlowDatabase makes PostgreSQL slow on purpose, by holding the row lock of every
-// stream's state for a while: every push transaction then waits on the lock until its
+// stream's state for a while: every append transaction then waits on the lock until its
 // statement timeout. Load arrives while it is slow: every client publishes as fast as it
-// may, with up to 16 MiB unanswered. The push lane limit falls, the intake sheds load with
+// may, with up to 16 MiB unanswered. The append lane limit falls, the intake sheds load with
 // 503/10023 (counted as intake_full) instead of growing, and the process's resident memory
 // stays bounded. Once the lock goes, everything sent is stored, once. Each intake holds
 // 1 MiB, little against what its client has unanswered: every timed-out transaction empties
@@ -497,7 +497,7 @@ func TestSlowDatabase(t *testing.T) {
 		lockFor, settle, timeout = 120*time.Second, 10*time.Second, 15*time.Minute
 	}
 	dsn := testDatabase(t)
-	j := startWithDatabase(t, dsn, append(seedPushLane, "--intake-bytes", fmt.Sprint(intakeBytes), "--stmt-timeout", stmtTimeout.String())...)
+	j := startWithDatabase(t, dsn, append(seedAppendLane, "--intake-bytes", fmt.Sprint(intakeBytes), "--stmt-timeout", stmtTimeout.String())...)
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	probe := openProbe(t, dsn, 2)
@@ -587,7 +587,7 @@ func TestSlowDatabase(t *testing.T) {
 		driven = driven || (s.pushLimit > 0 && s.pushIn >= s.pushLimit-1)
 	}
 	if driven && loDuring >= loBefore {
-		t.Errorf("the push lane limit did not fall although the lane was driven: %g..%g before, down to %g while the database was slow", loBefore, hiBefore, loDuring)
+		t.Errorf("the append lane limit did not fall although the lane was driven: %g..%g before, down to %g while the database was slow", loBefore, hiBefore, loDuring)
 	}
 	rejAt := func(ss []processSample) float64 {
 		if len(ss) == 0 {
@@ -678,7 +678,7 @@ func TestSlowDatabase(t *testing.T) {
 	t.Logf("push limit trace:%s", limitTrace(samples, lockAt))
 	t.Logf("RSS trace:%s", rssTrace(samples, lockAt))
 	t.Logf("FIGURES slow-database: lock_for=%v intake_bytes=%d streams=%d first_puback_after_unlock=%v sync_publish_ok_after_unlock=%v leaf_replies_refused=%g acked=%d lost=%d duplicated_in_stream=%d stream_msgs=%d retries_answered_duplicate=%d errors=[%s] intake_full_rejected_during=%g flushes_over_half_an_intake=%g lane_driven=%v "+
-		"rss_idle=%s rss_peak_slow=%s (middle third %s, last third %s) rss_bound=%s push_limit_before=%g..%g during_min=%g after_max=%g",
+		"rss_idle=%s rss_peak_slow=%s (middle third %s, last third %s) rss_bound=%s append_limit_before=%g..%g during_min=%g after_max=%g",
 		lockFor, intakeBytes, streams, recovered.Sub(unlockAt).Round(time.Millisecond), allAnsweredAt.Sub(unlockAt).Round(time.Millisecond), samples[len(samples)-1].leafSlow, sum.acked, lost, dups, total, sum.dupAcks, strings.Join(errCodes, " "), shed, big-bigBefore, driven,
 		mib(rssIdle), mib(peak), mib(middle), mib(last), mib(bound), loBefore, hiBefore, loDuring, hiAfter)
 }

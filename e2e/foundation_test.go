@@ -45,11 +45,11 @@ func TestFoundation(t *testing.T) {
 		}
 		for _, name := range []string{
 			"jetgres_build_info",
-			"jetgres_push_vegas_limit",
+			"jetgres_append_vegas_limit",
 			"jetgres_pop_vegas_limit",
-			"jetgres_push_vegas_in_flight",
+			"jetgres_append_vegas_in_flight",
 			"jetgres_pop_vegas_rtt_base_seconds",
-			"jetgres_push_permit_wait_seconds_total",
+			"jetgres_append_permit_wait_seconds_total",
 			"jetgres_pg_pool_",
 			"jetgres_leaf_",
 			"go_goroutines",

@@ -76,8 +76,8 @@ type processSample struct {
 	ready     int // /readyz status, 0 when it did not answer
 	pushLimit float64
 	popLimit  float64
-	pushIn    float64 // push permits in flight
-	pushBase  float64 // push lane rtt_base, seconds
+	pushIn    float64 // append permits in flight
+	pushBase  float64 // append lane rtt_base, seconds
 	rejected  map[string]float64
 	accepted  float64
 	rss       int64
@@ -129,10 +129,10 @@ func (s *processSampler) take() {
 	})
 	m, err := s.j.metrics()
 	if err == nil {
-		sm.pushLimit = m["jetgres_push_vegas_limit"]
+		sm.pushLimit = m["jetgres_append_vegas_limit"]
 		sm.popLimit = m["jetgres_pop_vegas_limit"]
-		sm.pushIn = m["jetgres_push_vegas_in_flight"]
-		sm.pushBase = m["jetgres_push_vegas_rtt_base_seconds"]
+		sm.pushIn = m["jetgres_append_vegas_in_flight"]
+		sm.pushBase = m["jetgres_append_vegas_rtt_base_seconds"]
 		sm.heap = m["go_memstats_heap_inuse_bytes"]
 		sm.leafSlow = m["jetgres_leaf_slow_consumer_total"]
 		sm.accepted = m["jetgres_publish_accepted_total"]
@@ -175,7 +175,7 @@ func between(ss []processSample, from, to time.Time) []processSample {
 	return out
 }
 
-// limitRange is the smallest and largest push lane limit among samples that have one.
+// limitRange is the smallest and largest append lane limit among samples that have one.
 func limitRange(ss []processSample) (lo, hi float64) {
 	for _, s := range ss {
 		if s.pushLimit == 0 {
@@ -197,7 +197,7 @@ func peakRSS(ss []processSample) int64 {
 	return p
 }
 
-// limitTrace renders the push lane limit over time, two values a second, for the log.
+// limitTrace renders the append lane limit over time, two values a second, for the log.
 func limitTrace(ss []processSample, t0 time.Time) string {
 	var b strings.Builder
 	last := math.MinInt

@@ -3,7 +3,7 @@
 // A connection pool is a poor admission controller: it will put every one of its connections to
 // work even when PostgreSQL can usefully run only a fraction of them, and the surplus turns into
 // lock contention and fatter round trips. So each hot-path operation first takes a Permit from a
-// Lane, and only then a pooled connection. Push and pop have a lane each, with separate state,
+// Lane, and only then a pooled connection. Appends, reads and cursor writes have a lane each, with separate state,
 // because their round-trip distributions are unrelated.
 //
 // A lane is a resizable semaphore sized by a TCP Vegas style limiter. Every completion reports its
@@ -27,9 +27,9 @@ import (
 	"github.com/jetgres/jetgres/internal/clock"
 )
 
-// Defaults for the push, pop and ack lanes.
+// Defaults for the append, pop and ack lanes.
 //
-// The push lane keeps PostgreSQL's queue short on purpose. What waits for a push permit is
+// The append lane keeps PostgreSQL's queue short on purpose. What waits for a append permit is
 // not lost work but fusion: the next transaction takes whatever waits in every stream, so a
 // publish that waits in jetgres commits together with others, where one let through to
 // PostgreSQL competes with them for its cores, its locks and its WAL flush, and commits
@@ -40,18 +40,18 @@ import (
 // limit grows while a transaction takes less than twice the uncongested round trip and
 // shrinks once it takes three times as long; a database with cores to spare still lets it
 // climb, since its round trips do not grow with concurrency. The limit is a ceiling: the
-// bridge starts a push transaction beside one in flight only once that one has run for a
+// bridge starts a append transaction beside one in flight only once that one has run for a
 // while (bridge.Config.FlushOverlapAfter), since two half-full transactions in flight stored
 // less than one full one at every load measured. Its minimum is 2, not 1, so that one
 // transaction hung on a row lock (another replica, an application's session) leaves a lane
 // for every other stream. The pop and ack lanes keep the seed's band: a read or a cursor
 // write has no bundle to join.
 const (
-	PushInitDefault  = 2
-	PushMinDefault   = 2
-	PushMaxDefault   = 64
-	PushAlphaDefault = 1.0
-	PushBetaDefault  = 2.0
+	AppendInitDefault  = 2
+	AppendMinDefault   = 2
+	AppendMaxDefault   = 64
+	AppendAlphaDefault = 1.0
+	AppendBetaDefault  = 2.0
 
 	PopInitDefault = 16
 	PopMinDefault  = 4
@@ -71,19 +71,19 @@ const (
 // never run with a value nobody chose. Fill them from the exported defaults.
 type Options struct {
 	// Init is the limit the lane starts with, within [Min, Max].
-	// PushInitDefault, PopInitDefault or AckInitDefault.
+	// AppendInitDefault, PopInitDefault or AckInitDefault.
 	Init int
 	// Min is the lowest the limit may fall; at least 1.
-	// PushMinDefault, PopMinDefault or AckMinDefault.
+	// AppendMinDefault, PopMinDefault or AckMinDefault.
 	Min int
 	// Max is the highest the limit may rise; at least Min. It is a safety ceiling, not an
-	// operating point. PushMaxDefault, PopMaxDefault or AckMaxDefault.
+	// operating point. AppendMaxDefault, PopMaxDefault or AckMaxDefault.
 	Max int
 	// Alpha is the estimated queue depth at or below which the limit grows; finite and at least 0.
-	// PushAlphaDefault for the push lane, AlphaDefault for the others.
+	// AppendAlphaDefault for the append lane, AlphaDefault for the others.
 	Alpha float64
 	// Beta is the estimated queue depth at or above which the limit shrinks; finite and greater
-	// than Alpha. PushBetaDefault for the push lane, BetaDefault for the others.
+	// than Alpha. AppendBetaDefault for the append lane, BetaDefault for the others.
 	Beta float64
 	// Clock tells the lane the time: it places round trips in the one-second slots of the
 	// rtt_base window and measures permit waits, so that tests can walk through the 60-second

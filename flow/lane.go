@@ -10,7 +10,7 @@ import (
 	"github.com/jetgres/jetgres/internal/clock"
 )
 
-// Lane admits operations of one family (push or pop) to the database, at most as many at once
+// Lane admits operations of one family (append, pop or ack) to the database, at most as many at once
 // as its limit allows. Create one with NewLane or NewFixed; it is safe for concurrent use.
 type Lane struct {
 	name  string
@@ -68,7 +68,7 @@ func (l *Lane) Acquire(ctx context.Context) (*Permit, error) {
 }
 
 // TryAcquire takes a permit only if one is free and nobody is waiting for it; it never waits.
-// A false result means the lane is contended, which is also what the push path reads as "not
+// A false result means the lane is contended, which is also what the append path reads as "not
 // idle". A permit taken this way has the same lifecycle as one from Acquire.
 func (l *Lane) TryAcquire() (*Permit, bool) {
 	if !l.sem.tryAcquire() {

@@ -45,8 +45,8 @@ func TestOptionsValidate(t *testing.T) {
 func TestNewLaneRejectsInvalidOptions(t *testing.T) {
 	o := seedOptions(nil)
 	o.Max = 2
-	_, err := NewLane("push", o)
-	if err == nil || !strings.Contains(err.Error(), `"push"`) || !strings.Contains(err.Error(), "Options.Max") {
+	_, err := NewLane("append", o)
+	if err == nil || !strings.Contains(err.Error(), `"append"`) || !strings.Contains(err.Error(), "Options.Max") {
 		t.Fatalf("NewLane error = %v, want one naming the lane and Options.Max", err)
 	}
 }

@@ -195,21 +195,21 @@ func TestOneAdjustmentPerRoundTrip(t *testing.T) {
 	}
 }
 
-// The push lane's defaults keep PostgreSQL's queue short: round trips three times the
+// The append lane's defaults keep PostgreSQL's queue short: round trips three times the
 // uncongested one hold the limit at its minimum (the publishes wait in jetgres and fuse), while round
 // trips that do not grow with concurrency, a database with cores to spare, let it climb.
 func TestPushDefaultsHoldWhenRoundTripsDoubleAndGrowWhenTheyDoNot(t *testing.T) {
 	push := func(clk *clocktest.Fake) Options {
-		return Options{Init: PushInitDefault, Min: PushMinDefault, Max: PushMaxDefault,
-			Alpha: PushAlphaDefault, Beta: PushBetaDefault, Clock: clk}
+		return Options{Init: AppendInitDefault, Min: AppendMinDefault, Max: AppendMaxDefault,
+			Alpha: AppendAlphaDefault, Beta: AppendBetaDefault, Clock: clk}
 	}
 	l := newTestLane(t, push(newFakeClock()))
 	idleSample(t, l, time.Millisecond)
 	for range 20 {
 		drivenSample(t, l, 3*time.Millisecond)
 	}
-	if got := l.Stats().Limit; got != PushMinDefault {
-		t.Errorf("Limit = %d with round trips three times the base, want the minimum %d", got, PushMinDefault)
+	if got := l.Stats().Limit; got != AppendMinDefault {
+		t.Errorf("Limit = %d with round trips three times the base, want the minimum %d", got, AppendMinDefault)
 	}
 
 	l = newTestLane(t, push(newFakeClock()))
@@ -217,7 +217,7 @@ func TestPushDefaultsHoldWhenRoundTripsDoubleAndGrowWhenTheyDoNot(t *testing.T) 
 	for range 20 {
 		drivenSample(t, l, time.Millisecond)
 	}
-	if got := l.Stats().Limit; got <= PushInitDefault+10 {
-		t.Errorf("Limit = %d with round trips at the base, want it well above the initial %d", got, PushInitDefault)
+	if got := l.Stats().Limit; got <= AppendInitDefault+10 {
+		t.Errorf("Limit = %d with round trips at the base, want it well above the initial %d", got, AppendInitDefault)
 	}
 }

@@ -50,7 +50,7 @@ type Config struct {
 	BackgroundTimeout time.Duration
 
 	// SynchronousCommit is PostgreSQL's synchronous_commit ("on" or "off") for the
-	// transactions of the push path (Append) and the cursor path (WriteCursor), set per
+	// transactions of the append path (Append) and the cursor path (WriteCursor), set per
 	// transaction where the connection's own setting differs; every other statement keeps the
 	// server's setting as it was when its connection opened. "off" acknowledges a
 	// publish before its commit reaches the disk: a crash of PostgreSQL or of the operating

@@ -73,7 +73,7 @@ const commitPinned = "jetgres.commit_pinned"
 // the server, the role and the database set it, a setting of the session's own, which a
 // later reload of the server's configuration cannot change under it; every statement keeps
 // the server's setting as it was when the connection opened. Where that is already
-// Config.SynchronousCommit, the push and cursor transactions need no setting of their own.
+// Config.SynchronousCommit, the append and cursor transactions need no setting of their own.
 func (db *DB) pinCommitMode(ctx context.Context, c *pgx.Conn) error {
 	if db.cfg.SynchronousCommit == "" {
 		return nil

@@ -34,7 +34,7 @@ type MovePlan func(staged []StagedMsg) ([]AppendBatch, error)
 // dense sequences) and records the new progress, then commits. A crash anywhere before the
 // commit moves nothing; after it, nothing is moved twice. It returns how many staged
 // messages it took (0: none was ready) and the append's results, and, like Append, the
-// round trip for the push lane's limiter.
+// round trip for the append lane's limiter.
 func (db *DB) MoveStaged(ctx context.Context, max int, plan MovePlan, ts int64) (taken int, results []AppendResult, rtt time.Duration, err error) {
 	rtt, err = db.hot(ctx, func(ctx context.Context, q querier) error {
 		committed := false
@@ -109,7 +109,7 @@ func readStaged(br pgx.BatchResults) (staged []StagedMsg, lastXID string, lastCa
 }
 
 // StagedWaiting reports whether a staged message is ready to move. It runs outside the
-// flow lanes, so that a mover polling on its timer holds no push permit while nothing waits.
+// flow lanes, so that a mover polling on its timer holds no append permit while nothing waits.
 func (db *DB) StagedWaiting(ctx context.Context) (bool, error) {
 	var ready bool
 	err := db.background(ctx, func(ctx context.Context, q querier) error {

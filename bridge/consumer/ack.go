@@ -216,7 +216,7 @@ func (w *cursorWriter) owed() bool {
 
 // writeCursors writes the latest floor until what is written is what is wanted. It takes
 // an ack lane permit per write: cursor writes commit like publishes, but their short round
-// trips would set the push lane's rtt_base, and they are not reads for the pop lane.
+// trips would set the append lane's rtt_base, and they are not reads for the pop lane.
 func (c *consumer) writeCursors() {
 	w := &c.cw
 	defer w.wg.Done()

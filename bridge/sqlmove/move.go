@@ -82,7 +82,7 @@ type refusal struct {
 }
 
 func (m *Mover[S]) move(ctx context.Context, refuseUnknown bool) (int, error) {
-	p, err := m.push.Acquire(ctx)
+	p, err := m.appends.Acquire(ctx)
 	if err != nil {
 		return 0, err
 	}

@@ -6,7 +6,7 @@
 // after its last move, then keeps to the tick period until every transaction that may have
 // committed without notifying has ended (pg.StagedSettled). Its timer is the fallback, at
 // the tick period while there is work and backing off to Config.IdleMax while there is none.
-// Each move takes a push lane permit, like a flush, and appends one snapshot-bounded batch of
+// Each move takes a append lane permit, like a flush, and appends one snapshot-bounded batch of
 // committed staged messages through the same append path, so that sequences, de-duplication
 // and limits apply as to a NATS publish.
 //
@@ -23,7 +23,7 @@
 //
 // Two goroutines, from Start until Stop: one listens for commits and wakes the other, which
 // moves. The mover has no lock of its own beyond its warning throttles, which are leaves. It
-// calls Host with none of them held, and holds a push permit only across the move's
+// calls Host with none of them held, and holds a append permit only across the move's
 // transaction, which plans inside it with Host.Batch, Host.Expectations and
 // Host.NoInterest; it gives the permit back before it announces the commit.
 package sqlmove
@@ -111,9 +111,9 @@ type AppendPath[S Destination] interface {
 // Config configures a Mover. Every field is required but Logger, Clock and Registerer.
 type Config[S Destination] struct {
 	Store Store
-	// Push is the lane of appends: a move takes one of its permits, as a flush does.
-	Push *flow.Lane
-	Host AppendPath[S]
+	// Append is the lane of appends: a move takes one of its permits, as a flush does.
+	Append *flow.Lane
+	Host   AppendPath[S]
 	// Logger receives the mover's warnings. Defaults to discarding them.
 	Logger *slog.Logger
 	// Clock tells the time and wakes the mover. Nil means the system clock.
@@ -125,7 +125,7 @@ type Config[S Destination] struct {
 	TickPeriod time.Duration
 	// IdleMax is how far the timer's period backs off, doubling, while there is no work.
 	IdleMax time.Duration
-	// MaxMsgs caps the staged messages one move takes: a push flush's bound.
+	// MaxMsgs caps the staged messages one move takes: a append flush's bound.
 	MaxMsgs int
 }
 
@@ -134,8 +134,8 @@ func (c *Config[S]) validate() error {
 	if c.Store == nil {
 		errs = append(errs, errors.New("Config.Store is required"))
 	}
-	if c.Push == nil {
-		errs = append(errs, errors.New("Config.Push is required"))
+	if c.Append == nil {
+		errs = append(errs, errors.New("Config.Append is required"))
 	}
 	if c.Host == nil {
 		errs = append(errs, errors.New("Config.Host is required"))
@@ -157,14 +157,14 @@ func (c *Config[S]) validate() error {
 
 // Mover moves committed staged messages into their streams.
 type Mover[S Destination] struct {
-	db    Store
-	push  *flow.Lane
-	host  AppendPath[S]
-	log   *slog.Logger
-	clock clock.Clock
-	tick  time.Duration
-	idle  time.Duration
-	max   int
+	db      Store
+	appends *flow.Lane
+	host    AppendPath[S]
+	log     *slog.Logger
+	clock   clock.Clock
+	tick    time.Duration
+	idle    time.Duration
+	max     int
 
 	m    *moverMetrics
 	wake chan struct{}
@@ -184,7 +184,7 @@ func New[S Destination](cfg Config[S]) (*Mover[S], error) {
 		log = slog.New(slog.DiscardHandler)
 	}
 	return &Mover[S]{
-		db: cfg.Store, push: cfg.Push, host: cfg.Host, log: log, clock: clock.OrSystem(cfg.Clock),
+		db: cfg.Store, appends: cfg.Append, host: cfg.Host, log: log, clock: clock.OrSystem(cfg.Clock),
 		tick: cfg.TickPeriod, idle: cfg.IdleMax, max: cfg.MaxMsgs,
 		m: newMetrics(cfg.Registerer), wake: make(chan struct{}, 1),
 	}, nil
@@ -263,7 +263,7 @@ func (m *Mover[S]) loop(ctx context.Context) {
 		}
 		// Ask first, without a permit: a wake-up may find nothing ready (the one at start,
 		// or a commit that an older open transaction holds back), and a mover that took a
-		// push permit only to find that would hold back the publishes that need it.
+		// append permit only to find that would hold back the publishes that need it.
 		work, err := m.db.StagedWaiting(ctx)
 		if err != nil && ctx.Err() == nil {
 			m.warnMove.Warn(m.log, m.clock.Now(), "looking for SQL publishes failed", "err", err)

@@ -179,7 +179,7 @@ func newHost(t testing.TB, db *pg.DB) *testHost {
 // its metrics with reg unless it is nil. It stops when t ends.
 func startMover(t testing.TB, db *pg.DB, h *testHost, reg prometheus.Registerer) *Mover[*testStream] {
 	t.Helper()
-	m, err := New(Config[*testStream]{Store: db, Push: flow.NewFixed("push", 4), Host: h, Registerer: reg,
+	m, err := New(Config[*testStream]{Store: db, Append: flow.NewFixed("append", 4), Host: h, Registerer: reg,
 		TickPeriod: testTick, IdleMax: testIdleMax, MaxMsgs: testMaxMsgs})
 	if err != nil {
 		t.Fatal(err)

@@ -24,14 +24,14 @@ import (
 )
 
 // intake is a stream's fusion buffer: publishes taken in and waiting for the stream's next
-// push transaction. It is bounded in bytes. A stream has at most one flush in flight, which
+// append transaction. It is bounded in bytes. A stream has at most one flush in flight, which
 // together with its row lock in PostgreSQL makes commit order equal sequence order.
 type intake struct {
 	mu       sync.Mutex
 	buf      []publish
 	bytes    int
 	flushing bool // a transaction for this stream is in flight
-	queued   bool // waiting in the ready queue for a push permit
+	queued   bool // waiting in the ready queue for a append permit
 	closed   bool // the stream is gone; nothing more is taken in
 	// flushSince is when the stream's flush in flight started, in the registry clock's Unix
 	// nanoseconds, or 0 with none. It is an atomic apart from mu so that readiness can read
@@ -49,7 +49,7 @@ type publish struct {
 
 // onPublish runs on the link's read loop for every message on a stream subject. It never
 // blocks: it validates, appends to the stream's intake, and starts a flush if the stream
-// has none in flight and the push lane has a permit free (fire on idle).
+// has none in flight and the append lane has a permit free (fire on idle).
 func (r *Registry) onPublish(s *Stream, m *leaf.Msg) {
 	cfg := s.ConfigView()
 	if cfg.Sealed {
@@ -209,7 +209,7 @@ func (r *Registry) reject(s *Stream, reply, reason string, e *server.ApiError) {
 	_ = r.cfg.Link.Publish(reply, "", nil, jswire.PubError(s.name, e))
 }
 
-// kickLocked starts a flush of s at once when no push transaction is in flight and the lane
+// kickLocked starts a flush of s at once when no append transaction is in flight and the lane
 // has a permit (fire on idle: a lone publish commits in one round trip). Otherwise s waits
 // in the ready queue, and the transaction in flight takes it into the next bundle as it
 // ends. It must be called with s.in.mu held.
@@ -219,7 +219,7 @@ func (r *Registry) kickLocked(s *Stream) {
 		return
 	}
 	if r.inFlight.CompareAndSwap(0, 1) {
-		if p, ok := r.cfg.Push.TryAcquire(); ok {
+		if p, ok := r.cfg.Append.TryAcquire(); ok {
 			in.flushing = true
 			r.youngest.Store(r.cfg.Clock.Now().UnixNano())
 			if !r.flushes.Go(func() { r.flushChain(p, []*Stream{s}) }) {
@@ -237,7 +237,7 @@ func (r *Registry) kickLocked(s *Stream) {
 	r.ready.push(s)
 }
 
-// flushEnded counts a push transaction out and wakes the dispatcher, which may be waiting
+// flushEnded counts a append transaction out and wakes the dispatcher, which may be waiting
 // for the lane to go idle.
 func (r *Registry) flushEnded() {
 	r.inFlight.Add(-1)
@@ -254,7 +254,7 @@ func (r *Registry) flushChain(p *flow.Permit, group []*Stream) {
 		if r.ready.empty() {
 			break
 		}
-		next, ok := r.cfg.Push.TryAcquire()
+		next, ok := r.cfg.Append.TryAcquire()
 		if !ok {
 			// The limit shrank under what is in flight: the dispatcher waits for a permit.
 			break
@@ -298,7 +298,7 @@ func (r *Registry) dispatchFlushes() {
 			return
 		}
 		busy := r.inFlight.Load() > 0
-		p, err := r.cfg.Push.Acquire(r.ctx)
+		p, err := r.cfg.Append.Acquire(r.ctx)
 		if err != nil {
 			return
 		}
@@ -430,7 +430,7 @@ func (r *Registry) flush(p *flow.Permit, group []*Stream) {
 				}
 			}
 			if failed > 0 {
-				r.warnPush.Warn(r.log, r.cfg.Clock.Now(), "push transaction failed", "streams", failed, "err", err)
+				r.warnAppend.Warn(r.log, r.cfg.Clock.Now(), "append transaction failed", "streams", failed, "err", err)
 			}
 		}
 	}
@@ -458,7 +458,7 @@ func (r *Registry) committed(s *Stream, pubs []publish, res pg.AppendResult) {
 	r.answer(s, pubs, res)
 }
 
-// settleUnknown answers the publishes of a push transaction whose commit got no answer with
+// settleUnknown answers the publishes of a append transaction whose commit got no answer with
 // what reading it back finds: a PubAck for a batch found stored, after its commit is
 // announced as any other; nothing yet for one found not stored, which the caller answers
 // as failed; and no answer at all while it cannot tell, since a failure could be a lie:
@@ -487,7 +487,7 @@ func (r *Registry) settleUnknown(ue *pg.OutcomeUnknownError, byID map[int64]*Str
 	}
 	if unanswered > 0 {
 		r.m.outcomeUnknown.WithLabelValues(foundUnknown).Add(float64(unanswered))
-		r.log.Warn("a push transaction's commit got no answer and could not be read back: its publishes are left unanswered",
+		r.log.Warn("a append transaction's commit got no answer and could not be read back: its publishes are left unanswered",
 			"publishes", unanswered, "err", err)
 	}
 }
@@ -560,7 +560,7 @@ func (r *Registry) closeIntake(s *Stream, e *server.ApiError) {
 	}
 }
 
-// readyQueue is the FIFO of streams waiting for a push permit. A stream is in it at most
+// readyQueue is the FIFO of streams waiting for a append permit. A stream is in it at most
 // once (intake.queued), so its length is bounded by the number of streams.
 type readyQueue struct {
 	mu     sync.Mutex

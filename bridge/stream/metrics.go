@@ -42,7 +42,7 @@ func RefusedReason(err error) string {
 	return ReasonExpected
 }
 
-// What reading back a push transaction whose commit got no answer found, the label values
+// What reading back a append transaction whose commit got no answer found, the label values
 // of jetgres_publish_outcome_unknown_total.
 const (
 	foundStored    = "stored"
@@ -89,21 +89,21 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}),
 		batchTx: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "jetgres_fusion_streams_per_transaction",
-			Help:    "Streams that shared one push transaction.",
+			Help:    "Streams that shared one append transaction.",
 			Buckets: prometheus.ExponentialBuckets(1, 2, 11),
 		}),
 		overlaps: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "jetgres_fusion_overlaps_total",
-			Help: "Push transactions started beside one in flight that had run longer than the flush overlap time (hung on a lock, or a big bundle).",
+			Help: "Append transactions started beside one in flight that had run longer than the flush overlap time (hung on a lock, or a big bundle).",
 		}),
 		txMsgs: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "jetgres_fusion_transaction_messages",
-			Help:    "Messages per push transaction, of all its streams.",
+			Help:    "Messages per append transaction, of all its streams.",
 			Buckets: prometheus.ExponentialBuckets(1, 4, 9),
 		}),
 		commit: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "jetgres_fusion_commit_seconds",
-			Help:    "Database round trip of one push transaction, from connection to commit.",
+			Help:    "Database round trip of one append transaction, from connection to commit.",
 			Buckets: prometheus.ExponentialBuckets(0.0001, 2, 16),
 		}),
 		pubAck: prometheus.NewHistogram(prometheus.HistogramOpts{
@@ -133,7 +133,7 @@ func registerTailMetrics(reg prometheus.Registerer, tails *tailcache.Budget) {
 			func() float64 { return float64(tails.Evicted()) }))
 }
 
-// registerIntakeMetrics registers what waits for a push transaction: the streams in the
+// registerIntakeMetrics registers what waits for a append transaction: the streams in the
 // ready queue (while one is in flight, what arrives for other streams waits for the next)
 // and the bytes in all intakes, which IntakeTotalBytes bounds.
 func registerIntakeMetrics(reg prometheus.Registerer, r *Registry) {
@@ -142,9 +142,9 @@ func registerIntakeMetrics(reg prometheus.Registerer, r *Registry) {
 	}
 	reg.MustRegister(
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "jetgres_fusion_streams_waiting",
-			Help: "Streams whose publishes wait for the next push transaction."},
+			Help: "Streams whose publishes wait for the next append transaction."},
 			func() float64 { return float64(r.ready.len()) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "jetgres_intake_bytes",
-			Help: "Bytes of publishes waiting in all streams' intakes for a push transaction (bounded by --intake-total-bytes)."},
+			Help: "Bytes of publishes waiting in all streams' intakes for a append transaction (bounded by --intake-total-bytes)."},
 			func() float64 { return float64(r.intakeTotal.Load()) }))
 }

@@ -40,7 +40,7 @@ type Store interface {
 type Config struct {
 	DB         Store
 	Link       *leaf.Conn
-	Push       *flow.Lane // the lane every flush takes a permit of
+	Append     *flow.Lane // the lane every flush takes a permit of
 	Clock      clock.Clock
 	Logger     *slog.Logger
 	Registerer prometheus.Registerer // nil registers nothing
@@ -52,7 +52,7 @@ type Config struct {
 	// FlushMaxMsgs caps one stream's messages per transaction, FlushMaxStreams the streams
 	// that share one.
 	FlushMaxMsgs, FlushMaxStreams int
-	// FlushOverlapAfter is how long a push transaction runs alone before the next may start
+	// FlushOverlapAfter is how long a append transaction runs alone before the next may start
 	// beside it.
 	FlushOverlapAfter time.Duration
 	// MaxMemory and MaxStore bound the bytes of memory and of file streams; 0 is no bound.
@@ -68,13 +68,13 @@ type Config struct {
 }
 
 // Registry is the streams this process serves, kept as PostgreSQL stores them, and the
-// push transactions that commit what they take in.
+// append transactions that commit what they take in.
 type Registry struct {
 	cfg Config
 	log *slog.Logger
 	m   *metrics
-	// warnPush thins the warnings of flushes that fail together while the database is away.
-	warnPush warnlog.Throttle
+	// warnAppend thins the warnings of flushes that fail together while the database is away.
+	warnAppend warnlog.Throttle
 
 	adminMu sync.Mutex
 	mu      sync.RWMutex
@@ -84,14 +84,14 @@ type Registry struct {
 
 	ready *readyQueue
 	usage storeUsage // what memory and file streams hold, for Config.MaxMemory and MaxStore
-	// inFlight counts the push transactions in flight; youngest is when the last of them
+	// inFlight counts the append transactions in flight; youngest is when the last of them
 	// started, in the clock's Unix nanoseconds; flushDone is poked as each ends.
 	inFlight    atomic.Int32
 	youngest    atomic.Int64
 	flushDone   chan struct{}
 	intakeTotal atomic.Int64 // bytes in all streams' intakes
 
-	// dispatch runs the flush dispatcher; ctx is its context. flushes runs the push
+	// dispatch runs the flush dispatcher; ctx is its context. flushes runs the append
 	// transactions, which outlive the dispatcher so that what was taken in is committed and
 	// answered; flushCtx ends only when Stop's deadline passes.
 	dispatch startstop.Group
@@ -171,7 +171,7 @@ func (r *Registry) Wait(ctx context.Context) error {
 	return r.flushes.Wait(ctx)
 }
 
-// OldestFlush is how long the oldest push transaction still in flight has been running at
+// OldestFlush is how long the oldest append transaction still in flight has been running at
 // now, a time of the registry's clock, or 0 when none is. A commit that hangs (a row lock
 // held elsewhere, a saturated disk) shows here while every publish it carries waits for its
 // PubAck. Only served streams are looked at: a flush of a stream deleted meanwhile no

@@ -29,17 +29,17 @@ type config struct {
 	PoolSize         int
 	StmtTimeout      time.Duration
 	SyncCommit       string
-	PushLimitInit    int
-	PushLimitMin     int
-	PushLimitMax     int
+	AppendLimitInit  int
+	AppendLimitMin   int
+	AppendLimitMax   int
 	PopLimitInit     int
 	PopLimitMin      int
 	PopLimitMax      int
 	AckLimitInit     int
 	AckLimitMin      int
 	AckLimitMax      int
-	PushVegasAlpha   float64
-	PushVegasBeta    float64
+	AppendVegasAlpha float64
+	AppendVegasBeta  float64
 	VegasAlpha       float64
 	VegasBeta        float64
 	FlushOverlap     time.Duration
@@ -94,20 +94,20 @@ func (c *config) settings() []setting {
 		{"pool-size", envOf("pool-size"), "maximum PostgreSQL connections", &c.PoolSize, int(pg.MaxConnsDefault)},
 		{"stmt-timeout", envOf("stmt-timeout"), "statement timeout for hot-path SQL", &c.StmtTimeout, pg.StmtTimeoutDefault},
 		{"synchronous-commit", envOf("synchronous-commit"), "PostgreSQL synchronous_commit of publish and cursor transactions: on waits for the WAL flush before acknowledging; off acknowledges first, and a PostgreSQL or operating-system crash can lose the last 3 × wal_writer_delay (600 ms by default) of acknowledged publishes", &c.SyncCommit, "on"},
-		{"push-limit-init", envOf("push-limit-init"), "initial Vegas limit of the push (publish) lane", &c.PushLimitInit, flow.PushInitDefault},
-		{"push-limit-min", envOf("push-limit-min"), "minimum Vegas limit of the push lane", &c.PushLimitMin, flow.PushMinDefault},
-		{"push-limit-max", envOf("push-limit-max"), "maximum Vegas limit of the push lane", &c.PushLimitMax, flow.PushMaxDefault},
+		{"append-limit-init", envOf("append-limit-init"), "initial Vegas limit of the append (publish) lane", &c.AppendLimitInit, flow.AppendInitDefault},
+		{"append-limit-min", envOf("append-limit-min"), "minimum Vegas limit of the append lane", &c.AppendLimitMin, flow.AppendMinDefault},
+		{"append-limit-max", envOf("append-limit-max"), "maximum Vegas limit of the append lane", &c.AppendLimitMax, flow.AppendMaxDefault},
 		{"pop-limit-init", envOf("pop-limit-init"), "initial Vegas limit of the pop (read) lane", &c.PopLimitInit, flow.PopInitDefault},
 		{"pop-limit-min", envOf("pop-limit-min"), "minimum Vegas limit of the pop lane", &c.PopLimitMin, flow.PopMinDefault},
 		{"pop-limit-max", envOf("pop-limit-max"), "maximum Vegas limit of the pop lane", &c.PopLimitMax, flow.PopMaxDefault},
 		{"ack-limit-init", envOf("ack-limit-init"), "initial Vegas limit of the ack (cursor write) lane", &c.AckLimitInit, flow.AckInitDefault},
 		{"ack-limit-min", envOf("ack-limit-min"), "minimum Vegas limit of the ack lane", &c.AckLimitMin, flow.AckMinDefault},
 		{"ack-limit-max", envOf("ack-limit-max"), "maximum Vegas limit of the ack lane", &c.AckLimitMax, flow.AckMaxDefault},
-		{"push-vegas-alpha", envOf("push-vegas-alpha"), "Vegas alpha of the push lane: grow the limit while the estimated queue at PostgreSQL is at most this (kept small: publishes that wait fuse into the next transaction)", &c.PushVegasAlpha, flow.PushAlphaDefault},
-		{"push-vegas-beta", envOf("push-vegas-beta"), "Vegas beta of the push lane: shrink the limit once the estimated queue is at least this", &c.PushVegasBeta, flow.PushBetaDefault},
+		{"append-vegas-alpha", envOf("append-vegas-alpha"), "Vegas alpha of the append lane: grow the limit while the estimated queue at PostgreSQL is at most this (kept small: publishes that wait fuse into the next transaction)", &c.AppendVegasAlpha, flow.AppendAlphaDefault},
+		{"append-vegas-beta", envOf("append-vegas-beta"), "Vegas beta of the append lane: shrink the limit once the estimated queue is at least this", &c.AppendVegasBeta, flow.AppendBetaDefault},
 		{"vegas-alpha", envOf("vegas-alpha"), "Vegas alpha of the pop and ack lanes: grow the limit while the estimated queue is at most this", &c.VegasAlpha, flow.AlphaDefault},
 		{"vegas-beta", envOf("vegas-beta"), "Vegas beta of the pop and ack lanes: shrink the limit once the estimated queue is at least this", &c.VegasBeta, flow.BetaDefault},
-		{"flush-overlap-after", envOf("flush-overlap-after"), "how long a publish transaction runs alone before the next may start beside it, within the push lane's limit; until then what arrives waits and fuses into the next (a hung transaction holds others up this long)", &c.FlushOverlap, bridge.FlushOverlapAfterDefault},
+		{"flush-overlap-after", envOf("flush-overlap-after"), "how long a publish transaction runs alone before the next may start beside it, within the append lane's limit; until then what arrives waits and fuses into the next (a hung transaction holds others up this long)", &c.FlushOverlap, bridge.FlushOverlapAfterDefault},
 		{"tick-period", envOf("tick-period"), "how often streams with consumers are polled for commits made by other replicas (backs off while idle)", &c.TickPeriod, bridge.TickPeriodDefault},
 		{"cursor-interval", envOf("cursor-interval"), "least time between two writes of a consumer's ack floor while plain acks move it (a double ack is written at once); after a crash, the acks since the last write are delivered again", &c.CursorInterval, bridge.CursorIntervalDefault},
 		{"intake-bytes", envOf("intake-bytes"), "per-stream bound on publishes waiting for their transaction; beyond it publishes are rejected at once", &c.IntakeBytes, bridge.IntakeBytesDefault},
@@ -319,8 +319,8 @@ func (c *config) logLevel() (slog.Level, error) {
 	return l, err
 }
 
-func (c *config) pushOptions() flow.Options {
-	return flow.Options{Init: c.PushLimitInit, Min: c.PushLimitMin, Max: c.PushLimitMax, Alpha: c.PushVegasAlpha, Beta: c.PushVegasBeta}
+func (c *config) appendOptions() flow.Options {
+	return flow.Options{Init: c.AppendLimitInit, Min: c.AppendLimitMin, Max: c.AppendLimitMax, Alpha: c.AppendVegasAlpha, Beta: c.AppendVegasBeta}
 }
 
 func (c *config) ackOptions() flow.Options {

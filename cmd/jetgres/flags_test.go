@@ -36,17 +36,17 @@ func TestEnvironmentVariables(t *testing.T) {
 		"pool-size":           {"JETGRES_POOL_SIZE"},
 		"stmt-timeout":        {"JETGRES_STMT_TIMEOUT"},
 		"synchronous-commit":  {"JETGRES_SYNCHRONOUS_COMMIT"},
-		"push-limit-init":     {"JETGRES_PUSH_LIMIT_INIT"},
-		"push-limit-min":      {"JETGRES_PUSH_LIMIT_MIN"},
-		"push-limit-max":      {"JETGRES_PUSH_LIMIT_MAX"},
+		"append-limit-init":   {"JETGRES_APPEND_LIMIT_INIT"},
+		"append-limit-min":    {"JETGRES_APPEND_LIMIT_MIN"},
+		"append-limit-max":    {"JETGRES_APPEND_LIMIT_MAX"},
 		"pop-limit-init":      {"JETGRES_POP_LIMIT_INIT"},
 		"pop-limit-min":       {"JETGRES_POP_LIMIT_MIN"},
 		"pop-limit-max":       {"JETGRES_POP_LIMIT_MAX"},
 		"ack-limit-init":      {"JETGRES_ACK_LIMIT_INIT"},
 		"ack-limit-min":       {"JETGRES_ACK_LIMIT_MIN"},
 		"ack-limit-max":       {"JETGRES_ACK_LIMIT_MAX"},
-		"push-vegas-alpha":    {"JETGRES_PUSH_VEGAS_ALPHA"},
-		"push-vegas-beta":     {"JETGRES_PUSH_VEGAS_BETA"},
+		"append-vegas-alpha":  {"JETGRES_APPEND_VEGAS_ALPHA"},
+		"append-vegas-beta":   {"JETGRES_APPEND_VEGAS_BETA"},
 		"vegas-alpha":         {"JETGRES_VEGAS_ALPHA"},
 		"vegas-beta":          {"JETGRES_VEGAS_BETA"},
 		"flush-overlap-after": {"JETGRES_FLUSH_OVERLAP_AFTER"},
@@ -325,7 +325,7 @@ func TestUsageErrorsComeFirst(t *testing.T) {
 var laneName = regexp.MustCompile(`\b(push|pop|ack)\b`)
 
 // A setting that governs flow-control lanes names the same lanes in -h and in the README: the
-// ack lane takes the push lane's limits (see node.start), and both must say so.
+// ack lane takes the append lane's limits (see node.start), and both must say so.
 func TestReadmeAndHelpNameTheSameLanes(t *testing.T) {
 	rows := readmeTable(t)
 	var c config

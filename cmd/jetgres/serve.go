@@ -40,7 +40,7 @@ type node struct {
 	nats    *natsd.Server
 	link    *leaf.Conn
 	bridge  *bridge.Bridge
-	push    *flow.Lane
+	appends *flow.Lane
 	pop     *flow.Lane
 	ack     *flow.Lane
 	reg     *prometheus.Registry
@@ -93,17 +93,17 @@ func (n *node) start(ctx context.Context) error {
 	if err := natsConfig(cfg, "", 0, n.log).Check(); err != nil {
 		return fmt.Errorf("NATS server: %w", err)
 	}
-	if n.push, err = flow.NewLane("push", cfg.pushOptions()); err != nil {
-		return fmt.Errorf("push lane: %w", err)
+	if n.appends, err = flow.NewLane("append", cfg.appendOptions()); err != nil {
+		return fmt.Errorf("append lane: %w", err)
 	}
 	if n.pop, err = flow.NewLane("pop", cfg.popOptions()); err != nil {
 		return fmt.Errorf("pop lane: %w", err)
 	}
-	// Cursor writes get a lane of their own with the push lane's bounds: see bridge.Config.Ack.
+	// Cursor writes get a lane of their own with the append lane's bounds: see bridge.Config.Ack.
 	if n.ack, err = flow.NewLane("ack", cfg.ackOptions()); err != nil {
 		return fmt.Errorf("ack lane: %w", err)
 	}
-	n.reg.MustRegister(laneCollector(n.push), laneCollector(n.pop), laneCollector(n.ack))
+	n.reg.MustRegister(laneCollector(n.appends), laneCollector(n.pop), laneCollector(n.ack))
 
 	dsn := cfg.DatabaseURL
 	if dsn == "" {
@@ -176,7 +176,7 @@ func (n *node) start(ctx context.Context) error {
 	br, err := bridge.New(bridge.Config{
 		DB:                n.db,
 		Link:              n.link,
-		Push:              n.push,
+		Append:            n.appends,
 		Pop:               n.pop,
 		Ack:               n.ack,
 		Logger:            n.log.With("component", "bridge"),

@@ -82,7 +82,7 @@ func (r *runner) runOverload(ctx context.Context) {
 // fixedTarget starts the jetgres node whose limiter is disabled: both lanes hold
 // FixedConcurrency permits whatever the round trips do.
 func (r *runner) fixedTarget(ctx context.Context) (*benchTarget, error) {
-	n, err := startJetgres(ctx, r.dsn, r.cfg.SynchronousCommit, flow.NewFixed("push", FixedConcurrency), flow.NewFixed("pop", FixedConcurrency),
+	n, err := startJetgres(ctx, r.dsn, r.cfg.SynchronousCommit, flow.NewFixed("append", FixedConcurrency), flow.NewFixed("pop", FixedConcurrency),
 		flow.NewFixed("ack", FixedConcurrency), r.log)
 	if err != nil {
 		return nil, err

@@ -102,7 +102,7 @@ type PubResult struct {
 }
 
 // Inside is what jetgres's own metrics say about a phase (in-process jetgres only): the
-// means of publish receipt → PubAck, of one push transaction, and of the messages that share
+// means of publish receipt → PubAck, of one append transaction, and of the messages that share
 // one. Set beside a client's numbers they show where a publish spends its time.
 type Inside struct {
 	PubAckUs  float64 `json:"pub_ack_us"`
@@ -178,7 +178,7 @@ type OverloadStep struct {
 	MsgsPerSec float64        `json:"msgs_per_sec"`
 	Errors     int            `json:"errors"`
 	Latency    LatencySummary `json:"latency"`
-	// PushLimit is the push lane's limit at the end of the step (jetgres in-process only).
+	// PushLimit is the append lane's limit at the end of the step (jetgres in-process only).
 	PushLimit int `json:"push_limit,omitempty"`
 }
 

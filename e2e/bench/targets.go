@@ -44,8 +44,8 @@ type jetgresNode struct {
 
 // defaultLanes are the lanes `jetgres serve` makes with its default flags.
 func defaultLanes() (push, pop, ack *flow.Lane, err error) {
-	if push, err = flow.NewLane("push", flow.Options{Init: flow.PushInitDefault, Min: flow.PushMinDefault,
-		Max: flow.PushMaxDefault, Alpha: flow.PushAlphaDefault, Beta: flow.PushBetaDefault}); err != nil {
+	if push, err = flow.NewLane("append", flow.Options{Init: flow.AppendInitDefault, Min: flow.AppendMinDefault,
+		Max: flow.AppendMaxDefault, Alpha: flow.AppendAlphaDefault, Beta: flow.AppendBetaDefault}); err != nil {
 		return nil, nil, nil, err
 	}
 	if pop, err = flow.NewLane("pop", flow.Options{Init: flow.PopInitDefault, Min: flow.PopMinDefault,
@@ -86,7 +86,7 @@ func startJetgres(ctx context.Context, dsn, commit string, push, pop, ack *flow.
 		return nil, fmt.Errorf("jetgres: leafnode link: %w", err)
 	}
 	// Each node has its own registry: two nodes live in this process at once.
-	n.bridge, err = bridge.New(bridge.Config{DB: n.db, Link: n.link, Push: push, Pop: pop, Ack: ack,
+	n.bridge, err = bridge.New(bridge.Config{DB: n.db, Link: n.link, Append: push, Pop: pop, Ack: ack,
 		Logger: log.With("component", "bridge"), Registerer: n.reg,
 		ReplicaName: "bench-" + n.nats.ClientURL(), MaxPayload: n.nats.MaxPayload()})
 	if err != nil {
@@ -101,7 +101,7 @@ func startJetgres(ctx context.Context, dsn, commit string, push, pop, ack *flow.
 
 func (n *jetgresNode) url() string { return n.nats.ClientURL() }
 
-// Bridge histograms the report reads: publish receipt → PubAck sent, the push transaction,
+// Bridge histograms the report reads: publish receipt → PubAck sent, the append transaction,
 // and the messages per transaction.
 const (
 	metricPubAck = "jetgres_publish_ack_seconds"

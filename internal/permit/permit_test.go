@@ -10,7 +10,7 @@ import (
 	"github.com/jetgres/jetgres/pg"
 )
 
-// TestReturn checks what each outcome of a database call tells the push lane: round trips
+// TestReturn checks what each outcome of a database call tells the append lane: round trips
 // the database answered are recorded, calls it never answered step the limit down without
 // touching rtt_base, and calls the caller gave up on record nothing.
 func TestReturn(t *testing.T) {
@@ -36,7 +36,7 @@ func TestReturn(t *testing.T) {
 		{"caller gave up", 0, context.Canceled, base, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			lane, err := flow.NewLane("push", flow.Options{Init: 16, Min: 4, Max: 64, Alpha: flow.AlphaDefault, Beta: flow.BetaDefault})
+			lane, err := flow.NewLane("append", flow.Options{Init: 16, Min: 4, Max: 64, Alpha: flow.AlphaDefault, Beta: flow.BetaDefault})
 			if err != nil {
 				t.Fatal(err)
 			}

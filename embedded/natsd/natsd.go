@@ -72,7 +72,9 @@ type Config struct {
 	// bcrypt) or nkeys, per-user publish and subscribe permissions, TLS,
 	// limits. What jetgres decides itself wins over it: the client
 	// listener (Host and Port), JetStream (off) and the leafnode listener
-	// (the bridge's). Clients must be in the global account (users under
+	// (the bridge's). Leafnode remotes join other NATS systems, with
+	// jetgres's JetStream walled off from theirs (see JetStreamDomain);
+	// gateways are refused. Clients must be in the global account (users under
 	// authorization, not under accounts), where the bridge serves JetStream;
 	// operator (JWT) mode is refused. Defaults to "" (no file).
 	ConfigFile string

@@ -144,6 +144,9 @@ func TestDomainHubLeafnode(t *testing.T) {
 	if _, err := hubJS.Publish(ctx, "hubs.a", []byte("from the hub")); err != nil {
 		t.Fatal(err)
 	}
+	if _, err := hubJS.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "HKV"}); err != nil {
+		t.Fatal(err)
+	}
 
 	// What reaches the hub from jetgres, seen by a hub client that hears everything, up to a
 	// marker that jetgres's client sends last, on the same path.
@@ -154,6 +157,22 @@ func TestDomainHubLeafnode(t *testing.T) {
 	if err := hubNC.Flush(); err != nil {
 		t.Fatal(err)
 	}
+	// The hub announces that interest to jetgres's server in its own time: until a probe
+	// crosses, a leak would go unseen.
+	testwait.For(t, 10*time.Second, func() error {
+		if err := pgNC.Publish("domain.probe", nil); err != nil {
+			return err
+		}
+		for {
+			m, err := leaked.NextMsg(50 * time.Millisecond)
+			if err != nil {
+				return fmt.Errorf("no probe from jetgres's client on the hub: %w", err)
+			}
+			if m.Subject == "domain.probe" {
+				return nil
+			}
+		}
+	})
 
 	pgJS, err := jetstream.New(pgNC)
 	if err != nil {
@@ -237,6 +256,21 @@ func TestDomainHubLeafnode(t *testing.T) {
 		if ack.Stream != "HUBS" || ack.Domain != "hub" || ack.Sequence != 2 {
 			t.Fatalf("PubAck %+v, want HUBS seq 2 in domain hub", ack)
 		}
+		// Key-value subjects stay home, but a bucket of the hub is reached through the prefix.
+		kv, err := viaHub.KeyValue(ctx, "HKV")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := kv.Put(ctx, "k", []byte("put by jetgres's client")); err != nil {
+			t.Fatal(err)
+		}
+		hkv, err := hubJS.KeyValue(ctx, "HKV")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if e, err := hkv.Get(ctx, "k"); err != nil || string(e.Value()) != "put by jetgres's client" {
+			t.Fatalf("the hub's HKV k: %v, %v", e, err)
+		}
 	})
 
 	t.Run("jetgres from the hub through its domain", func(t *testing.T) {
@@ -293,6 +327,23 @@ func TestDomainHubLeafnode(t *testing.T) {
 			t.Fatalf("R's ack floor %d after acks from the hub, want 3", ci.AckFloor.Stream)
 		}
 		checkStreamInfoDomain(t, hubNC, "$JS.pg.API.STREAM.INFO.FROMHUB", "pg")
+		kv, err := viaPG.KeyValue(ctx, "CONF")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if e, err := kv.Get(ctx, "k"); err != nil || string(e.Value()) != "v" {
+			t.Fatalf("jetgres's CONF k through $JS.pg.API: %v, %v", e, err)
+		}
+		if _, err := kv.Put(ctx, "k2", []byte("put from the hub")); err != nil {
+			t.Fatal(err)
+		}
+		pkv, err := pgJS.KeyValue(ctx, "CONF")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if e, err := pkv.Get(ctx, "k2"); err != nil || string(e.Value()) != "put from the hub" {
+			t.Fatalf("jetgres's CONF k2: %v, %v", e, err)
+		}
 		names := streamNames(ctx, t, pgJS)
 		if !slices.Equal(names, []string{"FROMHUB", "KV_CONF", "ORDERS"}) {
 			t.Fatalf("jetgres's streams %v, want FROMHUB, KV_CONF and ORDERS", names)
@@ -318,8 +369,8 @@ func TestDomainHubLeafnode(t *testing.T) {
 				t.Errorf("%s reached the hub from jetgres", m.Subject)
 			}
 		}
-		if names := streamNames(ctx, t, hubJS); !slices.Equal(names, []string{"HUBS"}) {
-			t.Errorf("the hub's streams %v, want HUBS alone", names)
+		if names := streamNames(ctx, t, hubJS); !slices.Equal(names, []string{"HUBS", "KV_HKV"}) {
+			t.Errorf("the hub's streams %v, want HUBS and KV_HKV alone", names)
 		}
 		var consumers []string
 		for n := range hubStream.ConsumerNames(ctx).Name() {
@@ -356,14 +407,14 @@ func TestDomainHubLeafnode(t *testing.T) {
 }
 
 // fromJetgres says whether subject is one that only jetgres's own JetStream may hear: its
-// clients' API requests about jetgres's streams, its key-value subjects, its replicas'.
-// (The hub's clients' own requests and those that reach the hub through $JS.hub.API are
-// the hub's.)
+// clients' API requests about jetgres's streams, its bucket's key-value subjects, its
+// replicas'. (The hub's clients' own requests, and those that reach the hub through
+// $JS.hub.API, mapped there to $JS.API and $KV of the hub's own bucket, are the hub's.)
 func fromJetgres(subject string) bool {
 	if strings.HasPrefix(subject, "$JS.API.") {
 		return strings.Contains(subject, "ORDERS") || strings.Contains(subject, "KV_CONF")
 	}
-	return strings.HasPrefix(subject, "$KV.") || strings.HasPrefix(subject, "$OBJ.") || strings.HasPrefix(subject, "$JETGRES.")
+	return strings.HasPrefix(subject, "$KV.CONF.") || strings.HasPrefix(subject, "$OBJ.") || strings.HasPrefix(subject, "$JETGRES.")
 }
 
 // checkStreamInfoDomain asks for a stream's info on subject and checks the domain it reports.

@@ -350,6 +350,34 @@ func TestDomainHubLeafnode(t *testing.T) {
 		}
 	})
 
+	t.Run("the nats CLI on either side", func(t *testing.T) {
+		hubSide := natsServer{name: "hub", url: hub.ns.ClientURL()}
+		pgSide := natsServer{name: "jetgres", url: j.natsURL}
+		for _, c := range []struct {
+			at        natsServer
+			args      []string
+			want, not []string
+		}{
+			{pgSide, nil, []string{"FROMHUB", "KV_CONF", "ORDERS"}, []string{"HUBS", "KV_HKV"}},
+			{pgSide, []string{"--js-domain", "hub"}, []string{"HUBS", "KV_HKV"}, []string{"FROMHUB", "KV_CONF", "ORDERS"}},
+			{hubSide, []string{"--js-domain", "pg"}, []string{"FROMHUB", "KV_CONF", "ORDERS"}, []string{"HUBS", "KV_HKV"}},
+		} {
+			args := append(slices.Clone(c.args), "stream", "ls", "--names")
+			out := natsAt(t, c.at, args...)
+			names := strings.Fields(out)
+			for _, n := range c.want {
+				if !slices.Contains(names, n) {
+					t.Errorf("%s: nats %s lists no %s:\n%s", c.at.name, strings.Join(args, " "), n, out)
+				}
+			}
+			for _, n := range c.not {
+				if slices.Contains(names, n) {
+					t.Errorf("%s: nats %s lists %s:\n%s", c.at.name, strings.Join(args, " "), n, out)
+				}
+			}
+		}
+	})
+
 	t.Run("the hub untouched", func(t *testing.T) {
 		if err := pgNC.Publish("domain.marker", nil); err != nil {
 			t.Fatal(err)

@@ -344,6 +344,35 @@ func TestDomainHubLeafnode(t *testing.T) {
 		if e, err := pkv.Get(ctx, "k2"); err != nil || string(e.Value()) != "put from the hub" {
 			t.Fatalf("jetgres's CONF k2: %v, %v", e, err)
 		}
+		// A watch is an ordered push consumer: deliveries, heartbeats and flow control
+		// cross the leafnode to the hub's client, and its answers come back.
+		w, err := kv.Watch(ctx, "k2")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = w.Stop() }()
+		nextUpdate := func() jetstream.KeyValueEntry {
+			t.Helper()
+			for {
+				select {
+				case e := <-w.Updates():
+					if e != nil {
+						return e
+					}
+				case <-ctx.Done():
+					t.Fatal("watch of CONF k2 from the hub: no update")
+				}
+			}
+		}
+		if e := nextUpdate(); string(e.Value()) != "put from the hub" {
+			t.Fatalf("watch of CONF k2 from the hub: %q first", e.Value())
+		}
+		if _, err := pkv.Put(ctx, "k2", []byte("put by jetgres's client")); err != nil {
+			t.Fatal(err)
+		}
+		if e := nextUpdate(); string(e.Value()) != "put by jetgres's client" {
+			t.Fatalf("watch of CONF k2 from the hub: %q next", e.Value())
+		}
 		names := streamNames(ctx, t, pgJS)
 		if !slices.Equal(names, []string{"FROMHUB", "KV_CONF", "ORDERS"}) {
 			t.Fatalf("jetgres's streams %v, want FROMHUB, KV_CONF and ORDERS", names)
@@ -393,7 +422,7 @@ func TestDomainHubLeafnode(t *testing.T) {
 			if m.Subject == "domain.marker" {
 				break
 			}
-			if fromJetgres(m.Subject) {
+			if fromJetgres(m) {
 				t.Errorf("%s reached the hub from jetgres", m.Subject)
 			}
 		}
@@ -434,11 +463,16 @@ func TestDomainHubLeafnode(t *testing.T) {
 	})
 }
 
-// fromJetgres says whether subject is one that only jetgres's own JetStream may hear: its
+// fromJetgres says whether m is one that only jetgres's own JetStream may hear: its
 // clients' API requests about jetgres's streams, its bucket's key-value subjects, its
 // replicas'. (The hub's clients' own requests, and those that reach the hub through
-// $JS.hub.API, mapped there to $JS.API and $KV of the hub's own bucket, are the hub's.)
-func fromJetgres(subject string) bool {
+// $JS.hub.API, mapped there to $JS.API and $KV of the hub's own bucket, are the hub's.
+// So are deliveries to a hub client's inbox, which show the stored message's subject.)
+func fromJetgres(m *nats.Msg) bool {
+	subject := m.Subject
+	if strings.HasPrefix(m.Reply, "$JS.ACK.") {
+		return false
+	}
 	if strings.HasPrefix(subject, "$JS.API.") {
 		return strings.Contains(subject, "ORDERS") || strings.Contains(subject, "KV_CONF")
 	}

@@ -140,6 +140,9 @@ type Config struct {
 	// ClusterName is the NATS cluster's name, reported with the serving replica in stream
 	// and consumer info; empty reports no cluster.
 	ClusterName string
+	// Domain is the JetStream domain jetgres answers as, which PubAcks, stream info and
+	// account info report, as nats-server's do; empty reports none.
+	Domain string
 	// Clock tells the bridge the time and wakes it when time has passed, for consumer
 	// ownership too (see package clock). Nil means the system clock, the only right one
 	// outside tests.
@@ -297,6 +300,7 @@ func New(cfg Config) (*Bridge, error) {
 		TailBytes: TailBytesDefault, Tails: tailcache.NewBudget(int64(cfg.TailTotalBytes)),
 		Gets:       b.gets,
 		NoInterest: b.retention.NoInterest,
+		Domain:     cfg.Domain,
 	})
 	cons, err := newConsumers(b)
 	if err != nil {
@@ -314,6 +318,7 @@ func New(cfg Config) (*Bridge, error) {
 		Clock: b.clock, Logger: cfg.Logger, Registerer: cfg.Registerer,
 		Queue: APIQueueDefault, Workers: APIWorkersDefault,
 		MaxPayload: cfg.MaxPayload, ClusterName: cfg.ClusterName, ReplicaName: cfg.ReplicaName,
+		Domain: cfg.Domain,
 	})
 	return b, nil
 }

@@ -63,6 +63,8 @@ type Config struct {
 	MaxPayload int32
 	// ClusterName and ReplicaName are the cluster and leader that info reports.
 	ClusterName, ReplicaName string
+	// Domain is the JetStream domain that account and stream info report; "" reports none.
+	Domain string
 }
 
 // API serves the JetStream API.
@@ -231,6 +233,7 @@ func (a *API) apiAccountInfo(ctx context.Context) (*server.JSApiAccountInfoRespo
 	resp := &server.JSApiAccountInfoResponse{ApiResponse: jswire.APIResponse(server.JSApiAccountInfoResponseType)}
 	var stats server.JetStreamAccountStats
 	stats.API.Level = jswire.APILevel
+	stats.Domain = a.cfg.Domain
 	// One read for all streams: a read per stream took seconds with thousands of them,
 	// beyond the clients' request timeout.
 	totals, err := a.db.AllTotals(ctx)

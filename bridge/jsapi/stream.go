@@ -120,6 +120,8 @@ func (a *API) streamCreated(ctx context.Context, resp *server.JSApiStreamCreateR
 	if err != nil {
 		return resp, err
 	}
+	// nats-server's create answer, unlike its info and update answers, names no domain.
+	info.Domain = ""
 	resp.StreamInfo, resp.DidCreate = info, created
 	return resp, nil
 }
@@ -160,7 +162,7 @@ func (a *API) streamInfo(ctx context.Context, s *stream.Stream) (*server.StreamI
 		}
 	}
 	return &server.StreamInfo{Config: jswire.StreamConfigForResponse(s.Config()), Created: s.Created().UTC(), State: state, TimeStamp: a.clock.Now().UTC(),
-		Cluster: a.streamClusterInfo()}, nil
+		Domain: a.cfg.Domain, Cluster: a.streamClusterInfo()}, nil
 }
 
 func (a *API) apiStreamUpdate(ctx context.Context, name string, body []byte) (*server.JSApiStreamUpdateResponse, error) {

@@ -65,6 +65,8 @@ type Config struct {
 	// NoInterest says, for messages bound for an interest stream, which of their subjects no
 	// consumer wants: those are not stored.
 	NoInterest func(s *Stream, subjects []string) []bool
+	// Domain is the JetStream domain that PubAcks name; "" names none.
+	Domain string
 }
 
 // Registry is the streams this process serves, kept as PostgreSQL stores them, and the
@@ -302,7 +304,7 @@ func (r *Registry) SyncLocked(ctx context.Context) error {
 // Add serves a stored stream: it makes its tail and get index and subscribes its subjects.
 // Called with the admin lock held.
 func (r *Registry) Add(st pg.StreamRow, cfg server.StreamConfig) (*Stream, error) {
-	s := &Stream{id: st.ID, name: st.Name, created: st.Created, ackPfx: jswire.PubAckPrefix(st.Name),
+	s := &Stream{id: st.ID, name: st.Name, created: st.Created, ackPfx: jswire.PubAckPrefixIn(st.Name, r.cfg.Domain),
 		tail: tailcache.New(r.cfg.TailBytes, r.cfg.Tails)}
 	s.gets = r.cfg.Gets.Open(s.id, s.tail)
 	s.subscribers = r.subscribers

@@ -69,6 +69,9 @@ type config struct {
 	Routes      string
 	ClusterName string
 	Lease       time.Duration
+
+	// JSDomain is the JetStream domain jetgres answers as on the NATS network.
+	JSDomain string
 }
 
 // setting describes one flag. Every setting lives in this one table so that the flag set,
@@ -128,6 +131,7 @@ func (c *config) settings() []setting {
 		{"cluster", envOf("cluster"), "host:port of the NATS cluster (route) listener that joins replicas' embedded servers into one cluster; empty: no cluster (route TLS and authorization through --nats-config)", &c.Cluster, ""},
 		{"routes", envOf("routes"), "comma-separated route URLs of the other replicas (nats://host:port), as nats-server's --routes", &c.Routes, ""},
 		{"cluster-name", envOf("cluster-name"), "name of the NATS cluster, the same on every replica; stream and consumer info report it", &c.ClusterName, "jetgres"},
+		{"js-domain", envOf("js-domain"), "JetStream domain of jetgres, as nats-server's jetstream.domain: clients across leafnode remotes reach it as $JS.<domain>.API (empty: --nats-config's, else none); its own clients' API requests never leave it", &c.JSDomain, ""},
 		{"lease", envOf("lease"), "how long a replica's ownership session may be silent before PostgreSQL frees its consumers for other replicas; a replica that cannot confirm its session stops delivering after a fifth of it", &c.Lease, bridge.LeaseDefault},
 	}
 }

@@ -70,6 +70,7 @@ func TestEnvironmentVariables(t *testing.T) {
 		"routes":              {"JETGRES_ROUTES"},
 		"cluster-name":        {"JETGRES_CLUSTER_NAME"},
 		"lease":               {"JETGRES_LEASE"},
+		"js-domain":           {"JETGRES_JS_DOMAIN"},
 
 		"subject-index-bytes": {"JETGRES_SUBJECT_INDEX_BYTES"},
 	}

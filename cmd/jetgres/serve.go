@@ -191,6 +191,7 @@ func (n *node) start(ctx context.Context) error {
 		MaxPayload:        n.nats.MaxPayload(),
 		Lease:             cfg.Lease,
 		ClusterName:       n.nats.ClusterName(),
+		Domain:            n.nats.Domain(),
 		MaxMemory:         n.nats.JetStreamLimits().MaxMemory,
 		MaxStore:          n.nats.JetStreamLimits().MaxStore,
 
@@ -246,7 +247,8 @@ func natsConfig(cfg config, host string, port int, log *slog.Logger) natsd.Confi
 		Host: host, Port: port, Logger: log,
 		Cluster:    natsd.ClusterConfig{Listen: cfg.Cluster, Routes: splitRoutes(cfg.Routes), Name: cfg.ClusterName},
 		ConfigFile: cfg.NATSConfig, User: cfg.User, Password: cfg.Password,
-		TLS: natsd.TLSConfig{Cert: cfg.TLSCert, Key: cfg.TLSKey, CA: cfg.TLSCA, Verify: cfg.TLSVerify},
+		JetStreamDomain: cfg.JSDomain,
+		TLS:             natsd.TLSConfig{Cert: cfg.TLSCert, Key: cfg.TLSKey, CA: cfg.TLSCA, Verify: cfg.TLSVerify},
 	}
 }
 

@@ -3,7 +3,9 @@
 // JetStream API itself), opens a loopback-only leafnode listener with
 // credentials generated at start-up for the bridge's link, applies the
 // client security the operator asks for (a nats-server configuration file,
-// a user, TLS), routes the server's logging into log/slog, and stops it.
+// a user, TLS), makes jetgres a JetStream domain of its own on the NATS
+// network the server joins through leafnode remotes (domain.go), routes the
+// server's logging into log/slog, and stops it.
 //
 // Client permissions govern the JetStream API too: the bridge receives an
 // API request only after the server has let the client publish it, and its
@@ -70,7 +72,9 @@ type Config struct {
 	// bcrypt) or nkeys, per-user publish and subscribe permissions, TLS,
 	// limits. What jetgres decides itself wins over it: the client
 	// listener (Host and Port), JetStream (off) and the leafnode listener
-	// (the bridge's). Clients must be in the global account (users under
+	// (the bridge's). Leafnode remotes join other NATS systems, with
+	// jetgres's JetStream walled off from theirs (see JetStreamDomain);
+	// gateways are refused. Clients must be in the global account (users under
 	// authorization, not under accounts), where the bridge serves JetStream;
 	// operator (JWT) mode is refused. Defaults to "" (no file).
 	ConfigFile string
@@ -95,6 +99,14 @@ type Config struct {
 	// Logger receives the server's log lines.
 	// Defaults to slog.Default().
 	Logger *slog.Logger
+
+	// JetStreamDomain is the JetStream domain jetgres answers as, nats-server's
+	// jetstream.domain: clients anywhere on the NATS network this server joins
+	// reach jetgres's API as $JS.<domain>.API. It wins over ConfigFile's
+	// jetstream block. Whatever the domain, jetgres's own clients' API requests
+	// stay inside jetgres: see domain.go. Defaults to "" (ConfigFile's, else
+	// none).
+	JetStreamDomain string
 
 	// ServerOptions, when set, may adjust the server options just before
 	// the server is created, for example to add users, accounts or TLS for
@@ -196,6 +208,7 @@ type Server struct {
 	leaf       LeafEndpoint
 	maxPayload int32
 	jsLimits   JetStreamLimits
+	domain     string
 	stopOnce   sync.Once
 }
 
@@ -226,13 +239,16 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	// JetStream server's; the server itself runs without JetStream.
 	limits := JetStreamLimits{MaxMemory: max(opts.JetStreamMaxMemory, 0), MaxStore: max(opts.JetStreamMaxStore, 0)}
 	enforceBridgeOptions(opts, user, pass, cfg.Logger)
+	if err := applyDomain(opts, cfg.Logger); err != nil {
+		return nil, err
+	}
 	logSecurity(opts, cfg.Logger)
 
 	ns, err := server.NewServer(opts)
 	if err != nil {
 		return nil, fmt.Errorf("natsd: create server: %w", err)
 	}
-	s := &Server{ns: ns, maxPayload: opts.MaxPayload, jsLimits: limits}
+	s := &Server{ns: ns, maxPayload: opts.MaxPayload, jsLimits: limits, domain: opts.JetStreamDomain}
 	logs := newLogAdapter(cfg.Logger)
 	ns.SetLoggerV2(logs, opts.Debug || cfg.Logger.Enabled(ctx, slog.LevelDebug), opts.Trace, opts.TraceVerbose)
 	ns.Start()
@@ -304,6 +320,12 @@ func (cfg Config) serverOptions() (*server.Options, error) {
 	if cfg.MaxPayload != 0 {
 		opts.MaxPayload = cfg.MaxPayload
 	}
+	if cfg.JetStreamDomain != "" {
+		opts.JetStreamDomain = cfg.JetStreamDomain
+	}
+	if err := checkDomain(opts.JetStreamDomain); err != nil {
+		return nil, err
+	}
 	if err := cfg.Cluster.apply(opts); err != nil {
 		return nil, err
 	}
@@ -336,6 +358,9 @@ func (cfg Config) serverOptions() (*server.Options, error) {
 func checkFileOptions(o *server.Options) error {
 	if len(o.TrustedOperators) > 0 || len(o.TrustedKeys) > 0 {
 		return errors.New("operator (JWT) mode is not supported; define users under authorization")
+	}
+	if err := checkGateways(o); err != nil {
+		return err
 	}
 	for _, a := range o.Accounts {
 		if a.Name != o.SystemAccount && a.Name != globalAccount {
@@ -520,6 +545,9 @@ func (s *Server) Leaf() LeafEndpoint { return s.leaf }
 
 // MaxPayload is the largest message (headers plus data) the server accepts.
 func (s *Server) MaxPayload() int32 { return s.maxPayload }
+
+// Domain is the JetStream domain jetgres answers as, "" for none.
+func (s *Server) Domain() string { return s.domain }
 
 // JetStreamLimits are the JetStream resources of the configuration (its jetstream block's
 // max_memory_store and max_file_store), in bytes, 0 where none is set.

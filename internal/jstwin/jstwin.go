@@ -25,6 +25,8 @@ type Config struct {
 	// MaxMemory and MaxStore are the server's JetStream resources (max_memory_store and
 	// max_file_store in its configuration), in bytes; 0 leaves nats-server's defaults.
 	MaxMemory, MaxStore int64
+	// Domain is the server's JetStream domain (jetstream.domain); "" is none.
+	Domain string
 }
 
 // Twin is a running nats-server with JetStream on file storage, listening on a free
@@ -47,6 +49,7 @@ func Start(cfg Config) (*Twin, error) {
 		SyncAlways:         cfg.SyncAlways,
 		JetStreamMaxMemory: cfg.MaxMemory,
 		JetStreamMaxStore:  cfg.MaxStore,
+		JetStreamDomain:    cfg.Domain,
 		NoLog:              true,
 		NoSigs:             true,
 	})

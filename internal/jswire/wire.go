@@ -105,9 +105,18 @@ func DecodeRequest(data []byte, v any) *server.ApiError {
 
 // PubAckPrefix is the constant start of every PubAck of a stream: it is built once, so an
 // ack costs no JSON encoding.
-func PubAckPrefix(stream string) []byte {
+func PubAckPrefix(stream string) []byte { return PubAckPrefixIn(stream, "") }
+
+// PubAckPrefixIn is PubAckPrefix for a stream of a JetStream domain, which nats-server
+// names in every PubAck after the stream.
+func PubAckPrefixIn(stream, domain string) []byte {
 	name, _ := json.Marshal(stream)
-	return append(append([]byte(`{"stream":`), name...), `,"seq":`...)
+	b := append([]byte(`{"stream":`), name...)
+	if domain != "" {
+		d, _ := json.Marshal(domain)
+		b = append(append(b, `,"domain":`...), d...)
+	}
+	return append(b, `,"seq":`...)
 }
 
 // PubAck is the PubAck of a stored message, after its stream's PubAckPrefix.

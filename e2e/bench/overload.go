@@ -252,7 +252,7 @@ func (r *runner) stepAfter(ctx context.Context, t *benchTarget, pubs []publishFu
 		Latency:    h.snapshot().Summary(),
 	}
 	if t.node != nil {
-		st.PushLimit = t.node.push.Stats().Limit
+		st.AppendLimit = t.node.appends.Stats().Limit
 	}
 	return st, nil
 }

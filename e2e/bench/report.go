@@ -178,8 +178,8 @@ type OverloadStep struct {
 	MsgsPerSec float64        `json:"msgs_per_sec"`
 	Errors     int            `json:"errors"`
 	Latency    LatencySummary `json:"latency"`
-	// PushLimit is the append lane's limit at the end of the step (jetgres in-process only).
-	PushLimit int `json:"push_limit,omitempty"`
+	// AppendLimit is the append lane's limit at the end of the step (jetgres in-process only).
+	AppendLimit int `json:"append_limit,omitempty"`
 }
 
 // NatsBench is the nats bench section: the natscli it ran, its message counts, and a result

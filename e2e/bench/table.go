@@ -142,8 +142,8 @@ func (rep *Report) overloadRows() [][]string {
 	for _, ov := range rep.Overload {
 		for _, st := range ov.Steps {
 			limit := "—"
-			if st.PushLimit > 0 {
-				limit = fmt.Sprint(st.PushLimit)
+			if st.AppendLimit > 0 {
+				limit = fmt.Sprint(st.AppendLimit)
 			}
 			out = append(out, []string{targetLabels[ov.Target], fmt.Sprintf("%g×", st.Multiple), fmt.Sprint(st.Publishers),
 				fmtRate(st.MsgsPerSec), fmt.Sprintf("%.0f %%", 100*st.MsgsPerSec/ov.Peak),

@@ -36,7 +36,7 @@ type jetgresNode struct {
 	nats   *natsd.Server
 	link   *leaf.Conn
 	bridge *bridge.Bridge
-	push   *flow.Lane
+	appends   *flow.Lane
 	// reg holds the bridge's metrics, from which the report shows where a publish spends
 	// its time inside jetgres.
 	reg *prometheus.Registry
@@ -62,7 +62,7 @@ func defaultLanes() (push, pop, ack *flow.Lane, err error) {
 // startJetgres starts a node on dsn whose transactions commit with synchronous_commit set to
 // commit ("on" or "off", as --synchronous-commit) and whose bridge uses the given lanes.
 func startJetgres(ctx context.Context, dsn, commit string, push, pop, ack *flow.Lane, log *slog.Logger) (_ *jetgresNode, err error) {
-	n := &jetgresNode{push: push, reg: prometheus.NewRegistry()}
+	n := &jetgresNode{appends: push, reg: prometheus.NewRegistry()}
 	defer func() {
 		if err != nil {
 			n.stop()

@@ -28,9 +28,9 @@ func TestScrapeWaitsForAConsumerWithoutTheRegistryLock(t *testing.T) {
 		t.Fatal(err)
 	}
 	cs := tb.bridge.cons
-	var c *consumer.Probe
+	var c *consumer.Inspector
 	testwait.For(t, 10*time.Second, func() error {
-		if c = cs.Probe("S", "C"); c == nil {
+		if c = cs.Inspect("S", "C"); c == nil {
 			return errors.New("consumer C is not served yet")
 		}
 		return nil

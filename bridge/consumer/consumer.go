@@ -129,7 +129,7 @@ type consumer struct {
 	reply      []byte // a delivery's reply subject, built anew for each in the same array
 	cfg        server.ConsumerConfig
 	st         *consumerstate.State
-	out        delivery // to waiting pull requests or to the deliver subject
+	out        deliveryStrategy // to waiting pull requests or to the deliver subject
 	start      *startPos
 	ahead      []pg.Message // read from PostgreSQL, not yet delivered
 	aheadUpTo  uint64       // the read-ahead looked through this sequence
@@ -516,7 +516,7 @@ func (c *consumer) applyCommitted() {
 
 // delivered accounts a message sent to to: the delivery's own accounting, then the
 // consumer's.
-func (c *consumer) delivered(to target, size int, m pg.Message, dc uint64, now time.Time) {
+func (c *consumer) delivered(to deliveryTarget, size int, m pg.Message, dc uint64, now time.Time) {
 	c.out.sent(c, to, size, now)
 	if dc == 1 {
 		c.cs.m.e2eLatency.Observe(max(float64(now.UnixNano()-m.TS)/1e9, 0))

@@ -8,12 +8,12 @@ import (
 	"github.com/jetgres/jetgres/internal/jswire"
 )
 
-// delivery is where a consumer's messages go: to the pull requests waiting for them (a
+// deliveryStrategy is where a consumer's messages go: to the pull requests waiting for them (a
 // puller) or to a push consumer's deliver subject (a pusher). It is chosen when the
 // consumer is built and never changes, as JetStream refuses an update between push and
 // pull; an update reconfigures it. The consumer's goroutine owns it: every method is called
 // with the consumer's mu held.
-type delivery interface {
+type deliveryStrategy interface {
 	// request takes a MSG.NEXT request (or an ack's next), received at now.
 	request(c *consumer, reply string, body []byte, now time.Time)
 	// waits reports whether a client waits for the next message, so that the consumer
@@ -23,9 +23,9 @@ type delivery interface {
 	ready(c *consumer, now time.Time) bool
 	// route says where the next message goes, its size counted as nats-server counts it
 	// for that destination; ok is false when nothing can take it.
-	route(c *consumer, subject string, size int, now time.Time) (to target, sized int, ok bool)
+	route(c *consumer, subject string, size int, now time.Time) (to deliveryTarget, sized int, ok bool)
 	// sent accounts a delivery of size bytes to to.
-	sent(c *consumer, to target, size int, now time.Time)
+	sent(c *consumer, to deliveryTarget, size int, now time.Time)
 	// sweep drops what expired or lost its client before a pump delivers.
 	sweep(c *consumer, now time.Time)
 	// settle ends a pump: eos says whether it ran out of messages to deliver.
@@ -43,7 +43,7 @@ type delivery interface {
 	// yieldEvery is how many deliveries a pump queues between two yields of its processor.
 	yieldEvery() int
 	// configure applies an update, keeping what is owed and paced.
-	configure(c *consumer, cfg *server.ConsumerConfig, now time.Time) delivery
+	configure(c *consumer, cfg *server.ConsumerConfig, now time.Time) deliveryStrategy
 	// numWaiting is nats-server's num_waiting: the requests waiting that have not expired.
 	numWaiting(now time.Time) int
 	// stopped answers whoever waits as a consumer stopping for hdr's reason; nil answers
@@ -51,15 +51,15 @@ type delivery interface {
 	stopped(c *consumer, hdr []byte)
 }
 
-// target is where one delivery goes: a waiting request's inbox, or a deliver subject and
+// deliveryTarget is where one delivery goes: a waiting request's inbox, or a deliver subject and
 // its group.
-type target struct {
+type deliveryTarget struct {
 	subject, group string
 	req            *pullRequest // nil for a push consumer
 }
 
 // newDelivery is the delivery cfg asks for.
-func newDelivery(c *consumer, cfg *server.ConsumerConfig, now time.Time) delivery {
+func newDelivery(c *consumer, cfg *server.ConsumerConfig, now time.Time) deliveryStrategy {
 	if cfg.DeliverSubject == "" {
 		return &puller{}
 	}
@@ -164,7 +164,7 @@ func (p *puller) ready(*consumer, time.Time) bool { return len(p.reqs) > 0 }
 
 // route picks the request the next message goes to, dropping those that expired, cannot
 // take it, or lost their subscriber. The request stays at the head until sent moves it.
-func (p *puller) route(c *consumer, _ string, size int, now time.Time) (target, int, bool) {
+func (p *puller) route(c *consumer, _ string, size int, now time.Time) (deliveryTarget, int, bool) {
 	link := c.cs.link
 	for len(p.reqs) > 0 {
 		wr := p.reqs[0]
@@ -176,12 +176,12 @@ func (p *puller) route(c *consumer, _ string, size int, now time.Time) (target, 
 			_ = link.Publish(wr.reply, "", pendingHeader(409, jswire.DescMaxBytes, wr), nil)
 		case !p.hasInterest(c, wr, now):
 		default:
-			return target{subject: wr.reply, req: wr}, size, true
+			return deliveryTarget{subject: wr.reply, req: wr}, size, true
 		}
 		p.reqs = p.reqs[1:]
 	}
 	p.reqs = nil
-	return target{}, size, false
+	return deliveryTarget{}, size, false
 }
 
 // hasInterest reports whether the request's inbox still has a subscriber (see interestGrace).
@@ -200,7 +200,7 @@ func (p *puller) hasInterest(c *consumer, wr *pullRequest, now time.Time) bool {
 
 // sent counts a message against the request at the head of the queue. A request with more
 // to take moves to the back, so that several clients share a consumer in turn.
-func (p *puller) sent(c *consumer, to target, size int, now time.Time) {
+func (p *puller) sent(c *consumer, to deliveryTarget, size int, now time.Time) {
 	wr := to.req
 	if wr.sent == 0 {
 		c.cs.m.subLatency.Observe(now.Sub(wr.received).Seconds())
@@ -295,7 +295,7 @@ func (p *puller) prefetchLow() int { return prefetchBelow }
 
 func (p *puller) yieldEvery() int { return deliveryYield }
 
-func (p *puller) configure(*consumer, *server.ConsumerConfig, time.Time) delivery { return p }
+func (p *puller) configure(*consumer, *server.ConsumerConfig, time.Time) deliveryStrategy { return p }
 
 func (p *puller) stopped(c *consumer, hdr []byte) {
 	if hdr != nil {

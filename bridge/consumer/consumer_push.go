@@ -71,7 +71,7 @@ func newPusher(c *consumer, cfg *server.ConsumerConfig, now time.Time) *pusher {
 }
 
 // configure applies a configuration update, keeping what is owed and paced.
-func (p *pusher) configure(c *consumer, cfg *server.ConsumerConfig, now time.Time) delivery {
+func (p *pusher) configure(c *consumer, cfg *server.ConsumerConfig, now time.Time) deliveryStrategy {
 	q := newPusher(c, cfg, now)
 	if q.subject == p.subject && q.group == p.group {
 		q.active, q.known, q.seenVer = p.active, p.known, p.seenVer
@@ -139,13 +139,13 @@ func (p *pusher) ready(c *consumer, now time.Time) bool {
 }
 
 // route: always the deliver subject, which nats-server counts in place of the message's.
-func (p *pusher) route(_ *consumer, subject string, size int, _ time.Time) (target, int, bool) {
-	return target{subject: p.subject, group: p.group}, size + len(p.subject) - len(subject), true
+func (p *pusher) route(_ *consumer, subject string, size int, _ time.Time) (deliveryTarget, int, bool) {
+	return deliveryTarget{subject: p.subject, group: p.group}, size + len(p.subject) - len(subject), true
 }
 
 // sent accounts a delivery of size bytes to the deliver subject: flow control, pacing
 // and the heartbeat it makes unnecessary.
-func (p *pusher) sent(c *consumer, _ target, size int, now time.Time) {
+func (p *pusher) sent(c *consumer, _ deliveryTarget, size int, now time.Time) {
 	c.tally.pushed++
 	if p.hb > 0 {
 		p.hbNext = now.Add(p.hb)

@@ -65,6 +65,25 @@ type Store interface {
 	ClearOwner(ctx context.Context, owner string) error
 }
 
+// Link is what the engine asks of its link to the NATS server; *leaf.Conn satisfies it.
+// Handlers run on the link's read loop; SubscribeBorrowed's lend the message only for the
+// call.
+type Link interface {
+	Publish(subject, reply string, hdr, data []byte) error
+	PublishQueue(subject string, reply []byte, queue string, hdr, data []byte) error
+	Subscribe(subject, queue string, h leaf.Handler) (*leaf.Subscription, error)
+	SubscribeBorrowed(subject, queue string, h leaf.Handler) (*leaf.Subscription, error)
+	// HasInterest and HasQueueInterest report whether the server announced a subscriber
+	// (in the group) for subject; InterestVersion moves and InterestChanged signals when
+	// what it announced changes.
+	HasInterest(subject string) bool
+	HasQueueInterest(subject, group string) bool
+	InterestVersion() uint64
+	InterestChanged() <-chan struct{}
+}
+
+var _ Link = (*leaf.Conn)(nil)
+
 // Retention is what the engine tells the retention engine (bridge/retention): every ack
 // that reaches this replica, and the consumers it creates, changes and deletes.
 type Retention interface {
@@ -77,7 +96,7 @@ type Retention interface {
 // durations must be positive.
 type Config struct {
 	Store Store
-	Link  *leaf.Conn
+	Link  Link
 	// Pop is the lane of reads behind the tail cache, and Ack that of cursor writes.
 	Pop, Ack *flow.Lane
 	Clock    clock.Clock
@@ -132,7 +151,7 @@ func (c *Config) validate() error {
 type Engine struct {
 	cfg   Config
 	db    Store
-	link  *leaf.Conn
+	link  Link
 	clock clock.Clock
 	log   *slog.Logger
 	owner string
@@ -671,8 +690,8 @@ func (cs *Engine) ensure(ctx context.Context, streamName, consumerName string) (
 // errStopping is what work refused because the engine is stopping fails with.
 var errStopping = errors.New("bridge: stopping")
 
-// Progress is how far a consumer this replica serves has come, as retention reads it.
-type Progress struct {
+// ConsumerProgress is how far a consumer this replica serves has come, as retention reads it.
+type ConsumerProgress struct {
 	// Floor is the ack floor's stream sequence and Next the next sequence to deliver.
 	Floor, Next uint64
 	// Pending are the stream sequences delivered and not yet acknowledged.
@@ -682,14 +701,14 @@ type Progress struct {
 // Progress reports the progress of the consumer a stored row describes when this replica
 // serves it: on the same stream and of the same creation, not a consumer deleted and made
 // again.
-func (cs *Engine) Progress(s *stream.Stream, row pg.Consumer) (Progress, bool) {
+func (cs *Engine) Progress(s *stream.Stream, row pg.Consumer) (ConsumerProgress, bool) {
 	c := cs.find(s.Name(), row.Name)
 	if c == nil || c.sc.s != s || !c.created.Equal(row.Created) {
-		return Progress{}, false
+		return ConsumerProgress{}, false
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return Progress{Floor: c.st.AckFloor().Stream, Next: c.st.Next(), Pending: c.st.PendingSeqs()}, true
+	return ConsumerProgress{Floor: c.st.AckFloor().Stream, Next: c.st.Next(), Pending: c.st.PendingSeqs()}, true
 }
 
 // Filters reports the filter subjects of each of s's consumers this replica serves.

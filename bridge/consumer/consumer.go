@@ -12,6 +12,7 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 
+	"github.com/jetgres/jetgres/bridge/consumer/cursor"
 	"github.com/jetgres/jetgres/bridge/consumerstate"
 	"github.com/jetgres/jetgres/internal/jswire"
 	"github.com/jetgres/jetgres/internal/wake"
@@ -147,7 +148,7 @@ type consumer struct {
 	// consumer may have delivered by the time the response is written. Taken once.
 	initial *server.ConsumerInfo
 
-	cw         cursorWriter
+	cw         *cursor.Writer
 	tally      tally
 	ackedFloor bool // an ack moved the floor; the cursor writer is told after the queue
 }
@@ -181,9 +182,8 @@ func newConsumer(cs *Engine, sc *streamConsumers, row pg.Consumer, cfg server.Co
 	if cfg.ReplayPolicy == server.ReplayOriginal {
 		c.replay = replay{on: true, upTo: sc.s.Tail().HighWater()}
 	}
-	c.cw.written = floor
-	c.cw.want, c.cw.wantShown = floor, row.ShownStreamSeq
-	c.cw.hurry = make(chan struct{}, 1)
+	c.cw = cursor.NewWriter(cs.ctx, &cs.cursors, c, c.done, sc.s.Name(), pg.CursorParams{StreamID: sc.s.ID(), Name: row.Name,
+		Created: row.Created, Owner: cs.owner, AckStreamSeq: floor.Stream, AckConsumerSeq: floor.Consumer, ShownStreamSeq: row.ShownStreamSeq})
 	c.setFilters(&cfg)
 	c.out = newDelivery(c, &cfg, now)
 	return c

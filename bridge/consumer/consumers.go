@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/jetgres/jetgres/bridge/consumer/cursor"
 	"github.com/jetgres/jetgres/bridge/ownership"
 	"github.com/jetgres/jetgres/bridge/stream"
 	"github.com/jetgres/jetgres/embedded/leaf"
@@ -156,6 +157,8 @@ type Engine struct {
 	log   *slog.Logger
 	owner string
 	m     *consumerMetrics
+	// cursors is what every consumer's cursor writer shares.
+	cursors cursor.WriterConfig
 	// The warnings of attempts that fail together while the database is away, thinned.
 	// Each warning has a throttle of its own, so that one cannot hide another.
 	warnRead, warnPending, warnTick, warnFill warnlog.Throttle
@@ -232,6 +235,8 @@ func New(cfg Config) (*Engine, error) {
 		streams: make(map[*stream.Stream]*streamConsumers),
 	}
 	cs.m = newConsumerMetrics(cfg.Registerer, cs)
+	cs.cursors = cursor.WriterConfig{Store: cfg.Store, Lane: cfg.Ack, Clock: cfg.Clock, Interval: cfg.CursorInterval, Logger: log,
+		Go: cs.g.Go, Writes: cs.m.cursorWrites, Latency: cs.m.cursorLatency}
 	cs.held = newHeld(cfg.Registerer)
 	keeper, err := ownership.New(ownership.Config{
 		Store: cfg.Store, Clock: cfg.Clock, Logger: log, Registerer: cfg.Registerer, Lease: cfg.Lease,
@@ -309,7 +314,7 @@ func (cs *Engine) Stop(ctx context.Context) {
 		}
 	}
 	for _, c := range all {
-		c.flushCursor(ctx)
+		c.cw.Flush(ctx)
 	}
 	cs.g.Stop()
 	if err := cs.db.ClearOwner(context.WithoutCancel(ctx), cs.owner); err != nil {

@@ -49,9 +49,7 @@ func (p *Inspector) Stale() bool { return p.c.stale.Load() }
 // CursorWrite reports the stream sequence of the floor the cursor writer means to write
 // and whether a write is in flight.
 func (p *Inspector) CursorWrite() (want uint64, inflight bool) {
-	p.c.cw.mu.Lock()
-	defer p.c.cw.mu.Unlock()
-	return p.c.cw.want.Stream, p.c.cw.inflight
+	return p.c.cw.Wanted()
 }
 
 // Holds reports whether this replica's own subscription to the consumer's pull requests

@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 
 	"github.com/jetgres/jetgres/bridge/consumer/cursor"
+	"github.com/jetgres/jetgres/bridge/consumer/pending"
 	"github.com/jetgres/jetgres/bridge/consumerstate"
 	"github.com/jetgres/jetgres/internal/jswire"
 	"github.com/jetgres/jetgres/internal/wake"
@@ -105,17 +106,13 @@ type consumer struct {
 	name    string
 	created time.Time
 
-	qmu   sync.Mutex
-	queue []event
-	wake  chan struct{}
-	stopR atomic.Uint32
-	done  chan struct{}
-	pend  pendingCommits // matching commits counted off the goroutine
-	stale atomic.Bool    // removals may have taken rows npc counts
-	// counted is where npc's last count in PostgreSQL began: rows below it were never in
-	// the count, so removing them cannot make it stale.
-	counted atomic.Uint64
-	parked  atomic.Bool // waiting requests and nothing to send: the ticker polls for it
+	qmu    sync.Mutex
+	queue  []event
+	wake   chan struct{}
+	stopR  atomic.Uint32
+	done   chan struct{}
+	pend   pending.Tracker // matching commits counted off the goroutine, and npc's staleness
+	parked atomic.Bool     // waiting requests and nothing to send: the ticker polls for it
 	// filter holds the consumer's filter subjects. It is read off the goroutine (the commit
 	// path, retention), so a reconfiguration stores a fresh slice rather than writing one.
 	filter atomic.Pointer[[]string]
@@ -137,7 +134,6 @@ type consumer struct {
 	aheadGen   uint64       // bumped whenever the read-ahead is thrown away
 	pf         *prefetch    // the background read of the next batch, if any
 	npc        int64        // num_pending: matching messages never delivered, from next on
-	recountAt  time.Time    // no recount of npc before this, after an expensive one
 	lastActive time.Time
 	retryAt    time.Time
 	unlocked   bool // mu was released to wait for a read: the pump's reading of the clock is old
@@ -249,7 +245,7 @@ func (c *consumer) committed(msgs []pg.Message, from uint64) {
 	if len(msgs) == 0 {
 		return
 	}
-	n, gap := c.pend.add(msgs, from, c.matchFilters)
+	n, gap := c.pend.Add(msgs, from, c.matchFilters)
 	if gap {
 		c.markStale(from - 1)
 	}
@@ -361,7 +357,7 @@ func (c *consumer) handle(ctx context.Context, ev *event, now time.Time) {
 		c.dropAhead()
 		// The filters are all of the configuration that the count depends on.
 		if !slices.Equal(old, c.filters()) {
-			c.stale.Store(true)
+			c.pend.SetStale()
 		}
 		close(ev.cfg.applied)
 	}
@@ -420,9 +416,9 @@ func (c *consumer) pump(ctx context.Context) {
 			hdr, data = headersOnly(m.Header, len(m.Data)), nil
 		}
 		uncounted := false
-		if dc == 1 && m.Seq > c.pend.through.Load() {
+		if dc == 1 && m.Seq > c.pend.Through() {
 			var added int64
-			added, uncounted = c.pend.claim(m.Seq)
+			added, uncounted = c.pend.Claim(m.Seq)
 			c.npc += added
 		}
 		pending := uint64(max(c.npc, 0))
@@ -511,7 +507,7 @@ const deliveryYieldPush = 512
 
 // applyCommitted folds commits counted off the goroutine into num_pending.
 func (c *consumer) applyCommitted() {
-	c.npc += c.pend.take()
+	c.npc += c.pend.Take()
 }
 
 // delivered accounts a message sent to to: the delivery's own accounting, then the
@@ -540,9 +536,7 @@ func (c *consumer) nextWake(now time.Time) time.Time {
 	c.out.wake(c, now, earlier)
 	earlier(c.st.NextDeadline())
 	earlier(c.replay.at)
-	if c.stale.Load() {
-		earlier(c.recountAt)
-	}
+	earlier(c.pend.RecountWake())
 	return t
 }
 

@@ -131,7 +131,7 @@ func (m *consumerMetrics) Collect(ch chan<- prometheus.Metric) {
 	for _, sv := range all {
 		c := sv.c
 		c.mu.Lock()
-		rows = append(rows, row{sv.stream, c.name, int(max(c.npc+c.pend.peek(), 0)), c.st.NumAckPending(), c.out.numWaiting(now)})
+		rows = append(rows, row{sv.stream, c.name, int(max(c.npc+c.pend.Peek(), 0)), c.st.NumAckPending(), c.out.numWaiting(now)})
 		c.mu.Unlock()
 	}
 	sort.Slice(rows, func(i, j int) bool {

@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/jetgres/jetgres/bridge/consumer/cursor"
+	"github.com/jetgres/jetgres/bridge/consumer/pending"
 	"github.com/jetgres/jetgres/bridge/ownership"
 	"github.com/jetgres/jetgres/bridge/stream"
 	"github.com/jetgres/jetgres/embedded/leaf"
@@ -371,7 +372,7 @@ func (cs *Engine) OnPurged(ctx context.Context, s *stream.Stream, ev stream.Purg
 	}
 	sc.reads.forget()
 	for _, c := range sc.list() {
-		c.markStale(allRows)
+		c.markStale(pending.AllRows)
 		c.postControl(event{kind: evPurged})
 	}
 	if ev.Request {
@@ -591,8 +592,7 @@ func (cs *Engine) activate(ctx context.Context, sc *streamConsumers, row pg.Cons
 		return nil, err
 	}
 	c.npc = int64(npc + extra)
-	c.counted.Store(c.st.Next())
-	c.pend.through.Store(hw) // no commit reaches c before it is registered below
+	c.pend.Begin(c.st.Next(), hw) // no commit reaches c before it is registered below
 	if start != nil {
 		// A new consumer: its create response reports it as it is now, before its goroutine
 		// runs, with nothing delivered and every matching message pending.

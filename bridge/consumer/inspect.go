@@ -44,7 +44,7 @@ func (p *Inspector) ReplayAt() time.Time {
 }
 
 // Stale reports whether the consumer's pending count waits for a recount.
-func (p *Inspector) Stale() bool { return p.c.stale.Load() }
+func (p *Inspector) Stale() bool { return p.c.pend.Stale() }
 
 // CursorWrite reports the stream sequence of the floor the cursor writer means to write
 // and whether a write is in flight.

@@ -55,7 +55,7 @@ func (cs *Engine) onAck(m *leaf.Msg) {
 		ev.reply = strings.Clone(m.Reply)
 	}
 	if !c.post(ev) {
-		cs.m.acksDropped.Inc()
+		cs.m.AcksDropped.Inc()
 	}
 }
 

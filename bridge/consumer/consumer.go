@@ -515,9 +515,9 @@ func (c *consumer) applyCommitted() {
 func (c *consumer) delivered(to deliveryTarget, size int, m pg.Message, dc uint64, now time.Time) {
 	c.out.sent(c, to, size, now)
 	if dc == 1 {
-		c.cs.m.e2eLatency.Observe(max(float64(now.UnixNano()-m.TS)/1e9, 0))
+		c.cs.m.E2ELatency.Observe(max(float64(now.UnixNano()-m.TS)/1e9, 0))
 	} else {
-		c.cs.m.redeliveries.Inc()
+		c.cs.m.Redeliveries.Inc()
 	}
 	c.tally.delivered++
 	c.lastActive = now

@@ -26,7 +26,7 @@ func (c *consumer) recountPending(ctx context.Context) {
 	}
 	clock := c.cs.clock
 	if !c.pend.RecountDue(clock.Now()) {
-		c.cs.m.recountsLate.Inc()
+		c.cs.m.RecountsLate.Inc()
 		return
 	}
 	through := c.pend.Restart()
@@ -46,7 +46,7 @@ func (c *consumer) recountPending(ctx context.Context) {
 	}
 	c.npc = int64(n + extra)
 	c.pend.Counted(c.st.Next())
-	c.cs.m.recounts.Inc()
+	c.cs.m.Recounts.Inc()
 }
 
 // countFrom is where a count of num_pending in PostgreSQL starts, and what it must add for

@@ -146,7 +146,7 @@ func (p *puller) request(c *consumer, reply string, body []byte, now time.Time) 
 	pr.reply = reply
 	pr.seen = link.HasInterest(reply)
 	p.reqs = append(p.reqs, &pr)
-	c.cs.m.pulls.Inc()
+	c.cs.m.Pulls.Inc()
 }
 
 // batchPending is how many messages the waiting requests still want.
@@ -203,7 +203,7 @@ func (p *puller) hasInterest(c *consumer, wr *pullRequest, now time.Time) bool {
 func (p *puller) sent(c *consumer, to deliveryTarget, size int, now time.Time) {
 	wr := to.req
 	if wr.sent == 0 {
-		c.cs.m.subLatency.Observe(now.Sub(wr.received).Seconds())
+		c.cs.m.SubLatency.Observe(now.Sub(wr.received).Seconds())
 	}
 	wr.sent++
 	wr.batch--

@@ -131,7 +131,7 @@ func (p *pusher) ready(c *consumer, now time.Time) bool {
 	if p.windowClosed() {
 		if p.stalledSince.IsZero() {
 			p.stalledSince = now
-			c.cs.m.fcStalls.Inc()
+			c.cs.m.FCStalls.Inc()
 		}
 		return false
 	}
@@ -175,7 +175,7 @@ func (p *pusher) sent(c *consumer, _ deliveryTarget, size int, now time.Time) {
 func (p *pusher) sendFlowControl(c *consumer) {
 	p.fcsz, p.fcid = p.pbytes, jswire.FlowControlSubject(c.sc.s.Name(), c.name, rand.Uint64())
 	_ = c.cs.link.PublishQueue(p.subject, []byte(p.fcid), p.group, jswire.FlowControlStatus(), nil)
-	c.cs.m.fcRequests.Inc()
+	c.cs.m.FCRequests.Inc()
 }
 
 // flowControlAnswered takes the client's answer to a flow-control request; only the newest
@@ -203,7 +203,7 @@ func (p *pusher) settle(c *consumer, now time.Time, _ bool) {
 	}
 	d := c.st.Delivered()
 	_ = c.cs.link.PublishQueue(p.subject, nil, p.group, jswire.PushHeartbeatStatus(d.Consumer, d.Stream, p.fcid), nil)
-	c.cs.m.heartbeats.Inc()
+	c.cs.m.Heartbeats.Inc()
 }
 
 // wake: the inactive threshold while nobody listens; otherwise the heartbeat, the rate

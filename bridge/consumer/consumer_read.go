@@ -87,7 +87,7 @@ func (c *consumer) next(ctx context.Context) (m pg.Message, dc uint64, src sourc
 			}
 			continue
 		}
-		c.cs.m.tailMisses.Inc()
+		c.cs.m.TailMisses.Inc()
 		if !c.readAhead(ctx, from, hw) {
 			return m, 0, 0, nextFailed
 		}
@@ -244,14 +244,14 @@ func (c *consumer) dropAhead() {
 // message no longer exists.
 func (c *consumer) load(ctx context.Context, seq uint64) (pg.Message, bool, error) {
 	if m, live, covered := c.sc.s.Tail().Get(seq); covered {
-		c.cs.m.tailHits.Inc()
+		c.cs.m.TailHits.Inc()
 		return m, live, nil
 	}
 	// c.ahead is in sequence order: it is read ORDER BY seq and only ever extended past its end.
 	if i := tailcache.SearchSeq(c.ahead, seq); i < len(c.ahead) && c.ahead[i].Seq == seq {
 		return c.ahead[i], true, nil
 	}
-	c.cs.m.tailMisses.Inc()
+	c.cs.m.TailMisses.Inc()
 	if c.cs.clock.Now().Before(c.retryAt) {
 		return pg.Message{}, false, errRetryLater
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/jetgres/jetgres/bridge/consumer/cursor"
+	"github.com/jetgres/jetgres/bridge/consumer/metrics"
 	"github.com/jetgres/jetgres/bridge/consumer/pending"
 	"github.com/jetgres/jetgres/bridge/ownership"
 	"github.com/jetgres/jetgres/bridge/stream"
@@ -157,7 +158,7 @@ type Engine struct {
 	clock clock.Clock
 	log   *slog.Logger
 	owner string
-	m     *consumerMetrics
+	m     *metrics.Instruments
 	// cursors is what every consumer's cursor writer shares.
 	cursors cursor.WriterConfig
 	// The warnings of attempts that fail together while the database is away, thinned.
@@ -235,9 +236,9 @@ func New(cfg Config) (*Engine, error) {
 		activeN: make(chan struct{}, activationsMax),
 		streams: make(map[*stream.Stream]*streamConsumers),
 	}
-	cs.m = newConsumerMetrics(cfg.Registerer, cs)
+	cs.m = metrics.New(cfg.Registerer, cs.gauges)
 	cs.cursors = cursor.WriterConfig{Store: cfg.Store, Lane: cfg.Ack, Clock: cfg.Clock, Interval: cfg.CursorInterval, Logger: log,
-		Go: cs.g.Go, Writes: cs.m.cursorWrites, Latency: cs.m.cursorLatency}
+		Go: cs.g.Go, Writes: cs.m.CursorWrites, Latency: cs.m.CursorLatency}
 	cs.held = newHeld(cfg.Registerer)
 	keeper, err := ownership.New(ownership.Config{
 		Store: cfg.Store, Clock: cfg.Clock, Logger: log, Registerer: cfg.Registerer, Lease: cfg.Lease,

@@ -44,7 +44,7 @@ func (r *sharedReads) read(ctx context.Context, cs *Engine, p pg.ReadParams, fil
 		r.mu.Unlock()
 		select {
 		case <-sr.done:
-			cs.m.readsShared.Inc()
+			cs.m.ReadsShared.Inc()
 			return sr.msgs, sr.through, sr.err
 		case <-ctx.Done():
 			return nil, 0, ctx.Err()

@@ -73,7 +73,7 @@ func (cs *Engine) tick(ctx context.Context) bool {
 	if len(ids) == 0 {
 		return false
 	}
-	cs.m.ticks.Inc()
+	cs.m.Ticks.Inc()
 	hw, err := cs.db.HighWater(ctx, ids)
 	if err != nil {
 		if ctx.Err() == nil {
@@ -110,7 +110,7 @@ func (cs *Engine) fill(ctx context.Context, sc *streamConsumers) {
 		}
 		return
 	}
-	cs.m.tickReads.Inc()
+	cs.m.TickReads.Inc()
 	sc.s.Tail().Add(msgs, from, through)
 	// Rows another replica committed reach the consumers' pending counts only here; rows
 	// this process committed were counted already and count once.
@@ -130,6 +130,6 @@ func (cs *Engine) ReadPop(ctx context.Context, p pg.ReadParams, filters []string
 	}
 	msgs, through, rtt, err := cs.db.ReadFiltered(ctx, p, filters)
 	permit.Return(held, rtt, err)
-	cs.m.dbReads.Inc()
+	cs.m.DBReads.Inc()
 	return msgs, through, err
 }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/jetgres/jetgres/bridge/consumer/cursor"
 	"github.com/jetgres/jetgres/bridge/consumer/pending"
+	"github.com/jetgres/jetgres/bridge/consumer/startpos"
 	"github.com/jetgres/jetgres/bridge/consumerstate"
 	"github.com/jetgres/jetgres/internal/jswire"
 	"github.com/jetgres/jetgres/internal/wake"
@@ -87,13 +88,6 @@ const (
 	stopLost                // another replica took over: waiting requests get 409 Leadership Change
 )
 
-// startPos is where a consumer created just now starts, decided from its deliver policy.
-type startPos struct {
-	next   uint64
-	skip   []uint64 // deliver last per subject: these first, then resume
-	resume uint64
-}
-
 // consumer is one pull or push consumer served by this process. One goroutine (run) owns
 // its state: it takes pull requests, acks and flow-control answers in arrival order,
 // delivers, expires, and parks. A push consumer delivers as if to a pull request that never
@@ -128,7 +122,7 @@ type consumer struct {
 	cfg        server.ConsumerConfig
 	st         *consumerstate.State
 	out        deliveryStrategy // to waiting pull requests or to the deliver subject
-	start      *startPos
+	start      *startpos.Position
 	ahead      []pg.Message // read from PostgreSQL, not yet delivered
 	aheadUpTo  uint64       // the read-ahead looked through this sequence
 	aheadGen   uint64       // bumped whenever the read-ahead is thrown away
@@ -149,12 +143,12 @@ type consumer struct {
 	ackedFloor bool // an ack moved the floor; the cursor writer is told after the queue
 }
 
-func newConsumer(cs *Engine, sc *streamConsumers, row pg.Consumer, cfg server.ConsumerConfig, start *startPos) *consumer {
+func newConsumer(cs *Engine, sc *streamConsumers, row pg.Consumer, cfg server.ConsumerConfig, start *startpos.Position) *consumer {
 	floor := consumerstate.Pair{Consumer: row.AckConsumerSeq, Stream: row.AckStreamSeq}
 	next := floor.Stream + 1
 	if start != nil {
-		next = start.next
-		if len(start.skip) == 0 {
+		next = start.Next
+		if len(start.Skip) == 0 {
 			start = nil
 		}
 	}

@@ -55,7 +55,7 @@ func (c *consumer) recountPending(ctx context.Context) {
 // watcher learns from this count when it has seen every current value.
 func (c *consumer) countFrom() (from, extra uint64) {
 	if c.start != nil {
-		return c.start.resume + 1, uint64(len(c.start.skip))
+		return c.start.Resume + 1, uint64(len(c.start.Skip))
 	}
 	return c.st.Next(), 0
 }

@@ -48,7 +48,7 @@ func (c *consumer) next(ctx context.Context) (m pg.Message, dc uint64, src sourc
 		return m, 0, 0, nextStalled
 	}
 	for c.start != nil {
-		seq := c.start.skip[0]
+		seq := c.start.Skip[0]
 		m, live, err := c.load(ctx, seq)
 		if err != nil {
 			return m, 0, 0, nextFailed
@@ -98,9 +98,9 @@ func (c *consumer) next(ctx context.Context) (m pg.Message, dc uint64, src sourc
 func (c *consumer) consume(src source) {
 	switch src {
 	case srcStart:
-		c.start.skip = c.start.skip[1:]
-		if len(c.start.skip) == 0 {
-			if c.st.Skip(c.start.resume + 1) {
+		c.start.Skip = c.start.Skip[1:]
+		if len(c.start.Skip) == 0 {
+			if c.st.Skip(c.start.Resume + 1) {
 				c.floorMoved()
 			}
 			c.start = nil

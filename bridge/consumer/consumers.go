@@ -17,6 +17,7 @@ import (
 	"github.com/jetgres/jetgres/bridge/consumer/cursor"
 	"github.com/jetgres/jetgres/bridge/consumer/metrics"
 	"github.com/jetgres/jetgres/bridge/consumer/pending"
+	"github.com/jetgres/jetgres/bridge/consumer/startpos"
 	"github.com/jetgres/jetgres/bridge/ownership"
 	"github.com/jetgres/jetgres/bridge/stream"
 	"github.com/jetgres/jetgres/embedded/leaf"
@@ -572,7 +573,7 @@ func (cs *Engine) streamLoaded(ctx context.Context, s *stream.Stream) (*streamCo
 
 // activate starts serving a stored consumer whose lease this process holds. start, for a
 // consumer just created, carries the start position decided at creation.
-func (cs *Engine) activate(ctx context.Context, sc *streamConsumers, row pg.Consumer, start *startPos) (*consumer, error) {
+func (cs *Engine) activate(ctx context.Context, sc *streamConsumers, row pg.Consumer, start *startpos.Position) (*consumer, error) {
 	var cfg server.ConsumerConfig
 	if err := json.Unmarshal(row.Config, &cfg); err != nil {
 		return nil, errors.New("stored consumer config does not decode: " + err.Error())

@@ -14,6 +14,7 @@ import (
 
 	"github.com/jetgres/jetgres/bridge/consumer/cursor"
 	"github.com/jetgres/jetgres/bridge/consumer/pending"
+	"github.com/jetgres/jetgres/bridge/consumer/purgemove"
 	"github.com/jetgres/jetgres/bridge/consumer/startpos"
 	"github.com/jetgres/jetgres/bridge/consumerstate"
 	"github.com/jetgres/jetgres/internal/jswire"
@@ -69,7 +70,7 @@ type event struct {
 	reply      string
 	data       []byte
 	cfg        *configChange
-	purge      *purgeMove // how an evPurged moves the consumer, nil when it does not
+	purge      *purgemove.Move // how an evPurged moves the consumer, nil when it does not
 }
 
 // configChange is an evConfig's update, already stored in PostgreSQL; applied is closed
@@ -335,7 +336,7 @@ func (c *consumer) handle(ctx context.Context, ev *event, now time.Time) {
 		c.handleAck(ctx, ev, now)
 	case evPurged:
 		c.dropAhead()
-		if p := ev.purge; p != nil && c.st.Purged(p.start, p.last, p.wider, p.isGone, now) {
+		if p := ev.purge; p != nil && c.st.Purged(p.Start, p.Last, p.Wider, p.IsGone, now) {
 			c.floorMoved()
 		}
 	case evFlowControl:

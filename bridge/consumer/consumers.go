@@ -17,6 +17,7 @@ import (
 	"github.com/jetgres/jetgres/bridge/consumer/cursor"
 	"github.com/jetgres/jetgres/bridge/consumer/metrics"
 	"github.com/jetgres/jetgres/bridge/consumer/pending"
+	"github.com/jetgres/jetgres/bridge/consumer/purgemove"
 	"github.com/jetgres/jetgres/bridge/consumer/startpos"
 	"github.com/jetgres/jetgres/bridge/ownership"
 	"github.com/jetgres/jetgres/bridge/stream"
@@ -382,67 +383,29 @@ func (cs *Engine) OnPurged(ctx context.Context, s *stream.Stream, ev stream.Purg
 	}
 }
 
-// purgeMoves moves the consumers that nats-server moves after a purge request: all of
-// them for a purge of every subject; for a purge of a subject, one whose filters equal it
-// or lie inside it, up to the first message left on that subject, and one whose filters
-// reach beyond it but cover it (wider), up to the stream's first sequence, dropping its
-// pending deliveries of purged messages. Consumers whose filters only partly overlap the
-// subject stay where they are, as there.
+// purgeMoves moves the consumers that nats-server moves after a purge request (see
+// bridge/consumer/purgemove).
 func (cs *Engine) purgeMoves(ctx context.Context, sc *streamConsumers, subject string) {
 	s := sc.s
-	st, err := cs.db.State(ctx, s.ID())
+	plan, err := purgemove.NewPlan(ctx, cs.db, s.ID(), subject)
 	if err != nil {
-		cs.log.Warn("stream state after a purge", "stream", s.Name(), "err", err)
+		cs.log.Warn("moving consumers after a purge", "stream", s.Name(), "err", err)
 		return
 	}
-	first := st.FirstSeq
-	if st.Msgs == 0 {
-		first = st.LastSeq + 1
-	}
-	left := first
-	if subject != "" {
-		// 0 when nothing is left on the subject: Purged then moves past the last sequence.
-		left = 0
-		m, err := cs.db.NextBySubject(ctx, s.ID(), subject, first)
-		switch {
-		case err == nil:
-			left = m.Seq
-		case !errors.Is(err, pg.ErrNotFound):
-			cs.log.Warn("first message left after a purge", "stream", s.Name(), "err", err)
-			return
-		}
-		if st.Msgs == 0 {
-			left = first
-		}
-	}
 	for _, c := range sc.list() {
-		move := &purgeMove{start: left, last: st.LastSeq}
-		if subject != "" {
-			f := c.filters()
-			inside := equalOrInside(f, subject)
-			if !inside && !covers(f, subject) {
+		move, ok := plan.For(c.filters())
+		if !ok {
+			continue
+		}
+		if move.Wider {
+			if move.Gone, err = cs.goneOf(ctx, s, c); err != nil {
+				cs.log.Warn("pending messages after a purge", "stream", s.Name(), "consumer", c.name, "err", err)
 				continue
-			}
-			if !inside || !allInside(f, subject) {
-				move.start, move.wider = first, true
-				if move.gone, err = cs.goneOf(ctx, s, c); err != nil {
-					cs.log.Warn("pending messages after a purge", "stream", s.Name(), "consumer", c.name, "err", err)
-					continue
-				}
 			}
 		}
 		c.postControl(event{kind: evPurged, purge: move})
 	}
 }
-
-// purgeMove is how a purge moves one consumer: the arguments of consumerstate's Purged.
-type purgeMove struct {
-	start, last uint64
-	wider       bool
-	gone        map[uint64]bool // the consumer's pending deliveries that the purge removed
-}
-
-func (p *purgeMove) isGone(seq uint64) bool { return p.gone[seq] }
 
 // goneOf finds which of a consumer's pending deliveries no longer exist. Deliveries made
 // after the purge are of messages it left, so a snapshot taken now is enough.
@@ -462,23 +425,6 @@ func (cs *Engine) goneOf(ctx context.Context, s *stream.Stream, c *consumer) (ma
 		out[seq] = true
 	}
 	return out, nil
-}
-
-// equalOrInside reports whether one of a consumer's filters equals subject or lies inside
-// it; no filters lie inside no subject.
-func equalOrInside(filters []string, subject string) bool {
-	return slices.ContainsFunc(filters, func(f string) bool { return f == subject || server.SubjectMatchesFilter(f, subject) })
-}
-
-// covers reports whether subject lies inside one of a consumer's filters; a consumer
-// without filters covers every subject.
-func covers(filters []string, subject string) bool {
-	return len(filters) == 0 || slices.ContainsFunc(filters, func(f string) bool { return f == subject || server.SubjectMatchesFilter(subject, f) })
-}
-
-// allInside reports whether every one of a consumer's filters lies inside subject.
-func allInside(filters []string, subject string) bool {
-	return len(filters) > 0 && !slices.ContainsFunc(filters, func(f string) bool { return !server.SubjectMatchesFilter(f, subject) })
 }
 
 // OnRemoved tells the consumers that rows they may have counted as pending went.

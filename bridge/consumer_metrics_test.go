@@ -52,7 +52,7 @@ func TestScrapeWaitsForAConsumerWithoutTheRegistryLock(t *testing.T) {
 	testwait.For(t, 10*time.Second, func() error {
 		buf := make([]byte, 1<<20)
 		for _, g := range strings.Split(string(buf[:runtime.Stack(buf, true)]), "\n\n") {
-			if strings.Contains(g, "(*consumerMetrics).Collect") && strings.Contains(g, "[sync.Mutex.Lock") {
+			if strings.Contains(g, "consumer.(*Engine).gauges") && strings.Contains(g, "[sync.Mutex.Lock") {
 				return nil
 			}
 		}

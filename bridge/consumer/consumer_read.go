@@ -125,7 +125,7 @@ func (c *consumer) readAhead(ctx context.Context, from, hw uint64) bool {
 	upTo := c.behindTail(from, hw)
 	c.unlocked = true
 	c.mu.Unlock()
-	msgs, through, err := c.sc.reads.read(ctx, c.cs, pg.ReadParams{StreamID: c.sc.s.ID(), From: from, UpTo: upTo, MaxMsgs: n, MaxBytes: readAheadBytes}, filters)
+	msgs, through, err := c.readShared(ctx, pg.ReadParams{StreamID: c.sc.s.ID(), From: from, UpTo: upTo, MaxMsgs: n, MaxBytes: readAheadBytes}, filters)
 	c.mu.Lock()
 	if err != nil {
 		if ctx.Err() == nil {
@@ -146,6 +146,16 @@ func (c *consumer) behindTail(from, hw uint64) uint64 {
 		return min(hw, start-1)
 	}
 	return hw
+}
+
+// readShared reads through the stream's shared reads: a read in flight from the same
+// position with the same filters is joined rather than made again.
+func (c *consumer) readShared(ctx context.Context, p pg.ReadParams, filters []string) ([]pg.Message, uint64, error) {
+	msgs, through, joined, err := c.sc.reads.Read(ctx, p, filters, c.cs.ReadPop)
+	if joined {
+		c.cs.m.ReadsShared.Inc()
+	}
+	return msgs, through, err
 }
 
 // prefetch is a read of the batch after the read-ahead, made in the background.
@@ -181,7 +191,7 @@ func (c *consumer) prefetch(ctx context.Context) {
 	p := pg.ReadParams{StreamID: c.sc.s.ID(), From: from, UpTo: c.behindTail(from, hw), MaxMsgs: readAheadMax, MaxBytes: readAheadBytes}
 	filters := c.filters()
 	if !c.cs.g.Go(func() {
-		pf.msgs, pf.through, pf.err = c.sc.reads.read(ctx, c.cs, p, filters)
+		pf.msgs, pf.through, pf.err = c.readShared(ctx, p, filters)
 		close(pf.done)
 		c.signal()
 	}) {

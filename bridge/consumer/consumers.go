@@ -18,6 +18,7 @@ import (
 	"github.com/jetgres/jetgres/bridge/consumer/metrics"
 	"github.com/jetgres/jetgres/bridge/consumer/pending"
 	"github.com/jetgres/jetgres/bridge/consumer/purgemove"
+	"github.com/jetgres/jetgres/bridge/consumer/sharedread"
 	"github.com/jetgres/jetgres/bridge/consumer/startpos"
 	"github.com/jetgres/jetgres/bridge/ownership"
 	"github.com/jetgres/jetgres/bridge/stream"
@@ -193,7 +194,7 @@ type Engine struct {
 // streamConsumers is one stream's consumers.
 type streamConsumers struct {
 	s     *stream.Stream
-	reads sharedReads
+	reads sharedread.Reads
 
 	mu   sync.RWMutex
 	cons map[string]*consumer
@@ -373,7 +374,7 @@ func (cs *Engine) OnPurged(ctx context.Context, s *stream.Stream, ev stream.Purg
 	if sc == nil {
 		return
 	}
-	sc.reads.forget()
+	sc.reads.Forget()
 	for _, c := range sc.list() {
 		c.markStale(pending.AllRows)
 		c.postControl(event{kind: evPurged})

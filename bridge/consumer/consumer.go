@@ -38,15 +38,6 @@ const (
 	// PostgreSQL may have left before it reads the next batch in the background, so that
 	// its clients do not wait for that read.
 	prefetchBelow = readAheadMax / 2
-	// interestGrace is how long a request whose inbox the server never announced to the link
-	// counts as having a subscriber anyway. The server announces an inbox before it forwards
-	// a request sent after subscribing to it, so this only covers requests relayed from
-	// elsewhere; a request whose inbox was announced once is dropped as soon as it is not.
-	interestGrace = time.Second
-	// interestSweep bounds how long a request whose inbox went away stays queued (and counts
-	// against max_waiting) when neither its expiry nor a heartbeat comes sooner. Deliveries
-	// do not wait for it: each one checks the inbox first.
-	interestSweep = time.Second
 	// readRetry is how long a consumer waits after a failed read before it tries again.
 	readRetry = 100 * time.Millisecond
 )

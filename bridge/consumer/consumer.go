@@ -298,7 +298,7 @@ func (c *consumer) run() {
 			// Only a consumer that starts waiting brings the ticker back to its base period;
 			// one that keeps waiting (heartbeats, sweeps) lets it back off.
 			if !wasParked {
-				c.cs.kickTicker()
+				c.cs.ticker.Kick()
 			}
 		}
 		if !wake.IsZero() {

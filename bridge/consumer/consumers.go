@@ -20,6 +20,7 @@ import (
 	"github.com/jetgres/jetgres/bridge/consumer/purgemove"
 	"github.com/jetgres/jetgres/bridge/consumer/sharedread"
 	"github.com/jetgres/jetgres/bridge/consumer/startpos"
+	"github.com/jetgres/jetgres/bridge/consumer/ticker"
 	"github.com/jetgres/jetgres/bridge/ownership"
 	"github.com/jetgres/jetgres/bridge/stream"
 	"github.com/jetgres/jetgres/embedded/leaf"
@@ -32,15 +33,12 @@ import (
 )
 
 const (
-	// TickPeriodDefault is the ticker's polling period while consumers wait. Commits made by
-	// this process reach waiting consumers at once, without a tick; the ticker only finds
-	// commits made by other replicas, so its period bounds their end-to-end latency. 50 ms
-	// keeps that near the time a client takes to notice, and costs one indexed statement per
-	// tick for all streams together.
-	TickPeriodDefault = 50 * time.Millisecond
-	// TickIdleMaxDefault is how far the ticker backs off, doubling its period, while the
-	// high-water marks it polls do not move.
-	TickIdleMaxDefault = time.Second
+	// TickPeriodDefault is the ticker's polling period while consumers wait; see
+	// ticker.PeriodDefault.
+	TickPeriodDefault = ticker.PeriodDefault
+	// TickIdleMaxDefault is how far the ticker backs off while the high-water marks it
+	// polls do not move.
+	TickIdleMaxDefault = ticker.IdleMaxDefault
 
 	// consumerQueueMax bounds the pull requests and acks waiting for one consumer's
 	// goroutine; beyond it pull requests get 409 and acks are dropped (and redelivered).
@@ -166,14 +164,14 @@ type Engine struct {
 	cursors cursor.WriterConfig
 	// The warnings of attempts that fail together while the database is away, thinned.
 	// Each warning has a throttle of its own, so that one cannot hide another.
-	warnRead, warnPending, warnTick, warnFill warnlog.Throttle
+	warnRead, warnPending warnlog.Throttle
+	ticker                *ticker.Ticker
 
 	// g runs the ticker, the lease keeper, every consumer's goroutine and their background
 	// reads and cursor writes; ctx is its context, nil until Start.
 	g       startstop.Group
 	ctx     context.Context
 	ackSub  *leaf.Subscription
-	kick    chan struct{}
 	activeN chan struct{} // activation slots
 
 	mu      sync.RWMutex
@@ -235,7 +233,6 @@ func New(cfg Config) (*Engine, error) {
 		clock:   cfg.Clock,
 		log:     log,
 		owner:   cfg.ReplicaName,
-		kick:    make(chan struct{}, 1),
 		activeN: make(chan struct{}, activationsMax),
 		streams: make(map[*stream.Stream]*streamConsumers),
 	}
@@ -243,6 +240,8 @@ func New(cfg Config) (*Engine, error) {
 	cs.cursors = cursor.WriterConfig{Store: cfg.Store, Lane: cfg.Ack, Clock: cfg.Clock, Interval: cfg.CursorInterval, Logger: log,
 		Go: cs.g.Go, Writes: cs.m.CursorWrites, Latency: cs.m.CursorLatency}
 	cs.held = newHeld(cfg.Registerer)
+	cs.ticker = ticker.New(ticker.TickerConfig{Store: cfg.Store, Read: cs.ReadPop, Clock: cfg.Clock, Logger: log, Period: cfg.TickPeriod,
+		TailBytes: cfg.TailBytes, Streams: cs.ticked, Ticks: cs.m.Ticks, Reads: cs.m.TickReads})
 	keeper, err := ownership.New(ownership.Config{
 		Store: cfg.Store, Clock: cfg.Clock, Logger: log, Registerer: cfg.Registerer, Lease: cfg.Lease,
 		Streams:     cfg.Streams.List,
@@ -284,7 +283,7 @@ func (cs *Engine) Start(ctx, parent context.Context) error {
 		return err
 	}
 	cs.g.Go(cs.interestLoop)
-	cs.g.Go(cs.tickLoop)
+	cs.g.Go(func() { cs.ticker.Run(cs.ctx) })
 	cs.g.Go(func() { cs.keeper.Run(cs.ctx) })
 	return nil
 }

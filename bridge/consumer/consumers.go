@@ -16,6 +16,7 @@ import (
 
 	"github.com/jetgres/jetgres/bridge/consumer/cursor"
 	"github.com/jetgres/jetgres/bridge/consumer/metrics"
+	"github.com/jetgres/jetgres/bridge/consumer/nextsub"
 	"github.com/jetgres/jetgres/bridge/consumer/pending"
 	"github.com/jetgres/jetgres/bridge/consumer/purgemove"
 	"github.com/jetgres/jetgres/bridge/consumer/sharedread"
@@ -180,7 +181,7 @@ type Engine struct {
 	// keeper holds the locks of the consumers this replica serves, and held their MSG.NEXT
 	// subscriptions; see replicas.go.
 	keeper *ownership.Keeper
-	held   *held
+	held   *nextsub.Held[*consumer]
 
 	// fcSub takes the answers to push consumers' flow-control requests.
 	fcSub *leaf.Subscription
@@ -239,7 +240,7 @@ func New(cfg Config) (*Engine, error) {
 	cs.m = metrics.New(cfg.Registerer, cs.gauges)
 	cs.cursors = cursor.WriterConfig{Store: cfg.Store, Lane: cfg.Ack, Clock: cfg.Clock, Interval: cfg.CursorInterval, Logger: log,
 		Go: cs.g.Go, Writes: cs.m.CursorWrites, Latency: cs.m.CursorLatency}
-	cs.held = newHeld(cfg.Registerer)
+	cs.held = nextsub.New[*consumer](cfg.Registerer)
 	cs.ticker = ticker.New(ticker.TickerConfig{Store: cfg.Store, Read: cs.ReadPop, Clock: cfg.Clock, Logger: log, Period: cfg.TickPeriod,
 		TailBytes: cfg.TailBytes, Streams: cs.ticked, Ticks: cs.m.Ticks, Reads: cs.m.TickReads})
 	keeper, err := ownership.New(ownership.Config{
@@ -444,7 +445,7 @@ func (cs *Engine) OnRemoved(s *stream.Stream, ev stream.Removed) {
 // subject and so has the request already, whether it is this one or another: only a request
 // for a consumer served nowhere is taken here, by taking the consumer over.
 func (cs *Engine) HandlePull(m *leaf.Msg, streamName, consumerName string) {
-	if cs.held.holds(streamName, consumerName) || cs.link.HasQueueInterest(m.Subject, "") {
+	if cs.held.Holds(nextsub.Ref{Stream: streamName, Consumer: consumerName}) || cs.link.HasQueueInterest(m.Subject, "") {
 		return
 	}
 	cs.servePull(m, streamName, consumerName)

@@ -3,6 +3,7 @@ package consumer
 import (
 	"time"
 
+	"github.com/jetgres/jetgres/bridge/consumer/nextsub"
 	"github.com/jetgres/jetgres/bridge/stream"
 	"github.com/jetgres/jetgres/internal/jswire"
 )
@@ -54,7 +55,9 @@ func (p *Inspector) CursorWrite() (want uint64, inflight bool) {
 
 // Holds reports whether this replica's own subscription to the consumer's pull requests
 // receives them: whether it serves the consumer.
-func (cs *Engine) Holds(streamName, name string) bool { return cs.held.holds(streamName, name) }
+func (cs *Engine) Holds(streamName, name string) bool {
+	return cs.held.Holds(nextsub.Ref{Stream: streamName, Consumer: name})
+}
 
 // OwnershipConfirmed is when the ownership session was last confirmed.
 func (cs *Engine) OwnershipConfirmed() time.Time { return cs.keeper.Confirmed() }

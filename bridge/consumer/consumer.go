@@ -15,6 +15,7 @@ import (
 	"github.com/jetgres/jetgres/bridge/consumer/cursor"
 	"github.com/jetgres/jetgres/bridge/consumer/pending"
 	"github.com/jetgres/jetgres/bridge/consumer/purgemove"
+	"github.com/jetgres/jetgres/bridge/consumer/replay"
 	"github.com/jetgres/jetgres/bridge/consumer/startpos"
 	"github.com/jetgres/jetgres/bridge/consumerstate"
 	"github.com/jetgres/jetgres/internal/jswire"
@@ -123,7 +124,7 @@ type consumer struct {
 	lastActive time.Time
 	retryAt    time.Time
 	unlocked   bool // mu was released to wait for a read: the pump's reading of the clock is old
-	replay     replay
+	replay     replay.Pacer
 
 	// initial is the consumer's info as of its creation, before its goroutine delivered
 	// anything: the create response reports it, as nats-server's does, since a push
@@ -162,7 +163,7 @@ func newConsumer(cs *Engine, sc *streamConsumers, row pg.Consumer, cfg server.Co
 		c.st.ShowFrom(row.ShownStreamSeq)
 	}
 	if cfg.ReplayPolicy == server.ReplayOriginal {
-		c.replay = replay{on: true, upTo: sc.s.Tail().HighWater()}
+		c.replay = replay.Original(sc.s.Tail().HighWater())
 	}
 	c.cw = cursor.NewWriter(cs.ctx, &cs.cursors, c, c.done, sc.s.Name(), pg.CursorParams{StreamID: sc.s.ID(), Name: row.Name,
 		Created: row.Created, Owner: cs.owner, AckStreamSeq: floor.Stream, AckConsumerSeq: floor.Consumer, ShownStreamSeq: row.ShownStreamSeq})
@@ -393,7 +394,7 @@ func (c *consumer) pump(ctx context.Context) {
 			eos = found == nextEmpty
 			break
 		}
-		if c.replay.on && c.replay.hold(m, c.cs.clock.Now()) {
+		if c.replay.Hold(m, c.cs.clock.Now()) {
 			eos = false
 			break
 		}
@@ -463,9 +464,7 @@ func (c *consumer) pump(ctx context.Context) {
 	if floorMoved {
 		c.floorMoved()
 	}
-	if c.replay.on && c.st.Next() > c.replay.upTo {
-		c.replay = replay{} // caught up: live messages go out at once
-	}
+	c.replay.Delivering(c.st.Next())
 	c.out.settle(c, c.cs.clock.Now(), eos)
 	if sent > 0 {
 		c.prefetch(ctx)
@@ -521,7 +520,7 @@ func (c *consumer) nextWake(now time.Time) time.Time {
 	}
 	c.out.wake(c, now, earlier)
 	earlier(c.st.NextDeadline())
-	earlier(c.replay.at)
+	earlier(c.replay.At())
 	earlier(c.pend.RecountWake())
 	return t
 }

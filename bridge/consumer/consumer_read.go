@@ -1,13 +1,11 @@
 package consumer
 
 // The consumer's read path: what goes out next (a redelivery, the start list, the
-// read-ahead, the tail cache, PostgreSQL), the read-ahead and its background prefetch, and
-// the pacing of replay_policy original.
+// read-ahead, the tail cache, PostgreSQL), and the read-ahead and its background prefetch.
 
 import (
 	"context"
 	"errors"
-	"time"
 
 	"github.com/jetgres/jetgres/bridge/tailcache"
 	"github.com/jetgres/jetgres/pg"
@@ -280,30 +278,3 @@ func (c *consumer) load(ctx context.Context, seq uint64) (pg.Message, bool, erro
 }
 
 var errRetryLater = errors.New("bridge: consumer read backing off")
-
-// replay paces a consumer with replay_policy original, as nats-server does: from its start
-// until it has caught up with the stream's last message of that moment, each message goes
-// out as long after the one before as it was stored after it (gaps under a millisecond do
-// not wait), redeliveries included; from then on messages go out at once.
-type replay struct {
-	on   bool
-	upTo uint64 // the stream's last sequence when the consumer started
-	last int64  // the stored time of the message delivered last, 0 before the first
-	seq  uint64 // the message being held back, and until when
-	at   time.Time
-}
-
-// hold reports whether m must wait, and otherwise takes it as delivered at now. The wait
-// starts when m is first found due.
-func (r *replay) hold(m pg.Message, now time.Time) bool {
-	if gap := time.Duration(m.TS - r.last); r.last > 0 && gap > time.Millisecond {
-		if r.seq != m.Seq || r.at.IsZero() {
-			r.seq, r.at = m.Seq, now.Add(gap)
-		}
-		if now.Before(r.at) {
-			return true
-		}
-	}
-	r.last, r.seq, r.at = m.TS, 0, time.Time{}
-	return false
-}

@@ -41,7 +41,7 @@ func (p *Inspector) FillQueue() {
 func (p *Inspector) ReplayAt() time.Time {
 	p.c.mu.Lock()
 	defer p.c.mu.Unlock()
-	return p.c.replay.at
+	return p.c.replay.At()
 }
 
 // Stale reports whether the consumer's pending count waits for a recount.

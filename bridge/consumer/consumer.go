@@ -394,7 +394,7 @@ func (c *consumer) pump(ctx context.Context) {
 			eos = found == nextEmpty
 			break
 		}
-		if c.replay.Hold(m, c.cs.clock.Now()) {
+		if c.replay.On() && c.replay.Hold(m, c.cs.clock.Now()) {
 			eos = false
 			break
 		}

@@ -23,6 +23,10 @@ type Pacer struct {
 // Original paces a consumer that starts while the stream's last sequence is upTo.
 func Original(upTo uint64) Pacer { return Pacer{on: true, upTo: upTo} }
 
+// On reports whether deliveries are paced: a caller that must read the clock for Hold
+// asks first.
+func (r *Pacer) On() bool { return r.on }
+
 // Hold reports whether m must wait, and otherwise takes it as delivered at now. The wait
 // starts when m is first found due.
 func (r *Pacer) Hold(m pg.Message, now time.Time) bool {

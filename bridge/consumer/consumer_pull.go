@@ -56,7 +56,7 @@ type deliveryStrategy interface {
 // its group.
 type deliveryTarget struct {
 	subject, group string
-	req            *pullqueue.Request // nil for a push consumer
+	req            *pullqueue.WaitingRequest // nil for a push consumer
 }
 
 // newDelivery is the delivery cfg asks for.

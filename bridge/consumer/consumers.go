@@ -166,7 +166,7 @@ type Engine struct {
 	// The warnings of attempts that fail together while the database is away, thinned.
 	// Each warning has a throttle of its own, so that one cannot hide another.
 	warnRead, warnPending warnlog.Throttle
-	ticker                *ticker.Ticker
+	ticker                *ticker.Poller
 
 	// g runs the ticker, the lease keeper, every consumer's goroutine and their background
 	// reads and cursor writes; ctx is its context, nil until Start.
@@ -241,7 +241,7 @@ func New(cfg Config) (*Engine, error) {
 	cs.cursors = cursor.WriterConfig{Store: cfg.Store, Lane: cfg.Ack, Clock: cfg.Clock, Interval: cfg.CursorInterval, Logger: log,
 		Go: cs.g.Go, Writes: cs.m.CursorWrites, Latency: cs.m.CursorLatency}
 	cs.held = nextsub.New[*consumer](cfg.Registerer)
-	cs.ticker = ticker.New(ticker.TickerConfig{Store: cfg.Store, Read: cs.ReadPop, Clock: cfg.Clock, Logger: log, Period: cfg.TickPeriod,
+	cs.ticker = ticker.New(ticker.PollerConfig{Store: cfg.Store, Read: cs.ReadPop, Clock: cfg.Clock, Logger: log, Period: cfg.TickPeriod,
 		TailBytes: cfg.TailBytes, Streams: cs.ticked, Ticks: cs.m.Ticks, Reads: cs.m.TickReads})
 	keeper, err := ownership.New(ownership.Config{
 		Store: cfg.Store, Clock: cfg.Clock, Logger: log, Registerer: cfg.Registerer, Lease: cfg.Lease,

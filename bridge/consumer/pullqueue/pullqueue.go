@@ -55,9 +55,9 @@ type QueueHost interface {
 	FirstSent(waited time.Duration)
 }
 
-// Request is one waiting MSG.NEXT request. batch and maxBytes count down as messages go
-// out; a request is done when batch reaches zero.
-type Request struct {
+// WaitingRequest is one waiting MSG.NEXT request. batch and maxBytes count down as
+// messages go out; a request is done when batch reaches zero.
+type WaitingRequest struct {
 	reply    string
 	batch    int
 	maxBytes int       // bytes still allowed; 0 means no limit
@@ -74,11 +74,11 @@ type Request struct {
 }
 
 // Reply is the request's inbox, where its messages go.
-func (r *Request) Reply() string { return r.reply }
+func (r *WaitingRequest) Reply() string { return r.reply }
 
 // newRequest is a decoded request, received at now, as it starts to wait.
-func newRequest(r jswire.PullRequest, now time.Time) Request {
-	pr := Request{batch: r.Batch, maxBytes: r.MaxBytes, expires: r.Expires, noWait: r.NoWait, received: now}
+func newRequest(r jswire.PullRequest, now time.Time) WaitingRequest {
+	pr := WaitingRequest{batch: r.Batch, maxBytes: r.MaxBytes, expires: r.Expires, noWait: r.NoWait, received: now}
 	if r.Heartbeat > 0 {
 		pr.hb = r.Heartbeat
 		pr.hbNext = now.Add(r.Heartbeat)
@@ -87,13 +87,13 @@ func newRequest(r jswire.PullRequest, now time.Time) Request {
 }
 
 // pendingHeader is a status carrying what was left of a request.
-func pendingHeader(code int, desc string, r *Request) []byte {
+func pendingHeader(code int, desc string, r *WaitingRequest) []byte {
 	return jswire.PendingStatus(code, desc, r.batch, r.maxBytes)
 }
 
 // Queue is the requests waiting at a pull consumer, served in turn.
 type Queue struct {
-	reqs []*Request
+	reqs []*WaitingRequest
 }
 
 // Add queues a pull request, or answers it at once when JetStream would.
@@ -156,7 +156,7 @@ func (q *Queue) Waits() bool { return len(q.reqs) > 0 }
 // Route picks the request a message of size bytes goes to, dropping those that expired,
 // cannot take it, or lost their subscriber; nil when none is left. The request stays at the
 // head until Sent moves it.
-func (q *Queue) Route(h QueueHost, size int, now time.Time) *Request {
+func (q *Queue) Route(h QueueHost, size int, now time.Time) *WaitingRequest {
 	for len(q.reqs) > 0 {
 		r := q.reqs[0]
 		switch {
@@ -176,7 +176,7 @@ func (q *Queue) Route(h QueueHost, size int, now time.Time) *Request {
 }
 
 // hasInterest reports whether the request's inbox still has a subscriber (see interestGrace).
-func hasInterest(h QueueHost, r *Request, now time.Time) bool {
+func hasInterest(h QueueHost, r *WaitingRequest, now time.Time) bool {
 	v := h.InterestVersion()
 	if r.seen && r.seenAt == v {
 		return true
@@ -191,7 +191,7 @@ func hasInterest(h QueueHost, r *Request, now time.Time) bool {
 // Sent counts a message of size bytes against r, the request at the head of the queue. A
 // request with more to take moves to the back, so that several clients share a consumer in
 // turn.
-func (q *Queue) Sent(h QueueHost, r *Request, size int, now time.Time) {
+func (q *Queue) Sent(h QueueHost, r *WaitingRequest, size int, now time.Time) {
 	if r.sent == 0 {
 		h.FirstSent(now.Sub(r.received))
 	}

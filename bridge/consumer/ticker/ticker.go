@@ -7,7 +7,7 @@
 //
 // # Locks
 //
-// It has none of its own. A tick calls TickerConfig.Streams, which takes the engine's
+// It has none of its own. A tick calls PollerConfig.Streams, which takes the engine's
 // locks, with nothing held, and the tails' (bridge/tailcache) one at a time.
 package ticker
 
@@ -59,8 +59,8 @@ type TickedStream interface {
 	WakeParked()
 }
 
-// TickerConfig configures a Ticker. Every field is required.
-type TickerConfig struct {
+// PollerConfig configures a Poller. Every field is required.
+type PollerConfig struct {
 	Store TickStore
 	// Read reads messages behind the tail, as every such read goes (a pop lane permit
 	// first).
@@ -75,26 +75,26 @@ type TickerConfig struct {
 	Ticks, Reads prometheus.Counter
 }
 
-// Ticker polls for other replicas' commits.
-type Ticker struct {
-	cfg  TickerConfig
+// Poller polls for other replicas' commits.
+type Poller struct {
+	cfg  PollerConfig
 	kick chan struct{}
 	// Each warning has a throttle of its own, so that one cannot hide the other.
 	warnTick, warnFill warnlog.Throttle
 }
 
-// New builds a Ticker; Run makes it poll.
-func New(cfg TickerConfig) *Ticker {
-	return &Ticker{cfg: cfg, kick: make(chan struct{}, 1)}
+// New builds a Poller; Run makes it poll.
+func New(cfg PollerConfig) *Poller {
+	return &Poller{cfg: cfg, kick: make(chan struct{}, 1)}
 }
 
 // Kick brings the ticker back to its base period: a consumer just parked and wants to hear
 // of commits made elsewhere promptly.
-func (t *Ticker) Kick() { wake.Poke(t.kick) }
+func (t *Poller) Kick() { wake.Poke(t.kick) }
 
 // Run polls every Period while the high-water marks move, backing off to IdleMaxDefault
 // while they do not, until ctx ends.
-func (t *Ticker) Run(ctx context.Context) {
+func (t *Poller) Run(ctx context.Context) {
 	base := t.cfg.Period
 	period := base
 	timer := t.cfg.Clock.NewTimer(period)
@@ -130,7 +130,7 @@ func (t *Ticker) Run(ctx context.Context) {
 // tick is one poll: one statement for every stream with consumers, then at most one range
 // read per stream whose high-water mark moved, shared by all its consumers through the
 // tail. It reports whether anything moved.
-func (t *Ticker) tick(ctx context.Context) bool {
+func (t *Poller) tick(ctx context.Context) bool {
 	streams := t.cfg.Streams()
 	if len(streams) == 0 {
 		return false
@@ -160,7 +160,7 @@ func (t *Ticker) tick(ctx context.Context) bool {
 }
 
 // fill reads the range the tail is missing.
-func (t *Ticker) fill(ctx context.Context, s TickedStream) {
+func (t *Poller) fill(ctx context.Context, s TickedStream) {
 	from, upTo, ok := s.Tail().Missing()
 	if !ok {
 		return

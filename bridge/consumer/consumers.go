@@ -49,21 +49,18 @@ const (
 	activationsMax = 16
 )
 
-// Store is what the engine asks of PostgreSQL; *pg.DB satisfies it.
+// Store is what the engine and its subpackages ask of PostgreSQL; *pg.DB satisfies it.
 type Store interface {
+	cursor.CursorStore
+	startpos.PositionStore
+	purgemove.PurgeStore
+	ticker.TickStore
 	CreateConsumer(ctx context.Context, c pg.Consumer, maxConsumers int) (pg.Consumer, error)
 	UpdateConsumerConfig(ctx context.Context, streamID int64, name string, config []byte) error
 	DeleteConsumer(ctx context.Context, streamID int64, name string) error
 	GetConsumer(ctx context.Context, streamID int64, name string) (pg.Consumer, error)
-	WriteCursor(ctx context.Context, p pg.CursorParams) (time.Duration, error)
-	HighWater(ctx context.Context, streamIDs []int64) (map[int64]uint64, error)
 	ReadFiltered(ctx context.Context, p pg.ReadParams, filters []string) (out []pg.Message, through uint64, rtt time.Duration, err error)
 	CountPending(ctx context.Context, p pg.PendingParams) (uint64, error)
-	LastSeqsPerSubject(ctx context.Context, streamID int64, filters []string, upTo uint64) ([]uint64, error)
-	SeqAtTime(ctx context.Context, streamID int64, ts int64) (uint64, error)
-	LastBySubject(ctx context.Context, streamID int64, filter string) (*pg.Message, error)
-	NextBySubject(ctx context.Context, streamID int64, filter string, from uint64) (*pg.Message, error)
-	State(ctx context.Context, id int64) (pg.StreamState, error)
 	GoneSeqs(ctx context.Context, id int64, seqs []uint64) ([]uint64, error)
 	OpenOwnership(ctx context.Context, clk clock.Clock, keepalive, timeout time.Duration) (*pg.Ownership, error)
 	SetOwner(ctx context.Context, id int64, owner string) (pg.Consumer, string, error)

@@ -1,6 +1,53 @@
 package purgemove
 
-import "testing"
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/jetgres/jetgres/pg"
+	"github.com/jetgres/jetgres/pg/pgtest"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+// A plan reads the stream's first sequence and the first message left on the purged
+// subject from PostgreSQL, once the purge is done.
+func TestNewPlanReadsWhatThePurgeLeft(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.Open(t)
+	st, err := db.CreateStream(ctx, "S", []byte(`{}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var msgs []pg.AppendMsg
+	for _, s := range []string{"a", "b", "a", "c", "a"} {
+		msgs = append(msgs, pg.AppendMsg{Subject: s})
+	}
+	if _, _, err := db.Append(ctx, []pg.AppendBatch{{StreamID: st.ID, Msgs: msgs}}, time.Now().UnixNano()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Purge(ctx, st.ID, pg.PurgeParams{Filter: "a", Keep: 1}); err != nil {
+		t.Fatal(err)
+	}
+	p, err := NewPlan(ctx, db, st.ID, "a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.first != 2 || p.left != 5 || p.last != 5 {
+		t.Fatalf("plan after purging a: first %d, left %d, last %d; want 2, 5, 5", p.first, p.left, p.last)
+	}
+	if _, err := db.Purge(ctx, st.ID, pg.PurgeParams{}); err != nil {
+		t.Fatal(err)
+	}
+	if p, err = NewPlan(ctx, db, st.ID, ""); err != nil {
+		t.Fatal(err)
+	}
+	if move, _ := p.For([]string{"a"}); move.Start != 6 || move.Last != 5 {
+		t.Fatalf("after purging everything a consumer moves to %+v, want start 6, last 5", move)
+	}
+}
 
 // The moves nats-server makes after a purge of a subject, by how a consumer's filters
 // relate to it.

@@ -21,7 +21,7 @@ func TestPurgeReachesAConsumerWithAFullQueue(t *testing.T) {
 	if _, err := s.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{Durable: "C", AckPolicy: jetstream.AckExplicitPolicy}); err != nil {
 		t.Fatal(err)
 	}
-	c := tb.bridge.cons.Probe("FULLQ", "C")
+	c := tb.bridge.cons.Inspect("FULLQ", "C")
 	if c == nil {
 		t.Fatal("consumer not served")
 	}

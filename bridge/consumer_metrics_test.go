@@ -28,9 +28,9 @@ func TestScrapeWaitsForAConsumerWithoutTheRegistryLock(t *testing.T) {
 		t.Fatal(err)
 	}
 	cs := tb.bridge.cons
-	var c *consumer.Probe
+	var c *consumer.Inspector
 	testwait.For(t, 10*time.Second, func() error {
-		if c = cs.Probe("S", "C"); c == nil {
+		if c = cs.Inspect("S", "C"); c == nil {
 			return errors.New("consumer C is not served yet")
 		}
 		return nil
@@ -52,7 +52,7 @@ func TestScrapeWaitsForAConsumerWithoutTheRegistryLock(t *testing.T) {
 	testwait.For(t, 10*time.Second, func() error {
 		buf := make([]byte, 1<<20)
 		for _, g := range strings.Split(string(buf[:runtime.Stack(buf, true)]), "\n\n") {
-			if strings.Contains(g, "(*consumerMetrics).Collect") && strings.Contains(g, "[sync.Mutex.Lock") {
+			if strings.Contains(g, "consumer.(*Engine).gauges") && strings.Contains(g, "[sync.Mutex.Lock") {
 				return nil
 			}
 		}

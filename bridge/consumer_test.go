@@ -246,7 +246,7 @@ func TestRecreatedConsumerKeepsItsOwnCursor(t *testing.T) {
 	if err := msgs[1].Ack(); err != nil {
 		t.Fatal(err)
 	}
-	old := tb.bridge.cons.Probe("AGAIN", "C")
+	old := tb.bridge.cons.Inspect("AGAIN", "C")
 	if old == nil {
 		t.Fatal("consumer C is not served")
 	}

@@ -169,7 +169,7 @@ func TestDeliveredPendingAfterRemovals(t *testing.T) {
 		// On a loaded machine a recount can take long enough to put the next one off for a
 		// moment; what is checked here is the count once it is redone.
 		testwait.For(t, 10*time.Second, func() error {
-			if c := tw.tb.bridge.cons.Probe("NP", "C"); c == nil || c.Stale() {
+			if c := tw.tb.bridge.cons.Inspect("NP", "C"); c == nil || c.Stale() {
 				return errors.New("pending count not recounted yet")
 			}
 			return nil

@@ -51,7 +51,7 @@ func expectPaced(t *testing.T, tb *testBundle, name string, clock *clocktest.Fak
 		t.Helper()
 		due := clock.Now().Add(gap)
 		testwait.For(t, 10*time.Second, func() error {
-			c := tb.bridge.cons.Probe("R", name)
+			c := tb.bridge.cons.Inspect("R", name)
 			if c == nil {
 				return errors.New("the consumer is not served here")
 			}

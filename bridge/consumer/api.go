@@ -9,6 +9,7 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 
+	"github.com/jetgres/jetgres/bridge/consumer/startpos"
 	"github.com/jetgres/jetgres/bridge/stream"
 	"github.com/jetgres/jetgres/internal/jswire"
 	"github.com/jetgres/jetgres/pg"
@@ -92,7 +93,7 @@ func (cs *Engine) applyConfig(ctx context.Context, c *consumer, cfg server.Consu
 // create stores a new consumer at the start position its deliver policy selects and
 // starts serving it.
 func (cs *Engine) create(ctx context.Context, s *stream.Stream, name string, cfg server.ConsumerConfig) (*consumer, error) {
-	start, err := cs.startFor(ctx, s, &cfg)
+	start, err := startpos.Choose(ctx, cs.db, s.ID(), &cfg)
 	if err != nil {
 		return nil, fmt.Errorf("choosing the start of consumer %q on stream %q: %w", name, s.Name(), err)
 	}
@@ -109,7 +110,7 @@ func (cs *Engine) create(ctx context.Context, s *stream.Stream, name string, cfg
 	if err != nil {
 		return nil, fmt.Errorf("creating consumer %q on stream %q: %w", name, s.Name(), err)
 	}
-	row, err := cs.db.CreateConsumer(ctx, pg.Consumer{ID: id, StreamID: s.ID(), Name: name, Config: raw, AckStreamSeq: start.next - 1, Owner: cs.owner},
+	row, err := cs.db.CreateConsumer(ctx, pg.Consumer{ID: id, StreamID: s.ID(), Name: name, Config: raw, AckStreamSeq: start.Next - 1, Owner: cs.owner},
 		s.Config().MaxConsumers)
 	if err != nil {
 		cs.release(id)
@@ -133,71 +134,6 @@ func (cs *Engine) create(ctx context.Context, s *stream.Stream, name string, cfg
 		return nil, fmt.Errorf("starting consumer %q on stream %q: %w", name, s.Name(), err)
 	}
 	return c, nil
-}
-
-// startFor decides where a new consumer starts, as nats-server's selectStartingSeqNo does.
-func (cs *Engine) startFor(ctx context.Context, s *stream.Stream, cfg *server.ConsumerConfig) (*startPos, error) {
-	db := cs.db
-	st, err := db.State(ctx, s.ID())
-	if err != nil {
-		return nil, err
-	}
-	first, last := st.FirstSeq, st.LastSeq
-	filters := jswire.ConsumerFilters(cfg)
-	var next uint64
-	var pos startPos
-	switch cfg.DeliverPolicy {
-	case server.DeliverAll:
-		next = first
-	case server.DeliverLast:
-		next = last
-		if len(filters) > 0 {
-			next = 0
-			for _, f := range filters {
-				m, err := db.LastBySubject(ctx, s.ID(), f)
-				if errors.Is(err, pg.ErrNotFound) {
-					continue
-				}
-				if err != nil {
-					return nil, err
-				}
-				next = max(next, m.Seq)
-			}
-			if next == 0 {
-				next = last + 1
-			}
-		}
-	case server.DeliverLastPerSubject:
-		seqs, err := db.LastSeqsPerSubject(ctx, s.ID(), filters, last)
-		if err != nil {
-			return nil, err
-		}
-		next = last + 1
-		if len(seqs) > 0 {
-			next = seqs[0]
-			pos.skip, pos.resume = seqs, last
-		}
-	case server.DeliverByStartSequence:
-		next = cfg.OptStartSeq
-	case server.DeliverByStartTime:
-		next, err = db.SeqAtTime(ctx, s.ID(), cfg.OptStartTime.UnixNano())
-		if err != nil {
-			return nil, err
-		}
-	default:
-		next = last + 1
-	}
-	if cfg.OptStartSeq == 0 {
-		switch {
-		case last == 0:
-			next = 1
-		case next > last:
-			next = last + 1
-		}
-	}
-	next = max(next, first, 1)
-	pos.next = next
-	return &pos, nil
 }
 
 // info reports a consumer as ConsumerInfo. num_pending is counted in PostgreSQL, up to its

@@ -12,6 +12,11 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 
+	"github.com/jetgres/jetgres/bridge/consumer/cursor"
+	"github.com/jetgres/jetgres/bridge/consumer/pending"
+	"github.com/jetgres/jetgres/bridge/consumer/purgemove"
+	"github.com/jetgres/jetgres/bridge/consumer/replay"
+	"github.com/jetgres/jetgres/bridge/consumer/startpos"
 	"github.com/jetgres/jetgres/bridge/consumerstate"
 	"github.com/jetgres/jetgres/internal/jswire"
 	"github.com/jetgres/jetgres/internal/wake"
@@ -34,15 +39,6 @@ const (
 	// PostgreSQL may have left before it reads the next batch in the background, so that
 	// its clients do not wait for that read.
 	prefetchBelow = readAheadMax / 2
-	// interestGrace is how long a request whose inbox the server never announced to the link
-	// counts as having a subscriber anyway. The server announces an inbox before it forwards
-	// a request sent after subscribing to it, so this only covers requests relayed from
-	// elsewhere; a request whose inbox was announced once is dropped as soon as it is not.
-	interestGrace = time.Second
-	// interestSweep bounds how long a request whose inbox went away stays queued (and counts
-	// against max_waiting) when neither its expiry nor a heartbeat comes sooner. Deliveries
-	// do not wait for it: each one checks the inbox first.
-	interestSweep = time.Second
 	// readRetry is how long a consumer waits after a failed read before it tries again.
 	readRetry = 100 * time.Millisecond
 )
@@ -66,7 +62,7 @@ type event struct {
 	reply      string
 	data       []byte
 	cfg        *configChange
-	purge      *purgeMove // how an evPurged moves the consumer, nil when it does not
+	purge      *purgemove.Move // how an evPurged moves the consumer, nil when it does not
 }
 
 // configChange is an evConfig's update, already stored in PostgreSQL; applied is closed
@@ -85,13 +81,6 @@ const (
 	stopLost                // another replica took over: waiting requests get 409 Leadership Change
 )
 
-// startPos is where a consumer created just now starts, decided from its deliver policy.
-type startPos struct {
-	next   uint64
-	skip   []uint64 // deliver last per subject: these first, then resume
-	resume uint64
-}
-
 // consumer is one pull or push consumer served by this process. One goroutine (run) owns
 // its state: it takes pull requests, acks and flow-control answers in arrival order,
 // delivers, expires, and parks. A push consumer delivers as if to a pull request that never
@@ -104,17 +93,13 @@ type consumer struct {
 	name    string
 	created time.Time
 
-	qmu   sync.Mutex
-	queue []event
-	wake  chan struct{}
-	stopR atomic.Uint32
-	done  chan struct{}
-	pend  pendingCommits // matching commits counted off the goroutine
-	stale atomic.Bool    // removals may have taken rows npc counts
-	// counted is where npc's last count in PostgreSQL began: rows below it were never in
-	// the count, so removing them cannot make it stale.
-	counted atomic.Uint64
-	parked  atomic.Bool // waiting requests and nothing to send: the ticker polls for it
+	qmu    sync.Mutex
+	queue  []event
+	wake   chan struct{}
+	stopR  atomic.Uint32
+	done   chan struct{}
+	pend   pending.Tracker // matching commits counted off the goroutine, and npc's staleness
+	parked atomic.Bool     // waiting requests and nothing to send: the ticker polls for it
 	// filter holds the consumer's filter subjects. It is read off the goroutine (the commit
 	// path, retention), so a reconfiguration stores a fresh slice rather than writing one.
 	filter atomic.Pointer[[]string]
@@ -129,35 +114,34 @@ type consumer struct {
 	reply      []byte // a delivery's reply subject, built anew for each in the same array
 	cfg        server.ConsumerConfig
 	st         *consumerstate.State
-	out        delivery // to waiting pull requests or to the deliver subject
-	start      *startPos
+	out        deliveryStrategy // to waiting pull requests or to the deliver subject
+	start      *startpos.Position
 	ahead      []pg.Message // read from PostgreSQL, not yet delivered
 	aheadUpTo  uint64       // the read-ahead looked through this sequence
 	aheadGen   uint64       // bumped whenever the read-ahead is thrown away
 	pf         *prefetch    // the background read of the next batch, if any
 	npc        int64        // num_pending: matching messages never delivered, from next on
-	recountAt  time.Time    // no recount of npc before this, after an expensive one
 	lastActive time.Time
 	retryAt    time.Time
 	unlocked   bool // mu was released to wait for a read: the pump's reading of the clock is old
-	replay     replay
+	replay     replay.Pacer
 
 	// initial is the consumer's info as of its creation, before its goroutine delivered
 	// anything: the create response reports it, as nats-server's does, since a push
 	// consumer may have delivered by the time the response is written. Taken once.
 	initial *server.ConsumerInfo
 
-	cw         cursorWriter
+	cw         *cursor.Writer
 	tally      tally
 	ackedFloor bool // an ack moved the floor; the cursor writer is told after the queue
 }
 
-func newConsumer(cs *Engine, sc *streamConsumers, row pg.Consumer, cfg server.ConsumerConfig, start *startPos) *consumer {
+func newConsumer(cs *Engine, sc *streamConsumers, row pg.Consumer, cfg server.ConsumerConfig, start *startpos.Position) *consumer {
 	floor := consumerstate.Pair{Consumer: row.AckConsumerSeq, Stream: row.AckStreamSeq}
 	next := floor.Stream + 1
 	if start != nil {
-		next = start.next
-		if len(start.skip) == 0 {
+		next = start.Next
+		if len(start.Skip) == 0 {
 			start = nil
 		}
 	}
@@ -179,11 +163,10 @@ func newConsumer(cs *Engine, sc *streamConsumers, row pg.Consumer, cfg server.Co
 		c.st.ShowFrom(row.ShownStreamSeq)
 	}
 	if cfg.ReplayPolicy == server.ReplayOriginal {
-		c.replay = replay{on: true, upTo: sc.s.Tail().HighWater()}
+		c.replay = replay.Original(sc.s.Tail().HighWater())
 	}
-	c.cw.written = floor
-	c.cw.want, c.cw.wantShown = floor, row.ShownStreamSeq
-	c.cw.hurry = make(chan struct{}, 1)
+	c.cw = cursor.NewWriter(cs.ctx, &cs.cursors, c, c.done, sc.s.Name(), pg.CursorParams{StreamID: sc.s.ID(), Name: row.Name,
+		Created: row.Created, Owner: cs.owner, AckStreamSeq: floor.Stream, AckConsumerSeq: floor.Consumer, ShownStreamSeq: row.ShownStreamSeq})
 	c.setFilters(&cfg)
 	c.out = newDelivery(c, &cfg, now)
 	return c
@@ -249,7 +232,7 @@ func (c *consumer) committed(msgs []pg.Message, from uint64) {
 	if len(msgs) == 0 {
 		return
 	}
-	n, gap := c.pend.add(msgs, from, c.matchFilters)
+	n, gap := c.pend.Add(msgs, from, c.matchFilters)
 	if gap {
 		c.markStale(from - 1)
 	}
@@ -316,7 +299,7 @@ func (c *consumer) run() {
 			// Only a consumer that starts waiting brings the ticker back to its base period;
 			// one that keeps waiting (heartbeats, sweeps) lets it back off.
 			if !wasParked {
-				c.cs.kickTicker()
+				c.cs.ticker.Kick()
 			}
 		}
 		if !wake.IsZero() {
@@ -345,7 +328,7 @@ func (c *consumer) handle(ctx context.Context, ev *event, now time.Time) {
 		c.handleAck(ctx, ev, now)
 	case evPurged:
 		c.dropAhead()
-		if p := ev.purge; p != nil && c.st.Purged(p.start, p.last, p.wider, p.isGone, now) {
+		if p := ev.purge; p != nil && c.st.Purged(p.Start, p.Last, p.Wider, p.IsGone, now) {
 			c.floorMoved()
 		}
 	case evFlowControl:
@@ -361,7 +344,7 @@ func (c *consumer) handle(ctx context.Context, ev *event, now time.Time) {
 		c.dropAhead()
 		// The filters are all of the configuration that the count depends on.
 		if !slices.Equal(old, c.filters()) {
-			c.stale.Store(true)
+			c.pend.SetStale()
 		}
 		close(ev.cfg.applied)
 	}
@@ -411,7 +394,7 @@ func (c *consumer) pump(ctx context.Context) {
 			eos = found == nextEmpty
 			break
 		}
-		if c.replay.on && c.replay.hold(m, c.cs.clock.Now()) {
+		if c.replay.On() && c.replay.Hold(m, c.cs.clock.Now()) {
 			eos = false
 			break
 		}
@@ -420,9 +403,9 @@ func (c *consumer) pump(ctx context.Context) {
 			hdr, data = headersOnly(m.Header, len(m.Data)), nil
 		}
 		uncounted := false
-		if dc == 1 && m.Seq > c.pend.through.Load() {
+		if dc == 1 && m.Seq > c.pend.Through() {
 			var added int64
-			added, uncounted = c.pend.claim(m.Seq)
+			added, uncounted = c.pend.Claim(m.Seq)
 			c.npc += added
 		}
 		pending := uint64(max(c.npc, 0))
@@ -481,9 +464,7 @@ func (c *consumer) pump(ctx context.Context) {
 	if floorMoved {
 		c.floorMoved()
 	}
-	if c.replay.on && c.st.Next() > c.replay.upTo {
-		c.replay = replay{} // caught up: live messages go out at once
-	}
+	c.replay.Delivering(c.st.Next())
 	c.out.settle(c, c.cs.clock.Now(), eos)
 	if sent > 0 {
 		c.prefetch(ctx)
@@ -511,17 +492,17 @@ const deliveryYieldPush = 512
 
 // applyCommitted folds commits counted off the goroutine into num_pending.
 func (c *consumer) applyCommitted() {
-	c.npc += c.pend.take()
+	c.npc += c.pend.Take()
 }
 
 // delivered accounts a message sent to to: the delivery's own accounting, then the
 // consumer's.
-func (c *consumer) delivered(to target, size int, m pg.Message, dc uint64, now time.Time) {
+func (c *consumer) delivered(to deliveryTarget, size int, m pg.Message, dc uint64, now time.Time) {
 	c.out.sent(c, to, size, now)
 	if dc == 1 {
-		c.cs.m.e2eLatency.Observe(max(float64(now.UnixNano()-m.TS)/1e9, 0))
+		c.cs.m.E2ELatency.Observe(max(float64(now.UnixNano()-m.TS)/1e9, 0))
 	} else {
-		c.cs.m.redeliveries.Inc()
+		c.cs.m.Redeliveries.Inc()
 	}
 	c.tally.delivered++
 	c.lastActive = now
@@ -539,10 +520,8 @@ func (c *consumer) nextWake(now time.Time) time.Time {
 	}
 	c.out.wake(c, now, earlier)
 	earlier(c.st.NextDeadline())
-	earlier(c.replay.at)
-	if c.stale.Load() {
-		earlier(c.recountAt)
-	}
+	earlier(c.replay.At())
+	earlier(c.pend.RecountWake())
 	return t
 }
 

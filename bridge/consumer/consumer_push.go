@@ -71,7 +71,7 @@ func newPusher(c *consumer, cfg *server.ConsumerConfig, now time.Time) *pusher {
 }
 
 // configure applies a configuration update, keeping what is owed and paced.
-func (p *pusher) configure(c *consumer, cfg *server.ConsumerConfig, now time.Time) delivery {
+func (p *pusher) configure(c *consumer, cfg *server.ConsumerConfig, now time.Time) deliveryStrategy {
 	q := newPusher(c, cfg, now)
 	if q.subject == p.subject && q.group == p.group {
 		q.active, q.known, q.seenVer = p.active, p.known, p.seenVer
@@ -131,7 +131,7 @@ func (p *pusher) ready(c *consumer, now time.Time) bool {
 	if p.windowClosed() {
 		if p.stalledSince.IsZero() {
 			p.stalledSince = now
-			c.cs.m.fcStalls.Inc()
+			c.cs.m.FCStalls.Inc()
 		}
 		return false
 	}
@@ -139,13 +139,13 @@ func (p *pusher) ready(c *consumer, now time.Time) bool {
 }
 
 // route: always the deliver subject, which nats-server counts in place of the message's.
-func (p *pusher) route(_ *consumer, subject string, size int, _ time.Time) (target, int, bool) {
-	return target{subject: p.subject, group: p.group}, size + len(p.subject) - len(subject), true
+func (p *pusher) route(_ *consumer, subject string, size int, _ time.Time) (deliveryTarget, int, bool) {
+	return deliveryTarget{subject: p.subject, group: p.group}, size + len(p.subject) - len(subject), true
 }
 
 // sent accounts a delivery of size bytes to the deliver subject: flow control, pacing
 // and the heartbeat it makes unnecessary.
-func (p *pusher) sent(c *consumer, _ target, size int, now time.Time) {
+func (p *pusher) sent(c *consumer, _ deliveryTarget, size int, now time.Time) {
 	c.tally.pushed++
 	if p.hb > 0 {
 		p.hbNext = now.Add(p.hb)
@@ -175,7 +175,7 @@ func (p *pusher) sent(c *consumer, _ target, size int, now time.Time) {
 func (p *pusher) sendFlowControl(c *consumer) {
 	p.fcsz, p.fcid = p.pbytes, jswire.FlowControlSubject(c.sc.s.Name(), c.name, rand.Uint64())
 	_ = c.cs.link.PublishQueue(p.subject, []byte(p.fcid), p.group, jswire.FlowControlStatus(), nil)
-	c.cs.m.fcRequests.Inc()
+	c.cs.m.FCRequests.Inc()
 }
 
 // flowControlAnswered takes the client's answer to a flow-control request; only the newest
@@ -203,7 +203,7 @@ func (p *pusher) settle(c *consumer, now time.Time, _ bool) {
 	}
 	d := c.st.Delivered()
 	_ = c.cs.link.PublishQueue(p.subject, nil, p.group, jswire.PushHeartbeatStatus(d.Consumer, d.Stream, p.fcid), nil)
-	c.cs.m.heartbeats.Inc()
+	c.cs.m.Heartbeats.Inc()
 }
 
 // wake: the inactive threshold while nobody listens; otherwise the heartbeat, the rate

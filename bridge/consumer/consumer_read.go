@@ -1,13 +1,11 @@
 package consumer
 
 // The consumer's read path: what goes out next (a redelivery, the start list, the
-// read-ahead, the tail cache, PostgreSQL), the read-ahead and its background prefetch, and
-// the pacing of replay_policy original.
+// read-ahead, the tail cache, PostgreSQL), and the read-ahead and its background prefetch.
 
 import (
 	"context"
 	"errors"
-	"time"
 
 	"github.com/jetgres/jetgres/bridge/tailcache"
 	"github.com/jetgres/jetgres/pg"
@@ -48,7 +46,7 @@ func (c *consumer) next(ctx context.Context) (m pg.Message, dc uint64, src sourc
 		return m, 0, 0, nextStalled
 	}
 	for c.start != nil {
-		seq := c.start.skip[0]
+		seq := c.start.Skip[0]
 		m, live, err := c.load(ctx, seq)
 		if err != nil {
 			return m, 0, 0, nextFailed
@@ -87,7 +85,7 @@ func (c *consumer) next(ctx context.Context) (m pg.Message, dc uint64, src sourc
 			}
 			continue
 		}
-		c.cs.m.tailMisses.Inc()
+		c.cs.m.TailMisses.Inc()
 		if !c.readAhead(ctx, from, hw) {
 			return m, 0, 0, nextFailed
 		}
@@ -98,9 +96,9 @@ func (c *consumer) next(ctx context.Context) (m pg.Message, dc uint64, src sourc
 func (c *consumer) consume(src source) {
 	switch src {
 	case srcStart:
-		c.start.skip = c.start.skip[1:]
-		if len(c.start.skip) == 0 {
-			if c.st.Skip(c.start.resume + 1) {
+		c.start.Skip = c.start.Skip[1:]
+		if len(c.start.Skip) == 0 {
+			if c.st.Skip(c.start.Resume + 1) {
 				c.floorMoved()
 			}
 			c.start = nil
@@ -125,7 +123,7 @@ func (c *consumer) readAhead(ctx context.Context, from, hw uint64) bool {
 	upTo := c.behindTail(from, hw)
 	c.unlocked = true
 	c.mu.Unlock()
-	msgs, through, err := c.sc.reads.read(ctx, c.cs, pg.ReadParams{StreamID: c.sc.s.ID(), From: from, UpTo: upTo, MaxMsgs: n, MaxBytes: readAheadBytes}, filters)
+	msgs, through, err := c.readShared(ctx, pg.ReadParams{StreamID: c.sc.s.ID(), From: from, UpTo: upTo, MaxMsgs: n, MaxBytes: readAheadBytes}, filters)
 	c.mu.Lock()
 	if err != nil {
 		if ctx.Err() == nil {
@@ -146,6 +144,16 @@ func (c *consumer) behindTail(from, hw uint64) uint64 {
 		return min(hw, start-1)
 	}
 	return hw
+}
+
+// readShared reads through the stream's shared reads: a read in flight from the same
+// position with the same filters is joined rather than made again.
+func (c *consumer) readShared(ctx context.Context, p pg.ReadParams, filters []string) ([]pg.Message, uint64, error) {
+	msgs, through, joined, err := c.sc.reads.Read(ctx, p, filters, c.cs.ReadPop)
+	if joined {
+		c.cs.m.ReadsShared.Inc()
+	}
+	return msgs, through, err
 }
 
 // prefetch is a read of the batch after the read-ahead, made in the background.
@@ -181,7 +189,7 @@ func (c *consumer) prefetch(ctx context.Context) {
 	p := pg.ReadParams{StreamID: c.sc.s.ID(), From: from, UpTo: c.behindTail(from, hw), MaxMsgs: readAheadMax, MaxBytes: readAheadBytes}
 	filters := c.filters()
 	if !c.cs.g.Go(func() {
-		pf.msgs, pf.through, pf.err = c.sc.reads.read(ctx, c.cs, p, filters)
+		pf.msgs, pf.through, pf.err = c.readShared(ctx, p, filters)
 		close(pf.done)
 		c.signal()
 	}) {
@@ -244,14 +252,14 @@ func (c *consumer) dropAhead() {
 // message no longer exists.
 func (c *consumer) load(ctx context.Context, seq uint64) (pg.Message, bool, error) {
 	if m, live, covered := c.sc.s.Tail().Get(seq); covered {
-		c.cs.m.tailHits.Inc()
+		c.cs.m.TailHits.Inc()
 		return m, live, nil
 	}
 	// c.ahead is in sequence order: it is read ORDER BY seq and only ever extended past its end.
 	if i := tailcache.SearchSeq(c.ahead, seq); i < len(c.ahead) && c.ahead[i].Seq == seq {
 		return c.ahead[i], true, nil
 	}
-	c.cs.m.tailMisses.Inc()
+	c.cs.m.TailMisses.Inc()
 	if c.cs.clock.Now().Before(c.retryAt) {
 		return pg.Message{}, false, errRetryLater
 	}
@@ -270,30 +278,3 @@ func (c *consumer) load(ctx context.Context, seq uint64) (pg.Message, bool, erro
 }
 
 var errRetryLater = errors.New("bridge: consumer read backing off")
-
-// replay paces a consumer with replay_policy original, as nats-server does: from its start
-// until it has caught up with the stream's last message of that moment, each message goes
-// out as long after the one before as it was stored after it (gaps under a millisecond do
-// not wait), redeliveries included; from then on messages go out at once.
-type replay struct {
-	on   bool
-	upTo uint64 // the stream's last sequence when the consumer started
-	last int64  // the stored time of the message delivered last, 0 before the first
-	seq  uint64 // the message being held back, and until when
-	at   time.Time
-}
-
-// hold reports whether m must wait, and otherwise takes it as delivered at now. The wait
-// starts when m is first found due.
-func (r *replay) hold(m pg.Message, now time.Time) bool {
-	if gap := time.Duration(m.TS - r.last); r.last > 0 && gap > time.Millisecond {
-		if r.seq != m.Seq || r.at.IsZero() {
-			r.seq, r.at = m.Seq, now.Add(gap)
-		}
-		if now.Before(r.at) {
-			return true
-		}
-	}
-	r.last, r.seq, r.at = m.TS, 0, time.Time{}
-	return false
-}

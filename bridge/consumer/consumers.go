@@ -14,6 +14,14 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/jetgres/jetgres/bridge/consumer/cursor"
+	"github.com/jetgres/jetgres/bridge/consumer/metrics"
+	"github.com/jetgres/jetgres/bridge/consumer/nextsub"
+	"github.com/jetgres/jetgres/bridge/consumer/pending"
+	"github.com/jetgres/jetgres/bridge/consumer/purgemove"
+	"github.com/jetgres/jetgres/bridge/consumer/sharedread"
+	"github.com/jetgres/jetgres/bridge/consumer/startpos"
+	"github.com/jetgres/jetgres/bridge/consumer/ticker"
 	"github.com/jetgres/jetgres/bridge/ownership"
 	"github.com/jetgres/jetgres/bridge/stream"
 	"github.com/jetgres/jetgres/embedded/leaf"
@@ -26,15 +34,12 @@ import (
 )
 
 const (
-	// TickPeriodDefault is the ticker's polling period while consumers wait. Commits made by
-	// this process reach waiting consumers at once, without a tick; the ticker only finds
-	// commits made by other replicas, so its period bounds their end-to-end latency. 50 ms
-	// keeps that near the time a client takes to notice, and costs one indexed statement per
-	// tick for all streams together.
-	TickPeriodDefault = 50 * time.Millisecond
-	// TickIdleMaxDefault is how far the ticker backs off, doubling its period, while the
-	// high-water marks it polls do not move.
-	TickIdleMaxDefault = time.Second
+	// TickPeriodDefault is the ticker's polling period while consumers wait; see
+	// ticker.PeriodDefault.
+	TickPeriodDefault = ticker.PeriodDefault
+	// TickIdleMaxDefault is how far the ticker backs off while the high-water marks it
+	// polls do not move.
+	TickIdleMaxDefault = ticker.IdleMaxDefault
 
 	// consumerQueueMax bounds the pull requests and acks waiting for one consumer's
 	// goroutine; beyond it pull requests get 409 and acks are dropped (and redelivered).
@@ -44,26 +49,42 @@ const (
 	activationsMax = 16
 )
 
-// Store is what the engine asks of PostgreSQL; *pg.DB satisfies it.
+// Store is what the engine and its subpackages ask of PostgreSQL; *pg.DB satisfies it.
 type Store interface {
+	cursor.CursorStore
+	startpos.PositionStore
+	purgemove.PurgeStore
+	ticker.TickStore
 	CreateConsumer(ctx context.Context, c pg.Consumer, maxConsumers int) (pg.Consumer, error)
 	UpdateConsumerConfig(ctx context.Context, streamID int64, name string, config []byte) error
 	DeleteConsumer(ctx context.Context, streamID int64, name string) error
 	GetConsumer(ctx context.Context, streamID int64, name string) (pg.Consumer, error)
-	WriteCursor(ctx context.Context, p pg.CursorParams) (time.Duration, error)
-	HighWater(ctx context.Context, streamIDs []int64) (map[int64]uint64, error)
 	ReadFiltered(ctx context.Context, p pg.ReadParams, filters []string) (out []pg.Message, through uint64, rtt time.Duration, err error)
 	CountPending(ctx context.Context, p pg.PendingParams) (uint64, error)
-	LastSeqsPerSubject(ctx context.Context, streamID int64, filters []string, upTo uint64) ([]uint64, error)
-	SeqAtTime(ctx context.Context, streamID int64, ts int64) (uint64, error)
-	LastBySubject(ctx context.Context, streamID int64, filter string) (*pg.Message, error)
-	NextBySubject(ctx context.Context, streamID int64, filter string, from uint64) (*pg.Message, error)
-	State(ctx context.Context, id int64) (pg.StreamState, error)
 	GoneSeqs(ctx context.Context, id int64, seqs []uint64) ([]uint64, error)
 	OpenOwnership(ctx context.Context, clk clock.Clock, keepalive, timeout time.Duration) (*pg.Ownership, error)
 	SetOwner(ctx context.Context, id int64, owner string) (pg.Consumer, string, error)
 	ClearOwner(ctx context.Context, owner string) error
 }
+
+// Link is what the engine asks of its link to the NATS server; *leaf.Conn satisfies it.
+// Handlers run on the link's read loop; SubscribeBorrowed's lend the message only for the
+// call.
+type Link interface {
+	Publish(subject, reply string, hdr, data []byte) error
+	PublishQueue(subject string, reply []byte, queue string, hdr, data []byte) error
+	Subscribe(subject, queue string, h leaf.Handler) (*leaf.Subscription, error)
+	SubscribeBorrowed(subject, queue string, h leaf.Handler) (*leaf.Subscription, error)
+	// HasInterest and HasQueueInterest report whether the server announced a subscriber
+	// (in the group) for subject; InterestVersion moves and InterestChanged signals when
+	// what it announced changes.
+	HasInterest(subject string) bool
+	HasQueueInterest(subject, group string) bool
+	InterestVersion() uint64
+	InterestChanged() <-chan struct{}
+}
+
+var _ Link = (*leaf.Conn)(nil)
 
 // Retention is what the engine tells the retention engine (bridge/retention): every ack
 // that reaches this replica, and the consumers it creates, changes and deletes.
@@ -77,7 +98,7 @@ type Retention interface {
 // durations must be positive.
 type Config struct {
 	Store Store
-	Link  *leaf.Conn
+	Link  Link
 	// Pop is the lane of reads behind the tail cache, and Ack that of cursor writes.
 	Pop, Ack *flow.Lane
 	Clock    clock.Clock
@@ -132,21 +153,23 @@ func (c *Config) validate() error {
 type Engine struct {
 	cfg   Config
 	db    Store
-	link  *leaf.Conn
+	link  Link
 	clock clock.Clock
 	log   *slog.Logger
 	owner string
-	m     *consumerMetrics
+	m     *metrics.Instruments
+	// cursors is what every consumer's cursor writer shares.
+	cursors cursor.WriterConfig
 	// The warnings of attempts that fail together while the database is away, thinned.
 	// Each warning has a throttle of its own, so that one cannot hide another.
-	warnRead, warnPending, warnTick, warnFill warnlog.Throttle
+	warnRead, warnPending warnlog.Throttle
+	ticker                *ticker.Poller
 
 	// g runs the ticker, the lease keeper, every consumer's goroutine and their background
 	// reads and cursor writes; ctx is its context, nil until Start.
 	g       startstop.Group
 	ctx     context.Context
 	ackSub  *leaf.Subscription
-	kick    chan struct{}
 	activeN chan struct{} // activation slots
 
 	mu      sync.RWMutex
@@ -155,7 +178,7 @@ type Engine struct {
 	// keeper holds the locks of the consumers this replica serves, and held their MSG.NEXT
 	// subscriptions; see replicas.go.
 	keeper *ownership.Keeper
-	held   *held
+	held   *nextsub.Held[*consumer]
 
 	// fcSub takes the answers to push consumers' flow-control requests.
 	fcSub *leaf.Subscription
@@ -167,7 +190,7 @@ type Engine struct {
 // streamConsumers is one stream's consumers.
 type streamConsumers struct {
 	s     *stream.Stream
-	reads sharedReads
+	reads sharedread.Reads
 
 	mu   sync.RWMutex
 	cons map[string]*consumer
@@ -208,12 +231,15 @@ func New(cfg Config) (*Engine, error) {
 		clock:   cfg.Clock,
 		log:     log,
 		owner:   cfg.ReplicaName,
-		kick:    make(chan struct{}, 1),
 		activeN: make(chan struct{}, activationsMax),
 		streams: make(map[*stream.Stream]*streamConsumers),
 	}
-	cs.m = newConsumerMetrics(cfg.Registerer, cs)
-	cs.held = newHeld(cfg.Registerer)
+	cs.m = metrics.New(cfg.Registerer, cs.gauges)
+	cs.cursors = cursor.WriterConfig{Store: cfg.Store, Lane: cfg.Ack, Clock: cfg.Clock, Interval: cfg.CursorInterval, Logger: log,
+		Go: cs.g.Go, Writes: cs.m.CursorWrites, Latency: cs.m.CursorLatency}
+	cs.held = nextsub.New[*consumer](cfg.Registerer)
+	cs.ticker = ticker.New(ticker.PollerConfig{Store: cfg.Store, Read: cs.ReadPop, Clock: cfg.Clock, Logger: log, Period: cfg.TickPeriod,
+		TailBytes: cfg.TailBytes, Streams: cs.ticked, Ticks: cs.m.Ticks, Reads: cs.m.TickReads})
 	keeper, err := ownership.New(ownership.Config{
 		Store: cfg.Store, Clock: cfg.Clock, Logger: log, Registerer: cfg.Registerer, Lease: cfg.Lease,
 		Streams:     cfg.Streams.List,
@@ -255,7 +281,7 @@ func (cs *Engine) Start(ctx, parent context.Context) error {
 		return err
 	}
 	cs.g.Go(cs.interestLoop)
-	cs.g.Go(cs.tickLoop)
+	cs.g.Go(func() { cs.ticker.Run(cs.ctx) })
 	cs.g.Go(func() { cs.keeper.Run(cs.ctx) })
 	return nil
 }
@@ -290,7 +316,7 @@ func (cs *Engine) Stop(ctx context.Context) {
 		}
 	}
 	for _, c := range all {
-		c.flushCursor(ctx)
+		c.cw.Flush(ctx)
 	}
 	cs.g.Stop()
 	if err := cs.db.ClearOwner(context.WithoutCancel(ctx), cs.owner); err != nil {
@@ -345,9 +371,9 @@ func (cs *Engine) OnPurged(ctx context.Context, s *stream.Stream, ev stream.Purg
 	if sc == nil {
 		return
 	}
-	sc.reads.forget()
+	sc.reads.Forget()
 	for _, c := range sc.list() {
-		c.markStale(allRows)
+		c.markStale(pending.AllRows)
 		c.postControl(event{kind: evPurged})
 	}
 	if ev.Request {
@@ -355,67 +381,29 @@ func (cs *Engine) OnPurged(ctx context.Context, s *stream.Stream, ev stream.Purg
 	}
 }
 
-// purgeMoves moves the consumers that nats-server moves after a purge request: all of
-// them for a purge of every subject; for a purge of a subject, one whose filters equal it
-// or lie inside it, up to the first message left on that subject, and one whose filters
-// reach beyond it but cover it (wider), up to the stream's first sequence, dropping its
-// pending deliveries of purged messages. Consumers whose filters only partly overlap the
-// subject stay where they are, as there.
+// purgeMoves moves the consumers that nats-server moves after a purge request (see
+// bridge/consumer/purgemove).
 func (cs *Engine) purgeMoves(ctx context.Context, sc *streamConsumers, subject string) {
 	s := sc.s
-	st, err := cs.db.State(ctx, s.ID())
+	plan, err := purgemove.NewPlan(ctx, cs.db, s.ID(), subject)
 	if err != nil {
-		cs.log.Warn("stream state after a purge", "stream", s.Name(), "err", err)
+		cs.log.Warn("moving consumers after a purge", "stream", s.Name(), "err", err)
 		return
 	}
-	first := st.FirstSeq
-	if st.Msgs == 0 {
-		first = st.LastSeq + 1
-	}
-	left := first
-	if subject != "" {
-		// 0 when nothing is left on the subject: Purged then moves past the last sequence.
-		left = 0
-		m, err := cs.db.NextBySubject(ctx, s.ID(), subject, first)
-		switch {
-		case err == nil:
-			left = m.Seq
-		case !errors.Is(err, pg.ErrNotFound):
-			cs.log.Warn("first message left after a purge", "stream", s.Name(), "err", err)
-			return
-		}
-		if st.Msgs == 0 {
-			left = first
-		}
-	}
 	for _, c := range sc.list() {
-		move := &purgeMove{start: left, last: st.LastSeq}
-		if subject != "" {
-			f := c.filters()
-			inside := equalOrInside(f, subject)
-			if !inside && !covers(f, subject) {
+		move, ok := plan.For(c.filters())
+		if !ok {
+			continue
+		}
+		if move.Wider {
+			if move.Gone, err = cs.goneOf(ctx, s, c); err != nil {
+				cs.log.Warn("pending messages after a purge", "stream", s.Name(), "consumer", c.name, "err", err)
 				continue
-			}
-			if !inside || !allInside(f, subject) {
-				move.start, move.wider = first, true
-				if move.gone, err = cs.goneOf(ctx, s, c); err != nil {
-					cs.log.Warn("pending messages after a purge", "stream", s.Name(), "consumer", c.name, "err", err)
-					continue
-				}
 			}
 		}
 		c.postControl(event{kind: evPurged, purge: move})
 	}
 }
-
-// purgeMove is how a purge moves one consumer: the arguments of consumerstate's Purged.
-type purgeMove struct {
-	start, last uint64
-	wider       bool
-	gone        map[uint64]bool // the consumer's pending deliveries that the purge removed
-}
-
-func (p *purgeMove) isGone(seq uint64) bool { return p.gone[seq] }
 
 // goneOf finds which of a consumer's pending deliveries no longer exist. Deliveries made
 // after the purge are of messages it left, so a snapshot taken now is enough.
@@ -437,23 +425,6 @@ func (cs *Engine) goneOf(ctx context.Context, s *stream.Stream, c *consumer) (ma
 	return out, nil
 }
 
-// equalOrInside reports whether one of a consumer's filters equals subject or lies inside
-// it; no filters lie inside no subject.
-func equalOrInside(filters []string, subject string) bool {
-	return slices.ContainsFunc(filters, func(f string) bool { return f == subject || server.SubjectMatchesFilter(f, subject) })
-}
-
-// covers reports whether subject lies inside one of a consumer's filters; a consumer
-// without filters covers every subject.
-func covers(filters []string, subject string) bool {
-	return len(filters) == 0 || slices.ContainsFunc(filters, func(f string) bool { return f == subject || server.SubjectMatchesFilter(subject, f) })
-}
-
-// allInside reports whether every one of a consumer's filters lies inside subject.
-func allInside(filters []string, subject string) bool {
-	return len(filters) > 0 && !slices.ContainsFunc(filters, func(f string) bool { return !server.SubjectMatchesFilter(f, subject) })
-}
-
 // OnRemoved tells the consumers that rows they may have counted as pending went.
 func (cs *Engine) OnRemoved(s *stream.Stream, ev stream.Removed) {
 	if ev.Unread == 0 {
@@ -471,7 +442,7 @@ func (cs *Engine) OnRemoved(s *stream.Stream, ev stream.Removed) {
 // subject and so has the request already, whether it is this one or another: only a request
 // for a consumer served nowhere is taken here, by taking the consumer over.
 func (cs *Engine) HandlePull(m *leaf.Msg, streamName, consumerName string) {
-	if cs.held.holds(streamName, consumerName) || cs.link.HasQueueInterest(m.Subject, "") {
+	if cs.held.Holds(nextsub.Ref{Stream: streamName, Consumer: consumerName}) || cs.link.HasQueueInterest(m.Subject, "") {
 		return
 	}
 	cs.servePull(m, streamName, consumerName)
@@ -546,7 +517,7 @@ func (cs *Engine) streamLoaded(ctx context.Context, s *stream.Stream) (*streamCo
 
 // activate starts serving a stored consumer whose lease this process holds. start, for a
 // consumer just created, carries the start position decided at creation.
-func (cs *Engine) activate(ctx context.Context, sc *streamConsumers, row pg.Consumer, start *startPos) (*consumer, error) {
+func (cs *Engine) activate(ctx context.Context, sc *streamConsumers, row pg.Consumer, start *startpos.Position) (*consumer, error) {
 	var cfg server.ConsumerConfig
 	if err := json.Unmarshal(row.Config, &cfg); err != nil {
 		return nil, errors.New("stored consumer config does not decode: " + err.Error())
@@ -567,8 +538,7 @@ func (cs *Engine) activate(ctx context.Context, sc *streamConsumers, row pg.Cons
 		return nil, err
 	}
 	c.npc = int64(npc + extra)
-	c.counted.Store(c.st.Next())
-	c.pend.through.Store(hw) // no commit reaches c before it is registered below
+	c.pend.Begin(c.st.Next(), hw) // no commit reaches c before it is registered below
 	if start != nil {
 		// A new consumer: its create response reports it as it is now, before its goroutine
 		// runs, with nothing delivered and every matching message pending.
@@ -671,8 +641,8 @@ func (cs *Engine) ensure(ctx context.Context, streamName, consumerName string) (
 // errStopping is what work refused because the engine is stopping fails with.
 var errStopping = errors.New("bridge: stopping")
 
-// Progress is how far a consumer this replica serves has come, as retention reads it.
-type Progress struct {
+// ConsumerProgress is how far a consumer this replica serves has come, as retention reads it.
+type ConsumerProgress struct {
 	// Floor is the ack floor's stream sequence and Next the next sequence to deliver.
 	Floor, Next uint64
 	// Pending are the stream sequences delivered and not yet acknowledged.
@@ -682,14 +652,14 @@ type Progress struct {
 // Progress reports the progress of the consumer a stored row describes when this replica
 // serves it: on the same stream and of the same creation, not a consumer deleted and made
 // again.
-func (cs *Engine) Progress(s *stream.Stream, row pg.Consumer) (Progress, bool) {
+func (cs *Engine) Progress(s *stream.Stream, row pg.Consumer) (ConsumerProgress, bool) {
 	c := cs.find(s.Name(), row.Name)
 	if c == nil || c.sc.s != s || !c.created.Equal(row.Created) {
-		return Progress{}, false
+		return ConsumerProgress{}, false
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return Progress{Floor: c.st.AckFloor().Stream, Next: c.st.Next(), Pending: c.st.PendingSeqs()}, true
+	return ConsumerProgress{Floor: c.st.AckFloor().Stream, Next: c.st.Next(), Pending: c.st.PendingSeqs()}, true
 }
 
 // Filters reports the filter subjects of each of s's consumers this replica serves.

@@ -4,105 +4,37 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
 
 	"github.com/nats-io/nats-server/v2/server"
-	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/jetgres/jetgres/bridge/consumer/nextsub"
 	"github.com/jetgres/jetgres/bridge/ownership"
 	"github.com/jetgres/jetgres/bridge/stream"
 	"github.com/jetgres/jetgres/embedded/leaf"
 	"github.com/jetgres/jetgres/pg"
 )
 
-// apiMsgNext begins the subject of a consumer's pull requests, followed by its stream and
-// its name.
-const apiMsgNext = "$JS.API.CONSUMER.MSG.NEXT."
-
-// consumerRef names a consumer by its stream's name, as requests do.
-type consumerRef struct{ stream, consumer string }
-
-// heldNext is the MSG.NEXT subscription of a consumer this replica serves.
-type heldNext struct {
-	c   *consumer
-	sub *leaf.Subscription
-}
-
-// held is the MSG.NEXT subscriptions of the consumers this replica serves, whose locks
-// its ownership session (bridge/ownership) holds.
-type held struct {
-	// mu guards next. It is a leaf: nothing is taken while it is held.
-	mu   sync.Mutex
-	next map[consumerRef]heldNext
-
-	served    prometheus.GaugeFunc
-	takeovers prometheus.Counter
-}
-
-func newHeld(reg prometheus.Registerer) *held {
-	o := &held{
-		next: make(map[consumerRef]heldNext),
-		takeovers: prometheus.NewCounter(prometheus.CounterOpts{Name: "jetgres_consumer_takeovers_total",
-			Help: "Consumers this replica took over from another replica that had served them."}),
-	}
-	o.served = prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "jetgres_consumers_served",
-		Help: "Consumers this replica serves."}, func() float64 { return float64(o.count()) })
-	if reg != nil {
-		reg.MustRegister(o.served, o.takeovers)
-	}
-	return o
-}
-
-func (o *held) count() int {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	return len(o.next)
-}
-
-// holds reports whether this replica's own subscription to the consumer's MSG.NEXT subject
-// receives its pull requests.
-func (o *held) holds(streamName, consumerName string) bool {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	_, ok := o.next[consumerRef{streamName, consumerName}]
-	return ok
-}
-
-// hold subscribes the consumer's own MSG.NEXT subject, so that its pull requests reach this
-// replica wherever the client is connected, as they reach a JetStream consumer's leader.
+// hold subscribes the consumer's own MSG.NEXT subject (see bridge/consumer/nextsub).
 func (cs *Engine) hold(c *consumer) {
-	ref := consumerRef{c.sc.s.Name(), c.name}
-	subj := apiMsgNext + ref.stream + "." + ref.consumer
-	sub, err := cs.link.Subscribe(subj, "", func(m *leaf.Msg) { cs.servePull(m, ref.stream, ref.consumer) })
+	ref := nextsub.Ref{Stream: c.sc.s.Name(), Consumer: c.name}
+	sub, err := cs.link.Subscribe(ref.Subject(), "", func(m *leaf.Msg) { cs.servePull(m, ref.Stream, ref.Consumer) })
 	if err != nil {
-		cs.log.Warn("subscribing a consumer's pull requests failed", "stream", ref.stream, "consumer", ref.consumer, "err", err)
+		cs.log.Warn("subscribing a consumer's pull requests failed", "stream", ref.Stream, "consumer", ref.Consumer, "err", err)
 		return
 	}
-	o := cs.held
-	o.mu.Lock()
-	old, had := o.next[ref]
-	o.next[ref] = heldNext{c, sub}
-	o.mu.Unlock()
-	if had {
-		_ = old.sub.Unsubscribe()
+	if old := cs.held.Put(ref, c, sub); old != nil {
+		_ = old.Unsubscribe()
 	}
 }
 
 // unhold drops the consumer's MSG.NEXT subscription and gives its lock back, so that another
 // replica may serve it.
 func (cs *Engine) unhold(c *consumer) {
-	ref := consumerRef{c.sc.s.Name(), c.name}
-	o := cs.held
-	o.mu.Lock()
-	h, ok := o.next[ref]
-	if ok && h.c == c {
-		delete(o.next, ref)
-	}
-	o.mu.Unlock()
-	if !ok || h.c != c {
+	sub := cs.held.Drop(nextsub.Ref{Stream: c.sc.s.Name(), Consumer: c.name}, c)
+	if sub == nil {
 		return
 	}
-	_ = h.sub.Unsubscribe()
+	_ = sub.Unsubscribe()
 	cs.keeper.ReleaseLater(c.id)
 }
 
@@ -168,7 +100,7 @@ func (cs *Engine) serveLocked(ctx context.Context, s *stream.Stream, name string
 		return nil, err
 	}
 	if prev != "" && prev != cs.owner {
-		cs.held.takeovers.Inc()
+		cs.held.TookOver()
 		cs.log.Info("took a consumer over", "stream", s.Name(), "consumer", name, "from", prev)
 	}
 	sc, err := cs.streamLoaded(ctx, s)

@@ -3,58 +3,61 @@ package consumer
 import (
 	"time"
 
+	"github.com/jetgres/jetgres/bridge/consumer/nextsub"
 	"github.com/jetgres/jetgres/bridge/stream"
 	"github.com/jetgres/jetgres/internal/jswire"
 )
 
-// Probe looks inside a consumer this replica serves. It is for tests that drive the whole
-// bridge through NATS and PostgreSQL and so cannot reach inside this package; serving
-// needs none of it.
-type Probe struct{ c *consumer }
+// Inspector looks inside a consumer this replica serves, for tests; serving needs none of
+// it. It is exported rather than kept in an export_test.go because the tests that need it
+// drive the whole bridge (the publish path, the JetStream API, clients over NATS and a
+// real PostgreSQL) and so live in package bridge, which only an exported hook reaches: this
+// file is the whole of it, and nothing else in the module calls it.
+type Inspector struct{ c *consumer }
 
-// Probe returns a probe of the consumer called name on the stream called streamName, nil
-// when this replica does not serve it.
-func (cs *Engine) Probe(streamName, name string) *Probe {
+// Inspect returns an inspector of the consumer called name on the stream called
+// streamName, nil when this replica does not serve it.
+func (cs *Engine) Inspect(streamName, name string) *Inspector {
 	c := cs.find(streamName, name)
 	if c == nil {
 		return nil
 	}
-	return &Probe{c}
+	return &Inspector{c}
 }
 
 // Lock holds the consumer as its goroutine holds it while it works, until Unlock.
-func (p *Probe) Lock() { p.c.mu.Lock() }
+func (p *Inspector) Lock() { p.c.mu.Lock() }
 
 // Unlock lets the consumer go again.
-func (p *Probe) Unlock() { p.c.mu.Unlock() }
+func (p *Inspector) Unlock() { p.c.mu.Unlock() }
 
 // FillQueue queues acks that ask for nothing until the consumer's queue is full.
-func (p *Probe) FillQueue() {
+func (p *Inspector) FillQueue() {
 	for p.c.post(event{kind: evAck, ack: jswire.AckUnknown}) {
 	}
 }
 
 // ReplayAt is when a consumer with the original replay policy next lets a message go.
-func (p *Probe) ReplayAt() time.Time {
+func (p *Inspector) ReplayAt() time.Time {
 	p.c.mu.Lock()
 	defer p.c.mu.Unlock()
-	return p.c.replay.at
+	return p.c.replay.At()
 }
 
 // Stale reports whether the consumer's pending count waits for a recount.
-func (p *Probe) Stale() bool { return p.c.stale.Load() }
+func (p *Inspector) Stale() bool { return p.c.pend.Stale() }
 
 // CursorWrite reports the stream sequence of the floor the cursor writer means to write
 // and whether a write is in flight.
-func (p *Probe) CursorWrite() (want uint64, inflight bool) {
-	p.c.cw.mu.Lock()
-	defer p.c.cw.mu.Unlock()
-	return p.c.cw.want.Stream, p.c.cw.inflight
+func (p *Inspector) CursorWrite() (want uint64, inflight bool) {
+	return p.c.cw.Wanted()
 }
 
 // Holds reports whether this replica's own subscription to the consumer's pull requests
 // receives them: whether it serves the consumer.
-func (cs *Engine) Holds(streamName, name string) bool { return cs.held.holds(streamName, name) }
+func (cs *Engine) Holds(streamName, name string) bool {
+	return cs.held.Holds(nextsub.Ref{Stream: streamName, Consumer: name})
+}
 
 // OwnershipConfirmed is when the ownership session was last confirmed.
 func (cs *Engine) OwnershipConfirmed() time.Time { return cs.keeper.Confirmed() }

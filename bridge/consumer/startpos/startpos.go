@@ -1,0 +1,94 @@
+// Package startpos decides where a new consumer starts, from its deliver policy and what
+// PostgreSQL holds, as nats-server's selectStartingSeqNo does. It reads and keeps nothing
+// else; it has no locks.
+package startpos
+
+import (
+	"context"
+	"errors"
+
+	"github.com/nats-io/nats-server/v2/server"
+
+	"github.com/jetgres/jetgres/internal/jswire"
+	"github.com/jetgres/jetgres/pg"
+)
+
+// PositionStore is what Choose reads; *pg.DB satisfies it.
+type PositionStore interface {
+	State(ctx context.Context, id int64) (pg.StreamState, error)
+	LastBySubject(ctx context.Context, streamID int64, filter string) (*pg.Message, error)
+	LastSeqsPerSubject(ctx context.Context, streamID int64, filters []string, upTo uint64) ([]uint64, error)
+	SeqAtTime(ctx context.Context, streamID int64, ts int64) (uint64, error)
+}
+
+// Position is where a consumer created just now starts.
+type Position struct {
+	Next uint64
+	// Skip is, for deliver last per subject, the messages delivered first; then delivery
+	// resumes after Resume.
+	Skip   []uint64
+	Resume uint64
+}
+
+// Choose decides where a new consumer of the stream streamID with configuration cfg starts.
+func Choose(ctx context.Context, db PositionStore, streamID int64, cfg *server.ConsumerConfig) (*Position, error) {
+	st, err := db.State(ctx, streamID)
+	if err != nil {
+		return nil, err
+	}
+	first, last := st.FirstSeq, st.LastSeq
+	filters := jswire.ConsumerFilters(cfg)
+	var next uint64
+	var pos Position
+	switch cfg.DeliverPolicy {
+	case server.DeliverAll:
+		next = first
+	case server.DeliverLast:
+		next = last
+		if len(filters) > 0 {
+			next = 0
+			for _, f := range filters {
+				m, err := db.LastBySubject(ctx, streamID, f)
+				if errors.Is(err, pg.ErrNotFound) {
+					continue
+				}
+				if err != nil {
+					return nil, err
+				}
+				next = max(next, m.Seq)
+			}
+			if next == 0 {
+				next = last + 1
+			}
+		}
+	case server.DeliverLastPerSubject:
+		seqs, err := db.LastSeqsPerSubject(ctx, streamID, filters, last)
+		if err != nil {
+			return nil, err
+		}
+		next = last + 1
+		if len(seqs) > 0 {
+			next = seqs[0]
+			pos.Skip, pos.Resume = seqs, last
+		}
+	case server.DeliverByStartSequence:
+		next = cfg.OptStartSeq
+	case server.DeliverByStartTime:
+		next, err = db.SeqAtTime(ctx, streamID, cfg.OptStartTime.UnixNano())
+		if err != nil {
+			return nil, err
+		}
+	default:
+		next = last + 1
+	}
+	if cfg.OptStartSeq == 0 {
+		switch {
+		case last == 0:
+			next = 1
+		case next > last:
+			next = last + 1
+		}
+	}
+	pos.Next = max(next, first, 1)
+	return &pos, nil
+}

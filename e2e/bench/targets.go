@@ -32,11 +32,11 @@ type benchTarget struct {
 // jetgresNode is jetgres started in-process the way `jetgres serve` starts it: a pool,
 // the embedded NATS server, the leafnode link and the bridge.
 type jetgresNode struct {
-	db     *pg.DB
-	nats   *natsd.Server
-	link   *leaf.Conn
-	bridge *bridge.Bridge
-	appends   *flow.Lane
+	db      *pg.DB
+	nats    *natsd.Server
+	link    *leaf.Conn
+	bridge  *bridge.Bridge
+	appends *flow.Lane
 	// reg holds the bridge's metrics, from which the report shows where a publish spends
 	// its time inside jetgres.
 	reg *prometheus.Registry

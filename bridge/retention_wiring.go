@@ -30,8 +30,7 @@ func (h retentionHost) Streams() []*stream.Stream { return h.b.streams.List() }
 // Served is the progress of the consumer a stored row describes when this process serves
 // it: on the same stream and of the same creation, not a consumer deleted and made again.
 func (h retentionHost) Served(s *stream.Stream, row pg.Consumer) (retention.ConsumerProgress, bool) {
-	p, ok := h.b.cons.Progress(s, row)
-	return retention.ConsumerProgress{Floor: p.Floor, Next: p.Next, Pending: p.Pending}, ok
+	return h.b.cons.Progress(s, row)
 }
 
 func (h retentionHost) LocalFilters(s *stream.Stream) [][]string { return h.b.cons.Filters(s) }

@@ -23,6 +23,7 @@ import (
 	"github.com/jetgres/jetgres/bridge/consumer/startpos"
 	"github.com/jetgres/jetgres/bridge/consumer/ticker"
 	"github.com/jetgres/jetgres/bridge/ownership"
+	"github.com/jetgres/jetgres/bridge/retention"
 	"github.com/jetgres/jetgres/bridge/stream"
 	"github.com/jetgres/jetgres/embedded/leaf"
 	"github.com/jetgres/jetgres/flow"
@@ -641,25 +642,17 @@ func (cs *Engine) ensure(ctx context.Context, streamName, consumerName string) (
 // errStopping is what work refused because the engine is stopping fails with.
 var errStopping = errors.New("bridge: stopping")
 
-// ConsumerProgress is how far a consumer this replica serves has come, as retention reads it.
-type ConsumerProgress struct {
-	// Floor is the ack floor's stream sequence and Next the next sequence to deliver.
-	Floor, Next uint64
-	// Pending are the stream sequences delivered and not yet acknowledged.
-	Pending []uint64
-}
-
 // Progress reports the progress of the consumer a stored row describes when this replica
 // serves it: on the same stream and of the same creation, not a consumer deleted and made
 // again.
-func (cs *Engine) Progress(s *stream.Stream, row pg.Consumer) (ConsumerProgress, bool) {
+func (cs *Engine) Progress(s *stream.Stream, row pg.Consumer) (retention.ConsumerProgress, bool) {
 	c := cs.find(s.Name(), row.Name)
 	if c == nil || c.sc.s != s || !c.created.Equal(row.Created) {
-		return ConsumerProgress{}, false
+		return retention.ConsumerProgress{}, false
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return ConsumerProgress{Floor: c.st.AckFloor().Stream, Next: c.st.Next(), Pending: c.st.PendingSeqs()}, true
+	return retention.ConsumerProgress{Floor: c.st.AckFloor().Stream, Next: c.st.Next(), Pending: c.st.PendingSeqs()}, true
 }
 
 // Filters reports the filter subjects of each of s's consumers this replica serves.

@@ -22,23 +22,23 @@ import (
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
 
-// host is the consumer side of a writer: the answers it sends, and whether it was lost.
-type host struct {
+// fakeConsumer is the consumer side of a writer: the answers it sends, and whether it was lost.
+type fakeConsumer struct {
 	mu      sync.Mutex
 	answers []string
 	lost    atomic.Bool
 }
 
-func (h *host) AnswerAck(reply string) {
+func (h *fakeConsumer) AnswerAck(reply string) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.answers = append(h.answers, reply)
 }
-func (h *host) Stopping() bool { return false }
-func (h *host) Gone() bool     { return h.lost.Load() }
-func (h *host) Lost()          { h.lost.Store(true) }
+func (h *fakeConsumer) Stopping() bool { return false }
+func (h *fakeConsumer) Gone() bool     { return h.lost.Load() }
+func (h *fakeConsumer) Lost()          { h.lost.Store(true) }
 
-func (h *host) answered() []string {
+func (h *fakeConsumer) answered() []string {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	return append([]string(nil), h.answers...)
@@ -74,7 +74,7 @@ func TestWriterPacesFlushesForDoubleAcksAndNoticesLoss(t *testing.T) {
 		},
 		Writes:  prometheus.NewCounter(prometheus.CounterOpts{Name: "writes"}),
 		Latency: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "latency"})}
-	h := &host{}
+	h := &fakeConsumer{}
 	w := cursor.NewWriter(ctx, cfg, h, make(chan struct{}), "S", pg.CursorParams{StreamID: st.ID, Name: "C", Created: row.Created, Owner: "r1"})
 	floorIs := func(want uint64) func() error {
 		return func() error {

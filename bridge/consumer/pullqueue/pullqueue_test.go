@@ -10,8 +10,8 @@ import (
 	"github.com/jetgres/jetgres/bridge/consumerstate"
 )
 
-// host records what a Queue answers; every inbox has a subscriber unless gone says not.
-type host struct {
+// fakeQueueHost records what a Queue answers; every inbox has a subscriber unless gone says not.
+type fakeQueueHost struct {
 	cfg      server.ConsumerConfig
 	work     bool
 	pending  int64
@@ -22,25 +22,25 @@ type host struct {
 	firstFor []time.Duration
 }
 
-func (h *host) Publish(subject, _ string, hdr, _ []byte) error {
+func (h *fakeQueueHost) Publish(subject, _ string, hdr, _ []byte) error {
 	status, _, _ := strings.Cut(string(hdr), "\r\n")
 	h.answers = append(h.answers, subject+" "+status)
 	return nil
 }
-func (h *host) HasInterest(subject string) bool { return !h.gone[subject] }
-func (h *host) InterestVersion() uint64         { return uint64(len(h.gone)) }
-func (h *host) Config() *server.ConsumerConfig  { return &h.cfg }
-func (h *host) Touch(now time.Time)             { h.touched = now }
-func (h *host) HasWork() bool                   { return h.work }
-func (h *host) MsgsPending() int64              { return h.pending }
-func (h *host) Delivered() consumerstate.Pair   { return consumerstate.Pair{} }
-func (h *host) Queued()                         { h.queued++ }
-func (h *host) FirstSent(waited time.Duration)  { h.firstFor = append(h.firstFor, waited) }
-func (h *host) lastAnswer() string              { return h.answers[len(h.answers)-1] }
+func (h *fakeQueueHost) HasInterest(subject string) bool { return !h.gone[subject] }
+func (h *fakeQueueHost) InterestVersion() uint64         { return uint64(len(h.gone)) }
+func (h *fakeQueueHost) Config() *server.ConsumerConfig  { return &h.cfg }
+func (h *fakeQueueHost) Touch(now time.Time)             { h.touched = now }
+func (h *fakeQueueHost) HasWork() bool                   { return h.work }
+func (h *fakeQueueHost) MsgsPending() int64              { return h.pending }
+func (h *fakeQueueHost) Delivered() consumerstate.Pair   { return consumerstate.Pair{} }
+func (h *fakeQueueHost) Queued()                         { h.queued++ }
+func (h *fakeQueueHost) FirstSent(waited time.Duration)  { h.firstFor = append(h.firstFor, waited) }
+func (h *fakeQueueHost) lastAnswer() string              { return h.answers[len(h.answers)-1] }
 
 func TestRequestsServedInTurnUntilTheirBatchEnds(t *testing.T) {
 	now := time.Unix(1_700_000_000, 0)
-	h := &host{cfg: server.ConsumerConfig{MaxWaiting: 2}, work: true}
+	h := &fakeQueueHost{cfg: server.ConsumerConfig{MaxWaiting: 2}, work: true}
 	var q Queue
 	q.Add(h, "in.a", []byte("2"), now)
 	q.Add(h, "in.b", []byte("1"), now)
@@ -69,7 +69,7 @@ func TestRequestsServedInTurnUntilTheirBatchEnds(t *testing.T) {
 
 func TestNoWaitExpiryAndLostInboxes(t *testing.T) {
 	now := time.Unix(1_700_000_000, 0)
-	h := &host{cfg: server.ConsumerConfig{MaxWaiting: 10}, gone: map[string]bool{}}
+	h := &fakeQueueHost{cfg: server.ConsumerConfig{MaxWaiting: 10}, gone: map[string]bool{}}
 	var q Queue
 	q.Add(h, "in.nowait", []byte(`{"batch":1,"no_wait":true}`), now)
 	if h.lastAnswer() != "in.nowait NATS/1.0 404 No Messages" || q.Waits() {

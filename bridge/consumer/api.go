@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 
 	"github.com/jetgres/jetgres/bridge/consumer/startpos"
+	"github.com/jetgres/jetgres/bridge/jserr"
 	"github.com/jetgres/jetgres/bridge/stream"
 	"github.com/jetgres/jetgres/internal/jswire"
 	"github.com/jetgres/jetgres/pg"
@@ -115,15 +116,8 @@ func (cs *Engine) create(ctx context.Context, s *stream.Stream, name string, cfg
 	if err != nil {
 		cs.release(id)
 	}
-	switch {
-	case errors.Is(err, pg.ErrExists):
-		return nil, server.NewJSConsumerNameExistError()
-	case errors.Is(err, pg.ErrMaxConsumers):
-		return nil, server.NewJSMaximumConsumersLimitError()
-	case errors.Is(err, pg.ErrNotFound):
-		return nil, server.NewJSStreamNotFoundError()
-	case err != nil:
-		return nil, fmt.Errorf("creating consumer %q on stream %q: %w", name, s.Name(), err)
+	if err != nil {
+		return nil, fmt.Errorf("creating consumer %q on stream %q: %w", name, s.Name(), jserr.ConsumerCreate(err))
 	}
 	sc, err := cs.streamLoaded(ctx, s)
 	if err != nil {
@@ -253,8 +247,6 @@ func (cs *Engine) Info(ctx context.Context, s *stream.Stream, name string, forwa
 	switch {
 	case err == nil:
 		info, err = cs.info(ctx, c)
-	case errors.Is(err, pg.ErrNotFound):
-		return nil, false, server.NewJSConsumerNotFoundError()
 	case errors.Is(err, pg.ErrServedElsewhere):
 		if forward(cs.servedBy(ctx, s, name)) {
 			return nil, true, nil
@@ -268,7 +260,7 @@ func (cs *Engine) Info(ctx context.Context, s *stream.Stream, name string, forwa
 		}
 	}
 	if err != nil {
-		return nil, false, fmt.Errorf("consumer %q on stream %q: %w", name, streamName, err)
+		return nil, false, fmt.Errorf("consumer %q on stream %q: %w", name, streamName, jserr.ConsumerLookup(err))
 	}
 	return info, false, nil
 }
@@ -281,12 +273,10 @@ func (cs *Engine) Pause(ctx context.Context, s *stream.Stream, name string, unti
 	streamName := s.Name()
 	c, err := cs.ensure(ctx, streamName, name)
 	switch {
-	case errors.Is(err, pg.ErrNotFound):
-		return server.NewJSConsumerNotFoundError()
 	case errors.Is(err, pg.ErrServedElsewhere):
 		return cs.servedBy(ctx, s, name)
 	case err != nil:
-		return fmt.Errorf("looking up consumer %q on stream %q: %w", name, streamName, err)
+		return fmt.Errorf("looking up consumer %q on stream %q: %w", name, streamName, jserr.ConsumerLookup(err))
 	}
 	c.mu.Lock()
 	cfg := c.cfg
@@ -307,11 +297,8 @@ func (cs *Engine) Delete(ctx context.Context, s *stream.Stream, name string) err
 	if jswire.ValidName(name) {
 		err = cs.db.DeleteConsumer(ctx, s.ID(), name)
 	}
-	switch {
-	case errors.Is(err, pg.ErrNotFound):
-		return server.NewJSConsumerNotFoundError()
-	case err != nil:
-		return fmt.Errorf("deleting consumer %q on stream %q: %w", name, streamName, err)
+	if err != nil {
+		return fmt.Errorf("deleting consumer %q on stream %q: %w", name, streamName, jserr.ConsumerLookup(err))
 	}
 	if c := cs.find(streamName, name); c != nil {
 		cs.remove(c)

@@ -22,6 +22,7 @@ import (
 	"github.com/jetgres/jetgres/bridge/consumer/sharedread"
 	"github.com/jetgres/jetgres/bridge/consumer/startpos"
 	"github.com/jetgres/jetgres/bridge/consumer/ticker"
+	"github.com/jetgres/jetgres/bridge/jserr"
 	"github.com/jetgres/jetgres/bridge/ownership"
 	"github.com/jetgres/jetgres/bridge/retention"
 	"github.com/jetgres/jetgres/bridge/stream"
@@ -592,7 +593,7 @@ func (cs *Engine) activateLater(streamName, consumerName string, ev event) {
 	select {
 	case cs.activeN <- struct{}{}:
 	default:
-		_ = cs.link.Publish(ev.reply, "", jswire.StatusHeader(503, "No Responders"), nil)
+		_ = cs.link.Publish(ev.reply, "", jswire.StatusHeader(jserr.NoResponders.Code, jserr.NoResponders.Description), nil)
 		return
 	}
 	if !cs.g.Go(func() {
@@ -602,13 +603,13 @@ func (cs *Engine) activateLater(streamName, consumerName string, ev event) {
 		case errors.Is(err, pg.ErrServedElsewhere):
 			// Another replica serves it and received the same request.
 		case err != nil:
-			_ = cs.link.Publish(ev.reply, "", jswire.StatusHeader(503, "No Responders"), nil)
+			_ = cs.link.Publish(ev.reply, "", jswire.StatusHeader(jserr.NoResponders.Code, jserr.NoResponders.Description), nil)
 		case !c.post(ev):
 			_ = cs.link.Publish(ev.reply, "", jswire.StatusHeader(409, jswire.DescMaxWaiting), nil)
 		}
 	}) {
 		<-cs.activeN
-		_ = cs.link.Publish(ev.reply, "", jswire.StatusHeader(503, "No Responders"), nil)
+		_ = cs.link.Publish(ev.reply, "", jswire.StatusHeader(jserr.NoResponders.Code, jserr.NoResponders.Description), nil)
 	}
 }
 

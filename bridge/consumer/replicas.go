@@ -8,6 +8,7 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 
 	"github.com/jetgres/jetgres/bridge/consumer/nextsub"
+	"github.com/jetgres/jetgres/bridge/jserr"
 	"github.com/jetgres/jetgres/bridge/ownership"
 	"github.com/jetgres/jetgres/bridge/stream"
 	"github.com/jetgres/jetgres/embedded/leaf"
@@ -115,14 +116,10 @@ func (cs *Engine) serveLocked(ctx context.Context, s *stream.Stream, name string
 // holds the lock of.
 func (cs *Engine) servedBy(ctx context.Context, s *stream.Stream, name string) error {
 	row, err := cs.db.GetConsumer(ctx, s.ID(), name)
-	switch {
-	case errors.Is(err, pg.ErrNotFound):
-		// Deleted since its lock was found held.
-		return server.NewJSConsumerNotFoundError()
-	case err != nil:
-		// Which replica serves it is unknown; the database's failure is the answer, never
-		// a claim that another replica serves it.
-		return fmt.Errorf("looking up the replica serving consumer %q on stream %q: %w", name, s.Name(), err)
+	if err != nil {
+		// Deleted since its lock was found held (not found), or which replica serves it is
+		// unknown: the database's answer, never a claim that another replica serves it.
+		return fmt.Errorf("looking up the replica serving consumer %q on stream %q: %w", name, s.Name(), jserr.ConsumerLookup(err))
 	}
 	return &ownership.ServedBy{Owner: row.Owner}
 }

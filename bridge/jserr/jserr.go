@@ -125,3 +125,28 @@ func PublishRefused(err error) *server.ApiError {
 	}
 	return server.NewJSStreamStoreFailedError(err)
 }
+
+// ConsumerLookup is the error of a request that names a consumer as the API answers it:
+// PostgreSQL's not found is "consumer not found", anything else stays as it is for API to
+// map.
+func ConsumerLookup(err error) error {
+	if errors.Is(err, pg.ErrNotFound) {
+		return server.NewJSConsumerNotFoundError()
+	}
+	return err
+}
+
+// ConsumerCreate is a consumer create's database error as the API answers it: a name
+// PostgreSQL already holds, the stream's max_consumers reached (PostgreSQL counted, under
+// the stream's lock), or a stream PostgreSQL no longer holds.
+func ConsumerCreate(err error) error {
+	switch {
+	case errors.Is(err, pg.ErrExists):
+		return server.NewJSConsumerNameExistError()
+	case errors.Is(err, pg.ErrMaxConsumers):
+		return server.NewJSMaximumConsumersLimitError()
+	case errors.Is(err, pg.ErrNotFound):
+		return server.NewJSStreamNotFoundError()
+	}
+	return err
+}

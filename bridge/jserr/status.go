@@ -32,6 +32,11 @@ var (
 	APILevel = &Status{412, "Required Api Level"}
 )
 
+// NoResponders is what a pull request hears when the replica it reached cannot serve its
+// consumer now (too many loads in flight, or the database unreachable): the status a
+// request with no subscriber gets, which clients retry.
+var NoResponders = &Status{503, "No Responders"}
+
 // BadRequest is a malformed direct get, desc saying what is wrong with it.
 func BadRequest(desc string) *Status { return &Status{408, desc} }
 

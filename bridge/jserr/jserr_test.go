@@ -89,3 +89,31 @@ func TestStatusLines(t *testing.T) {
 		})
 	}
 }
+
+// TestConsumerErrors checks what consumer requests answer when PostgreSQL refuses them, as
+// the engine wraps the refusal: only PostgreSQL's not found is "not found", and what it
+// is not found depends on the request.
+func TestConsumerErrors(t *testing.T) {
+	wrap := func(err error) error { return fmt.Errorf("consumer %q on stream %q: %w", "C", "S", err) }
+	for _, tc := range []struct {
+		name    string
+		err     error
+		code    int
+		errCode server.ErrorIdentifier
+	}{
+		{"lookup: not found", ConsumerLookup(wrap(pg.ErrNotFound)), 404, server.JSConsumerNotFoundErr},
+		{"lookup: unreachable", ConsumerLookup(wrap(pg.ErrUnavailable)), 503, server.JSClusterNotAvailErr},
+		{"lookup: refused", ConsumerLookup(wrap(errors.New("ERROR: out of memory"))), 500, server.JSConsumerCreateErrF},
+		{"create: name held", ConsumerCreate(wrap(pg.ErrExists)), 400, server.JSConsumerNameExistErr},
+		{"create: max consumers", ConsumerCreate(wrap(pg.ErrMaxConsumers)), 400, server.JSMaximumConsumersLimitErr},
+		{"create: stream gone", ConsumerCreate(wrap(pg.ErrNotFound)), 404, server.JSStreamNotFoundErr},
+		{"create: timed out", ConsumerCreate(wrap(pg.ErrTimeout)), 503, server.JSClusterNotAvailErr},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := API(wrap(tc.err), server.NewJSConsumerCreateError)
+			if got.Code != tc.code || got.ErrCode != uint16(tc.errCode) {
+				t.Errorf("API(%v) = %d/%d %q, want %d/%d", tc.err, got.Code, got.ErrCode, got.Description, tc.code, tc.errCode)
+			}
+		})
+	}
+}

@@ -3,6 +3,7 @@ package bridge
 import (
 	"errors"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -16,8 +17,8 @@ import (
 
 // A client that may publish anywhere cannot pass a consumer request off as one another
 // replica forwarded, past the server's permissions on $JS.API: without the deployment's
-// seal, or with a stale one, the replica drops it and counts it, by reason; with a fresh one
-// it serves it.
+// seal, or with a stale one, the replica refuses it and counts it, by reason (and answers
+// the stale one, which a replica did seal, with the refusal); with a fresh one it serves it.
 func TestForwardedRequestsNeedTheSeal(t *testing.T) {
 	t.Parallel()
 	tb := setup(t, setupOpts{config: func(c *Config) { c.ReplicaName = "a" }})
@@ -64,7 +65,12 @@ func TestForwardedRequestsNeedTheSeal(t *testing.T) {
 		if n := reasonCount(t, tb.reg, "jetgres_consumer_forwards_refused_total", reasons[i]); n < 1 {
 			t.Fatalf("forged request %s not refused for its %s", subj, reasons[i])
 		}
-		if m, err := sub.NextMsg(100 * time.Millisecond); err == nil {
+		// A replica's seal gone stale is answered with the refusal; a forgery is not.
+		m, err := sub.NextMsg(100 * time.Millisecond)
+		switch {
+		case reasons[i] == ownership.RefusedClock && (err != nil || !strings.Contains(string(m.Data), ownership.ErrForwardRefused.Error())):
+			t.Fatalf("stale request %s: answer %v, %v; want the refusal", subj, m, err)
+		case reasons[i] == ownership.RefusedSeal && err == nil:
 			t.Fatalf("forged request %s answered: %s", subj, m.Data)
 		}
 		_ = sub.Unsubscribe()

@@ -5,6 +5,7 @@ import (
 	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"log/slog"
 	"strconv"
@@ -52,6 +53,9 @@ var (
 	ErrServedElsewhere = errors.New("consumer is served by another replica")
 	// ErrForwarded says that Forward sent the request on: its answer comes from there.
 	ErrForwarded = errors.New("forwarded to the consumer's replica")
+	// ErrForwardRefused answers a request that the consumer's replica refused, forwarded
+	// to it by another replica, for the time of its seal.
+	ErrForwardRefused = errors.New("consumer is served by another replica, which refused this request forwarded to it: the replicas disagree on the time")
 )
 
 // ServedBy says that the replica called Owner serves the consumer a request would change:
@@ -90,9 +94,10 @@ type ForwarderConfig struct {
 // the deployment's secret, and dropped without it: the forwarding subjects would otherwise
 // let a client that may publish anywhere past the server's permissions on $JS.API.
 //
-// A refusal is loud on both sides, since the client only sees its request go unanswered:
-// the refusing replica logs it and counts it by reason (and, for a replica's seal, by the
-// replica), and tells the sender, which logs and counts it too.
+// A refusal is loud: the refusing replica logs it and counts it by reason (and, for a
+// replica's seal, by the replica); a request a replica did seal, at a time out of the
+// window, is answered with ErrForwardRefused, and its sender is told, which logs and counts
+// it too. A request no replica sealed is not answered: it did not come from a replica.
 type Forwarder struct {
 	cfg ForwarderConfig
 	log *slog.Logger
@@ -243,6 +248,7 @@ func (f *Forwarder) Received(m *leaf.Msg) (forwarded, ok bool) {
 		f.warnClock.Warn(f.log, f.cfg.Clock.Now(), "refused a consumer request another replica forwarded: its seal's time is too far from this replica's, on PostgreSQL's clock as each measures it",
 			"replica", from, "sealed", sealed, "now", now, "apart", now.Sub(sealed), "window", ForwardMaxAge)
 		f.tellRefused(from, sealed, now)
+		f.answerRefused(api, m.Reply)
 	default:
 		f.refused.WithLabelValues(RefusedSeal, "").Inc()
 		f.warnForged.Warn(f.log, f.cfg.Clock.Now(), "dropped a request on this replica's forwarding subjects that no replica of this deployment sealed",
@@ -276,6 +282,27 @@ func (f *Forwarder) unseal(rest string, m *leaf.Msg) (from, api string, sealed t
 		return string(name), api, sealed, errClock
 	}
 	return string(name), api, sealed, nil
+}
+
+// answerRefused answers the client of a request refused for its time with
+// ErrForwardRefused, in the response type of the request's API, so that it learns at once
+// rather than at its timeout. The reply subject is the one the sending replica sealed.
+func (f *Forwarder) answerRefused(api, reply string) {
+	if reply == "" {
+		return
+	}
+	typ := server.JSApiConsumerCreateResponseType
+	switch {
+	case strings.HasPrefix(api, "CONSUMER.INFO."):
+		typ = server.JSApiConsumerInfoResponseType
+	case strings.HasPrefix(api, "CONSUMER.PAUSE."):
+		typ = server.JSApiConsumerPauseResponseType
+	}
+	data, err := json.Marshal(server.ApiResponse{Type: typ, Error: server.NewJSConsumerCreateError(ErrForwardRefused)})
+	if err != nil {
+		return
+	}
+	_ = f.cfg.Link.Publish(reply, "", nil, data)
 }
 
 // tellRefused tells the replica called to that this one refused a request it sealed at

@@ -180,9 +180,15 @@ func TestForwardAcrossSkewedClocks(t *testing.T) {
 		t.Fatalf("a took nothing; refused: %v", counted(t, a.fwd.refused.WithLabelValues(RefusedClock, "b")))
 	}
 
-	// Sealed on b's own clock, five minutes ahead.
+	// Sealed on b's own clock, five minutes ahead. Its client is answered with the refusal.
 	api := "CONSUMER.INFO.S.C"
 	local := &leaf.Msg{Reply: "_INBOX.local"}
+	answers := make(chan *leaf.Msg, 1)
+	sub, err := b.fwd.cfg.Link.Subscribe(local.Reply, "", func(m *leaf.Msg) { answers <- m })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = sub.Unsubscribe() }()
 	if err := b.fwd.cfg.Link.Publish(a.fwd.Prefix("a")+b.fwd.Seal(b.clock.Now().Unix(), api, local)+"."+api, local.Reply, nil, nil); err != nil {
 		t.Fatal(err)
 	}
@@ -213,6 +219,14 @@ func TestForwardAcrossSkewedClocks(t *testing.T) {
 		if !gathered(t, want.r.reg, want.name) {
 			t.Errorf("replica %s's /metrics has no %s", want.r.fwd.cfg.ReplicaName, want.name)
 		}
+	}
+	select {
+	case m := <-answers:
+		if !strings.Contains(string(m.Data), ErrForwardRefused.Error()) || !strings.Contains(string(m.Data), "consumer_info_response") {
+			t.Errorf("the client was answered %s; want the refusal, as consumer info", m.Data)
+		}
+	case <-time.After(10 * time.Second):
+		t.Error("the client of the refused request got no answer")
 	}
 	select {
 	case m := <-a.taken:

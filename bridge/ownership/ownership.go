@@ -20,14 +20,14 @@
 // ownership session: the confirmation reads clock_timestamp() and takes it as the time at
 // the midpoint of the round trip (pg.DB.ClockOffset), which is off by at most half a round
 // trip. Replicas whose clocks are minutes apart then agree on the time within milliseconds,
-// and the window keeps its meaning, which widening it to cover any skew would lose; the
-// window is still a minute, for the requests in flight and for a replica whose measurement
-// is stale (its session down: it fences then, and serves nothing). Trusting the sender's
-// time instead (a nonce exchange, or remembering seals seen) would cost a round trip per
-// forward or state shared between replicas. A refusal is loud: the refusing replica logs
-// and counts it, naming the replica that sealed the request, and tells that replica, which
-// logs and counts it too (Forwarder); a clock more than ClockWarnOffset from PostgreSQL's
-// is logged by the keeper and shown in /metrics.
+// and the window keeps its meaning, which widening it to cover any skew would lose. The
+// window stays a minute, for requests in flight and for a replica whose last measurement is
+// old (its session down: it fences then, and serves nothing). The other sound ways cost
+// more: the receiver handing out nonces costs a round trip per forward, and remembering the
+// seals seen needs state the replicas share. A refusal is loud: the refusing replica logs
+// and counts it, naming the replica that sealed the request, answers the client, and tells
+// that replica, which logs and counts it too (Forwarder); a clock more than
+// ClockWarnOffset from PostgreSQL's is logged by the keeper and shown in /metrics.
 //
 // The keeper serves nothing itself: the consumer engine (bridge/consumer) takes the locks
 // through it and tells it, through Config, how to serve a consumer it claimed and how to

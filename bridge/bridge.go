@@ -283,7 +283,7 @@ func New(cfg Config) (*Bridge, error) {
 	}
 	b.metaKick = make(chan struct{}, 1)
 	b.fwd = ownership.NewForwarder(ownership.ForwarderConfig{
-		Store: cfg.DB, Link: cfg.Link, Clock: b.clock, Registerer: cfg.Registerer, ReplicaName: cfg.ReplicaName,
+		Store: cfg.DB, Link: cfg.Link, Clock: b.clock, Logger: cfg.Logger, Registerer: cfg.Registerer, ReplicaName: cfg.ReplicaName,
 	})
 	b.gets = gets.New(cfg.DB, cfg.SubjectIndexBytes, cfg.Registerer)
 	ret, err := newRetention(b)

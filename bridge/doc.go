@@ -73,7 +73,8 @@
 // the consumer's state; forwarding keeps one writer per consumer and today's checks
 // unchanged, at the cost of a hop on a rare request. A request is forwarded once: an
 // update or pause that finds the lock moved again is refused. A forwarded request is
-// sealed with a MAC over it and the time, keyed with a secret every replica reads from
+// sealed with a MAC over it, its sender and the time (PostgreSQL's, which the replicas
+// share where their own clocks may not agree), keyed with a secret every replica reads from
 // PostgreSQL, and dropped without it: the forwarding subjects would otherwise let a client
 // that may publish anywhere past the server's permissions on $JS.API.
 //

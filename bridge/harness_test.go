@@ -2,6 +2,7 @@ package bridge
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"testing"
 	"time"
@@ -33,7 +34,10 @@ type testBundle struct {
 }
 
 type setupOpts struct {
-	db     *pg.DB // reuse a database (restart tests); nil opens a fresh one
+	db *pg.DB // reuse a database (restart tests); nil opens a fresh one
+	// nats joins the bridge to a NATS server another bundle started, as replicas of one
+	// deployment meet on it; nil starts a server of its own.
+	nats   *natsd.Server
 	config func(*Config)
 	// unstarted leaves the bridge built but not started, for tests of Start itself; the
 	// cleanup stops it all the same.
@@ -68,13 +72,17 @@ func setup(t testing.TB, opts ...setupOpts) *testBundle {
 	}
 	logger := slog.New(slog.DiscardHandler)
 	var err error
-	tb.nats, err = natsd.Start(ctx, natsd.Config{Host: "127.0.0.1", Port: -1, Logger: logger})
-	if err != nil {
-		t.Fatalf("start nats: %v", err)
+	tb.nats = o.nats
+	if tb.nats == nil {
+		tb.nats, err = natsd.Start(ctx, natsd.Config{Host: "127.0.0.1", Port: -1, Logger: logger})
+		if err != nil {
+			t.Fatalf("start nats: %v", err)
+		}
+		t.Cleanup(tb.nats.Stop)
 	}
-	t.Cleanup(tb.nats.Stop)
 	ep := tb.nats.Leaf()
-	tb.link, err = leaf.Dial(ctx, leaf.Config{Addr: ep.Addr, User: ep.User, Password: ep.Password, Name: "bridge-test", Logger: logger})
+	// Links that share a server must not share a name.
+	tb.link, err = leaf.Dial(ctx, leaf.Config{Addr: ep.Addr, User: ep.User, Password: ep.Password, Name: fmt.Sprintf("bridge-test-%p", tb), Logger: logger})
 	if err != nil {
 		t.Fatalf("dial leaf: %v", err)
 	}

@@ -127,8 +127,10 @@ type lockedState struct {
 // state row (in stream id order, so concurrent multi-stream flushes cannot deadlock),
 // decide de-duplication, expectations and limits, allocate dense sequences, insert, move the
 // first sequence past what discard-old limits evict and tombstone what per-subject limits
-// replace, commit. ts is
-// the store time given to every message. The returned rtt is the database round trip for
+// replace, commit. ts, unix nanoseconds on the replica's clock, moved onto PostgreSQL's
+// clock (PGTime) and raised to the stream's last store time where it is below, is the store
+// time given to every message: a stream's times never go backwards, whichever replica stores
+// its messages and however far their clocks are apart. The returned rtt is the database round trip for
 // the flow limiter, recorded whatever the outcome. batches is left as it was: the caller may
 // still be walking it. The results, one per batch, name their streams and come in no
 // particular order.
@@ -141,6 +143,7 @@ type lockedState struct {
 // others. When the others then fail, the results still hold the fast path's batches, which
 // are stored; the error is about the batches missing from them.
 func (db *DB) Append(ctx context.Context, batches []AppendBatch, ts int64) ([]AppendResult, time.Duration, error) {
+	ts = db.pgUnixNano(ts)
 	// Streams are locked in id order, so that two transactions never deadlock on each other;
 	// most calls hold one batch, or batches already in order, and need no copy.
 	if !slices.IsSortedFunc(batches, byStreamID) {

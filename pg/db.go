@@ -37,6 +37,8 @@ type DB struct {
 
 	subjects subjectIndexes // see subject_index.go
 	counts   subjectCounts  // see subject_count.go
+
+	offset clockOffset // see clock.go
 }
 
 // Open builds the pool and returns once the database has answered a ping, so that a wrong URL

@@ -24,6 +24,10 @@
 // so with ErrOutcomeUnknown, never run it again, and forget what they remember of its
 // streams; Resolve ends the session that ran it and reads back whether each batch is stored.
 //
+// The replicas share no clock but PostgreSQL's: DB measures how far its replica's clock is
+// from it (clock.go), and Append, MoveStaged and ExpireOlder take their times on it, so that
+// message times, duplicate windows and max_age agree between replicas whose clocks do not.
+//
 // Message rows are only ever inserted. Each stream's messages live in chunks of a fixed
 // number of rows: tables jetgres.msgs_<stream>_<chunk>, listed in jetgres.chunks and attached
 // as the partitions [(stream, chunk), (stream, chunk + 1)) of one table, jetgres.msgs. Every

@@ -218,11 +218,12 @@ func (o *Ownership) breakLocked() {
 // gone, and the consumers it vouched for must stop.
 var ErrOwnershipLost = errors.New("pg: ownership connection lost")
 
-// Confirm checks that the session holding the locks is alive.
+// Confirm checks that the session holding the locks is alive, and measures on the way how
+// far the replica's clock is from PostgreSQL's (DB.ClockOffset).
 func (o *Ownership) Confirm(ctx context.Context) error {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	return o.exec(ctx, func(ctx context.Context, c *pgx.Conn) error { return c.Ping(ctx) })
+	return o.exec(ctx, func(ctx context.Context, c *pgx.Conn) error { return o.db.readClock(ctx, c, o.clock) })
 }
 
 // TryLock takes the lock of a stored consumer unless another session holds it, and returns
@@ -433,3 +434,6 @@ func (db *DB) DeploymentSecret(ctx context.Context) ([]byte, error) {
 	}
 	return secret, nil
 }
+
+// ClockOffset is DB.ClockOffset, which the session's confirmations measure.
+func (o *Ownership) ClockOffset() (time.Duration, bool) { return o.db.ClockOffset() }

@@ -179,10 +179,12 @@ func (db *DB) settleFirst(ctx context.Context, q querier, st *stateRow) error {
 	return err
 }
 
-// ExpireOlder removes a stream's messages stored at or before cutoff (unix ns): max_age.
+// ExpireOlder removes a stream's messages stored at or before cutoff (unix ns on the
+// replica's clock, moved onto PostgreSQL's as Append moves store times): max_age.
 // Timestamps grow with sequences, so this only moves the first sequence. It returns how many
 // live messages it removed.
 func (db *DB) ExpireOlder(ctx context.Context, id int64, cutoff int64) (uint64, error) {
+	cutoff = db.pgUnixNano(cutoff)
 	// Most of the time nothing is due: look at the first message without the lock, so that
 	// the maintainer's once-a-second check does not queue behind appends.
 	due := false

@@ -34,8 +34,9 @@ type MovePlan func(staged []StagedMsg) ([]AppendBatch, error)
 // dense sequences) and records the new progress, then commits. A crash anywhere before the
 // commit moves nothing; after it, nothing is moved twice. It returns how many staged
 // messages it took (0: none was ready) and the append's results, and, like Append, the
-// round trip for the append lane's limiter.
+// round trip for the append lane's limiter. ts is the store time as Append takes it.
 func (db *DB) MoveStaged(ctx context.Context, max int, plan MovePlan, ts int64) (taken int, results []AppendResult, rtt time.Duration, err error) {
+	ts = db.pgUnixNano(ts)
 	rtt, err = db.hot(ctx, func(ctx context.Context, q querier) error {
 		committed := false
 		defer func() {

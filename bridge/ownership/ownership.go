@@ -14,6 +14,21 @@
 // A consumer request that reaches a replica not serving the consumer goes to the one that
 // does through the Forwarder, sealed with the deployment's secret, and is answered there.
 //
+// A seal holds for ForwardMaxAge, either way, so that a captured request cannot be replayed
+// later; it is timed on PostgreSQL's clock, not on the replicas' own. Replicas share no clock
+// but PostgreSQL's, and each reads it anyway, ClaimsPerLease times per lease, to confirm its
+// ownership session: the confirmation reads clock_timestamp() and takes it as the time at
+// the midpoint of the round trip (pg.DB.ClockOffset), which is off by at most half a round
+// trip. Replicas whose clocks are minutes apart then agree on the time within milliseconds,
+// and the window keeps its meaning, which widening it to cover any skew would lose. The
+// window stays a minute, for requests in flight and for a replica whose last measurement is
+// old (its session down: it fences then, and serves nothing). The other sound ways cost
+// more: the receiver handing out nonces costs a round trip per forward, and remembering the
+// seals seen needs state the replicas share. A refusal is loud: the refusing replica logs
+// and counts it, naming the replica that sealed the request, answers the client, and tells
+// that replica, which logs and counts it too (Forwarder); a clock more than
+// ClockWarnOffset from PostgreSQL's is logged by the keeper and shown in /metrics.
+//
 // The keeper serves nothing itself: the consumer engine (bridge/consumer) takes the locks
 // through it and tells it, through Config, how to serve a consumer it claimed and how to
 // stop consumers. It has no mutex of its own; pg.Ownership's lock is taken with none of the
@@ -25,6 +40,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -54,6 +70,11 @@ const (
 	// confirmed its session for that long stops serving every consumer, whatever else it is
 	// waiting for. PostgreSQL gives a silent session's locks away only after a whole lease.
 	FencePerLease = 5
+	// ClockWarnOffset is how far this replica's clock may be from PostgreSQL's before the
+	// keeper warns. Nothing breaks beyond it (seals and message times are taken on
+	// PostgreSQL's clock), but a machine whose clock is that far off is not kept in time,
+	// and the times it shows its users (the times in consumer info, say) are that far off.
+	ClockWarnOffset = 5 * time.Second
 )
 
 // Store opens the ownership session; *pg.DB satisfies it.
@@ -105,10 +126,13 @@ type Keeper struct {
 	// own is nil until Open, and then set for good.
 	own  *pg.Ownership
 	kick chan struct{}
-	// The warnings of attempts that fail together while the database is away, thinned.
-	warnSession, warnUnserved warnlog.Throttle
+	// The warnings of attempts that fail together while the database is away, thinned, and
+	// the one of a clock far off PostgreSQL's.
+	warnSession, warnUnserved, warnClock warnlog.Throttle
 
 	fencings prometheus.Counter
+	// offset is the clock offset the loop last saw measured, in ns, for the gauge.
+	offset atomic.Int64
 	// leftSince is when ClaimFree first left free consumers it did not take, zero while
 	// the last look left none. Only ClaimFree reads and writes it, at start and then on
 	// the loop alone.
@@ -131,8 +155,12 @@ func New(cfg Config) (*Keeper, error) {
 		fencings: prometheus.NewCounter(prometheus.CounterOpts{Name: "jetgres_consumer_fencings_total",
 			Help: "Times this replica could not confirm its ownership session and stopped serving every consumer."}),
 	}
+	offset := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "jetgres_clock_offset_seconds",
+		Help: "How far PostgreSQL's clock is ahead of this replica's (negative: behind), as the ownership session last measured it. " +
+			"Forwarded requests and message times are taken on PostgreSQL's clock; beyond 5 s the replica warns in its log."},
+		func() float64 { return time.Duration(k.offset.Load()).Seconds() })
 	if cfg.Registerer != nil {
-		cfg.Registerer.MustRegister(k.fencings)
+		cfg.Registerer.MustRegister(k.fencings, offset)
 	}
 	return k, nil
 }
@@ -249,6 +277,12 @@ func (k *Keeper) Run(ctx context.Context) {
 				k.fence(err)
 			}
 			continue
+		}
+		if off, ok := own.ClockOffset(); ok {
+			k.offset.Store(int64(off))
+			if off > ClockWarnOffset || off < -ClockWarnOffset {
+				k.warnClock.Warn(k.log, now, "this replica's clock is far from PostgreSQL's: keep it in time (NTP)", "postgresql_ahead_by", off)
+			}
 		}
 		if serve := k.ClaimFree(ctx); serve != nil && !k.cfg.Go(func() { serve(ctx) }) {
 			serve(nil)

@@ -7,7 +7,9 @@
 // idle heartbeats, pause_until, inactive_threshold, max_age and duplicate windows, the
 // pacing of cursor writes, ticks and stream syncs, the flow limiter's rtt_base window and
 // permit waits, and consumer ownership. Its Now also stamps what is stored and sent:
-// message times, and the times in acks' reply subjects and in info responses.
+// message times, and the times in acks' reply subjects and in info responses. What replicas
+// compare with each other's (message times, the seals of forwarded requests) is moved onto
+// PostgreSQL's clock, by the offset that package pg measures against this Clock.
 //
 // That consumer ownership follows the Clock means that a replica renews its leases, confirms
 // the session holding their locks, and fences itself when the confirmations stop, at the

@@ -50,7 +50,7 @@ const (
 	// to 50 streams; a cap of 16 would leave the rest for the next permit. What the bundle
 	// carries stays bounded by the intakes' bytes.
 	FlushMaxStreamsDefault = 1024
-	// FlushOverlapAfterDefault is how long a append transaction runs alone before another may
+	// FlushOverlapAfterDefault is how long an append transaction runs alone before another may
 	// start beside it; see Config.FlushOverlapAfter.
 	FlushOverlapAfterDefault = 10 * time.Millisecond
 	// APIQueueDefault bounds API requests waiting for a worker; beyond it the API answers
@@ -103,7 +103,7 @@ type Config struct {
 	FlushMaxMsgs int
 	// FlushMaxStreams caps the streams that share one transaction. Defaults to FlushMaxStreamsDefault.
 	FlushMaxStreams int
-	// FlushOverlapAfter is how long a append transaction runs alone before the next may start
+	// FlushOverlapAfter is how long an append transaction runs alone before the next may start
 	// beside it (within the append lane's limit). Until then what arrives waits for it and goes
 	// into the next transaction together: a transaction costs about the same whether it
 	// carries one message or eight, so two half-full ones in flight store less than one full

@@ -24,7 +24,7 @@
 // The SQL mover, which brings what applications published with jetgres.publish into their
 // streams, is bridge/sqlmove. It reaches the streams and the publish path only through
 // sqlHost (sqlmove_wiring.go): it checks a message as a publish is checked, appends it
-// under a append permit as a flush does, and announces the commit to the stream.
+// under an append permit as a flush does, and announces the commit to the stream.
 //
 // Retention is bridge/retention: interest and workqueue retention passes, max_age and
 // lowered limits, chunk drops and de-duplication id pruning, and the interest and work

@@ -12,7 +12,7 @@ import (
 	"github.com/jetgres/jetgres/pg/pgtest/rawsql"
 )
 
-// While a append transaction is in flight, publishes to other streams wait for it and go out
+// While an append transaction is in flight, publishes to other streams wait for it and go out
 // together in the next one; only once it has run for FlushOverlapAfter (here: hung on a row
 // lock another session holds) does the next start beside it, so one hung stream leaves the
 // lane to every other. The clock stands still until the test moves it, so nothing overlaps

@@ -29,7 +29,7 @@ import (
 
 // Defaults for the append, pop and ack lanes.
 //
-// The append lane keeps PostgreSQL's queue short on purpose. What waits for a append permit is
+// The append lane keeps PostgreSQL's queue short on purpose. What waits for an append permit is
 // not lost work but fusion: the next transaction takes whatever waits in every stream, so a
 // publish that waits in jetgres commits together with others, where one let through to
 // PostgreSQL competes with them for its cores, its locks and its WAL flush, and commits
@@ -40,7 +40,7 @@ import (
 // limit grows while a transaction takes less than twice the uncongested round trip and
 // shrinks once it takes three times as long; a database with cores to spare still lets it
 // climb, since its round trips do not grow with concurrency. The limit is a ceiling: the
-// bridge starts a append transaction beside one in flight only once that one has run for a
+// bridge starts an append transaction beside one in flight only once that one has run for a
 // while (bridge.Config.FlushOverlapAfter), since two half-full transactions in flight stored
 // less than one full one at every load measured. Its minimum is 2, not 1, so that one
 // transaction hung on a row lock (another replica, an application's session) leaves a lane

@@ -6,7 +6,7 @@
 // after its last move, then keeps to the tick period until every transaction that may have
 // committed without notifying has ended (pg.StagedSettled). Its timer is the fallback, at
 // the tick period while there is work and backing off to Config.IdleMax while there is none.
-// Each move takes a append lane permit, like a flush, and appends one snapshot-bounded batch of
+// Each move takes an append lane permit, like a flush, and appends one snapshot-bounded batch of
 // committed staged messages through the same append path, so that sequences, de-duplication
 // and limits apply as to a NATS publish.
 //
@@ -23,7 +23,7 @@
 //
 // Two goroutines, from Start until Stop: one listens for commits and wakes the other, which
 // moves. The mover has no lock of its own beyond its warning throttles, which are leaves. It
-// calls Host with none of them held, and holds a append permit only across the move's
+// calls Host with none of them held, and holds an append permit only across the move's
 // transaction, which plans inside it with Host.Batch, Host.Expectations and
 // Host.NoInterest; it gives the permit back before it announces the commit.
 package sqlmove
@@ -125,7 +125,7 @@ type Config[S Destination] struct {
 	TickPeriod time.Duration
 	// IdleMax is how far the timer's period backs off, doubling, while there is no work.
 	IdleMax time.Duration
-	// MaxMsgs caps the staged messages one move takes: a append flush's bound.
+	// MaxMsgs caps the staged messages one move takes: an append flush's bound.
 	MaxMsgs int
 }
 

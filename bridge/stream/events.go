@@ -49,7 +49,7 @@ type Committed struct {
 // Purged says that messages went that readers may hold in memory: a purge request, a
 // message delete, max_age or lowered limits, retention's tombstones, or a commit's
 // limits reaching messages the tail holds. With no field set it also says that what
-// readers hold may be wrong in any way: a append transaction whose commit got no answer may
+// readers hold may be wrong in any way: an append transaction whose commit got no answer may
 // have stored messages, and removed others, that nobody was told of.
 type Purged struct {
 	// Request says a purge request did it, and Subject is the request's filter ("" for

@@ -31,7 +31,7 @@ type intake struct {
 	buf      []publish
 	bytes    int
 	flushing bool // a transaction for this stream is in flight
-	queued   bool // waiting in the ready queue for a append permit
+	queued   bool // waiting in the ready queue for an append permit
 	closed   bool // the stream is gone; nothing more is taken in
 	// flushSince is when the stream's flush in flight started, in the registry clock's Unix
 	// nanoseconds, or 0 with none. It is an atomic apart from mu so that readiness can read
@@ -237,7 +237,7 @@ func (r *Registry) kickLocked(s *Stream) {
 	r.ready.push(s)
 }
 
-// flushEnded counts a append transaction out and wakes the dispatcher, which may be waiting
+// flushEnded counts an append transaction out and wakes the dispatcher, which may be waiting
 // for the lane to go idle.
 func (r *Registry) flushEnded() {
 	r.inFlight.Add(-1)
@@ -458,7 +458,7 @@ func (r *Registry) committed(s *Stream, pubs []publish, res pg.AppendResult) {
 	r.answer(s, pubs, res)
 }
 
-// settleUnknown answers the publishes of a append transaction whose commit got no answer with
+// settleUnknown answers the publishes of an append transaction whose commit got no answer with
 // what reading it back finds: a PubAck for a batch found stored, after its commit is
 // announced as any other; nothing yet for one found not stored, which the caller answers
 // as failed; and no answer at all while it cannot tell, since a failure could be a lie:
@@ -487,7 +487,7 @@ func (r *Registry) settleUnknown(ue *pg.OutcomeUnknownError, byID map[int64]*Str
 	}
 	if unanswered > 0 {
 		r.m.outcomeUnknown.WithLabelValues(foundUnknown).Add(float64(unanswered))
-		r.log.Warn("a append transaction's commit got no answer and could not be read back: its publishes are left unanswered",
+		r.log.Warn("an append transaction's commit got no answer and could not be read back: its publishes are left unanswered",
 			"publishes", unanswered, "err", err)
 	}
 }
@@ -560,7 +560,7 @@ func (r *Registry) closeIntake(s *Stream, e *server.ApiError) {
 	}
 }
 
-// readyQueue is the FIFO of streams waiting for a append permit. A stream is in it at most
+// readyQueue is the FIFO of streams waiting for an append permit. A stream is in it at most
 // once (intake.queued), so its length is bounded by the number of streams.
 type readyQueue struct {
 	mu     sync.Mutex

@@ -42,7 +42,7 @@ func RefusedReason(err error) string {
 	return ReasonExpected
 }
 
-// What reading back a append transaction whose commit got no answer found, the label values
+// What reading back an append transaction whose commit got no answer found, the label values
 // of jetgres_publish_outcome_unknown_total.
 const (
 	foundStored    = "stored"
@@ -133,7 +133,7 @@ func registerTailMetrics(reg prometheus.Registerer, tails *tailcache.Budget) {
 			func() float64 { return float64(tails.Evicted()) }))
 }
 
-// registerIntakeMetrics registers what waits for a append transaction: the streams in the
+// registerIntakeMetrics registers what waits for an append transaction: the streams in the
 // ready queue (while one is in flight, what arrives for other streams waits for the next)
 // and the bytes in all intakes, which IntakeTotalBytes bounds.
 func registerIntakeMetrics(reg prometheus.Registerer, r *Registry) {
@@ -145,6 +145,6 @@ func registerIntakeMetrics(reg prometheus.Registerer, r *Registry) {
 			Help: "Streams whose publishes wait for the next append transaction."},
 			func() float64 { return float64(r.ready.len()) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "jetgres_intake_bytes",
-			Help: "Bytes of publishes waiting in all streams' intakes for a append transaction (bounded by --intake-total-bytes)."},
+			Help: "Bytes of publishes waiting in all streams' intakes for an append transaction (bounded by --intake-total-bytes)."},
 			func() float64 { return float64(r.intakeTotal.Load()) }))
 }

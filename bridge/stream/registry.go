@@ -52,7 +52,7 @@ type Config struct {
 	// FlushMaxMsgs caps one stream's messages per transaction, FlushMaxStreams the streams
 	// that share one.
 	FlushMaxMsgs, FlushMaxStreams int
-	// FlushOverlapAfter is how long a append transaction runs alone before the next may start
+	// FlushOverlapAfter is how long an append transaction runs alone before the next may start
 	// beside it.
 	FlushOverlapAfter time.Duration
 	// MaxMemory and MaxStore bound the bytes of memory and of file streams; 0 is no bound.

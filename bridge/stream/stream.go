@@ -1,6 +1,6 @@
 // Package stream owns the streams this process serves: the registry that keeps them as
 // PostgreSQL stores them, each stream's subject subscriptions on the link, its intake (the
-// fusion buffer of publishes waiting for a append transaction) and the flushes that commit the
+// fusion buffer of publishes waiting for an append transaction) and the flushes that commit the
 // intakes of many streams in one transaction and answer every publisher after the commit,
 // each stream's tail of newest messages and its get index, and the events a stream announces
 // (Committed, Purged, Removed, Dropped) to whoever keeps something of it in memory.
@@ -28,7 +28,7 @@
 //     and Unsubscribe.
 //  4. intake.mu guards a stream's fusion buffer. Held with it: the ready queue's mu, when a
 //     stream that cannot flush at once is queued.
-//  5. readyQueue.mu guards the queue of streams waiting for a append permit.
+//  5. readyQueue.mu guards the queue of streams waiting for an append permit.
 //
 // The last two are leaves but for the queue. A stream's tail and get index have locks of
 // their own, leaves, taken by the events' subscribers; the subscribers outside the package

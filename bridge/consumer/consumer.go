@@ -19,8 +19,8 @@ import (
 )
 
 // ReadAheadMsgs caps the messages one read of PostgreSQL fetches for a consumer behind the
-// tail, and ReadAheadBytes the bytes: a push consumer always reads that many, one read in
-// flight.
+// tail, and ReadAheadBytes the bytes: a push consumer reads up to that many, with up to
+// pushReadsInFlight reads in flight.
 const (
 	ReadAheadMsgs  = readAheadMax
 	ReadAheadBytes = readAheadBytes
@@ -134,7 +134,8 @@ type consumer struct {
 	ahead      []pg.Message // read from PostgreSQL, not yet delivered
 	aheadUpTo  uint64       // the read-ahead looked through this sequence
 	aheadGen   uint64       // bumped whenever the read-ahead is thrown away
-	pf         *prefetch    // the background read of the next batch, if any
+	pfs        []*prefetch  // the background reads of the next batches, oldest first
+	span       uint64       // sequences a read may look through within its limits, as reads found; 0 before one
 	npc        int64        // num_pending: matching messages never delivered, from next on
 	recountAt  time.Time    // no recount of npc before this, after an expensive one
 	lastActive time.Time

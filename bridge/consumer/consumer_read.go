@@ -135,6 +135,7 @@ func (c *consumer) readAhead(ctx context.Context, from, hw uint64) bool {
 		return false
 	}
 	c.dropAhead()
+	c.learnSpan(from, through, msgs)
 	c.ahead, c.aheadUpTo = msgs, through
 	return true
 }
@@ -148,37 +149,88 @@ func (c *consumer) behindTail(from, hw uint64) uint64 {
 	return hw
 }
 
-// prefetch is a read of the batch after the read-ahead, made in the background.
+// prefetch is a read of a batch after the read-ahead, made in the background.
 type prefetch struct {
-	gen  uint64 // the consumer's aheadGen when it started
-	from uint64
-	done chan struct{} // closed once msgs, through and err are set
+	gen        uint64        // the consumer's aheadGen when it started
+	from, upTo uint64        // what it reads, unless its count or byte limit cuts it short
+	done       chan struct{} // closed once msgs, through and err are set
 
 	msgs    []pg.Message
 	through uint64
 	err     error
 }
 
-// prefetch starts reading the next batch in the background when the consumer delivers
+// pushReadsInFlight is how many background reads a push consumer keeps going while it
+// delivers from PostgreSQL. With one, the consumer waited for nearly every read of a backlog
+// (90 of 100 reads, 40 % of its time): a read of a batch took longer than sending it, and
+// PostgreSQL sat idle while the consumer sent. The second read runs while the first is
+// taken and sent.
+const pushReadsInFlight = 2
+
+// spanMargin is the share of a read's expected span that a read chained behind another one
+// looks through: a little short of its limits, so that variations in density and size
+// rarely cut it, since a cut read throws away the reads chained behind it.
+const spanMargin = 0.875
+
+// prefetch starts reading the next batches in the background when the consumer delivers
 // from PostgreSQL and its read-ahead runs low; a consumer that keeps up with the tail
-// cache, or waits at the head of the stream, never does. Called with mu held.
+// cache, or waits at the head of the stream, never does. A pull consumer keeps one read
+// in flight, a push consumer up to pushReadsInFlight: each read after the first starts
+// where the one before it is planned to end, bounded to the span the reads so far found
+// to fit their limits. Called with mu held.
 func (c *consumer) prefetch(ctx context.Context) {
-	if c.pf != nil || len(c.ahead) > c.out.prefetchLow() || c.aheadUpTo == 0 {
+	if len(c.ahead) > c.out.prefetchLow() || c.aheadUpTo == 0 {
 		return
 	}
+	if _, push := c.out.(*pusher); !push || c.span == 0 {
+		if len(c.pfs) == 0 {
+			c.startPrefetch(ctx, false)
+		}
+		return
+	}
+	for len(c.pfs) < pushReadsInFlight && c.startPrefetch(ctx, true) {
+	}
+}
+
+// readFirst starts a new push consumer's first read of its backlog while it is activated,
+// so that the read runs beside the count of its pending messages rather than after it: on
+// a stream of 200,000 messages the count alone delayed the first delivery by tens of
+// milliseconds. A consumer that starts from a list of last messages per subject reads
+// those first, one by one, and a pull consumer reads what its first request asks for.
+// Called before the consumer is shared, with hw the high-water mark just raised.
+func (c *consumer) readFirst(ctx context.Context) {
+	if _, push := c.out.(*pusher); !push || c.start != nil {
+		return
+	}
+	// The read-ahead of a consumer that has yet to read ends right before its next message.
+	c.aheadUpTo = c.st.Next() - 1
+	c.startPrefetch(ctx, false)
+}
+
+// startPrefetch starts the read after the read-ahead and the reads in flight, and reports
+// whether it did. A chained read looks through no more than the span, so that the next
+// one may start where it ends.
+func (c *consumer) startPrefetch(ctx context.Context, chained bool) bool {
 	from, hw := c.aheadUpTo+1, c.sc.s.Tail().HighWater()
+	if n := len(c.pfs); n > 0 {
+		from = c.pfs[n-1].upTo + 1
+	}
 	if from < c.st.Next() || from > hw {
-		return // delivery moved past the read-ahead, or nothing more is committed
+		return false // delivery moved past the read-ahead, or nothing more is committed
 	}
 	if c.cs.clock.Now().Before(c.retryAt) {
-		return
+		return false
 	}
 	if _, _, covered := c.sc.s.Tail().Get(from); covered {
-		return
+		return false
 	}
-	pf := &prefetch{gen: c.aheadGen, from: from, done: make(chan struct{})}
-	c.pf = pf
-	p := pg.ReadParams{StreamID: c.sc.s.ID(), From: from, UpTo: c.behindTail(from, hw), MaxMsgs: readAheadMax, MaxBytes: readAheadBytes}
+	upTo := c.behindTail(from, hw)
+	if chained {
+		upTo = min(upTo, from+c.span-1)
+	}
+	pf := &prefetch{gen: c.aheadGen, from: from, upTo: upTo, done: make(chan struct{})}
+	c.pfs = append(c.pfs, pf)
+	p := pg.ReadParams{StreamID: c.sc.s.ID(), From: from, UpTo: upTo, MaxMsgs: readAheadMax, MaxBytes: readAheadBytes}
 	filters := c.filters()
 	if !c.cs.g.Go(func() {
 		pf.msgs, pf.through, pf.err = c.sc.reads.read(ctx, c.cs, p, filters)
@@ -187,17 +239,19 @@ func (c *consumer) prefetch(ctx context.Context) {
 	}) {
 		pf.err = errStopping
 		close(pf.done)
-	}
-}
-
-// takePrefetch appends the background read to the read-ahead, waiting for it if it is
-// still running: the consumer needs it now. It reports whether the read-ahead grew or moved.
-// Called with mu held; mu is released while it waits.
-func (c *consumer) takePrefetch(ctx context.Context) bool {
-	pf := c.pf
-	if pf == nil {
 		return false
 	}
+	return true
+}
+
+// takePrefetch appends the oldest background read to the read-ahead, waiting for it if it
+// is still running: the consumer needs it now. It reports whether the read-ahead grew or
+// moved. Called with mu held; mu is released while it waits.
+func (c *consumer) takePrefetch(ctx context.Context) bool {
+	if len(c.pfs) == 0 {
+		return false
+	}
+	pf := c.pfs[0]
 	select {
 	case <-pf.done:
 	default:
@@ -212,17 +266,22 @@ func (c *consumer) takePrefetch(ctx context.Context) bool {
 			return false
 		}
 	}
-	c.pf = nil
-	if pf.gen != c.aheadGen || pf.from != c.aheadUpTo+1 {
-		return false // thrown away meanwhile
-	}
-	if pf.err != nil {
-		if ctx.Err() == nil {
-			c.cs.warnRead.Warn(c.cs.log, c.cs.clock.Now(), "consumer read failed", "stream", c.sc.s.Name(), "consumer", c.name, "err", pf.err)
+	if pf.gen != c.aheadGen || pf.from != c.aheadUpTo+1 || pf.err != nil {
+		// Thrown away meanwhile, failed, or the read before it was cut short: the reads
+		// behind it start where this one was planned to end, so they go too.
+		clear(c.pfs)
+		c.pfs = c.pfs[:0]
+		if pf.err != nil && pf.gen == c.aheadGen {
+			if ctx.Err() == nil {
+				c.cs.warnRead.Warn(c.cs.log, c.cs.clock.Now(), "consumer read failed", "stream", c.sc.s.Name(), "consumer", c.name, "err", pf.err)
+			}
+			c.retryAt = c.cs.clock.Now().Add(readRetry)
 		}
-		c.retryAt = c.cs.clock.Now().Add(readRetry)
 		return false
 	}
+	c.pfs[0] = nil
+	c.pfs = c.pfs[1:]
+	c.learnSpan(pf.from, pf.through, pf.msgs)
 	if len(c.ahead) == 0 {
 		// The read's own array, clipped, so that nothing appends into it: copying a batch
 		// into a fresh one cost a consumer behind the tail cache a copy of every message.
@@ -234,9 +293,35 @@ func (c *consumer) takePrefetch(ctx context.Context) bool {
 	return true
 }
 
-// dropAhead forgets the read-ahead and any background read of what follows it.
+// learnSpan takes from a read of [from, through] that found msgs how many sequences a read
+// may look through and stay within its count and byte limits, at the same density of
+// matching messages and the same sizes.
+func (c *consumer) learnSpan(from, through uint64, msgs []pg.Message) {
+	if through < from {
+		return
+	}
+	looked := float64(through - from + 1)
+	if len(msgs) == 0 {
+		c.span = uint64(min(2*looked, float64(readAheadMax)*spanEmptyMax))
+		return
+	}
+	size := 0
+	for i := range msgs {
+		size += int(msgs[i].Size())
+	}
+	fit := min(float64(readAheadMax)/float64(len(msgs)), float64(readAheadBytes)/float64(max(size, 1)))
+	c.span = uint64(max(looked*fit*spanMargin, 1))
+}
+
+// spanEmptyMax bounds the span, in multiples of readAheadMax, that reads finding nothing
+// widen it to: each doubles it.
+const spanEmptyMax = 64
+
+// dropAhead forgets the read-ahead and any background reads of what follows it.
 func (c *consumer) dropAhead() {
-	c.ahead, c.aheadUpTo, c.pf = nil, 0, nil
+	c.ahead, c.aheadUpTo = nil, 0
+	clear(c.pfs)
+	c.pfs = c.pfs[:0]
 	c.aheadGen++
 }
 

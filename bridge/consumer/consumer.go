@@ -90,6 +90,8 @@ type startPos struct {
 	next   uint64
 	skip   []uint64 // deliver last per subject: these first, then resume
 	resume uint64
+	read   []pg.Message // read from PostgreSQL for skip, in sequence order
+	readTo uint64       // read looked through this sequence
 }
 
 // consumer is one pull or push consumer served by this process. One goroutine (run) owns

@@ -217,10 +217,10 @@ type prefetch struct {
 }
 
 // pushReadsInFlight is how many background reads a push consumer keeps going while it
-// delivers from PostgreSQL. With one, the consumer waited for nearly every read of a backlog
-// (90 of 100 reads, 40 % of its time): a read of a batch took longer than sending it, and
-// PostgreSQL sat idle while the consumer sent. The second read runs while the first is
-// taken and sent.
+// delivers from PostgreSQL. With one, the consumer waited for nearly every read of a
+// backlog (90 of 100 reads, 40 % of its time, on a busy machine): a read of a batch took
+// longer than sending it, and PostgreSQL sat idle while the consumer sent. The second read
+// runs while the first is taken and sent.
 const pushReadsInFlight = 2
 
 // spanMargin is the share of a read's expected span that a read chained behind another one
@@ -252,8 +252,8 @@ func (c *consumer) prefetch(ctx context.Context) {
 // so that the read runs beside the count of its pending messages rather than after it: on
 // a stream of 200,000 messages the count alone delayed the first delivery by tens of
 // milliseconds. A consumer that starts from a list of last messages per subject reads
-// those first, one by one, and a pull consumer reads what its first request asks for.
-// Called before the consumer is shared, with hw the high-water mark just raised.
+// that list first (loadStart), and a pull consumer reads what its first request asks for.
+// Called before the consumer is shared, after the tail's high-water mark was raised.
 func (c *consumer) readFirst(ctx context.Context) {
 	if _, push := c.out.(*pusher); !push || c.start != nil {
 		return

@@ -29,7 +29,7 @@ func TestSubjectMatchingAgreesWithSQL(t *testing.T) {
 	if _, _, err := db.Append(ctx, []pg.AppendBatch{{StreamID: st.ID, Msgs: msgs}}, 1); err != nil {
 		t.Fatal(err)
 	}
-	filters := []string{">", "*", "a", "a.b", "a.*", "a.>", "*.b", "*.*", "*.*.>", "a.*.c", "a.b.>", "a.b.c.>", "a+b.*", "a$.b", "x.(y)", "x.[y]", `x.\y`, "x.*", "?.b", "a.b.c.d.e"}
+	filters := []string{">", "*", "a", "a.b", "a.*", "a.>", "*.b", "*.*", "*.*.>", "a.*.c", "a.b.>", "a.b.c.>", "a+b.*", "a$.b", "x.(y)", "x.[y]", `x.\y`, "x.*", "?.b", "a.b.c.d.e", "a$.>", "x.>", "x.(y).>"}
 	for _, f := range filters {
 		var want []string
 		var last uint64

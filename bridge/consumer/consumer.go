@@ -15,6 +15,7 @@ import (
 	"github.com/jetgres/jetgres/bridge/consumer/cursor"
 	"github.com/jetgres/jetgres/bridge/consumer/pending"
 	"github.com/jetgres/jetgres/bridge/consumer/purgemove"
+	"github.com/jetgres/jetgres/bridge/consumer/readahead"
 	"github.com/jetgres/jetgres/bridge/consumer/replay"
 	"github.com/jetgres/jetgres/bridge/consumer/startpos"
 	"github.com/jetgres/jetgres/bridge/consumerstate"
@@ -24,8 +25,8 @@ import (
 )
 
 // ReadAheadMsgs caps the messages one read of PostgreSQL fetches for a consumer behind the
-// tail, and ReadAheadBytes the bytes: a push consumer always reads that many, one read in
-// flight.
+// tail, and ReadAheadBytes the bytes: a push consumer reads up to that many, with up to
+// pushReadsInFlight reads in flight.
 const (
 	ReadAheadMsgs  = readAheadMax
 	ReadAheadBytes = readAheadBytes
@@ -116,11 +117,8 @@ type consumer struct {
 	st         *consumerstate.State
 	out        deliveryStrategy // to waiting pull requests or to the deliver subject
 	start      *startpos.Position
-	ahead      []pg.Message // read from PostgreSQL, not yet delivered
-	aheadUpTo  uint64       // the read-ahead looked through this sequence
-	aheadGen   uint64       // bumped whenever the read-ahead is thrown away
-	pf         *prefetch    // the background read of the next batch, if any
-	npc        int64        // num_pending: matching messages never delivered, from next on
+	ahead      *readahead.Buffer // read from PostgreSQL, not yet delivered, and the reads of what follows
+	npc        int64             // num_pending: matching messages never delivered, from next on
 	lastActive time.Time
 	retryAt    time.Time
 	unlocked   bool // mu was released to wait for a read: the pump's reading of the clock is old
@@ -155,8 +153,9 @@ func newConsumer(cs *Engine, sc *streamConsumers, row pg.Consumer, cfg server.Co
 		wake:       make(chan struct{}, 1),
 		done:       make(chan struct{}),
 		cfg:        cfg,
-		st:         consumerstate.New(stateConfig(&cfg), floor, next),
+		st:         consumerstate.New(consumerstate.ConfigOf(&cfg), floor, next),
 		start:      start,
+		ahead:      readahead.New(readAheadMax, readAheadBytes),
 		lastActive: now,
 	}
 	if row.ShownStreamSeq < floor.Stream {
@@ -339,7 +338,7 @@ func (c *consumer) handle(ctx context.Context, ev *event, now time.Time) {
 		old := c.filters()
 		c.cfg = ev.cfg.cfg
 		c.setFilters(&c.cfg)
-		c.st.SetConfig(stateConfig(&c.cfg))
+		c.st.SetConfig(consumerstate.ConfigOf(&c.cfg))
 		c.out = c.out.configure(c, &c.cfg, now)
 		c.dropAhead()
 		// The filters are all of the configuration that the count depends on.
@@ -360,7 +359,7 @@ func (c *consumer) msgsPending() int64 {
 // hasWork is the cheap in-memory check: is anything deliverable without asking PostgreSQL
 // whether more was committed.
 func (c *consumer) hasWork() bool {
-	return c.st.HasRedeliveries() || len(c.ahead) > 0 || c.start != nil || c.st.Next() <= c.sc.s.Tail().HighWater()
+	return c.st.HasRedeliveries() || len(c.ahead.Msgs) > 0 || c.start != nil || c.st.Next() <= c.sc.s.Tail().HighWater()
 }
 
 // source says where a candidate message came from, so that delivering it consumes it there.
@@ -446,7 +445,7 @@ func (c *consumer) pump(ctx context.Context) {
 		// After Deliver: taking the last of a start list moves Next past what it skipped,
 		// and the floor must then see this delivery pending.
 		c.consume(src)
-		if src == srcAhead && len(c.ahead) <= c.out.prefetchLow() {
+		if src == srcAhead && len(c.ahead.Msgs) <= c.out.prefetchLow() {
 			// A push consumer's pump may not end before its read-ahead does.
 			c.prefetch(ctx)
 		}

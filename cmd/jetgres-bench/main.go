@@ -71,6 +71,8 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.DurationVar(&cfg.Duration, "duration", 0, fmt.Sprintf("time limit of each timed phase (default %s, 2s with --quick)", bench.DurationDefault))
 	fs.IntVar(&cfg.Window, "window", bench.WindowDefault, "async publish window: PubAcks outstanding at once")
 	fs.IntVar(&cfg.NatsBenchMsgs, "natsbench-msgs", 0, fmt.Sprintf("messages of each nats bench throughput run; its runs of one operation at a time move a tenth (default %d, %s with --quick)", bench.NatsBenchMsgsDefault, "2000"))
+	fs.IntVar(&cfg.KVKeys, "kv-keys", 0, fmt.Sprintf("keys of the push section's key-value bucket, read by kv.WatchAll (default %d, %s with --quick)", bench.KVKeysDefault, "2000"))
+	fs.IntVar(&cfg.ObjectBytes, "object-bytes", 0, fmt.Sprintf("size in bytes of the object the push section gets (default %d, %s with --quick)", bench.ObjectBytesDefault, "4 MiB"))
 	fs.StringVar(&cfg.SynchronousCommit, "synchronous-commit", "on", "--synchronous-commit of the in-process jetgres (on or off), or the one the jetgres given by --url runs with; the natsbench section measures both")
 	fs.BoolVar(&cfg.Quick, "quick", false, "a CI-sized smoke run of every section, well under a minute")
 	fs.StringVar(&only, "only", strings.Join(bench.Sections, ","), "comma-separated sections to run: "+strings.Join(bench.Sections, ", "))

@@ -68,7 +68,8 @@ func Run(ctx context.Context, cfg Config) (rep *Report, err error) {
 		Started: time.Now().UTC().Truncate(time.Second),
 		Settings: RunSettings{
 			Msgs: cfg.Msgs, Size: cfg.Size, DurationSeconds: cfg.Duration.Seconds(), Window: cfg.Window,
-			FetchBatch: FetchBatchDefault, Rates: r.rates(), OverloadStreams: r.overloadStreams(),
+			FetchBatch: FetchBatchDefault, KVKeys: cfg.KVKeys, ObjectBytes: cfg.ObjectBytes,
+			Rates: r.rates(), OverloadStreams: r.overloadStreams(),
 			Quick: cfg.Quick, Sections: cfg.Only,
 		},
 	}

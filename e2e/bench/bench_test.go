@@ -38,7 +38,7 @@ func TestQuickRun(t *testing.T) {
 	checkTargets(t, "publish", all, collect(rep.Publish, func(p PubResult) (string, float64) { return p.Target, p.MsgsPerSec }))
 	checkTargets(t, "sync publish", all, collect(rep.Sync, func(s SyncResult) (string, float64) { return s.Target, s.MsgsPerSec }))
 	checkTargets(t, "fetch", []string{TargetJetgres, TargetJetStream}, collect(rep.Fetch, func(f FetchResult) (string, float64) { return f.Target, f.MsgsPerSec }))
-	for _, mode := range slices.Concat(PushFloors, PushModes) {
+	for _, mode := range slices.Concat(PushFloors, PushModes, OrderedReads) {
 		targets := []string{TargetJetgres, TargetJetStream}
 		if slices.Contains(PushFloors, mode) {
 			targets = targets[:1]

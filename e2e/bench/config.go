@@ -49,6 +49,10 @@ const (
 	PoolSize = 200
 	// MaxPublishers bounds the goroutines of one overload step.
 	MaxPublishers = 1000
+	// KVKeysDefault is how many keys the key-value watch of the push section reads.
+	KVKeysDefault = 100_000
+	// ObjectBytesDefault is the size of the object the push section gets.
+	ObjectBytesDefault = 100 << 20
 )
 
 // Quick-run sizes: the whole run stays well under a minute on a small machine.
@@ -57,6 +61,8 @@ const (
 	quickDuration = 2 * time.Second
 	// quickNatsBenchMsgs is NatsBenchMsgs in a quick run.
 	quickNatsBenchMsgs = 2_000
+	quickKVKeys        = 2_000
+	quickObjectBytes   = 4 << 20
 )
 
 // Config configures Run. The zero value of every field means its default.
@@ -75,6 +81,12 @@ type Config struct {
 	// operation at a time move a tenth of it. Defaults to NatsBenchMsgsDefault, or 2,000 in a
 	// quick run.
 	NatsBenchMsgs int
+	// KVKeys is how many keys the push section's key-value bucket holds, each once, for
+	// kv.WatchAll to read. Defaults to KVKeysDefault, or 2,000 in a quick run.
+	KVKeys int
+	// ObjectBytes is the size of the object the push section gets. Defaults to
+	// ObjectBytesDefault, or 4 MiB in a quick run.
+	ObjectBytes int
 	// SynchronousCommit is the --synchronous-commit of the in-process jetgres ("on" or
 	// "off"), or the one the jetgres given by URL runs with. Defaults to "on". The nats bench
 	// section measures jetgres in both modes whatever it is.
@@ -126,6 +138,18 @@ func (c *Config) setDefaults() error {
 			c.NatsBenchMsgs = quickNatsBenchMsgs
 		}
 	}
+	if c.KVKeys == 0 {
+		c.KVKeys = KVKeysDefault
+		if c.Quick {
+			c.KVKeys = quickKVKeys
+		}
+	}
+	if c.ObjectBytes == 0 {
+		c.ObjectBytes = ObjectBytesDefault
+		if c.Quick {
+			c.ObjectBytes = quickObjectBytes
+		}
+	}
 	if c.SynchronousCommit == "" {
 		c.SynchronousCommit = "on"
 	}
@@ -150,6 +174,12 @@ func (c *Config) setDefaults() error {
 	}
 	if c.NatsBenchMsgs < 1 {
 		errs = append(errs, fmt.Errorf("Config.NatsBenchMsgs is %d, must be at least 1", c.NatsBenchMsgs))
+	}
+	if c.KVKeys < 1 {
+		errs = append(errs, fmt.Errorf("Config.KVKeys is %d, must be at least 1", c.KVKeys))
+	}
+	if c.ObjectBytes < 1 || c.ObjectBytes > 1<<30 {
+		errs = append(errs, fmt.Errorf("Config.ObjectBytes is %d, must be within [1, 1073741824]", c.ObjectBytes))
 	}
 	if c.SynchronousCommit != "on" && c.SynchronousCommit != "off" {
 		errs = append(errs, fmt.Errorf("Config.SynchronousCommit is %q, must be on or off", c.SynchronousCommit))

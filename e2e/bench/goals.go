@@ -2,7 +2,7 @@ package bench
 
 import "fmt"
 
-// goals checks the run against the goals of issues #4, #5, #7 and #15. A goal whose numbers are
+// goals checks the run against the goals of issues #4, #5, #7, #15 and #27. A goal whose numbers are
 // missing (its section did not run or failed) is left out rather than reported as missed.
 func goals(rep *Report) []Goal {
 	var gs []Goal
@@ -47,6 +47,7 @@ func goals(rep *Report) []Goal {
 			gs = append(gs, atLeast("push, "+mode+", vs JetStream", jg/js, 1.0))
 		}
 	}
+	gs = append(gs, orderedGoals(rep)...)
 	var jgSync, pgSync float64
 	for _, s := range rep.Sync {
 		switch s.Target {
@@ -115,4 +116,27 @@ func atMost(name string, got, want float64, unit string) Goal {
 		g.Gap = fmt.Sprintf("%.0f %% over", 100*(got/want-1))
 	}
 	return g
+}
+
+// orderedGoals are issue #27's: the ordered readers at 0.85× JetStream's rate, and the
+// ordered push consumer at 0.95× jetgres's CPU floor as well.
+func orderedGoals(rep *Report) []Goal {
+	rate := func(target, mode string) float64 {
+		for _, p := range rep.Push {
+			if p.Target == target && p.Mode == mode {
+				return p.MsgsPerSec
+			}
+		}
+		return 0
+	}
+	var gs []Goal
+	for _, mode := range append([]string{PushOrdered, PushOrderedJS}, OrderedReads...) {
+		if jg, js := rate(TargetJetgres, mode), rate(TargetJetStream, mode); jg > 0 && js > 0 {
+			gs = append(gs, atLeast("ordered reader, "+mode+", vs JetStream", jg/js, 0.85))
+		}
+	}
+	if jg, floor := rate(TargetJetgres, PushOrdered), rate(TargetJetgres, PushCPUFloor); jg > 0 && floor > 0 {
+		gs = append(gs, atLeast("push, ordered, vs CPU floor", jg/floor, 0.95))
+	}
+	return gs
 }

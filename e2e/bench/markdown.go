@@ -76,8 +76,8 @@ which on a shared machine matters more than any absolute number.
 		m.Jetgres, m.NATSServer, m.NATSGo)
 
 	s := rep.Settings
-	fmt.Fprintf(w, "Settings: %d messages of %d B per throughput phase, at most %g s per timed phase, async window %d, fetch batch %d",
-		s.Msgs, s.Size, s.DurationSeconds, s.Window, s.FetchBatch)
+	fmt.Fprintf(w, "Settings: %d messages of %d B per throughput phase, at most %g s per timed phase, async window %d, fetch batch %d, a key-value bucket of %d keys and an object of %.3g MiB",
+		s.Msgs, s.Size, s.DurationSeconds, s.Window, s.FetchBatch, s.KVKeys, float64(s.ObjectBytes)/(1<<20))
 	if s.Quick {
 		fmt.Fprint(w, "; **quick run**: a smoke test of the machinery, too short for its numbers to mean much")
 	}
@@ -190,8 +190,14 @@ which on a shared machine matters more than any absolute number.
 - **push**: nats.go's js.Subscribe drains a stream filled beforehand, from its first message,
   in three modes: ack explicit (an Ack per message), ack none, and an ordered consumer (ack
   none with flow control and heartbeats). The time runs from the Subscribe call, which creates
-  the consumer, to the last delivery, acks flushed. Each target drains twice per mode, in
-  alternating order; JetStream's sync_always is not measured again. The link floor is
+  the consumer, to the last delivery, acks flushed. A fourth mode drains it with the jetstream
+  package's ordered consumer (OrderedConsumer, then Consume), from its creation. Each target
+  drains twice per mode, in alternating order; JetStream's sync_always is not measured again.
+  Then the ordered readers that applications start up on, in turns the same way: kv.WatchAll
+  on a bucket of keys each put once, from the call until the nil entry that ends the initial
+  values (the rate is keys per second), and the get of one object, from the call until its
+  last byte (the rate is its 128 KiB chunks per second). Both are ordered push consumers that
+  nats.go creates; the watch starts at the last message of each subject. The link floor is
   jetgres's minimum push path, measured after the ack none turns: the same callback drains a
   core subscription that the bridge's leafnode link feeds with the same messages and ack
   reply subjects, with no stream, consumer or PostgreSQL behind them. The ack floor is the
@@ -200,8 +206,8 @@ which on a shared machine matters more than any absolute number.
   acks cross the NATS server and the leafnode link back to a subscription on the link's side
   that counts and drops them; it ends when the last ack is back. The read floor is the
   rate at which jetgres reads the same stream back from PostgreSQL, one read at a time in the
-  windows a push consumer behind the tail cache uses, with nothing delivered. Every push run
-  also records the CPU time it cost: the bench process's (getrusage; jetgres, both NATS servers
+  windows a push consumer behind the tail cache uses, with nothing delivered (the consumer
+  keeps two such reads in flight). Every push run also records the CPU time it cost: the bench process's (getrusage; jetgres, both NATS servers
   and the clients all run in it) and PostgreSQL's (its postmaster and every backend, from
   /proc), divided by the messages; cores busy is that cost times the rate. The CPU floor is the
   rate the machine's cores (runtime.NumCPU, or a cgroup quota if lower) allow for doing the

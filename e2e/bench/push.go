@@ -27,7 +27,7 @@ const (
 )
 
 // PushModes lists the push modes in run order.
-var PushModes = []string{PushAckExplicit, PushAckNone, PushOrdered}
+var PushModes = []string{PushAckExplicit, PushAckNone, PushOrdered, PushOrderedJS}
 
 // PushFloor is jetgres's minimum push path, measured with the push modes: the same
 // callback drains a core subscription that the bridge's leafnode link feeds with the same
@@ -150,6 +150,9 @@ func (r *runner) runPush(ctx context.Context) {
 			}
 		}
 	}
+	if ctx.Err() == nil {
+		r.runOrderedReads(ctx, meter)
+	}
 }
 
 // pushResult is one target's measurement in one mode, with the CPU time it took per message.
@@ -219,6 +222,9 @@ func (r *runner) fillForPush(ctx context.Context, t *benchTarget) (*pushTarget, 
 // the consumer) until the last delivery, and the acks it sent are flushed to the server.
 // Unsubscribing deletes the consumer the subscription created.
 func (r *runner) pushDrain(ctx context.Context, p *pushTarget, mode string) (int, time.Duration, error) {
+	if mode == PushOrderedJS {
+		return r.consumeOrdered(ctx, p)
+	}
 	var got atomic.Int64
 	var ackErr firstError
 	done := make(chan struct{})

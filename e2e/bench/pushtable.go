@@ -32,15 +32,18 @@ func (rep *Report) pushRows() [][]string {
 		return fmt.Sprintf("%.2f", v)
 	}
 	var rows [][]string
-	for _, mode := range slices.Concat(PushModes, PushFloors) {
+	for _, mode := range slices.Concat(PushModes, OrderedReads, PushFloors) {
 		for _, p := range rep.Push {
 			if p.Mode != mode {
 				continue
 			}
 			vsJS, vsFloor := "—", "—"
-			if p.Target == TargetJetgres && slices.Contains(PushModes, mode) {
+			if p.Target == TargetJetgres && (slices.Contains(PushModes, mode) || slices.Contains(OrderedReads, mode)) {
 				vsJS = ratio(p.MsgsPerSec, find(TargetJetStream, mode))
-				vsFloor = ratio(p.MsgsPerSec, find(TargetJetgres, cpuFloorOf(mode)))
+				// The CPU floor is of messages of the stream's size: an object's chunks have none.
+				if mode != PushObjectGet {
+					vsFloor = ratio(p.MsgsPerSec, find(TargetJetgres, cpuFloorOf(mode)))
+				}
 			}
 			// The CPU floor's rate is the cores' rate by construction: its cores busy is them.
 			busy := fmt.Sprintf("%.2f", (p.CPUUsPerMsg+p.PGCPUUsPerMsg)*p.MsgsPerSec/1e6)

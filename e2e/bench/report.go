@@ -72,6 +72,8 @@ type RunSettings struct {
 	DurationSeconds float64  `json:"duration_seconds"`
 	Window          int      `json:"window"`
 	FetchBatch      int      `json:"fetch_batch"`
+	KVKeys          int      `json:"kv_keys"`
+	ObjectBytes     int      `json:"object_bytes"`
 	Rates           []int    `json:"rates"`
 	OverloadStreams int      `json:"overload_streams"`
 	Quick           bool     `json:"quick"`

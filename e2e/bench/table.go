@@ -79,7 +79,7 @@ func (rep *Report) summaryRows() []row {
 		fetch[f.Target] = f.MsgsPerSec
 	}
 	add("fetch + ack, msg/s", false, fmtRate, fetch)
-	for _, mode := range slices.Concat(PushModes, PushFloors) {
+	for _, mode := range slices.Concat(PushModes, OrderedReads, PushFloors) {
 		push := map[string]float64{}
 		for _, p := range rep.Push {
 			if p.Mode == mode {

@@ -1,0 +1,22 @@
+package consumerstate
+
+import "github.com/nats-io/nats-server/v2/server"
+
+// ConfigOf is what the state machine needs of a consumer's JetStream configuration.
+func ConfigOf(cfg *server.ConsumerConfig) Config {
+	sc := Config{
+		AckWait:       cfg.AckWait,
+		BackOff:       cfg.BackOff,
+		MaxDeliver:    cfg.MaxDeliver,
+		MaxAckPending: cfg.MaxAckPending,
+	}
+	switch cfg.AckPolicy {
+	case server.AckNone:
+		sc.AckPolicy = AckNone
+	case server.AckAll:
+		sc.AckPolicy = AckAll
+	default:
+		sc.AckPolicy = AckExplicit
+	}
+	return sc
+}

@@ -219,13 +219,10 @@ func start() *testServer {
 // 0700, so it is opened to 0711 (enter, not list).
 func (s *testServer) startCluster(ctx context.Context) error {
 	removeLeftovers(ctx)
-	dir, err := os.MkdirTemp("", dirPrefix)
-	if err != nil {
-		return fmt.Errorf("creating the cluster's directory: %w", err)
-	}
+	dir, err := clusterDir()
 	s.dir = dir
-	if err := os.Chmod(dir, 0o711); err != nil {
-		return fmt.Errorf("opening %s to the server's user: %w", dir, err)
+	if err != nil {
+		return err
 	}
 	s.cluster, err = localpg.Start(ctx, localpg.Config{DataDir: filepath.Join(dir, "pg"), Settings: clusterSettings})
 	if err != nil {
@@ -233,6 +230,19 @@ func (s *testServer) startCluster(ctx context.Context) error {
 	}
 	s.url = s.cluster.DSN()
 	return nil
+}
+
+// clusterDir makes the temporary directory a cluster's data directory ("pg") goes in, named
+// so that removeLeftovers finds it should the test process be killed.
+func clusterDir() (string, error) {
+	dir, err := os.MkdirTemp("", dirPrefix)
+	if err != nil {
+		return "", fmt.Errorf("creating the cluster's directory: %w", err)
+	}
+	if err := os.Chmod(dir, 0o711); err != nil {
+		return dir, fmt.Errorf("opening %s to the server's user: %w", dir, err)
+	}
+	return dir, nil
 }
 
 func shutdown() error {

@@ -1,0 +1,140 @@
+package pg
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// A replicated PostgreSQL can be replaced under the same URL: a standby promoted by an
+// operator or by Patroni, reached through a URL of several hosts with
+// target_session_attrs=read-write. Every promotion starts a new timeline, so each new
+// connection reads the timeline of the server it reached, and the first connection to find
+// another one than before stops there, before any statement of jetgres's runs on it: pg
+// forgets what it remembers of every stream (the fast path's last state, chunk lists,
+// subject indexes and sets), reads each stream's last sequence as the new server holds it,
+// and tells the handler set with OnServerChange, whose caller compares those with what it
+// saw. A synchronous standby holds every commit that was answered, and the sequences match;
+// an asynchronous one may lack the last commits, whose sequences the new server will give
+// to other messages.
+
+// ServerChange says that the database is now served by another PostgreSQL server than
+// before: a standby promoted in place of the primary.
+type ServerChange struct {
+	// From and To are the timelines of the server before and now, as PostgreSQL names them
+	// in its WAL file names ("00000001").
+	From, To string
+	// LastSeqs is each stream's last sequence as the new server holds it, by stream id.
+	LastSeqs map[int64]uint64
+}
+
+// serverWatch is the timeline the pool's connections last reached and the handler of a
+// change. mu serialises the connections that find a new timeline, so that one handles it
+// and the others wait until it has.
+type serverWatch struct {
+	mu       sync.Mutex
+	timeline string
+	handler  atomic.Pointer[func(ServerChange)]
+	changes  atomic.Int64
+}
+
+// OnServerChange sets fn to be called when a new connection finds another server than the
+// pool's earlier connections did. fn runs on the goroutine that is opening that connection,
+// which may be any caller of DB's methods, before the connection runs anything else and
+// while other new connections wait: it must be quick, take only locks that are never held
+// across a call of DB's, and call no method of DB's.
+func (db *DB) OnServerChange(fn func(ServerChange)) {
+	db.server.handler.Store(&fn)
+}
+
+// ServerChanges counts the changes of server that connections found since Open.
+func (db *DB) ServerChanges() int64 { return db.server.changes.Load() }
+
+// timelineSQL reads the server's timeline from the name of its current WAL file. A standby
+// has no current WAL position of its own; it answers "" and changes nothing, as nothing of
+// jetgres's is written there.
+const timelineSQL = `SELECT CASE WHEN pg_is_in_recovery() THEN '' ELSE substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8) END`
+
+// noteServer runs on every new connection: it reads the server's timeline and, if it is
+// another than the one the pool's connections reached before, handles the change.
+func (db *DB) noteServer(ctx context.Context, c *pgx.Conn) error {
+	var timeline string
+	if err := c.QueryRow(ctx, timelineSQL).Scan(&timeline); err != nil {
+		return fmt.Errorf("reading the server's timeline: %w", err)
+	}
+	w := &db.server
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if timeline == "" || timeline == w.timeline {
+		return nil
+	}
+	if w.timeline == "" {
+		w.timeline = timeline
+		return nil
+	}
+	last, err := lastSeqs(ctx, c)
+	if err != nil {
+		return fmt.Errorf("reading the streams' last sequences on a new server: %w", err)
+	}
+	db.forgetAll()
+	w.changes.Add(1)
+	db.log.Warn("PostgreSQL is served by another server than before (a standby was promoted): what this process remembers of the database is read again",
+		"timeline_before", w.timeline, "timeline_now", timeline)
+	if fn := w.handler.Load(); fn != nil {
+		(*fn)(ServerChange{From: w.timeline, To: timeline, LastSeqs: last})
+	}
+	w.timeline = timeline
+	return nil
+}
+
+// lastSeqs reads every stream's last sequence on c.
+func lastSeqs(ctx context.Context, c *pgx.Conn) (map[int64]uint64, error) {
+	out := make(map[int64]uint64)
+	rows, err := c.Query(ctx, `SELECT stream_id, last_seq FROM jetgres.stream_state`)
+	if isUndefinedTable(err) {
+		// A server without jetgres's schema holds no stream; Migrate makes it.
+		return out, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var id, seq int64
+	_, err = pgx.ForEachRow(rows, []any{&id, &seq}, func() error {
+		out[id] = uint64(seq)
+		return nil
+	})
+	return out, err
+}
+
+// forgetAll drops what pg remembers of every stream, as forgetState and the subject sets do
+// for one.
+func (db *DB) forgetAll() {
+	ids := make(map[int64]bool)
+	db.tails.mu.Lock()
+	for id := range db.tails.m {
+		ids[id] = true
+	}
+	db.tails.mu.Unlock()
+	db.chunks.mu.Lock()
+	for id := range db.chunks.byID {
+		ids[id] = true
+	}
+	db.chunks.mu.Unlock()
+	db.subjects.mu.Lock()
+	for id := range db.subjects.m {
+		ids[id] = true
+	}
+	db.subjects.mu.Unlock()
+	db.counts.mu.Lock()
+	for id := range db.counts.m {
+		ids[id] = true
+	}
+	db.counts.mu.Unlock()
+	for id := range ids {
+		db.forgetState(id)
+		db.counts.forget(id)
+	}
+}

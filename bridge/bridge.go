@@ -298,6 +298,7 @@ func New(cfg Config) (*Bridge, error) {
 		Gets:       b.gets,
 		NoInterest: b.retention.NoInterest,
 	})
+	cfg.DB.OnServerChange(b.streams.ServerChanged)
 	cons, err := newConsumers(b)
 	if err != nil {
 		return nil, fmt.Errorf("bridge: %w", err)

@@ -1,0 +1,48 @@
+package stream
+
+import "github.com/jetgres/jetgres/pg"
+
+// ServerChanged takes pg's word that the database is served by another server than before
+// (a standby promoted in place of the primary; see pg.DB.OnServerChange) and drops what the
+// streams hold in memory of the old one. A stream whose last sequence there is below the
+// high-water mark its tail saw lost its last commits: the new server will give those
+// sequences to other messages. That is logged and counted. Each tail then starts again at
+// the new server's last sequence, and each get index forgets its entries, before the
+// connection that found the change runs anything; the consumers hear an empty Purged
+// (what they hold may be wrong in any way) just after, on a goroutine of the registry's,
+// since they take locks of their own. Their positions come back from the new server when
+// the ownership fence, which the lost session set off, serves them again.
+//
+// It runs on whatever goroutine opens a connection, and so takes only leaves: the registry's
+// map, each tail's and each get index's lock.
+func (r *Registry) ServerChanged(ch pg.ServerChange) {
+	r.m.serverChanges.Inc()
+	streams := r.List()
+	behind, lost := 0, uint64(0)
+	for _, s := range streams {
+		last, ok := ch.LastSeqs[s.id]
+		if !ok {
+			r.log.Warn("the database is behind what this process saw: a stream is missing there", "stream", s.name, "timeline", ch.To)
+			continue
+		}
+		if saw := s.tail.HighWater(); last < saw {
+			behind++
+			lost += saw - last
+			r.log.Warn("the database is behind what this process saw: the stream's last commits are lost, and their sequences will go to new messages",
+				"stream", s.name, "last_seq_seen", saw, "last_seq_now", last, "timeline", ch.To)
+		}
+		s.tail.Rewind(last)
+		s.gets.Purged(0)
+	}
+	if behind > 0 {
+		r.m.rewinds.Inc()
+		r.m.rewound.Add(float64(lost))
+	}
+	r.log.Warn("the database is served by another server: the streams' tails and indexes are rebuilt from it",
+		"timeline_before", ch.From, "timeline_now", ch.To, "streams", len(streams), "streams_behind", behind, "sequences_lost", lost)
+	r.flushes.Go(func() {
+		for _, s := range streams {
+			s.Purge(r.flushCtx, Purged{})
+		}
+	})
+}

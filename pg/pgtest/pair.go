@@ -1,6 +1,7 @@
 package pgtest
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -9,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -153,14 +155,26 @@ func (p *Pair) PrimaryDSN() string { return p.primary.cluster.DSN() }
 // StandbyDSN is the standby's connection string; after Promote, the new primary's.
 func (p *Pair) StandbyDSN() string { return p.standby.cluster.DSN() }
 
-// KillPrimary kills the primary's postmaster and every process of its group with SIGKILL,
-// as a machine that dies takes them all at once, and returns once the postmaster is gone.
+// KillPrimary kills the primary's postmaster and every process it started with SIGKILL, as
+// a machine that dies takes them all at once, and returns once the postmaster is gone. Each
+// of PostgreSQL's processes is the leader of a process group of its own, so they are found
+// by their parent; the postmaster is stopped first, so that it starts none meanwhile, and
+// all are stopped before any is killed, so that none sees another die and does anything
+// about it.
 func (p *Pair) KillPrimary() {
 	p.t.Helper()
 	n := p.primary
 	n.killed = true
-	if err := syscall.Kill(-n.cluster.Pid(), syscall.SIGKILL); err != nil {
-		p.t.Fatalf("pgtest: killing the primary: %v", err)
+	pid := n.cluster.Pid()
+	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+		p.t.Fatalf("pgtest: stopping the primary: %v", err)
+	}
+	procs := append(childrenOf(pid), pid)
+	for _, c := range procs {
+		_ = syscall.Kill(c, syscall.SIGSTOP)
+	}
+	for _, c := range procs {
+		_ = syscall.Kill(c, syscall.SIGKILL)
 	}
 	select {
 	case <-n.cluster.Done():
@@ -194,13 +208,32 @@ func (p *Pair) DetachStandby() {
 	}
 }
 
+// CatchUp returns once the standby has replayed everything the primary has written.
+func (p *Pair) CatchUp() {
+	p.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), pairWait)
+	defer cancel()
+	var lsn string
+	err := withDB(ctx, p.PrimaryDSN(), func(db *rawsql.DB) error {
+		return db.QueryRow(ctx, `SELECT pg_current_wal_lsn()::text`).Scan(&lsn)
+	})
+	if err == nil {
+		err = waitOn(ctx, p.StandbyDSN(), `SELECT pg_last_wal_replay_lsn() >= '`+lsn+`'::pg_lsn`)
+	}
+	if err != nil {
+		p.t.Fatalf("pgtest: waiting for the standby to catch up: %v", err)
+	}
+}
+
 // Promote promotes the standby (pg_promote, waiting for it) and returns when it accepts
-// writes.
-func (p *Pair) Promote() time.Time {
+// writes, with the time it was asked to: pg_promote looks every 100 ms whether the
+// promotion is done, so the new primary may have taken writes that long before it returns.
+func (p *Pair) Promote() (asked time.Time) {
 	p.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), pairWait)
 	defer cancel()
 	var ok bool
+	asked = time.Now()
 	err := withDB(ctx, p.StandbyDSN(), func(db *rawsql.DB) error {
 		return db.QueryRow(ctx, `SELECT pg_promote(true, 60)`).Scan(&ok)
 	})
@@ -210,7 +243,7 @@ func (p *Pair) Promote() time.Time {
 	if err != nil {
 		p.t.Fatalf("pgtest: promoting the standby: %v", err)
 	}
-	return time.Now()
+	return asked
 }
 
 func (p *Pair) execPrimary(ctx context.Context, stmts ...string) error {
@@ -260,4 +293,27 @@ func waitOn(ctx context.Context, dsn, cond string) error {
 			}
 		}
 	})
+}
+
+// childrenOf lists the processes whose parent is pid, from /proc.
+func childrenOf(pid int) []int {
+	entries, _ := os.ReadDir("/proc")
+	var out []int
+	for _, e := range entries {
+		child, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
+		if err != nil {
+			continue
+		}
+		// pid (comm) state ppid …: comm may hold spaces and parentheses, the last ')' ends it.
+		i := bytes.LastIndexByte(b, ')')
+		f := strings.Fields(string(b[i+1:]))
+		if len(f) > 1 && f[1] == strconv.Itoa(pid) {
+			out = append(out, child)
+		}
+	}
+	return out
 }

@@ -1,0 +1,80 @@
+package pg_test
+
+import (
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jetgres/jetgres/internal/testwait"
+	"github.com/jetgres/jetgres/pg"
+	"github.com/jetgres/jetgres/pg/pgtest"
+)
+
+// TestServerChangeAfterPromotion: an asynchronous standby promoted without the primary's
+// last commits is found by the first connection to it, which reports each stream's last
+// sequence there; the next append takes the sequences after it, not after what this
+// process remembered committing.
+func TestServerChangeAfterPromotion(t *testing.T) {
+	pair := pgtest.StartPair(t, pgtest.PairConfig{})
+	db := pgtest.OpenWith(t, pg.Config{URL: pair.URL()})
+	var mu sync.Mutex
+	var changes []pg.ServerChange
+	db.OnServerChange(func(ch pg.ServerChange) {
+		mu.Lock()
+		defer mu.Unlock()
+		changes = append(changes, ch)
+	})
+	st, err := db.CreateStream(t.Context(), "S", []byte(`{}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	appendOne := func() (uint64, error) {
+		res, _, err := db.Append(t.Context(), []pg.AppendBatch{{StreamID: st.ID, Msgs: []pg.AppendMsg{{Subject: "s", Data: []byte("m")}}}}, 1)
+		if err != nil {
+			return 0, err
+		}
+		return res[0].Outcomes[0].Seq, nil
+	}
+	for range 3 {
+		if _, err := appendOne(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pair.CatchUp()
+	pair.DetachStandby()
+	for range 2 {
+		if _, err := appendOne(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pair.KillPrimary()
+	pair.Promote()
+	// The pooled connections to the dead primary fail the first appends, as unavailable or,
+	// for one whose pipeline was written before the connection was seen to be dead, with
+	// an unknown outcome: the dead primary, which nothing reaches any more, is where it
+	// would have been stored.
+	var seq uint64
+	testwait.For(t, time.Minute, func() error {
+		var err error
+		seq, err = appendOne()
+		return err
+	})
+	if seq != 4 {
+		t.Errorf("the first append on the new primary took sequence %d, want 4", seq)
+	}
+	if n := db.ServerChanges(); n != 1 {
+		t.Errorf("ServerChanges = %d, want 1", n)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(changes) != 1 {
+		t.Fatalf("the handler heard of %d changes, want 1", len(changes))
+	}
+	ch := changes[0]
+	if ch.From == ch.To || ch.To == "" {
+		t.Errorf("timelines %q to %q", ch.From, ch.To)
+	}
+	if got := ch.LastSeqs[st.ID]; got != 3 {
+		t.Errorf("the new server's last sequence of the stream: %d, want 3", got)
+	}
+}

@@ -298,13 +298,19 @@ func New(cfg Config) (*Bridge, error) {
 		Gets:       b.gets,
 		NoInterest: b.retention.NoInterest,
 	})
-	cfg.DB.OnServerChange(b.streams.ServerChanged)
 	cons, err := newConsumers(b)
 	if err != nil {
 		return nil, fmt.Errorf("bridge: %w", err)
 	}
 	b.cons = cons
 	b.streams.Subscribe(b.cons)
+	// After a promotion, the ownership loop looks at its session at once: it was on the old
+	// server, and the fence that its loss sets off serves the consumers again from the
+	// positions the new server holds.
+	cfg.DB.OnServerChange(func(ch pg.ServerChange) {
+		b.streams.ServerChanged(ch)
+		b.cons.Kick()
+	})
 	sql, err := newSQLMover(b)
 	if err != nil {
 		return nil, fmt.Errorf("bridge: %w", err)

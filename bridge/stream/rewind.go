@@ -4,17 +4,17 @@ import "github.com/jetgres/jetgres/pg"
 
 // ServerChanged takes pg's word that the database is served by another server than before
 // (a standby promoted in place of the primary; see pg.DB.OnServerChange) and drops what the
-// streams hold in memory of the old one. A stream whose last sequence there is below the
-// high-water mark its tail saw lost its last commits: the new server will give those
-// sequences to other messages. That is logged and counted. Each tail then starts again at
-// the new server's last sequence, and each get index forgets its entries, before the
-// connection that found the change runs anything; the consumers hear an empty Purged
-// (what they hold may be wrong in any way) just after, on a goroutine of the registry's,
-// since they take locks of their own. Their positions come back from the new server when
-// the ownership fence, which the lost session set off, serves them again.
+// streams hold in memory of the old one, before the connection that found the change runs
+// anything. A stream whose last sequence there is below the high-water mark its tail saw
+// lost its last commits: the new server will give those sequences to other messages. That is
+// logged and counted. Each tail then starts again at the new server's last sequence, and
+// every subscriber hears an empty Purged (what it holds may be wrong in any way): the get
+// index forgets its entries, the consumers what they read ahead. Their positions come back
+// from the new server when the ownership fence, which the lost session sets off, serves them
+// again.
 //
-// It runs on whatever goroutine opens a connection, and so takes only leaves: the registry's
-// map, each tail's and each get index's lock.
+// It runs on whatever goroutine opens a connection. An empty Purged reads nothing, and its
+// subscribers take only locks that are never held across a database call.
 func (r *Registry) ServerChanged(ch pg.ServerChange) {
 	r.m.serverChanges.Inc()
 	streams := r.List()
@@ -32,7 +32,7 @@ func (r *Registry) ServerChanged(ch pg.ServerChange) {
 				"stream", s.name, "last_seq_seen", saw, "last_seq_now", last, "timeline", ch.To)
 		}
 		s.tail.Rewind(last)
-		s.gets.Purged(0)
+		s.Purge(r.flushCtx, Purged{})
 	}
 	if behind > 0 {
 		r.m.rewinds.Inc()
@@ -40,9 +40,4 @@ func (r *Registry) ServerChanged(ch pg.ServerChange) {
 	}
 	r.log.Warn("the database is served by another server: the streams' tails and indexes are rebuilt from it",
 		"timeline_before", ch.From, "timeline_now", ch.To, "streams", len(streams), "streams_behind", behind, "sequences_lost", lost)
-	r.flushes.Go(func() {
-		for _, s := range streams {
-			s.Purge(r.flushCtx, Purged{})
-		}
-	})
 }

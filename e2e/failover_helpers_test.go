@@ -20,6 +20,7 @@ import (
 
 // answer is what one publish was answered, if anything.
 type answer struct {
+	sent   time.Time
 	at     time.Time
 	seq    uint64 // from the PubAck
 	failed string // the error a definite failure was answered with
@@ -37,12 +38,14 @@ type onePub struct {
 	mu       sync.Mutex
 	stopped  bool
 	next     int
+	sentAt   map[string]time.Time // of the publishes not answered yet
 	answers  map[string]answer
 	timedOut int
+	unsent   int // refused by the client itself, its window full
 }
 
 func newOnePub(name, subject string) *onePub {
-	return &onePub{name: name, subject: subject, timeout: 2 * time.Second, answers: make(map[string]answer)}
+	return &onePub{name: name, subject: subject, timeout: 2 * time.Second, sentAt: make(map[string]time.Time), answers: make(map[string]answer)}
 }
 
 // run publishes until ctx ends, at most maxPending unanswered at a time, then waits up to
@@ -69,9 +72,14 @@ func (p *onePub) run(ctx context.Context, url string, maxPending int, drain time
 		}
 		id := fmt.Sprintf("%s-%08d", p.name, p.next)
 		p.next++
+		p.sentAt[id] = time.Now()
 		p.mu.Unlock()
 		if _, err := js.PublishAsync(p.subject, []byte(id)); err != nil {
 			// Not sent: the client's window stayed full. Nothing reached jetgres.
+			p.mu.Lock()
+			delete(p.sentAt, id)
+			p.unsent++
+			p.mu.Unlock()
 			time.Sleep(5 * time.Millisecond)
 		}
 	}
@@ -90,32 +98,38 @@ func (p *onePub) stopSending() {
 }
 
 func (p *onePub) onAck(_ jetstream.JetStream, m *nats.Msg, ack *jetstream.PubAck) {
+	id := string(m.Data)
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.answers[string(m.Data)] = answer{at: time.Now(), seq: ack.Sequence}
+	p.answers[id] = answer{sent: p.sentAt[id], at: time.Now(), seq: ack.Sequence}
+	delete(p.sentAt, id)
 }
 
 func (p *onePub) onErr(_ jetstream.JetStream, m *nats.Msg, err error) {
+	id := string(m.Data)
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	sent := p.sentAt[id]
+	delete(p.sentAt, id)
 	if errors.Is(err, jetstream.ErrAsyncPublishTimeout) {
 		p.timedOut++
 		return
 	}
-	p.answers[string(m.Data)] = answer{at: time.Now(), failed: err.Error()}
+	p.answers[id] = answer{sent: sent, at: time.Now(), failed: err.Error()}
 }
 
 // pubTotals sums the publishers' answers.
 type pubTotals struct {
-	sent, acked, failed, timedOut int
+	sent, acked, failed, timedOut, unsent int
 }
 
 func totals(pubs []*onePub) pubTotals {
 	var t pubTotals
 	for _, p := range pubs {
 		p.mu.Lock()
-		t.sent += p.next
+		t.sent += p.next - p.unsent
 		t.timedOut += p.timedOut
+		t.unsent += p.unsent
 		for _, a := range p.answers {
 			if a.failed != "" {
 				t.failed++
@@ -143,13 +157,14 @@ func ackedSince(pubs []*onePub, at time.Time) int {
 	return n
 }
 
-// firstAckSince is when the first PubAck after at arrived; zero if none did.
+// firstAckSince is when the first PubAck came to a publish sent after at; zero if none did.
+// A PubAck that arrives after at may answer a commit made before it.
 func firstAckSince(pubs []*onePub, at time.Time) time.Time {
 	var first time.Time
 	for _, p := range pubs {
 		p.mu.Lock()
 		for _, a := range p.answers {
-			if a.failed == "" && a.at.After(at) && (first.IsZero() || a.at.Before(first)) {
+			if a.failed == "" && a.sent.After(at) && (first.IsZero() || a.at.Before(first)) {
 				first = a.at
 			}
 		}

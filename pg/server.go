@@ -11,9 +11,10 @@ import (
 
 // A replicated PostgreSQL can be replaced under the same URL: a standby promoted by an
 // operator or by Patroni, reached through a URL of several hosts with
-// target_session_attrs=read-write. Every promotion starts a new timeline, so each new
-// connection reads the timeline of the server it reached, and the first connection to find
-// another one than before stops there, before any statement of jetgres's runs on it: pg
+// target_session_attrs=read-write, or another cluster restored from a backup. Every
+// promotion starts a new timeline, and every cluster has a system identifier of its own, so
+// each new connection reads both of the server it reached, and the first connection to find
+// others than before stops there, before any statement of jetgres's runs on it: pg
 // forgets what it remembers of every stream (the fast path's last state, chunk lists,
 // subject indexes and sets), reads each stream's last sequence as the new server holds it,
 // and tells the handler set with OnServerChange, whose caller compares those with what it
@@ -24,21 +25,21 @@ import (
 // ServerChange says that the database is now served by another PostgreSQL server than
 // before: a standby promoted in place of the primary.
 type ServerChange struct {
-	// From and To are the timelines of the server before and now, as PostgreSQL names them
-	// in its WAL file names ("00000001").
+	// From and To name the server before and now: its cluster's system identifier and its
+	// timeline, as PostgreSQL names it in its WAL file names ("7583190581230938112/00000002").
 	From, To string
 	// LastSeqs is each stream's last sequence as the new server holds it, by stream id.
 	LastSeqs map[int64]uint64
 }
 
-// serverWatch is the timeline the pool's connections last reached and the handler of a
-// change. mu serialises the connections that find a new timeline, so that one handles it
-// and the others wait until it has.
+// serverWatch is the server the pool's connections last reached and the handler of a
+// change. mu serialises the connections that find a new server, so that one handles it and
+// the others wait until it has.
 type serverWatch struct {
-	mu       sync.Mutex
-	timeline string
-	handler  atomic.Pointer[func(ServerChange)]
-	changes  atomic.Int64
+	mu      sync.Mutex
+	server  string
+	handler atomic.Pointer[func(ServerChange)]
+	changes atomic.Int64
 }
 
 // OnServerChange sets fn to be called when a new connection finds another server than the
@@ -53,26 +54,27 @@ func (db *DB) OnServerChange(fn func(ServerChange)) {
 // ServerChanges counts the changes of server that connections found since Open.
 func (db *DB) ServerChanges() int64 { return db.server.changes.Load() }
 
-// timelineSQL reads the server's timeline from the name of its current WAL file. A standby
-// has no current WAL position of its own; it answers "" and changes nothing, as nothing of
-// jetgres's is written there.
-const timelineSQL = `SELECT CASE WHEN pg_is_in_recovery() THEN '' ELSE substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8) END`
+// serverSQL names the server: its system identifier, and its timeline from the name of its
+// current WAL file. A standby has no current WAL position of its own; it answers "" and
+// changes nothing, as nothing of jetgres's is written there.
+const serverSQL = `SELECT CASE WHEN pg_is_in_recovery() THEN '' ELSE
+	(SELECT system_identifier::text FROM pg_control_system()) || '/' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8) END`
 
-// noteServer runs on every new connection: it reads the server's timeline and, if it is
+// noteServer runs on every new connection: it reads which server it reached and, if that is
 // another than the one the pool's connections reached before, handles the change.
 func (db *DB) noteServer(ctx context.Context, c *pgx.Conn) error {
-	var timeline string
-	if err := c.QueryRow(ctx, timelineSQL).Scan(&timeline); err != nil {
-		return fmt.Errorf("reading the server's timeline: %w", err)
+	var server string
+	if err := c.QueryRow(ctx, serverSQL).Scan(&server); err != nil {
+		return fmt.Errorf("reading which server the connection reached: %w", err)
 	}
 	w := &db.server
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if timeline == "" || timeline == w.timeline {
+	if server == "" || server == w.server {
 		return nil
 	}
-	if w.timeline == "" {
-		w.timeline = timeline
+	if w.server == "" {
+		w.server = server
 		return nil
 	}
 	last, err := lastSeqs(ctx, c)
@@ -82,11 +84,11 @@ func (db *DB) noteServer(ctx context.Context, c *pgx.Conn) error {
 	db.forgetAll()
 	w.changes.Add(1)
 	db.log.Warn("PostgreSQL is served by another server than before (a standby was promoted): what this process remembers of the database is read again",
-		"timeline_before", w.timeline, "timeline_now", timeline)
+		"server_before", w.server, "server_now", server)
 	if fn := w.handler.Load(); fn != nil {
-		(*fn)(ServerChange{From: w.timeline, To: timeline, LastSeqs: last})
+		(*fn)(ServerChange{From: w.server, To: server, LastSeqs: last})
 	}
-	w.timeline = timeline
+	w.server = server
 	return nil
 }
 

@@ -22,14 +22,14 @@ func (r *Registry) ServerChanged(ch pg.ServerChange) {
 	for _, s := range streams {
 		last, ok := ch.LastSeqs[s.id]
 		if !ok {
-			r.log.Warn("the database is behind what this process saw: a stream is missing there", "stream", s.name, "timeline", ch.To)
+			r.log.Warn("the database is behind what this process saw: a stream is missing there", "stream", s.name, "server", ch.To)
 			continue
 		}
 		if saw := s.tail.HighWater(); last < saw {
 			behind++
 			lost += saw - last
 			r.log.Warn("the database is behind what this process saw: the stream's last commits are lost, and their sequences will go to new messages",
-				"stream", s.name, "last_seq_seen", saw, "last_seq_now", last, "timeline", ch.To)
+				"stream", s.name, "last_seq_seen", saw, "last_seq_now", last, "server", ch.To)
 		}
 		s.tail.Rewind(last)
 		s.Purge(r.flushCtx, Purged{})
@@ -39,5 +39,5 @@ func (r *Registry) ServerChanged(ch pg.ServerChange) {
 		r.m.rewound.Add(float64(lost))
 	}
 	r.log.Warn("the database is served by another server: the streams' tails and indexes are rebuilt from it",
-		"timeline_before", ch.From, "timeline_now", ch.To, "streams", len(streams), "streams_behind", behind, "sequences_lost", lost)
+		"server_before", ch.From, "server_now", ch.To, "streams", len(streams), "streams_behind", behind, "sequences_lost", lost)
 }

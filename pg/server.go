@@ -16,7 +16,7 @@ import (
 // each new connection reads both of the server it reached, and the first connection to find
 // others than before stops there, before any statement of jetgres's runs on it: pg
 // forgets what it remembers of every stream (the fast path's last state, chunk lists,
-// subject indexes and sets), reads each stream's last sequence as the new server holds it,
+// subject indexes and sets), reads each stream's sequences as the new server holds them,
 // and tells the handler set with OnServerChange, whose caller compares those with what it
 // saw. A synchronous standby holds every commit that was answered, and the sequences match;
 // an asynchronous one may lack the last commits, whose sequences the new server will give
@@ -28,8 +28,13 @@ type ServerChange struct {
 	// From and To name the server before and now: its cluster's system identifier and its
 	// timeline, as PostgreSQL names it in its WAL file names ("7583190581230938112/00000002").
 	From, To string
-	// LastSeqs is each stream's last sequence as the new server holds it, by stream id.
-	LastSeqs map[int64]uint64
+	// Streams is each stream's sequences as the new server holds them, by stream id.
+	Streams map[int64]SeqBounds
+}
+
+// SeqBounds are a stream's first and last sequences.
+type SeqBounds struct {
+	First, Last uint64
 }
 
 // serverWatch is the server the pool's connections last reached and the handler of a
@@ -77,25 +82,25 @@ func (db *DB) noteServer(ctx context.Context, c *pgx.Conn) error {
 		w.server = server
 		return nil
 	}
-	last, err := lastSeqs(ctx, c)
+	bounds, err := seqBounds(ctx, c)
 	if err != nil {
-		return fmt.Errorf("reading the streams' last sequences on a new server: %w", err)
+		return fmt.Errorf("reading the streams' sequences on a new server: %w", err)
 	}
 	db.forgetAll()
 	w.changes.Add(1)
 	db.log.Warn("PostgreSQL is served by another server than before (a standby was promoted): what this process remembers of the database is read again",
 		"server_before", w.server, "server_now", server)
 	if fn := w.handler.Load(); fn != nil {
-		(*fn)(ServerChange{From: w.server, To: server, LastSeqs: last})
+		(*fn)(ServerChange{From: w.server, To: server, Streams: bounds})
 	}
 	w.server = server
 	return nil
 }
 
-// lastSeqs reads every stream's last sequence on c.
-func lastSeqs(ctx context.Context, c *pgx.Conn) (map[int64]uint64, error) {
-	out := make(map[int64]uint64)
-	rows, err := c.Query(ctx, `SELECT stream_id, last_seq FROM jetgres.stream_state`)
+// seqBounds reads every stream's first and last sequences on c.
+func seqBounds(ctx context.Context, c *pgx.Conn) (map[int64]SeqBounds, error) {
+	out := make(map[int64]SeqBounds)
+	rows, err := c.Query(ctx, `SELECT stream_id, first_seq, last_seq FROM jetgres.stream_state`)
 	if isUndefinedTable(err) {
 		// A server without jetgres's schema holds no stream; Migrate makes it.
 		return out, nil
@@ -103,9 +108,9 @@ func lastSeqs(ctx context.Context, c *pgx.Conn) (map[int64]uint64, error) {
 	if err != nil {
 		return nil, err
 	}
-	var id, seq int64
-	_, err = pgx.ForEachRow(rows, []any{&id, &seq}, func() error {
-		out[id] = uint64(seq)
+	var id, first, last int64
+	_, err = pgx.ForEachRow(rows, []any{&id, &first, &last}, func() error {
+		out[id] = SeqBounds{First: uint64(first), Last: uint64(last)}
 		return nil
 	})
 	return out, err

@@ -12,8 +12,8 @@ import (
 )
 
 // TestServerChangeAfterPromotion: an asynchronous standby promoted without the primary's
-// last commits is found by the first connection to it, which reports each stream's last
-// sequence there; the next append takes the sequences after it, not after what this
+// last commits is found by the first connection to it, which reports each stream's
+// sequences there; the next append takes the sequences after it, not after what this
 // process remembered committing.
 func TestServerChangeAfterPromotion(t *testing.T) {
 	pair := pgtest.StartPair(t, pgtest.PairConfig{})
@@ -78,7 +78,7 @@ func TestServerChangeAfterPromotion(t *testing.T) {
 	if sysFrom == "" || sysFrom != sysTo || tlFrom == tlTo {
 		t.Errorf("the server changed from %q to %q, want the same system identifier on a new timeline", ch.From, ch.To)
 	}
-	if got := ch.LastSeqs[st.ID]; got != 3 {
-		t.Errorf("the new server's last sequence of the stream: %d, want 3", got)
+	if got := ch.Streams[st.ID]; got != (pg.SeqBounds{First: 1, Last: 3}) {
+		t.Errorf("the stream's sequences on the new server: %+v, want 1 to 3", got)
 	}
 }

@@ -7,9 +7,9 @@ import "github.com/jetgres/jetgres/pg"
 // streams hold in memory of the old one, before the connection that found the change runs
 // anything. A stream whose last sequence there is below the high-water mark its tail saw
 // lost its last commits: the new server will give those sequences to other messages. That is
-// logged and counted. Each tail then starts again at the new server's last sequence, and
-// every subscriber hears an empty Purged (what it holds may be wrong in any way): the get
-// index forgets its entries, the consumers what they read ahead. Their positions come back
+// logged and counted. Each tail and get index then start again from the new server's
+// sequences, and every subscriber hears an empty Purged (what it holds may be wrong in any
+// way): the consumers forget what they read ahead. Their positions come back
 // from the new server when the ownership fence, which the lost session sets off, serves them
 // again.
 //
@@ -20,18 +20,19 @@ func (r *Registry) ServerChanged(ch pg.ServerChange) {
 	streams := r.List()
 	behind, lost := 0, uint64(0)
 	for _, s := range streams {
-		last, ok := ch.LastSeqs[s.id]
+		b, ok := ch.Streams[s.id]
 		if !ok {
 			r.log.Warn("the database is behind what this process saw: a stream is missing there", "stream", s.name, "server", ch.To)
 			continue
 		}
-		if saw := s.tail.HighWater(); last < saw {
+		if saw := s.tail.HighWater(); b.Last < saw {
 			behind++
-			lost += saw - last
+			lost += saw - b.Last
 			r.log.Warn("the database is behind what this process saw: the stream's last commits are lost, and their sequences will go to new messages",
-				"stream", s.name, "last_seq_seen", saw, "last_seq_now", last, "server", ch.To)
+				"stream", s.name, "last_seq_seen", saw, "last_seq_now", b.Last, "server", ch.To)
 		}
-		s.tail.Rewind(last)
+		s.tail.Rewind(b.Last)
+		s.gets.Rewound(b.First, b.Last)
 		s.Purge(r.flushCtx, Purged{})
 	}
 	if behind > 0 {

@@ -3,6 +3,7 @@ package pg
 import (
 	"context"
 	"fmt"
+	"maps"
 	"sync"
 	"sync/atomic"
 
@@ -45,6 +46,30 @@ type serverWatch struct {
 	server  string
 	handler atomic.Pointer[func(ServerChange)]
 	changes atomic.Int64
+	// left is the servers the pool's connections reached before server, replaced whole at
+	// each change, for readers that must not wait for a change being handled.
+	left atomic.Pointer[map[string]bool]
+}
+
+// set records the server the pool's connections reach now; mu is held.
+func (w *serverWatch) set(server string) {
+	if w.server != "" {
+		left := make(map[string]bool)
+		if old := w.left.Load(); old != nil {
+			maps.Copy(left, *old)
+		}
+		left[w.server] = true
+		w.left.Store(&left)
+	}
+	w.server = server
+}
+
+// abandoned reports whether server, which a connection of its own reached, is one the
+// pool's connections have left for another. A connection that reached the new server before
+// any of the pool's did is not: the pool finds it at its next connection.
+func (w *serverWatch) abandoned(server string) bool {
+	left := w.left.Load()
+	return left != nil && (*left)[server]
 }
 
 // OnServerChange sets fn to be called when a new connection finds another server than the
@@ -79,7 +104,7 @@ func (db *DB) noteServer(ctx context.Context, c *pgx.Conn) error {
 		return nil
 	}
 	if w.server == "" {
-		w.server = server
+		w.set(server)
 		return nil
 	}
 	bounds, err := seqBounds(ctx, c)
@@ -93,7 +118,7 @@ func (db *DB) noteServer(ctx context.Context, c *pgx.Conn) error {
 	if fn := w.handler.Load(); fn != nil {
 		(*fn)(ServerChange{From: w.server, To: server, Streams: bounds})
 	}
-	w.server = server
+	w.set(server)
 	return nil
 }
 

@@ -1,6 +1,7 @@
 package pg_test
 
 import (
+	"errors"
 	"strings"
 	"sync"
 	"testing"
@@ -9,6 +10,7 @@ import (
 	"github.com/jetgres/jetgres/internal/testwait"
 	"github.com/jetgres/jetgres/pg"
 	"github.com/jetgres/jetgres/pg/pgtest"
+	"github.com/jetgres/jetgres/pg/pgtest/rawsql"
 )
 
 // TestServerChangeAfterPromotion: an asynchronous standby promoted without the primary's
@@ -80,5 +82,59 @@ func TestServerChangeAfterPromotion(t *testing.T) {
 	}
 	if got := ch.Streams[st.ID]; got != (pg.SeqBounds{First: 1, Last: 3}) {
 		t.Errorf("the stream's sequences on the new server: %+v, want 1 to 3", got)
+	}
+}
+
+// TestReadOnlyServerIsLeft: a primary made read-only under open connections (as before a
+// switchover) refuses the writes on them; each such connection is dropped, so that once the
+// standby is promoted, appends go there rather than to the read-only server for as long as
+// its pooled connections would live, and the ownership session still on the old server is
+// given up.
+func TestReadOnlyServerIsLeft(t *testing.T) {
+	pair := pgtest.StartPair(t, pgtest.PairConfig{})
+	db := pgtest.OpenWith(t, pg.Config{URL: pair.URL()})
+	st, err := db.CreateStream(t.Context(), "S", []byte(`{}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	appendOne := func() error {
+		_, _, err := db.Append(t.Context(), []pg.AppendBatch{{StreamID: st.ID, Msgs: []pg.AppendMsg{{Subject: "s", Data: []byte("m")}}}}, 1)
+		return err
+	}
+	if err := appendOne(); err != nil {
+		t.Fatal(err)
+	}
+	own, err := db.OpenOwnership(t.Context(), nil, 10*time.Second, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer own.Close()
+	pair.CatchUp()
+	admin := rawsql.Open(t, pair.PrimaryDSN())
+	if err := admin.Exec(t.Context(), `ALTER SYSTEM SET default_transaction_read_only = on`); err != nil {
+		t.Fatal(err)
+	}
+	if err := admin.Exec(t.Context(), `SELECT pg_reload_conf()`); err != nil {
+		t.Fatal(err)
+	}
+	destroyed := db.Stats().Destroyed
+	testwait.For(t, time.Minute, func() error {
+		err := appendOne()
+		if err == nil {
+			return errors.New("an append on the read-only primary succeeded")
+		}
+		if !errors.Is(err, pg.ErrUnavailable) || errors.Is(err, pg.ErrOutcomeUnknown) {
+			t.Fatalf("append on a read-only primary: %v, want ErrUnavailable and no unknown outcome", err)
+		}
+		return nil
+	})
+	if db.Stats().Destroyed == destroyed {
+		t.Error("the connection to the read-only primary was kept")
+	}
+	pair.Promote()
+	testwait.For(t, time.Minute, appendOne)
+	// The ownership session is still on the read-only server, where its locks guard nothing.
+	if err := own.Confirm(t.Context()); !errors.Is(err, pg.ErrOwnershipLost) {
+		t.Errorf("confirming the ownership session left on the old primary: %v, want ErrOwnershipLost", err)
 	}
 }

@@ -103,17 +103,17 @@ func (r *failoverRun) waitAcks(since time.Time, n int) {
 	})
 }
 
-// promoted waits for publishing to resume after the promotion asked for at promotedAt, and
-// returns how long after that the first PubAck came. The gap includes the promotion itself:
-// the standby's end of recovery, and up to 100 ms before pg_promote sees it.
-func (r *failoverRun) promoted(promotedAt time.Time) time.Duration {
+// promoted waits for publishing to resume after the promotion asked for at asked and found
+// done at done, and returns how long after done the first PubAck came to a publish sent
+// after asked: negative when it came before pg_promote, which looks every 100 ms, saw the
+// promotion done.
+func (r *failoverRun) promoted(asked, done time.Time) time.Duration {
 	r.t.Helper()
-	done := time.Now()
-	r.waitAcks(promotedAt, failoverBatch)
-	first := firstAckSince(r.pubs, promotedAt)
-	r.t.Logf("first PubAck to a publish sent after the promotion was asked for: %v after it (pg_promote returned after %v)",
-		first.Sub(promotedAt).Round(time.Millisecond), done.Sub(promotedAt).Round(time.Millisecond))
-	return first.Sub(promotedAt)
+	r.waitAcks(asked, failoverBatch)
+	first := firstAckSince(r.pubs, asked)
+	r.t.Logf("the promotion took %v (pg_promote); the first PubAck to a publish sent since came %v after it was done",
+		done.Sub(asked).Round(time.Millisecond), first.Sub(done).Round(time.Millisecond))
+	return first.Sub(done)
 }
 
 // finish stops the load, waits for the durable consumer to have been given every message
@@ -322,8 +322,7 @@ func (r *failoverRun) noRewind() {
 func TestFailoverSynchronousStandby(t *testing.T) {
 	r := startFailoverRun(t, pgtest.PairConfig{Synchronous: true})
 	r.pair.KillPrimary()
-	promotedAt := r.pair.Promote()
-	gap := r.promoted(promotedAt)
+	gap := r.promoted(r.pair.Promote())
 	stored, last := r.finish()
 	r.check(stored, last, false)
 	r.noRewind()
@@ -337,8 +336,7 @@ func TestFailoverSynchronousStandby(t *testing.T) {
 func TestSwitchoverSynchronousStandby(t *testing.T) {
 	r := startFailoverRun(t, pgtest.PairConfig{Synchronous: true})
 	r.pair.StopPrimary()
-	promotedAt := r.pair.Promote()
-	gap := r.promoted(promotedAt)
+	gap := r.promoted(r.pair.Promote())
 	stored, last := r.finish()
 	r.check(stored, last, false)
 	r.noRewind()
@@ -356,8 +354,7 @@ func TestFailoverAsynchronousStandbyBehind(t *testing.T) {
 	r.pair.DetachStandby()
 	r.waitAcks(time.Now(), failoverBatch)
 	r.pair.KillPrimary()
-	promotedAt := r.pair.Promote()
-	r.promoted(promotedAt)
+	r.promoted(r.pair.Promote())
 	stored, last := r.finish()
 	lost := r.check(stored, last, true)
 	if lost == 0 {

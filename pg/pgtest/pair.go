@@ -53,12 +53,15 @@ type pairNode struct {
 
 // pairSettings are the shared cluster's, but for what replication and its tests need: the
 // primary waits for its commits to be flushed (and, when the standby is synchronous, to
-// reach the standby), and keeps WAL for a standby that falls behind.
+// reach the standby), and keeps WAL for a standby that falls behind; a standby whose
+// primary went away tries again within 100 ms rather than 5 s, which a promotion asked for
+// meanwhile was once seen to wait for.
 var pairSettings = func() map[string]string {
 	s := maps.Clone(clusterSettings)
 	s["synchronous_commit"] = "on"
 	s["full_page_writes"] = "on"
 	s["wal_keep_size"] = "512MB"
+	s["wal_retrieve_retry_interval"] = "100ms"
 	return s
 }()
 
@@ -226,9 +229,10 @@ func (p *Pair) CatchUp() {
 }
 
 // Promote promotes the standby (pg_promote, waiting for it) and returns when it accepts
-// writes, with the time it was asked to: pg_promote looks every 100 ms whether the
-// promotion is done, so the new primary may have taken writes that long before it returns.
-func (p *Pair) Promote() (asked time.Time) {
+// writes, with the times it was asked to and found done: pg_promote looks every 100 ms
+// whether the promotion is done, so the new primary may have taken writes up to that long
+// before done.
+func (p *Pair) Promote() (asked, done time.Time) {
 	p.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), pairWait)
 	defer cancel()
@@ -243,7 +247,7 @@ func (p *Pair) Promote() (asked time.Time) {
 	if err != nil {
 		p.t.Fatalf("pgtest: promoting the standby: %v", err)
 	}
-	return asked
+	return asked, time.Now()
 }
 
 func (p *Pair) execPrimary(ctx context.Context, stmts ...string) error {

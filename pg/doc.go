@@ -24,6 +24,14 @@
 // so with ErrOutcomeUnknown, never run it again, and forget what they remember of its
 // streams; Resolve ends the session that ran it and reads back whether each batch is stored.
 //
+// A URL of several hosts with target_session_attrs=read-write follows a promotion: each new
+// connection takes the first host that accepts writes, and a write that a server refuses as
+// read-only drops its connection. Each new connection also reads which server it reached
+// (its system identifier and timeline); the first to find another than before forgets what
+// pg remembers of every stream and tells OnServerChange each stream's sequences there, before
+// anything else runs on it, since an asynchronous standby may lack the last commits. An
+// ownership session left on a server the pool has left is lost.
+//
 // Message rows are only ever inserted. Each stream's messages live in chunks of a fixed
 // number of rows: tables jetgres.msgs_<stream>_<chunk>, listed in jetgres.chunks and attached
 // as the partitions [(stream, chunk), (stream, chunk + 1)) of one table, jetgres.msgs. Every

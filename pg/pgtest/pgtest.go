@@ -24,6 +24,10 @@
 // least a batch stored before its PubAcks costs, and Probe, for settings and statistics. With
 // package pg, it is the only package that imports pgx.
 //
+// StartPair starts a primary and a streaming standby of it, clusters of the test's own, for
+// tests of failover and switchover: the primary killed or shut down, the standby promoted,
+// both reached through one URL of two hosts.
+//
 // Main stops the cluster even when tests fail, and then checks for leaked goroutines (goleak).
 // A test process killed before Main could stop its cluster leaves the cluster's directory
 // behind; the next test process to start a cluster stops and removes such leftovers once they

@@ -34,8 +34,9 @@
 //
 // When package pg finds the database served by another server (a standby promoted), the
 // registry rebuilds the streams' tails and get indexes from it and purges what the
-// consumers read ahead (stream.Registry.ServerChanged), and the ownership loop is kicked, so
-// that its fence serves the consumers again from the positions the new server holds.
+// consumers read ahead (stream.Registry.ServerChanged); the streams are re-read, as after a
+// lost notification, and the ownership loop is kicked, so that its fence serves the
+// consumers again from the positions the new server holds.
 //
 // The bridge reaches NATS clients through a leafnode link to the embedded server (see
 // package leaf): a link handler runs on the link's read loop, so nothing here blocks in one.

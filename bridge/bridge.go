@@ -308,6 +308,14 @@ func New(cfg Config) (*Bridge, error) {
 	}
 	b.cons = cons
 	b.streams.Subscribe(b.cons)
+	// After a promotion, what the new server lacks of the streams' changes may have been
+	// missed as a lost notification may be: the streams are re-read, and the ownership loop
+	// looks at its session at once, which was on the old server; the fence that its loss
+	// sets off serves the consumers again from the positions the new server holds.
+	cfg.DB.OnServerChange(func(ch pg.ServerChange) {
+		b.streams.ServerChanged(ch)
+		b.metaChanged(0)
+	})
 	sql, err := newSQLMover(b)
 	if err != nil {
 		return nil, fmt.Errorf("bridge: %w", err)

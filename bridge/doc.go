@@ -33,6 +33,12 @@
 // (retention_wiring.go); the ack path hands it every ack, and the API handlers tell it of
 // consumer changes and settle it before a stream info.
 //
+// When package pg finds the database served by another server (a standby promoted), the
+// registry rebuilds the streams' tails and get indexes from it and purges what the
+// consumers read ahead (stream.Registry.ServerChanged); the streams are re-read, as after a
+// lost notification, and the ownership loop is kicked, so that its fence serves the
+// consumers again from the positions the new server holds.
+//
 // The bridge reaches NATS clients through a leafnode link to the embedded server (see
 // package leaf): a link handler runs on the link's read loop, so nothing here blocks in one.
 // It reaches PostgreSQL only through package pg, and every hot-path database call holds a

@@ -39,6 +39,7 @@ type DB struct {
 	counts   subjectCounts  // see subject_count.go
 
 	offset clockOffset // see clock.go
+	server serverWatch // see server.go
 }
 
 // Open builds the pool and returns once the database has answered a ping, so that a wrong URL
@@ -65,6 +66,9 @@ func Open(ctx context.Context, cfg Config) (*DB, error) {
 	pcfg.PrepareConn = func(_ context.Context, c *pgx.Conn) (bool, error) { return !cancelSent(c), nil }
 	pcfg.AfterConnect = func(ctx context.Context, c *pgx.Conn) error {
 		if err := noteSession(ctx, c); err != nil {
+			return err
+		}
+		if err := db.noteServer(ctx, c); err != nil {
 			return err
 		}
 		return db.pinCommitMode(ctx, c)

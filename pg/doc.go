@@ -28,6 +28,14 @@
 // from it (clock.go), and Append, MoveStaged and ExpireOlder take their times on it, so that
 // message times, duplicate windows and max_age agree between replicas whose clocks do not.
 //
+// A URL of several hosts with target_session_attrs=read-write follows a promotion: each new
+// connection takes the first host that accepts writes, and a write that a server refuses as
+// read-only drops its connection. Each new connection also reads which server it reached
+// (its system identifier and timeline); the first to find another than before forgets what
+// pg remembers of every stream and tells OnServerChange each stream's sequences there, before
+// anything else runs on it, since an asynchronous standby may lack the last commits. An
+// ownership session left on a server the pool has left is lost.
+//
 // Message rows are only ever inserted. Each stream's messages live in chunks of a fixed
 // number of rows: tables jetgres.msgs_<stream>_<chunk>, listed in jetgres.chunks and attached
 // as the partitions [(stream, chunk), (stream, chunk + 1)) of one table, jetgres.msgs. Every

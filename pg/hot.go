@@ -96,6 +96,9 @@ func skipResults(br pgx.BatchResults, n int) error {
 	return nil
 }
 
+// readOnlyTransaction is the SQLSTATE of a write refused by a server that takes none.
+const readOnlyTransaction = "25006"
+
 // closeTimeout bounds sending Terminate to a connection being destroyed.
 const closeTimeout = time.Second
 
@@ -283,10 +286,10 @@ func (db *DB) runOn(ctx context.Context, timeout time.Duration, fn func(ctx cont
 	}
 	defer cancel()
 
-	clean := false
+	clean, readOnly := false, false
 	defer func() {
 		// A panic in fn leaves clean false: the connection's state is unknown, destroy it.
-		db.release(pc, !clean || stmtCtx.Err() != nil)
+		db.release(pc, !clean || readOnly || stmtCtx.Err() != nil)
 	}()
 	start := time.Now()
 	err = fn(stmtCtx, pc.Conn())
@@ -297,6 +300,15 @@ func (db *DB) runOn(ctx context.Context, timeout time.Duration, fn func(ctx cont
 		db.timeouts.Add(1)
 		db.log.Debug("statement timeout", "timeout", timeout, "rtt", rtt, "backend_pid", pc.Conn().PgConn().PID(), "err", err)
 		return rtt, fmt.Errorf("%w (%s): %w", ErrTimeout, timeout, err)
+	}
+	if hasSQLState(err, readOnlyTransaction) {
+		// The server no longer takes writes: demoted to a standby, or made read-only ahead
+		// of a switchover, with this connection still open. The connection goes, and the
+		// next one finds the server that takes writes (target_session_attrs=read-write);
+		// until one does, the database is unavailable. The statement was refused, so a
+		// transaction it was part of did not commit.
+		readOnly = true
+		return rtt, fmt.Errorf("%w: %w", ErrUnavailable, err)
 	}
 	if err != nil && ctx.Err() == nil && pc.Conn().PgConn().IsClosed() {
 		// pgx closes a connection whose socket failed or that the server ended (a FATAL

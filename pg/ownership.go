@@ -38,7 +38,10 @@ type Ownership struct {
 	// PostgreSQL has not noticed is gone (its locks would stay held).
 	pid     uint32
 	started time.Time
-	held    map[int64]heldLock // what this session locked, by consumer id
+	// server names the server the session is on (see serverSQL): once the pool has left it
+	// for another, the session's locks guard nothing.
+	server string
+	held   map[int64]heldLock // what this session locked, by consumer id
 	// confirmed is when (unix ns, on clock) the last statement that succeeded on conn was
 	// sent: the session held its locks then. Zero while there is no connection. Atomic, so
 	// that a watchdog reads it while a statement holds mu.
@@ -153,6 +156,11 @@ func (o *Ownership) Reconnect(ctx context.Context) error {
 		_ = conn.Close(context.Background())
 		return fmt.Errorf("pg: ownership connection: %w", err)
 	}
+	var server string
+	if err := conn.QueryRow(ctx, serverSQL).Scan(&server); err != nil {
+		_ = conn.Close(context.Background())
+		return fmt.Errorf("pg: ownership connection: %w", err)
+	}
 	if _, err := conn.Exec(ctx, sqlReplica, replicaLockKey); err != nil {
 		_ = conn.Close(context.Background())
 		return fmt.Errorf("pg: ownership connection: %w", err)
@@ -162,7 +170,7 @@ func (o *Ownership) Reconnect(ctx context.Context) error {
 			o.db.log.Warn("ending the previous ownership session failed", "pid", o.pid, "err", err)
 		}
 	}
-	o.conn, o.pid, o.started = conn, conn.PgConn().PID(), started
+	o.conn, o.pid, o.started, o.server = conn, conn.PgConn().PID(), started, server
 	o.confirmed.Store(o.clock.Now().UnixNano())
 	clear(o.held)
 	return nil
@@ -191,6 +199,12 @@ func (o *Ownership) Confirmed() time.Time {
 func (o *Ownership) exec(ctx context.Context, fn func(ctx context.Context, c *pgx.Conn) error) error {
 	if o.conn == nil {
 		return ErrOwnershipLost
+	}
+	if o.db.server.abandoned(o.server) {
+		// The pool found another server (a standby promoted) while this session stayed on
+		// the old one, read-only but alive: the locks it holds there guard nothing.
+		o.breakLocked()
+		return fmt.Errorf("%w: the session is on %s, the database on another server", ErrOwnershipLost, o.server)
 	}
 	sent := o.clock.Now()
 	ctx, cancel := context.WithTimeout(ctx, o.timeout)

@@ -211,3 +211,36 @@ func TestSubjectIndexBound(t *testing.T) {
 		t.Errorf("a commit that landed after the drop holds %d bytes", used)
 	}
 }
+
+// After the database went back to an earlier state, the index forgets what it saw past it:
+// a message the tail takes at a rewound sequence is answered from memory, and another
+// replica's commit there, of subjects the index does not know, resets the index as any
+// other replica's commit does.
+func TestGetsAfterRewind(t *testing.T) {
+	ix := New(nil, 1<<20, nil)
+	tail := tailcache.New(1<<20, tailcache.NewBudget(1<<20))
+	x := ix.Open(1, tail)
+	var msgs []pg.Message
+	for i := range 10 {
+		msgs = append(msgs, pg.Message{Seq: uint64(i + 1), Subject: "k.a"})
+	}
+	tail.Add(msgs, 1, 10)
+	x.Committed(1, 10, msgs)
+
+	tail.Rewind(6)
+	x.Rewound(1, 6)
+	again := []pg.Message{{Seq: 7, Subject: "k.a", Data: []byte("new")}}
+	tail.Add(again, 7, 7)
+	x.Committed(1, 7, again)
+	m, live, ok := x.FromMemory(Request{Seq: 7})
+	if !ok || !live || string(m.Data) != "new" {
+		t.Fatalf("sequence 7 after the rewind: %v live %v ok %v, want the new message from memory", m, live, ok)
+	}
+	if seq, _, ok := x.lastOf("k.a", tail.HighWater()); !ok || seq != 7 {
+		t.Fatalf("last of k.a after the rewind: %d %v, want 7", seq, ok)
+	}
+	tail.Raise(8)
+	if seq, _, ok := x.lastOf("k.a", tail.HighWater()); ok {
+		t.Fatalf("last of k.a after another replica's commit: %d from the index, want a miss", seq)
+	}
+}

@@ -85,6 +85,20 @@ func (x *Index) Removed(first uint64) {
 	x.first = max(x.first, first)
 }
 
+// Rewound forgets every entry, and what it saw of the stream, for the stream's first and
+// last sequences now: the database went back to an earlier state (a standby promoted
+// without the last commits), and the sequences after last will go to other messages. The
+// stream's tail is rewound to last too, and what it takes from then on is trusted.
+func (x *Index) Rewound(first, last uint64) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if x.last == nil {
+		return
+	}
+	x.resetLocked()
+	x.first, x.seen, x.tailFrom = first, last, last+1
+}
+
 // Dropped forgets a deleted stream and gives its bytes back to the bound.
 func (x *Index) Dropped() {
 	x.mu.Lock()

@@ -62,6 +62,9 @@ type metrics struct {
 	overlaps       prometheus.Counter
 	commit         prometheus.Histogram
 	pubAck         prometheus.Histogram
+	serverChanges  prometheus.Counter
+	rewinds        prometheus.Counter
+	rewound        prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -111,9 +114,22 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help:    "Producer latency: publish received to PubAck sent (after commit).",
 			Buckets: prometheus.ExponentialBuckets(0.0001, 2, 16),
 		}),
+		serverChanges: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "jetgres_database_server_changes_total",
+			Help: "Times the database was found served by another PostgreSQL server than before (a standby promoted): what this process held of it in memory was dropped.",
+		}),
+		rewinds: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "jetgres_database_rewinds_total",
+			Help: "Server changes after which the database was behind what this process had seen: an asynchronous standby promoted without the last commits.",
+		}),
+		rewound: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "jetgres_database_rewound_messages_total",
+			Help: "Sequences this process had seen committed that the database no longer held after a server change, over all streams.",
+		}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.outcomeUnknown, m.accepted, m.rejected, m.dropped, m.batchMsgs, m.batchTx, m.txMsgs, m.overlaps, m.commit, m.pubAck)
+		reg.MustRegister(m.outcomeUnknown, m.accepted, m.rejected, m.dropped, m.batchMsgs, m.batchTx, m.txMsgs, m.overlaps, m.commit, m.pubAck,
+			m.serverChanges, m.rewinds, m.rewound)
 	}
 	return m
 }

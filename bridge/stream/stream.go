@@ -3,7 +3,9 @@
 // fusion buffer of publishes waiting for an append transaction) and the flushes that commit the
 // intakes of many streams in one transaction and answer every publisher after the commit,
 // each stream's tail of newest messages and its get index, and the events a stream announces
-// (Committed, Purged, Removed, Dropped) to whoever keeps something of it in memory.
+// (Committed, Purged, Removed, Dropped) to whoever keeps something of it in memory. When
+// the database is served by another server (a standby promoted), ServerChanged starts every
+// tail and get index again from what that server holds, and says what it lost.
 //
 // A publish runs on the link's read loop and never blocks there: it is checked, buffered
 // and, when no append transaction is in flight and the append lane has a permit, flushed at

@@ -189,6 +189,16 @@ func (t *Tail) Clear() {
 	t.reset(t.hw + 1)
 }
 
+// Rewind drops everything and lowers the high-water mark to hw: the database went back to
+// an earlier state (a standby promoted without the last commits), whose sequences after hw
+// go to other messages than those the tail held.
+func (t *Tail) Rewind(hw uint64) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.hw = hw
+	t.reset(hw + 1)
+}
+
 func (t *Tail) reset(from uint64) {
 	t.budget.used.Add(-int64(t.bytes))
 	t.blocks, t.head, t.bytes, t.from = nil, 0, 0, from

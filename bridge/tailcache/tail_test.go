@@ -170,3 +170,30 @@ func TestTailStartsOnce(t *testing.T) {
 		t.Fatalf("get 42: %d live %v covered %v", m.Seq, live, covered)
 	}
 }
+
+// After a rewind to an earlier high-water mark, the tail holds none of the messages past
+// it, and takes the new messages that the database gives their sequences.
+func TestTailRewind(t *testing.T) {
+	budget := &Budget{max: 1 << 20}
+	tl := New(1<<20, budget)
+	tl.Add(tailMsgs(1, 10, 10), 1, 10)
+	tl.Rewind(6)
+	if hw := tl.HighWater(); hw != 6 {
+		t.Fatalf("high-water mark after the rewind: %d, want 6", hw)
+	}
+	if _, _, covered := tl.Get(7); covered {
+		t.Fatal("the tail still covers a sequence past the rewind")
+	}
+	if budget.Used() != 0 {
+		t.Fatalf("the rewound tail holds %d bytes of the shared bound", budget.Used())
+	}
+	again := tailMsgs(7, 3, 20)
+	tl.Add(again, 7, 9)
+	m, live, covered := tl.Get(7)
+	if !covered || !live || len(m.Data) != 20 {
+		t.Fatalf("sequence 7 after the rewind: %+v live %v covered %v, want the new message", m, live, covered)
+	}
+	if hw := tl.HighWater(); hw != 9 {
+		t.Fatalf("high-water mark: %d, want 9", hw)
+	}
+}

@@ -201,6 +201,14 @@ func (c *Cluster) DSN() string {
 		quoteDSNValue(c.dataDir), Superuser, Database)
 }
 
+// BinDir is the directory of the PostgreSQL binaries the cluster runs, where their client
+// tools (pg_basebackup, pg_ctl) are too.
+func (c *Cluster) BinDir() string { return c.bins.dir }
+
+// Pid is the postmaster's process id, which is also its process group's: a test that
+// kills the group kills the server as a dead machine would.
+func (c *Cluster) Pid() int { return c.current().pid() }
+
 // SocketDir is the directory holding the server's Unix socket (the data directory).
 func (c *Cluster) SocketDir() string { return c.dataDir }
 

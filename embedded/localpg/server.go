@@ -99,7 +99,9 @@ func (c *Cluster) initdb(ctx context.Context, noSync bool) error {
 	return nil
 }
 
-// start runs the postmaster and waits until its pid file says "ready", as pg_ctl -w does.
+// start runs the postmaster and waits until its pid file says "ready", as pg_ctl -w does, or
+// "standby", which a hot standby (standby.signal in its data directory) says once it
+// accepts read-only connections.
 func (c *Cluster) start(ctx context.Context) error {
 	begin := time.Now()
 	args := append([]string{"-D", c.dataDir}, commandLine(enforcedSettings(c.dataDir))...)
@@ -134,7 +136,7 @@ func (c *Cluster) start(ctx context.Context) error {
 	t := time.NewTicker(pollInterval)
 	defer t.Stop()
 	for {
-		if pf, err := readPidFile(c.dataDir); err == nil && pf.pid == pid && pf.status == "ready" {
+		if pf, err := readPidFile(c.dataDir); err == nil && pf.pid == pid && (pf.status == "ready" || pf.status == "standby") {
 			break
 		}
 		select {

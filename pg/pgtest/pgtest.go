@@ -24,6 +24,10 @@
 // least a batch stored before its PubAcks costs, and Probe, for settings and statistics. With
 // package pg, it is the only package that imports pgx.
 //
+// StartPair starts a primary and a streaming standby of it, clusters of the test's own, for
+// tests of failover and switchover: the primary killed or shut down, the standby promoted,
+// both reached through one URL of two hosts.
+//
 // Main stops the cluster even when tests fail, and then checks for leaked goroutines (goleak).
 // A test process killed before Main could stop its cluster leaves the cluster's directory
 // behind; the next test process to start a cluster stops and removes such leftovers once they
@@ -219,13 +223,10 @@ func start() *testServer {
 // 0700, so it is opened to 0711 (enter, not list).
 func (s *testServer) startCluster(ctx context.Context) error {
 	removeLeftovers(ctx)
-	dir, err := os.MkdirTemp("", dirPrefix)
-	if err != nil {
-		return fmt.Errorf("creating the cluster's directory: %w", err)
-	}
+	dir, err := clusterDir()
 	s.dir = dir
-	if err := os.Chmod(dir, 0o711); err != nil {
-		return fmt.Errorf("opening %s to the server's user: %w", dir, err)
+	if err != nil {
+		return err
 	}
 	s.cluster, err = localpg.Start(ctx, localpg.Config{DataDir: filepath.Join(dir, "pg"), Settings: clusterSettings})
 	if err != nil {
@@ -233,6 +234,19 @@ func (s *testServer) startCluster(ctx context.Context) error {
 	}
 	s.url = s.cluster.DSN()
 	return nil
+}
+
+// clusterDir makes the temporary directory a cluster's data directory ("pg") goes in, named
+// so that removeLeftovers finds it should the test process be killed.
+func clusterDir() (string, error) {
+	dir, err := os.MkdirTemp("", dirPrefix)
+	if err != nil {
+		return "", fmt.Errorf("creating the cluster's directory: %w", err)
+	}
+	if err := os.Chmod(dir, 0o711); err != nil {
+		return dir, fmt.Errorf("opening %s to the server's user: %w", dir, err)
+	}
+	return dir, nil
 }
 
 func shutdown() error {

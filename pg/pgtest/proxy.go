@@ -84,6 +84,9 @@ func NewProxy(t testing.TB, url string) *Proxy {
 // URL is the connection string of the database through the proxy.
 func (p *Proxy) URL() string { return p.url }
 
+// Addr is the proxy's address, host:port, for a connection string of several hosts.
+func (p *Proxy) Addr() string { return p.ln.Addr().String() }
+
 // Arm makes the proxy cut, as how says, the first pipeline (or simple query) after now
 // that runs a statement whose text match accepts. The channel it returns is closed once
 // the client's side of that connection is closed. One cut is armed at a time.

@@ -39,6 +39,8 @@ type DB struct {
 	counts   subjectCounts  // see subject_count.go
 
 	offset clockOffset // see clock.go
+
+	diskFullAt atomic.Int64 // unix nanoseconds; see diskfull.go
 }
 
 // Open builds the pool and returns once the database has answered a ping, so that a wrong URL

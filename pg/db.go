@@ -40,6 +40,8 @@ type DB struct {
 
 	offset clockOffset // see clock.go
 	server serverWatch // see server.go
+
+	diskFullAt atomic.Int64 // unix nanoseconds; see diskfull.go
 }
 
 // Open builds the pool and returns once the database has answered a ping, so that a wrong URL

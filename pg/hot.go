@@ -296,6 +296,7 @@ func (db *DB) runOn(ctx context.Context, timeout time.Duration, fn func(ctx cont
 	rtt = time.Since(start)
 	clean = true
 
+	err = db.classifyDiskFull(err)
 	if err != nil && context.Cause(stmtCtx) == errStmtDeadline {
 		db.timeouts.Add(1)
 		db.log.Debug("statement timeout", "timeout", timeout, "rtt", rtt, "backend_pid", pc.Conn().PgConn().PID(), "err", err)

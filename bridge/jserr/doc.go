@@ -11,9 +11,10 @@
 //   - an inline status line, a header-only answer such as "404 Message Not Found", for
 //     direct gets: Status, DirectLookup and StatusOf.
 //
-// Two rules hold across all three. A database that could not be reached in time (Transient)
-// is an answer clients retry, never "not found", which they treat as final. And "not found"
-// is a verdict only PostgreSQL's answer may give: only pg.ErrNotFound becomes one here.
+// Two rules hold across all three. A database that could not be reached in time, or cannot
+// write until its disk has room (Transient), is an answer clients retry, never "not found",
+// which they treat as final. And "not found" is a verdict only PostgreSQL's answer may give:
+// only pg.ErrNotFound becomes one here.
 //
 // Checks of domain errors that decide what an engine does next (retry, skip, log) stay in
 // the engines; checks that decide what a client is told live here.

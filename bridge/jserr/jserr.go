@@ -17,10 +17,10 @@ type Fail func(error, ...server.ErrorOption) *server.ApiError
 // goes to the log, not to clients.
 var errDatabase = errors.New("database error")
 
-// Transient reports whether err means the database could not be reached in time, as
-// opposed to a database that answered.
+// Transient reports whether err means the database could not be reached in time, or could
+// not write until its disk has room again, as opposed to a database that answered.
 func Transient(err error) bool {
-	return errors.Is(err, pg.ErrUnavailable) || errors.Is(err, pg.ErrTimeout) || errors.Is(err, pg.ErrOwnershipLost) ||
+	return errors.Is(err, pg.ErrUnavailable) || errors.Is(err, pg.ErrTimeout) || errors.Is(err, pg.ErrDiskFull) || errors.Is(err, pg.ErrOwnershipLost) ||
 		errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)
 }
 
@@ -93,9 +93,12 @@ func MsgDelete(err error) error {
 }
 
 // PublishFailed is the PubAck error for a publish whose transaction failed without storing
-// it: a store failure (503, err_code 10077) that says whether the database timed out or
-// could not be reached, never why beyond that.
+// it: a store failure (503, err_code 10077) that says whether the database's disk is full,
+// it timed out or it could not be reached, never why beyond that.
 func PublishFailed(err error) *server.ApiError {
+	if errors.Is(err, pg.ErrDiskFull) {
+		return server.NewJSStreamStoreFailedError(errors.New("database disk full"))
+	}
 	if errors.Is(err, pg.ErrTimeout) {
 		return server.NewJSStreamStoreFailedError(errors.New("database timeout"))
 	}

@@ -25,6 +25,7 @@ func TestAPIErrorMapping(t *testing.T) {
 	}{
 		{"unreachable", fmt.Errorf("consumer %q: %w", "C", fmt.Errorf("%w: acquiring a connection: refused", pg.ErrUnavailable)), 503, server.JSClusterNotAvailErr, "JetStream system temporarily unavailable"},
 		{"statement timeout", fmt.Errorf("stream state: %w", errors.Join(pg.ErrTimeout, context.DeadlineExceeded)), 503, server.JSClusterNotAvailErr, "JetStream system temporarily unavailable"},
+		{"disk full", fmt.Errorf("stream create: %w", fmt.Errorf("%w: ERROR: could not extend file (SQLSTATE 53100)", pg.ErrDiskFull)), 503, server.JSClusterNotAvailErr, "JetStream system temporarily unavailable"},
 		{"request gave up", context.DeadlineExceeded, 503, server.JSClusterNotAvailErr, "JetStream system temporarily unavailable"},
 		{"stream not found", server.NewJSStreamNotFoundError(), 404, server.JSStreamNotFoundErr, "stream not found"},
 		{"consumer not found", server.NewJSConsumerNotFoundError(), 404, server.JSConsumerNotFoundErr, "consumer not found"},
@@ -51,6 +52,8 @@ func TestPublishErrors(t *testing.T) {
 	}{
 		{"timed out", PublishFailed(fmt.Errorf("append: %w", pg.ErrTimeout)), server.JSStreamStoreFailedF, "database timeout"},
 		{"unreachable", PublishFailed(pg.ErrUnavailable), server.JSStreamStoreFailedF, "database unavailable"},
+		{"disk full", PublishFailed(fmt.Errorf("append: %w", pg.ErrDiskFull)), server.JSStreamStoreFailedF, "database disk full"},
+		{"disk full, backend gone", PublishFailed(fmt.Errorf("%w: %w", pg.ErrUnavailable, pg.ErrDiskFull)), server.JSStreamStoreFailedF, "database disk full"},
 		{"stream gone", PublishRefused(fmt.Errorf("stream 7: %w", pg.ErrNotFound)), server.JSStreamNotFoundErr, "stream not found"},
 		{"wrong last sequence", PublishRefused(&pg.ExpectError{LastSeq: 3}), server.JSStreamWrongLastSequenceErrF, "wrong last sequence: 3"},
 		{"wrong last msg id", PublishRefused(&pg.ExpectError{Kind: pg.ExpectLastMsgIDKind, LastID: "a"}), server.JSStreamWrongLastMsgIDErrF, "wrong last msg ID: a"},

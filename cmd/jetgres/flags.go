@@ -91,7 +91,7 @@ func (c *config) settings() []setting {
 		{"http", envOf("http"), "address for /metrics, /healthz and /readyz (port 0 picks a free one)", &c.HTTP, "127.0.0.1:8080"},
 		{"data-dir", envOf("data-dir"), "directory for local state; the private PostgreSQL cluster lives in <data-dir>/pg", &c.DataDir, "./jetgres-data"},
 		{"database-url", append(envOf("database-url"), "DATABASE_URL"), "PostgreSQL URL or DSN; empty runs a private cluster in <data-dir>/pg", &c.DatabaseURL, ""},
-		{"pg-start-failures", envOf("pg-start-failures"), "restarts of the private PostgreSQL that may fail in a row before jetgres gives up and exits", &c.PGFailedStarts, localpg.DefaultMaxFailedStarts},
+		{"pg-start-failures", envOf("pg-start-failures"), "restarts of the private PostgreSQL that may fail in a row before jetgres gives up and exits (a restart that fails on a full disk does not count)", &c.PGFailedStarts, localpg.DefaultMaxFailedStarts},
 		{"log-format", envOf("log-format"), "log format: text or json", &c.LogFormat, "text"},
 		{"log-level", envOf("log-level"), "log level: debug, info, warn or error", &c.LogLevel, "info"},
 		{"pool-size", envOf("pool-size"), "maximum PostgreSQL connections", &c.PoolSize, int(pg.MaxConnsDefault)},

@@ -13,6 +13,11 @@ import (
 // readyPingTimeout is how long /readyz waits for PostgreSQL before calling it unready.
 const readyPingTimeout = time.Second
 
+// diskFullHold is how long /readyz stays unready after PostgreSQL last refused a write for
+// its full disk. Publishers retrying keep the refusals coming while the disk stays full; once
+// space is freed the refusals stop and readiness returns after this long.
+const diskFullHold = 5 * time.Second
+
 func (n *node) handler(reg *prometheus.Registry) http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{
@@ -46,8 +51,15 @@ func (n *node) notReady(ctx context.Context) string {
 		return "nats: leafnode link closed"
 	default:
 	}
+	if n.cluster != nil && n.cluster.DiskFull() {
+		return "postgresql: the private server cannot start, its disk is full"
+	}
 	if n.cluster != nil && !n.cluster.Up() {
 		return "postgresql: the private server is restarting"
+	}
+	// A full disk leaves the ping below answering: only the writes it refuses show it.
+	if at := n.db.LastDiskFull(); !at.IsZero() && time.Since(at) < diskFullHold {
+		return fmt.Sprintf("postgresql: disk full (a write was refused %s ago)", time.Since(at).Round(time.Millisecond))
 	}
 	// A hung commit leaves the ping below answering: only the age of the oldest publish
 	// transaction shows that every publish is timing out.

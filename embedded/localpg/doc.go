@@ -30,7 +30,10 @@
 // shared memory), removes the stale pid file and starts the server again, which runs crash
 // recovery; a failed start is retried with exponential backoff. Up is false meanwhile. Done
 // is closed only when the server cannot come back: its data directory is gone, or
-// Config.MaxFailedStarts starts in a row failed.
+// Config.MaxFailedStarts starts in a row failed. A start that failed on a full disk (the
+// server stops when it cannot write its WAL, and its crash recovery cannot write either) does
+// not count: it is retried every couple of seconds for as long as the disk stays full, and
+// DiskFull says so meanwhile, so that the server is back soon after space is freed.
 //
 // The server's log is not written to a file: its stderr is streamed to the Config.Logger, one
 // record per line (LOG, ERROR and the like at debug level, WARNING and FATAL at warn, PANIC at

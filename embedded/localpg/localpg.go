@@ -46,8 +46,9 @@ type Config struct {
 	// Restart makes the Cluster supervise its server: when the server exits on its own (the
 	// OOM killer, a kill -9), it is restarted at once, crash recovery included, and again with
 	// exponential backoff while starts fail. Done is then closed only when the server cannot
-	// come back: its data directory is gone, or MaxFailedStarts starts in a row failed; Err
-	// says which. Without Restart, Done is closed when the server exits.
+	// come back: its data directory is gone, or MaxFailedStarts starts in a row failed (one
+	// that failed on a full disk does not count); Err says which. Without Restart, Done is
+	// closed when the server exits.
 	Restart bool
 
 	// MaxFailedStarts bounds the consecutive failed restarts before a supervised Cluster gives
@@ -88,6 +89,7 @@ type Cluster struct {
 
 	up       atomic.Bool
 	restarts atomic.Int64
+	diskFull atomic.Bool // the last start failed on a full disk
 
 	done     chan struct{} // closed when the server has exited for good
 	doneErr  error         // set before done is closed
@@ -230,6 +232,10 @@ func (c *Cluster) Err() error {
 // Up reports whether the server runs and accepts connections; false while a supervised
 // server is being restarted.
 func (c *Cluster) Up() bool { return c.up.Load() }
+
+// DiskFull reports whether a supervised server is down because its last start failed on a
+// full disk; it is started again, with no bound on the attempts, until space is freed.
+func (c *Cluster) DiskFull() bool { return c.diskFull.Load() }
 
 // Restarts counts the successful restarts of a supervised server.
 func (c *Cluster) Restarts() int64 { return c.restarts.Load() }

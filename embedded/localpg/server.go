@@ -142,7 +142,11 @@ func (c *Cluster) start(ctx context.Context) error {
 		select {
 		case <-p.exited:
 			<-p.logsDone
-			return fmt.Errorf("postgres exited while starting (%v): %s", p.exitErr, tail.String())
+			log := tail.String()
+			if strings.Contains(log, noSpace) {
+				return fmt.Errorf("postgres exited while starting (%v): %w: %s", p.exitErr, errDiskFull, log)
+			}
+			return fmt.Errorf("postgres exited while starting (%v): %s", p.exitErr, log)
 		case <-ctx.Done():
 			_ = shutdown(ctx, pid, p.hasExited, p.waitExited)
 			<-p.logsDone

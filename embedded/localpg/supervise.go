@@ -19,6 +19,17 @@ const (
 	restartBackoffMax = 10 * time.Second
 )
 
+// diskFullBackoffMax bounds the backoff between starts that failed on a full disk, which is
+// also how long the server may stay down after space is freed.
+const diskFullBackoffMax = 2 * time.Second
+
+// errDiskFull is a start that failed because the server could not write: its crash recovery
+// or its pid file found the disk full. The server comes back once space is freed.
+var errDiskFull = errors.New("the disk is full")
+
+// noSpace is how strerror words ENOSPC in the C locale the server runs in.
+const noSpace = "No space left on device"
+
 // groupGrace bounds the wait for the processes a killed postmaster leaves behind. Backends
 // notice their postmaster's death by themselves and exit, but a new postmaster must not start
 // while any of them still has the old shared memory attached.
@@ -59,9 +70,12 @@ func (c *Cluster) supervise() {
 
 // restartServer starts a new server after the last one died, retrying with backoff. It fails
 // when the server cannot come back: the data directory is gone, or c.maxFailedStarts starts
-// in a row failed.
+// in a row failed. A start that failed on a full disk does not count: PostgreSQL stops when
+// it cannot write its WAL, and comes back once an operator frees space, however long that
+// takes, so it is tried again every diskFullBackoffMax at most, for as long as it takes.
 func (c *Cluster) restartServer() error {
 	backoff := restartBackoffMin
+	defer c.diskFull.Store(false)
 	for failed := 0; ; {
 		if _, err := os.Stat(filepath.Join(c.dataDir, "PG_VERSION")); err != nil {
 			if errors.Is(err, fs.ErrNotExist) {
@@ -76,12 +90,24 @@ func (c *Cluster) restartServer() error {
 		if c.superCtx.Err() != nil {
 			return err
 		}
-		failed++
-		if failed >= c.maxFailedStarts {
-			return fmt.Errorf("%d restarts in a row failed (the bound is %d); the last: %w", failed, c.maxFailedStarts, err)
+		wait := backoff
+		switch {
+		case errors.Is(err, errDiskFull):
+			wait = min(backoff, diskFullBackoffMax)
+			if !c.diskFull.Swap(true) {
+				c.log.Error("PostgreSQL cannot start: its disk is full; free space and it starts again by itself",
+					"data_dir", c.dataDir, "retry_every", diskFullBackoffMax, "err", err)
+			} else {
+				c.log.Debug("PostgreSQL still cannot start: its disk is full", "in", wait)
+			}
+		default:
+			failed++
+			if failed >= c.maxFailedStarts {
+				return fmt.Errorf("%d restarts in a row failed (the bound is %d); the last: %w", failed, c.maxFailedStarts, err)
+			}
+			c.log.Warn("restarting PostgreSQL failed; trying again", "failed", failed, "of", c.maxFailedStarts, "in", backoff, "err", err)
 		}
-		c.log.Warn("restarting PostgreSQL failed; trying again", "failed", failed, "of", c.maxFailedStarts, "in", backoff, "err", err)
-		t := time.NewTimer(backoff)
+		t := time.NewTimer(wait)
 		select {
 		case <-t.C:
 		case <-c.superCtx.Done():

@@ -428,7 +428,7 @@ func TestNewRefusesAnIncompleteConfig(t *testing.T) {
 	if err == nil {
 		t.Fatal("New took an empty configuration")
 	}
-	for _, field := range []string{"Store", "Push", "Host", "TickPeriod", "IdleMax", "MaxMsgs"} {
+	for _, field := range []string{"Store", "Append", "Host", "TickPeriod", "IdleMax", "MaxMsgs"} {
 		if !strings.Contains(err.Error(), "Config."+field) {
 			t.Errorf("the error does not name Config.%s: %v", field, err)
 		}

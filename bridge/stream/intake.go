@@ -65,6 +65,12 @@ func (r *Registry) onPublish(s *Stream, m *leaf.Msg) {
 		r.reject(s, m.Reply, ReasonTooLarge, server.NewJSStreamMessageExceedsMaximumError())
 		return
 	}
+	// nats-server takes a reply subject ending in .$FI as a fast batch's, which jetgres does
+	// not implement; it refuses one on a stream without allow_batched so.
+	if len(m.Reply) > len(server.FastBatchSuffix) && strings.HasSuffix(m.Reply, server.FastBatchSuffix) {
+		r.reject(s, m.Reply, ReasonUnstorable, server.NewJSBatchPublishDisabledError())
+		return
+	}
 	if e := checkStorable("subject", m.Subject); e != nil {
 		r.reject(s, m.Reply, ReasonUnstorable, e)
 		return
@@ -141,22 +147,26 @@ func checkStorable(what, v string) *server.ApiError {
 	return &server.ApiError{Code: 400, ErrCode: badRequestCode, Description: "bad request: " + what + " " + why}
 }
 
-// ParseExpectations reads the Nats-Msg-Id and Nats-Expected-* headers. The stream name is
-// checked here; the rest need the stream's row lock and are decided in the transaction.
+// ParseExpectations reads the Nats-Msg-Id and Nats-Expected-* headers, after refusing
+// what nats-server refuses of a publish's headers before it decides anything. The stream
+// name is checked here; the rest need the stream's row lock and are decided in the
+// transaction. A publish that is part of an atomic batch is refused: the intake stages
+// those (batch.go), and only the SQL path, which has no batches, brings one here.
 func ParseExpectations(cfg *server.StreamConfig, hdr []byte, m *pg.AppendMsg) *server.ApiError {
-	// Features jetgres does not implement are refused, never silently ignored.
-	if jswire.HeaderValue(hdr, server.JSMessageTTL) != "" {
-		return server.NewJSMessageTTLDisabledError()
-	}
 	if jswire.HeaderValue(hdr, server.JSBatchId) != "" {
 		return server.NewJSAtomicPublishDisabledError()
+	}
+	return parseMsg(cfg, hdr, m)
+}
+
+// parseMsg is ParseExpectations for a message whose batch, if any, is already decided.
+func parseMsg(cfg *server.StreamConfig, hdr []byte, m *pg.AppendMsg) *server.ApiError {
+	if e := checkHeaders(cfg, m.Subject, hdr); e != nil {
+		return e
 	}
 	m.MsgID = jswire.HeaderValue(hdr, server.JSMsgId)
 	if e := checkStorable(server.JSMsgId, m.MsgID); e != nil {
 		return e
-	}
-	if v := jswire.HeaderValue(hdr, server.JSExpectedStream); v != "" && v != cfg.Name {
-		return server.NewJSStreamNotMatchError()
 	}
 	if v := jswire.HeaderValue(hdr, server.JSExpectedLastSeq); v != "" {
 		n, err := strconv.ParseUint(v, 10, 64)
@@ -195,7 +205,14 @@ func ParseExpectations(cfg *server.StreamConfig, hdr []byte, m *pg.AppendMsg) *s
 		}
 	}
 	m.ExpectLastMsgID = jswire.HeaderValue(hdr, server.JSExpectedLastMsgId)
-	return checkStorable(server.JSExpectedLastMsgId, m.ExpectLastMsgID)
+	if e := checkStorable(server.JSExpectedLastMsgId, m.ExpectLastMsgID); e != nil {
+		return e
+	}
+	// nats-server finds an invalid TTL only as it stores the message, after everything else.
+	if _, ok := parseTTL(jswire.HeaderValue(hdr, server.JSMessageTTL)); !ok {
+		return server.NewJSMessageTTLInvalidError()
+	}
+	return nil
 }
 
 // reject answers a publish with a JetStream error, or counts it as dropped when it has no

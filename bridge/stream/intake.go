@@ -45,6 +45,9 @@ type publish struct {
 	reply string
 	recv  time.Time
 	size  int
+	// batch is set for a committed atomic batch, whose messages go into a transaction on
+	// their own; msg is then unused.
+	batch *atomicCommit
 }
 
 // onPublish runs on the link's read loop for every message on a stream subject. It never
@@ -75,6 +78,10 @@ func (r *Registry) onPublish(s *Stream, m *leaf.Msg) {
 		r.reject(s, m.Reply, ReasonUnstorable, e)
 		return
 	}
+	if id := jswire.HeaderValue(m.Header, server.JSBatchId); id != "" {
+		r.onBatchPublish(s, cfg, m, id, size)
+		return
+	}
 	p := publish{reply: m.Reply, recv: r.cfg.Clock.Now(), size: size,
 		msg: pg.AppendMsg{Subject: m.Subject, Header: m.Header, Data: m.Data}}
 	if len(m.Header) > 0 {
@@ -87,16 +94,22 @@ func (r *Registry) onPublish(s *Stream, m *leaf.Msg) {
 			return
 		}
 	}
+	r.enqueue(s, p)
+}
+
+// enqueue puts a checked publish into its stream's intake, within the intakes' bounds.
+func (r *Registry) enqueue(s *Stream, p publish) {
+	size := p.size
 	in := &s.in
 	in.mu.Lock()
 	if in.closed {
 		in.mu.Unlock()
-		r.reject(s, m.Reply, ReasonStopping, server.NewJSStreamNotFoundError())
+		r.reject(s, p.reply, ReasonStopping, server.NewJSStreamNotFoundError())
 		return
 	}
 	if in.bytes+size > r.cfg.IntakeBytes && in.bytes > 0 {
 		in.mu.Unlock()
-		r.reject(s, m.Reply, ReasonIntakeFull, errIntakeFull)
+		r.reject(s, p.reply, ReasonIntakeFull, errIntakeFull)
 		return
 	}
 	// As with one stream's bound, a stream with nothing buffered always takes one message, so
@@ -104,7 +117,7 @@ func (r *Registry) onPublish(s *Stream, m *leaf.Msg) {
 	if total := r.intakeTotal.Add(int64(size)); total > int64(r.cfg.IntakeTotalBytes) && in.bytes > 0 {
 		r.intakeTotal.Add(-int64(size))
 		in.mu.Unlock()
-		r.reject(s, m.Reply, ReasonIntakeAll, errIntakeFull)
+		r.reject(s, p.reply, ReasonIntakeAll, errIntakeFull)
 		return
 	}
 	if len(in.buf) == cap(in.buf) {
@@ -374,6 +387,13 @@ func (r *Registry) flush(p *flow.Permit, group []*Stream) {
 		in := &s.in
 		in.mu.Lock()
 		n := min(len(in.buf), r.cfg.FlushMaxMsgs)
+		// An atomic batch goes into a transaction alone: what it refuses, it refuses whole.
+		for k := range n {
+			if in.buf[k].batch != nil {
+				n = max(k, 1)
+				break
+			}
+		}
 		pubs := in.buf[:n:n]
 		in.buf = in.buf[n:]
 		took := 0
@@ -390,9 +410,17 @@ func (r *Registry) flush(p *flow.Permit, group []*Stream) {
 			continue
 		}
 		cfg := s.ConfigView()
-		msgs := msgBufs.get(n)
-		for i := range pubs {
-			msgs[i] = pubs[i].msg
+		whole := pubs[0].batch != nil
+		var msgs []pg.AppendMsg
+		if whole {
+			n = len(pubs[0].batch.msgs)
+			msgs = msgBufs.get(n)
+			copy(msgs, pubs[0].batch.msgs)
+		} else {
+			msgs = msgBufs.get(n)
+			for i := range pubs {
+				msgs[i] = pubs[i].msg
+			}
 		}
 		if cfg.Retention == server.InterestPolicy {
 			subjects := make([]string, n)
@@ -405,7 +433,7 @@ func (r *Registry) flush(p *flow.Permit, group []*Stream) {
 		}
 		taken[s.id] = pubs
 		batches = append(batches, pg.AppendBatch{StreamID: s.id, DupWindow: cfg.Duplicates, ChunkRows: s.chunkRows.Load(),
-			Limits: Limits(cfg), Msgs: msgs})
+			Limits: Limits(cfg), Msgs: msgs, Atomic: whole})
 		r.m.batchMsgs.Observe(float64(n))
 		total += n
 	}
@@ -523,6 +551,10 @@ func Limits(cfg *server.StreamConfig) pg.Limits {
 // answer sends each publisher its PubAck (or the error its expectation produced).
 func (r *Registry) answer(s *Stream, pubs []publish, res pg.AppendResult) {
 	now := r.cfg.Clock.Now()
+	if len(pubs) == 1 && pubs[0].batch != nil {
+		r.answerBatch(s, pubs[0], res, now)
+		return
+	}
 	for i, pb := range pubs {
 		o := res.Outcomes[i]
 		if o.Err != nil {
@@ -572,6 +604,7 @@ func (r *Registry) closeIntake(s *Stream, e *server.ApiError) {
 	r.intakeTotal.Add(-int64(in.bytes))
 	in.buf, in.bytes, in.closed = nil, 0, true
 	in.mu.Unlock()
+	r.dropBatches(s)
 	for _, pb := range pubs {
 		r.reject(s, pb.reply, ReasonStopping, e)
 	}

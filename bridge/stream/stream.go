@@ -62,6 +62,8 @@ type Stream struct {
 	subs  []*leaf.Subscription
 
 	in intake
+	// batches is the atomic batches being staged (batch.go).
+	batches batches
 
 	// tail is the stream's newest committed messages in memory: publishes put theirs there,
 	// consumers that keep up and gets read them there. It is made with the stream and

@@ -1,9 +1,10 @@
 // Package stream owns the streams this process serves: the registry that keeps them as
 // PostgreSQL stores them, each stream's subject subscriptions on the link, its intake (the
-// fusion buffer of publishes waiting for a append transaction) and the flushes that commit the
-// intakes of many streams in one transaction and answer every publisher after the commit,
-// each stream's tail of newest messages and its get index, and the events a stream announces
-// (Committed, Purged, Removed, Dropped) to whoever keeps something of it in memory.
+// fusion buffer of publishes waiting for a append transaction), the atomic batches it stages
+// until their commit (batch.go), and the flushes that commit the intakes of many streams in
+// one transaction and answer every publisher after the commit, each stream's tail of newest
+// messages and its get index, and the events a stream announces (Committed, Purged, Removed,
+// Dropped) to whoever keeps something of it in memory.
 //
 // A publish runs on the link's read loop and never blocks there: it is checked, buffered
 // and, when no append transaction is in flight and the append lane has a permit, flushed at
@@ -29,10 +30,12 @@
 //  4. intake.mu guards a stream's fusion buffer. Held with it: the ready queue's mu, when a
 //     stream that cannot flush at once is queued.
 //  5. readyQueue.mu guards the queue of streams waiting for a append permit.
+//  6. batches.mu guards a stream's staged atomic batches; it is a leaf, released before
+//     a committed batch goes into the intake.
 //
-// The last two are leaves but for the queue. A stream's tail and get index have locks of
-// their own, leaves, taken by the events' subscribers; the subscribers outside the package
-// take their own locks, with none of these held but adminMu (see events.go).
+// The last three are leaves, intake.mu but for the queue. A stream's tail and get index have
+// locks of their own, leaves, taken by the events' subscribers; the subscribers outside the
+// package take their own locks, with none of these held but adminMu (see events.go).
 package stream
 
 import (

@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -12,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/jetgres/jetgres/bridge/stream"
 	"github.com/jetgres/jetgres/internal/clock/clocktest"
 )
 
@@ -151,5 +153,52 @@ func TestAtomicBatchTimeout(t *testing.T) {
 	}
 	if st := s.CachedInfo().State; st.Msgs != 3 {
 		t.Fatalf("stream holds %d messages, want 3", st.Msgs)
+	}
+}
+
+// The batches staged at once are bounded per stream and in all, as nats-server bounds
+// them, and batches abandoned on streams that see no more batches stop counting once they
+// time out, whichever stream the next batch is for.
+func TestAtomicBatchInflightLimits(t *testing.T) {
+	t.Parallel()
+	clock := clocktest.New()
+	tb := setup(t, setupOpts{config: func(c *Config) { c.Clock = clock }})
+	ctx := testContext(t)
+	first := func(stream, id string) string {
+		t.Helper()
+		m, err := tb.nc.RequestMsg(batchMsg(stream+".x", id, 1, ""), 10*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(m.Data)
+	}
+	tooMany := strconv.Itoa(int(server.JSAtomicPublishTooManyInflight))
+	const streams = 21
+	for i := range streams {
+		name := fmt.Sprintf("IF%d", i)
+		if _, err := tb.js.CreateStream(ctx, jetstream.StreamConfig{Name: name, Subjects: []string{name + ".>"}, AllowAtomicPublish: true}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range streams - 1 {
+		name := fmt.Sprintf("IF%d", i)
+		for b := range 50 {
+			if got := first(name, fmt.Sprintf("b%d", b)); got != "" {
+				t.Fatalf("%s batch %d: %s", name, b, got)
+			}
+		}
+		if i == 0 {
+			if got := first(name, "one-too-many"); !strings.Contains(got, tooMany) {
+				t.Fatalf("51st batch of a stream answered %s", got)
+			}
+		}
+	}
+	last := fmt.Sprintf("IF%d", streams-1)
+	if got := first(last, "b"); !strings.Contains(got, tooMany) {
+		t.Fatalf("1,001st batch answered %s", got)
+	}
+	clock.Advance(stream.BatchTimeout)
+	if got := first(last, "b"); got != "" {
+		t.Fatalf("a batch after the others timed out answered %s", got)
 	}
 }

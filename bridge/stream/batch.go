@@ -98,6 +98,10 @@ func (r *Registry) onBatchPublish(s *Stream, cfg *server.StreamConfig, m *leaf.M
 		count--
 	}
 	now := r.cfg.Clock.Now()
+	if r.batchAcct.count.Load() >= BatchMaxTotal {
+		// Batches abandoned on streams that see no more batches count until swept.
+		r.sweepAllBatches(now)
+	}
 	bs := &s.batches
 	bs.mu.Lock()
 	r.sweepBatchesLocked(bs, now)
@@ -229,6 +233,16 @@ func (r *Registry) sweepBatchesLocked(bs *batches, now time.Time) {
 		if now.Sub(b.last) >= BatchTimeout {
 			r.dropBatchLocked(bs, id)
 		}
+	}
+}
+
+// sweepAllBatches drops the batches of every stream that timed out.
+func (r *Registry) sweepAllBatches(now time.Time) {
+	for _, s := range r.List() {
+		bs := &s.batches
+		bs.mu.Lock()
+		r.sweepBatchesLocked(bs, now)
+		bs.mu.Unlock()
 	}
 }
 

@@ -57,6 +57,8 @@ type AppendBatch struct {
 	ChunkRows int64         // 0 means ChunkRowsDefault
 	Limits    Limits
 	Msgs      []AppendMsg
+	// Atomic stores Msgs whole or not at all (append_atomic.go).
+	Atomic bool
 }
 
 // Outcome is what happened to one AppendMsg. Exactly one of Stored, Duplicate or Err holds.
@@ -282,6 +284,9 @@ func (db *DB) appendTx(ctx context.Context, q querier, batches []AppendBatch, ts
 		var newIDs []string
 		var newIDSeqs []int64
 		for j := range bt.Msgs {
+			if bt.Atomic && j > 0 && (r.Outcomes[j-1].Err != nil || r.Outcomes[j-1].Duplicate) {
+				break
+			}
 			m := &bt.Msgs[j]
 			if m.MsgID != "" && bt.DupWindow > 0 {
 				if seq, dup := seen[m.MsgID]; dup {
@@ -289,7 +294,16 @@ func (db *DB) appendTx(ctx context.Context, q querier, batches []AppendBatch, ts
 					continue
 				}
 			}
-			if e, err := db.checkExpect(ctx, q, bt.StreamID, st, r.Stored, m); err != nil {
+			earlier := r.Stored
+			if bt.Atomic {
+				if e := atomicExpect(bt.Msgs, j, st.lastSeq); e != nil {
+					r.Outcomes[j] = Outcome{Err: e}
+					break
+				}
+				// nats-server decides a batch's expectations on what the stream held before it.
+				earlier = nil
+			}
+			if e, err := db.checkExpect(ctx, q, bt.StreamID, st, earlier, m); err != nil {
 				return nil, err
 			} else if e != nil {
 				r.Outcomes[j] = Outcome{Err: e}
@@ -329,6 +343,12 @@ func (db *DB) appendTx(ctx context.Context, q querier, batches []AppendBatch, ts
 			r.Stored = append(r.Stored, msg)
 			h.store(msg.Seq, m.Subject, size)
 			h.rollup(m.Rollup, msg.Seq, m.Subject)
+		}
+		if bt.Atomic {
+			if e := atomicRefusal(r.Outcomes); e != nil {
+				refuseAtomic(r, st, befores[i], h, e)
+				continue
+			}
 		}
 		if err := h.evictOld(ctx, q); err != nil {
 			return nil, err

@@ -112,11 +112,17 @@ func PublishFailed(err error) *server.ApiError {
 //   - a stream PostgreSQL no longer holds (deleted, by another replica, while the publish
 //     waited for its transaction) is "stream not found";
 //   - a discard-new limit, or a sequence space used up, is a store failure whose
-//     description names it, as nats-server sends it.
+//     description names it, as nats-server sends it;
+//   - an atomic batch refused for a duplicate message, or for an expectation that cannot
+//     hold inside a batch, is what nats-server answers its commit.
 func PublishRefused(err error) *server.ApiError {
 	var ee *pg.ExpectError
 	var le *pg.LimitError
 	switch {
+	case errors.Is(err, pg.ErrBatchDuplicate):
+		return server.NewJSAtomicPublishContainsDuplicateMessageError()
+	case errors.Is(err, pg.ErrExpectInBatch):
+		return server.NewJSStreamWrongLastSequenceConstantError()
 	case errors.As(err, &le):
 		return server.NewJSStreamStoreFailedError(le)
 	case errors.Is(err, pg.ErrNotFound):

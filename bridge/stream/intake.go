@@ -45,6 +45,9 @@ type publish struct {
 	reply string
 	recv  time.Time
 	size  int
+	// batch is set for a committed atomic batch, whose messages go into a transaction on
+	// their own; msg is then unused.
+	batch *atomicCommit
 }
 
 // onPublish runs on the link's read loop for every message on a stream subject. It never
@@ -65,8 +68,18 @@ func (r *Registry) onPublish(s *Stream, m *leaf.Msg) {
 		r.reject(s, m.Reply, ReasonTooLarge, server.NewJSStreamMessageExceedsMaximumError())
 		return
 	}
+	// nats-server takes a reply subject ending in .$FI as a fast batch's, which jetgres does
+	// not implement; it refuses one on a stream without allow_batched so.
+	if len(m.Reply) > len(server.FastBatchSuffix) && strings.HasSuffix(m.Reply, server.FastBatchSuffix) {
+		r.reject(s, m.Reply, ReasonUnstorable, server.NewJSBatchPublishDisabledError())
+		return
+	}
 	if e := checkStorable("subject", m.Subject); e != nil {
 		r.reject(s, m.Reply, ReasonUnstorable, e)
+		return
+	}
+	if id := jswire.HeaderValue(m.Header, server.JSBatchId); id != "" {
+		r.onBatchPublish(s, cfg, m, id, size)
 		return
 	}
 	p := publish{reply: m.Reply, recv: r.cfg.Clock.Now(), size: size,
@@ -81,16 +94,22 @@ func (r *Registry) onPublish(s *Stream, m *leaf.Msg) {
 			return
 		}
 	}
+	r.enqueue(s, p)
+}
+
+// enqueue puts a checked publish into its stream's intake, within the intakes' bounds.
+func (r *Registry) enqueue(s *Stream, p publish) {
+	size := p.size
 	in := &s.in
 	in.mu.Lock()
 	if in.closed {
 		in.mu.Unlock()
-		r.reject(s, m.Reply, ReasonStopping, server.NewJSStreamNotFoundError())
+		r.reject(s, p.reply, ReasonStopping, server.NewJSStreamNotFoundError())
 		return
 	}
 	if in.bytes+size > r.cfg.IntakeBytes && in.bytes > 0 {
 		in.mu.Unlock()
-		r.reject(s, m.Reply, ReasonIntakeFull, errIntakeFull)
+		r.reject(s, p.reply, ReasonIntakeFull, errIntakeFull)
 		return
 	}
 	// As with one stream's bound, a stream with nothing buffered always takes one message, so
@@ -98,7 +117,7 @@ func (r *Registry) onPublish(s *Stream, m *leaf.Msg) {
 	if total := r.intakeTotal.Add(int64(size)); total > int64(r.cfg.IntakeTotalBytes) && in.bytes > 0 {
 		r.intakeTotal.Add(-int64(size))
 		in.mu.Unlock()
-		r.reject(s, m.Reply, ReasonIntakeAll, errIntakeFull)
+		r.reject(s, p.reply, ReasonIntakeAll, errIntakeFull)
 		return
 	}
 	if len(in.buf) == cap(in.buf) {
@@ -141,22 +160,26 @@ func checkStorable(what, v string) *server.ApiError {
 	return &server.ApiError{Code: 400, ErrCode: badRequestCode, Description: "bad request: " + what + " " + why}
 }
 
-// ParseExpectations reads the Nats-Msg-Id and Nats-Expected-* headers. The stream name is
-// checked here; the rest need the stream's row lock and are decided in the transaction.
+// ParseExpectations reads the Nats-Msg-Id and Nats-Expected-* headers, after refusing
+// what nats-server refuses of a publish's headers before it decides anything. The stream
+// name is checked here; the rest need the stream's row lock and are decided in the
+// transaction. A publish that is part of an atomic batch is refused: the intake stages
+// those (batch.go), and only the SQL path, which has no batches, brings one here.
 func ParseExpectations(cfg *server.StreamConfig, hdr []byte, m *pg.AppendMsg) *server.ApiError {
-	// Features jetgres does not implement are refused, never silently ignored.
-	if jswire.HeaderValue(hdr, server.JSMessageTTL) != "" {
-		return server.NewJSMessageTTLDisabledError()
-	}
 	if jswire.HeaderValue(hdr, server.JSBatchId) != "" {
 		return server.NewJSAtomicPublishDisabledError()
+	}
+	return parseMsg(cfg, hdr, m)
+}
+
+// parseMsg is ParseExpectations for a message whose batch, if any, is already decided.
+func parseMsg(cfg *server.StreamConfig, hdr []byte, m *pg.AppendMsg) *server.ApiError {
+	if e := checkHeaders(cfg, m.Subject, hdr); e != nil {
+		return e
 	}
 	m.MsgID = jswire.HeaderValue(hdr, server.JSMsgId)
 	if e := checkStorable(server.JSMsgId, m.MsgID); e != nil {
 		return e
-	}
-	if v := jswire.HeaderValue(hdr, server.JSExpectedStream); v != "" && v != cfg.Name {
-		return server.NewJSStreamNotMatchError()
 	}
 	if v := jswire.HeaderValue(hdr, server.JSExpectedLastSeq); v != "" {
 		n, err := strconv.ParseUint(v, 10, 64)
@@ -195,7 +218,14 @@ func ParseExpectations(cfg *server.StreamConfig, hdr []byte, m *pg.AppendMsg) *s
 		}
 	}
 	m.ExpectLastMsgID = jswire.HeaderValue(hdr, server.JSExpectedLastMsgId)
-	return checkStorable(server.JSExpectedLastMsgId, m.ExpectLastMsgID)
+	if e := checkStorable(server.JSExpectedLastMsgId, m.ExpectLastMsgID); e != nil {
+		return e
+	}
+	// nats-server finds an invalid TTL only as it stores the message, after everything else.
+	if _, ok := parseTTL(jswire.HeaderValue(hdr, server.JSMessageTTL)); !ok {
+		return server.NewJSMessageTTLInvalidError()
+	}
+	return nil
 }
 
 // reject answers a publish with a JetStream error, or counts it as dropped when it has no
@@ -357,6 +387,13 @@ func (r *Registry) flush(p *flow.Permit, group []*Stream) {
 		in := &s.in
 		in.mu.Lock()
 		n := min(len(in.buf), r.cfg.FlushMaxMsgs)
+		// An atomic batch goes into a transaction alone: what it refuses, it refuses whole.
+		for k := range n {
+			if in.buf[k].batch != nil {
+				n = max(k, 1)
+				break
+			}
+		}
 		pubs := in.buf[:n:n]
 		in.buf = in.buf[n:]
 		took := 0
@@ -373,9 +410,17 @@ func (r *Registry) flush(p *flow.Permit, group []*Stream) {
 			continue
 		}
 		cfg := s.ConfigView()
-		msgs := msgBufs.get(n)
-		for i := range pubs {
-			msgs[i] = pubs[i].msg
+		whole := pubs[0].batch != nil
+		var msgs []pg.AppendMsg
+		if whole {
+			n = len(pubs[0].batch.msgs)
+			msgs = msgBufs.get(n)
+			copy(msgs, pubs[0].batch.msgs)
+		} else {
+			msgs = msgBufs.get(n)
+			for i := range pubs {
+				msgs[i] = pubs[i].msg
+			}
 		}
 		if cfg.Retention == server.InterestPolicy {
 			subjects := make([]string, n)
@@ -388,7 +433,7 @@ func (r *Registry) flush(p *flow.Permit, group []*Stream) {
 		}
 		taken[s.id] = pubs
 		batches = append(batches, pg.AppendBatch{StreamID: s.id, DupWindow: cfg.Duplicates, ChunkRows: s.chunkRows.Load(),
-			Limits: Limits(cfg), Msgs: msgs})
+			Limits: Limits(cfg), Msgs: msgs, Atomic: whole})
 		r.m.batchMsgs.Observe(float64(n))
 		total += n
 	}
@@ -506,6 +551,10 @@ func Limits(cfg *server.StreamConfig) pg.Limits {
 // answer sends each publisher its PubAck (or the error its expectation produced).
 func (r *Registry) answer(s *Stream, pubs []publish, res pg.AppendResult) {
 	now := r.cfg.Clock.Now()
+	if len(pubs) == 1 && pubs[0].batch != nil {
+		r.answerBatch(s, pubs[0], res, now)
+		return
+	}
 	for i, pb := range pubs {
 		o := res.Outcomes[i]
 		if o.Err != nil {
@@ -555,6 +604,7 @@ func (r *Registry) closeIntake(s *Stream, e *server.ApiError) {
 	r.intakeTotal.Add(-int64(in.bytes))
 	in.buf, in.bytes, in.closed = nil, 0, true
 	in.mu.Unlock()
+	r.dropBatches(s)
 	for _, pb := range pubs {
 		r.reject(s, pb.reply, ReasonStopping, e)
 	}

@@ -92,6 +92,7 @@ type Registry struct {
 	youngest    atomic.Int64
 	flushDone   chan struct{}
 	intakeTotal atomic.Int64 // bytes in all streams' intakes
+	batchAcct   batchAccount // what all streams' atomic batches stage
 
 	// dispatch runs the flush dispatcher; ctx is its context. flushes runs the append
 	// transactions, which outlive the dispatcher so that what was taken in is committed and

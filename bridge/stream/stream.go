@@ -1,11 +1,12 @@
 // Package stream owns the streams this process serves: the registry that keeps them as
 // PostgreSQL stores them, each stream's subject subscriptions on the link, its intake (the
-// fusion buffer of publishes waiting for an append transaction) and the flushes that commit the
-// intakes of many streams in one transaction and answer every publisher after the commit,
-// each stream's tail of newest messages and its get index, and the events a stream announces
-// (Committed, Purged, Removed, Dropped) to whoever keeps something of it in memory. When
-// the database is served by another server (a standby promoted), ServerChanged starts every
-// tail and get index again from what that server holds, and says what it lost.
+// fusion buffer of publishes waiting for an append transaction), the atomic batches it
+// stages until their commit (batch.go), and the flushes that commit the intakes of many
+// streams in one transaction and answer every publisher after the commit, each stream's
+// tail of newest messages and its get index, and the events a stream announces (Committed,
+// Purged, Removed, Dropped) to whoever keeps something of it in memory. When the database
+// is served by another server (a standby promoted), ServerChanged starts every tail and get
+// index again from what that server holds, and says what it lost.
 //
 // A publish runs on the link's read loop and never blocks there: it is checked, buffered
 // and, when no append transaction is in flight and the append lane has a permit, flushed at
@@ -32,9 +33,12 @@
 //     stream that cannot flush at once is queued.
 //  5. readyQueue.mu guards the queue of streams waiting for an append permit.
 //
-// The last two are leaves but for the queue. A stream's tail and get index have locks of
-// their own, leaves, taken by the events' subscribers; the subscribers outside the package
-// take their own locks, with none of these held but adminMu (see events.go).
+// batches.mu guards a stream's staged atomic batches. It is a leaf: nothing is taken while
+// it is held, and it is released before a committed batch goes into the intake.
+//
+// The last two are leaves, intake.mu but for the queue. A stream's tail and get index have
+// locks of their own, leaves, taken by the events' subscribers; the subscribers outside the
+// package take their own locks, with none of these held but adminMu (see events.go).
 package stream
 
 import (
@@ -64,6 +68,8 @@ type Stream struct {
 	subs  []*leaf.Subscription
 
 	in intake
+	// batches is the atomic batches being staged (batch.go).
+	batches batches
 
 	// tail is the stream's newest committed messages in memory: publishes put theirs there,
 	// consumers that keep up and gets read them there. It is made with the stream and

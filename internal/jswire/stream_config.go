@@ -19,9 +19,10 @@ const MaxStreamSubjects = 1000
 
 // CheckStreamConfig validates a requested configuration and fills in JetStream's defaults
 // for what the client left out, as nats-server does, so that the stored and reported config
-// is complete. Features jetgres does not implement are refused rather than ignored. The
-// batch-publishing permissions (allow_atomic, allow_batched) are kept because tools such as
-// `nats bench --create` always set them; a publish that actually uses a batch is refused.
+// is complete. Features jetgres does not implement are refused rather than ignored.
+// allow_atomic is served (atomic batch publish); allow_batched, fast batch publish, is kept
+// because tools such as `nats bench --create` always set it, and a publish that uses a fast
+// batch is refused.
 func CheckStreamConfig(req server.StreamConfig, maxPayload int32) (server.StreamConfig, *server.ApiError) {
 	cfg := req
 	if !ValidName(cfg.Name) {
@@ -40,6 +41,16 @@ func CheckStreamConfig(req server.StreamConfig, maxPayload int32) (server.Stream
 		return cfg, server.NewJSStreamInvalidConfigError(errors.New("subject transforms and republish are not supported by jetgres"))
 	case cfg.AllowMsgCounter || cfg.AllowMsgSchedules || cfg.AllowMsgTTL:
 		return cfg, server.NewJSStreamInvalidConfigError(errors.New("counters, schedules and message TTLs are not supported by jetgres"))
+	}
+	if cfg.PersistMode == server.AsyncPersistMode {
+		switch {
+		case cfg.Storage == server.MemoryStorage:
+			return cfg, server.NewJSStreamInvalidConfigError(errors.New("async persist mode is only supported on file storage"))
+		case cfg.Replicas > 1:
+			return cfg, server.NewJSStreamInvalidConfigError(errors.New("async persist mode is not supported on replicated streams"))
+		case cfg.AllowAtomicPublish:
+			return cfg, server.NewJSStreamInvalidConfigError(errors.New("async persist mode is not supported with atomic batch publish"))
+		}
 	}
 	if e := CheckSeq("first_seq", cfg.FirstSeq); e != nil {
 		return cfg, e

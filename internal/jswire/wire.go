@@ -130,6 +130,19 @@ func PubAck(prefix []byte, seq uint64, duplicate bool) []byte {
 	return append(b, '}')
 }
 
+// PubAckBatch is the PubAck of an atomic batch's commit: its last message's, naming the
+// batch and how many messages it stored, as nats-server writes it.
+func PubAckBatch(prefix []byte, seq uint64, batch string, count int) []byte {
+	b := make([]byte, 0, len(prefix)+len(batch)+60)
+	b = append(b, prefix...)
+	b = strconv.AppendUint(b, seq, 10)
+	b = append(b, `,"batch":`...)
+	b = strconv.AppendQuote(b, batch)
+	b = append(b, `,"count":`...)
+	b = strconv.AppendInt(b, int64(count), 10)
+	return append(b, '}')
+}
+
 // PubError is a PubAck that carries an error, as JetStream sends it.
 func PubError(stream string, e *server.ApiError) []byte {
 	b, _ := json.Marshal(struct {

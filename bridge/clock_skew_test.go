@@ -1,13 +1,11 @@
 package bridge
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -15,6 +13,7 @@ import (
 
 	"github.com/jetgres/jetgres/bridge/ownership"
 	"github.com/jetgres/jetgres/internal/clock/clocktest"
+	"github.com/jetgres/jetgres/internal/syncbuf"
 	"github.com/jetgres/jetgres/internal/testwait"
 	"github.com/jetgres/jetgres/pg/pgtest"
 )
@@ -42,7 +41,7 @@ func TestReplicasWithSkewedClocks(t *testing.T) {
 	}
 	// b has a pool of its own, as a replica has: the offset to PostgreSQL's clock is a
 	// pool's, measured against its replica's clock.
-	clockB, logB := clocktest.At(time.Now().Add(clockSkew)), &lockedBuffer{}
+	clockB, logB := clocktest.At(time.Now().Add(clockSkew)), &syncbuf.Buffer{}
 	b := setup(t, setupOpts{nats: a.nats, db: pgtest.OpenAt(t, a.dbURL), config: func(c *Config) {
 		c.ClusterName, c.ReplicaName, c.Clock = "skew", "b", clockB
 		c.Logger = slog.New(slog.NewTextHandler(logB, nil))
@@ -157,22 +156,4 @@ func TestReplicasWithSkewedClocks(t *testing.T) {
 		}
 		return nil
 	})
-}
-
-// lockedBuffer is a log's output, read while the bridge writes it.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }

@@ -8,11 +8,12 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/prometheus/procfs"
 
 	"github.com/jetgres/jetgres/internal/testwait"
 )
@@ -111,28 +112,13 @@ func TestGoRunStopsWithTheGoCommand(t *testing.T) {
 // childNamed returns the pid of parent's child process whose command is name.
 func childNamed(t testing.TB, parent int, name string) int {
 	t.Helper()
-	entries, err := os.ReadDir("/proc")
+	procs, err := procfs.AllProcs()
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, e := range entries {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		stat, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
-		if err != nil {
-			continue
-		}
-		// pid (comm) state ppid ...; comm may hold spaces and parentheses.
-		i := bytes.LastIndexByte(stat, ')')
-		open := bytes.IndexByte(stat, '(')
-		if i < 0 || open < 0 {
-			continue
-		}
-		fields := strings.Fields(string(stat[i+1:]))
-		if len(fields) > 1 && string(stat[open+1:i]) == name && fields[1] == strconv.Itoa(parent) {
-			return pid
+	for _, p := range procs {
+		if st, err := p.Stat(); err == nil && st.PPID == parent && st.Comm == name {
+			return p.PID
 		}
 	}
 	t.Fatalf("process %d has no child named %s", parent, name)

@@ -1,13 +1,11 @@
 package ownership
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -17,6 +15,7 @@ import (
 	"github.com/jetgres/jetgres/embedded/leaf"
 	"github.com/jetgres/jetgres/embedded/natsd"
 	"github.com/jetgres/jetgres/internal/clock/clocktest"
+	"github.com/jetgres/jetgres/internal/syncbuf"
 	"github.com/jetgres/jetgres/internal/testwait"
 	"github.com/jetgres/jetgres/pg/pgtest"
 )
@@ -30,26 +29,8 @@ type replica struct {
 	fwd   *Forwarder
 	clock *clocktest.Fake
 	reg   *prometheus.Registry
-	log   *syncBuffer
+	log   *syncbuf.Buffer
 	taken chan *leaf.Msg
-}
-
-// syncBuffer is a log's output, read while the replica writes it.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // startReplicas starts one Forwarder per clock, named "a", "b" and so on, on one NATS
@@ -74,7 +55,7 @@ func startReplicas(t *testing.T, clocks ...*clocktest.Fake) []*replica {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { _ = link.Close() })
-		r := &replica{clock: clk, reg: prometheus.NewRegistry(), log: &syncBuffer{}, taken: make(chan *leaf.Msg, 16)}
+		r := &replica{clock: clk, reg: prometheus.NewRegistry(), log: &syncbuf.Buffer{}, taken: make(chan *leaf.Msg, 16)}
 		r.fwd = NewForwarder(ForwarderConfig{Store: pgtest.OpenAt(t, url), Link: link, Clock: clk, ReplicaName: name,
 			Logger: slog.New(slog.NewTextHandler(r.log, nil)), Registerer: r.reg})
 		err = r.fwd.Start(ctx, func(m *leaf.Msg) {

@@ -1,7 +1,6 @@
 package localpg
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -12,6 +11,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/prometheus/procfs"
 )
 
 // pidFile is what PostgreSQL writes to postmaster.pid: line 1 the PID, line 2 the data
@@ -56,23 +57,12 @@ func processGone(pid int) bool {
 	if errors.Is(err, syscall.ESRCH) {
 		return true
 	}
-	f := procStat(pid)
-	return len(f) > 0 && string(f[0]) == "Z"
-}
-
-// procStat is the fields of /proc/<pid>/stat after the parenthesised command name (which may
-// itself contain ") "): the state first, then the parent's pid and the process group. It is
-// nil when the file cannot be read.
-func procStat(pid int) [][]byte {
-	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	p, err := procfs.NewProc(pid)
 	if err != nil {
-		return nil
+		return false
 	}
-	i := bytes.LastIndexByte(stat, ')')
-	if i < 0 {
-		return nil
-	}
-	return bytes.Fields(stat[i+1:])
+	st, err := p.Stat()
+	return err == nil && st.State == "Z"
 }
 
 // isPostmasterOf reports whether pid is a live PostgreSQL server for dataDir. On Linux the

@@ -7,9 +7,10 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
-	"strconv"
 	"syscall"
 	"time"
+
+	"github.com/prometheus/procfs"
 )
 
 // The backoff between failed restarts. The first restart after a crash is immediate: the
@@ -145,21 +146,12 @@ func groupGone(pgid int) bool {
 	if errors.Is(syscall.Kill(-pgid, 0), syscall.ESRCH) {
 		return true
 	}
-	entries, err := os.ReadDir("/proc")
+	procs, err := procfs.AllProcs()
 	if err != nil {
 		return false
 	}
-	for _, e := range entries {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		// Its state, parent and process group.
-		f := procStat(pid)
-		if len(f) < 3 || string(f[0]) == "Z" {
-			continue
-		}
-		if g, err := strconv.Atoi(string(f[2])); err == nil && g == pgid {
+	for _, p := range procs {
+		if st, err := p.Stat(); err == nil && st.State != "Z" && st.PGRP == pgid {
 			return false
 		}
 	}

@@ -1,7 +1,6 @@
 package pgtest
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -10,11 +9,12 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/prometheus/procfs"
 
 	"github.com/jetgres/jetgres/embedded/localpg"
 	"github.com/jetgres/jetgres/pg/pgtest/rawsql"
@@ -172,7 +172,7 @@ func (p *Pair) KillPrimary() {
 	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
 		p.t.Fatalf("pgtest: stopping the primary: %v", err)
 	}
-	procs := append(childrenOf(pid), pid)
+	procs := append(childPIDs(pid), pid)
 	for _, c := range procs {
 		_ = syscall.Kill(c, syscall.SIGSTOP)
 	}
@@ -299,24 +299,13 @@ func waitOn(ctx context.Context, dsn, cond string) error {
 	})
 }
 
-// childrenOf lists the processes whose parent is pid, from /proc.
-func childrenOf(pid int) []int {
-	entries, _ := os.ReadDir("/proc")
+// childPIDs lists the processes whose parent is pid.
+func childPIDs(pid int) []int {
+	procs, _ := procfs.AllProcs()
 	var out []int
-	for _, e := range entries {
-		child, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
-		if err != nil {
-			continue
-		}
-		// pid (comm) state ppid …: comm may hold spaces and parentheses, the last ')' ends it.
-		i := bytes.LastIndexByte(b, ')')
-		f := strings.Fields(string(b[i+1:]))
-		if len(f) > 1 && f[1] == strconv.Itoa(pid) {
-			out = append(out, child)
+	for _, p := range procs {
+		if st, err := p.Stat(); err == nil && st.PPID == pid {
+			out = append(out, p.PID)
 		}
 	}
 	return out

@@ -28,8 +28,10 @@ import (
 
 const (
 	// IntakeBytesDefault bounds each stream's fusion buffer: publishes waiting for the next
-	// append transaction. A publish that does not fit is rejected at once.
-	IntakeBytesDefault = 64 << 20
+	// append transaction. A publish that does not fit is rejected at once. It is nats-server's
+	// bound on a stream's ingest queue (128 MiB), which clients count on: nats.go's object
+	// store publishes every chunk of an object before it waits for the first ack.
+	IntakeBytesDefault = 128 << 20
 	// IntakeTotalBytesDefault bounds the fusion buffers of all streams together, so that many
 	// streams facing a slow database cannot each fill their own bound.
 	IntakeTotalBytesDefault = 256 << 20

@@ -62,11 +62,15 @@ const (
 	// sqlLockKey is a consumer's lock key from its id, $1.
 	sqlLockKey = `(($1::bigint >> 31)::int4, ($1::bigint & 2147483647)::int4)`
 	// sqlTryLockRow locks a consumer by its row, unless this session holds it already ($3).
-	sqlTryLockRow = `SELECT id, id = ANY($3) OR pg_try_advisory_lock((id >> 31)::int4, (id & 2147483647)::int4)
+	// A consumer read in SQL (jetgres.sql_consumers) is left to the transactions that read it.
+	sqlTryLockRow = `SELECT id, id = ANY($3) OR (NOT EXISTS (SELECT 1 FROM jetgres.sql_consumers q WHERE q.consumer_id = id)
+			AND pg_try_advisory_lock((id >> 31)::int4, (id & 2147483647)::int4))
 		FROM jetgres.consumers WHERE stream_id = $1 AND name = $2`
-	sqlLockNew      = `SELECT id, pg_try_advisory_lock((id >> 31)::int4, (id & 2147483647)::int4) FROM (SELECT nextval(pg_get_serial_sequence('jetgres.consumers', 'id')) AS id) n`
-	sqlUnlock       = `SELECT pg_advisory_unlock` + sqlLockKey
-	sqlStored       = `SELECT id FROM jetgres.consumers WHERE id = ANY($1)`
+	sqlLockNew = `SELECT id, pg_try_advisory_lock((id >> 31)::int4, (id & 2147483647)::int4) FROM (SELECT nextval(pg_get_serial_sequence('jetgres.consumers', 'id')) AS id) n`
+	sqlUnlock  = `SELECT pg_advisory_unlock` + sqlLockKey
+	// sqlStored counts a consumer switched to SQL as gone: its replica lets it go.
+	sqlStored = `SELECT id FROM jetgres.consumers c WHERE id = ANY($1)
+		AND NOT EXISTS (SELECT 1 FROM jetgres.sql_consumers q WHERE q.consumer_id = c.id)`
 	sqlSessionStart = `SELECT backend_start FROM pg_stat_activity WHERE pid = pg_backend_pid()`
 	sqlEndSession   = `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE pid = $1 AND backend_start = $2`
 	// sqlReplica takes the shared lock every ownership session holds while it lives:
@@ -97,7 +101,8 @@ const (
 		cand AS MATERIALIZED (
 			SELECT id, stream_id, name, row_number() OVER (ORDER BY random()) AS rn FROM jetgres.consumers c
 			WHERE stream_id = ANY($1) AND NOT (id = ANY($2))
-				AND NOT EXISTS (SELECT 1 FROM locked WHERE locked.id = c.id))
+				AND NOT EXISTS (SELECT 1 FROM locked WHERE locked.id = c.id)
+				AND NOT EXISTS (SELECT 1 FROM jetgres.sql_consumers q WHERE q.consumer_id = c.id))
 		SELECT id, stream_id, name,
 			CASE WHEN rn <= share.n THEN pg_try_advisory_lock((id >> 31)::int4, (id & 2147483647)::int4) ELSE false END
 		FROM cand, share`

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -232,4 +233,98 @@ func TestSQLConsumeOneTransactionAtATime(t *testing.T) {
 		}
 		return err
 	})
+}
+
+func TestSQLConsumeAckThroughLeavesWhatItDidNotSee(t *testing.T) {
+	t.Parallel()
+	_, _, raw := sqlConsumer(t, `{"durable_name":"C","ack_policy":"explicit","ack_wait":3600000000000}`, 4)
+	attempt(t, raw, true, func(ctx context.Context, q rawsql.Runner) error {
+		_, err := next(ctx, q, 2, false) // committed, not acked: due again in an hour
+		return err
+	})
+	attempt(t, raw, true, func(ctx context.Context, q rawsql.Runner) error {
+		ds, err := next(ctx, q, 10, false)
+		if err == nil && fmt.Sprint(seqs(ds)) != "[3 4]" {
+			err = fmt.Errorf("got %v, want [3 4]", seqs(ds))
+		}
+		if err == nil {
+			err = q.Exec(ctx, `SELECT jetgres.ack_through('ORDERS', 'C', 4)`)
+		}
+		return err
+	})
+	if s, _ := floor(t, raw); s != 0 {
+		t.Fatalf("ack floor %d: ack_through acked messages its transaction never received", s)
+	}
+	attempt(t, raw, true, func(ctx context.Context, q rawsql.Runner) error {
+		if err := q.Exec(ctx, `SELECT jetgres.ack('ORDERS', 'C', 2)`); err != nil {
+			return err
+		}
+		return q.Exec(ctx, `SELECT jetgres.ack('ORDERS', 'C', 1)`)
+	})
+	if s, c := floor(t, raw); s != 4 || c != 4 {
+		t.Fatalf("ack floor %d/%d, want 4/4", s, c)
+	}
+}
+
+func TestSQLConsumeExcludesReplicas(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	url := pgtest.NewDB(t)
+	db := pgtest.OpenAt(t, url)
+	raw := rawsql.Open(t, url)
+	st, err := db.CreateStream(ctx, "ORDERS", []byte(`{"name":"ORDERS","subjects":["orders.>"]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	appendOrders(t, db, st.ID, 0, 2)
+	own, err := db.OpenOwnership(ctx, nil, time.Minute, 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer own.Close()
+	key := pg.ConsumerKey{StreamID: st.ID, Name: "C"}
+	id, err := own.LockNew(ctx, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.CreateConsumer(ctx, pg.Consumer{ID: id, StreamID: st.ID, Name: "C", Config: []byte(`{"ack_policy":"explicit"}`), Owner: "r1"}, 0); err != nil {
+		t.Fatal(err)
+	}
+	_, err = next(ctx, raw, 1, false)
+	if err == nil || !strings.Contains(err.Error(), "JG011") {
+		t.Fatalf("next on a consumer read over NATS: %v, want JG011", err)
+	}
+	if err := raw.Exec(ctx, `SELECT jetgres.read_in_sql('ORDERS', 'C')`); err != nil {
+		t.Fatal(err)
+	}
+	_, err = next(ctx, raw, 1, false)
+	if err == nil || !strings.Contains(err.Error(), "JG012") {
+		t.Fatalf("next while a replica holds the consumer: %v, want JG012", err)
+	}
+	gone, err := own.Deleted(ctx)
+	if err != nil || len(gone) != 1 || gone[0].ID != id {
+		t.Fatalf("Deleted = %v, %v: want the consumer switched to SQL", gone, err)
+	}
+	if err := own.Unlock(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok, err := own.TryLock(ctx, key); err != nil || ok {
+		t.Fatalf("TryLock of a consumer read in SQL = %v, %v: want refused", ok, err)
+	}
+	if claimed, _, err := own.ClaimFree(ctx, []int64{st.ID}, true); err != nil || len(claimed) != 0 {
+		t.Fatalf("ClaimFree = %v, %v: want nothing", claimed, err)
+	}
+	attempt(t, raw, true, func(ctx context.Context, q rawsql.Runner) error {
+		ds, err := next(ctx, q, 5, false)
+		if err == nil && fmt.Sprint(seqs(ds)) != "[1 2]" {
+			err = fmt.Errorf("got %v, want [1 2]", seqs(ds))
+		}
+		return err
+	})
+	if err := raw.Exec(ctx, `SELECT jetgres.read_over_nats('ORDERS', 'C')`); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok, err := own.TryLock(ctx, key); err != nil || !ok {
+		t.Fatalf("TryLock of a consumer given back to NATS = %v, %v: want taken", ok, err)
+	}
 }

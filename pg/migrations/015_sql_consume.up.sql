@@ -53,6 +53,7 @@ CREATE TABLE jetgres.sql_pending (
     delivered   integer     NOT NULL,
     acked       boolean     NOT NULL DEFAULT false,
     due         timestamptz NOT NULL, -- when an unacked one may be handed out again
+    attempt     bigint      NOT NULL DEFAULT 0, -- the attempt that last handed it out
     PRIMARY KEY (consumer_id, seq)
 );
 
@@ -116,7 +117,8 @@ $$;
 -- transaction-local setting jetgres.sqlc_<id> says the transaction holds the consumer, and
 -- from which sequence on it handed out messages it keeps no row of (o_ranged).
 CREATE FUNCTION jetgres.sqlc_enter(p_stream text, p_consumer text, p_wait boolean,
-    OUT o_id bigint, OUT o_stream bigint, OUT o_config jsonb, OUT o_pattern text, OUT o_ranged bigint)
+    OUT o_id bigint, OUT o_stream bigint, OUT o_config jsonb, OUT o_pattern text, OUT o_ranged bigint,
+    OUT o_attempt bigint)
 LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
     v_held    text;
@@ -140,7 +142,8 @@ BEGIN
     o_pattern := jetgres.sqlc_pattern(o_config);
     v_held := current_setting('jetgres.sqlc_' || o_id, true);
     IF coalesce(v_held, '') <> '' THEN
-        o_ranged := v_held::bigint;
+        o_ranged := split_part(v_held, ' ', 1)::bigint;
+        o_attempt := split_part(v_held, ' ', 2)::bigint;
         RETURN;
     END IF;
     IF p_wait THEN
@@ -193,11 +196,11 @@ BEGIN
     IF v_missed > 0 THEN
         v_reach := coalesce(pg_sequence_last_value(v_seq::regclass), 0);
         INSERT INTO jetgres.sql_pending AS p (consumer_id, seq, delivered, due)
-        SELECT o_id, m.seq, v_missed, now() + jetgres.sqlc_wait(o_config, v_missed::integer, true)
+        SELECT o_id, m.seq, v_missed, clock_timestamp() + jetgres.sqlc_wait(o_config, v_missed::integer, true)
         FROM jetgres.sqlc_msgs(o_stream, v_floor, v_reach, o_pattern, NULL) m
         ON CONFLICT (consumer_id, seq) DO UPDATE
             SET delivered = p.delivered + v_missed,
-                due = now() + jetgres.sqlc_wait(o_config, p.delivered + v_missed::integer, true)
+                due = clock_timestamp() + jetgres.sqlc_wait(o_config, p.delivered + v_missed::integer, true)
             WHERE NOT p.acked;
         GET DIAGNOSTICS v_n = ROW_COUNT;
         v_sc.handed := greatest(v_sc.handed, v_reach);
@@ -209,12 +212,16 @@ BEGIN
     UPDATE jetgres.sql_consumers SET attempt = v_attempt, handed = v_sc.handed, deliveries = v_sc.deliveries
     WHERE consumer_id = o_id;
     o_ranged := v_sc.handed;
-    PERFORM set_config('jetgres.sqlc_' || o_id, o_ranged::text, true);
+    o_attempt := v_attempt;
+    PERFORM set_config('jetgres.sqlc_' || o_id, o_ranged || ' ' || o_attempt, true);
 END $$;
 
--- Moves the ack floor of a consumer the transaction holds through p_through (never past
--- what was handed out), and on over the messages above it acked out of order.
-CREATE FUNCTION jetgres.sqlc_settle(p_id bigint, p_stream bigint, p_pattern text, p_ranged bigint, p_through bigint)
+-- Acks the messages up to p_through that the transaction holding the consumer received
+-- (attempt p_attempt) and moves the ack floor through them, and on over the messages above
+-- acked out of order, but never past a message that still waits for its ack: one that
+-- another attempt handed out and is not due again yet, which this transaction never saw.
+CREATE FUNCTION jetgres.sqlc_settle(p_id bigint, p_stream bigint, p_pattern text, p_ranged bigint,
+                                    p_attempt bigint, p_through bigint)
 RETURNS void
 LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
@@ -228,14 +235,25 @@ BEGIN
     SELECT c.ack_stream_seq, q.handed, q.deliveries INTO v_floor, v_handed, v_deliv
     FROM jetgres.consumers c JOIN jetgres.sql_consumers q ON q.consumer_id = c.id WHERE c.id = p_id;
     v_to := least(p_through, v_handed);
-    -- The lowest message still waiting for its ack: a row, or one this transaction
-    -- handed out that has none.
+    -- The lowest message still waiting for its ack: a row of another attempt, one above
+    -- v_to, or one this transaction handed out above v_to that has no row.
     SELECT least(
-        (SELECT min(p.seq) FROM jetgres.sql_pending p WHERE p.consumer_id = p_id AND NOT p.acked AND p.seq > v_to),
+        (SELECT min(p.seq) FROM jetgres.sql_pending p
+         WHERE p.consumer_id = p_id AND NOT p.acked AND (p.seq > v_to OR p.attempt <> p_attempt)),
         (SELECT m.seq FROM jetgres.sqlc_msgs(p_stream, greatest(v_to, p_ranged), v_handed, p_pattern, NULL) m
          WHERE NOT EXISTS (SELECT 1 FROM jetgres.sql_pending p WHERE p.consumer_id = p_id AND p.seq = m.seq)
          LIMIT 1))
     INTO v_open;
+    IF v_open <= v_to THEN
+        -- Held below: what this transaction acks stays as acked rows until the floor passes.
+        UPDATE jetgres.sql_pending p SET acked = true
+        WHERE p.consumer_id = p_id AND p.seq <= v_to AND p.attempt = p_attempt AND NOT p.acked;
+        INSERT INTO jetgres.sql_pending (consumer_id, seq, delivered, acked, due, attempt)
+        SELECT p_id, m.seq, 1, true, clock_timestamp(), p_attempt
+        FROM jetgres.sqlc_msgs(p_stream, p_ranged, v_to, p_pattern, NULL) m
+        ON CONFLICT ON CONSTRAINT sql_pending_pkey DO NOTHING;
+        v_to := v_floor;
+    END IF;
     v_to := greatest(v_to, coalesce(
         (SELECT max(p.seq) FROM jetgres.sql_pending p
          WHERE p.consumer_id = p_id AND p.acked AND p.seq < coalesce(v_open, v_handed + 1)), v_to));
@@ -253,7 +271,7 @@ BEGIN
     UPDATE jetgres.consumers SET ack_stream_seq = v_to, ack_consumer_seq = greatest(v_deliv - v_above, 0),
         shown_stream_seq = NULL
     WHERE id = p_id;
-    UPDATE jetgres.sql_consumers SET last_acked = now() WHERE consumer_id = p_id;
+    UPDATE jetgres.sql_consumers SET last_acked = clock_timestamp() WHERE consumer_id = p_id;
 END $$;
 
 CREATE FUNCTION jetgres.next(stream text, consumer text, max integer DEFAULT 100, nowait boolean DEFAULT false)
@@ -278,10 +296,11 @@ BEGIN
     RETURN QUERY
         WITH r AS (
             UPDATE jetgres.sql_pending p
-            SET delivered = p.delivered + 1, due = now() + jetgres.sqlc_wait(e.o_config, p.delivered + 1, false)
+            SET delivered = p.delivered + 1, due = clock_timestamp() + jetgres.sqlc_wait(e.o_config, p.delivered + 1, false),
+                attempt = e.o_attempt
             WHERE p.consumer_id = e.o_id AND p.seq IN (
                 SELECT d.seq FROM jetgres.sql_pending d
-                WHERE d.consumer_id = e.o_id AND NOT d.acked AND d.due <= now()
+                WHERE d.consumer_id = e.o_id AND NOT d.acked AND d.due <= clock_timestamp()
                   AND (v_maxd <= 0 OR d.delivered < v_maxd)
                 ORDER BY d.seq LIMIT v_left)
             RETURNING p.seq, p.delivered)
@@ -291,8 +310,8 @@ BEGIN
     GET DIAGNOSTICS v_n = ROW_COUNT;
     v_left := v_left - v_n;
     IF v_n > 0 THEN
-        v_top := (SELECT max(p.seq) FROM jetgres.sql_pending p WHERE p.consumer_id = e.o_id AND p.due > now());
-        UPDATE jetgres.sql_consumers q SET deliveries = q.deliveries + v_n, last_delivered = now()
+        v_top := (SELECT max(p.seq) FROM jetgres.sql_pending p WHERE p.consumer_id = e.o_id AND p.attempt = e.o_attempt);
+        UPDATE jetgres.sql_consumers q SET deliveries = q.deliveries + v_n, last_delivered = clock_timestamp()
         WHERE q.consumer_id = e.o_id;
     END IF;
     IF v_left > 0 THEN
@@ -305,8 +324,8 @@ BEGIN
                 WHERE q.consumer_id = e.o_id),
             u AS (
                 UPDATE jetgres.sql_consumers q
-                SET handed = (SELECT max(m.seq) FROM m), handed_at = now(),
-                    deliveries = q.deliveries + (SELECT count(*) FROM m), last_delivered = now()
+                SET handed = (SELECT max(m.seq) FROM m), handed_at = clock_timestamp(),
+                    deliveries = q.deliveries + (SELECT count(*) FROM m), last_delivered = clock_timestamp()
                 WHERE q.consumer_id = e.o_id AND EXISTS (SELECT 1 FROM m))
             SELECT m.seq, m.subject, jetgres.headers_jsonb(m.hdr), m.data, to_timestamp(m.ts / 1e9::float8), 1
             FROM m ORDER BY m.seq;
@@ -325,7 +344,7 @@ BEGIN
             greatest(pg_sequence_last_value(format('jetgres.sqlc_reach_%s', e.o_id)::regclass), v_top));
     END IF;
     IF e.o_config ->> 'ack_policy' = 'none' THEN
-        PERFORM jetgres.sqlc_settle(e.o_id, e.o_stream, e.o_pattern, e.o_ranged, 9223372036854775807);
+        PERFORM jetgres.sqlc_settle(e.o_id, e.o_stream, e.o_pattern, e.o_ranged, e.o_attempt, 9223372036854775807);
     END IF;
 END $$;
 
@@ -338,7 +357,7 @@ DECLARE
     e record;
 BEGIN
     e := jetgres.sqlc_enter(ack_through.stream, ack_through.consumer, true);
-    PERFORM jetgres.sqlc_settle(e.o_id, e.o_stream, e.o_pattern, e.o_ranged, ack_through.seq);
+    PERFORM jetgres.sqlc_settle(e.o_id, e.o_stream, e.o_pattern, e.o_ranged, e.o_attempt, ack_through.seq);
 END $$;
 
 CREATE FUNCTION jetgres.ack(stream text, consumer text, seq bigint)
@@ -358,9 +377,9 @@ BEGIN
         RETURN;
     END IF;
     INSERT INTO jetgres.sql_pending AS p (consumer_id, seq, delivered, acked, due)
-    VALUES (e.o_id, ack.seq, 1, true, now())
+    VALUES (e.o_id, ack.seq, 1, true, clock_timestamp())
     ON CONFLICT ON CONSTRAINT sql_pending_pkey DO UPDATE SET acked = true;
-    PERFORM jetgres.sqlc_settle(e.o_id, e.o_stream, e.o_pattern, e.o_ranged, v_floor);
+    PERFORM jetgres.sqlc_settle(e.o_id, e.o_stream, e.o_pattern, e.o_ranged, e.o_attempt, v_floor);
 END $$;
 
 -- Switches a consumer to SQL: replicas stop serving it (the change notifies them) and

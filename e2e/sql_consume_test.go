@@ -58,7 +58,9 @@ func TestSQLConsumeExactlyOnce(t *testing.T) {
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	for w := range 20 {
-		wg.Go(func() { sqlWorker(ctx, t, workers, probe, fmt.Sprintf("C%d", w%sqlConsumeFilters), uint64(w), stop, &stats) })
+		wg.Go(func() {
+			sqlWorker(ctx, t, workers, probe, fmt.Sprintf("C%d", w%sqlConsumeFilters), uint64(w), stop, &stats)
+		})
 	}
 	publish := func(js jetstream.JetStream, phase int) {
 		var pwg sync.WaitGroup

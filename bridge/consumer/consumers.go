@@ -61,6 +61,7 @@ type Store interface {
 	UpdateConsumerConfig(ctx context.Context, streamID int64, name string, config []byte) error
 	DeleteConsumer(ctx context.Context, streamID int64, name string) error
 	GetConsumer(ctx context.Context, streamID int64, name string) (pg.Consumer, error)
+	SQLConsumerState(ctx context.Context, id int64) (pg.SQLConsumerState, bool, error)
 	ReadFiltered(ctx context.Context, p pg.ReadParams, filters []string) (out []pg.Message, through uint64, rtt time.Duration, err error)
 	CountPending(ctx context.Context, p pg.PendingParams) (uint64, error)
 	GoneSeqs(ctx context.Context, id int64, seqs []uint64) ([]uint64, error)

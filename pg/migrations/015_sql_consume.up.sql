@@ -217,9 +217,9 @@ BEGIN
 END $$;
 
 -- Acks the messages up to p_through that the transaction holding the consumer received
--- (attempt p_attempt) and moves the ack floor through them, and on over the messages above
--- acked out of order, but never past a message that still waits for its ack: one that
--- another attempt handed out and is not due again yet, which this transaction never saw.
+-- (attempt p_attempt) and moves the ack floor up to the lowest message that still waits for
+-- its ack: never past one that another attempt handed out and is not due again yet, which
+-- this transaction never saw.
 CREATE FUNCTION jetgres.sqlc_settle(p_id bigint, p_stream bigint, p_pattern text, p_ranged bigint,
                                     p_attempt bigint, p_through bigint)
 RETURNS void
@@ -252,11 +252,10 @@ BEGIN
         SELECT p_id, m.seq, 1, true, clock_timestamp(), p_attempt
         FROM jetgres.sqlc_msgs(p_stream, p_ranged, v_to, p_pattern, NULL) m
         ON CONFLICT ON CONSTRAINT sql_pending_pkey DO NOTHING;
-        v_to := v_floor;
     END IF;
-    v_to := greatest(v_to, coalesce(
-        (SELECT max(p.seq) FROM jetgres.sql_pending p
-         WHERE p.consumer_id = p_id AND p.acked AND p.seq < coalesce(v_open, v_handed + 1)), v_to));
+    -- As JetStream's: the floor is just below the lowest message waiting for its ack, or the
+    -- last handed out when none waits; whatever lies between is acked or not the consumer's.
+    v_to := coalesce(v_open, v_handed + 1) - 1;
     IF v_to <= v_floor THEN
         RETURN;
     END IF;
@@ -406,7 +405,8 @@ BEGIN
     END IF;
     EXECUTE format('CREATE SEQUENCE IF NOT EXISTS jetgres.%I MINVALUE 0 START 0', 'sqlc_attempt_' || v_id);
     EXECUTE format('CREATE SEQUENCE IF NOT EXISTS jetgres.%I MINVALUE 0 START 0', 'sqlc_reach_' || v_id);
-    INSERT INTO jetgres.sql_consumers (consumer_id, handed) VALUES (v_id, v_floor);
+    INSERT INTO jetgres.sql_consumers (consumer_id, handed, deliveries)
+    SELECT v_id, v_floor, c.ack_consumer_seq FROM jetgres.consumers c WHERE c.id = v_id;
     UPDATE jetgres.consumers SET owner = '' WHERE id = v_id;
     PERFORM pg_notify('jetgres_meta', v_stream::text);
 END $$;

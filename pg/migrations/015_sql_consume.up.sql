@@ -106,7 +106,9 @@ LANGUAGE sql STABLE AS $$
       AND m.seq > greatest(p_after, (SELECT st.first_seq - 1 FROM jetgres.stream_state st WHERE st.stream_id = p_stream))
       AND m.seq <= p_through
       AND (p_pattern IS NULL OR m.subject ~ p_pattern)
-      AND NOT EXISTS (SELECT 1 FROM jetgres.deleted d WHERE d.stream_id = p_stream AND d.seq = m.seq)
+      -- Probed row by row only when the stream has a tombstone in the range at all.
+      AND ((SELECT NOT EXISTS (SELECT 1 FROM jetgres.deleted d WHERE d.stream_id = p_stream AND d.seq > p_after))
+           OR NOT EXISTS (SELECT 1 FROM jetgres.deleted d WHERE d.stream_id = p_stream AND d.seq = m.seq))
     ORDER BY m.seq
     LIMIT p_limit
 $$;
@@ -303,7 +305,7 @@ BEGIN
                   AND (v_maxd <= 0 OR d.delivered < v_maxd)
                 ORDER BY d.seq LIMIT v_left)
             RETURNING p.seq, p.delivered)
-        SELECT m.seq, m.subject, jetgres.headers_jsonb(m.hdr), m.data, to_timestamp(m.ts / 1e9::float8), r.delivered
+        SELECT m.seq, m.subject, CASE WHEN m.hdr IS NOT NULL THEN jetgres.headers_jsonb(m.hdr) END, m.data, to_timestamp(m.ts / 1e9::float8), r.delivered
         FROM r JOIN jetgres.msgs m ON m.stream_id = e.o_stream AND m.seq = r.seq
         ORDER BY m.seq;
     GET DIAGNOSTICS v_n = ROW_COUNT;
@@ -326,7 +328,7 @@ BEGIN
                 SET handed = (SELECT max(m.seq) FROM m), handed_at = clock_timestamp(),
                     deliveries = q.deliveries + (SELECT count(*) FROM m), last_delivered = clock_timestamp()
                 WHERE q.consumer_id = e.o_id AND EXISTS (SELECT 1 FROM m))
-            SELECT m.seq, m.subject, jetgres.headers_jsonb(m.hdr), m.data, to_timestamp(m.ts / 1e9::float8), 1
+            SELECT m.seq, m.subject, CASE WHEN m.hdr IS NOT NULL THEN jetgres.headers_jsonb(m.hdr) END, m.data, to_timestamp(m.ts / 1e9::float8), 1
             FROM m ORDER BY m.seq;
         GET DIAGNOSTICS v_new = ROW_COUNT;
         IF v_new > 0 THEN

@@ -3,6 +3,7 @@ package pg_test
 import (
 	"context"
 	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -31,7 +32,7 @@ func BenchmarkSQLConsume(b *testing.B) {
 }
 
 func benchJetgresNext(b *testing.B, ctx context.Context, db *pg.DB, raw *rawsql.Pool, batch int) {
-	name := fmt.Sprintf("B%d", b.N)
+	name := fmt.Sprintf("B%d", benchRuns.Add(1))
 	st, err := db.CreateStream(ctx, name, []byte(fmt.Sprintf(`{"name":%q,"subjects":["%s.>"]}`, name, name)))
 	if err != nil {
 		b.Fatal(err)
@@ -69,7 +70,7 @@ func benchJetgresNext(b *testing.B, ctx context.Context, db *pg.DB, raw *rawsql.
 }
 
 func benchCursorQueue(b *testing.B, ctx context.Context, raw *rawsql.Pool, batch int) {
-	tab := fmt.Sprintf("cursorq_%d", b.N)
+	tab := fmt.Sprintf("cursorq_%d", benchRuns.Add(1))
 	for _, stmt := range []string{
 		`CREATE TABLE ` + tab + ` (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, subject text NOT NULL, data bytea NOT NULL)`,
 		`CREATE TABLE ` + tab + `_cursor (one boolean PRIMARY KEY, pos bigint NOT NULL) WITH (fillfactor = 50)`,
@@ -84,8 +85,11 @@ func benchCursorQueue(b *testing.B, ctx context.Context, raw *rawsql.Pool, batch
 	b.ResetTimer()
 	for range b.N {
 		err := raw.Tx(ctx, func(ctx context.Context, q rawsql.Runner) error {
-			last, err := drain(ctx, q, batch, `WITH c AS (SELECT pos FROM `+tab+`_cursor FOR UPDATE)
-				SELECT q.id, q.subject, q.data FROM `+tab+` q, c WHERE q.id > c.pos ORDER BY q.id LIMIT $1`, batch)
+			var pos int64
+			if err := q.QueryRow(ctx, `SELECT pos FROM `+tab+`_cursor FOR UPDATE`).Scan(&pos); err != nil {
+				return err
+			}
+			last, err := drain(ctx, q, batch, `SELECT id, subject, data FROM `+tab+` WHERE id > $1 ORDER BY id LIMIT $2`, pos, batch)
 			if err != nil {
 				return err
 			}
@@ -99,7 +103,7 @@ func benchCursorQueue(b *testing.B, ctx context.Context, raw *rawsql.Pool, batch
 }
 
 func benchSkipLocked(b *testing.B, ctx context.Context, raw *rawsql.Pool, batch int) {
-	tab := fmt.Sprintf("skipq_%d", b.N)
+	tab := fmt.Sprintf("skipq_%d", benchRuns.Add(1))
 	for _, stmt := range []string{
 		`CREATE TABLE ` + tab + ` (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, subject text NOT NULL, data bytea NOT NULL)`,
 		fmt.Sprintf(`INSERT INTO %s (subject, data) SELECT 'orders.new', decode(repeat('00', 100), 'hex') FROM generate_series(1, %d)`, tab, b.N*batch),
@@ -122,6 +126,9 @@ func benchSkipLocked(b *testing.B, ctx context.Context, raw *rawsql.Pool, batch 
 	}
 	b.ReportMetric(float64(b.N*batch)/b.Elapsed().Seconds(), "msgs/s")
 }
+
+// benchRuns names each run's stream or tables apart: -count repeats a b.N.
+var benchRuns atomic.Int64
 
 // drain reads a query's (id, subject, data) rows, which must be want, and returns the
 // highest id.

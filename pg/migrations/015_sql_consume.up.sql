@@ -141,13 +141,15 @@ BEGIN
         RAISE EXCEPTION 'jetgres: stream % has no consumer %', to_json(p_stream), to_json(p_consumer)
             USING ERRCODE = 'JG010';
     END IF;
-    o_pattern := jetgres.sqlc_pattern(o_config);
+    -- '<ranged> <attempt> <pattern>': a pattern has no white space, as subjects have none.
     v_held := current_setting('jetgres.sqlc_' || o_id, true);
     IF coalesce(v_held, '') <> '' THEN
         o_ranged := split_part(v_held, ' ', 1)::bigint;
         o_attempt := split_part(v_held, ' ', 2)::bigint;
+        o_pattern := nullif(split_part(v_held, ' ', 3), '');
         RETURN;
     END IF;
+    o_pattern := jetgres.sqlc_pattern(o_config);
     IF p_wait THEN
         SELECT * INTO v_sc FROM jetgres.sql_consumers WHERE consumer_id = o_id FOR UPDATE;
     ELSE
@@ -215,7 +217,7 @@ BEGIN
     WHERE consumer_id = o_id;
     o_ranged := v_sc.handed;
     o_attempt := v_attempt;
-    PERFORM set_config('jetgres.sqlc_' || o_id, o_ranged || ' ' || o_attempt, true);
+    PERFORM set_config('jetgres.sqlc_' || o_id, o_ranged || ' ' || o_attempt || ' ' || coalesce(o_pattern, ''), true);
 END $$;
 
 -- Acks the messages up to p_through that the transaction holding the consumer received
@@ -278,37 +280,45 @@ END $$;
 CREATE FUNCTION jetgres.next(stream text, consumer text, max integer DEFAULT 100, nowait boolean DEFAULT false)
 RETURNS TABLE (seq bigint, subject text, headers jsonb, data bytea, published timestamptz, delivered integer)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp AS $$
+-- Chunk tables filling under load have no statistics yet: the planner would read every row
+-- after the cursor and sort them, where walking the sequence index stops after max rows.
+SET search_path = pg_catalog, pg_temp SET enable_bitmapscan = off SET enable_sort = off AS $$
 #variable_conflict use_column
 DECLARE
     e      record;
     v_left bigint := greatest(coalesce(next.max, 100), 0);
     v_maxd integer;
-    v_n    bigint;
+    v_n    bigint := 0;
     v_new  bigint;
     v_top  bigint;
+    v_from bigint;
 BEGIN
     e := jetgres.sqlc_enter(next.stream, next.consumer, NOT coalesce(next.nowait, false));
     IF e.o_id IS NULL OR v_left = 0 THEN
         RETURN;
     END IF;
     v_maxd := coalesce((e.o_config ->> 'max_deliver')::integer, -1);
-    -- Messages due again first, in stream order.
-    RETURN QUERY
-        WITH r AS (
-            UPDATE jetgres.sql_pending p
-            SET delivered = p.delivered + 1, due = clock_timestamp() + jetgres.sqlc_wait(e.o_config, p.delivered + 1, false),
-                attempt = e.o_attempt
-            WHERE p.consumer_id = e.o_id AND p.seq IN (
-                SELECT d.seq FROM jetgres.sql_pending d
-                WHERE d.consumer_id = e.o_id AND NOT d.acked AND d.due <= clock_timestamp()
-                  AND (v_maxd <= 0 OR d.delivered < v_maxd)
-                ORDER BY d.seq LIMIT v_left)
-            RETURNING p.seq, p.delivered)
-        SELECT m.seq, m.subject, CASE WHEN m.hdr IS NOT NULL THEN jetgres.headers_jsonb(m.hdr) END, m.data, to_timestamp(m.ts / 1e9::float8), r.delivered
-        FROM r JOIN jetgres.msgs m ON m.stream_id = e.o_stream AND m.seq = r.seq
-        ORDER BY m.seq;
-    GET DIAGNOSTICS v_n = ROW_COUNT;
+    -- Messages due again first, in stream order, each looked up by its sequence.
+    IF EXISTS (SELECT 1 FROM jetgres.sql_pending d WHERE d.consumer_id = e.o_id AND NOT d.acked
+               AND d.due <= clock_timestamp()) THEN
+        RETURN QUERY
+            WITH r AS (
+                UPDATE jetgres.sql_pending p
+                SET delivered = p.delivered + 1, due = clock_timestamp() + jetgres.sqlc_wait(e.o_config, p.delivered + 1, false),
+                    attempt = e.o_attempt
+                WHERE p.consumer_id = e.o_id AND p.seq IN (
+                    SELECT d.seq FROM jetgres.sql_pending d
+                    WHERE d.consumer_id = e.o_id AND NOT d.acked AND d.due <= clock_timestamp()
+                      AND (v_maxd <= 0 OR d.delivered < v_maxd)
+                    ORDER BY d.seq LIMIT v_left)
+                RETURNING p.seq, p.delivered)
+            SELECT m.seq, m.subject, CASE WHEN m.hdr IS NOT NULL THEN jetgres.headers_jsonb(m.hdr) END, m.data,
+                   to_timestamp(m.ts / 1e9::float8), r.delivered
+            FROM r CROSS JOIN LATERAL (SELECT x.seq, x.subject, x.hdr, x.data, x.ts FROM jetgres.msgs x
+                                       WHERE x.stream_id = e.o_stream AND x.seq = r.seq) m
+            ORDER BY m.seq;
+        GET DIAGNOSTICS v_n = ROW_COUNT;
+    END IF;
     v_left := v_left - v_n;
     IF v_n > 0 THEN
         v_top := (SELECT max(p.seq) FROM jetgres.sql_pending p WHERE p.consumer_id = e.o_id AND p.attempt = e.o_attempt);
@@ -316,13 +326,13 @@ BEGIN
         WHERE q.consumer_id = e.o_id;
     END IF;
     IF v_left > 0 THEN
-        -- One statement reads the new messages and records how far it handed out.
+        -- One statement reads the new messages and records how far it handed out; the
+        -- start is a parameter of it, so that the chunks before it are pruned once.
+        v_from := (SELECT q.handed FROM jetgres.sql_consumers q WHERE q.consumer_id = e.o_id);
         RETURN QUERY
             WITH m AS MATERIALIZED (
                 SELECT x.seq, x.subject, x.hdr, x.data, x.ts
-                FROM jetgres.sql_consumers q,
-                     LATERAL jetgres.sqlc_msgs(e.o_stream, q.handed, 9223372036854775807, e.o_pattern, v_left) x
-                WHERE q.consumer_id = e.o_id),
+                FROM jetgres.sqlc_msgs(e.o_stream, v_from, 9223372036854775807, e.o_pattern, v_left) x),
             u AS (
                 UPDATE jetgres.sql_consumers q
                 SET handed = (SELECT max(m.seq) FROM m), handed_at = clock_timestamp(),

@@ -328,3 +328,97 @@ func TestSQLConsumeExcludesReplicas(t *testing.T) {
 		t.Fatalf("TryLock of a consumer given back to NATS = %v, %v: want taken", ok, err)
 	}
 }
+
+// TestSQLConsumeReadmeExample runs the README's orders service as written there.
+func TestSQLConsumeReadmeExample(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	url := pgtest.NewDB(t)
+	db := pgtest.OpenAt(t, url)
+	raw := rawsql.Open(t, url+" pool_max_conns=1")
+	st, err := db.CreateStream(ctx, "ORDERS", []byte(`{"name":"ORDERS","subjects":["orders.>"]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.CreateConsumer(ctx, pg.Consumer{StreamID: st.ID, Name: "accept",
+		Config: []byte(`{"durable_name":"accept","ack_policy":"explicit","filter_subject":"orders.>"}`)}, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := raw.Exec(ctx, `CREATE TABLE orders (id bigint PRIMARY KEY, status text NOT NULL DEFAULT 'new', accepted_seq bigint);
+		INSERT INTO orders (id) SELECT generate_series(1, 150)`); err != nil {
+		t.Fatal(err)
+	}
+	var msgs []pg.AppendMsg
+	for i := 1; i <= 150; i++ {
+		msgs = append(msgs, pg.AppendMsg{Subject: "orders.created", Data: fmt.Appendf(nil, `{"id": %d}`, i)})
+	}
+	if _, _, err := db.Append(ctx, []pg.AppendBatch{{StreamID: st.ID, Msgs: msgs}}, time.Now().UnixNano()); err != nil {
+		t.Fatal(err)
+	}
+	if err := raw.Exec(ctx, `SELECT jetgres.read_in_sql('ORDERS', 'accept')`); err != nil {
+		t.Fatal(err)
+	}
+	worker := `BEGIN;
+CREATE TEMP TABLE batch ON COMMIT DROP AS
+    SELECT * FROM jetgres.next('ORDERS', 'accept', 100);
+UPDATE orders o SET status = 'accepted', accepted_seq = b.seq
+FROM batch b
+WHERE o.id = (convert_from(b.data, 'UTF8')::jsonb ->> 'id')::bigint;
+SELECT jetgres.ack_through('ORDERS', 'accept', max(seq)) FROM batch HAVING count(*) > 0;
+`
+	for _, end := range []string{"ROLLBACK", "COMMIT", "COMMIT", "COMMIT"} {
+		if err := raw.Exec(ctx, worker+end+";"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var accepted int
+	var floor int64
+	if err := raw.QueryRow(ctx, `SELECT (SELECT count(*) FROM orders WHERE status = 'accepted' AND accepted_seq = id),
+		(SELECT ack_stream_seq FROM jetgres.consumers WHERE name = 'accept')`).Scan(&accepted, &floor); err != nil {
+		t.Fatal(err)
+	}
+	if accepted != 150 || floor != 150 {
+		t.Fatalf("%d orders accepted, ack floor %d: want 150 and 150", accepted, floor)
+	}
+}
+
+// jetgres_consumer may read and ack in SQL, switch a consumer, and nothing else.
+func TestSQLConsumeRole(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	_, _, raw := sqlConsumer(t, `{"durable_name":"C","ack_policy":"explicit"}`, 2)
+	if err := raw.Exec(ctx, `SELECT jetgres.read_over_nats('ORDERS', 'C')`); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		sql string
+		ok  bool
+	}{
+		{`SELECT jetgres.read_in_sql('ORDERS', 'C')`, true},
+		{`SELECT setval('jetgres.sqlc_attempt_1', 0)`, false},
+		{`SELECT count(*) FROM jetgres.next('ORDERS', 'C', 10, true)`, true},
+		{`SELECT jetgres.ack('ORDERS', 'C', 1)`, true},
+		{`SELECT jetgres.ack_through('ORDERS', 'C', 2)`, true},
+		{`SELECT jetgres.read_over_nats('ORDERS', 'C')`, true},
+		{`SELECT count(*) FROM jetgres.messages('ORDERS')`, false},
+		{`SELECT jetgres.publish('orders.x', 'x'::text)`, false},
+		{`SELECT count(*) FROM jetgres.sql_consumers`, false},
+		{`SELECT count(*) FROM jetgres.sql_pending`, false},
+		{`UPDATE jetgres.consumers SET ack_stream_seq = 0`, false},
+		{`SELECT jetgres.sqlc_enter('ORDERS', 'C', true)`, false},
+		{`SELECT jetgres.sqlc_settle(1, 1, NULL, 0, 0, 2)`, false},
+	} {
+		err := raw.Tx(ctx, func(ctx context.Context, q rawsql.Runner) error {
+			if err := q.Exec(ctx, `SET LOCAL ROLE jetgres_consumer`); err != nil {
+				t.Fatal(err)
+			}
+			return q.Exec(ctx, c.sql)
+		})
+		if (err == nil) != c.ok {
+			t.Errorf("as jetgres_consumer, %s: err %v, want allowed %v", c.sql, err, c.ok)
+		}
+		if err != nil && sqlState(err) != "42501" {
+			t.Errorf("as jetgres_consumer, %s: %v, want insufficient privilege (42501)", c.sql, err)
+		}
+	}
+}

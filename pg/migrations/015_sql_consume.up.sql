@@ -447,7 +447,10 @@ END $$;
 
 REVOKE ALL ON FUNCTION jetgres.next(text, text, integer, boolean), jetgres.ack(text, text, bigint),
     jetgres.ack_through(text, text, bigint), jetgres.read_in_sql(text, text),
-    jetgres.read_over_nats(text, text) FROM PUBLIC;
+    jetgres.read_over_nats(text, text), jetgres.sqlc_dropped(), jetgres.sqlc_pattern(jsonb),
+    jetgres.sqlc_wait(jsonb, integer, boolean), jetgres.sqlc_msgs(bigint, bigint, bigint, text, bigint),
+    jetgres.sqlc_enter(text, text, boolean), jetgres.sqlc_settle(bigint, bigint, text, bigint, bigint, bigint)
+    FROM PUBLIC;
 
 -- As jetgres.grant_sql_roles, for jetgres_consumer: created when the migrating role may,
 -- else by an administrator (CREATE ROLE jetgres_consumer NOLOGIN), who then runs

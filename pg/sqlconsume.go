@@ -32,7 +32,7 @@ func (db *DB) SQLConsumerState(ctx context.Context, id int64) (st SQLConsumerSta
 		var handed, deliveries, pending, redelivered int64
 		var delivered, acked *time.Time
 		err := q.QueryRow(ctx, `SELECT q.handed, q.deliveries, q.last_delivered, q.last_acked,
-				(SELECT count(*) FROM jetgres.sqlc_msgs(c.stream_id, c.ack_stream_seq, q.handed, jetgres.sqlc_pattern(c.config), NULL) m
+				(SELECT count(*) FROM jetgres.sqlc_msgs(c.stream_id, c.ack_stream_seq, q.handed, q.pattern, NULL) m
 				 WHERE NOT EXISTS (SELECT 1 FROM jetgres.sql_pending p WHERE p.consumer_id = q.consumer_id AND p.seq = m.seq AND p.acked)),
 				(SELECT count(*) FROM jetgres.sql_pending p WHERE p.consumer_id = q.consumer_id AND p.delivered > 1 AND NOT p.acked)
 			FROM jetgres.sql_consumers q JOIN jetgres.consumers c ON c.id = q.consumer_id

@@ -41,7 +41,10 @@ CREATE TABLE jetgres.sql_consumers (
     handed_at      timestamptz NOT NULL DEFAULT now(),
     deliveries     bigint      NOT NULL DEFAULT 0,  -- delivered.consumer_seq
     last_delivered timestamptz,
-    last_acked     timestamptz
+    last_acked     timestamptz,
+    -- jetgres.sqlc_pattern of the consumer's configuration, which cannot change while it is
+    -- read in SQL: updates go to a replica serving it.
+    pattern        text
 ) WITH (fillfactor = 50);
 
 -- Messages above the ack floor that were handed out and not acked, acked out of order, or
@@ -149,7 +152,6 @@ BEGIN
         o_pattern := nullif(split_part(v_held, ' ', 3), '');
         RETURN;
     END IF;
-    o_pattern := jetgres.sqlc_pattern(o_config);
     IF p_wait THEN
         SELECT * INTO v_sc FROM jetgres.sql_consumers WHERE consumer_id = o_id FOR UPDATE;
     ELSE
@@ -180,6 +182,7 @@ BEGIN
         RAISE EXCEPTION 'jetgres: consumer % of stream % is still served over NATS by a jetgres replica', to_json(p_consumer), to_json(p_stream)
             USING ERRCODE = 'JG012', HINT = 'The replica lets it go within seconds of jetgres.read_in_sql; try again.';
     END IF;
+    o_pattern := v_sc.pattern;
     -- Read after the row lock, in a statement of its own: the floor the last holder committed.
     SELECT c.ack_stream_seq INTO v_floor FROM jetgres.consumers c WHERE c.id = o_id;
     DELETE FROM jetgres.sql_pending p WHERE p.consumer_id = o_id
@@ -239,6 +242,15 @@ BEGIN
     SELECT c.ack_stream_seq, q.handed, q.deliveries INTO v_floor, v_handed, v_deliv
     FROM jetgres.consumers c JOIN jetgres.sql_consumers q ON q.consumer_id = c.id WHERE c.id = p_id;
     v_to := least(p_through, v_handed);
+    -- The common case, everything handed out acked at once, needs no look at the messages.
+    IF v_to = v_handed AND NOT EXISTS (SELECT 1 FROM jetgres.sql_pending p WHERE p.consumer_id = p_id) THEN
+        IF v_to > v_floor THEN
+            UPDATE jetgres.consumers SET ack_stream_seq = v_to, ack_consumer_seq = v_deliv, shown_stream_seq = NULL
+            WHERE id = p_id;
+            UPDATE jetgres.sql_consumers SET last_acked = clock_timestamp() WHERE consumer_id = p_id;
+        END IF;
+        RETURN;
+    END IF;
     -- The lowest message still waiting for its ack: a row of another attempt, one above
     -- v_to, or one this transaction handed out above v_to that has no row.
     SELECT least(
@@ -417,8 +429,8 @@ BEGIN
     END IF;
     EXECUTE format('CREATE SEQUENCE IF NOT EXISTS jetgres.%I MINVALUE 0 START 0', 'sqlc_attempt_' || v_id);
     EXECUTE format('CREATE SEQUENCE IF NOT EXISTS jetgres.%I MINVALUE 0 START 0', 'sqlc_reach_' || v_id);
-    INSERT INTO jetgres.sql_consumers (consumer_id, handed, deliveries)
-    SELECT v_id, v_floor, c.ack_consumer_seq FROM jetgres.consumers c WHERE c.id = v_id;
+    INSERT INTO jetgres.sql_consumers (consumer_id, handed, deliveries, pattern)
+    SELECT v_id, v_floor, c.ack_consumer_seq, jetgres.sqlc_pattern(c.config) FROM jetgres.consumers c WHERE c.id = v_id;
     UPDATE jetgres.consumers SET owner = '' WHERE id = v_id;
     PERFORM pg_notify('jetgres_meta', v_stream::text);
 END $$;

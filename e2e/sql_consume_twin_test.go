@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -175,5 +176,16 @@ func TestSQLConsumeInfoTwin(t *testing.T) {
 	got.AckFloor[0], want.AckFloor[0] = 0, 0
 	if got != want {
 		t.Fatalf("consumer info after reading in SQL:\n got %+v\nwant %+v (JetStream)", got, want)
+	}
+	// NATS loses while SQL reads it: a pull is refused, it delivers nothing.
+	b, err := gc.Fetch(1, jetstream.FetchMaxWait(2*time.Second))
+	if err == nil {
+		for m := range b.Messages() {
+			t.Errorf("a pull got message %s of a consumer read in SQL", m.Subject())
+		}
+		err = b.Error()
+	}
+	if err == nil || !strings.Contains(err.Error(), "Read In SQL") {
+		t.Errorf("a pull of a consumer read in SQL: %v, want refused as read in SQL", err)
 	}
 }

@@ -63,9 +63,9 @@ const (
 	sqlLockKey = `(($1::bigint >> 31)::int4, ($1::bigint & 2147483647)::int4)`
 	// sqlTryLockRow locks a consumer by its row, unless this session holds it already ($3).
 	// A consumer read in SQL (jetgres.sql_consumers) is left to the transactions that read it.
-	sqlTryLockRow = `SELECT id, id = ANY($3) OR (NOT EXISTS (SELECT 1 FROM jetgres.sql_consumers q WHERE q.consumer_id = id)
-			AND pg_try_advisory_lock((id >> 31)::int4, (id & 2147483647)::int4))
-		FROM jetgres.consumers WHERE stream_id = $1 AND name = $2`
+	sqlTryLockRow = `SELECT id, id = ANY($3) OR (NOT in_sql AND pg_try_advisory_lock((id >> 31)::int4, (id & 2147483647)::int4)), in_sql
+		FROM (SELECT id, EXISTS (SELECT 1 FROM jetgres.sql_consumers q WHERE q.consumer_id = c.id) AS in_sql
+			FROM jetgres.consumers c WHERE stream_id = $1 AND name = $2) c`
 	sqlLockNew = `SELECT id, pg_try_advisory_lock((id >> 31)::int4, (id & 2147483647)::int4) FROM (SELECT nextval(pg_get_serial_sequence('jetgres.consumers', 'id')) AS id) n`
 	sqlUnlock  = `SELECT pg_advisory_unlock` + sqlLockKey
 	// sqlStored counts a consumer switched to SQL as gone: its replica lets it go.
@@ -232,14 +232,15 @@ func (o *Ownership) Confirm(ctx context.Context) error {
 }
 
 // TryLock takes the lock of a stored consumer unless another session holds it, and returns
-// its id, which Unlock takes; ErrNotFound says there is no such consumer.
+// its id, which Unlock takes; ErrNotFound says there is no such consumer, ErrReadInSQL that
+// it is read in SQL.
 func (o *Ownership) TryLock(ctx context.Context, k ConsumerKey) (int64, bool, error) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	var id int64
-	var ok bool
+	var ok, inSQL bool
 	err := o.exec(ctx, func(ctx context.Context, c *pgx.Conn) error {
-		err := c.QueryRow(ctx, sqlTryLockRow, k.StreamID, k.Name, o.heldIDs()).Scan(&id, &ok)
+		err := c.QueryRow(ctx, sqlTryLockRow, k.StreamID, k.Name, o.heldIDs()).Scan(&id, &ok, &inSQL)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return errNoRow
 		}
@@ -248,6 +249,8 @@ func (o *Ownership) TryLock(ctx context.Context, k ConsumerKey) (int64, bool, er
 	switch {
 	case errors.Is(err, errNoRow):
 		return 0, false, ErrNotFound
+	case err == nil && !ok && inSQL:
+		return id, false, ErrReadInSQL
 	case err != nil || !ok:
 		return id, false, err
 	}

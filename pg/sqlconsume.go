@@ -9,6 +9,10 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
+// ErrReadInSQL says a consumer is read in SQL (jetgres.read_in_sql): no replica serves it
+// until jetgres.read_over_nats gives it back. It is an ErrServedElsewhere.
+var ErrReadInSQL = fmt.Errorf("%w: it is read in SQL (jetgres.read_over_nats gives it back to NATS)", ErrServedElsewhere)
+
 // SQLConsumerState is what the transactions reading a consumer in SQL (jetgres.next,
 // jetgres.ack, jetgres.ack_through; migration 015) committed, as consumer info reports it.
 // Attempts that rolled back are counted by the next attempt, not here.

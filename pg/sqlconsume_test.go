@@ -308,8 +308,8 @@ func TestSQLConsumeExcludesReplicas(t *testing.T) {
 	if err := own.Unlock(ctx, id); err != nil {
 		t.Fatal(err)
 	}
-	if _, ok, err := own.TryLock(ctx, key); err != nil || ok {
-		t.Fatalf("TryLock of a consumer read in SQL = %v, %v: want refused", ok, err)
+	if _, ok, err := own.TryLock(ctx, key); !errors.Is(err, pg.ErrReadInSQL) || !errors.Is(err, pg.ErrServedElsewhere) || ok {
+		t.Fatalf("TryLock of a consumer read in SQL = %v, %v: want refused with ErrReadInSQL", ok, err)
 	}
 	if claimed, _, err := own.ClaimFree(ctx, []int64{st.ID}, true); err != nil || len(claimed) != 0 {
 		t.Fatalf("ClaimFree = %v, %v: want nothing", claimed, err)

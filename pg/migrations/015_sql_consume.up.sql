@@ -32,7 +32,7 @@
 --   JG011  the consumer is read over NATS: jetgres.read_in_sql first
 --   JG012  a jetgres replica still serves the consumer over NATS (it lets go within a few
 --          seconds of jetgres.read_in_sql): try again
---   JG013  the consumer is read in SQL: jetgres.read_over_nats first
+-- The NATS side of a consumer read in SQL gets 409 Consumer Is Read In SQL for a pull.
 
 CREATE TABLE jetgres.sql_consumers (
     consumer_id    bigint      PRIMARY KEY REFERENCES jetgres.consumers (id) ON DELETE CASCADE,

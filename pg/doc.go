@@ -53,4 +53,9 @@
 // opens that partition only. Chunks are attached rather than created as partitions, and
 // detached CONCURRENTLY, because the plain forms lock jetgres.msgs against every reader and
 // writer of every stream.
+//
+// A consumer can also be read in SQL, in the application's own transaction
+// (jetgres.next, jetgres.ack_through; migration 015): such a consumer has a row in
+// jetgres.sql_consumers, which Ownership never claims or keeps, and SQLConsumerState
+// reports what its transactions committed.
 package pg

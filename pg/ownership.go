@@ -65,11 +65,15 @@ const (
 	// sqlLockKey is a consumer's lock key from its id, $1.
 	sqlLockKey = `(($1::bigint >> 31)::int4, ($1::bigint & 2147483647)::int4)`
 	// sqlTryLockRow locks a consumer by its row, unless this session holds it already ($3).
-	sqlTryLockRow = `SELECT id, id = ANY($3) OR pg_try_advisory_lock((id >> 31)::int4, (id & 2147483647)::int4)
-		FROM jetgres.consumers WHERE stream_id = $1 AND name = $2`
-	sqlLockNew      = `SELECT id, pg_try_advisory_lock((id >> 31)::int4, (id & 2147483647)::int4) FROM (SELECT nextval(pg_get_serial_sequence('jetgres.consumers', 'id')) AS id) n`
-	sqlUnlock       = `SELECT pg_advisory_unlock` + sqlLockKey
-	sqlStored       = `SELECT id FROM jetgres.consumers WHERE id = ANY($1)`
+	// A consumer read in SQL (jetgres.sql_consumers) is left to the transactions that read it.
+	sqlTryLockRow = `SELECT id, id = ANY($3) OR (NOT in_sql AND pg_try_advisory_lock((id >> 31)::int4, (id & 2147483647)::int4)), in_sql
+		FROM (SELECT id, EXISTS (SELECT 1 FROM jetgres.sql_consumers q WHERE q.consumer_id = c.id) AS in_sql
+			FROM jetgres.consumers c WHERE stream_id = $1 AND name = $2) c`
+	sqlLockNew = `SELECT id, pg_try_advisory_lock((id >> 31)::int4, (id & 2147483647)::int4) FROM (SELECT nextval(pg_get_serial_sequence('jetgres.consumers', 'id')) AS id) n`
+	sqlUnlock  = `SELECT pg_advisory_unlock` + sqlLockKey
+	// sqlStored counts a consumer switched to SQL as gone: its replica lets it go.
+	sqlStored = `SELECT id FROM jetgres.consumers c WHERE id = ANY($1)
+		AND NOT EXISTS (SELECT 1 FROM jetgres.sql_consumers q WHERE q.consumer_id = c.id)`
 	sqlSessionStart = `SELECT backend_start FROM pg_stat_activity WHERE pid = pg_backend_pid()`
 	sqlEndSession   = `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE pid = $1 AND backend_start = $2`
 	// sqlReplica takes the shared lock every ownership session holds while it lives:
@@ -100,7 +104,8 @@ const (
 		cand AS MATERIALIZED (
 			SELECT id, stream_id, name, row_number() OVER (ORDER BY random()) AS rn FROM jetgres.consumers c
 			WHERE stream_id = ANY($1) AND NOT (id = ANY($2))
-				AND NOT EXISTS (SELECT 1 FROM locked WHERE locked.id = c.id))
+				AND NOT EXISTS (SELECT 1 FROM locked WHERE locked.id = c.id)
+				AND NOT EXISTS (SELECT 1 FROM jetgres.sql_consumers q WHERE q.consumer_id = c.id))
 		SELECT id, stream_id, name,
 			CASE WHEN rn <= share.n THEN pg_try_advisory_lock((id >> 31)::int4, (id & 2147483647)::int4) ELSE false END
 		FROM cand, share`
@@ -241,14 +246,15 @@ func (o *Ownership) Confirm(ctx context.Context) error {
 }
 
 // TryLock takes the lock of a stored consumer unless another session holds it, and returns
-// its id, which Unlock takes; ErrNotFound says there is no such consumer.
+// its id, which Unlock takes; ErrNotFound says there is no such consumer, ErrReadInSQL that
+// it is read in SQL.
 func (o *Ownership) TryLock(ctx context.Context, k ConsumerKey) (int64, bool, error) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	var id int64
-	var ok bool
+	var ok, inSQL bool
 	err := o.exec(ctx, func(ctx context.Context, c *pgx.Conn) error {
-		err := c.QueryRow(ctx, sqlTryLockRow, k.StreamID, k.Name, o.heldIDs()).Scan(&id, &ok)
+		err := c.QueryRow(ctx, sqlTryLockRow, k.StreamID, k.Name, o.heldIDs()).Scan(&id, &ok, &inSQL)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return errNoRow
 		}
@@ -257,6 +263,8 @@ func (o *Ownership) TryLock(ctx context.Context, k ConsumerKey) (int64, bool, er
 	switch {
 	case errors.Is(err, errNoRow):
 		return 0, false, ErrNotFound
+	case err == nil && !ok && inSQL:
+		return id, false, ErrReadInSQL
 	case err != nil || !ok:
 		return id, false, err
 	}

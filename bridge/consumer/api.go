@@ -200,7 +200,16 @@ func (cs *Engine) rowInfo(ctx context.Context, s *stream.Stream, row pg.Consumer
 	if err := json.Unmarshal(row.Config, &cfg); err != nil {
 		return nil, err
 	}
-	np, err := cs.db.CountPending(ctx, pg.PendingParams{StreamID: s.ID(), From: row.AckStreamSeq + 1, UpTo: hw, Filters: jswire.ConsumerFilters(&cfg)})
+	// A consumer read in SQL (jetgres.next) reports what its transactions committed.
+	sq, inSQL, err := cs.db.SQLConsumerState(ctx, row.ID)
+	if err != nil {
+		return nil, err
+	}
+	from := row.AckStreamSeq + 1
+	if inSQL {
+		from = max(from, sq.DeliveredStreamSeq+1)
+	}
+	np, err := cs.db.CountPending(ctx, pg.PendingParams{StreamID: s.ID(), From: from, UpTo: hw, Filters: jswire.ConsumerFilters(&cfg)})
 	if err != nil {
 		return nil, err
 	}
@@ -208,6 +217,12 @@ func (cs *Engine) rowInfo(ctx context.Context, s *stream.Stream, row pg.Consumer
 	floor := server.SequenceInfo{Consumer: row.AckConsumerSeq, Stream: row.ShownStreamSeq}
 	info := &server.ConsumerInfo{Stream: s.Name(), Name: row.Name, Created: row.Created.UTC(), Config: jswire.ConsumerConfigForResponse(&cfg),
 		Delivered: floor, AckFloor: floor, NumPending: np, TimeStamp: now.UTC(), PushBound: cs.pushBound(&cfg)}
+	if inSQL {
+		info.Delivered = server.SequenceInfo{Consumer: sq.DeliveredConsumerSeq, Stream: max(sq.DeliveredStreamSeq, row.ShownStreamSeq),
+			Last: utcOrNil(sq.LastDelivered)}
+		info.AckFloor.Last = utcOrNil(sq.LastAcked)
+		info.NumAckPending, info.NumRedelivered = sq.AckPending, sq.Redelivered
+	}
 	info.Paused, info.PauseRemaining = PausedAt(cfg.PauseUntil, now)
 	info.Cluster = cs.clusterInfo(row.Owner)
 	return info, nil

@@ -61,6 +61,7 @@ type Store interface {
 	UpdateConsumerConfig(ctx context.Context, streamID int64, name string, config []byte) error
 	DeleteConsumer(ctx context.Context, streamID int64, name string) error
 	GetConsumer(ctx context.Context, streamID int64, name string) (pg.Consumer, error)
+	SQLConsumerState(ctx context.Context, id int64) (pg.SQLConsumerState, bool, error)
 	ReadFiltered(ctx context.Context, p pg.ReadParams, filters []string) (out []pg.Message, through uint64, rtt time.Duration, err error)
 	CountPending(ctx context.Context, p pg.PendingParams) (uint64, error)
 	GoneSeqs(ctx context.Context, id int64, seqs []uint64) ([]uint64, error)
@@ -587,6 +588,10 @@ func (cs *Engine) remove(c *consumer) {
 	cs.unhold(c)
 }
 
+// descReadInSQL answers a pull of a consumer read in SQL (jetgres.read_in_sql): a 409, which
+// clients end the pull on, as for a deleted consumer, with the reason.
+const descReadInSQL = "Consumer Is Read In SQL"
+
 // activateLater loads a consumer that a request named but this process does not serve yet,
 // off the read loop, and hands it the request. Another replica may have created it, or it
 // may be this process's own consumer whose lease had not expired at start.
@@ -601,6 +606,8 @@ func (cs *Engine) activateLater(streamName, consumerName string, ev event) {
 		defer func() { <-cs.activeN }()
 		c, err := cs.ensure(cs.ctx, streamName, consumerName)
 		switch {
+		case errors.Is(err, pg.ErrReadInSQL):
+			_ = cs.link.Publish(ev.reply, "", jswire.StatusHeader(409, descReadInSQL), nil)
 		case errors.Is(err, pg.ErrServedElsewhere):
 			// Another replica serves it and received the same request.
 		case err != nil:

@@ -34,7 +34,8 @@ const (
 // Config is the part of a consumer's configuration that governs acks and redelivery.
 type Config struct {
 	AckPolicy AckPolicy
-	// AckWait is how long a delivery waits for its ack before it is redelivered.
+	// AckWait is how long a delivery waits for its ack before it is redelivered; with no
+	// BackOff, 0 is never (the flow_control ack policy's), as in nats-server.
 	AckWait time.Duration
 	// BackOff, when set, replaces AckWait: the n-th delivery of a message waits BackOff[n-1],
 	// the last value repeating.
@@ -53,7 +54,7 @@ type Pair struct {
 
 type pending struct {
 	dseq     uint64 // consumer sequence of the first delivery; acks refer to it
-	deadline int64  // unix ns at which the delivery expires, 0 while queued for redelivery
+	deadline int64  // unix ns at which the delivery expires, 0 while queued for redelivery or never
 }
 
 // State is one consumer's delivery and ack state.
@@ -244,7 +245,11 @@ func (s *State) Deliver(seq, dc uint64, now time.Time) (dseq uint64, floorMoved 
 		p = pending{dseq: dseq}
 		s.order.insert(seq)
 	}
-	s.setDeadline(seq, p, now.Add(s.wait(dc)).UnixNano())
+	if w := s.wait(dc); w > 0 {
+		s.setDeadline(seq, p, now.Add(w).UnixNano())
+	} else {
+		s.pending[seq] = p
+	}
 	return dseq, false
 }
 
@@ -353,7 +358,9 @@ func (s *State) Progress(seq uint64, now time.Time) {
 	if _, q := s.queued[seq]; q {
 		return
 	}
-	s.setDeadline(seq, p, now.Add(s.wait(s.rdc[seq]+1)).UnixNano())
+	if w := s.wait(s.rdc[seq] + 1); w > 0 {
+		s.setDeadline(seq, p, now.Add(w).UnixNano())
+	}
 }
 
 // setDeadline stores p, pending for seq, with the deadline at.

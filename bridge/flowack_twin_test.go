@@ -15,6 +15,8 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/jetgres/jetgres/internal/clock/clocktest"
 )
 
 // The tests in this file compare the flow_control ack policy, the one JetStream's stream
@@ -168,34 +170,7 @@ func TestAckFlowControlDeliveryTwin(t *testing.T) {
 	// An answer without headers opens the window and acks nothing; the heartbeat after it
 	// asks again, for what is still pending.
 	answer(fc, "")
-	var hb [2][]string
-	for side, rc := range raw {
-		deadline := time.Now().Add(10 * time.Second)
-		if side == ours {
-			clock.Advance(time.Second)
-		}
-		for {
-			f, ok := rc.poll(200 * time.Millisecond)
-			if !ok {
-				if time.Now().After(deadline) {
-					t.Fatalf("%s: no flow-control request after a heartbeat; saw last %v", sideName[side], hb[side][max(len(hb[side])-3, 0):])
-				}
-				// Another heartbeat, in case the first came before the answer was taken.
-				if side == ours {
-					clock.Advance(time.Second)
-				}
-				continue
-			}
-			hb[side] = append(hb[side], f.String())
-			if f.isFlowControl() {
-				fc[side] = f.reply
-				break
-			}
-			if !f.isHeartbeat() {
-				t.Fatalf("%s: delivered %s with nothing left", sideName[side], f)
-			}
-		}
-	}
+	fc, hb := requestAfterHeartbeat(t, raw, clock)
 	for side := range hb {
 		if n := len(hb[side]); n < 2 || strings.Contains(hb[side][n-2], "Nats-Consumer-Stalled") {
 			t.Fatalf("%s: the request did not follow an unstalled heartbeat: %v", sideName[side], hb[side])
@@ -210,6 +185,100 @@ func TestAckFlowControlDeliveryTwin(t *testing.T) {
 	answer(fc, lastHdr(10, 10))
 	tw.pub("fca.x", make([]byte, 16))
 	expect("the answer acks 10, the next message goes out", 1)
+}
+
+// TestAckFlowControlWorkQueueTwin: on a work-queue stream, what an answer acks leaves the
+// stream, as stream sourcing from a work queue consumes it; an answer that names only part
+// of what was delivered removes only that part, and one past what was delivered (nats-server
+// lets a flow-controlled consumer's acks run ahead) removes all that was and no more.
+func TestAckFlowControlWorkQueueTwin(t *testing.T) {
+	t.Parallel()
+	tw, clock := newClockTwin(t)
+	tw.createStream(jetstream.StreamConfig{Name: "FCW", Subjects: []string{"fcw.>"}, Retention: jetstream.WorkQueuePolicy})
+	tw.pubN("fcw.x", 6, 16)
+	var raw [2]*rawConn
+	for side, js := range tw.js {
+		raw[side] = dialRaw(t, js.Conn().ConnectedUrl(), "dlv.fcw")
+	}
+	if e := tw.sameAnswer("create", tw.request("$JS.API.CONSUMER.CREATE.FCW.W",
+		`{"stream_name":"FCW","config":{"durable_name":"W","deliver_subject":"dlv.fcw","ack_policy":"flow_control","max_ack_pending":3}}`), false); e != nil {
+		t.Fatalf("create: %v", e)
+	}
+	tw.cons = append(tw.cons, [2]string{"FCW", "W"})
+	// takeUpTo reads each side's deliveries up to the request that max_ack_pending brings.
+	takeUpTo := func() [2]string {
+		t.Helper()
+		var fc [2]string
+		for side, rc := range raw {
+			for fc[side] == "" {
+				if f := rc.next(t, sideName[side], 10*time.Second); f.isFlowControl() {
+					fc[side] = f.reply
+				}
+			}
+		}
+		return fc
+	}
+	fc := takeUpTo()
+	tw.compareAll("three delivered")
+	for side, rc := range raw {
+		rc.publish(t, fc[side], "NATS/1.0\r\nNats-Last-Consumer: 2\r\nNats-Last-Stream: 2\r\n\r\n")
+	}
+	tw.settle("FCW", func(st jetstream.StreamState) bool { return st.Msgs == 4 })
+	tw.compareAll("the answer acks 2")
+	fc = takeUpTo()
+	for side, rc := range raw {
+		rc.publish(t, fc[side], "NATS/1.0\r\nNats-Last-Consumer: 6\r\nNats-Last-Stream: 6\r\n\r\n")
+	}
+	// Here JetStream reports the ack floor its store kept, 2, which refused the update past
+	// what it delivered, while it acts on 5; jetgres reports 5. The stream agrees, and so
+	// does everything once the last message is delivered and acked.
+	tw.settle("FCW", func(st jetstream.StreamState) bool { return st.Msgs == 1 })
+	for side, rc := range raw {
+		if f := rc.next(t, sideName[side], 10*time.Second); !strings.Contains(f.reply, ".6.6.") {
+			t.Fatalf("%s: after the answer: %s", sideName[side], f)
+		}
+	}
+	fc, _ = requestAfterHeartbeat(t, raw, clock)
+	for side, rc := range raw {
+		rc.publish(t, fc[side], "NATS/1.0\r\nNats-Last-Consumer: 6\r\nNats-Last-Stream: 6\r\n\r\n")
+	}
+	tw.settle("FCW", func(st jetstream.StreamState) bool { return st.Msgs == 0 })
+	tw.compareAll("the answer acks 6")
+}
+
+// requestAfterHeartbeat reads each side's heartbeats up to the flow-control request one of
+// them brings, advancing jetgres's clock a heartbeat at a time; it fails on a delivery. It
+// returns the request's reply and what was read, the request last.
+func requestAfterHeartbeat(t *testing.T, raw [2]*rawConn, clock *clocktest.Fake) (fc [2]string, seen [2][]string) {
+	t.Helper()
+	for side, rc := range raw {
+		deadline := time.Now().Add(10 * time.Second)
+		if side == ours {
+			clock.Advance(time.Second)
+		}
+		for {
+			f, ok := rc.poll(200 * time.Millisecond)
+			if !ok {
+				if time.Now().After(deadline) {
+					t.Fatalf("%s: no flow-control request after a heartbeat; saw last %v", sideName[side], seen[side][max(len(seen[side])-3, 0):])
+				}
+				// Another heartbeat, in case the first came before the answer was taken.
+				if side == ours {
+					clock.Advance(time.Second)
+				}
+				continue
+			}
+			seen[side] = append(seen[side], f.String())
+			if f.isFlowControl() {
+				fc[side] = f.reply
+				break
+			}
+			if !f.isHeartbeat() {
+				t.Fatalf("%s: delivered %s", sideName[side], f)
+			}
+		}
+	}
+	return fc, seen
 }
 
 // rawConn is a subscription on a plain NATS protocol connection, which keeps each

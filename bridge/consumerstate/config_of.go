@@ -9,6 +9,7 @@ func ConfigOf(cfg *server.ConsumerConfig) Config {
 		BackOff:       cfg.BackOff,
 		MaxDeliver:    cfg.MaxDeliver,
 		MaxAckPending: cfg.MaxAckPending,
+		FlowControl:   cfg.FlowControl,
 	}
 	switch cfg.AckPolicy {
 	case server.AckNone:

@@ -44,6 +44,9 @@ type Config struct {
 	MaxDeliver int
 	// MaxAckPending caps how many messages may wait for their ack; 0 or less is no cap.
 	MaxAckPending int
+	// FlowControl is a push consumer's flow control. nats-server lets such a consumer's
+	// acks run ahead of what it delivered: an AckAll ack past it acks all that was.
+	FlowControl bool
 }
 
 // Pair is a consumer sequence and the stream sequence it delivered.
@@ -267,8 +270,11 @@ func (s *State) wait(dc uint64) time.Duration {
 // moved.
 func (s *State) Ack(seq, dseq uint64, now time.Time) bool {
 	if seq >= s.sseq {
-		// Never delivered from here: a stale or forged ack must not move the floor.
-		return false
+		if !s.cfg.FlowControl || s.cfg.AckPolicy != AckAll {
+			// Never delivered from here: a stale or forged ack must not move the floor.
+			return false
+		}
+		seq = s.sseq - 1
 	}
 	switch s.cfg.AckPolicy {
 	case AckExplicit:

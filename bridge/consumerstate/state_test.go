@@ -464,7 +464,7 @@ func TestShownIgnoresSkips(t *testing.T) {
 
 // The flow_control ack policy acks as AckAll and, with no ack wait, never redelivers.
 func TestAckFlowControlPolicy(t *testing.T) {
-	cfg := ConfigOf(&server.ConsumerConfig{AckPolicy: server.AckFlowControl, MaxAckPending: 4})
+	cfg := ConfigOf(&server.ConsumerConfig{AckPolicy: server.AckFlowControl, FlowControl: true, MaxAckPending: 4})
 	if cfg.AckPolicy != AckAll || cfg.AckWait != 0 {
 		t.Fatalf("config %+v", cfg)
 	}
@@ -490,5 +490,13 @@ func TestAckFlowControlPolicy(t *testing.T) {
 	wantFloor(t, s, 3, 3)
 	if s.NumAckPending() != 1 || s.AtMaxAckPending() {
 		t.Fatalf("pending = %d after the floor moved to 3", s.NumAckPending())
+	}
+	// An answer past what was delivered acks all that was, and no further.
+	if !s.Ack(9, 9, clk.Now()) {
+		t.Fatal("an answer past what was delivered did not move the floor")
+	}
+	wantFloor(t, s, 4, 4)
+	if s.NumAckPending() != 0 || s.Next() != 5 {
+		t.Fatalf("pending = %d, next %d after acking past delivery", s.NumAckPending(), s.Next())
 	}
 }

@@ -163,8 +163,15 @@ func (p *pusher) sendFlowControl(c *consumer) {
 // flowControlAnswered takes the client's answer to a flow-control request. Under the
 // flow_control ack policy the answer to the newest request acks what it names, as AckAll.
 func (p *pusher) flowControlAnswered(c *consumer, ev *event, now time.Time) {
-	if p.fc != nil && p.fc.Answered(ev.reply) && p.ackFC && ev.sseq > 0 {
-		c.ack(ev.sseq, ev.dseq, "", now)
+	if p.fc == nil || !p.fc.Answered(ev.reply) || !p.ackFC || ev.sseq == 0 {
+		return
+	}
+	was := c.st.AckFloor()
+	c.ack(ev.sseq, ev.dseq, "", now)
+	// Retention hears of the ack once applied: an answer may name more than was delivered,
+	// which a retention pass that came first would take for stale.
+	if f := c.st.AckFloor(); f != was {
+		c.cs.cfg.Retention.NoteAck(c.sc.s, c.name, f.Stream, nil)
 	}
 }
 
@@ -246,10 +253,7 @@ func (cs *Engine) onFlowControl(m *leaf.Msg) {
 	if c == nil {
 		return
 	}
-	sseq, dseq, acks := jswire.FlowControlAck(m.Header)
-	if acks {
-		cs.cfg.Retention.NoteAck(s, c.name, sseq, nil)
-	}
+	sseq, dseq, _ := jswire.FlowControlAck(m.Header)
 	c.post(event{kind: evFlowControl, reply: strings.Clone(m.Subject), sseq: sseq, dseq: dseq})
 }
 

@@ -161,13 +161,6 @@ func TestPushConfigTwin(t *testing.T) {
 			t.Errorf("%s: accepted", c.what)
 		}
 	}
-
-	// The one deliberate difference: a well-formed flow_control ack policy, which acks by
-	// flow-control responses for stream sourcing, is refused as unsupported.
-	got := tw.request(create("F1"), body(`{"name":"F1","deliver_subject":"dlv.f1","ack_policy":"flow_control"}`))
-	if got[theirs].Error != nil || got[ours].Error == nil || got[ours].Error.ErrCode != server.ApiErrors[server.JSConsumerCreateErrF].ErrCode {
-		t.Errorf("flow_control ack policy: jetgres %+v, jetstream %+v", got[ours].Error, got[theirs].Error)
-	}
 }
 
 func TestPushUpdateTwin(t *testing.T) {

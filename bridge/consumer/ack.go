@@ -7,6 +7,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
+
 	"github.com/jetgres/jetgres/bridge/consumer/cursor"
 	"github.com/jetgres/jetgres/embedded/leaf"
 	"github.com/jetgres/jetgres/internal/jswire"
@@ -61,6 +63,11 @@ func (cs *Engine) onAck(m *leaf.Msg) {
 
 // handleAck applies one ack to the state. Called on the consumer's goroutine with mu held.
 func (c *consumer) handleAck(ctx context.Context, ev *event, now time.Time) {
+	// The flow_control ack policy's acks are flow-control answers: nats-server does not
+	// listen on its ack subjects at all.
+	if c.cfg.AckPolicy == server.AckFlowControl {
+		return
+	}
 	body := ev.data
 	switch ev.ack {
 	case jswire.AckPositive, jswire.AckTermKind:

@@ -59,7 +59,7 @@ const (
 type event struct {
 	kind       evKind
 	ack        jswire.AckKind // what an evAck asks for
-	sseq, dseq uint64         // the delivery an evAck refers to
+	sseq, dseq uint64         // the delivery an evAck or a flow-control answer acks
 	reply      string
 	data       []byte
 	cfg        *configChange
@@ -332,7 +332,7 @@ func (c *consumer) handle(ctx context.Context, ev *event, now time.Time) {
 		}
 	case evFlowControl:
 		if p, ok := c.out.(*pusher); ok {
-			p.flowControlAnswered(ev.reply)
+			p.flowControlAnswered(c, ev, now)
 		}
 	case evConfig:
 		old := c.filters()

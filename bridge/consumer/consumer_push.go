@@ -7,20 +7,15 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 
+	"github.com/jetgres/jetgres/bridge/consumer/flowctl"
 	"github.com/jetgres/jetgres/embedded/leaf"
 	"github.com/jetgres/jetgres/internal/jswire"
 )
 
-const (
-	// fcWindowMax is nats-server's JsFlowControlMaxPending: the most bytes a flow-controlled
-	// push consumer sends past the last answered request. The window starts at a sixteenth
-	// of it and doubles with every answer, as nats-server ramps a slow start.
-	fcWindowMax = 32 << 20
-	// rateBurstDefault is how many bytes a rate-limited push consumer may send at once after
-	// an idle spell: nats-server's burst is the largest message the stream takes, whose
-	// default is the server's max payload.
-	rateBurstDefault = 1 << 20
-)
+// rateBurstDefault is how many bytes a rate-limited push consumer may send at once after an
+// idle spell: nats-server's burst is the largest message the stream takes, whose default is
+// the server's max payload.
+const rateBurstDefault = 1 << 20
 
 // pushDest is where a push consumer delivers, for readers off its goroutine.
 type pushDest struct{ subject, group string }
@@ -38,12 +33,9 @@ type pusher struct {
 	hb     time.Duration
 	hbNext time.Time // the next idle heartbeat, unless a delivery comes first
 
-	// Flow control, as nats-server keeps it: bytes sent since the last answered request
-	// (pbytes), the window they may reach (maxpb, 0 without flow control), and the request
-	// owed (fcid) with the bytes it covers (fcsz).
-	maxpb, pbytes, fcsz int
-	fcid                string
-	stalledSince        time.Time // when the window closed, zero while open
+	fc *flowctl.Window // nil without flow control
+	// ackFC is the flow_control ack policy: answers to flow-control requests are the acks.
+	ackFC bool
 
 	// Rate limit: bytes per second, and the earliest time the next delivery may go.
 	rate   float64
@@ -54,12 +46,13 @@ type pusher struct {
 // newPusher builds the delivery to cfg's deliver subject and tells the interest watcher
 // where it goes.
 func newPusher(c *consumer, cfg *server.ConsumerConfig, now time.Time) *pusher {
-	p := &pusher{subject: cfg.DeliverSubject, group: cfg.DeliverGroup, hb: cfg.Heartbeat}
+	p := &pusher{subject: cfg.DeliverSubject, group: cfg.DeliverGroup, hb: cfg.Heartbeat,
+		ackFC: cfg.AckPolicy == server.AckFlowControl}
 	if p.hb > 0 {
 		p.hbNext = now.Add(p.hb)
 	}
 	if cfg.FlowControl {
-		p.maxpb = fcWindowMax / 16
+		p.fc = flowctl.New()
 	}
 	if cfg.RateLimit > 0 {
 		// Configured in bits per second, paced in bytes, never slower than a byte a second.
@@ -76,17 +69,14 @@ func (p *pusher) configure(c *consumer, cfg *server.ConsumerConfig, now time.Tim
 	if q.subject == p.subject && q.group == p.group {
 		q.active, q.known, q.seenVer = p.active, p.known, p.seenVer
 	}
-	if q.maxpb > 0 && p.maxpb > 0 {
-		q.maxpb, q.pbytes, q.fcsz, q.fcid, q.stalledSince = p.maxpb, p.pbytes, p.fcsz, p.fcid, p.stalledSince
+	if q.fc != nil && p.fc != nil {
+		q.fc = p.fc
 	}
 	if q.rate > 0 {
 		q.rateAt = p.rateAt
 	}
 	return q
 }
-
-// windowClosed reports whether flow control holds delivery back until the client answers.
-func (p *pusher) windowClosed() bool { return p.maxpb > 0 && p.pbytes > p.maxpb }
 
 // request answers a pull request as nats-server does for a push consumer.
 func (p *pusher) request(c *consumer, reply string, _ []byte, _ time.Time) {
@@ -128,9 +118,8 @@ func (p *pusher) ready(c *consumer, now time.Time) bool {
 	if !p.bound(c, now) {
 		return false
 	}
-	if p.windowClosed() {
-		if p.stalledSince.IsZero() {
-			p.stalledSince = now
+	if p.fc != nil && p.fc.Closed() {
+		if p.fc.Stall(now) {
 			c.cs.m.FCStalls.Inc()
 		}
 		return false
@@ -158,36 +147,32 @@ func (p *pusher) sent(c *consumer, _ deliveryTarget, size int, now time.Time) {
 		}
 		p.rateAt = from.Add(time.Duration(float64(size) / p.rate * float64(time.Second)))
 	}
-	if p.maxpb == 0 {
-		return
-	}
-	p.pbytes += size
-	switch {
-	case p.fcid == "" && p.pbytes > p.maxpb/2:
+	if p.fc != nil && p.fc.Sent(size, p.ackFC && c.st.AtMaxAckPending()) {
 		p.sendFlowControl(c)
-	case p.fcid != "" && p.pbytes-p.fcsz >= p.maxpb:
-		// nats-server widens what the request owed covers once the window passed it.
-		p.fcsz += size
 	}
 }
 
 // sendFlowControl asks the client to answer once it has taken what was sent so far.
 func (p *pusher) sendFlowControl(c *consumer) {
-	p.fcsz, p.fcid = p.pbytes, jswire.FlowControlSubject(c.sc.s.Name(), c.name, rand.Uint64())
-	_ = c.cs.link.PublishQueue(p.subject, []byte(p.fcid), p.group, jswire.FlowControlStatus(), nil)
+	reply := jswire.FlowControlSubject(c.sc.s.Name(), c.name, rand.Uint64())
+	p.fc.Requested(reply)
+	_ = c.cs.link.PublishQueue(p.subject, []byte(reply), p.group, jswire.FlowControlStatus(), nil)
 	c.cs.m.FCRequests.Inc()
 }
 
-// flowControlAnswered takes the client's answer to a flow-control request; only the newest
-// counts, as in nats-server.
-func (p *pusher) flowControlAnswered(subject string) {
-	if p.fcid == "" || subject != p.fcid {
+// flowControlAnswered takes the client's answer to a flow-control request. Under the
+// flow_control ack policy the answer to the newest request acks what it names, as AckAll.
+func (p *pusher) flowControlAnswered(c *consumer, ev *event, now time.Time) {
+	if p.fc == nil || !p.fc.Answered(ev.reply) || !p.ackFC || ev.sseq == 0 {
 		return
 	}
-	p.maxpb = min(p.maxpb*2, fcWindowMax)
-	p.pbytes = max(p.pbytes-p.fcsz, 0)
-	p.fcid, p.fcsz = "", 0
-	p.stalledSince = time.Time{}
+	was := c.st.AckFloor()
+	c.ack(ev.sseq, ev.dseq, "", now)
+	// Retention hears of the ack once applied: an answer may name more than was delivered,
+	// which a retention pass that came first would take for stale.
+	if f := c.st.AckFloor(); f != was {
+		c.cs.cfg.Retention.NoteAck(c.sc.s, c.name, f.Stream, nil)
+	}
 }
 
 func (p *pusher) sweep(*consumer, time.Time) {}
@@ -201,9 +186,17 @@ func (p *pusher) settle(c *consumer, now time.Time, _ bool) {
 	if !p.bound(c, now) {
 		return
 	}
-	d := c.st.Delivered()
-	_ = c.cs.link.PublishQueue(p.subject, nil, p.group, jswire.PushHeartbeatStatus(d.Consumer, d.Stream, p.fcid), nil)
+	d, owed := c.st.Delivered(), ""
+	if p.fc != nil {
+		owed = p.fc.Owed()
+	}
+	_ = c.cs.link.PublishQueue(p.subject, nil, p.group, jswire.PushHeartbeatStatus(d.Consumer, d.Stream, owed), nil)
 	c.cs.m.Heartbeats.Inc()
+	// Pending deliveries are acked only by an answer, so nats-server asks for one at each
+	// heartbeat, for a source that has nothing more coming.
+	if p.ackFC && owed == "" && c.st.NumAckPending() > 0 {
+		p.sendFlowControl(c)
+	}
 }
 
 // wake: the inactive threshold while nobody listens; otherwise the heartbeat, the rate
@@ -256,9 +249,12 @@ func (cs *Engine) onFlowControl(m *leaf.Msg) {
 	if s == nil {
 		return
 	}
-	if c := cs.served(s, consumerName); c != nil {
-		c.post(event{kind: evFlowControl, reply: strings.Clone(m.Subject)})
+	c := cs.served(s, consumerName)
+	if c == nil {
+		return
 	}
+	sseq, dseq, _ := jswire.FlowControlAck(m.Header)
+	c.post(event{kind: evFlowControl, reply: strings.Clone(m.Subject), sseq: sseq, dseq: dseq})
 }
 
 // trackPush adds a push consumer to those the interest watcher looks after, or removes it.

@@ -9,11 +9,14 @@ func ConfigOf(cfg *server.ConsumerConfig) Config {
 		BackOff:       cfg.BackOff,
 		MaxDeliver:    cfg.MaxDeliver,
 		MaxAckPending: cfg.MaxAckPending,
+		FlowControl:   cfg.FlowControl,
 	}
 	switch cfg.AckPolicy {
 	case server.AckNone:
 		sc.AckPolicy = AckNone
-	case server.AckAll:
+	case server.AckAll, server.AckFlowControl:
+		// The flow_control ack policy acks as AckAll does; its acks come from flow-control
+		// answers, which the consumer hands to Ack.
 		sc.AckPolicy = AckAll
 	default:
 		sc.AckPolicy = AckExplicit

@@ -34,7 +34,8 @@ const (
 // Config is the part of a consumer's configuration that governs acks and redelivery.
 type Config struct {
 	AckPolicy AckPolicy
-	// AckWait is how long a delivery waits for its ack before it is redelivered.
+	// AckWait is how long a delivery waits for its ack before it is redelivered; with no
+	// BackOff, 0 is never (the flow_control ack policy's), as in nats-server.
 	AckWait time.Duration
 	// BackOff, when set, replaces AckWait: the n-th delivery of a message waits BackOff[n-1],
 	// the last value repeating.
@@ -43,6 +44,9 @@ type Config struct {
 	MaxDeliver int
 	// MaxAckPending caps how many messages may wait for their ack; 0 or less is no cap.
 	MaxAckPending int
+	// FlowControl is a push consumer's flow control. nats-server lets such a consumer's
+	// acks run ahead of what it delivered: an AckAll ack past it acks all that was.
+	FlowControl bool
 }
 
 // Pair is a consumer sequence and the stream sequence it delivered.
@@ -53,7 +57,7 @@ type Pair struct {
 
 type pending struct {
 	dseq     uint64 // consumer sequence of the first delivery; acks refer to it
-	deadline int64  // unix ns at which the delivery expires, 0 while queued for redelivery
+	deadline int64  // unix ns at which the delivery expires, 0 while queued for redelivery or never
 }
 
 // State is one consumer's delivery and ack state.
@@ -244,7 +248,11 @@ func (s *State) Deliver(seq, dc uint64, now time.Time) (dseq uint64, floorMoved 
 		p = pending{dseq: dseq}
 		s.order.insert(seq)
 	}
-	s.setDeadline(seq, p, now.Add(s.wait(dc)).UnixNano())
+	if w := s.wait(dc); w > 0 {
+		s.setDeadline(seq, p, now.Add(w).UnixNano())
+	} else {
+		s.pending[seq] = p
+	}
 	return dseq, false
 }
 
@@ -262,8 +270,11 @@ func (s *State) wait(dc uint64) time.Duration {
 // moved.
 func (s *State) Ack(seq, dseq uint64, now time.Time) bool {
 	if seq >= s.sseq {
-		// Never delivered from here: a stale or forged ack must not move the floor.
-		return false
+		if !s.cfg.FlowControl || s.cfg.AckPolicy != AckAll {
+			// Never delivered from here: a stale or forged ack must not move the floor.
+			return false
+		}
+		seq = s.sseq - 1
 	}
 	switch s.cfg.AckPolicy {
 	case AckExplicit:
@@ -353,7 +364,9 @@ func (s *State) Progress(seq uint64, now time.Time) {
 	if _, q := s.queued[seq]; q {
 		return
 	}
-	s.setDeadline(seq, p, now.Add(s.wait(s.rdc[seq]+1)).UnixNano())
+	if w := s.wait(s.rdc[seq] + 1); w > 0 {
+		s.setDeadline(seq, p, now.Add(w).UnixNano())
+	}
 }
 
 // setDeadline stores p, pending for seq, with the deadline at.

@@ -5,6 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
+
 	"github.com/jetgres/jetgres/internal/clock/clocktest"
 )
 
@@ -458,4 +460,43 @@ func TestShownIgnoresSkips(t *testing.T) {
 	s.Ack(6, 3, clk.Now())
 	wantFloor(t, s, 4, 9)
 	wantShown("all acked", Pair{4, 7}, Pair{4, 7})
+}
+
+// The flow_control ack policy acks as AckAll and, with no ack wait, never redelivers.
+func TestAckFlowControlPolicy(t *testing.T) {
+	cfg := ConfigOf(&server.ConsumerConfig{AckPolicy: server.AckFlowControl, FlowControl: true, MaxAckPending: 4})
+	if cfg.AckPolicy != AckAll || cfg.AckWait != 0 {
+		t.Fatalf("config %+v", cfg)
+	}
+	s, clk := setup(t, cfg)
+	deliverNew(s, clk, 1, 4)
+	if !s.AtMaxAckPending() {
+		t.Fatal("4 pending of 4 is not at max_ack_pending")
+	}
+	if !s.NextDeadline().IsZero() {
+		t.Fatalf("next deadline %v, want none", s.NextDeadline())
+	}
+	clk.Advance(time.Hour)
+	if queued, _ := s.Expire(clk.Now()); queued || s.HasRedeliveries() {
+		t.Fatal("a delivery without ack wait expired")
+	}
+	s.Progress(2, clk.Now())
+	if !s.NextDeadline().IsZero() {
+		t.Fatal("progress gave a delivery without ack wait a deadline")
+	}
+	if !s.Ack(3, 3, clk.Now()) {
+		t.Fatal("an answer naming 3 did not move the floor")
+	}
+	wantFloor(t, s, 3, 3)
+	if s.NumAckPending() != 1 || s.AtMaxAckPending() {
+		t.Fatalf("pending = %d after the floor moved to 3", s.NumAckPending())
+	}
+	// An answer past what was delivered acks all that was, and no further.
+	if !s.Ack(9, 9, clk.Now()) {
+		t.Fatal("an answer past what was delivered did not move the floor")
+	}
+	wantFloor(t, s, 4, 4)
+	if s.NumAckPending() != 0 || s.Next() != 5 {
+		t.Fatalf("pending = %d, next %d after acking past delivery", s.NumAckPending(), s.Next())
+	}
 }

@@ -194,11 +194,6 @@ func CheckConsumerConfig(req server.ConsumerConfig, scfg *server.StreamConfig) (
 	if e := checkConfigText(cfg); e != nil {
 		return cfg, e
 	}
-	// Checked first so that a malformed one gets nats-server's answer: the policy acks by
-	// flow-control responses for stream sourcing, which jetgres does not do.
-	if cfg.AckPolicy == server.AckFlowControl {
-		return cfg, server.NewJSConsumerCreateError(errors.New("the flow_control ack policy is not supported by jetgres"))
-	}
 	return cfg, nil
 }
 

@@ -106,10 +106,10 @@ func TestPushConsumerConfig(t *testing.T) {
 		}
 	}
 
-	// A valid flow_control ack policy is nats-server's, for stream sourcing: refused as
-	// unsupported, after the defaults it implies (flow control, a 1s heartbeat).
+	// A valid flow_control ack policy, as stream sourcing asks for it, gets the defaults it
+	// implies: flow control, a 1s heartbeat, no ack wait and the default max_ack_pending.
 	got, e := CheckConsumerConfig(push(func(c *server.ConsumerConfig) { c.AckPolicy = server.AckFlowControl }), &scfg)
-	if e == nil || e.ErrCode != server.ApiErrors[server.JSConsumerCreateErrF].ErrCode || !got.FlowControl || got.Heartbeat != time.Second {
+	if e != nil || !got.FlowControl || got.Heartbeat != time.Second || got.AckWait != 0 || got.MaxAckPending != consumerMaxAckPendingDefault {
 		t.Errorf("flow_control ack policy: %+v, %v", got, e)
 	}
 }

@@ -148,18 +148,21 @@ func FuzzConsumerConfig(f *testing.F) {
 			t.Fatalf("accepted a pull consumer with push options: %+v", cfg)
 		case cfg.FlowControl && cfg.Heartbeat == 0:
 			t.Fatalf("accepted flow control without heartbeats: %+v", cfg)
-		case cfg.AckPolicy != server.AckNone && cfg.AckPolicy != server.AckAll && cfg.AckPolicy != server.AckExplicit:
+		case cfg.AckPolicy < server.AckNone || cfg.AckPolicy > server.AckFlowControl:
 			t.Fatalf("accepted ack policy %v", cfg.AckPolicy)
+		case cfg.AckPolicy == server.AckFlowControl && (!push || !cfg.FlowControl || cfg.Heartbeat != time.Second ||
+			cfg.MaxAckPending <= 0 || cfg.AckWait != 0 || len(cfg.BackOff) > 0 || cfg.MaxDeliver != -1):
+			t.Fatalf("accepted the flow_control ack policy with %+v", cfg)
 		case cfg.MaxDeliver != -1 && cfg.MaxDeliver < 1:
 			t.Fatalf("accepted max_deliver %d", cfg.MaxDeliver)
 		case cfg.MaxWaiting < 0 || cfg.Heartbeat < 0 || cfg.AckWait < 0 || cfg.MaxAckPending < -1 || cfg.InactiveThreshold < 0:
 			t.Fatalf("accepted limits %+v", cfg)
-		case cfg.AckPolicy != server.AckNone && cfg.AckWait == 0 && (len(cfg.BackOff) == 0 || cfg.BackOff[0] != 0):
+		case cfg.AckPolicy != server.AckNone && cfg.AckPolicy != server.AckFlowControl && cfg.AckWait == 0 && (len(cfg.BackOff) == 0 || cfg.BackOff[0] != 0):
 			// nats-server takes the ack wait from the first backoff, a zero one included.
 			t.Fatalf("accepted an acked consumer without an ack wait: %+v", cfg)
 		case cfg.MaxRequestBatch < 0 || cfg.MaxRequestMaxBytes < 0 || cfg.MaxRequestExpires < 0:
 			t.Fatalf("accepted request limits %+v", cfg)
-		case workQueue && (cfg.AckPolicy != server.AckExplicit || cfg.MaxAckPending > 100 || cfg.InactiveThreshold > time.Hour):
+		case workQueue && (cfg.AckPolicy != server.AckExplicit && cfg.AckPolicy != server.AckFlowControl || cfg.MaxAckPending > 100 || cfg.InactiveThreshold > time.Hour):
 			t.Fatalf("accepted %+v on a work queue with consumer limits", cfg)
 		case cfg.Name != "" && !ValidName(cfg.Name), cfg.Durable != "" && !ValidName(cfg.Durable):
 			t.Fatalf("accepted names %q, %q", cfg.Name, cfg.Durable)

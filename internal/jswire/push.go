@@ -1,6 +1,7 @@
 package jswire
 
 import (
+	"strconv"
 	"strings"
 
 	"github.com/nats-io/nats-server/v2/server"
@@ -55,6 +56,22 @@ func ParseFlowControlSubject(subject string) (stream, consumer string, ok bool) 
 // the deliver subject with FlowControlSubject as its reply.
 func FlowControlStatus() []byte {
 	return StatusHeader(100, descFlowControl)
+}
+
+// FlowControlAck reads what an answer to a flow-control request acknowledges under the
+// flow_control ack policy: the Nats-Last-Stream and Nats-Last-Consumer headers a sourcing
+// stream puts on it. As in nats-server, an answer without a positive stream sequence acks
+// nothing, and one without a positive consumer sequence acks with consumer sequence 0.
+func FlowControlAck(hdr []byte) (sseq, dseq uint64, ok bool) {
+	sseq, err := strconv.ParseUint(HeaderValue(hdr, server.JSLastStreamSeq), 10, 64)
+	if err != nil || sseq == 0 {
+		return 0, 0, false
+	}
+	dseq, err = strconv.ParseUint(HeaderValue(hdr, server.JSLastConsumerSeq), 10, 64)
+	if err != nil {
+		dseq = 0
+	}
+	return sseq, dseq, true
 }
 
 // PushHeartbeatStatus is a push consumer's idle heartbeat: HeartbeatStatus, and while a

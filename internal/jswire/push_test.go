@@ -41,3 +41,27 @@ func TestPushStatusLines(t *testing.T) {
 		t.Errorf("stalled heartbeat %q", got)
 	}
 }
+
+// An answer acks what its headers name, as a sourcing stream writes them, and nothing
+// without a positive stream sequence.
+func TestFlowControlAck(t *testing.T) {
+	for _, c := range []struct {
+		hdr        string
+		sseq, dseq uint64
+		ok         bool
+	}{
+		{"NATS/1.0\r\nNats-Last-Consumer: 7\r\nNats-Last-Stream: 9\r\n\r\n", 9, 7, true},
+		{"NATS/1.0\r\nNats-Last-Consumer: 0\r\nNats-Last-Stream: 9\r\n\r\n", 9, 0, true},
+		{"NATS/1.0\r\nNats-Last-Stream: 9\r\n\r\n", 9, 0, true},
+		{"NATS/1.0\r\nNats-Last-Consumer: -3\r\nNats-Last-Stream: 9\r\n\r\n", 9, 0, true},
+		{"NATS/1.0\r\nNats-Last-Consumer: 7\r\nNats-Last-Stream: 0\r\n\r\n", 0, 0, false},
+		{"NATS/1.0\r\nNats-Last-Consumer: 7\r\nNats-Last-Stream: x\r\n\r\n", 0, 0, false},
+		{"NATS/1.0\r\nNats-Last-Consumer: 7\r\n\r\n", 0, 0, false},
+		{"", 0, 0, false},
+	} {
+		sseq, dseq, ok := FlowControlAck([]byte(c.hdr))
+		if sseq != c.sseq || dseq != c.dseq || ok != c.ok {
+			t.Errorf("%q: %d %d %v, want %d %d %v", c.hdr, sseq, dseq, ok, c.sseq, c.dseq, c.ok)
+		}
+	}
+}

@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 
 	"github.com/jetgres/jetgres/bridge/consumer/startpos"
+	"github.com/jetgres/jetgres/bridge/consumer/storedinfo"
 	"github.com/jetgres/jetgres/bridge/jserr"
 	"github.com/jetgres/jetgres/bridge/stream"
 	"github.com/jetgres/jetgres/internal/jswire"
@@ -161,14 +162,14 @@ func (cs *Engine) infoLocked(c *consumer) (info *server.ConsumerInfo, from, extr
 		Name:           c.name,
 		Created:        c.created.UTC(),
 		Config:         jswire.ConsumerConfigForResponse(&cfg),
-		Delivered:      server.SequenceInfo{Consumer: d.Consumer, Stream: d.Stream, Last: utcOrNil(c.st.LastDelivered())},
-		AckFloor:       server.SequenceInfo{Consumer: f.Consumer, Stream: f.Stream, Last: utcOrNil(c.st.LastAcked())},
+		Delivered:      server.SequenceInfo{Consumer: d.Consumer, Stream: d.Stream, Last: storedinfo.UTCOrNil(c.st.LastDelivered())},
+		AckFloor:       server.SequenceInfo{Consumer: f.Consumer, Stream: f.Stream, Last: storedinfo.UTCOrNil(c.st.LastAcked())},
 		NumAckPending:  c.st.NumAckPending(),
 		NumRedelivered: c.st.NumRedelivered(),
 		TimeStamp:      now.UTC(),
 		Cluster:        cs.clusterInfo(cs.owner),
 	}
-	info.Paused, info.PauseRemaining = PausedAt(cfg.PauseUntil, now)
+	info.Paused, info.PauseRemaining = storedinfo.PausedAt(cfg.PauseUntil, now)
 	info.NumWaiting = c.out.numWaiting(now)
 	from, extra = c.countFrom()
 	return info, from, extra
@@ -196,34 +197,11 @@ func (cs *Engine) highWater(ctx context.Context, s *stream.Stream) (uint64, erro
 // rowInfo reports a consumer this process does not serve, from its stored row; hw is the
 // stream's high-water mark, read once however many rows a listing reports.
 func (cs *Engine) rowInfo(ctx context.Context, s *stream.Stream, row pg.Consumer, hw uint64) (*server.ConsumerInfo, error) {
-	var cfg server.ConsumerConfig
-	if err := json.Unmarshal(row.Config, &cfg); err != nil {
-		return nil, err
-	}
-	// A consumer read in SQL (jetgres.next) reports what its transactions committed.
-	sq, inSQL, err := cs.db.SQLConsumerState(ctx, row.ID)
+	info, err := storedinfo.Info(ctx, cs.db, s.ID(), s.Name(), row, hw, cs.clock.Now())
 	if err != nil {
 		return nil, err
 	}
-	from := row.AckStreamSeq + 1
-	if inSQL {
-		from = max(from, sq.DeliveredStreamSeq+1)
-	}
-	np, err := cs.db.CountPending(ctx, pg.PendingParams{StreamID: s.ID(), From: from, UpTo: hw, Filters: jswire.ConsumerFilters(&cfg)})
-	if err != nil {
-		return nil, err
-	}
-	now := cs.clock.Now()
-	floor := server.SequenceInfo{Consumer: row.AckConsumerSeq, Stream: row.ShownStreamSeq}
-	info := &server.ConsumerInfo{Stream: s.Name(), Name: row.Name, Created: row.Created.UTC(), Config: jswire.ConsumerConfigForResponse(&cfg),
-		Delivered: floor, AckFloor: floor, NumPending: np, TimeStamp: now.UTC(), PushBound: cs.pushBound(&cfg)}
-	if inSQL {
-		info.Delivered = server.SequenceInfo{Consumer: sq.DeliveredConsumerSeq, Stream: max(sq.DeliveredStreamSeq, row.ShownStreamSeq),
-			Last: utcOrNil(sq.LastDelivered)}
-		info.AckFloor.Last = utcOrNil(sq.LastAcked)
-		info.NumAckPending, info.NumRedelivered = sq.AckPending, sq.Redelivered
-	}
-	info.Paused, info.PauseRemaining = PausedAt(cfg.PauseUntil, now)
+	info.PushBound = cs.pushBound(info.Config)
 	info.Cluster = cs.clusterInfo(row.Owner)
 	return info, nil
 }
@@ -233,22 +211,6 @@ func (cs *Engine) rowInfo(ctx context.Context, s *stream.Stream, row pg.Consumer
 // link hears it from the embedded server.
 func (cs *Engine) pushBound(cfg *server.ConsumerConfig) bool {
 	return cfg.DeliverSubject != "" && cs.link.HasQueueInterest(cfg.DeliverSubject, cfg.DeliverGroup)
-}
-
-// PausedAt reports whether pause_until holds deliveries back at now, and for how long yet.
-func PausedAt(until *time.Time, now time.Time) (paused bool, remaining time.Duration) {
-	if until == nil || !now.Before(*until) {
-		return false, 0
-	}
-	return true, until.Sub(now)
-}
-
-func utcOrNil(t time.Time) *time.Time {
-	if t.IsZero() {
-		return nil
-	}
-	u := t.UTC()
-	return &u
 }
 
 // Info reports the consumer called name on s. When another replica serves it, forward is

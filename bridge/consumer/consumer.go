@@ -18,6 +18,7 @@ import (
 	"github.com/jetgres/jetgres/bridge/consumer/readahead"
 	"github.com/jetgres/jetgres/bridge/consumer/replay"
 	"github.com/jetgres/jetgres/bridge/consumer/startpos"
+	"github.com/jetgres/jetgres/bridge/consumer/storedinfo"
 	"github.com/jetgres/jetgres/bridge/consumerstate"
 	"github.com/jetgres/jetgres/internal/jswire"
 	"github.com/jetgres/jetgres/internal/wake"
@@ -526,7 +527,7 @@ func (c *consumer) nextWake(now time.Time) time.Time {
 
 // paused reports whether pause_until holds deliveries back at now.
 func (c *consumer) paused(now time.Time) bool {
-	paused, _ := PausedAt(c.cfg.PauseUntil, now)
+	paused, _ := storedinfo.PausedAt(c.cfg.PauseUntil, now)
 	return paused
 }
 

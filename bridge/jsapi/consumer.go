@@ -8,7 +8,7 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nuid"
 
-	"github.com/jetgres/jetgres/bridge/consumer"
+	"github.com/jetgres/jetgres/bridge/consumer/storedinfo"
 	"github.com/jetgres/jetgres/bridge/jserr"
 	"github.com/jetgres/jetgres/bridge/ownership"
 	"github.com/jetgres/jetgres/bridge/stream"
@@ -184,7 +184,7 @@ func (a *API) apiPause(ctx context.Context, streamName, name string, data []byte
 		return resp, err
 	}
 	resp.PauseUntil = until
-	resp.Paused, resp.PauseRemaining = consumer.PausedAt(&until, a.clock.Now())
+	resp.Paused, resp.PauseRemaining = storedinfo.PausedAt(&until, a.clock.Now())
 	return resp, nil
 }
 

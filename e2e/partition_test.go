@@ -390,3 +390,126 @@ func (c *cluster) clusterPort(i int) int {
 	}
 	return n
 }
+
+// TestReplicaCutFromReplicas drops the packets of the routes between two replicas, neither
+// cut off from PostgreSQL: each keeps serving the consumers it owns to its own clients,
+// takes none of the other's, fences nothing, and stores what its clients publish.
+func TestReplicaCutFromReplicas(t *testing.T) {
+	t.Parallel()
+	const stream = "ROUTES"
+	cut := newSilencer(t)
+	c := newCluster(t, testDatabase(t), 2, "--lease", partitionLease.String())
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	_, js := c.rep(0).connect(t)
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: stream, Subjects: []string{"routes.>"}}); err != nil {
+		t.Fatal(err)
+	}
+	// Consumers are created until each replica serves one.
+	own := make([]string, 2)
+	for n := 0; own[0] == "" || own[1] == ""; n++ {
+		if n == 20 {
+			t.Fatalf("20 consumers, and a replica serves none: %q", own)
+		}
+		name := fmt.Sprintf("c%d", n)
+		cons, err := js.CreateOrUpdateConsumer(ctx, stream, jetstream.ConsumerConfig{Durable: name, AckPolicy: jetstream.AckExplicitPolicy})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if i := servedBy(t, cons.CachedInfo()); own[i] == "" {
+			own[i] = name
+		}
+	}
+	publishAll(t, ctx, js, "routes.x", 3000, func(int) []byte { return []byte("x") })
+
+	served := make([]float64, 2)
+	for i := range 2 {
+		m, err := c.rep(i).metrics()
+		if err != nil {
+			t.Fatal(err)
+		}
+		served[i] = m["jetgres_consumers_served"]
+	}
+	// One slow client per replica, on the consumer that replica serves.
+	var mu sync.Mutex
+	last := make([]time.Time, 2)
+	got := make([]int, 2)
+	jss := make([]jetstream.JetStream, 2)
+	workCtx, stopWork := context.WithCancel(ctx)
+	defer stopWork()
+	var wg sync.WaitGroup
+	for i := range 2 {
+		_, jsi := c.rep(i).connect(t)
+		jss[i] = jsi
+		cons, err := jsi.Consumer(ctx, stream, own[i])
+		if err != nil {
+			t.Fatal(err)
+		}
+		wg.Go(func() {
+			for workCtx.Err() == nil {
+				batch, err := cons.Fetch(5, jetstream.FetchMaxWait(500*time.Millisecond))
+				if err != nil {
+					continue
+				}
+				for m := range batch.Messages() {
+					mu.Lock()
+					last[i], got[i] = time.Now(), got[i]+1
+					mu.Unlock()
+					_ = m.Ack()
+				}
+				time.Sleep(50 * time.Millisecond) // slow, so that the backlog lasts
+			}
+		})
+	}
+	testwait.For(t, time.Minute, func() error {
+		mu.Lock()
+		defer mu.Unlock()
+		if got[0] < 50 || got[1] < 50 {
+			return fmt.Errorf("received %v", got)
+		}
+		return nil
+	})
+	ports := []int{c.clusterPort(0), c.clusterPort(1)}
+	cut.silence(ports...)
+	cutAt := time.Now()
+	t.Logf("routes cut (packets dropped on ports %v)", ports)
+
+	// Past a lease and a half, each replica still delivers to its own client.
+	testwait.For(t, time.Minute, func() error {
+		mu.Lock()
+		defer mu.Unlock()
+		for i := range 2 {
+			if since := last[i].Sub(cutAt); since < partitionLease*3/2 {
+				return fmt.Errorf("r%d last delivered %v after the cut", i+1, since.Round(time.Millisecond))
+			}
+		}
+		return nil
+	})
+	for i := range 2 {
+		pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		ack, err := jss[i].Publish(pctx, "routes.x", []byte("after the cut"))
+		cancel()
+		if err != nil {
+			t.Errorf("publish through r%d after the routes were cut: %v", i+1, err)
+		} else {
+			t.Logf("publish through r%d after the routes were cut stored at %d", i+1, ack.Sequence)
+		}
+	}
+	stopWork()
+	wg.Wait()
+	for i := range 2 {
+		m, err := c.rep(i).metrics()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if f := m["jetgres_consumer_fencings_total"]; f != 0 {
+			t.Errorf("r%d fenced %v times", i+1, f)
+		}
+		if s := m["jetgres_consumers_served"]; s != served[i] {
+			t.Errorf("r%d serves %v consumers, %v before the cut", i+1, s, served[i])
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	t.Logf("FIGURES received_by_client_of_replica=%v served=%v", got, served)
+}

@@ -14,6 +14,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -151,8 +152,9 @@ func TestReplicaPartitionedFromDatabase(t *testing.T) {
 	}
 	victim := servedBy(t, pullCons.CachedInfo())
 	for try := 0; ; try++ {
+		name := fmt.Sprintf("push%d", try)
 		push, err := js1.CreateOrUpdateConsumer(ctx, stream, jetstream.ConsumerConfig{
-			Durable: "push", DeliverSubject: "deliver.part", AckPolicy: jetstream.AckExplicitPolicy,
+			Durable: name, DeliverSubject: "deliver.part", AckPolicy: jetstream.AckExplicitPolicy,
 			AckWait: time.Minute, MaxAckPending: 50})
 		if err != nil {
 			t.Fatal(err)
@@ -163,9 +165,8 @@ func TestReplicaPartitionedFromDatabase(t *testing.T) {
 		if try == 20 {
 			t.Fatalf("the push consumer was served elsewhere than r%d 20 times", victim+1)
 		}
-		if err := js1.DeleteConsumer(ctx, stream, "push"); err != nil {
-			t.Fatal(err)
-		}
+		// The replica answering the delete may not have read the creation yet.
+		testwait.For(t, 30*time.Second, func() error { return js1.DeleteConsumer(ctx, stream, name) })
 	}
 	var others []int
 	for i := range 3 {
@@ -249,6 +250,14 @@ func TestReplicaPartitionedFromDatabase(t *testing.T) {
 			return fmt.Errorf("pull %d, push %d delivered", p, q)
 		}
 		return nil
+	})
+	// Should the test fail, the cut replica's goroutines show where it stands: SIGQUIT makes
+	// the Go runtime print them to its log, which the failed test shows.
+	t.Cleanup(func() {
+		if v := c.rep(victim); t.Failed() && !v.hasExited() {
+			_ = v.cmd.Process.Signal(syscall.SIGQUIT)
+			_ = v.wait(10 * time.Second)
+		}
 	})
 	cut.silence(fronts[victim].port())
 	cutAt := time.Now()

@@ -414,14 +414,16 @@ func TestReplicaCutFromReplicas(t *testing.T) {
 	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: stream, Subjects: []string{"routes.>"}}); err != nil {
 		t.Fatal(err)
 	}
-	// Consumers are created until each replica serves one.
+	// Consumers are created, through each replica in turn, until each replica serves one.
+	_, jsOther := c.rep(1).connect(t)
+	creators := []jetstream.JetStream{js, jsOther}
 	own := make([]string, 2)
 	for n := 0; own[0] == "" || own[1] == ""; n++ {
-		if n == 20 {
-			t.Fatalf("20 consumers, and a replica serves none: %q", own)
+		if n == 40 {
+			t.Fatalf("40 consumers, and a replica serves none: %q", own)
 		}
 		name := fmt.Sprintf("c%d", n)
-		cons, err := js.CreateOrUpdateConsumer(ctx, stream, jetstream.ConsumerConfig{Durable: name, AckPolicy: jetstream.AckExplicitPolicy})
+		cons, err := creators[n%2].CreateOrUpdateConsumer(ctx, stream, jetstream.ConsumerConfig{Durable: name, AckPolicy: jetstream.AckExplicitPolicy})
 		if err != nil {
 			t.Fatal(err)
 		}

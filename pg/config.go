@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net/url"
 	"regexp"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -66,6 +67,14 @@ type Config struct {
 	// on a later pass. Defaults to ChunkDetachTimeoutDefault.
 	ChunkDetachTimeout time.Duration
 
+	// Keepalive bounds how long PostgreSQL keeps the session of a pooled connection whose
+	// network went silent (a partition, a machine gone): see keepaliveParams. A session
+	// left open keeps its transaction's row locks, which another replica taking over the
+	// consumers would wait for. Zero leaves PostgreSQL's settings, which leave it to the
+	// operating system (two hours and more by default). A URL that sets one of the
+	// parameters keeps its own.
+	Keepalive time.Duration
+
 	// Logger receives pg's records. Defaults to discarding them.
 	Logger *slog.Logger
 }
@@ -105,12 +114,35 @@ func (c *Config) validate() error {
 	if c.ChunkDetachTimeout < 0 {
 		errs = append(errs, fmt.Errorf("Config.ChunkDetachTimeout must not be negative, got %s", c.ChunkDetachTimeout))
 	}
+	if c.Keepalive < 0 {
+		errs = append(errs, fmt.Errorf("Config.Keepalive must not be negative, got %s", c.Keepalive))
+	}
 	switch c.SynchronousCommit {
 	case "", "on", "off":
 	default:
 		errs = append(errs, fmt.Errorf(`Config.SynchronousCommit must be "on" or "off", got %q`, c.SynchronousCommit))
 	}
 	return errors.Join(errs...)
+}
+
+// keepaliveProbes is how many keepalive probes, a second apart, PostgreSQL sends a silent
+// connection before it ends the session.
+const keepaliveProbes = 3
+
+// keepaliveParams are the server settings, sent with a connection's startup, that make
+// PostgreSQL end a session whose network went silent within keepalive + keepaliveProbes
+// seconds: keepalive probes once the connection has been idle for keepalive, and
+// tcp_user_timeout for a connection that is not idle, whose last answer was never
+// acknowledged (keepalives do not run then, and retransmissions go on for a quarter of an
+// hour). Both act on PostgreSQL's socket: the client's side of a partition is bounded by
+// the statement timeouts and, for the consumers, by the fence.
+func keepaliveParams(keepalive time.Duration) map[string]string {
+	return map[string]string{
+		"tcp_keepalives_idle":     strconv.Itoa(max(int(keepalive/time.Second), 1)),
+		"tcp_keepalives_interval": "1",
+		"tcp_keepalives_count":    strconv.Itoa(keepaliveProbes),
+		"tcp_user_timeout":        strconv.FormatInt((max(keepalive, time.Second) + keepaliveProbes*time.Second).Milliseconds(), 10),
+	}
 }
 
 var keywordPassword = regexp.MustCompile(`(?i)(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)`)

@@ -62,6 +62,13 @@ func Open(ctx context.Context, cfg Config) (*DB, error) {
 	if _, ok := pcfg.ConnConfig.RuntimeParams["application_name"]; !ok {
 		pcfg.ConnConfig.RuntimeParams["application_name"] = applicationName
 	}
+	if cfg.Keepalive > 0 {
+		for k, v := range keepaliveParams(cfg.Keepalive) {
+			if _, ok := pcfg.ConnConfig.RuntimeParams[k]; !ok {
+				pcfg.ConnConfig.RuntimeParams[k] = v
+			}
+		}
+	}
 	pcfg.ConnConfig.BuildContextWatcherHandler = func(c *pgconn.PgConn) ctxwatch.Handler { return newServerCancel(c) }
 	// A connection can come back to the pool marked by pgx-internal work, such as the liveness
 	// ping pgxpool runs on acquire, having been cancelled.

@@ -4,7 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
+	"maps"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -114,8 +114,9 @@ const (
 // OpenOwnership opens the dedicated connection. clk stamps the confirmations that Confirmed
 // reports, so that a caller measuring their age on its own clock compares like with like;
 // nil means the system clock. keepalive is how long PostgreSQL waits on a silent connection
-// before probing it (then three probes a second apart): a replica cut off from the database
-// has stopped delivering long before PostgreSQL gives its locks away. timeout bounds every
+// before probing it (then three probes a second apart), and bounds an unacknowledged answer
+// as long (keepaliveParams): a replica cut off from the database has stopped delivering long
+// before PostgreSQL gives its locks away. timeout bounds every
 // statement on the connection; one that runs past it breaks the connection, so that the
 // caller learns at once that it can vouch for nothing. Both are in real time, whatever clk
 // is: they bound what PostgreSQL and the network do.
@@ -136,10 +137,7 @@ func (o *Ownership) Reconnect(ctx context.Context) error {
 		return nil
 	}
 	cfg := o.db.pool.Config().ConnConfig.Copy()
-	secs := strconv.Itoa(max(int(o.keepalive/time.Second), 1))
-	cfg.RuntimeParams["tcp_keepalives_idle"] = secs
-	cfg.RuntimeParams["tcp_keepalives_interval"] = "1"
-	cfg.RuntimeParams["tcp_keepalives_count"] = "3"
+	maps.Copy(cfg.RuntimeParams, keepaliveParams(o.keepalive))
 	cfg.RuntimeParams["application_name"] = cfg.RuntimeParams["application_name"] + " ownership"
 	// A statement that runs out of time ends at its deadline, as pgx's own handler ends it:
 	// the pool's handler first asks the server to cancel it, which through a network that

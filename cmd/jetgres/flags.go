@@ -132,7 +132,7 @@ func (c *config) settings() []setting {
 		{"routes", envOf("routes"), "comma-separated route URLs of the other replicas (nats://host:port), as nats-server's --routes", &c.Routes, ""},
 		{"cluster-name", envOf("cluster-name"), "name of the NATS cluster, the same on every replica; stream and consumer info report it", &c.ClusterName, "jetgres"},
 		{"js-domain", envOf("js-domain"), "JetStream domain of jetgres, as nats-server's jetstream.domain: clients across leafnode remotes reach it as $JS.<domain>.API (empty: --nats-config's, else none); its own clients' API requests never leave it", &c.JSDomain, ""},
-		{"lease", envOf("lease"), "how long a replica's ownership session may be silent before PostgreSQL frees its consumers for other replicas; a replica that cannot confirm its session stops delivering after a fifth of it", &c.Lease, bridge.LeaseDefault},
+		{"lease", envOf("lease"), "how long a replica's ownership session may be silent before PostgreSQL frees its consumers for other replicas; a replica that cannot confirm its session stops delivering after a fifth of it; PostgreSQL ends a session whose network fell silent within it plus 3 s", &c.Lease, bridge.LeaseDefault},
 	}
 }
 

@@ -138,6 +138,7 @@ func (n *node) start(ctx context.Context) error {
 		MaxConns:          int32(cfg.PoolSize),
 		StmtTimeout:       cfg.StmtTimeout,
 		SynchronousCommit: cfg.SyncCommit,
+		Keepalive:         cfg.Lease,
 		Logger:            n.log.With("component", "pg"),
 	})
 	if err != nil {

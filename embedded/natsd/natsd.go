@@ -140,13 +140,29 @@ type ClusterConfig struct {
 	Name string
 }
 
-// apply sets the route listener, routes and name on opts.
+// A route whose network fell silent (a partition, not a closed connection) is closed after
+// routeMaxPingsOut pings of routePingInterval go unanswered, seconds rather than the minute
+// and more of nats-server's defaults: until it is closed, the queue group hands publishes
+// and API requests to the replica behind it, and they are lost. A configuration file's
+// cluster ping_interval and ping_max win.
+const (
+	routePingInterval = 2 * time.Second
+	routeMaxPingsOut  = 2
+)
+
+// apply sets the route listener, routes, name and route pings on opts.
 func (cc ClusterConfig) apply(opts *server.Options) error {
 	if cc.Listen == "" {
 		if len(cc.Routes) > 0 {
 			return errors.New("natsd: Cluster.Routes needs Cluster.Listen")
 		}
 		return nil
+	}
+	if opts.Cluster.PingInterval == 0 {
+		opts.Cluster.PingInterval = routePingInterval
+	}
+	if opts.Cluster.MaxPingsOut == 0 {
+		opts.Cluster.MaxPingsOut = routeMaxPingsOut
 	}
 	host, p, err := net.SplitHostPort(cc.Listen)
 	if err != nil {

@@ -36,7 +36,7 @@ const (
 // failoverRun is one test's pair, jetgres, load and what the checks need.
 type failoverRun struct {
 	t    *testing.T
-	pair *pgtest.Pair
+	pair *pgtest.PrimaryStandby
 	j    *jetgres
 	js   jetstream.JetStream
 	pubs []*onePub
@@ -320,19 +320,19 @@ func (r *failoverRun) noRewind() {
 // its synchronous standby promoted. Nothing acknowledged is lost, and publishing resumes
 // within resumeBound of the promotion.
 func TestFailoverSynchronousStandby(t *testing.T) {
-	promoteSynchronous(t, (*pgtest.Pair).KillPrimary)
+	promoteSynchronous(t, (*pgtest.PrimaryStandby).KillPrimary)
 }
 
 // TestSwitchoverSynchronousStandby (b): a planned switchover under load, the primary shut
 // down (fast) and the standby promoted.
 func TestSwitchoverSynchronousStandby(t *testing.T) {
-	promoteSynchronous(t, (*pgtest.Pair).StopPrimary)
+	promoteSynchronous(t, (*pgtest.PrimaryStandby).StopPrimary)
 }
 
 // promoteSynchronous ends the primary of a synchronous pair under load with stop, promotes
 // the standby, and checks that nothing acknowledged was lost, nothing was rewound, and
 // publishing resumed within resumeBound of the promotion.
-func promoteSynchronous(t *testing.T, stop func(*pgtest.Pair)) {
+func promoteSynchronous(t *testing.T, stop func(*pgtest.PrimaryStandby)) {
 	r := startFailoverRun(t, pgtest.PairConfig{Synchronous: true})
 	stop(r.pair)
 	gap := r.promoted(r.pair.Promote())

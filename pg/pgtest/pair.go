@@ -29,16 +29,16 @@ type PairConfig struct {
 	Synchronous bool
 }
 
-// Pair is a PostgreSQL primary and a hot standby that streams its WAL, for tests of a
+// PrimaryStandby is a PostgreSQL primary and a hot standby that streams its WAL, for tests of a
 // promotion: the primary killed or shut down, the standby promoted in its place. Each is a
 // cluster of its own, started with localpg as the shared test cluster is (as an unprivileged
 // user when the tests run as root), the standby made from the primary with pg_basebackup -R.
 // Unlike the shared cluster, the primary waits for its WAL to be flushed
 // (synchronous_commit = on), which synchronous replication needs. Each server is reached on
 // a TCP address of its own through a Proxy, so that URL can name both as a client of a
-// replicated PostgreSQL does. Everything is stopped and removed when the test ends. A Pair
+// replicated PostgreSQL does. Everything is stopped and removed when the test ends. A PrimaryStandby
 // needs no Main.
-type Pair struct {
+type PrimaryStandby struct {
 	t       testing.TB
 	primary *pairNode
 	standby *pairNode
@@ -69,12 +69,12 @@ const pairWait = time.Minute
 
 // StartPair starts a primary and a streaming standby of it and returns once the standby
 // streams (and, with cfg.Synchronous, is the primary's synchronous standby).
-func StartPair(t testing.TB, cfg PairConfig) *Pair {
+func StartPair(t testing.TB, cfg PairConfig) *PrimaryStandby {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
 	defer cancel()
 	removeLeftovers(ctx)
-	p := &Pair{t: t}
+	p := &PrimaryStandby{t: t}
 	var err error
 	if p.primary, err = startPairNode(t, ctx, nil); err != nil {
 		t.Fatalf("pgtest: starting the primary: %v", err)
@@ -147,16 +147,16 @@ func (n *pairNode) stop(t testing.TB) {
 
 // URL is the connection string of the jetgres database on both servers, the primary first,
 // with target_session_attrs=read-write: a client connects to whichever accepts writes.
-func (p *Pair) URL() string {
+func (p *PrimaryStandby) URL() string {
 	return fmt.Sprintf("postgres://%s@%s,%s/%s?sslmode=disable&target_session_attrs=read-write",
 		localpg.Superuser, p.primary.proxy.Addr(), p.standby.proxy.Addr(), localpg.Database)
 }
 
 // PrimaryDSN and StandbyDSN reach one server each, directly, for the test's own queries.
-func (p *Pair) PrimaryDSN() string { return p.primary.cluster.DSN() }
+func (p *PrimaryStandby) PrimaryDSN() string { return p.primary.cluster.DSN() }
 
 // StandbyDSN is the standby's connection string; after Promote, the new primary's.
-func (p *Pair) StandbyDSN() string { return p.standby.cluster.DSN() }
+func (p *PrimaryStandby) StandbyDSN() string { return p.standby.cluster.DSN() }
 
 // KillPrimary kills the primary's postmaster and every process it started with SIGKILL, as
 // a machine that dies takes them all at once, and returns once the postmaster is gone. Each
@@ -164,7 +164,7 @@ func (p *Pair) StandbyDSN() string { return p.standby.cluster.DSN() }
 // by their parent; the postmaster is stopped first, so that it starts none meanwhile, and
 // all are stopped before any is killed, so that none sees another die and does anything
 // about it.
-func (p *Pair) KillPrimary() {
+func (p *PrimaryStandby) KillPrimary() {
 	p.t.Helper()
 	n := p.primary
 	n.killed = true
@@ -188,7 +188,7 @@ func (p *Pair) KillPrimary() {
 
 // StopPrimary shuts the primary down as a planned switchover does: a fast shutdown, which
 // ends every session and, before it exits, sends the standby all of its WAL.
-func (p *Pair) StopPrimary() {
+func (p *PrimaryStandby) StopPrimary() {
 	p.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), pairWait)
 	defer cancel()
@@ -199,7 +199,7 @@ func (p *Pair) StopPrimary() {
 
 // DetachStandby makes the standby stop receiving the primary's WAL (its primary_conninfo
 // emptied), so that what the primary commits from now on is lost if the standby is promoted.
-func (p *Pair) DetachStandby() {
+func (p *PrimaryStandby) DetachStandby() {
 	p.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), pairWait)
 	defer cancel()
@@ -212,7 +212,7 @@ func (p *Pair) DetachStandby() {
 }
 
 // CatchUp returns once the standby has replayed everything the primary has written.
-func (p *Pair) CatchUp() {
+func (p *PrimaryStandby) CatchUp() {
 	p.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), pairWait)
 	defer cancel()
@@ -232,7 +232,7 @@ func (p *Pair) CatchUp() {
 // writes, with the times it was asked to and found done: pg_promote looks every 100 ms
 // whether the promotion is done, so the new primary may have taken writes up to that long
 // before done.
-func (p *Pair) Promote() (asked, done time.Time) {
+func (p *PrimaryStandby) Promote() (asked, done time.Time) {
 	p.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), pairWait)
 	defer cancel()
@@ -250,11 +250,11 @@ func (p *Pair) Promote() (asked, done time.Time) {
 	return asked, time.Now()
 }
 
-func (p *Pair) execPrimary(ctx context.Context, stmts ...string) error {
+func (p *PrimaryStandby) execPrimary(ctx context.Context, stmts ...string) error {
 	return execOn(ctx, p.PrimaryDSN(), stmts...)
 }
 
-func (p *Pair) waitPrimary(ctx context.Context, cond string) error {
+func (p *PrimaryStandby) waitPrimary(ctx context.Context, cond string) error {
 	return waitOn(ctx, p.PrimaryDSN(), cond)
 }
 

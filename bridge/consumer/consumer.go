@@ -118,7 +118,7 @@ type consumer struct {
 	st         *consumerstate.State
 	out        deliveryStrategy // to waiting pull requests or to the deliver subject
 	start      *startpos.Position
-	ahead      *readahead.Window // read from PostgreSQL, not yet delivered, and the reads of what follows
+	ahead      *readahead.Lookahead // read from PostgreSQL, not yet delivered, and the reads of what follows
 	npc        int64             // num_pending: matching messages never delivered, from next on
 	lastActive time.Time
 	retryAt    time.Time

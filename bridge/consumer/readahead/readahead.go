@@ -6,7 +6,7 @@
 //
 // # Locks
 //
-// It has none. The consumer's goroutine owns a Window under the consumer's lock; a Read's
+// It has none. The consumer's goroutine owns a Lookahead under the consumer's lock; a Read's
 // result is written by the goroutine that runs it before Done is closed, and read only
 // after.
 package readahead
@@ -47,8 +47,8 @@ func (r *Read) Finish(msgs []pg.Message, through uint64, err error) {
 	close(r.done)
 }
 
-// Window is one consumer's read-ahead and its background reads.
-type Window struct {
+// Lookahead is one consumer's read-ahead and its background reads.
+type Lookahead struct {
 	// Msgs are read and not yet delivered, in sequence order: read ORDER BY seq and only
 	// ever extended past their end.
 	Msgs []pg.Message
@@ -62,31 +62,31 @@ type Window struct {
 	maxBytes int
 }
 
-// New returns an empty Window whose reads take at most maxMsgs messages and maxBytes bytes.
-func New(maxMsgs, maxBytes int) *Window { return &Window{maxMsgs: maxMsgs, maxBytes: maxBytes} }
+// New returns an empty Lookahead whose reads take at most maxMsgs messages and maxBytes bytes.
+func New(maxMsgs, maxBytes int) *Lookahead { return &Lookahead{maxMsgs: maxMsgs, maxBytes: maxBytes} }
 
 // Reset replaces the read-ahead with what a read of [from, through] found, forgetting the
 // reads in flight.
-func (b *Window) Reset(from, through uint64, msgs []pg.Message) {
+func (b *Lookahead) Reset(from, through uint64, msgs []pg.Message) {
 	b.Drop()
 	b.learnSpan(from, through, msgs)
 	b.Msgs, b.UpTo = msgs, through
 }
 
 // Drop forgets the read-ahead and the reads in flight, whose results are thrown away.
-func (b *Window) Drop() {
+func (b *Lookahead) Drop() {
 	b.Msgs, b.UpTo = nil, 0
 	b.dropReads()
 	b.gen++
 }
 
-func (b *Window) dropReads() {
+func (b *Lookahead) dropReads() {
 	clear(b.reads)
 	b.reads = b.reads[:0]
 }
 
 // Pop takes the first message off the read-ahead.
-func (b *Window) Pop() {
+func (b *Lookahead) Pop() {
 	b.Msgs = b.Msgs[1:]
 	if len(b.Msgs) == 0 {
 		b.Msgs = nil
@@ -94,7 +94,7 @@ func (b *Window) Pop() {
 }
 
 // Find returns the message at seq when the read-ahead holds it.
-func (b *Window) Find(seq uint64) (pg.Message, bool) {
+func (b *Lookahead) Find(seq uint64) (pg.Message, bool) {
 	if i := tailcache.SearchSeq(b.Msgs, seq); i < len(b.Msgs) && b.Msgs[i].Seq == seq {
 		return b.Msgs[i], true
 	}
@@ -102,15 +102,15 @@ func (b *Window) Find(seq uint64) (pg.Message, bool) {
 }
 
 // InFlight is how many background reads are in flight.
-func (b *Window) InFlight() int { return len(b.reads) }
+func (b *Lookahead) InFlight() int { return len(b.reads) }
 
 // Span is how many sequences a read may look through and stay within its limits, as the
 // reads so far found; 0 before the first.
-func (b *Window) Span() uint64 { return b.span }
+func (b *Lookahead) Span() uint64 { return b.span }
 
 // NextFrom is where the next background read starts: after the last one in flight, or
 // after the read-ahead.
-func (b *Window) NextFrom() uint64 {
+func (b *Lookahead) NextFrom() uint64 {
 	if n := len(b.reads); n > 0 {
 		return b.reads[n-1].UpTo + 1
 	}
@@ -118,14 +118,14 @@ func (b *Window) NextFrom() uint64 {
 }
 
 // Begin records a background read of [from, upTo] for the caller to run and Finish.
-func (b *Window) Begin(from, upTo uint64) *Read {
+func (b *Lookahead) Begin(from, upTo uint64) *Read {
 	r := &Read{gen: b.gen, From: from, UpTo: upTo, done: make(chan struct{})}
 	b.reads = append(b.reads, r)
 	return r
 }
 
 // Oldest is the oldest background read in flight, nil when there is none.
-func (b *Window) Oldest() *Read {
+func (b *Lookahead) Oldest() *Read {
 	if len(b.reads) == 0 {
 		return nil
 	}
@@ -137,7 +137,7 @@ func (b *Window) Oldest() *Read {
 // does not continue the read-ahead (the read before it was cut short), or one that failed
 // takes the reads behind it along, since they start where it was planned to end; failed
 // is its error when it failed and was not thrown away.
-func (b *Window) Take() (ok bool, failed error) {
+func (b *Lookahead) Take() (ok bool, failed error) {
 	r := b.reads[0]
 	if r.gen != b.gen || r.From != b.UpTo+1 || r.err != nil {
 		b.dropReads()
@@ -163,7 +163,7 @@ func (b *Window) Take() (ok bool, failed error) {
 // learnSpan takes from a read of [from, through] that found msgs how many sequences a read
 // may look through and stay within its count and byte limits, at the same density of
 // matching messages and the same sizes.
-func (b *Window) learnSpan(from, through uint64, msgs []pg.Message) {
+func (b *Lookahead) learnSpan(from, through uint64, msgs []pg.Message) {
 	if through < from {
 		return
 	}

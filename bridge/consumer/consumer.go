@@ -119,7 +119,7 @@ type consumer struct {
 	out        deliveryStrategy // to waiting pull requests or to the deliver subject
 	start      *startpos.Position
 	ahead      *readahead.Lookahead // read from PostgreSQL, not yet delivered, and the reads of what follows
-	npc        int64             // num_pending: matching messages never delivered, from next on
+	npc        int64                // num_pending: matching messages never delivered, from next on
 	lastActive time.Time
 	retryAt    time.Time
 	unlocked   bool // mu was released to wait for a read: the pump's reading of the clock is old

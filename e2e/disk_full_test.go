@@ -27,8 +27,10 @@ import (
 
 const (
 	// diskSize is the tmpfs under the test's PostgreSQL data directory: an initialised
-	// cluster with jetgres's schema takes about 70 MB of it.
-	diskSize = 160 << 20
+	// cluster with jetgres's schema takes about 70 MB of it, and the WAL grows towards
+	// max_wal_size (1 GB) while the publishers run. With 160 MB, a fast machine filled the
+	// disk again with WAL after the filler went, and the test saw a disk that never had room.
+	diskSize = 512 << 20
 	// walDiskSize is the tmpfs under pg_wal alone, which starts with one 16 MB segment.
 	walDiskSize = 64 << 20
 	// diskLeft is what the filler file leaves free: less than one WAL segment (16 MB), so
@@ -236,7 +238,8 @@ func runDiskFull(t *testing.T, j *jetgres, dir, dsn string, restartDB func(*test
 			firstAck = firstAckAfter(pubs, freeAt)
 		}
 		if ready.IsZero() || firstAck.IsZero() {
-			return fmt.Errorf("not back %v after the disk had room: ready %v, PubAck %v", time.Since(freeAt), ready, firstAck)
+			_, body, _ := j.get("/readyz")
+			return fmt.Errorf("not back %v after the disk had room: ready %v (%s), PubAck %v", time.Since(freeAt), ready, body, firstAck)
 		}
 		return nil
 	})

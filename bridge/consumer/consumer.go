@@ -95,11 +95,14 @@ type consumer struct {
 	name    string
 	created time.Time
 
-	qmu    sync.Mutex
-	queue  []event
-	wake   chan struct{}
-	stopR  atomic.Uint32
-	done   chan struct{}
+	qmu   sync.Mutex
+	queue []event
+	wake  chan struct{}
+	stopR atomic.Uint32
+	done  chan struct{}
+	// ctx bounds the consumer's own database calls and reads; stop cancels it.
+	ctx    context.Context
+	cancel context.CancelFunc
 	pend   pending.Tracker // matching commits counted off the goroutine, and npc's staleness
 	parked atomic.Bool     // waiting requests and nothing to send: the ticker polls for it
 	// filter holds the consumer's filter subjects. It is read off the goroutine (the commit
@@ -159,6 +162,7 @@ func newConsumer(cs *Engine, sc *streamConsumers, row pg.Consumer, cfg server.Co
 		ahead:      readahead.New(readAheadMax, readAheadBytes),
 		lastActive: now,
 	}
+	c.ctx, c.cancel = context.WithCancel(cs.ctx)
 	if row.ShownStreamSeq < floor.Stream {
 		c.st.ShowFrom(row.ShownStreamSeq)
 	}
@@ -223,6 +227,10 @@ func (c *consumer) recycle(q []event) {
 // stop asks the goroutine to end; the first reason wins.
 func (c *consumer) stop(r stopReason) {
 	c.stopR.CompareAndSwap(uint32(stopNone), uint32(r))
+	// A database call in flight must not hold the stop up: a fenced replica whose
+	// connections went silent would otherwise keep the consumer, and its MSG.NEXT
+	// subscription, for as long as the call's timeout.
+	c.cancel()
 	c.signal()
 }
 
@@ -257,10 +265,11 @@ func (c *consumer) matchFilters(subject string) bool {
 // run is the consumer's goroutine.
 func (c *consumer) run() {
 	defer close(c.done)
+	defer c.cancel()
 	clock := c.cs.clock
 	timer := clock.NewTimer(time.Hour)
 	defer timer.Stop()
-	ctx := c.cs.ctx
+	ctx := c.ctx
 	for {
 		evs := c.take()
 		c.mu.Lock()

@@ -534,7 +534,7 @@ func (cs *Engine) activate(ctx context.Context, sc *streamConsumers, row pg.Cons
 		return nil, err
 	}
 	sc.s.Tail().Raise(hw)
-	c.readFirst(cs.ctx)
+	c.readFirst(c.ctx)
 	from, extra := c.countFrom()
 	npc, err := cs.db.CountPending(ctx, pg.PendingParams{StreamID: sc.s.ID(), From: from, UpTo: hw, Filters: c.filters()})
 	if err != nil {

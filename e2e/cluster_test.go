@@ -7,7 +7,9 @@ package e2e
 
 import (
 	"fmt"
+	"math/rand/v2"
 	"net"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -21,15 +23,30 @@ import (
 	"github.com/jetgres/jetgres/internal/testwait"
 )
 
-// freePorts returns n loopback ports free at the time of the call.
+// freePorts returns n loopback ports free at the time of the call, below the kernel's range
+// of ephemeral ports: a port of that range, free when picked, may become the source port of
+// any concurrent test's outgoing connection before the replica binds it ("address already
+// in use"), while ports below it are only ever bound on purpose.
 func freePorts(t testing.TB, n int) []int {
 	t.Helper()
+	const lowest = 10000
+	top := 32768
+	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
+		if f := strings.Fields(string(b)); len(f) == 2 {
+			if lo, err := strconv.Atoi(f[0]); err == nil && lo > lowest+1000 {
+				top = lo
+			}
+		}
+	}
 	var out []int
 	var lns []net.Listener
-	for range n {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
+	for tries := 0; len(out) < n; tries++ {
+		if tries > 1000 {
+			t.Fatalf("no free port below %d", top)
+		}
+		ln, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(lowest+rand.IntN(top-lowest)))
 		if err != nil {
-			t.Fatal(err)
+			continue
 		}
 		lns = append(lns, ln)
 		out = append(out, ln.Addr().(*net.TCPAddr).Port)

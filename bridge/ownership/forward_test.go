@@ -180,19 +180,20 @@ func TestForwardAcrossSkewedClocks(t *testing.T) {
 		if n := counted(t, b.fwd.refusedThere.WithLabelValues("a")); n != 1 {
 			return fmt.Errorf("b counted %v refusals by a", n)
 		}
+		// Each side counts before it logs: wait for the lines too.
+		for _, want := range []struct {
+			r           *replica
+			line, other string
+		}{
+			{a, "refused a consumer request another replica forwarded", "replica=b"},
+			{b, "another replica refused a consumer request this replica forwarded", "replica=a"},
+		} {
+			if log := want.r.log.String(); !strings.Contains(log, want.line) || !strings.Contains(log, want.other) {
+				return fmt.Errorf("replica %s logged %q; want %q with %s", want.r.fwd.cfg.ReplicaName, log, want.line, want.other)
+			}
+		}
 		return nil
 	})
-	for _, want := range []struct {
-		r           *replica
-		line, other string
-	}{
-		{a, "refused a consumer request another replica forwarded", "replica=b"},
-		{b, "another replica refused a consumer request this replica forwarded", "replica=a"},
-	} {
-		if log := want.r.log.String(); !strings.Contains(log, want.line) || !strings.Contains(log, want.other) {
-			t.Errorf("replica %s logged %q; want %q with %s", want.r.fwd.cfg.ReplicaName, log, want.line, want.other)
-		}
-	}
 	for _, want := range []struct {
 		r    *replica
 		name string

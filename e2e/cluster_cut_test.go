@@ -16,7 +16,6 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/jetgres/jetgres/embedded/localpg"
 	"github.com/jetgres/jetgres/internal/testwait"
 )
 
@@ -148,7 +147,7 @@ func TestReplicaCutFromDatabase(t *testing.T) {
 	for range 3 {
 		p := startCutProxy(t, filepath.Join(pgs.dir, ".s.PGSQL.5432"))
 		proxies = append(proxies, p)
-		dsns = append(dsns, fmt.Sprintf("host=127.0.0.1 port=%d user=%s dbname=%s sslmode=disable", p.port(), localpg.Superuser, localpg.Database))
+		dsns = append(dsns, loopbackDSN(p.port()))
 	}
 	c := newClusterOn(t, dsns, "--lease", lease.String())
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)

@@ -119,3 +119,9 @@ func storedFloor(ctx context.Context, db *rawsql.Pool, stream, consumer string) 
 		WHERE s.name = $1 AND c.name = $2`, stream, consumer).Scan(&seq)
 	return uint64(seq), err
 }
+
+// loopbackDSN is the URL of the test's PostgreSQL reached through a proxy listening on
+// port of the loopback interface.
+func loopbackDSN(port int) string {
+	return fmt.Sprintf("host=127.0.0.1 port=%d user=%s dbname=%s sslmode=disable", port, localpg.Superuser, localpg.Database)
+}

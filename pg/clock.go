@@ -13,11 +13,17 @@ import (
 
 // PostgreSQL's clock is the one clock every replica of a deployment reads, whatever their
 // own say: a replica learns how far its clock is from PostgreSQL's from the round trips it
-// makes anyway (the ownership session's confirmations, and one at the forwarder's start),
-// taking PostgreSQL's clock_timestamp() as read at the midpoint of the round trip, and
-// moves onto PostgreSQL's clock the times that other replicas compare with their own: the
-// seals of forwarded requests (bridge/ownership) and the store times of messages. The
-// error is at most half a round trip, where the replicas' own clocks may be minutes apart.
+// makes anyway (the ownership session's confirmations, and one at the forwarder's start)
+// and moves onto PostgreSQL's clock the times that other replicas compare with their own:
+// the seals of forwarded requests (bridge/ownership) and the store times of messages.
+//
+// A round trip sent at s and answered at a, in which PostgreSQL read its clock as p, proves
+// only that the offset lies between p-a and p-s. The estimate moves just as far as a new
+// round trip proves it wrong (to the nearest end of that interval) and otherwise stays: a
+// midpoint estimate would move by up to half of every slow round trip, and a replica beside
+// its database (offset zero) would then store messages milliseconds off its own clock at
+// random. The error is at most one round trip, where the replicas' own clocks may be
+// minutes apart.
 //
 // The offset is the DB's: a DB serves one replica, whose clock is the one given to
 // OpenOwnership and MeasureClock.
@@ -32,13 +38,18 @@ type clockOffset struct {
 	known atomic.Bool
 }
 
-// record stores the offset that a round trip sent at sent and answered at answered, both on
-// the replica's clock, measured when PostgreSQL read pgNow, and returns it.
+// record moves the offset into what a round trip sent at sent and answered at answered,
+// both on the replica's clock, proves when PostgreSQL read pgNow, and returns it.
 func (c *clockOffset) record(sent, answered, pgNow time.Time) time.Duration {
-	off := pgNow.Sub(sent.Add(answered.Sub(sent) / 2))
-	c.ns.Store(int64(off))
-	c.known.Store(true)
-	return off
+	lo, hi := int64(pgNow.Sub(answered)), int64(pgNow.Sub(sent))
+	for {
+		cur := c.ns.Load()
+		next := min(max(cur, lo), hi)
+		if c.ns.CompareAndSwap(cur, next) {
+			c.known.Store(true)
+			return time.Duration(next)
+		}
+	}
 }
 
 // ClockOffset is how far PostgreSQL's clock is ahead of the replica's (negative: behind), as

@@ -17,9 +17,8 @@
 // A seal holds for ForwardMaxAge, either way, so that a captured request cannot be replayed
 // later; it is timed on PostgreSQL's clock, not on the replicas' own. Replicas share no clock
 // but PostgreSQL's, and each reads it anyway, ClaimsPerLease times per lease, to confirm its
-// ownership session: the confirmation reads clock_timestamp() and takes it as the time at
-// the midpoint of the round trip (pg.DB.ClockOffset), which is off by at most half a round
-// trip. Replicas whose clocks are minutes apart then agree on the time within milliseconds,
+// ownership session: the confirmation reads clock_timestamp(), which bounds the offset
+// within the round trip (pg.DB.ClockOffset). Replicas whose clocks are minutes apart then agree on the time within milliseconds,
 // and the window keeps its meaning, which widening it to cover any skew would lose. The
 // window stays a minute, for requests in flight and for a replica whose last measurement is
 // old (its session down: it fences then, and serves nothing). The other sound ways cost

@@ -175,7 +175,18 @@ func TestDomainWallsOnRemotes(t *testing.T) {
 				return fmt.Errorf("the embedded server announced %s to the hub", sub)
 			}
 		}
-		return nil
+		// And the other way: the hub's interest must have reached the embedded server, or
+		// what it publishes first goes nowhere.
+		lz, err = s.NATSServer().Leafz(&server.LeafzOptions{Subscriptions: true})
+		if err != nil {
+			return err
+		}
+		for _, l := range lz.Leafs {
+			if slices.Contains(l.Subs, ">") {
+				return nil
+			}
+		}
+		return fmt.Errorf("the embedded server's leafnodes: %+v", lz.Leafs)
 	})
 
 	// Each side publishes everything, then a marker; the other side must hear exactly what

@@ -168,7 +168,7 @@ func (db *DB) Append(ctx context.Context, batches []AppendBatch, ts int64) ([]Ap
 		}
 		results = done
 		if len(rest) > 0 {
-			slow, err := db.appendTx(ctx, q, rest, ts, "BEGIN")
+			slow, err := db.appendTx(ctx, q, rest, ts, txEnds{first: "BEGIN"})
 			if err != nil && len(done) > 0 {
 				return committedBefore{err}
 			}
@@ -188,9 +188,18 @@ func (db *DB) Append(ctx context.Context, batches []AppendBatch, ts int64) ([]Ap
 // byStreamID orders batches as their streams are locked.
 func byStreamID(a, b AppendBatch) int { return cmp.Compare(a.StreamID, b.StreamID) }
 
-// appendTx runs first, with firstArgs, at the head of its first round trip: BEGIN, or a
-// statement of a transaction the caller opened (MoveStaged's progress).
-func (db *DB) appendTx(ctx context.Context, q querier, batches []AppendBatch, ts int64, first string, firstArgs ...any) (res []AppendResult, err error) {
+// txEnds is what appendTx runs besides the append: first, with firstArgs, at the head of its
+// first round trip (BEGIN, or a statement of a transaction the caller opened: MoveStaged's
+// progress), and last, when set, queues statements that depend on the outcomes just before
+// the COMMIT (MoveStaged's rejections).
+type txEnds struct {
+	first     string
+	firstArgs []any
+	last      func(b *pgx.Batch, res []AppendResult)
+}
+
+// appendTx appends batches in one transaction, opened and ended as ends says.
+func (db *DB) appendTx(ctx context.Context, q querier, batches []AppendBatch, ts int64, ends txEnds) (res []AppendResult, err error) {
 	ids := make([]int64, len(batches))
 	for i, b := range batches {
 		ids[i] = b.StreamID
@@ -208,7 +217,7 @@ func (db *DB) appendTx(ctx context.Context, q querier, batches []AppendBatch, ts
 	// what the streams' limits will need: the live messages of the batch's subjects and the
 	// oldest messages an eviction is predicted to take.
 	b := &pgx.Batch{}
-	b.Queue(first, firstArgs...)
+	b.Queue(ends.first, ends.firstArgs...)
 	mode := db.queueCommitMode(q, b)
 	b.Queue(`SELECT stream_id, first_seq, last_seq, last_ts, cum_bytes, msgs, bytes, chunk, chunk_rows, last_msg_id, memory
 		FROM jetgres.stream_state WHERE stream_id = ANY($1) ORDER BY stream_id FOR UPDATE`, ids)
@@ -411,6 +420,9 @@ func (db *DB) appendTx(ctx context.Context, q querier, batches []AppendBatch, ts
 		}
 	}
 	ins.queue(b)
+	if ends.last != nil {
+		ends.last(b, res)
+	}
 	b.Queue("COMMIT")
 	// Round trip 2: insert, advance the state rows, commit.
 	sendErr := q.SendBatch(ctx, b).Close()

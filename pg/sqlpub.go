@@ -12,30 +12,53 @@ import (
 // StagedChannel is the channel jetgres.publish notifies when its transaction commits.
 const StagedChannel = "jetgres_staged"
 
-// StagedMsg is one message an application published with jetgres.publish, committed and
-// waiting to be moved into its stream.
+// StagedMsg is one message an application published in SQL, with jetgres.publish or into
+// jetgres.outbox, committed and waiting to be moved into its stream.
 type StagedMsg struct {
-	StreamID int64 // the stream that took the subject at the call
+	// StreamID is the stream that took the subject: at the call for jetgres.publish, at the
+	// move for an outbox row; 0 when none does.
+	StreamID int64
 	Subject  string
 	Header   []byte
 	Data     []byte
+	// Outbox says the row was inserted into jetgres.outbox: nothing was checked at the
+	// insert, and Problem says what the move found wrong before any stream looked (a reason
+	// label of jetgres_sql_publish_refused_total, "" for nothing), Detail how.
+	Outbox          bool
+	Problem, Detail string
+	headers         *string // an outbox row's headers as inserted, for jetgres.outbox_rejected
 }
 
-// MovePlan turns the staged messages of one move, in the order they must keep, into the
-// batches to append. Messages it leaves out are moved past all the same: the caller refused
-// them. An error ends the move with nothing moved, and MoveStaged returns it. It runs
-// inside the move's transaction, so it must not block.
-type MovePlan func(staged []StagedMsg) ([]AppendBatch, error)
+// Rejection is a staged message that is not stored: MoveStaged records it in
+// jetgres.outbox_rejected in the move's own transaction, so that a message is either in its
+// stream or there, never lost.
+type Rejection struct {
+	Staged int    // its index among the move's staged messages
+	Stream string // the stream that refused it, "" when none took its subject
+	Reason string
+	Detail string
+}
+
+// MovePlanner decides a move. Both methods run inside the move's transaction, so they must
+// not block.
+type MovePlanner interface {
+	// Plan turns the staged messages of one move, in the order they must keep, into the
+	// batches to append, and rejects the rest. An error ends the move with nothing moved, and
+	// MoveStaged returns it.
+	Plan(staged []StagedMsg) ([]AppendBatch, []Rejection, error)
+	// Refused is what the append refused of Plan's batches (duplicates are not refusals).
+	Refused(results []AppendResult) []Rejection
+}
 
 // MoveStaged moves up to max committed staged messages into their streams in one
 // transaction: it locks the mover's progress row (so one replica moves at a time), reads
 // the staged rows after that progress whose transactions ended before every transaction
-// still running, appends plan's batches exactly as Append does (de-duplication, limits,
-// dense sequences) and records the new progress, then commits. A crash anywhere before the
+// still running, appends the planner's batches exactly as Append does (de-duplication,
+// limits, dense sequences), records what was rejected and the new progress, then commits. A crash anywhere before the
 // commit moves nothing; after it, nothing is moved twice. It returns how many staged
 // messages it took (0: none was ready) and the append's results, and, like Append, the
 // round trip for the append lane's limiter. ts is the store time as Append takes it.
-func (db *DB) MoveStaged(ctx context.Context, max int, plan MovePlan, ts int64) (taken int, results []AppendResult, rtt time.Duration, err error) {
+func (db *DB) MoveStaged(ctx context.Context, max int, planner MovePlanner, ts int64) (taken int, results []AppendResult, rtt time.Duration, err error) {
 	ts = db.pgUnixNano(ts)
 	rtt, err = db.hot(ctx, func(ctx context.Context, q querier) error {
 		committed := false
@@ -47,7 +70,8 @@ func (db *DB) MoveStaged(ctx context.Context, max int, plan MovePlan, ts int64) 
 		b := &pgx.Batch{}
 		b.Queue("BEGIN")
 		b.Queue(`SELECT 1 FROM jetgres.staging FOR UPDATE`)
-		b.Queue(`SELECT xid::text, call, stream_id, subject, hdr, data FROM jetgres.staged_ready($1)`, max)
+		b.Queue(`SELECT xid::text, call, coalesce(stream_id, 0), subject, hdr, data, outbox, headers::text,
+			coalesce(problem, ''), coalesce(detail, '') FROM jetgres.staged_ready($1)`, max)
 		br := q.SendBatch(ctx, b)
 		staged, lastXID, lastCall, err := readStaged(br)
 		if cerr := br.Close(); err == nil {
@@ -61,15 +85,16 @@ func (db *DB) MoveStaged(ctx context.Context, max int, plan MovePlan, ts int64) 
 			return nil // the deferred ROLLBACK ends the transaction
 		}
 		const progress = `UPDATE jetgres.staging SET moved_xid = $1::xid8, moved_call = $2`
-		batches, err := plan(staged)
+		batches, rejected, err := planner.Plan(staged)
 		if err != nil {
 			return err
 		}
 		if len(batches) == 0 {
-			if _, err := q.Exec(ctx, progress, lastXID, lastCall); err != nil {
-				return err
-			}
-			if _, err := q.Exec(ctx, "COMMIT"); err != nil {
+			b := &pgx.Batch{}
+			b.Queue(progress, lastXID, lastCall)
+			queueRejections(b, staged, rejected)
+			b.Queue("COMMIT")
+			if err := q.SendBatch(ctx, b).Close(); err != nil {
 				return err
 			}
 			committed = true
@@ -80,13 +105,42 @@ func (db *DB) MoveStaged(ctx context.Context, max int, plan MovePlan, ts int64) 
 		}
 		// appendTx commits, or rolls back the whole transaction, progress included.
 		committed = true
-		results, err = db.appendTx(ctx, q, batches, ts, progress, lastXID, lastCall)
+		results, err = db.appendTx(ctx, q, batches, ts, txEnds{
+			first: progress, firstArgs: []any{lastXID, lastCall},
+			last: func(b *pgx.Batch, res []AppendResult) {
+				queueRejections(b, staged, append(rejected, planner.Refused(res)...))
+			},
+		})
 		return err
 	})
 	if err != nil {
 		return 0, nil, rtt, fmt.Errorf("pg: move staged: %w", err)
 	}
 	return taken, results, rtt, nil
+}
+
+// queueRejections queues the insert of rejected into jetgres.outbox_rejected.
+func queueRejections(b *pgx.Batch, staged []StagedMsg, rejected []Rejection) {
+	if len(rejected) == 0 {
+		return
+	}
+	n := len(rejected)
+	outbox, streams, subjects, headers := make([]bool, n), make([]string, n), make([]string, n), make([]*string, n)
+	hdrs, data, reasons, details := make([][]byte, n), make([][]byte, n), make([]string, n), make([]string, n)
+	for i, r := range rejected {
+		m := staged[r.Staged]
+		outbox[i], streams[i], subjects[i], headers[i] = m.Outbox, r.Stream, m.Subject, m.headers
+		hdrs[i], data[i], reasons[i], details[i] = m.Header, m.Data, r.Reason, r.Detail
+		if m.Outbox {
+			hdrs[i] = nil // as inserted, not as converted
+		}
+	}
+	b.Queue(`INSERT INTO jetgres.outbox_rejected (source, stream, subject, headers, data, reason, detail)
+		SELECT CASE WHEN t.o THEN 'outbox' ELSE 'publish' END, nullif(t.st, ''), t.su,
+		       coalesce(t.hj::jsonb, jetgres.headers_jsonb(t.hb)), t.d, t.r, nullif(t.de, '')
+		FROM unnest($1::boolean[], $2::text[], $3::text[], $4::text[], $5::bytea[], $6::bytea[], $7::text[], $8::text[])
+		     AS t(o, st, su, hj, hb, d, r, de)`,
+		outbox, streams, subjects, headers, hdrs, data, reasons, details)
 }
 
 // readStaged reads the staged rows after the results of BEGIN and the progress lock.
@@ -101,7 +155,8 @@ func readStaged(br pgx.BatchResults) (staged []StagedMsg, lastXID string, lastCa
 	defer rows.Close()
 	for rows.Next() {
 		var m StagedMsg
-		if err := rows.Scan(&lastXID, &lastCall, &m.StreamID, &m.Subject, &m.Header, &m.Data); err != nil {
+		if err := rows.Scan(&lastXID, &lastCall, &m.StreamID, &m.Subject, &m.Header, &m.Data, &m.Outbox, &m.headers,
+			&m.Problem, &m.Detail); err != nil {
 			return nil, "", 0, err
 		}
 		staged = append(staged, m)
@@ -211,6 +266,21 @@ func (db *DB) RotateStaging(ctx context.Context, period time.Duration) (string, 
 	})
 	if err != nil {
 		return "", fmt.Errorf("pg: rotate staging: %w", err)
+	}
+	return did, nil
+}
+
+// RotateOutbox runs one step of jetgres.outbox's rotation (see migration 016): it truncates
+// the table that is not the turn's once everything in it is moved and no transaction holds
+// it, or else turns once the turn's table has held rows for period. It never waits for a
+// lock. It returns what it did: "truncated", "switched", "busy", "undrained" or "idle".
+func (db *DB) RotateOutbox(ctx context.Context, period time.Duration) (string, error) {
+	var did string
+	err := db.background(ctx, func(ctx context.Context, q querier) error {
+		return q.QueryRow(ctx, `SELECT jetgres.outbox_rotate($1)`, period).Scan(&did)
+	})
+	if err != nil {
+		return "", fmt.Errorf("pg: rotate outbox: %w", err)
 	}
 	return did, nil
 }

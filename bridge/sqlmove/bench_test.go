@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/jetgres/jetgres/internal/wake"
 	"github.com/jetgres/jetgres/pg"
 	"github.com/jetgres/jetgres/pg/pgtest"
@@ -43,6 +45,10 @@ import (
 // jetgres.publish's first call in a transaction uses, so that a subject no stream takes
 // fails the application's transaction. With one message per transaction every call is a
 // first: this is what no staged design that routes at the call can go above there.
+//
+// outbox writes the same messages into jetgres.outbox, with the mover taking them: the
+// price of an INSERT that the outbox promises, against insert. The copy100000 rows write
+// 100,000 rows a transaction with COPY, into the application's table and into the outbox.
 //
 //	go test -run '^$' -bench 'SQLPublish$' -benchtime 3s ./bridge/sqlmove/
 func BenchmarkSQLPublish(b *testing.B) {
@@ -99,22 +105,34 @@ func BenchmarkSQLPublish(b *testing.B) {
 	const floorCall = `SELECT floor_call($1, $2::text::bytea)`
 	const floorCallMany = `SELECT floor_call('s.x', g::text::bytea) FROM generate_series(1, $1) g`
 	const floorRoute = `SELECT floor_route($1, $2::text::bytea)`
+	const outbox = `INSERT INTO jetgres.outbox (subject, data) VALUES ($1, $2::text::bytea)`
+	const outboxMany = `INSERT INTO jetgres.outbox (subject, data) SELECT 's.x', g::text::bytea FROM generate_series(1, $1) g`
+	copyConn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer copyConn.Close(ctx)
 	for _, c := range []struct {
 		name, sql string
 		sessions  int
 		move      bool
+		copyInto  pgx.Identifier // COPY of copyRows rows a transaction into this table
 	}{
-		{"insert/100x1", insert, 100, false},
-		{"publish/100x1", publish, 100, false},
-		{"floor/100x1", floor, 100, false},
-		{"floorcall/100x1", floorCall, 100, false},
-		{"floormove/100x1", floorCall, 100, true},
-		{"floorroute/100x1", floorRoute, 100, true},
-		{"insert/1x10000", insertMany, 1, false},
-		{"publish/1x10000", publishMany, 1, false},
-		{"floor/1x10000", floorMany, 1, false},
-		{"floorcall/1x10000", floorCallMany, 1, false},
-		{"floormove/1x10000", floorCallMany, 1, true},
+		{"insert/100x1", insert, 100, false, nil},
+		{"publish/100x1", publish, 100, false, nil},
+		{"floor/100x1", floor, 100, false, nil},
+		{"floorcall/100x1", floorCall, 100, false, nil},
+		{"floormove/100x1", floorCall, 100, true, nil},
+		{"floorroute/100x1", floorRoute, 100, true, nil},
+		{"insert/1x10000", insertMany, 1, false, nil},
+		{"publish/1x10000", publishMany, 1, false, nil},
+		{"floor/1x10000", floorMany, 1, false, nil},
+		{"floorcall/1x10000", floorCallMany, 1, false, nil},
+		{"floormove/1x10000", floorCallMany, 1, true, nil},
+		{"outbox/100x1", outbox, 100, false, nil},
+		{"outbox/1x10000", outboxMany, 1, false, nil},
+		{"insert/copy100000", "", 1, false, pgx.Identifier{"app_events"}},
+		{"outbox/copy100000", "", 1, false, pgx.Identifier{"jetgres", "outbox"}},
 	} {
 		b.Run(c.name, func(b *testing.B) {
 			var next atomic.Int64
@@ -131,6 +149,17 @@ func BenchmarkSQLPublish(b *testing.B) {
 			for range c.sessions {
 				wg.Go(func() {
 					for {
+						if c.copyInto != nil {
+							from := next.Add(copyRows) - copyRows
+							if from >= int64(b.N) {
+								return
+							}
+							if err := copyTx(ctx, copyConn, c.copyInto, from, min(int64(b.N)-from, copyRows)); err != nil {
+								b.Error(err)
+								return
+							}
+							continue
+						}
 						if c.sessions == 1 {
 							from := next.Add(10_000) - 10_000
 							if from >= int64(b.N) {
@@ -167,6 +196,25 @@ func BenchmarkSQLPublish(b *testing.B) {
 			}
 		})
 	}
+}
+
+// copyRows is how many rows one COPY of the copy rows writes.
+const copyRows = 100_000
+
+// copyTx copies n rows into table in one transaction: subject and data, as the other rows
+// insert them.
+func copyTx(ctx context.Context, conn *pgx.Conn, table pgx.Identifier, from, n int64) error {
+	return pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+		i := from
+		_, err := tx.CopyFrom(ctx, table, []string{"subject", "data"}, pgx.CopyFromFunc(func() ([]any, error) {
+			if i == from+n {
+				return nil, nil
+			}
+			i++
+			return []any{"s.x", strconv.AppendInt(nil, i, 10)}, nil
+		}))
+		return err
+	})
 }
 
 // floorMove starts floormove's mover for one run of a sub-benchmark: it moves from

@@ -42,15 +42,15 @@ func newMetrics(reg prometheus.Registerer) *moverMetrics {
 	m := &moverMetrics{
 		moved: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "jetgres_sql_publish_moved_total",
-			Help: "Messages published with jetgres.publish and stored in their streams.",
+			Help: "Messages published in SQL (jetgres.publish, jetgres.outbox) and stored in their streams.",
 		}),
 		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "jetgres_sql_publish_refused_total",
-			Help: "Messages published with jetgres.publish that their stream refused when they were moved (duplicates included), by reason.",
+			Help: "Messages published in SQL (jetgres.publish, jetgres.outbox) that were not stored when they were moved, by reason: each is in jetgres.outbox_rejected, but for duplicates.",
 		}, []string{"reason"}),
 		moves: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "jetgres_sql_publish_moves_total",
-			Help: "Transactions that moved staged messages into their streams.",
+			Help: "Transactions that moved messages published in SQL into their streams.",
 		}),
 	}
 	if reg != nil {
@@ -76,9 +76,97 @@ func (m *Mover[S]) moveOnce(ctx context.Context) (int, error) {
 	return n, err
 }
 
-// refusal is a staged message refused before the append.
+// refusal is a staged message that is not stored, for the metrics and the log.
 type refusal struct {
 	stream, subject, reason string
+}
+
+// planner is one move's pg.MovePlanner: it checks each staged message against its stream
+// as the publish path checks a NATS publish, and rejects what the append refused.
+type planner[S Destination] struct {
+	m             *Mover[S]
+	byID          map[int64]S
+	refuseUnknown bool
+	staged        []pg.StagedMsg
+	batches       []pg.AppendBatch
+	origin        [][]int // by batch and message, the index among staged
+	refused       []refusal
+}
+
+func (p *planner[S]) Plan(staged []pg.StagedMsg) ([]pg.AppendBatch, []pg.Rejection, error) {
+	p.staged, p.batches, p.origin, p.refused = staged, p.batches[:0], p.origin[:0], p.refused[:0]
+	var rejected []pg.Rejection
+	reject := func(k int, stream, reason, detail string) {
+		rejected = append(rejected, pg.Rejection{Staged: k, Stream: stream, Reason: reason, Detail: detail})
+		p.refused = append(p.refused, refusal{stream, staged[k].Subject, reason})
+	}
+	at := make(map[int64]int)
+	for k, sm := range staged {
+		if sm.Problem != "" {
+			reject(k, "", sm.Problem, sm.Detail)
+			continue
+		}
+		s, ok := p.byID[sm.StreamID]
+		if !ok {
+			if !p.refuseUnknown && sm.StreamID != 0 {
+				return nil, nil, errStreamUnknown
+			}
+			reject(k, "", stream.ReasonNoStream, "")
+			continue
+		}
+		msg, reason := p.m.stagedMsg(s, sm)
+		if reason != "" {
+			reject(k, s.Name(), reason, "")
+			continue
+		}
+		i, ok := at[s.ID()]
+		if !ok {
+			i = len(p.batches)
+			at[s.ID()] = i
+			p.batches = append(p.batches, p.m.host.Batch(s))
+			p.origin = append(p.origin, nil)
+		}
+		p.batches[i].Msgs = append(p.batches[i].Msgs, msg)
+		p.origin[i] = append(p.origin[i], k)
+	}
+	for i := range p.batches {
+		s := p.byID[p.batches[i].StreamID]
+		if s.ConfigView().Retention != server.InterestPolicy {
+			continue
+		}
+		msgs := p.batches[i].Msgs
+		subjects := make([]string, len(msgs))
+		for j := range msgs {
+			subjects[j] = msgs[j].Subject
+		}
+		for j, none := range p.m.host.NoInterest(s, subjects) {
+			msgs[j].NoInterest = none
+		}
+	}
+	return p.batches, rejected, nil
+}
+
+// Refused rejects what the append refused; the append reports the batches in the order of
+// their streams, which Plan's need not be.
+func (p *planner[S]) Refused(results []pg.AppendResult) []pg.Rejection {
+	var rejected []pg.Rejection
+	for _, r := range results {
+		i := slices.IndexFunc(p.batches, func(bt pg.AppendBatch) bool { return bt.StreamID == r.StreamID })
+		if i < 0 {
+			continue
+		}
+		name := p.byID[r.StreamID].Name()
+		for j, o := range r.Outcomes {
+			if o.Err == nil || o.Duplicate || j >= len(p.origin[i]) {
+				continue
+			}
+			k := p.origin[i][j]
+			reason := stream.RefusedReason(o.Err)
+			rejected = append(rejected, pg.Rejection{Staged: k, Stream: name, Reason: reason, Detail: o.Err.Error()})
+			p.refused = append(p.refused, refusal{name, p.staged[k].Subject, reason})
+		}
+	}
+	return rejected
 }
 
 func (m *Mover[S]) move(ctx context.Context, refuseUnknown bool) (int, error) {
@@ -86,85 +174,34 @@ func (m *Mover[S]) move(ctx context.Context, refuseUnknown bool) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	byID := make(map[int64]S)
+	pl := &planner[S]{m: m, byID: make(map[int64]S), refuseUnknown: refuseUnknown}
 	for _, s := range m.host.Streams() {
-		byID[s.ID()] = s
+		pl.byID[s.ID()] = s
 	}
-	var refused []refusal
-	var batches []pg.AppendBatch
-	planned := 0
-	plan := func(staged []pg.StagedMsg) ([]pg.AppendBatch, error) {
-		refused, batches, planned = refused[:0], batches[:0], len(staged)
-		at := make(map[int64]int)
-		for _, sm := range staged {
-			s, ok := byID[sm.StreamID]
-			if !ok {
-				if !refuseUnknown {
-					return nil, errStreamUnknown
-				}
-				refused = append(refused, refusal{"", sm.Subject, stream.ReasonNoStream})
-				continue
-			}
-			msg, reason := m.stagedMsg(s, sm)
-			if reason != "" {
-				refused = append(refused, refusal{s.Name(), sm.Subject, reason})
-				continue
-			}
-			i, ok := at[s.ID()]
-			if !ok {
-				i = len(batches)
-				at[s.ID()] = i
-				batches = append(batches, m.host.Batch(s))
-			}
-			batches[i].Msgs = append(batches[i].Msgs, msg)
-		}
-		for i := range batches {
-			s := byID[batches[i].StreamID]
-			if s.ConfigView().Retention != server.InterestPolicy {
-				continue
-			}
-			msgs := batches[i].Msgs
-			subjects := make([]string, len(msgs))
-			for j := range msgs {
-				subjects[j] = msgs[j].Subject
-			}
-			for j, none := range m.host.NoInterest(s, subjects) {
-				msgs[j].NoInterest = none
-			}
-		}
-		return batches, nil
-	}
-	taken, results, rtt, err := m.db.MoveStaged(ctx, m.max, plan, m.clock.Now().UnixNano())
+	taken, results, rtt, err := m.db.MoveStaged(ctx, m.max, pl, m.clock.Now().UnixNano())
 	permit.Return(p, rtt, err)
 	if ue, ok := errors.AsType[*pg.OutcomeUnknownError](err); ok {
-		if stored, ok := m.resolve(ctx, ue, byID); ok {
-			taken, results, err = planned, stored, nil
+		if stored, ok := m.resolve(ctx, ue, pl.byID); ok {
+			taken, results, err = len(pl.staged), stored, nil
 		}
 	}
 	if err != nil || taken == 0 {
 		return 0, err
 	}
 	m.m.moves.Inc()
-	for _, r := range refused {
+	for _, r := range pl.refused {
 		m.refuse(r)
 	}
 	for _, r := range results {
-		s := byID[r.StreamID]
 		if !r.Gone {
-			m.host.Commit(ctx, s, r)
+			m.host.Commit(ctx, pl.byID[r.StreamID], r)
 		}
-		for j, o := range r.Outcomes {
-			reason := ""
+		for _, o := range r.Outcomes {
 			switch {
 			case o.Duplicate:
-				reason = stream.ReasonDuplicate
+				m.m.refused.WithLabelValues(stream.ReasonDuplicate).Inc()
 			case o.Err == nil:
 				m.m.moved.Inc()
-			default:
-				reason = stream.RefusedReason(o.Err)
-			}
-			if reason != "" {
-				m.refuse(refusal{s.Name(), batchMsg(batches, r.StreamID, j), reason})
 			}
 		}
 	}
@@ -192,21 +229,12 @@ func (m *Mover[S]) resolve(ctx context.Context, ue *pg.OutcomeUnknownError, byID
 	return nil, false
 }
 
-// batchMsg is the subject of message j of stream id's batch.
-func batchMsg(batches []pg.AppendBatch, id int64, j int) string {
-	i := slices.IndexFunc(batches, func(bt pg.AppendBatch) bool { return bt.StreamID == id })
-	if i < 0 || j >= len(batches[i].Msgs) {
-		return ""
-	}
-	return batches[i].Msgs[j].Subject
-}
-
 func (m *Mover[S]) refuse(r refusal) {
 	m.m.refused.WithLabelValues(r.reason).Inc()
 	if r.reason == stream.ReasonDuplicate {
 		return
 	}
-	m.warnRefused.Warn(m.log, m.clock.Now(), "a stream refused a message published with jetgres.publish",
+	m.warnRefused.Warn(m.log, m.clock.Now(), "a message published in SQL was refused and recorded in jetgres.outbox_rejected",
 		"stream", r.stream, "subject", r.subject, "reason", r.reason)
 }
 

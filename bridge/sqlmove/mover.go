@@ -1,5 +1,6 @@
-// Package sqlmove brings what applications published in SQL with jetgres.publish into their
-// streams: the SQL mover.
+// Package sqlmove brings what applications published in SQL, with jetgres.publish or into
+// jetgres.outbox, into their streams: the SQL mover. What it cannot store it records in
+// jetgres.outbox_rejected, in the move's own transaction, with the reason.
 //
 // A commit that published notifies pg.StagedChannel, which wakes the mover, unless a mover
 // is awake (pg.MoverAwake): an awake mover looks every 2 ms on its own, and lets go 100 ms
@@ -14,7 +15,7 @@
 // lock orders the two in PostgreSQL as it orders the flushes of several replicas, and the
 // tail takes their rows in whichever order they are reported.
 //
-// It owns the move loop, the staging tables' rotation, the awake lock and its session, the
+// It owns the move loop, the staging and outbox tables' rotation, the awake lock and its session, the
 // connection that listens for commits, and the jetgres_sql_publish_* metrics. The streams
 // are the bridge's: the mover reads them, and what it needs of them and of their append
 // path it asks through Host.
@@ -47,8 +48,8 @@ import (
 )
 
 const (
-	// stagingRotatePeriod is how long a staging table takes calls before the mover switches
-	// to the other one, which bounds how much staging holds: what a period brings, twice.
+	// stagingRotatePeriod is how long a staging or outbox table takes rows before the mover
+	// switches to the other one, which bounds how much staging holds: what a period brings, twice.
 	stagingRotatePeriod = time.Second
 	// stagingRotateEvery is how often the mover takes a step of the rotation at most: a
 	// switch comes up to this late, and staging holds that much more.
@@ -69,9 +70,10 @@ type Store interface {
 	MoverAwake() *pg.MoverAwake
 	StagedWaiting(ctx context.Context) (bool, error)
 	StagedSettled(ctx context.Context, horizon string) (bool, error)
-	MoveStaged(ctx context.Context, max int, plan pg.MovePlan, ts int64) (taken int, results []pg.AppendResult, rtt time.Duration, err error)
+	MoveStaged(ctx context.Context, max int, planner pg.MovePlanner, ts int64) (taken int, results []pg.AppendResult, rtt time.Duration, err error)
 	Resolve(ctx context.Context, e *pg.OutcomeUnknownError) (pg.Resolution, error)
 	RotateStaging(ctx context.Context, period time.Duration) (string, error)
+	RotateOutbox(ctx context.Context, period time.Duration) (string, error)
 }
 
 // Destination is what the mover reads of a stream.
@@ -85,7 +87,7 @@ type Destination interface {
 // AppendPath is what the mover needs of the streams this process serves and of their append
 // path: the bridge's, so that a moved message is checked, stored and announced as a NATS
 // publish is. Batch, Expectations and NoInterest are called inside the move's transaction
-// (pg.MovePlan) and must not block.
+// (pg.MovePlanner) and must not block.
 type AppendPath[S Destination] interface {
 	// Streams lists the streams served now.
 	Streams() []S
@@ -291,6 +293,9 @@ func (m *Mover[S]) loop(ctx context.Context) {
 			lastRotate = now
 			if _, err := m.db.RotateStaging(ctx, stagingRotatePeriod); err != nil && ctx.Err() == nil {
 				m.warnMove.Warn(m.log, m.clock.Now(), "rotating the staging tables failed", "err", err)
+			}
+			if _, err := m.db.RotateOutbox(ctx, stagingRotatePeriod); err != nil && ctx.Err() == nil {
+				m.warnMove.Warn(m.log, m.clock.Now(), "rotating the outbox tables failed", "err", err)
 			}
 		}
 		if moved {

@@ -368,6 +368,18 @@ func TestSQLPublishRefusedAtTheMove(t *testing.T) {
 	if got := counter(t, m.m.moved); got != 2 {
 		t.Errorf("moved %v, want 2", got)
 	}
+	// Each refused message is kept, with its reason, but the duplicate: JetStream answers a
+	// duplicate as stored.
+	got := raw.Strings(t, `SELECT source || ' ' || coalesce(stream, '-') || ' ' || subject || ' ' || reason
+		|| ' ' || (data = convert_to(CASE subject WHEN 'a.kept' THEN 'far too large now' WHEN 'c.4' THEN 'over the limit' ELSE 'x' END, 'UTF8'))
+		FROM jetgres.outbox_rejected ORDER BY subject`)
+	if want := []string{
+		"publish A a.gone not_taken true", "publish A a.kept too_large true", "publish B b.1 sealed true",
+		"publish C c.4 limit true", "publish C c.5 unsupported true", "publish C c.6 expected_header true",
+		"publish C c.7 expected_header true", "publish - d.1 no_stream true", "publish - e.1 no_stream true",
+	}; !slices.Equal(got, want) {
+		t.Errorf("jetgres.outbox_rejected holds\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
 	if got := raw.Strings(t, `SELECT seq || ' ' || subject FROM jetgres.messages('C')`); !slices.Equal(got, []string{"1 c.1", "2 c.3"}) {
 		t.Errorf("C holds %v, want c.1 and c.3 at 1 and 2", got)
 	}

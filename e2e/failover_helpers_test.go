@@ -194,15 +194,19 @@ type given struct {
 }
 
 // ackingConsumer fetches from a durable pull consumer and acks every message, the last of
-// each batch with a double ack: once that is answered the consumer's ack floor is stored,
-// and no message at or below it may be delivered again. A delivery below the confirmed
-// floor is recorded as a regression.
+// each batch with a double ack. Acks on one connection are taken in order, so once the
+// double ack is answered every ack the consumer sent before it is stored, and none of those
+// messages may be delivered again: such a delivery is recorded as a regression. A message
+// the consumer never received (a pull's answer that came after the client gave up on it)
+// is not acked, and JetStream delivers it again after ack_wait, below the highest
+// confirmed sequence: that is not a regression.
 type ackingConsumer struct {
 	stream, name string
 
 	mu          sync.Mutex
 	deliveries  []given
-	floor       uint64 // the highest stream sequence a double ack confirmed
+	floor       uint64              // the highest stream sequence a double ack confirmed
+	confirmed   map[uint64]struct{} // every sequence whose ack a double ack confirmed
 	regressions []string
 }
 
@@ -228,6 +232,7 @@ func (c *ackingConsumer) run(ctx context.Context, url string) error {
 		}
 		var last jetstream.Msg
 		var lastSeq uint64
+		var acked []uint64
 		for m := range b.Messages() {
 			md, err := m.Metadata()
 			if err != nil {
@@ -236,14 +241,15 @@ func (c *ackingConsumer) run(ctx context.Context, url string) error {
 			seq := md.Sequence.Stream
 			c.mu.Lock()
 			c.deliveries = append(c.deliveries, given{at: time.Now(), seq: seq, id: string(m.Data())})
-			if seq <= c.floor {
-				c.regressions = append(c.regressions, fmt.Sprintf("seq %d delivered after the floor %d was confirmed", seq, c.floor))
+			if _, ok := c.confirmed[seq]; ok {
+				c.regressions = append(c.regressions, fmt.Sprintf("seq %d delivered again after its ack was confirmed", seq))
 			}
 			c.mu.Unlock()
 			if last != nil {
 				_ = last.Ack()
 			}
 			last, lastSeq = m, seq
+			acked = append(acked, seq)
 		}
 		if last == nil {
 			continue
@@ -252,6 +258,12 @@ func (c *ackingConsumer) run(ctx context.Context, url string) error {
 		if last.DoubleAck(actx) == nil {
 			c.mu.Lock()
 			c.floor = max(c.floor, lastSeq)
+			if c.confirmed == nil {
+				c.confirmed = make(map[uint64]struct{})
+			}
+			for _, q := range acked {
+				c.confirmed[q] = struct{}{}
+			}
 			c.mu.Unlock()
 		}
 		cancel()

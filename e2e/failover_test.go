@@ -250,7 +250,7 @@ func (r *failoverRun) check(stored map[uint64]string, last uint64, lossy bool) (
 			since.Format(time.StampMilli), before)
 	}
 	if !lossy && len(regressions) > 0 {
-		t.Errorf("the durable consumer went back below its confirmed ack floor %d times, first: %s", len(regressions), regressions[0])
+		t.Errorf("the durable consumer was given %d messages again whose acks were confirmed, first: %s", len(regressions), regressions[0])
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()

@@ -135,7 +135,7 @@ func (p *pusher) route(_ *consumer, subject string, size int, _ time.Time) (deli
 // sent accounts a delivery of size bytes to the deliver subject: flow control, pacing
 // and the heartbeat it makes unnecessary.
 func (p *pusher) sent(c *consumer, _ deliveryTarget, size int, now time.Time) {
-	c.tally.pushed++
+	c.tally.Pushed++
 	if p.hb > 0 {
 		p.hbNext = now.Add(p.hb)
 	}

@@ -243,3 +243,136 @@ func pinClient(t *testing.T, s natsServer, stream, consumer, group string) {
 // cliVolatile matches what the CLI prints that differs between any two servers: times,
 // durations, pin ids, the server's name and version, the cluster block.
 var cliVolatile = regexp.MustCompile(`\b[A-Za-z0-9]{22}\b|\d{4}-\d{2}-\d{2}[ T]\d{2}:\d{2}:\d{2}\S*|[0-9.]+(ns|µs|ms|s)\b|\d{2}:\d{2}:\d{2}|(Cluster Name|Leader|Name|Version|Host Version|Required API Level|Created|Timestamp): .*`)
+
+// TestPinnedConsumerAcrossReplicas: two replicas, a pinned consumer served by one of them,
+// a client on each. The pin lives with the serving replica: the info and an unpin sent
+// through the other replica reach it there. When the serving replica dies, the other
+// takes the consumer over with no pin, as a new JetStream leader does, gives a new one to
+// the client left, and that client receives the rest, the unacknowledged redelivered.
+func TestPinnedConsumerAcrossReplicas(t *testing.T) {
+	t.Parallel()
+	reps := startCluster(t, testDatabase(t), 2)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	var jss [2]jetstream.JetStream
+	for i, r := range reps {
+		_, jss[i] = r.connect(t)
+	}
+	if _, err := jss[0].CreateStream(ctx, jetstream.StreamConfig{Name: "PJOBS", Subjects: []string{"pjobs.>"}}); err != nil {
+		t.Fatal(err)
+	}
+	// pinned_ttl is longer than the test: a new pin after the takeover is the takeover's.
+	if _, err := jss[0].CreateOrUpdateConsumer(ctx, "PJOBS", jetstream.ConsumerConfig{
+		Durable: "W", AckPolicy: jetstream.AckExplicitPolicy, AckWait: 3 * time.Second,
+		PriorityPolicy: jetstream.PriorityPolicyPinned, PriorityGroups: []string{"workers"}, PinnedTTL: 10 * time.Minute,
+	}); err != nil {
+		t.Fatal(err)
+	}
+	info := func(i int) *jetstream.ConsumerInfo {
+		t.Helper()
+		c, err := jss[i].Consumer(ctx, "PJOBS", "W")
+		if err != nil {
+			t.Fatalf("consumer info through r%d: %v", i+1, err)
+		}
+		return c.CachedInfo()
+	}
+	// Until its forwarding subscription reaches the other replica, that one answers from
+	// PostgreSQL, which knows no pin: wait until both answer from the serving replica.
+	var serving int
+	testwait.For(t, 30*time.Second, func() error {
+		l0, l1 := info(0).Cluster, info(1).Cluster
+		if l0 == nil || l1 == nil || l0.Leader != l1.Leader || l0.Leader == "" {
+			return fmt.Errorf("leaders %+v and %+v", l0, l1)
+		}
+		serving = map[string]int{"r1": 0, "r2": 1}[l0.Leader]
+		return nil
+	})
+	other := 1 - serving
+	clients := [2]*pinnedClient{{name: "on r1", got: map[int]bool{}}, {name: "on r2", got: map[int]bool{}}}
+	for i, c := range clients {
+		cons, err := jss[i].Consumer(ctx, "PJOBS", "W")
+		if err != nil {
+			t.Fatal(err)
+		}
+		cc, err := cons.Consume(func(m jetstream.Msg) {
+			var job int
+			if _, err := fmt.Sscanf(string(m.Data()), "job %d", &job); err != nil {
+				t.Errorf("received %q", m.Data())
+			}
+			c.mu.Lock()
+			c.got[job] = true
+			c.mu.Unlock()
+			_ = m.Ack()
+		}, jetstream.PullPriorityGroup("workers"), jetstream.PullExpiry(time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(cc.Stop)
+	}
+	publish := func(from, to int) {
+		t.Helper()
+		for i := from; i < to; i++ {
+			if _, err := jss[other].Publish(ctx, "pjobs.x", fmt.Appendf(nil, "job %d", i)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	received := func(from, to int) error {
+		for i := from; i < to; i++ {
+			if !clients[0].has(i, i+1) && !clients[1].has(i, i+1) {
+				return fmt.Errorf("job %d received by neither client (%d and %d received)", i, clients[0].count(), clients[1].count())
+			}
+		}
+		return nil
+	}
+	publish(0, 20)
+	testwait.For(t, 30*time.Second, func() error { return received(0, 20) })
+	if clients[0].count() > 0 && clients[1].count() > 0 {
+		t.Fatalf("both clients received while one was pinned: %d and %d", clients[0].count(), clients[1].count())
+	}
+	pin := func(i int) string {
+		if pg := info(i).PriorityGroups; len(pg) == 1 {
+			return pg[0].PinnedClientID
+		}
+		return ""
+	}
+	first := pin(serving)
+	if first == "" || pin(other) != first {
+		t.Fatalf("pin through the serving replica %q, through the other %q", first, pin(other))
+	}
+
+	// An unpin through the replica that does not serve the consumer is forwarded to the
+	// one that does; the next request takes a new pin there.
+	st, err := jss[other].Stream(ctx, "PJOBS")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.UnpinConsumer(ctx, "W", "workers"); err != nil {
+		t.Fatalf("unpin through r%d: %v", other+1, err)
+	}
+	publish(20, 30)
+	testwait.For(t, 30*time.Second, func() error {
+		if p := pin(other); p == "" || p == first {
+			return fmt.Errorf("pin after the unpin %q (before %q)", p, first)
+		}
+		return received(20, 30)
+	})
+	second := pin(serving)
+
+	// The serving replica dies, and its client with it.
+	reps[serving].kill(t)
+	publish(30, 60)
+	testwait.For(t, 60*time.Second, func() error {
+		if !clients[other].has(30, 60) {
+			return fmt.Errorf("the client on r%d received %d, not yet all of 30 to 59", other+1, clients[other].count())
+		}
+		return received(0, 60)
+	})
+	ci := info(other)
+	if ci.Cluster == nil || ci.Cluster.Leader != fmt.Sprintf("r%d", other+1) {
+		t.Errorf("after the takeover the consumer is served by %+v, want r%d", ci.Cluster, other+1)
+	}
+	if p := pin(other); p == "" || p == first || p == second {
+		t.Errorf("pin after the takeover %q, want a new one (before %q, %q)", p, first, second)
+	}
+}

@@ -256,7 +256,9 @@ func TestOverflowPullTwin(t *testing.T) {
 func TestPinnedClientTwin(t *testing.T) {
 	t.Parallel()
 	tw, clock := newClockTwin(t)
-	const ttl = 2 * time.Second
+	// Long enough that JetStream's pin, on a real timer, cannot lapse between the unpin and
+	// the requests that follow it on a busy machine.
+	const ttl = 5 * time.Second
 	tw.createStream(jetstream.StreamConfig{Name: "PRP", Subjects: []string{"prp.>"}})
 	if e := tw.sameAnswer("create", tw.request("$JS.API.CONSUMER.CREATE.PRP.PIN",
 		fmt.Sprintf(`{"stream_name":"PRP","config":{"durable_name":"PIN","ack_policy":"none","priority_policy":"pinned_client","priority_groups":["A"],"priority_timeout":%d}}`, ttl)), false); e != nil {
@@ -273,11 +275,9 @@ func TestPinnedClientTwin(t *testing.T) {
 	tw.groupStates("pinned", "PRP", "PIN", &pins)
 	waiting, _ := tw.samePull("another client", "PRP", "PIN", `{"batch":1,"group":"A",`+long+`}`, 1, quiet)
 	for side, pin := range pins {
-		var got [2]string
 		sub := tw.rawPull(side, "PRP", "PIN", `{"batch":1,"group":"A","id":"not-`+pin+`",`+long+`}`)
-		got[side], _ = pullEvent(t, sub, 5*time.Second)
-		if got[side] != "status 423 Nats-Pin-Id mismatch" {
-			t.Fatalf("%s: another pin got %q", sideName[side], got[side])
+		if got, _ := pullEvent(t, sub, 5*time.Second); got != "status 423 Nats-Pin-Id mismatch" {
+			t.Fatalf("%s: another pin got %q", sideName[side], got)
 		}
 		sub = tw.rawPull(side, "PRP", "PIN", `{"batch":2,"group":"A","id":"`+pin+`",`+long+`}`)
 		for range 2 {
@@ -333,6 +333,18 @@ func TestPinnedClientTwin(t *testing.T) {
 		t.Fatalf("after pinned_ttl the waiting request got %q with pins %q (before %q)", ev, lastPins, newPins)
 	}
 	tw.groupStates("pinned after ttl", "PRP", "PIN", &lastPins)
+
+	// A request that is not JSON names no group: while no pin is held it takes a message
+	// without one, with an empty Nats-Pin-Id; while one is held it waits.
+	if e := tw.sameAnswer("create bare", tw.request("$JS.API.CONSUMER.CREATE.PRP.BARE",
+		`{"stream_name":"PRP","config":{"durable_name":"BARE","ack_policy":"none","priority_policy":"pinned_client","priority_groups":["A"]}}`), false); e != nil {
+		t.Fatal(e)
+	}
+	tw.cons = append(tw.cons, [2]string{"PRP", "BARE"})
+	tw.samePull("a bare batch without a pin", "PRP", "BARE", `1`, 1, 5*time.Second)
+	tw.groupStates("after a bare batch", "PRP", "BARE", nil)
+	tw.samePull("a request of the group", "PRP", "BARE", `{"batch":1,"group":"A",`+long+`}`, 1, 5*time.Second)
+	tw.samePull("a bare batch while pinned", "PRP", "BARE", `1`, 1, quiet)
 	tw.compareAll("pinned")
 }
 

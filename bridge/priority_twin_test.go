@@ -245,6 +245,16 @@ func TestOverflowPullTwin(t *testing.T) {
 	// A request that is not JSON names no group and is served as ever.
 	tw.samePull("a bare batch", "PRO", "OV", `1`, 1, 5*time.Second)
 	tw.groupStates("overflow", "PRO", "OV", nil)
+
+	// A redelivery counts one more than the messages never delivered: with none left, it
+	// still reaches a min_pending of 1.
+	if e := tw.sameAnswer("create", tw.request("$JS.API.CONSUMER.CREATE.PRO.RE",
+		`{"stream_name":"PRO","config":{"durable_name":"RE","ack_policy":"explicit","ack_wait":1000000000,"priority_policy":"overflow","priority_groups":["A"]}}`), false); e != nil {
+		t.Fatal(e)
+	}
+	tw.cons = append(tw.cons, [2]string{"PRO", "RE"})
+	tw.samePull("all, unacknowledged", "PRO", "RE", `{"batch":5,"group":"A","expires":2000000000}`, 5, 5*time.Second)
+	tw.samePull("a redelivery at min_pending 1", "PRO", "RE", `{"batch":1,"group":"A","min_pending":1,"expires":3000000000}`, 1, 5*time.Second)
 	tw.compareAll("overflow")
 }
 

@@ -432,7 +432,7 @@ func (c *consumer) pump(ctx context.Context) {
 			c.unlocked = false
 			now = c.cs.clock.Now()
 		}
-		to, size, ok := c.out.route(c, m.Subject, size, now)
+		to, size, ok := c.out.route(c, m.Subject, size, dc > 1, now)
 		if !ok {
 			eos = false // requests wait that may not take it (priority groups)
 			break

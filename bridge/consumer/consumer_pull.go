@@ -22,9 +22,9 @@ type deliveryStrategy interface {
 	waits() bool
 	// ready reports whether a message could go out now.
 	ready(c *consumer, now time.Time) bool
-	// route says where the next message goes, its size counted as nats-server counts it
-	// for that destination; ok is false when nothing can take it.
-	route(c *consumer, subject string, size int, now time.Time) (to deliveryTarget, sized int, ok bool)
+	// route says where the next message goes (redelivered or new), its size counted as
+	// nats-server counts it for that destination; ok is false when nothing can take it.
+	route(c *consumer, subject string, size int, redelivered bool, now time.Time) (to deliveryTarget, sized int, ok bool)
 	// sent accounts a delivery of size bytes to to.
 	sent(c *consumer, to deliveryTarget, size int, now time.Time)
 	// sweep drops what expired or lost its client before a pump delivers.
@@ -102,8 +102,8 @@ func (p *puller) waits() bool { return p.q.Waits() }
 func (p *puller) ready(*consumer, time.Time) bool { return p.q.Waits() }
 
 // route picks the request the next message goes to.
-func (p *puller) route(c *consumer, _ string, size int, now time.Time) (deliveryTarget, int, bool) {
-	r := p.q.Route(pullHost{c}, size, now)
+func (p *puller) route(c *consumer, _ string, size int, redelivered bool, now time.Time) (deliveryTarget, int, bool) {
+	r := p.q.Route(pullHost{c}, size, redelivered, now)
 	if r == nil {
 		return deliveryTarget{}, size, false
 	}

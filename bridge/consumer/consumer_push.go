@@ -128,7 +128,7 @@ func (p *pusher) ready(c *consumer, now time.Time) bool {
 }
 
 // route: always the deliver subject, which nats-server counts in place of the message's.
-func (p *pusher) route(_ *consumer, subject string, size int, _ time.Time) (deliveryTarget, int, bool) {
+func (p *pusher) route(_ *consumer, subject string, size int, _ bool, _ time.Time) (deliveryTarget, int, bool) {
 	return deliveryTarget{subject: p.subject, group: p.group}, size + len(p.subject) - len(subject), true
 }
 

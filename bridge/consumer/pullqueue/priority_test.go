@@ -11,7 +11,7 @@ import (
 // routeOne routes one message of 10 bytes and accounts it, returning the inbox it went to,
 // or "" when no request may take it.
 func routeOne(q *Queue, h *fakeQueueHost, now time.Time) string {
-	r := q.Route(h, 10, now)
+	r := q.Route(h, 10, false, now)
 	if r == nil {
 		return ""
 	}
@@ -54,6 +54,9 @@ func TestOverflowServesOnlyPastItsThresholds(t *testing.T) {
 	h.numPend, h.ackPend = 4, 2
 	if got := routeOne(&q, h, now); got != "" {
 		t.Fatalf("below both thresholds a message went to %q", got)
+	}
+	if r := q.Route(h, 10, true, now); r == nil || r.Reply() != "in.over" {
+		t.Fatalf("a redelivery with 4 never delivered went to %v, want in.over (it counts one more)", r)
 	}
 	h.numPend = 5
 	if got := routeOne(&q, h, now); got != "in.over" {

@@ -52,8 +52,8 @@ type QueueHost interface {
 	HasWork() bool
 	MsgsPending() int64
 	// Pending is what an overflow consumer compares a request's min_pending and
-	// min_ack_pending with: the messages not yet delivered, the next one included, and
-	// those waiting for an ack.
+	// min_ack_pending with: the messages never delivered (a new one about to go out
+	// included) and those waiting for an ack.
 	Pending() (num int64, ack int)
 	// Delivered is the consumer's last delivery, which heartbeats report.
 	Delivered() consumerstate.Pair
@@ -189,7 +189,10 @@ func (q *Queue) Waits() bool { return len(q.reqs) > 0 }
 // is left or none of those left may take it (priority groups), which then wait on in the
 // order they were looked at, as nats-server cycles them. The request stays at the head
 // until Sent moves it.
-func (q *Queue) Route(h QueueHost, size int, now time.Time) *WaitingRequest {
+//
+// A redelivered message counts one more towards min_pending than the messages never
+// delivered, as nats-server counts it (its count of those, plus one, for any message).
+func (q *Queue) Route(h QueueHost, size int, redelivered bool, now time.Time) *WaitingRequest {
 	cfg := h.Config()
 	needPin := q.pin.Needed(cfg, now)
 	cycled := 0
@@ -202,6 +205,9 @@ func (q *Queue) Route(h QueueHost, size int, now time.Time) *WaitingRequest {
 			continue
 		}
 		num, ack := h.Pending()
+		if redelivered {
+			num++
+		}
 		v, assigned := q.pin.Pick(cfg, r.group, needPin, num, ack, now)
 		switch {
 		case v == priority.Skip:

@@ -55,7 +55,7 @@ func TestRequestsServedInTurnUntilTheirBatchEnds(t *testing.T) {
 		t.Fatalf("batch pending %d, waiting %d; want 3 and 2", q.BatchPending(), q.NumWaiting(now))
 	}
 	var got []string
-	for r := q.Route(h, 10, now); r != nil; r = q.Route(h, 10, now) {
+	for r := q.Route(h, 10, false, now); r != nil; r = q.Route(h, 10, false, now) {
 		got = append(got, r.Reply())
 		q.Sent(h, r, 10, now.Add(time.Millisecond))
 	}

@@ -97,7 +97,7 @@ func (c *consumer) ack(sseq, dseq uint64, reply string, now time.Time) {
 		c.replyAck(reply)
 		return
 	}
-	c.tally.acks++
+	c.tally.Acks++
 	// The cursor writer hears of the new floor once the whole queue is handled: acks
 	// arrive by the hundred per wake.
 	c.ackedFloor = true

@@ -5,10 +5,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
 
+	"github.com/jetgres/jetgres/bridge/consumer/priority"
 	"github.com/jetgres/jetgres/bridge/consumer/startpos"
 	"github.com/jetgres/jetgres/bridge/consumer/storedinfo"
 	"github.com/jetgres/jetgres/bridge/jserr"
@@ -171,6 +173,9 @@ func (cs *Engine) infoLocked(c *consumer) (info *server.ConsumerInfo, from, extr
 	}
 	info.Paused, info.PauseRemaining = storedinfo.PausedAt(cfg.PauseUntil, now)
 	info.NumWaiting = c.out.numWaiting(now)
+	if p, ok := c.out.(*puller); ok {
+		info.PriorityGroups = p.q.PriorityGroups(&cfg, now)
+	}
 	from, extra = c.countFrom()
 	return info, from, extra
 }
@@ -247,13 +252,9 @@ func (cs *Engine) Info(ctx context.Context, s *stream.Stream, name string, forwa
 // time, or one in the past, resumes at once. A consumer another replica serves is refused
 // with an *ownership.ServedBy.
 func (cs *Engine) Pause(ctx context.Context, s *stream.Stream, name string, until time.Time) error {
-	streamName := s.Name()
-	c, err := cs.ensure(ctx, streamName, name)
-	switch {
-	case errors.Is(err, pg.ErrServedElsewhere):
-		return cs.servedBy(ctx, s, name)
-	case err != nil:
-		return fmt.Errorf("looking up consumer %q on stream %q: %w", name, streamName, jserr.ConsumerLookup(err))
+	c, err := cs.serveHere(ctx, s, name)
+	if err != nil {
+		return err
 	}
 	c.mu.Lock()
 	cfg := c.cfg
@@ -264,6 +265,37 @@ func (cs *Engine) Pause(ctx context.Context, s *stream.Stream, name string, unti
 	}
 	jswire.SetStaticConsumerMetadata(&cfg)
 	return cs.applyConfig(ctx, c, cfg, server.ActionUpdate)
+}
+
+// Unpin takes the pin of the consumer called name on s away from the client holding it,
+// as CONSUMER.UNPIN does; group must be one of its priority groups (priority.ErrUnknownGroup). A
+// consumer another replica serves is refused with an *ownership.ServedBy.
+func (cs *Engine) Unpin(ctx context.Context, s *stream.Stream, name, group string) error {
+	c, err := cs.serveHere(ctx, s, name)
+	if err != nil {
+		return err
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if p, ok := c.out.(*puller); ok && slices.Contains(c.cfg.PriorityGroups, group) {
+		p.q.Unpin()
+		c.signal()
+		return nil
+	}
+	return priority.ErrUnknownGroup
+}
+
+// serveHere is the consumer called name on s, served by this replica, or why not: an
+// *ownership.ServedBy when another replica serves it.
+func (cs *Engine) serveHere(ctx context.Context, s *stream.Stream, name string) (*consumer, error) {
+	c, err := cs.ensure(ctx, s.Name(), name)
+	switch {
+	case errors.Is(err, pg.ErrServedElsewhere):
+		return nil, cs.servedBy(ctx, s, name)
+	case err != nil:
+		return nil, fmt.Errorf("looking up consumer %q on stream %q: %w", name, s.Name(), jserr.ConsumerLookup(err))
+	}
+	return c, nil
 }
 
 // Delete deletes the consumer called name on s, stops serving it if this process does,

@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 
 	"github.com/jetgres/jetgres/bridge/consumer/cursor"
+	"github.com/jetgres/jetgres/bridge/consumer/metrics"
 	"github.com/jetgres/jetgres/bridge/consumer/pending"
 	"github.com/jetgres/jetgres/bridge/consumer/purgemove"
 	"github.com/jetgres/jetgres/bridge/consumer/readahead"
@@ -134,7 +135,7 @@ type consumer struct {
 	initial *server.ConsumerInfo
 
 	cw         *cursor.Writer
-	tally      tally
+	tally      metrics.Tally
 	ackedFloor bool // an ack moved the floor; the cursor writer is told after the queue
 }
 
@@ -282,7 +283,7 @@ func (c *consumer) run() {
 			c.ackedFloor = false
 			c.floorMoved()
 		}
-		c.tally.flush(c.cs.m) // the acks, before a stop or an inactive delete skips pump
+		c.tally.Flush(c.cs.m) // the acks, before a stop or an inactive delete skips pump
 		if r := stopReason(c.stopR.Load()); r != stopNone {
 			c.shutdown(r)
 			c.mu.Unlock()
@@ -409,7 +410,7 @@ func (c *consumer) pump(ctx context.Context) {
 		}
 		hdr, data := m.Header, m.Data
 		if c.cfg.HeadersOnly {
-			hdr, data = headersOnly(m.Header, len(m.Data)), nil
+			hdr, data = jswire.AppendHeaders(m.Header, server.JSMsgSize, strconv.Itoa(len(m.Data))), nil
 		}
 		uncounted := false
 		if dc == 1 && m.Seq > c.pend.Through() {
@@ -431,9 +432,13 @@ func (c *consumer) pump(ctx context.Context) {
 			c.unlocked = false
 			now = c.cs.clock.Now()
 		}
-		to, size, ok := c.out.route(c, m.Subject, size, now)
+		to, size, ok := c.out.route(c, m.Subject, size, dc > 1, now)
 		if !ok {
+			eos = false // requests wait that may not take it (priority groups)
 			break
+		}
+		if to.pinned {
+			hdr = jswire.AppendHeaders(hdr, server.JSPullRequestNatsPinId, to.pin)
 		}
 		reply = append(append(reply, '@'), m.Subject...)
 		c.reply = reply
@@ -478,7 +483,7 @@ func (c *consumer) pump(ctx context.Context) {
 	if sent > 0 {
 		c.prefetch(ctx)
 	}
-	c.tally.flush(c.cs.m)
+	c.tally.Flush(c.cs.m)
 }
 
 // clockEvery is how many deliveries pump makes with one reading of the clock.
@@ -513,7 +518,7 @@ func (c *consumer) delivered(to deliveryTarget, size int, m pg.Message, dc uint6
 	} else {
 		c.cs.m.Redeliveries.Inc()
 	}
-	c.tally.delivered++
+	c.tally.Delivered++
 	c.lastActive = now
 }
 
@@ -562,9 +567,4 @@ func (c *consumer) shutdown(r stopReason) {
 	c.out.stopped(c, hdr)
 	c.parked.Store(false)
 	c.cs.remove(c)
-}
-
-// headersOnly replaces a payload by its size, as JetStream's headers_only does.
-func headersOnly(hdr []byte, size int) []byte {
-	return jswire.AppendHeaders(hdr, server.JSMsgSize, strconv.Itoa(size))
 }

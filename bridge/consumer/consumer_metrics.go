@@ -33,24 +33,3 @@ func (cs *Engine) gauges() []metrics.ConsumerGauges {
 	}
 	return rows
 }
-
-// tally counts per message on the consumer's goroutine what it adds to the metrics once
-// per queue of events and once per pump: an atomic add per message costs more than the
-// counting.
-type tally struct{ delivered, pushed, tailHits, acks int }
-
-func (t *tally) flush(m *metrics.Instruments) {
-	if t.delivered > 0 {
-		m.Delivered.Add(float64(t.delivered))
-	}
-	if t.pushed > 0 {
-		m.PushDelivered.Add(float64(t.pushed))
-	}
-	if t.acks > 0 {
-		m.Acks.Add(float64(t.acks))
-	}
-	if t.tailHits > 0 {
-		m.TailHits.Add(float64(t.tailHits))
-	}
-	*t = tally{}
-}

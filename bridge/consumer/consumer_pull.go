@@ -22,9 +22,9 @@ type deliveryStrategy interface {
 	waits() bool
 	// ready reports whether a message could go out now.
 	ready(c *consumer, now time.Time) bool
-	// route says where the next message goes, its size counted as nats-server counts it
-	// for that destination; ok is false when nothing can take it.
-	route(c *consumer, subject string, size int, now time.Time) (to deliveryTarget, sized int, ok bool)
+	// route says where the next message goes (redelivered or new), its size counted as
+	// nats-server counts it for that destination; ok is false when nothing can take it.
+	route(c *consumer, subject string, size int, redelivered bool, now time.Time) (to deliveryTarget, sized int, ok bool)
 	// sent accounts a delivery of size bytes to to.
 	sent(c *consumer, to deliveryTarget, size int, now time.Time)
 	// sweep drops what expired or lost its client before a pump delivers.
@@ -53,10 +53,12 @@ type deliveryStrategy interface {
 }
 
 // deliveryTarget is where one delivery goes: a waiting request's inbox, or a deliver subject and
-// its group.
+// its group. A pinned_client consumer's deliveries carry its pin (pinned).
 type deliveryTarget struct {
 	subject, group string
 	req            *pullqueue.WaitingRequest // nil for a push consumer
+	pin            string
+	pinned         bool
 }
 
 // newDelivery is the delivery cfg asks for.
@@ -85,6 +87,7 @@ func (h pullHost) Config() *server.ConsumerConfig  { return &h.c.cfg }
 func (h pullHost) Touch(now time.Time)             { h.c.lastActive = now }
 func (h pullHost) HasWork() bool                   { return h.c.hasWork() }
 func (h pullHost) MsgsPending() int64              { return h.c.msgsPending() }
+func (h pullHost) Pending() (int64, int)           { return max(h.c.npc, 0), h.c.st.NumAckPending() }
 func (h pullHost) Delivered() consumerstate.Pair   { return h.c.st.Delivered() }
 func (h pullHost) Queued()                         { h.c.cs.m.Pulls.Inc() }
 func (h pullHost) FirstSent(waited time.Duration)  { h.c.cs.m.SubLatency.Observe(waited.Seconds()) }
@@ -99,12 +102,13 @@ func (p *puller) waits() bool { return p.q.Waits() }
 func (p *puller) ready(*consumer, time.Time) bool { return p.q.Waits() }
 
 // route picks the request the next message goes to.
-func (p *puller) route(c *consumer, _ string, size int, now time.Time) (deliveryTarget, int, bool) {
-	r := p.q.Route(pullHost{c}, size, now)
+func (p *puller) route(c *consumer, _ string, size int, redelivered bool, now time.Time) (deliveryTarget, int, bool) {
+	r := p.q.Route(pullHost{c}, size, redelivered, now)
 	if r == nil {
 		return deliveryTarget{}, size, false
 	}
-	return deliveryTarget{subject: r.Reply(), req: r}, size, true
+	pin, pinned := p.q.PinID(&c.cfg, now)
+	return deliveryTarget{subject: r.Reply(), req: r, pin: pin, pinned: pinned}, size, true
 }
 
 func (p *puller) sent(c *consumer, to deliveryTarget, size int, now time.Time) {

@@ -128,14 +128,14 @@ func (p *pusher) ready(c *consumer, now time.Time) bool {
 }
 
 // route: always the deliver subject, which nats-server counts in place of the message's.
-func (p *pusher) route(_ *consumer, subject string, size int, _ time.Time) (deliveryTarget, int, bool) {
+func (p *pusher) route(_ *consumer, subject string, size int, _ bool, _ time.Time) (deliveryTarget, int, bool) {
 	return deliveryTarget{subject: p.subject, group: p.group}, size + len(p.subject) - len(subject), true
 }
 
 // sent accounts a delivery of size bytes to the deliver subject: flow control, pacing
 // and the heartbeat it makes unnecessary.
 func (p *pusher) sent(c *consumer, _ deliveryTarget, size int, now time.Time) {
-	c.tally.pushed++
+	c.tally.Pushed++
 	if p.hb > 0 {
 		p.hbNext = now.Add(p.hb)
 	}

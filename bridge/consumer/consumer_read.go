@@ -74,7 +74,7 @@ func (c *consumer) next(ctx context.Context) (m pg.Message, dc uint64, src sourc
 		}
 		m, through, found, hit := c.sc.s.Tail().Next(from, c.matchFilters)
 		if hit {
-			c.tally.tailHits++
+			c.tally.TailHits++
 			if found {
 				return m, 1, srcTail, nextFound
 			}

@@ -5,12 +5,12 @@
 // stream, and their delivery: what goes out next, from the tail cache or PostgreSQL. The
 // parts with a narrow interface of their own live below it: the ack state machine
 // (bridge/consumerstate), the cursor writer (cursor), num_pending's bookkeeping (pending),
-// the queue of waiting pull requests (pullqueue), the ticker that finds other replicas'
-// commits (ticker), shared reads (sharedread), the read-ahead and its background reads
-// (readahead), start positions (startpos), how a purge moves consumers (purgemove), replay
-// pacing (replay), a push consumer's flow control (flowctl), the MSG.NEXT subscriptions
-// (nextsub), the info of a consumer from what PostgreSQL stores (storedinfo) and the
-// instruments (metrics).
+// the queue of waiting pull requests (pullqueue) and its priority groups (priority), the
+// ticker that finds other replicas' commits (ticker), shared reads (sharedread), the
+// read-ahead and its background reads (readahead), start positions (startpos), how a purge
+// moves consumers (purgemove), replay pacing (replay), a push consumer's flow control
+// (flowctl), the MSG.NEXT subscriptions (nextsub), the info of a consumer from what
+// PostgreSQL stores (storedinfo) and the instruments (metrics).
 //
 // It reaches PostgreSQL through Store, which *pg.DB satisfies, and NATS through Link,
 // which *leaf.Conn satisfies; every read behind the tail holds a permit of the pop lane and

@@ -51,6 +51,12 @@ func (a *API) handleConsumerAPI(ctx context.Context, tok []string, m *leaf.Msg, 
 			return
 		}
 		a.respond(m.Reply, r, &r.ApiResponse, server.NewJSConsumerCreateError, err)
+	case len(tok) == 3 && tok[0] == "UNPIN":
+		r, err := a.apiUnpin(ctx, tok[1], tok[2], m.Data)
+		if err = a.fwd.Forward(m, err, forwarded); err == ownership.ErrForwarded {
+			return
+		}
+		a.respond(m.Reply, r, &r.ApiResponse, server.NewJSStreamGeneralError, err)
 	default:
 		a.badRequest(m, server.JSApiConsumerInfoResponseType)
 	}

@@ -21,8 +21,8 @@ type unsupportedRequest struct {
 
 // unsupportedRequests are nats-server's API subjects (server/jetstream_api.go) that jetgres
 // does not serve. The cluster-only ones have nothing to do with one PostgreSQL behind any
-// number of replicas; snapshots, restores, consumer resets and priority-group unpinning are
-// features jetgres does not have. The list bounds the label set of
+// number of replicas; snapshots, restores and consumer resets are features jetgres does not
+// have. The list bounds the label set of
 // jetgres_api_unsupported_total.
 var unsupportedRequests = [...]unsupportedRequest{
 	{name: "STREAM.SNAPSHOT", args: 1, typ: server.JSApiStreamSnapshotResponseType},
@@ -32,7 +32,6 @@ var unsupportedRequests = [...]unsupportedRequest{
 	{name: "STREAM.PEER.EVACUATE", args: 1, typ: server.JSApiStreamEvacuatePeerResponseType},
 	{name: "STREAM.CANCEL_MOVE", args: 1, typ: server.JSApiStreamCancelMoveResponseType},
 	{name: "CONSUMER.RESET", args: 2, typ: server.JSApiConsumerResetResponseType},
-	{name: "CONSUMER.UNPIN", args: 2, typ: server.JSApiConsumerUnpinResponseType},
 	{name: "CONSUMER.LEADER.STEPDOWN", args: 2, typ: server.JSApiConsumerLeaderStepDownResponseType},
 	{name: "CONSUMER.PEER.REMOVE", args: 2, typ: server.JSApiConsumerRemovePeerResponseType},
 	{name: "CONSUMER.PEER.EVACUATE", args: 2, typ: server.JSApiConsumerEvacuatePeerResponseType},

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"regexp"
 	"strings"
 	"time"
 
@@ -22,7 +23,45 @@ const (
 	ackFlowControlHeartbeat = time.Second
 	// pushHeartbeatMin is the shortest idle heartbeat a push consumer may ask for.
 	pushHeartbeatMin = 100 * time.Millisecond
+	// pinnedTTLDefault is how long a pinned client may go without asking before it loses
+	// its pin, when pinned_ttl is not set.
+	pinnedTTLDefault = 2 * time.Minute
 )
+
+// priorityGroupName is what a priority group may be called.
+var priorityGroupName = regexp.MustCompile(`^[a-zA-Z0-9/_=-]{1,16}$`)
+
+// ValidPriorityGroup reports whether a priority group may be called name.
+func ValidPriorityGroup(name string) bool { return priorityGroupName.MatchString(name) }
+
+// checkPriority applies nats-server's rules for priority groups: a policy needs a pull
+// consumer and named groups, and groups or a pinned_ttl need a policy.
+func checkPriority(cfg *server.ConsumerConfig) *server.ApiError {
+	if cfg.PriorityPolicy == server.PriorityNone {
+		switch {
+		case len(cfg.PriorityGroups) > 0:
+			return server.NewJSConsumerPriorityGroupWithPolicyNoneError()
+		case cfg.PinnedTTL > 0:
+			return server.NewJSConsumerPinnedTTLWithoutPriorityPolicyNoneError()
+		}
+		return nil
+	}
+	if cfg.DeliverSubject != "" {
+		return server.NewJSConsumerPushWithPriorityGroupError()
+	}
+	if len(cfg.PriorityGroups) == 0 {
+		return server.NewJSConsumerPriorityPolicyWithoutGroupError()
+	}
+	for _, g := range cfg.PriorityGroups {
+		if g == "" {
+			return server.NewJSConsumerEmptyGroupNameError()
+		}
+		if !priorityGroupName.MatchString(g) {
+			return server.NewJSConsumerInvalidGroupNameError()
+		}
+	}
+	return nil
+}
 
 // CheckConsumerConfig fills in JetStream's defaults and validates a requested consumer
 // configuration, pull or push, against its stream, returning the JetStream error a client
@@ -31,9 +70,6 @@ func CheckConsumerConfig(req server.ConsumerConfig, scfg *server.StreamConfig) (
 	cfg := req
 	if cfg.Direct || cfg.Sourcing {
 		return cfg, server.NewJSConsumerCreateError(errors.New("direct and sourcing consumers are not supported by jetgres"))
-	}
-	if cfg.PriorityPolicy != server.PriorityNone || len(cfg.PriorityGroups) > 0 || cfg.PinnedTTL > 0 {
-		return cfg, server.NewJSConsumerCreateError(errors.New("priority groups are not supported by jetgres"))
 	}
 	if cfg.PauseUntil != nil {
 		utc := cfg.PauseUntil.UTC()
@@ -66,6 +102,7 @@ func CheckConsumerConfig(req server.ConsumerConfig, scfg *server.StreamConfig) (
 	cfg.MaxRequestMaxBytes = max(cfg.MaxRequestMaxBytes, 0)
 	cfg.Heartbeat = max(cfg.Heartbeat, 0)
 	cfg.InactiveThreshold = max(cfg.InactiveThreshold, 0)
+	cfg.PinnedTTL = max(cfg.PinnedTTL, 0)
 	// A push consumer has no waiting requests to bound.
 	if cfg.DeliverSubject == "" && cfg.MaxWaiting == 0 {
 		cfg.MaxWaiting = consumerMaxWaitingDefault
@@ -88,6 +125,9 @@ func CheckConsumerConfig(req server.ConsumerConfig, scfg *server.StreamConfig) (
 	if cfg.AckPolicy == server.AckFlowControl {
 		cfg.FlowControl = true
 		cfg.Heartbeat = ackFlowControlHeartbeat
+	}
+	if cfg.PriorityPolicy == server.PriorityPinnedClient && cfg.PinnedTTL == 0 {
+		cfg.PinnedTTL = pinnedTTLDefault
 	}
 	if cfg.Durable == "" && cfg.InactiveThreshold == 0 {
 		cfg.InactiveThreshold = ephemeralInactiveDefault
@@ -182,6 +222,9 @@ func CheckConsumerConfig(req server.ConsumerConfig, scfg *server.StreamConfig) (
 	}
 	if n > server.JSMaxMetadataLen {
 		return cfg, server.NewJSConsumerMetadataLengthError(fmt.Sprintf("%dKB", server.JSMaxMetadataLen/1024))
+	}
+	if e := checkPriority(&cfg); e != nil {
+		return cfg, e
 	}
 	if scfg.Retention == server.WorkQueuePolicy {
 		if cfg.AckPolicy != server.AckExplicit && cfg.AckPolicy != server.AckFlowControl {

@@ -44,6 +44,9 @@ type PullRequest struct {
 	Expires   time.Time // zero: no expiry
 	NoWait    bool
 	Heartbeat time.Duration
+	// Group is the request's priority group fields, nil for a request that is not JSON, as
+	// nats-server tells the two apart (bridge/consumer/priority judges them).
+	Group *server.PriorityGroup
 }
 
 // DecodePullRequest reads a MSG.NEXT body as nats-server does: empty means one message, a
@@ -66,18 +69,10 @@ func DecodePullRequest(body []byte, now time.Time) (PullRequest, *PullStatus) {
 		if r.Heartbeat > 0 && r.Heartbeat < minPullHeartbeat {
 			return pr, &PullStatus{400, "Bad Request - heartbeat value too small"}
 		}
-		if r.MinPending != 0 || r.MinAckPending != 0 {
-			return pr, &PullStatus{400, "Bad Request - Not a Overflow Priority consumer"}
-		}
-		if r.Id != "" {
-			return pr, &PullStatus{400, "Bad Request - Not a Pinned Client Priority consumer"}
-		}
-		if r.Priority < 0 || r.Priority > 9 {
-			return pr, &PullStatus{400, "Bad Request - Priority must be between 0 and 9"}
-		}
 		pr.Batch = max(r.Batch, 1)
 		pr.MaxBytes = max(r.MaxBytes, 0)
 		pr.NoWait = r.NoWait
+		pr.Group = &r.PriorityGroup
 		// A negative expiry has passed already: the request times out at once, as in
 		// nats-server, rather than wait forever.
 		if r.Expires != 0 {

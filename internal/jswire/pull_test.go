@@ -26,7 +26,7 @@ func TestDecodePullRequest(t *testing.T) {
 		{body: `{"batch":1,"expires":1000000000,"idle_heartbeat":600000000}`, badStatus: 400},
 		{body: `{"batch":1,"idle_heartbeat":1000}`, badStatus: 400},
 		{body: `{"batch":`, badStatus: 400},
-		{body: `{"batch":1,"priority":12}`, badStatus: 400},
+		{body: `{"batch":1,"priority":12}`, batch: 1},
 		{body: `{"batch":1,"expires":1000000000,"idle_heartbeat":1}`, badStatus: 400},
 		{body: `{"batch":1,"expires":9223372036854775807,"idle_heartbeat":9223372036854775807}`, badStatus: 400},
 		{body: `{"batch":-4,"max_bytes":-1,"expires":-5}`, batch: 1, expires: -5},
@@ -50,5 +50,20 @@ func TestDecodePullRequest(t *testing.T) {
 		if pr.Batch != c.batch || pr.NoWait != c.noWait || !pr.Expires.Equal(exp) || pr.MaxBytes != c.maxBytes || pr.Heartbeat != c.hb {
 			t.Errorf("%q: got %+v", c.body, pr)
 		}
+	}
+}
+
+// A request's priority fields are carried to the consumer, which alone can judge them; a
+// request that is not JSON has none, as nats-server tells them apart.
+func TestDecodePullRequestPriorityGroup(t *testing.T) {
+	pr, bad := DecodePullRequest([]byte(`{"batch":2,"group":"A","min_pending":3,"min_ack_pending":4,"id":"pin","priority":12}`), time.Unix(100, 0))
+	if bad != nil || pr.Group == nil {
+		t.Fatalf("decoded %+v, %v", pr, bad)
+	}
+	if g := *pr.Group; g.Group != "A" || g.MinPending != 3 || g.MinAckPending != 4 || g.Id != "pin" || g.Priority != 12 {
+		t.Fatalf("group %+v", g)
+	}
+	if pr, _ := DecodePullRequest([]byte("2"), time.Unix(100, 0)); pr.Group != nil {
+		t.Fatalf("a batch size alone decoded a group: %+v", pr.Group)
 	}
 }

@@ -3,7 +3,9 @@
 // answered at once (404), which one the next message goes to, how batches and byte limits
 // count down, when requests expire, lose their client or are due a heartbeat. The consumer
 // engine (bridge/consumer) owns a Queue per pull consumer and calls it from the consumer's
-// goroutine; the Queue reaches the link and the consumer through a QueueHost.
+// goroutine; the Queue reaches the link and the consumer through a QueueHost. A consumer
+// with priority groups keeps its pin in its Queue, which asks bridge/consumer/priority
+// which request may take a message.
 //
 // # Locks
 //
@@ -13,10 +15,12 @@
 package pullqueue
 
 import (
+	"slices"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
 
+	"github.com/jetgres/jetgres/bridge/consumer/priority"
 	"github.com/jetgres/jetgres/bridge/consumerstate"
 	"github.com/jetgres/jetgres/internal/jswire"
 )
@@ -47,6 +51,10 @@ type QueueHost interface {
 	// MsgsPending nats-server's count of what a no-wait request could get.
 	HasWork() bool
 	MsgsPending() int64
+	// Pending is what an overflow consumer compares a request's min_pending and
+	// min_ack_pending with: the messages never delivered (a new one about to go out
+	// included) and those waiting for an ack.
+	Pending() (num int64, ack int)
 	// Delivered is the consumer's last delivery, which heartbeats report.
 	Delivered() consumerstate.Pair
 	// Queued counts a request taken into the queue; FirstSent observes how long a request
@@ -71,6 +79,7 @@ type WaitingRequest struct {
 	// seenAt is the link's interest version when the inbox last had a subscriber: until
 	// the version moves it still has, and a delivery need not look again.
 	seenAt uint64
+	group  *server.PriorityGroup // the request's priority fields, nil when it is not JSON
 }
 
 // Reply is the request's inbox, where its messages go.
@@ -78,7 +87,7 @@ func (r *WaitingRequest) Reply() string { return r.reply }
 
 // newRequest is a decoded request, received at now, as it starts to wait.
 func newRequest(r jswire.PullRequest, now time.Time) WaitingRequest {
-	pr := WaitingRequest{batch: r.Batch, maxBytes: r.MaxBytes, expires: r.Expires, noWait: r.NoWait, received: now}
+	pr := WaitingRequest{batch: r.Batch, maxBytes: r.MaxBytes, expires: r.Expires, noWait: r.NoWait, received: now, group: r.Group}
 	if r.Heartbeat > 0 {
 		pr.hb = r.Heartbeat
 		pr.hbNext = now.Add(r.Heartbeat)
@@ -94,6 +103,7 @@ func pendingHeader(code int, desc string, r *WaitingRequest) []byte {
 // Queue is the requests waiting at a pull consumer, served in turn.
 type Queue struct {
 	reqs []*WaitingRequest
+	pin  priority.Pin
 }
 
 // Add queues a pull request, or answers it at once when JetStream would.
@@ -102,6 +112,12 @@ func (q *Queue) Add(h QueueHost, reply string, body []byte, now time.Time) {
 	req, bad := jswire.DecodePullRequest(body, now)
 	if bad == nil {
 		bad = jswire.CheckPullLimits(cfg, &req, now)
+	}
+	if bad == nil {
+		bad = priority.Check(cfg, req.Group)
+	}
+	if bad == nil {
+		bad = q.pin.Admit(cfg, req.Group, now)
 	}
 	if bad != nil {
 		_ = h.Publish(reply, "", jswire.StatusHeader(bad.Code, bad.Desc), nil)
@@ -137,8 +153,23 @@ func (q *Queue) Add(h QueueHost, reply string, body []byte, now time.Time) {
 	}
 	pr.reply = reply
 	pr.seen = h.HasInterest(reply)
-	q.reqs = append(q.reqs, &pr)
+	q.enqueue(cfg, &pr)
 	h.Queued()
+}
+
+// enqueue puts r at the back of the queue, or for a prioritized consumer behind the
+// requests of its priority and those before it.
+func (q *Queue) enqueue(cfg *server.ConsumerConfig, r *WaitingRequest) {
+	if cfg.PriorityPolicy != server.PriorityPrioritized {
+		q.reqs = append(q.reqs, r)
+		return
+	}
+	level := priority.Level(r.group)
+	i := len(q.reqs)
+	for i > 0 && priority.Level(q.reqs[i-1].group) > level {
+		i--
+	}
+	q.reqs = slices.Insert(q.reqs, i, r)
 }
 
 // BatchPending is how many messages the waiting requests still want.
@@ -154,17 +185,44 @@ func (q *Queue) BatchPending() int64 {
 func (q *Queue) Waits() bool { return len(q.reqs) > 0 }
 
 // Route picks the request a message of size bytes goes to, dropping those that expired,
-// cannot take it, or lost their subscriber; nil when none is left. The request stays at the
-// head until Sent moves it.
-func (q *Queue) Route(h QueueHost, size int, now time.Time) *WaitingRequest {
+// cannot take it, lost their subscriber, or name a pin no longer current; nil when none
+// is left or none of those left may take it (priority groups), which then wait on in the
+// order they were looked at, as nats-server cycles them. The request stays at the head
+// until Sent moves it.
+//
+// A redelivered message counts one more towards min_pending than the messages never
+// delivered, as nats-server counts it (its count of those, plus one, for any message).
+func (q *Queue) Route(h QueueHost, size int, redelivered bool, now time.Time) *WaitingRequest {
+	cfg := h.Config()
+	needPin := q.pin.Needed(cfg, now)
+	cycled := 0
 	for len(q.reqs) > 0 {
 		r := q.reqs[0]
-		switch {
-		case !r.expires.IsZero() && !now.Before(r.expires):
+		if !r.expires.IsZero() && !now.Before(r.expires) {
 			_ = h.Publish(r.reply, "", pendingHeader(408, jswire.DescRequestTimeout, r), nil)
 			h.Touch(now)
+			q.reqs = q.reqs[1:]
+			continue
+		}
+		num, ack := h.Pending()
+		if redelivered {
+			num++
+		}
+		v, assigned := q.pin.Pick(cfg, r.group, needPin, num, ack, now)
+		switch {
+		case v == priority.Skip:
+			q.reqs = append(q.reqs[1:], r)
+			if cycled++; cycled >= len(q.reqs) {
+				return nil
+			}
+			continue
+		case v == priority.WrongPin:
+			_ = h.Publish(r.reply, "", pendingHeader(423, priority.DescWrongPin, r), nil)
 		case r.maxBytes > 0 && size > r.maxBytes:
 			_ = h.Publish(r.reply, "", pendingHeader(409, jswire.DescMaxBytes, r), nil)
+			if assigned {
+				q.pin.Release()
+			}
 		case !hasInterest(h, r, now):
 		default:
 			return r
@@ -213,7 +271,7 @@ func (q *Queue) Sent(h QueueHost, r *WaitingRequest, size int, now time.Time) {
 	if r.hb > 0 {
 		r.hbNext = now.Add(r.hb)
 	}
-	q.reqs = append(q.reqs, r)
+	q.enqueue(h.Config(), r)
 }
 
 // Expire expires requests (408), ends no-wait requests once nothing is left to deliver
@@ -245,7 +303,7 @@ func (q *Queue) Expire(h QueueHost, now time.Time, eos bool) {
 }
 
 // Wake calls earlier with each time a waiting request needs looking at: its expiry, its
-// heartbeat, and the interest sweep.
+// heartbeat, the interest sweep, and the lapse of a pin, which another may then take.
 func (q *Queue) Wake(now time.Time, earlier func(time.Time)) {
 	for _, r := range q.reqs {
 		earlier(r.expires)
@@ -254,6 +312,26 @@ func (q *Queue) Wake(now time.Time, earlier func(time.Time)) {
 		}
 	}
 	earlier(now.Add(interestSweep))
+	if d := q.pin.Deadline(now); !d.IsZero() {
+		earlier(d)
+	}
+}
+
+// PinID is the header value of a delivery of a pinned_client consumer at now: the current
+// pin; ok is false for any other policy.
+func (q *Queue) PinID(cfg *server.ConsumerConfig, now time.Time) (id string, ok bool) {
+	if cfg.PriorityPolicy != server.PriorityPinnedClient {
+		return "", false
+	}
+	return q.pin.ID(now), true
+}
+
+// Unpin takes the pin away from the client holding it (CONSUMER.UNPIN).
+func (q *Queue) Unpin() { q.pin.Unpin() }
+
+// PriorityGroups is the consumer info's priority_groups at now.
+func (q *Queue) PriorityGroups(cfg *server.ConsumerConfig, now time.Time) []server.PriorityGroupState {
+	return priority.States(cfg, &q.pin, now)
 }
 
 // Stopped answers every waiting request with hdr, unless it is nil, and forgets them.

@@ -15,6 +15,8 @@ type fakeQueueHost struct {
 	cfg      server.ConsumerConfig
 	work     bool
 	pending  int64
+	numPend  int64
+	ackPend  int
 	gone     map[string]bool
 	answers  []string // inbox and status line of each answer
 	queued   int
@@ -33,6 +35,7 @@ func (h *fakeQueueHost) Config() *server.ConsumerConfig  { return &h.cfg }
 func (h *fakeQueueHost) Touch(now time.Time)             { h.touched = now }
 func (h *fakeQueueHost) HasWork() bool                   { return h.work }
 func (h *fakeQueueHost) MsgsPending() int64              { return h.pending }
+func (h *fakeQueueHost) Pending() (int64, int)           { return h.numPend, h.ackPend }
 func (h *fakeQueueHost) Delivered() consumerstate.Pair   { return consumerstate.Pair{} }
 func (h *fakeQueueHost) Queued()                         { h.queued++ }
 func (h *fakeQueueHost) FirstSent(waited time.Duration)  { h.firstFor = append(h.firstFor, waited) }
@@ -52,7 +55,7 @@ func TestRequestsServedInTurnUntilTheirBatchEnds(t *testing.T) {
 		t.Fatalf("batch pending %d, waiting %d; want 3 and 2", q.BatchPending(), q.NumWaiting(now))
 	}
 	var got []string
-	for r := q.Route(h, 10, now); r != nil; r = q.Route(h, 10, now) {
+	for r := q.Route(h, 10, false, now); r != nil; r = q.Route(h, 10, false, now) {
 		got = append(got, r.Reply())
 		q.Sent(h, r, 10, now.Add(time.Millisecond))
 	}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 
+	"github.com/jetgres/jetgres/bridge/consumer/priority"
 	"github.com/jetgres/jetgres/internal/jswire"
 	"github.com/jetgres/jetgres/pg"
 )
@@ -52,6 +53,8 @@ func Info(ctx context.Context, db Store, streamID int64, streamName string, row 
 		info.NumAckPending, info.NumRedelivered = sq.AckPending, sq.Redelivered
 	}
 	info.Paused, info.PauseRemaining = PausedAt(cfg.PauseUntil, now)
+	// The pin lives with the replica serving the consumer: none is known here.
+	info.PriorityGroups = priority.States(&cfg, nil, now)
 	return info, nil
 }
 

@@ -1,6 +1,7 @@
 package pg
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -46,9 +47,10 @@ type ExpireParams struct {
 	Now int64
 	// MaxAge is the stream's max_age, 0 for none. A message whose TTL is "never" outlives it.
 	MaxAge time.Duration
-	// IsMarker, when set, turns on subject delete markers: the last live message of a
-	// subject that expires stays, and is named in ExpireResult.Markers for the caller to
-	// replace with a marker, unless IsMarker says its header makes it a marker already.
+	// IsMarker, when set, turns on subject delete markers: when what expires leaves a
+	// subject without a message, its newest expiring message stays, named in
+	// ExpireResult.Markers for the caller to replace with a marker, unless IsMarker says
+	// its header makes it a marker already.
 	IsMarker func(hdr []byte) bool
 	// Limit bounds the messages one pass looks at; ExpireResult.More says it bit.
 	Limit int
@@ -58,8 +60,8 @@ type ExpireParams struct {
 type ExpireResult struct {
 	// Removed counts the live messages the pass removed.
 	Removed uint64
-	// Markers are the last messages of their subjects that expired, left in place for the
-	// caller's markers to roll up.
+	// Markers are the newest messages of the subjects that expiry empties, in sequence
+	// order, left in place for the caller's markers to roll up.
 	Markers []Message
 	// More says that Limit stopped the pass before everything due was looked at.
 	More bool
@@ -180,10 +182,11 @@ func (db *DB) ageTarget(ctx context.Context, q querier, st *stateRow, cutoff int
 	return st.last + 1, nil
 }
 
-// lastOfSubjects finds, among the messages that expire (the age range [st.first, *aged)
-// less keep, and due), those that are the last live message of their subject and not
-// markers themselves. It looks at no more than limit messages of the age range, and
-// shortens the range to what it looked at.
+// lastOfSubjects finds the subjects that the messages that expire (the age range
+// [st.first, *aged) less keep, and due) leave without a message, as nats-server finds
+// them, and returns the newest expiring message of each, unless that is a marker itself.
+// It looks at no more than limit messages of the age range, and shortens the range to
+// what it looked at.
 func (db *DB) lastOfSubjects(ctx context.Context, q querier, st *stateRow, aged *uint64, due, keep []int64, limit int, isMarker func([]byte) bool) (last []Message, more bool, err error) {
 	var expiring []Message
 	if *aged > st.first {
@@ -202,7 +205,7 @@ func (db *DB) lastOfSubjects(ctx context.Context, q querier, st *stateRow, aged 
 	}
 	if len(due) > 0 {
 		rows, err := q.Query(ctx, `SELECT seq, ts, subject, hdr, data, cum_before FROM jetgres.msgs m
-			WHERE m.stream_id = $1 AND m.seq = ANY($2) AND m.seq >= $3 AND `+notTombstoned("$1"),
+			WHERE m.stream_id = $1 AND m.seq = ANY($2) AND m.seq >= $3 AND `+notTombstoned("$1")+` ORDER BY m.seq`,
 			st.id, due, int64(st.first))
 		if err != nil {
 			return nil, false, fmt.Errorf("read expired messages of stream %d: %w", st.id, err)
@@ -213,20 +216,34 @@ func (db *DB) lastOfSubjects(ctx context.Context, q querier, st *stateRow, aged 
 		}
 		expiring = append(expiring, msgs...)
 	}
-	seen := make(map[string]bool)
+	bySubject := make(map[string][]int64)
+	var subjects []string
+	newest := make(map[string]Message)
 	for _, m := range expiring {
-		if seen[m.Subject] {
-			continue
+		if _, ok := bySubject[m.Subject]; !ok {
+			subjects = append(subjects, m.Subject)
 		}
-		seen[m.Subject] = true
-		l, err := db.lastMatching(ctx, q, st.id, m.Subject, st.first, st.last)
-		if err != nil {
-			return nil, false, err
+		bySubject[m.Subject] = append(bySubject[m.Subject], int64(m.Seq))
+		if m.Seq > newest[m.Subject].Seq {
+			newest[m.Subject] = m
 		}
-		if l == nil || isMarker(l.Header) || !slices.ContainsFunc(expiring, func(e Message) bool { return e.Seq == l.Seq }) {
-			continue
-		}
-		last = append(last, *l)
 	}
+	for _, subj := range subjects {
+		m := newest[subj]
+		if isMarker(m.Header) {
+			continue
+		}
+		var others bool
+		if err := q.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM jetgres.msgs m WHERE m.stream_id = $1 AND m.subject = $2
+				AND m.seq >= $3 AND NOT m.seq = ANY($4) AND `+notTombstoned("$1")+`)`,
+			st.id, subj, int64(st.first), bySubject[subj]).Scan(&others); err != nil {
+			return nil, false, fmt.Errorf("look for other messages of subject %q of stream %d: %w", subj, st.id, err)
+		}
+		if !others {
+			last = append(last, m)
+		}
+	}
+	// nats-server stores the markers in the order of the messages they replace.
+	slices.SortFunc(last, func(a, b Message) int { return cmp.Compare(a.Seq, b.Seq) })
 	return last, more, nil
 }

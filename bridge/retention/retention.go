@@ -67,6 +67,7 @@ type Store interface {
 	Retain(ctx context.Context, p pg.RetainParams) (pg.RetainResult, error)
 	InterestGone(ctx context.Context, id int64) error
 	ExpireOlder(ctx context.Context, id int64, cutoff int64) (uint64, error)
+	Expire(ctx context.Context, p pg.ExpireParams) (pg.ExpireResult, error)
 	EnforceLimits(ctx context.Context, id int64, lim pg.Limits) (uint64, error)
 	PruneMsgIDs(ctx context.Context, id int64, cutoff int64) (int64, error)
 	ChunkDropCandidates(ctx context.Context, idle time.Duration) ([]int64, error)
@@ -106,6 +107,10 @@ type Host[S StreamView] interface {
 	Removed(s S, first uint64)
 	// RefreshUsage reads anew what the streams hold, for the storage bounds.
 	RefreshUsage(ctx context.Context) error
+	// Mark stores a subject delete marker with the given TTL in place of each of last, the
+	// last messages of their subjects, which expired, unless a message was stored on the
+	// subject since; it reports how many it stored.
+	Mark(ctx context.Context, s S, last []pg.Message, ttl time.Duration) (int, error)
 }
 
 // ConsumerProgress is what a pass needs of a consumer this process serves.
@@ -127,7 +132,8 @@ type Config[S StreamView] struct {
 	// Clock drives the maintainer and tells the time max_age and the id windows measure
 	// back from. Nil means the system clock.
 	Clock clock.Clock
-	// Registerer receives jetgres_retention_passes_total. Nil registers nothing.
+	// Registerer receives jetgres_retention_passes_total and the expiry counters (ttl.go).
+	// Nil registers nothing.
 	Registerer prometheus.Registerer
 }
 
@@ -153,6 +159,7 @@ type Enforcer[S StreamView] struct {
 	log    *slog.Logger
 	clock  clock.Clock
 	passes prometheus.Counter
+	ttl    ttlMetrics
 
 	run     startstop.Group
 	running atomic.Bool
@@ -203,6 +210,7 @@ func New[S StreamView](cfg Config[S]) (*Enforcer[S], error) {
 			Name: "jetgres_retention_passes_total",
 			Help: "Retention passes over interest and work-queue streams: each reads the stream's consumers and removes what none of them needs.",
 		}),
+		ttl:    newTTLMetrics(cfg.Registerer),
 		kick:   make(chan struct{}, 1),
 		states: make(map[int64]*streamState),
 		pruned: make(map[int64]time.Time),

@@ -197,6 +197,13 @@ func TestDeleteMarkersTwin(t *testing.T) {
 	if got := tw.storedAll("SDM"); !slices.Equal(got, want[:2]) {
 		t.Fatalf("after the markers' TTL: %q", got)
 	}
+	// A purge or a delete request leaves no marker.
+	tw.purge("SDM", jetstream.WithPurgeSubject("sdm.c"))
+	tw.deleteMsg("SDM", 2)
+	if got := tw.storedAll("SDM"); len(got) != 0 {
+		t.Fatalf("after a purge and a delete: %q", got)
+	}
+	tw.want("SDM", 0, 9, 8, 0)
 }
 
 // errStreamInvalidConfig is nats-server's err_code for an invalid stream configuration,

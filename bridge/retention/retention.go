@@ -1,8 +1,9 @@
 // Package retention removes what the streams no longer keep. It applies interest and
 // workqueue retention (a message goes once every consumer that wants it has acknowledged
-// it), max_age, and the limits an update lowers, and it gives space back: it drops the
-// chunk tables no stream reads any more and those no stream lists, and prunes
-// de-duplication ids past their window. It also answers the two questions that need its
+// it), max_age, message TTLs (Nats-TTL) with the subject delete markers nats-server
+// leaves where expiry empties a subject, and the limits an update lowers, and it gives
+// space back: it drops the chunk tables no stream reads any more and those no stream
+// lists, and prunes de-duplication ids past their window. It also answers the two questions that need its
 // view of every replica's consumers: which publishes to an interest stream no consumer
 // wants, and whether a new consumer would share a work queue's messages with another.
 //
@@ -16,8 +17,9 @@
 // The maintainer is one goroutine, from Start until Stop. It runs a pass on the streams
 // with acks or consumer changes as they come, again soon while a pass left acks that their
 // consumer had yet to apply, and once a maintainPeriod it refreshes the storage usage,
-// runs a pass on every interest and workqueue stream, applies max_age, drops chunks,
-// prunes ids and forgets the streams that are gone. Its database calls take no flow-lane
+// runs a pass on every interest and workqueue stream, applies max_age and message TTLs
+// (storing markers through Host.Mark, with no lock held), drops chunks, prunes ids and
+// forgets the streams that are gone. Its database calls take no flow-lane
 // permit, and each transaction it opens is short. Settle, ApplyLimits and the checks run
 // on their callers' goroutines.
 //

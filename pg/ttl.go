@@ -74,6 +74,12 @@ type ExpireResult struct {
 func (db *DB) Expire(ctx context.Context, p ExpireParams) (ExpireResult, error) {
 	now := db.pgUnixNano(p.Now)
 	limit := max(p.Limit, 1)
+	if due, err := db.expiryDue(ctx, p.StreamID, now, p.MaxAge); err != nil || !due {
+		if err != nil && !errors.Is(err, ErrNotFound) {
+			err = fmt.Errorf("pg: expire messages: %w", err)
+		}
+		return ExpireResult{}, err
+	}
 	var res ExpireResult
 	err := db.backgroundTx(ctx, func(ctx context.Context, q querier) error {
 		res = ExpireResult{}
@@ -159,6 +165,21 @@ func (db *DB) Expire(ctx context.Context, p ExpireParams) (ExpireResult, error) 
 		return ExpireResult{}, fmt.Errorf("pg: expire messages: %w", err)
 	}
 	return res, err
+}
+
+// expiryDue reports, without the state row's lock, whether a TTL of the stream has passed
+// at now or its first message is older than maxAge: most of the time neither holds, and the
+// maintainer's once-a-second look then does not queue behind appends. A "never" message at
+// the front of a stream with max_age makes it look every time.
+func (db *DB) expiryDue(ctx context.Context, id int64, now int64, maxAge time.Duration) (bool, error) {
+	due := false
+	err := db.background(ctx, func(ctx context.Context, q querier) error {
+		return q.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM jetgres.msg_ttl WHERE stream_id = $1 AND expires <= $2)`, id, now).Scan(&due)
+	})
+	if err != nil || due || maxAge <= 0 {
+		return due, err
+	}
+	return db.frontAged(ctx, id, now-maxAge.Nanoseconds())
 }
 
 // ageTarget is the first sequence of the stream's messages stored after cutoff (unix ns

@@ -40,6 +40,10 @@ type AppendMsg struct {
 	// NoInterest takes a sequence and stores nothing: under interest retention no consumer
 	// wants the message, and JetStream answers such a publish with a sequence all the same.
 	NoInterest bool
+
+	// TTL (Nats-TTL) is how many seconds the message lives, TTLNever for ever (max_age passes
+	// over it), 0 for as long as the stream's limits keep it (ttl.go).
+	TTL int64
 }
 
 // chunkRows is the batch's chunk size with the default applied.
@@ -292,6 +296,7 @@ func (db *DB) appendTx(ctx context.Context, q querier, batches []AppendBatch, ts
 		lastBefore := st.lastSeq
 		var newIDs []string
 		var newIDSeqs []int64
+		var ttls ttlRows
 		for j := range bt.Msgs {
 			if bt.Atomic && j > 0 && (r.Outcomes[j-1].Err != nil || r.Outcomes[j-1].Duplicate) {
 				break
@@ -352,6 +357,7 @@ func (db *DB) appendTx(ctx context.Context, q querier, batches []AppendBatch, ts
 			r.Stored = append(r.Stored, msg)
 			h.store(msg.Seq, m.Subject, size)
 			h.rollup(m.Rollup, msg.Seq, m.Subject)
+			ttls.add(msg, m.TTL)
 		}
 		if bt.Atomic {
 			if e := atomicRefusal(r.Outcomes); e != nil {
@@ -405,6 +411,7 @@ func (db *DB) appendTx(ctx context.Context, q querier, batches []AppendBatch, ts
 			b.Queue(`SELECT jetgres.msg_ids_put($1, $2, $3, $4, $5)`,
 				bt.StreamID, newIDs, newIDSeqs, ts, bt.DupWindow.Nanoseconds())
 		}
+		ttls.queue(b, bt.StreamID)
 		if len(h.tombs) > 0 {
 			seqs, sizes := tombColumns(h.tombs)
 			b.Queue(`INSERT INTO jetgres.deleted (stream_id, seq, size)

@@ -45,6 +45,9 @@
 // the first sequence has passed a whole chunk, the maintainer detaches and drops its table:
 // the space goes back to the operating system at once and no dead tuple is left for VACUUM,
 // which an old snapshot (a long transaction, a lagging replica) would otherwise hold back.
+// A message published with a TTL also gets a row in jetgres.msg_ttl (migration 017), in
+// the same transaction; Expire finds what is due by that table's expiry index and removes
+// it as any out-of-order removal, with a tombstone (ttl.go).
 //
 // The hot path (publish, read, get) names jetgres.msgs and never a chunk table: its
 // statements are prepared once per pooled connection whatever the number of streams and

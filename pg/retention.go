@@ -179,14 +179,9 @@ func (db *DB) settleFirst(ctx context.Context, q querier, st *stateRow) error {
 	return err
 }
 
-// ExpireOlder removes a stream's messages stored at or before cutoff (unix ns on the
-// replica's clock, moved onto PostgreSQL's as Append moves store times): max_age.
-// Timestamps grow with sequences, so this only moves the first sequence. It returns how many
-// live messages it removed.
-func (db *DB) ExpireOlder(ctx context.Context, id int64, cutoff int64) (uint64, error) {
-	cutoff = db.pgUnixNano(cutoff)
-	// Most of the time nothing is due: look at the first message without the lock, so that
-	// the maintainer's once-a-second check does not queue behind appends.
+// frontAged reports whether the first message of a stream was stored at or before cutoff
+// (unix ns on PostgreSQL's clock), read without the state row's lock.
+func (db *DB) frontAged(ctx context.Context, id int64, cutoff int64) (bool, error) {
 	due := false
 	err := db.background(ctx, func(ctx context.Context, q querier) error {
 		var first, last, msgs uint64
@@ -201,6 +196,18 @@ func (db *DB) ExpireOlder(ctx context.Context, id int64, cutoff int64) (uint64, 
 		due = m != nil && m.TS <= cutoff
 		return err
 	})
+	return due, err
+}
+
+// ExpireOlder removes a stream's messages stored at or before cutoff (unix ns on the
+// replica's clock, moved onto PostgreSQL's as Append moves store times): max_age.
+// Timestamps grow with sequences, so this only moves the first sequence. It returns how many
+// live messages it removed.
+func (db *DB) ExpireOlder(ctx context.Context, id int64, cutoff int64) (uint64, error) {
+	cutoff = db.pgUnixNano(cutoff)
+	// Most of the time nothing is due: look at the first message without the lock, so that
+	// the maintainer's once-a-second check does not queue behind appends.
+	due, err := db.frontAged(ctx, id, cutoff)
 	if err != nil || !due {
 		if err != nil && !errors.Is(err, ErrNotFound) {
 			err = fmt.Errorf("pg: expire messages: %w", err)
@@ -213,22 +220,9 @@ func (db *DB) ExpireOlder(ctx context.Context, id int64, cutoff int64) (uint64, 
 		if err != nil || st.msgs == 0 {
 			return err
 		}
-		chunks, err := db.chunks.list(ctx, q, id, st.last)
+		target, err := db.ageTarget(ctx, q, st, cutoff)
 		if err != nil {
 			return err
-		}
-		target := st.last + 1
-		for _, c := range liveChunks(chunks, st.first, st.last) {
-			var seq *int64
-			err := q.QueryRow(ctx, `SELECT min(seq) FROM `+chunkTable(id, c.chunk)+` WHERE seq >= $1 AND ts > $2`,
-				int64(st.first), cutoff).Scan(&seq)
-			if err != nil {
-				return fmt.Errorf("find unexpired messages of stream %d: %w", id, err)
-			}
-			if seq != nil {
-				target = uint64(*seq)
-				break
-			}
 		}
 		if removed, err = db.advanceFirst(ctx, q, st, target); err != nil {
 			return err

@@ -205,6 +205,9 @@ func (a *API) apiStreamUpdate(ctx context.Context, name string, body []byte) (*s
 	case old.Sealed && !cfg.Sealed:
 		return fail(server.NewJSStreamInvalidConfigError(errors.New("stream configuration update can not unseal a sealed stream")))
 	}
+	if e := jswire.CheckTTLUpdate(&old, &cfg); e != nil {
+		return fail(e)
+	}
 	if cfg.Sealed {
 		// As nats-server does: nothing may leave a sealed stream, by age, purge or delete.
 		cfg.MaxAge, cfg.Discard = 0, server.DiscardNew

@@ -99,6 +99,13 @@ func (f *fakeStore) ExpireOlder(_ context.Context, id int64, at int64) (uint64, 
 	return f.expired, f.err
 }
 
+func (f *fakeStore) Expire(_ context.Context, p pg.ExpireParams) (pg.ExpireResult, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.expiries = append(f.expiries, cutoff{p.StreamID, p.Now})
+	return pg.ExpireResult{Removed: f.expired}, f.err
+}
+
 func (f *fakeStore) EnforceLimits(_ context.Context, _ int64, lim pg.Limits) (uint64, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -183,6 +190,11 @@ func (h *fakeHost) Purged(_ context.Context, s *fakeStream, first uint64, consum
 
 func (h *fakeHost) Removed(s *fakeStream, first uint64) {
 	h.note(fmt.Sprintf("removed %s first=%d", s.Name(), first))
+}
+
+func (h *fakeHost) Mark(_ context.Context, s *fakeStream, last []pg.Message, ttl time.Duration) (int, error) {
+	h.note(fmt.Sprintf("marked %s %d ttl=%s", s.Name(), len(last), ttl))
+	return len(last), nil
 }
 
 func (h *fakeHost) RefreshUsage(context.Context) error {

@@ -14,7 +14,13 @@ func (e *Enforcer[S]) ApplyLimits(ctx context.Context, s S, lim pg.Limits, maxAg
 	if err != nil {
 		return err
 	}
-	if maxAge > 0 {
+	if cfg := s.ConfigView(); cfg.AllowMsgTTL {
+		// As the maintainer expires such a stream: max_age passes over what never expires,
+		// and a subject it empties gets its marker.
+		if err := e.expireTTL(ctx, s, cfg, e.clock.Now()); err != nil {
+			return err
+		}
+	} else if maxAge > 0 {
 		expired, err := e.store.ExpireOlder(ctx, s.ID(), e.clock.Now().Add(-maxAge).UnixNano())
 		if err != nil {
 			return err

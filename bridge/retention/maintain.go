@@ -88,11 +88,17 @@ func (e *Enforcer[S]) retainAll(ctx context.Context, dirtyOnly bool) (again bool
 	return again
 }
 
-// expire applies max_age.
+// expire applies max_age, and the message TTLs of the streams that allow them.
 func (e *Enforcer[S]) expire(ctx context.Context) {
 	now := e.clock.Now()
 	for _, s := range e.host.Streams() {
 		cfg := s.ConfigView()
+		if cfg.AllowMsgTTL {
+			if err := e.expireTTL(ctx, s, cfg, now); err != nil && !errors.Is(err, pg.ErrNotFound) && ctx.Err() == nil {
+				e.warn.Warn(e.log, e.clock.Now(), "expiring messages failed", "stream", s.Name(), "err", err)
+			}
+			continue
+		}
 		if cfg.MaxAge <= 0 {
 			continue
 		}

@@ -1,8 +1,9 @@
 // Package retention removes what the streams no longer keep. It applies interest and
 // workqueue retention (a message goes once every consumer that wants it has acknowledged
-// it), max_age, and the limits an update lowers, and it gives space back: it drops the
-// chunk tables no stream reads any more and those no stream lists, and prunes
-// de-duplication ids past their window. It also answers the two questions that need its
+// it), max_age, message TTLs (Nats-TTL) with the subject delete markers nats-server
+// leaves where expiry empties a subject, and the limits an update lowers, and it gives
+// space back: it drops the chunk tables no stream reads any more and those no stream
+// lists, and prunes de-duplication ids past their window. It also answers the two questions that need its
 // view of every replica's consumers: which publishes to an interest stream no consumer
 // wants, and whether a new consumer would share a work queue's messages with another.
 //
@@ -16,8 +17,9 @@
 // The maintainer is one goroutine, from Start until Stop. It runs a pass on the streams
 // with acks or consumer changes as they come, again soon while a pass left acks that their
 // consumer had yet to apply, and once a maintainPeriod it refreshes the storage usage,
-// runs a pass on every interest and workqueue stream, applies max_age, drops chunks,
-// prunes ids and forgets the streams that are gone. Its database calls take no flow-lane
+// runs a pass on every interest and workqueue stream, applies max_age and message TTLs
+// (storing markers through Host.Mark, with no lock held), drops chunks, prunes ids and
+// forgets the streams that are gone. Its database calls take no flow-lane
 // permit, and each transaction it opens is short. Settle, ApplyLimits and the checks run
 // on their callers' goroutines.
 //
@@ -67,6 +69,7 @@ type Store interface {
 	Retain(ctx context.Context, p pg.RetainParams) (pg.RetainResult, error)
 	InterestGone(ctx context.Context, id int64) error
 	ExpireOlder(ctx context.Context, id int64, cutoff int64) (uint64, error)
+	Expire(ctx context.Context, p pg.ExpireParams) (pg.ExpireResult, error)
 	EnforceLimits(ctx context.Context, id int64, lim pg.Limits) (uint64, error)
 	PruneMsgIDs(ctx context.Context, id int64, cutoff int64) (int64, error)
 	ChunkDropCandidates(ctx context.Context, idle time.Duration) ([]int64, error)
@@ -106,6 +109,10 @@ type Host[S StreamView] interface {
 	Removed(s S, first uint64)
 	// RefreshUsage reads anew what the streams hold, for the storage bounds.
 	RefreshUsage(ctx context.Context) error
+	// Mark stores a subject delete marker with the given TTL in place of each of last, the
+	// last messages of their subjects, which expired, unless a message was stored on the
+	// subject since; it reports how many it stored.
+	Mark(ctx context.Context, s S, last []pg.Message, ttl time.Duration) (int, error)
 }
 
 // ConsumerProgress is what a pass needs of a consumer this process serves.
@@ -127,7 +134,8 @@ type Config[S StreamView] struct {
 	// Clock drives the maintainer and tells the time max_age and the id windows measure
 	// back from. Nil means the system clock.
 	Clock clock.Clock
-	// Registerer receives jetgres_retention_passes_total. Nil registers nothing.
+	// Registerer receives jetgres_retention_passes_total and the expiry counters (ttl.go).
+	// Nil registers nothing.
 	Registerer prometheus.Registerer
 }
 
@@ -153,6 +161,7 @@ type Enforcer[S StreamView] struct {
 	log    *slog.Logger
 	clock  clock.Clock
 	passes prometheus.Counter
+	ttl    ttlMetrics
 
 	run     startstop.Group
 	running atomic.Bool
@@ -203,6 +212,7 @@ func New[S StreamView](cfg Config[S]) (*Enforcer[S], error) {
 			Name: "jetgres_retention_passes_total",
 			Help: "Retention passes over interest and work-queue streams: each reads the stream's consumers and removes what none of them needs.",
 		}),
+		ttl:    newTTLMetrics(cfg.Registerer),
 		kick:   make(chan struct{}, 1),
 		states: make(map[int64]*streamState),
 		pruned: make(map[int64]time.Time),

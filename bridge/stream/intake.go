@@ -222,9 +222,11 @@ func parseMsg(cfg *server.StreamConfig, hdr []byte, m *pg.AppendMsg) *server.Api
 		return e
 	}
 	// nats-server finds an invalid TTL only as it stores the message, after everything else.
-	if _, ok := parseTTL(jswire.HeaderValue(hdr, server.JSMessageTTL)); !ok {
+	ttl, ok := parseTTL(jswire.HeaderValue(hdr, server.JSMessageTTL))
+	if !ok {
 		return server.NewJSMessageTTLInvalidError()
 	}
+	setTTL(cfg, m, ttl)
 	return nil
 }
 

@@ -40,6 +40,10 @@ type AppendMsg struct {
 	// NoInterest takes a sequence and stores nothing: under interest retention no consumer
 	// wants the message, and JetStream answers such a publish with a sequence all the same.
 	NoInterest bool
+
+	// Derive, when set, makes the header and data stored in place of Header and Data, under
+	// the stream's row lock, from the last live message of the subject (append_derive.go).
+	Derive DeriveFunc
 }
 
 // chunkRows is the batch's chunk size with the default applied.
@@ -65,7 +69,8 @@ type AppendBatch struct {
 type Outcome struct {
 	Seq       uint64 // the stored sequence, or the original's for a duplicate
 	Duplicate bool
-	Err       error // an *ExpectError when an expectation failed, a *LimitError when a limit refused it, ErrSeqExhausted
+	Err       error  // an *ExpectError when an expectation failed, a *LimitError when a limit refused it, ErrSeqExhausted, or Derive's error
+	Data      string // the data stored for a derived message (AppendMsg.Derive)
 }
 
 // ExpectError reports a failed Nats-Expected-* check together with the actual value.
@@ -233,6 +238,10 @@ func (db *DB) appendTx(ctx context.Context, q querier, batches []AppendBatch, ts
 		if rd.head = db.prefetchFor(bt); rd.head > 0 {
 			b.Queue(`SELECT seq, size FROM jetgres.stream_head($1, NULL, $2)`, bt.StreamID, rd.head)
 		}
+		if subjects := deriveSubjects(bt); len(subjects) > 0 {
+			queueLasts(b, bt.StreamID, subjects)
+			rd.lasts = true
+		}
 	}
 	br := q.SendBatch(ctx, b)
 	states, err := readBatchReads(br, 1+mode, batches, reads)
@@ -309,11 +318,19 @@ func (db *DB) appendTx(ctx context.Context, q querier, batches []AppendBatch, ts
 				r.Outcomes[j] = Outcome{Err: e}
 				continue
 			}
+			hdr, data, refused, err := derive(ctx, q, m, reads[i].last, h)
+			if err != nil {
+				return nil, err
+			}
+			if refused != nil {
+				r.Outcomes[j] = Outcome{Err: refused}
+				continue
+			}
 			if st.lastSeq >= MaxSeq {
 				r.Outcomes[j] = Outcome{Err: ErrSeqExhausted}
 				continue
 			}
-			size := MessageSize(st.memory, m.Subject, m.Header, m.Data)
+			size := MessageSize(st.memory, m.Subject, hdr, data)
 			if !m.NoInterest {
 				if e := h.admit(m.Subject, size); e != nil {
 					r.Outcomes[j] = Outcome{Err: e}
@@ -338,7 +355,11 @@ func (db *DB) appendTx(ctx context.Context, q querier, batches []AppendBatch, ts
 				h.skip(st.lastSeq)
 				continue
 			}
-			msg := Message{Seq: st.lastSeq, TS: st.lastTS, Subject: m.Subject, Header: m.Header, Data: m.Data, cumBefore: st.cumBytes}
+			msg := Message{Seq: st.lastSeq, TS: st.lastTS, Subject: m.Subject, Header: hdr, Data: data, cumBefore: st.cumBytes}
+			if m.Derive != nil {
+				r.Outcomes[j].Data = string(data)
+				reads[i].last[m.Subject] = &msg
+			}
 			st.cumBytes += size
 			r.Stored = append(r.Stored, msg)
 			h.store(msg.Seq, m.Subject, size)
@@ -470,10 +491,12 @@ type batchReads struct {
 	dups     bool // queued: the batch's message ids
 	subjects bool // queued: the live messages of its subjects
 	head     int  // queued: this many of the stream's oldest messages
+	lasts    bool // queued: the last live message of each subject the batch derives from
 
 	seen   map[string]uint64
 	live   []subjectRow
 	oldest []liveRow
+	last   map[string]*Message
 }
 
 type subjectRow struct {
@@ -549,6 +572,11 @@ func readBatchReads(br pgx.BatchResults, skip int, batches []AppendBatch, reads 
 				return nil, err
 			}
 			if rd.oldest, err = pgx.CollectRows(rows, scanLiveRow); err != nil {
+				return nil, err
+			}
+		}
+		if rd.lasts {
+			if rd.last, err = readLasts(br); err != nil {
 				return nil, err
 			}
 		}

@@ -110,7 +110,7 @@ func fastShape(bt AppendBatch, st tailState) bool {
 	}
 	for i := range bt.Msgs {
 		m := &bt.Msgs[i]
-		if m.MsgID != "" || m.NoInterest || m.ExpectLastSeq != nil || m.ExpectLastSubjSeq != nil || m.ExpectLastMsgID != "" || m.Rollup != RollupNone {
+		if m.MsgID != "" || m.NoInterest || m.Derive != nil || m.ExpectLastSeq != nil || m.ExpectLastSubjSeq != nil || m.ExpectLastMsgID != "" || m.Rollup != RollupNone {
 			return false
 		}
 	}

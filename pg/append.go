@@ -261,6 +261,7 @@ func (db *DB) appendTx(ctx context.Context, q querier, batches []AppendBatch, ts
 	holds := make([]*holdings, len(batches))
 	befores := make([]lockedState, len(batches))
 	indexes := make([]*subjectIndex, len(batches))
+	lasts := make([]*streamLasts, len(batches))
 	doubts := make([]inDoubt, len(batches))
 	for i, bt := range batches {
 		r := &res[i]
@@ -278,6 +279,9 @@ func (db *DB) appendTx(ctx context.Context, q querier, batches []AppendBatch, ts
 		r.Stored = make([]Message, 0, len(bt.Msgs))
 		seen := reads[i].seen
 		befores[i], indexes[i] = *st, db.subjects.take(bt.StreamID)
+		if reads[i].lasts {
+			lasts[i] = db.lasts.take(bt.StreamID)
+		}
 		if l := bt.Limits; l.MaxMsgsPer > 0 && !l.DiscardNewPer {
 			x, err := db.subjectIndexFor(ctx, q, bt.StreamID, st, indexes[i])
 			if err != nil {
@@ -368,6 +372,8 @@ func (db *DB) appendTx(ctx context.Context, q querier, batches []AppendBatch, ts
 		if bt.Atomic {
 			if e := atomicRefusal(r.Outcomes); e != nil {
 				refuseAtomic(r, st, befores[i], h, e)
+				// What it derived from was not stored.
+				reads[i].lasts = false
 				continue
 			}
 		}
@@ -468,6 +474,9 @@ func (db *DB) appendTx(ctx context.Context, q querier, batches []AppendBatch, ts
 		}
 		db.tails.remember(r.StreamID, h.st)
 		db.chunks.committed(r.StreamID, h.st.chunk, h.st.lastSeq)
+		if reads[i].lasts {
+			db.lasts.afterGeneral(r.StreamID, lasts[i], befores[i], h, deriveSubjects(batches[i]), reads[i].last)
+		}
 		if indexes[i] != nil {
 			db.subjects.afterGeneral(r.StreamID, indexes[i], befores[i], h.st, h.tombs, batchSubjects(batches[i]), r.Stored)
 		}

@@ -113,3 +113,53 @@ func TestAppendDeriveAddsToTheSubjectsLast(t *testing.T) {
 		t.Fatalf("after %d concurrent increments: %+v, %v", publishers*each*2, last, err)
 	}
 }
+
+// Two replicas incrementing the same counters in turn each add to what the other stored:
+// the last values one remembers from its own commits stop counting once the other appends,
+// deletes or purges, though the first replica's next increment would otherwise take the
+// fast path with them.
+func TestAppendDeriveAcrossReplicas(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	url := pgtest.NewDB(t)
+	a, b := pgtest.OpenAt(t, url), pgtest.OpenAt(t, url)
+	st, err := a.CreateStream(ctx, "CTR", []byte(`{}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	total := 0
+	add := func(db *pg.DB, n int) {
+		t.Helper()
+		total += n
+		res, _, err := db.Append(ctx, []pg.AppendBatch{{StreamID: st.ID, Msgs: []pg.AppendMsg{{Subject: "x", Derive: adder(n)}}}}, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if o := res[0].Outcomes[0]; o.Err != nil || o.Data != strconv.Itoa(total) {
+			t.Fatalf("after adding %d: %+v, want %d", n, o, total)
+		}
+	}
+	add(a, 1)
+	add(a, 2)
+	add(b, 3)
+	add(a, 4)
+	add(a, 5)
+	add(b, 6)
+	add(b, 7)
+	add(a, 8)
+	last, err := b.LastBySubject(ctx, st.ID, "x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.DeleteMessage(ctx, st.ID, last.Seq); err != nil {
+		t.Fatal(err)
+	}
+	total -= 8
+	add(a, 10)
+	if _, err := b.Purge(ctx, st.ID, pg.PurgeParams{}); err != nil {
+		t.Fatal(err)
+	}
+	total = 0
+	add(a, 11)
+	add(a, 12)
+}

@@ -143,6 +143,23 @@ func TestCounterTwin(t *testing.T) {
 	tw.sameStored("CTR")
 	tw.compareAll("counters")
 
+	// An atomic batch of increments adds them up in order, and answers with the batch's PubAck.
+	tw.createStream(jetstream.StreamConfig{Name: "CAB", Subjects: []string{"cab.>"}, AllowMsgCounter: true, AllowAtomicPublish: true})
+	pub("before the batch", incrMsg("cab.a", "1"))
+	for i, commit := range []string{"", "", "1"} {
+		m := batchMsg("cab.a", "inc", i+1, commit, server.JSMessageIncr, strconv.Itoa(10*(i+1)))
+		m.Data = nil
+		pub(fmt.Sprintf("increment %d of a batch", i+1), m)
+	}
+	refused := batchMsg("cab.a", "bad", 1, "", server.JSMessageIncr, "1")
+	refused.Data = nil
+	pub("a batch with a message without increment, message 1", refused)
+	pub("a batch with a message without increment, message 2", batchMsg("cab.a", "bad", 2, "1"))
+	if ans := pub("after the batches", incrMsg("cab.a", "1")); !strings.Contains(ans, `"val":"62"`) {
+		t.Fatalf("after the batches: %s", ans)
+	}
+	tw.sameStored("CAB")
+
 	tw.createStream(jetstream.StreamConfig{Name: "SMALL", Subjects: []string{"small.>"}, AllowMsgCounter: true, MaxMsgSize: 40})
 	pub("fits", incrMsg("small.a", "1"))
 	pub("over max_msg_size once counted", incrMsg("small.a", "1000000000000000000000000000"))

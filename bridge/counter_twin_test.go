@@ -106,6 +106,10 @@ func TestCounterTwin(t *testing.T) {
 		{"missing after a wrong last sequence", &nats.Msg{Subject: "ctr.a", Header: nats.Header{server.JSExpectedLastSeq: {"1"}}}, "10071"},
 		{"with a message id", incrMsg("ctr.a", "3", server.JSMsgId, "m1"), `"val":"3"`},
 		{"with other headers", incrMsg("ctr.d", "2", "Trace", "t1"), `"val":"2"`},
+		{"with sources", incrMsg("ctr.e", "1", server.JSMessageCounterSources, `{"S":{"ctr.e":"4"},"R":{"x":"1"}}`), `"val":"1"`},
+		{"after sources", incrMsg("ctr.e", "2", server.JSMessageCounterSources, `{"T":{"y":"1"}}`), `"val":"3"`},
+		{"with broken sources", incrMsg("ctr.f", "1", server.JSMessageCounterSources, "nope"), `"val":"1"`},
+		{"after broken sources", incrMsg("ctr.f", "1"), "10172"},
 	} {
 		if ans := pub(c.what, c.msg); !strings.Contains(ans, c.want) {
 			t.Fatalf("%s: %s, want %s", c.what, ans, c.want)
@@ -126,8 +130,15 @@ func TestCounterTwin(t *testing.T) {
 		t.Fatalf("duplicate:\njetgres   %v\njetstream %v", dup[ours], dup[theirs])
 	}
 
-	last := tw.state("CTR").LastSeq
-	if code := tw.deleteMsg("CTR", last); code != 0 {
+	ctr, err := tw.js[ours].Stream(tw.ctx, "CTR")
+	if err != nil {
+		t.Fatal(err)
+	}
+	last, err := ctr.GetLastMsgForSubject(tw.ctx, "ctr.d")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if code := tw.deleteMsg("CTR", last.Sequence); code != 0 {
 		t.Fatalf("delete: %d", code)
 	}
 	if ans := pub("after deleting the last", incrMsg("ctr.d", "5")); !strings.Contains(ans, `"val":"5"`) {

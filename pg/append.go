@@ -44,6 +44,9 @@ type AppendMsg struct {
 	// TTL (Nats-TTL) is how many seconds the message lives, TTLNever for ever (max_age passes
 	// over it), 0 for as long as the stream's limits keep it (ttl.go).
 	TTL int64
+	// Derive, when set, makes the header and data stored in place of Header and Data, under
+	// the stream's row lock, from the last live message of the subject (append_derive.go).
+	Derive DeriveFunc
 }
 
 // chunkRows is the batch's chunk size with the default applied.
@@ -69,7 +72,8 @@ type AppendBatch struct {
 type Outcome struct {
 	Seq       uint64 // the stored sequence, or the original's for a duplicate
 	Duplicate bool
-	Err       error // an *ExpectError when an expectation failed, a *LimitError when a limit refused it, ErrSeqExhausted
+	Err       error  // an *ExpectError when an expectation failed, a *LimitError when a limit refused it, ErrSeqExhausted, or Derive's error
+	Data      string // the data stored for a derived message (AppendMsg.Derive)
 }
 
 // ExpectError reports a failed Nats-Expected-* check together with the actual value.
@@ -246,6 +250,10 @@ func (db *DB) appendTx(ctx context.Context, q querier, batches []AppendBatch, ts
 		if rd.head = db.prefetchFor(bt); rd.head > 0 {
 			b.Queue(`SELECT seq, size FROM jetgres.stream_head($1, NULL, $2)`, bt.StreamID, rd.head)
 		}
+		if subjects := deriveSubjects(bt); len(subjects) > 0 {
+			queueLasts(b, bt.StreamID, subjects)
+			rd.lasts = true
+		}
 	}
 	br := q.SendBatch(ctx, b)
 	states, err := readBatchReads(br, 1+mode, batches, reads)
@@ -265,6 +273,7 @@ func (db *DB) appendTx(ctx context.Context, q querier, batches []AppendBatch, ts
 	holds := make([]*holdings, len(batches))
 	befores := make([]lockedState, len(batches))
 	indexes := make([]*subjectIndex, len(batches))
+	lasts := make([]*streamLasts, len(batches))
 	doubts := make([]inDoubt, len(batches))
 	for i, bt := range batches {
 		r := &res[i]
@@ -282,6 +291,9 @@ func (db *DB) appendTx(ctx context.Context, q querier, batches []AppendBatch, ts
 		r.Stored = make([]Message, 0, len(bt.Msgs))
 		seen := reads[i].seen
 		befores[i], indexes[i] = *st, db.subjects.take(bt.StreamID)
+		if reads[i].lasts {
+			lasts[i] = db.lasts.take(bt.StreamID)
+		}
 		if l := bt.Limits; l.MaxMsgsPer > 0 && !l.DiscardNewPer {
 			x, err := db.subjectIndexFor(ctx, q, bt.StreamID, st, indexes[i])
 			if err != nil {
@@ -323,11 +335,19 @@ func (db *DB) appendTx(ctx context.Context, q querier, batches []AppendBatch, ts
 				r.Outcomes[j] = Outcome{Err: e}
 				continue
 			}
+			hdr, data, refused, err := derive(ctx, q, m, reads[i].last, h)
+			if err != nil {
+				return nil, err
+			}
+			if refused != nil {
+				r.Outcomes[j] = Outcome{Err: refused}
+				continue
+			}
 			if st.lastSeq >= MaxSeq {
 				r.Outcomes[j] = Outcome{Err: ErrSeqExhausted}
 				continue
 			}
-			size := MessageSize(st.memory, m.Subject, m.Header, m.Data)
+			size := MessageSize(st.memory, m.Subject, hdr, data)
 			if !m.NoInterest {
 				if e := h.admit(m.Subject, size); e != nil {
 					r.Outcomes[j] = Outcome{Err: e}
@@ -352,7 +372,11 @@ func (db *DB) appendTx(ctx context.Context, q querier, batches []AppendBatch, ts
 				h.skip(st.lastSeq)
 				continue
 			}
-			msg := Message{Seq: st.lastSeq, TS: st.lastTS, Subject: m.Subject, Header: m.Header, Data: m.Data, cumBefore: st.cumBytes}
+			msg := Message{Seq: st.lastSeq, TS: st.lastTS, Subject: m.Subject, Header: hdr, Data: data, cumBefore: st.cumBytes}
+			if m.Derive != nil {
+				r.Outcomes[j].Data = string(data)
+				reads[i].last[m.Subject] = &msg
+			}
 			st.cumBytes += size
 			r.Stored = append(r.Stored, msg)
 			h.store(msg.Seq, m.Subject, size)
@@ -362,6 +386,8 @@ func (db *DB) appendTx(ctx context.Context, q querier, batches []AppendBatch, ts
 		if bt.Atomic {
 			if e := atomicRefusal(r.Outcomes); e != nil {
 				refuseAtomic(r, st, befores[i], h, e)
+				// What it derived from was not stored.
+				reads[i].lasts = false
 				continue
 			}
 		}
@@ -466,6 +492,9 @@ func (db *DB) appendTx(ctx context.Context, q querier, batches []AppendBatch, ts
 		}
 		db.tails.remember(r.StreamID, h.st)
 		db.chunks.committed(r.StreamID, h.st.chunk, h.st.lastSeq)
+		if reads[i].lasts {
+			db.lasts.afterGeneral(r.StreamID, lasts[i], befores[i], h, deriveSubjects(batches[i]), reads[i].last)
+		}
 		if indexes[i] != nil {
 			db.subjects.afterGeneral(r.StreamID, indexes[i], befores[i], h.st, h.tombs, batchSubjects(batches[i]), r.Stored)
 		}
@@ -489,10 +518,12 @@ type batchReads struct {
 	dups     bool // queued: the batch's message ids
 	subjects bool // queued: the live messages of its subjects
 	head     int  // queued: this many of the stream's oldest messages
+	lasts    bool // queued: the last live message of each subject the batch derives from
 
 	seen   map[string]uint64
 	live   []subjectRow
 	oldest []liveRow
+	last   map[string]*Message
 }
 
 type subjectRow struct {
@@ -568,6 +599,11 @@ func readBatchReads(br pgx.BatchResults, skip int, batches []AppendBatch, reads 
 				return nil, err
 			}
 			if rd.oldest, err = pgx.CollectRows(rows, scanLiveRow); err != nil {
+				return nil, err
+			}
+		}
+		if rd.lasts {
+			if rd.last, err = readLasts(br); err != nil {
 				return nil, err
 			}
 		}

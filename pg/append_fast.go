@@ -89,7 +89,7 @@ func (t *tailStates) remember(id int64, st *lockedState) {
 // theirs.
 func fastEligible(bt AppendBatch, st tailState) bool {
 	l := bt.Limits
-	if l.MaxMsgsPer > 0 || !fastShape(bt, st) {
+	if l.MaxMsgsPer > 0 || !fastShape(bt, st, false) {
 		return false
 	}
 	if l.MaxMsgs <= 0 && l.MaxBytes <= 0 {
@@ -100,8 +100,9 @@ func fastEligible(bt AppendBatch, st tailState) bool {
 }
 
 // fastShape reports whether a batch's messages need no decision under the row lock, fit in
-// the current chunk, and keep their sequences within MaxSeq.
-func fastShape(bt AppendBatch, st tailState) bool {
+// the current chunk, and keep their sequences within MaxSeq. derived lets through the
+// derived messages, which the caller derives from what it remembers.
+func fastShape(bt AppendBatch, st tailState, derived bool) bool {
 	if len(bt.Msgs) >= copyThreshold {
 		return false
 	}
@@ -110,7 +111,7 @@ func fastShape(bt AppendBatch, st tailState) bool {
 	}
 	for i := range bt.Msgs {
 		m := &bt.Msgs[i]
-		if m.MsgID != "" || m.NoInterest || m.ExpectLastSeq != nil || m.ExpectLastSubjSeq != nil || m.ExpectLastMsgID != "" || m.Rollup != RollupNone || m.TTL != 0 {
+		if m.MsgID != "" || m.NoInterest || (m.Derive != nil && !derived) || m.ExpectLastSeq != nil || m.ExpectLastSubjSeq != nil || m.ExpectLastMsgID != "" || m.Rollup != RollupNone || m.TTL != 0 {
 			return false
 		}
 	}
@@ -123,7 +124,7 @@ func fastShape(bt AppendBatch, st tailState) bool {
 // any replacement, so that no limit refuses or evicts.
 func fastIndexed(bt AppendBatch, st tailState, x *subjectIndex) bool {
 	l := bt.Limits
-	if x == nil || l.MaxMsgsPer <= 0 || l.DiscardNewPer || !fastShape(bt, st) || !x.matches(st.firstSeq, st.lastSeq, st.msgs, st.bytes) {
+	if x == nil || l.MaxMsgsPer <= 0 || l.DiscardNewPer || !fastShape(bt, st, false) || !x.matches(st.firstSeq, st.lastSeq, st.msgs, st.bytes) {
 		return false
 	}
 	n, nbytes := batchSize(bt, st.memory)
@@ -137,6 +138,7 @@ type fastPlan struct {
 	res        AppendResult
 	idx        *subjectIndex // for a stream with limits: its index, moved to next
 	tombs      []liveRow     // the rows the per-subject limit replaces
+	lasts      *streamLasts  // for derived messages: their subjects' last ones, moved to next
 }
 
 // appendFast appends the batches that are eligible in one round trip and returns their
@@ -146,6 +148,14 @@ func (db *DB) appendFast(ctx context.Context, q querier, batches []AppendBatch, 
 	var plans []fastPlan
 	for _, bt := range batches {
 		st, ok := db.tails.get(bt.StreamID)
+		if len(deriveSubjects(bt)) > 0 {
+			if p, fast := db.fastDerived(bt, st, ok, ts); fast {
+				plans = append(plans, p)
+			} else {
+				rest = append(rest, bt)
+			}
+			continue
+		}
 		var idx *subjectIndex
 		if ok && bt.Limits.MaxMsgsPer > 0 {
 			idx = db.subjects.take(bt.StreamID)
@@ -194,7 +204,7 @@ func (db *DB) appendFast(ctx context.Context, q querier, batches []AppendBatch, 
 	mode := db.queueCommitMode(q, b)
 	var plain []int
 	for i, p := range plans {
-		if p.idx == nil {
+		if p.idx == nil && p.lasts == nil {
 			plain = append(plain, i)
 		}
 	}
@@ -203,7 +213,7 @@ func (db *DB) appendFast(ctx context.Context, q querier, batches []AppendBatch, 
 	}
 	// The replace statements find their rows locked by the first statement when it ran.
 	for _, p := range plans {
-		if p.idx != nil {
+		if p.idx != nil || p.lasts != nil {
 			queueGuardedReplace(b, p.bt.StreamID, p.prev, p.next, p.res.Stored, p.tombs)
 		}
 	}
@@ -222,6 +232,9 @@ func (db *DB) appendFast(ctx context.Context, q querier, batches []AppendBatch, 
 			continue
 		}
 		db.tails.set(p.bt.StreamID, p.next)
+		if p.lasts != nil {
+			db.lasts.put(p.bt.StreamID, p.lasts)
+		}
 		if p.idx != nil {
 			db.subjects.put(p.bt.StreamID, p.idx)
 			// A row the batch itself replaced was inserted for its tombstone, but is not held.
@@ -391,8 +404,9 @@ func queueGuardedAppends(b *pgx.Batch, plans []fastPlan, plain []int) {
 }
 
 // queueGuardedReplace is queueGuardedAppend for a stream with limits, whose counts and first
-// sequence the subject index decided: the update sets them and is guarded by all of them,
-// and the tombstones of the rows the per-subject limit replaces go in with the inserts.
+// sequence the subject index decided, and for derived messages, which were derived from that
+// state: the update sets them and is guarded by all of them, and the tombstones of the rows
+// the per-subject limit replaces go in with the inserts.
 func queueGuardedReplace(b *pgx.Batch, streamID int64, prev, next tailState, msgs []Message, tombs []liveRow) {
 	seqs, tss, subjects, hdrs, datas, cums := insertColumns(msgs)
 	args := []any{streamID, int64(next.firstSeq), int64(next.lastSeq), next.lastTS, int64(next.cumBytes), int64(next.msgs),

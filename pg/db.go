@@ -36,6 +36,7 @@ type DB struct {
 	tails  tailStates // see append_fast.go
 
 	subjects subjectIndexes // see subject_index.go
+	lasts    derivedLasts   // see append_derive.go
 	counts   subjectCounts  // see subject_count.go
 
 	offset clockOffset // see clock.go
@@ -139,6 +140,7 @@ type Stats struct {
 	Prepares            int64 // statements prepared on a pooled connection for a call of the hot path or the background
 	SubjectIndexDropped int64 // subject indexes dropped for going past SubjectIndexRows
 	SubjectCountDropped int64 // subject sets of stream infos not kept for going past SubjectCountBytes
+	DerivedLastsDropped int64 // streams' remembered last messages not kept for going past DerivedSubjectsMax
 }
 
 // Stats returns the current pool statistics.
@@ -159,5 +161,6 @@ func (db *DB) Stats() Stats {
 		Prepares:            db.prepares.Load(),
 		SubjectIndexDropped: db.subjects.dropped.Load(),
 		SubjectCountDropped: db.counts.dropped.Load(),
+		DerivedLastsDropped: db.lasts.dropped.Load(),
 	}
 }

@@ -49,6 +49,10 @@
 // the same transaction; Expire finds what is due by that table's expiry index and removes
 // it as any out-of-order removal, with a tombstone (ttl.go).
 //
+// A message can be derived under the row lock from its subject's last live message
+// (AppendMsg.Derive: a counter's increment); the last values a process's own commits left
+// let the next append take the fast path, guarded by the stream's whole state.
+//
 // The hot path (publish, read, get) names jetgres.msgs and never a chunk table: its
 // statements are prepared once per pooled connection whatever the number of streams and
 // chunks, and one INSERT stores the messages of every stream a transaction fuses, which

@@ -135,6 +135,7 @@ func (db *DB) forgetState(id int64) {
 	db.tails.forget(id)
 	db.chunks.forget(id)
 	db.subjects.forget(id)
+	db.lasts.forget(id)
 }
 
 // Resolution is what Resolve found of the batches of an append whose outcome was unknown. A

@@ -180,6 +180,7 @@ func (db *DB) DeleteStream(ctx context.Context, id int64) error {
 	db.chunks.forget(id)
 	db.tails.forget(id)
 	db.subjects.forget(id)
+	db.lasts.forget(id)
 	db.counts.forget(id)
 	for _, c := range gone {
 		if ok, err := db.dropChunkTable(ctx, chunkName(id, c), true); err != nil || !ok {

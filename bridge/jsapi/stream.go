@@ -204,6 +204,8 @@ func (a *API) apiStreamUpdate(ctx context.Context, name string, body []byte) (*s
 		return fail(server.NewJSStreamInvalidConfigError(errors.New("stream configuration update can not cancel deny purge")))
 	case old.Sealed && !cfg.Sealed:
 		return fail(server.NewJSStreamInvalidConfigError(errors.New("stream configuration update can not unseal a sealed stream")))
+	case old.AllowMsgCounter != cfg.AllowMsgCounter:
+		return fail(server.NewJSStreamInvalidConfigError(errors.New("stream configuration update can not change message counter setting")))
 	}
 	if e := jswire.CheckTTLUpdate(&old, &cfg); e != nil {
 		return fail(e)

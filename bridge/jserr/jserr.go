@@ -118,7 +118,11 @@ func PublishFailed(err error) *server.ApiError {
 func PublishRefused(err error) *server.ApiError {
 	var ee *pg.ExpectError
 	var le *pg.LimitError
+	var ae *server.ApiError
 	switch {
+	case errors.As(err, &ae):
+		// A derived message's own refusal (pg.AppendMsg.Derive), already JetStream's.
+		return ae
 	case errors.Is(err, pg.ErrBatchDuplicate):
 		return server.NewJSAtomicPublishContainsDuplicateMessageError()
 	case errors.Is(err, pg.ErrExpectInBatch):

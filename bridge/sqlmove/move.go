@@ -251,7 +251,7 @@ func (m *Mover[S]) stagedMsg(s S, sm pg.StagedMsg) (pg.AppendMsg, string) {
 	case cfg.MaxMsgSize > 0 && len(sm.Data)+len(sm.Header) > int(cfg.MaxMsgSize):
 		return msg, stream.ReasonTooLarge
 	}
-	if len(sm.Header) > 0 {
+	if len(sm.Header) > 0 || cfg.AllowMsgCounter {
 		if e := m.host.Expectations(cfg, sm.Header, &msg); e != nil {
 			switch e.ErrCode {
 			case badRequestCode:

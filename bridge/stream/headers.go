@@ -2,7 +2,6 @@ package stream
 
 import (
 	"math"
-	"math/big"
 	"strings"
 	"time"
 
@@ -15,17 +14,14 @@ import (
 // TTLs, schedules, sourcing), and the malformed headers nats-server refuses before it looks
 // at any expectation, with nats-server's errors and in nats-server's order: a client that
 // sets two of them hears about the same one. The expected stream name sits between them in
-// that order, so it is checked here too. subject is the publish's.
-func checkHeaders(cfg *server.StreamConfig, subject string, hdr []byte) *server.ApiError {
+// that order, so it is checked here too. subject and dataLen are the publish's.
+func checkHeaders(cfg *server.StreamConfig, subject string, hdr []byte, dataLen int) *server.ApiError {
 	// nats-server stores a header's length in 16 bits.
 	if len(hdr) > math.MaxUint16 {
 		return server.NewJSStreamHeaderExceedsMaximumError()
 	}
-	if v := jswire.HeaderValue(hdr, server.JSMessageIncr); v != "" {
-		if _, ok := new(big.Int).SetString(v, 10); !ok {
-			return server.NewJSMessageIncrInvalidError()
-		}
-		return server.NewJSMessageIncrDisabledError()
+	if e := checkIncr(cfg, hdr, dataLen); e != nil {
+		return e
 	}
 	if v := jswire.HeaderValue(hdr, server.JSExpectedStream); v != "" && v != cfg.Name {
 		return server.NewJSStreamNotMatchError()

@@ -84,7 +84,7 @@ func (r *Registry) onPublish(s *Stream, m *leaf.Msg) {
 	}
 	p := publish{reply: m.Reply, recv: r.cfg.Clock.Now(), size: size,
 		msg: pg.AppendMsg{Subject: m.Subject, Header: m.Header, Data: m.Data}}
-	if len(m.Header) > 0 {
+	if len(m.Header) > 0 || cfg.AllowMsgCounter {
 		if e := ParseExpectations(cfg, m.Header, &p.msg); e != nil {
 			reason := ReasonExpected
 			if e.ErrCode == badRequestCode {
@@ -174,7 +174,7 @@ func ParseExpectations(cfg *server.StreamConfig, hdr []byte, m *pg.AppendMsg) *s
 
 // parseMsg is ParseExpectations for a message whose batch, if any, is already decided.
 func parseMsg(cfg *server.StreamConfig, hdr []byte, m *pg.AppendMsg) *server.ApiError {
-	if e := checkHeaders(cfg, m.Subject, hdr); e != nil {
+	if e := checkHeaders(cfg, m.Subject, hdr, len(m.Data)); e != nil {
 		return e
 	}
 	m.MsgID = jswire.HeaderValue(hdr, server.JSMsgId)
@@ -227,6 +227,9 @@ func parseMsg(cfg *server.StreamConfig, hdr []byte, m *pg.AppendMsg) *server.Api
 		return server.NewJSMessageTTLInvalidError()
 	}
 	setTTL(cfg, m, ttl)
+	if cfg.AllowMsgCounter {
+		m.Derive = counterDerive(cfg, hdr)
+	}
 	return nil
 }
 
@@ -570,7 +573,11 @@ func (r *Registry) answer(s *Stream, pubs []publish, res pg.AppendResult) {
 		if pb.reply == "" {
 			continue
 		}
-		_ = r.cfg.Link.Publish(pb.reply, "", nil, jswire.PubAck(s.ackPfx, o.Seq, o.Duplicate))
+		if o.Data != "" {
+			_ = r.cfg.Link.Publish(pb.reply, "", nil, jswire.PubAckCounter(s.ackPfx, o.Seq, counterVal(o.Data)))
+		} else {
+			_ = r.cfg.Link.Publish(pb.reply, "", nil, jswire.PubAck(s.ackPfx, o.Seq, o.Duplicate))
+		}
 		r.m.pubAck.Observe(now.Sub(pb.recv).Seconds())
 	}
 }

@@ -15,7 +15,8 @@
 // one in flight has run for Config.FlushOverlapAfter. A stream has one flush in flight at
 // most, and its row lock in PostgreSQL orders the flushes of several replicas, so commit
 // order is sequence order. A publish refused or failed hears the PubAck error package jserr
-// maps its cause to.
+// maps its cause to. A counter stream's increments (counter.go) have their totals made in
+// the append transaction, from the subject's last value.
 //
 // # Locks
 //

@@ -138,6 +138,8 @@ var poolMetrics = []statMetric[pg.Stats]{
 		prometheus.CounterValue, func(s pg.Stats) float64 { return float64(s.SubjectIndexDropped) }},
 	{"subject_count_dropped_total", "Subject sets of stream infos not kept for going past their byte bound.",
 		prometheus.CounterValue, func(s pg.Stats) float64 { return float64(s.SubjectCountDropped) }},
+	{"derived_lasts_dropped_total", "Counter streams whose subjects' last values were not kept in memory for going past their bound; their increments then read them in PostgreSQL.",
+		prometheus.CounterValue, func(s pg.Stats) float64 { return float64(s.DerivedLastsDropped) }},
 }
 
 var leafMetrics = []statMetric[leaf.LinkStats]{

@@ -130,6 +130,16 @@ func PubAck(prefix []byte, seq uint64, duplicate bool) []byte {
 	return append(b, '}')
 }
 
+// PubAckCounter is the PubAck of a counter increment, with the subject's new total.
+func PubAckCounter(prefix []byte, seq uint64, val string) []byte {
+	b := make([]byte, 0, len(prefix)+len(val)+32)
+	b = append(b, prefix...)
+	b = strconv.AppendUint(b, seq, 10)
+	b = append(b, `,"val":`...)
+	b = strconv.AppendQuote(b, val)
+	return append(b, '}')
+}
+
 // PubAckBatch is the PubAck of an atomic batch's commit: its last message's, naming the
 // batch and how many messages it stored, as nats-server writes it.
 func PubAckBatch(prefix []byte, seq uint64, batch string, count int) []byte {

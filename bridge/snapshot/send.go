@@ -130,7 +130,7 @@ func Send(ctx context.Context, p SendParams, r io.Reader) error {
 				return end(jswire.StatusHeader(408, "No Interest"), ctx.Err())
 			}
 		}
-		if !p.Link.HasInterest(p.Deliver) {
+		if !p.Link.HasQueueInterest(p.Deliver, "") {
 			return end(jswire.StatusHeader(408, "No Interest"), ErrNoInterest)
 		}
 		n, rerr := io.ReadFull(r, chunk)
@@ -154,9 +154,11 @@ func Send(ctx context.Context, p SendParams, r io.Reader) error {
 }
 
 // waitInterest waits a while for a subscription to subject, as nats-server does before it
-// sends the first chunk.
+// sends the first chunk. Only a subscription to subject itself counts: the client's
+// response inbox covers it with a wildcard before the client subscribes it, and that
+// subscription drops what it did not ask for.
 func waitInterest(ctx context.Context, link *leaf.Conn, clk clock.Clock, subject string) error {
-	if link.HasInterest(subject) {
+	if link.HasQueueInterest(subject, "") {
 		return nil
 	}
 	deadline := clk.NewTimer(interestWait)
@@ -166,7 +168,7 @@ func waitInterest(ctx context.Context, link *leaf.Conn, clk clock.Clock, subject
 	for {
 		select {
 		case <-tick.C():
-			if link.HasInterest(subject) {
+			if link.HasQueueInterest(subject, "") {
 				return nil
 			}
 		case <-deadline.C():

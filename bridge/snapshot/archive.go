@@ -78,25 +78,62 @@ type LoadParams struct {
 }
 
 // Load reads the messages of ar, whose state and consumers were read already, and stores
-// them in batches of at most a few megabytes, up to the archive's end marker. It returns
-// jsarchive.ErrTruncated when the archive ends before it.
+// them in batches of at most a few megabytes, up to the archive's end marker. One batch is
+// stored while the next is read, so that the upload and the database work at once; no more
+// than two batches are held. It returns jsarchive.ErrTruncated when the archive ends before
+// its end marker.
 func Load(ctx context.Context, ar *jsarchive.Reader, db Restorer, p LoadParams) (stored uint64, err error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	type job struct {
+		msgs    []pg.Message
+		through uint64
+	}
+	jobs := make(chan job)
+	free := make(chan []pg.Message, 1)
+	stopped := make(chan error, 1)
+	go func() {
+		for j := range jobs {
+			if err := db.RestoreMessages(ctx, pg.RestoreParams{StreamID: p.StreamID, Msgs: j.msgs, Through: j.through, ChunkRows: p.ChunkRows}); err != nil {
+				stopped <- err
+				cancel()
+				for range jobs {
+				}
+				return
+			}
+			stored += uint64(len(j.msgs))
+			if p.Progress != nil {
+				p.Progress(stored)
+			}
+			free <- j.msgs[:0]
+		}
+		stopped <- nil
+	}()
+	// hand gives the writer a batch, and takes back the one it stored before.
+	var spare []pg.Message
+	hand := func(j job) bool {
+		select {
+		case jobs <- j:
+		case <-ctx.Done():
+			return false
+		}
+		select {
+		case spare = <-free:
+		default:
+		}
+		return true
+	}
+	finish := func(readErr error) (uint64, error) {
+		close(jobs)
+		werr := <-stopped
+		if werr != nil {
+			return stored, werr
+		}
+		return stored, readErr
+	}
+
 	var batch []pg.Message
 	size := 0
-	flush := func(through uint64) error {
-		if len(batch) == 0 && through == 0 {
-			return nil
-		}
-		if err := db.RestoreMessages(ctx, pg.RestoreParams{StreamID: p.StreamID, Msgs: batch, Through: through, ChunkRows: p.ChunkRows}); err != nil {
-			return err
-		}
-		stored += uint64(len(batch))
-		if p.Progress != nil {
-			p.Progress(stored)
-		}
-		batch, size = batch[:0], 0
-		return nil
-	}
 	var m jsarchive.Msg
 	for {
 		err := ar.Next(&m)
@@ -104,15 +141,20 @@ func Load(ctx context.Context, ar *jsarchive.Reader, db Restorer, p LoadParams) 
 			break
 		}
 		if err != nil {
-			return stored, err
+			return finish(err)
 		}
 		batch = append(batch, pg.Message{Seq: m.Seq, TS: m.TS, Subject: m.Subject, Header: bytes.Clone(m.Header), Data: bytes.Clone(m.Data)})
 		size += len(m.Subject) + len(m.Header) + len(m.Data)
 		if len(batch) >= batchMsgs || size >= batchBytes {
-			if err := flush(0); err != nil {
-				return stored, err
+			if !hand(job{msgs: batch}) {
+				return finish(ctx.Err())
 			}
+			batch, size = spare, 0
+			spare = nil
 		}
 	}
-	return stored, flush(p.Through)
+	if len(batch) > 0 || p.Through > 0 {
+		hand(job{msgs: batch, through: p.Through})
+	}
+	return finish(nil)
 }

@@ -151,7 +151,7 @@ func (a *API) apiRestore(ctx context.Context, name string, m *leaf.Msg) {
 		fail(err)
 		return
 	}
-	rcv, err := snapshot.NewReceiver(a.link, a.clock, name)
+	rcv, err := snapshot.NewReceiver(ctx, a.link, a.clock, name)
 	if err != nil {
 		fail(server.NewJSRestoreSubscribeFailedError(err, name))
 		return

@@ -1,6 +1,7 @@
 package snapshot
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -46,8 +47,10 @@ type Receiver struct {
 	in      chan chunk
 	quit    chan struct{}
 	pumped  chan struct{}
-	// answer is the result Done was given, for chunks that arrive after it.
-	answer atomic.Pointer[[]byte]
+	// answer is the result Done was given, for chunks that arrive after it; answered hears
+	// when the handler sent it.
+	answer   atomic.Pointer[[]byte]
+	answered chan struct{}
 
 	mu sync.Mutex
 	// last is the reply subject Done answers: the empty message's, or that of the chunk
@@ -57,7 +60,9 @@ type Receiver struct {
 }
 
 // NewReceiver subscribes a new restore subject for stream and starts taking chunks on it.
-func NewReceiver(link *leaf.Conn, clk clock.Clock, stream string) (*Receiver, error) {
+// It returns once the server has the subscription, so that the client's first chunk finds
+// it; ctx bounds that wait.
+func NewReceiver(ctx context.Context, link *leaf.Conn, clk clock.Clock, stream string) (*Receiver, error) {
 	pr, pw := io.Pipe()
 	r := &Receiver{
 		link:    link,
@@ -68,12 +73,18 @@ func NewReceiver(link *leaf.Conn, clk clock.Clock, stream string) (*Receiver, er
 		in:      make(chan chunk, queued),
 		quit:    make(chan struct{}),
 		pumped:  make(chan struct{}),
+
+		answered: make(chan struct{}, 1),
 	}
 	sub, err := link.Subscribe(r.subject, "", r.handle)
 	if err != nil {
 		return nil, fmt.Errorf("snapshot: subscribe to %s: %w", r.subject, err)
 	}
 	r.sub = sub
+	if err := link.Flush(ctx); err != nil {
+		_ = sub.Unsubscribe()
+		return nil, fmt.Errorf("snapshot: subscribe to %s: %w", r.subject, err)
+	}
 	go r.pump()
 	return r, nil
 }
@@ -94,6 +105,10 @@ func (r *Receiver) handle(m *leaf.Msg) {
 	}
 	if a := r.answer.Load(); a != nil {
 		_ = r.link.Publish(m.Reply, "", nil, *a)
+		select {
+		case r.answered <- struct{}{}:
+		default:
+		}
 		return
 	}
 	select {
@@ -142,10 +157,12 @@ func (r *Receiver) setLast(reply string) {
 }
 
 // Done ends the restore with its result, the response the client's last message gets: the
-// reader is closed (a failed restore's err ends an upload still under way), the chunk
-// subject unsubscribed, and resp sent to the empty message that ended the upload, or to the
-// chunk whose write failed. Chunks that still arrive are answered with resp too. Safe to
-// call more than once; only the first counts.
+// reader is closed (a failed restore's err ends an upload still under way), and resp is
+// sent to the empty message that ended the upload, or to the chunk whose write failed, or,
+// when the client has not sent either yet, to whatever it sends next (within
+// IdleTimeout), as nats-server answers a restore that failed before the upload ended.
+// Then the chunk subject is unsubscribed. Safe to call more than once; only the first
+// counts.
 func (r *Receiver) Done(resp []byte, err error) {
 	r.mu.Lock()
 	if r.done {
@@ -154,6 +171,7 @@ func (r *Receiver) Done(resp []byte, err error) {
 	}
 	r.done = true
 	r.mu.Unlock()
+	defer func() { _ = r.sub.Unsubscribe() }()
 	r.answer.Store(&resp)
 	if err == nil {
 		err = io.ErrClosedPipe
@@ -161,26 +179,36 @@ func (r *Receiver) Done(resp []byte, err error) {
 	r.pr.CloseWithError(err)
 	close(r.quit)
 	<-r.pumped
-	// A chunk queued before the pump stopped is owed an answer as well.
-	for {
+	owed := false
+	// A chunk queued before the pump stopped is owed the answer as well.
+	for drained := false; !drained; {
 		select {
 		case c := <-r.in:
 			if len(c.data) == 0 {
 				r.setLast(c.reply)
 			} else {
 				_ = r.link.Publish(c.reply, "", nil, resp)
+				owed = true
 			}
-			continue
 		default:
+			drained = true
 		}
-		break
 	}
-	_ = r.sub.Unsubscribe()
 	r.mu.Lock()
 	last := r.last
 	r.mu.Unlock()
 	if last != "" {
 		_ = r.link.Publish(last, "", nil, resp)
+		return
+	}
+	if owed {
+		return
+	}
+	t := r.clk.NewTimer(IdleTimeout)
+	defer t.Stop()
+	select {
+	case <-r.answered:
+	case <-t.C():
 	}
 }
 

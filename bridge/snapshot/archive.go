@@ -28,7 +28,9 @@ type Messages interface {
 
 // WriteArchive writes the archive of the stream streamID to w: state (whose Consumers it
 // sets), the consumers, and the stream's messages from state.FirstSeq through
-// state.LastSeq, read in batches. now is when the backup was taken.
+// state.LastSeq, read in batches. The next batch is read while the last is written, so that
+// the database and the transfer work at once; no more than two batches are held. now is
+// when the backup was taken.
 func WriteArchive(ctx context.Context, w io.Writer, db Messages, streamID int64, state server.StreamState, consumers []jsarchive.Consumer, now time.Time) error {
 	aw := jsarchive.NewWriter(w)
 	state.Consumers = len(consumers)
@@ -40,22 +42,42 @@ func WriteArchive(ctx context.Context, w io.Writer, db Messages, streamID int64,
 			return err
 		}
 	}
-	for from := max(state.FirstSeq, 1); state.Msgs > 0 && from <= state.LastSeq; {
-		msgs, through, _, err := db.ReadFiltered(ctx, pg.ReadParams{StreamID: streamID, From: from, UpTo: state.LastSeq,
-			MaxMsgs: batchMsgs, MaxBytes: batchBytes}, nil)
-		if err != nil {
-			return fmt.Errorf("snapshot: read messages from %d: %w", from, err)
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	type read struct {
+		msgs []pg.Message
+		err  error
+	}
+	batches := make(chan read)
+	go func() {
+		defer close(batches)
+		for from := max(state.FirstSeq, 1); state.Msgs > 0 && from <= state.LastSeq; {
+			msgs, through, _, err := db.ReadFiltered(ctx, pg.ReadParams{StreamID: streamID, From: from, UpTo: state.LastSeq,
+				MaxMsgs: batchMsgs, MaxBytes: batchBytes}, nil)
+			if err != nil {
+				err = fmt.Errorf("snapshot: read messages from %d: %w", from, err)
+			}
+			select {
+			case batches <- read{msgs, err}:
+			case <-ctx.Done():
+				return
+			}
+			if err != nil || through < from {
+				return
+			}
+			from = through + 1
 		}
-		for i := range msgs {
-			m := &msgs[i]
+	}()
+	for b := range batches {
+		if b.err != nil {
+			return b.err
+		}
+		for i := range b.msgs {
+			m := &b.msgs[i]
 			if err := aw.Msg(&jsarchive.Msg{Seq: m.Seq, TS: m.TS, Subject: m.Subject, Header: m.Header, Data: m.Data}); err != nil {
 				return err
 			}
 		}
-		if through < from {
-			break
-		}
-		from = through + 1
 	}
 	return aw.Close()
 }

@@ -269,28 +269,34 @@ func (a *API) restoreStream(ctx context.Context, cfg server.StreamConfig, rcv *s
 		return s, stored, errors.New("the upload did not end after the archive's end marker")
 	}
 
-	a.streams.LockAdmin()
-	defer a.streams.UnlockAdmin()
-	raw, err := json.Marshal(cfg)
-	if err != nil {
+	if err := a.unseal(ctx, s, cfg); err != nil {
 		return s, stored, err
-	}
-	if err := a.db.UpdateStreamChecked(ctx, s.ID(), cfg.Name, raw, nil); err != nil {
-		return s, stored, fmt.Errorf("unsealing the restored stream: %w", err)
 	}
 	st, err := a.db.State(ctx, s.ID())
 	if err != nil {
 		return s, stored, err
 	}
-	s.SetConfig(cfg)
-	if err := a.streams.Resubscribe(s); err != nil {
-		return s, stored, err
-	}
+	// Outside the admin lock, as a purge announces itself: its subscribers may read.
 	a.streams.Restored(ctx, s, st.FirstSeq, st.LastSeq)
 	if err := a.retention.ApplyLimits(ctx, s, stream.Limits(&cfg), cfg.MaxAge); err != nil {
 		return s, stored, fmt.Errorf("applying the limits of the restored stream: %w", err)
 	}
 	return s, stored, nil
+}
+
+// unseal gives a restored stream its own configuration.
+func (a *API) unseal(ctx context.Context, s *stream.Stream, cfg server.StreamConfig) error {
+	a.streams.LockAdmin()
+	defer a.streams.UnlockAdmin()
+	raw, err := json.Marshal(cfg)
+	if err != nil {
+		return err
+	}
+	if err := a.db.UpdateStreamChecked(ctx, s.ID(), cfg.Name, raw, nil); err != nil {
+		return fmt.Errorf("unsealing the restored stream: %w", err)
+	}
+	s.SetConfig(cfg)
+	return a.streams.Resubscribe(s)
 }
 
 // createRestored stores and serves a new stream with the sealed configuration, its first

@@ -38,6 +38,7 @@ type chunk struct {
 // whoever reads it. Each chunk is acked once the reader has taken it; the empty message that
 // ends the upload is answered by Done, with the restore's result.
 type Receiver struct {
+	ctx     context.Context
 	link    *leaf.Conn
 	clk     clock.Clock
 	subject string
@@ -61,10 +62,11 @@ type Receiver struct {
 
 // NewReceiver subscribes a new restore subject for stream and starts taking chunks on it.
 // It returns once the server has the subscription, so that the client's first chunk finds
-// it; ctx bounds that wait.
+// it; ctx bounds that wait, and ending it ends the restore as a stall does.
 func NewReceiver(ctx context.Context, link *leaf.Conn, clk clock.Clock, stream string) (*Receiver, error) {
 	pr, pw := io.Pipe()
 	r := &Receiver{
+		ctx:     ctx,
 		link:    link,
 		clk:     clock.OrSystem(clk),
 		subject: "$JS.SNAPSHOT.RESTORE." + stream + "." + nuid.Next(),
@@ -146,6 +148,9 @@ func (r *Receiver) pump() {
 			return
 		case <-r.quit:
 			return
+		case <-r.ctx.Done():
+			r.fail(r.ctx.Err())
+			return
 		}
 	}
 }
@@ -209,6 +214,7 @@ func (r *Receiver) Done(resp []byte, err error) {
 	select {
 	case <-r.answered:
 	case <-t.C():
+	case <-r.ctx.Done():
 	}
 }
 

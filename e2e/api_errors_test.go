@@ -167,8 +167,7 @@ func TestUnsupportedRequests(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, r := range []struct{ subject, name string }{
-		{"$JS.API.STREAM.SNAPSHOT.UNSUP", "STREAM.SNAPSHOT"},
-		{"$JS.API.STREAM.RESTORE.UNSUP", "STREAM.RESTORE"},
+		{"$JS.API.CONSUMER.RESET.UNSUP.C", "CONSUMER.RESET"},
 		{"$JS.API.CONSUMER.RESET.UNSUP.C", "CONSUMER.RESET"},
 		{"$JS.API.STREAM.LEADER.STEPDOWN.UNSUP", "STREAM.LEADER.STEPDOWN"},
 		{"$JS.API.META.LEADER.STEPDOWN", "META.LEADER.STEPDOWN"},
@@ -183,24 +182,17 @@ func TestUnsupportedRequests(t *testing.T) {
 		}
 	}
 
-	// The nats CLI's stream backup sends STREAM.SNAPSHOT and shows the description.
-	natsCLI(t)
-	out, err := j.natsCmd(t, t.Context(), "stream", "backup", "UNSUP", t.TempDir()+"/backup").CombinedOutput()
-	if err == nil || !strings.Contains(string(out), "STREAM.SNAPSHOT is not supported by jetgres") {
-		t.Errorf("nats stream backup: err %v, output:\n%s", err, out)
-	}
-
 	m, err := j.metrics()
 	if err != nil {
 		t.Fatal(err)
 	}
-	for name, want := range map[string]float64{"STREAM.SNAPSHOT": 2, "STREAM.RESTORE": 1, "CONSUMER.RESET": 1} {
+	for name, want := range map[string]float64{"CONSUMER.RESET": 2, "STREAM.LEADER.STEPDOWN": 1, "CONSUMER.UNPIN": 0} {
 		key := `jetgres_api_unsupported_total{request="` + name + `"}`
 		if got, ok := m[key]; !ok || got != want {
 			t.Errorf("%s = %v (present %v), want %v", key, got, ok, want)
 		}
 	}
-	if n := strings.Count(j.logs.String(), `request=STREAM.SNAPSHOT`); n != 1 {
-		t.Errorf("STREAM.SNAPSHOT logged %d times, want once", n)
+	if n := strings.Count(j.logs.String(), `request=CONSUMER.RESET`); n != 1 {
+		t.Errorf("CONSUMER.RESET logged %d times, want once", n)
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"strings"
 	"sync/atomic"
+	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/prometheus/client_golang/prometheus"
@@ -39,6 +40,11 @@ type Store interface {
 	DeletedSeqs(ctx context.Context, streamID int64) ([]uint64, error)
 	Purge(ctx context.Context, id int64, p pg.PurgeParams) (uint64, error)
 	DeleteMessage(ctx context.Context, id int64, seq uint64) error
+	// For snapshots and restores.
+	State(ctx context.Context, id int64) (pg.StreamState, error)
+	ReadFiltered(ctx context.Context, p pg.ReadParams, filters []string) ([]pg.Message, uint64, time.Duration, error)
+	RestoreMessages(ctx context.Context, p pg.RestoreParams) error
+	CreateConsumer(ctx context.Context, c pg.Consumer, maxConsumers int) (pg.Consumer, error)
 }
 
 var _ Store = (*pg.DB)(nil)

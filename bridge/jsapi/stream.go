@@ -56,6 +56,10 @@ func (a *API) streamAPI(ctx context.Context, tok []string, m *leaf.Msg) {
 	case op == "PURGE":
 		r, err := a.apiStreamPurge(ctx, tok[1], body)
 		a.respond(m.Reply, r, &r.ApiResponse, server.NewJSStreamPurgeFailedError, err)
+	case op == "SNAPSHOT":
+		a.apiSnapshot(ctx, tok[1], m)
+	case op == "RESTORE":
+		a.apiRestore(ctx, tok[1], m)
 	default:
 		a.badRequest(m, server.JSApiSystemResponseType)
 	}

@@ -21,12 +21,9 @@ type unsupportedRequest struct {
 
 // unsupportedRequests are nats-server's API subjects (server/jetstream_api.go) that jetgres
 // does not serve. The cluster-only ones have nothing to do with one PostgreSQL behind any
-// number of replicas; snapshots, restores and consumer resets are features jetgres does not
-// have. The list bounds the label set of
-// jetgres_api_unsupported_total.
+// number of replicas; consumer resets are a feature jetgres does not have. The list bounds
+// the label set of jetgres_api_unsupported_total.
 var unsupportedRequests = [...]unsupportedRequest{
-	{name: "STREAM.SNAPSHOT", args: 1, typ: server.JSApiStreamSnapshotResponseType},
-	{name: "STREAM.RESTORE", args: 1, typ: server.JSApiStreamRestoreResponseType},
 	{name: "STREAM.LEADER.STEPDOWN", args: 1, typ: server.JSApiStreamLeaderStepDownResponseType},
 	{name: "STREAM.PEER.REMOVE", args: 1, typ: server.JSApiStreamRemovePeerResponseType},
 	{name: "STREAM.PEER.EVACUATE", args: 1, typ: server.JSApiStreamEvacuatePeerResponseType},

@@ -1,6 +1,10 @@
 package stream
 
-import "github.com/jetgres/jetgres/pg"
+import (
+	"context"
+
+	"github.com/jetgres/jetgres/pg"
+)
 
 // ServerChanged takes pg's word that the database is served by another server than before
 // (a standby promoted in place of the primary; see pg.DB.OnServerChange) and drops what the
@@ -41,4 +45,13 @@ func (r *Registry) ServerChanged(ch pg.ServerChange) {
 	}
 	r.log.Warn("the database is served by another server: the streams' tails and indexes are rebuilt from it",
 		"server_before", ch.From, "server_now", ch.To, "streams", len(streams), "streams_behind", behind, "sequences_lost", lost)
+}
+
+// Restored tells s that its messages were stored behind its tail, by a restore from a
+// backup, and that first and last are its sequences now: its tail and get index start again
+// from them, and every subscriber hears an empty Purged, as after ServerChanged.
+func (r *Registry) Restored(ctx context.Context, s *Stream, first, last uint64) {
+	s.tail.Rewind(last)
+	s.gets.Rewound(first, last)
+	s.Purge(ctx, Purged{})
 }

@@ -453,3 +453,10 @@ func FiltersMatch(filters []string, subject string) bool {
 	}
 	return false
 }
+
+// SnapshotDeliverSubject reports whether a snapshot's chunks may go to subject, as
+// nats-server checks a snapshot request's deliver_subject: a literal subject that is not
+// reserved.
+func SnapshotDeliverSubject(subject string) bool {
+	return server.IsValidPublishSubject(subject) && !reservedDeliverSubject(subject)
+}

@@ -39,6 +39,7 @@ type deliverySample struct {
 	sent, recv time.Time
 	delivered  float64
 	fenced     float64
+	takeovers  float64
 }
 
 // deliveryTrace samples every replica's delivered counter, each replica on its own so that
@@ -60,7 +61,8 @@ func (d *deliveryTrace) run(ctx context.Context, c *cluster, n int) {
 				if m, err := c.rep(i).metrics(); err == nil {
 					d.mu.Lock()
 					d.by[i] = append(d.by[i], deliverySample{sent: sent, recv: time.Now(),
-						delivered: m["jetgres_consumer_delivered_total"], fenced: m["jetgres_consumer_fencings_total"]})
+						delivered: m["jetgres_consumer_delivered_total"], fenced: m["jetgres_consumer_fencings_total"],
+						takeovers: m["jetgres_consumer_takeovers_total"]})
 					d.mu.Unlock()
 				}
 				select {
@@ -277,7 +279,7 @@ func TestReplicaPartitionedFromDatabase(t *testing.T) {
 			_ = v.wait(10 * time.Second)
 		}
 	})
-	base := servingBeforeCut(t, c, victim)
+	base, baseTakeovers := servingBeforeCut(t, c, victim)
 	cut.silence(fronts[victim].port())
 	cutAt := time.Now()
 	t.Logf("r%d cut off from PostgreSQL (packets dropped on port %d)", victim+1, fronts[victim].port())
@@ -315,6 +317,7 @@ func TestReplicaPartitionedFromDatabase(t *testing.T) {
 	stopTrace()
 	bg.Wait()
 
+	checkMovedAfterCut(t, trace, others, baseTakeovers, cutAt)
 	counting, stopped, started := checkOneDeliverer(t, trace, victim, others, base)
 	var fencedAt time.Time
 	for _, s := range trace.of(victim) {
@@ -402,11 +405,11 @@ func checkOneDeliverer(t *testing.T, trace *deliveryTrace, victim int, others []
 }
 
 // servingBeforeCut fails t unless, just before the cut, the victim serves both consumers
-// and the others none, and returns what each replica had delivered by then. The
-// deliveries the trace puts down to another replica are those it made since.
-func servingBeforeCut(t *testing.T, c *cluster, victim int) []float64 {
+// and the others none, and returns what each replica had delivered and taken over by
+// then. The deliveries the trace puts down to another replica are those it made since.
+func servingBeforeCut(t *testing.T, c *cluster, victim int) (delivered, takeovers []float64) {
 	t.Helper()
-	base := make([]float64, 3)
+	delivered, takeovers = make([]float64, 3), make([]float64, 3)
 	var fencings []float64
 	var wrong []string
 	for i := range 3 {
@@ -424,14 +427,32 @@ func servingBeforeCut(t *testing.T, c *cluster, victim int) []float64 {
 			wrong = append(wrong, fmt.Sprintf("r%d serves %v consumers, want %v", i+1, got, want))
 		}
 		fencings = append(fencings, m["jetgres_consumer_fencings_total"])
-		base[i] = m["jetgres_consumer_delivered_total"]
+		delivered[i] = m["jetgres_consumer_delivered_total"]
+		takeovers[i] = m["jetgres_consumer_takeovers_total"]
 	}
 	if len(wrong) > 0 {
 		// A replica that could not confirm its session in time (a loaded machine) fenced
 		// and the others took its consumers: what would follow is no partition's doing.
 		t.Fatalf("before the cut: %s (fencings by replica %v): the consumers moved before the partition", strings.Join(wrong, ", "), fencings)
 	}
-	return base
+	return delivered, takeovers
+}
+
+// checkMovedAfterCut fails t at once if another replica took a consumer over within a
+// lease of the cut, by a sample received by then: PostgreSQL frees a silent session's locks
+// only after a lease of silence and its probes, so such a takeover began before the cut,
+// after the victim fenced on a loaded machine, between the reads of servingBeforeCut and
+// the cut. What the trace shows then is no partition's doing.
+func checkMovedAfterCut(t *testing.T, trace *deliveryTrace, others []int, base []float64, cutAt time.Time) {
+	t.Helper()
+	for _, i := range others {
+		for _, s := range trace.of(i) {
+			if s.recv.Before(cutAt.Add(partitionLease)) && s.takeovers > base[i] {
+				t.Fatalf("r%d had taken a consumer over by %v after the cut, before PostgreSQL could free the cut session's locks: the consumers moved before the partition",
+					i+1, s.recv.Sub(cutAt).Round(time.Millisecond))
+			}
+		}
+	}
 }
 
 // servedBy returns the index of the replica that serves a consumer, by its info.

@@ -223,6 +223,19 @@ func TestReplicaCutFromDatabase(t *testing.T) {
 		cutSeqs[seq] = true
 	}
 	log.mu.Unlock()
+	// While the proxy is cut PostgreSQL hears nothing from the cut replica, so its session
+	// and lock hold: a takeover by now began before the cut, after a loaded replica missed
+	// its statement timeout (a tenth of the lease) and fenced. The deliveries after the
+	// cut are then the new server's, no measure of the cut replica's fence.
+	for i := range 3 {
+		if i == victim {
+			continue
+		}
+		_, body := c.rep(i).mustGet(t, "/metrics")
+		if n := metricValue(t, body, "jetgres_consumer_takeovers_total"); n > 0 {
+			t.Fatalf("r%d took the consumer over while PostgreSQL still held the cut replica's session: it moved before the cut", i+1)
+		}
+	}
 	stoppedAfter := last.Sub(cutAt)
 	if stoppedAfter > lease {
 		t.Errorf("the replica cut from the database delivered %v after the cut, beyond the lease (%v)", stoppedAfter, lease)

@@ -9,7 +9,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -137,9 +136,6 @@ func (r *partitionReceipts) firstAfter(t time.Time) time.Time {
 // its metrics), PostgreSQL ends its sessions on its own and another replica takes the
 // consumers over within two leases, and every acknowledged publish reaches both consumers.
 func TestReplicaPartitionedFromDatabase(t *testing.T) {
-	if os.Getenv("JETGRES_PARTITION_TEST") == "" {
-		t.Skip("fails intermittently when run beside other cluster tests (cause not found yet); set JETGRES_PARTITION_TEST=1 to run it")
-	}
 	t.Parallel()
 	const stream = "PART"
 	cut := newSilencer(t)

@@ -267,16 +267,17 @@ func TestReplicaPartitionedFromDatabase(t *testing.T) {
 		}
 		return nil
 	})
+	base, baseTakeovers := servingBeforeCut(t, c, victim)
+	cut.silence(fronts[victim].port())
 	// Should the test fail, the cut replica's goroutines show where it stands: SIGQUIT makes
-	// the Go runtime print them to its log, which the failed test shows.
+	// the Go runtime print them to its log, which the failed test shows. This cleanup runs
+	// before the silencer's, while the replica is still cut off.
 	t.Cleanup(func() {
 		if v := c.rep(victim); t.Failed() && !v.hasExited() {
 			_ = v.cmd.Process.Signal(syscall.SIGQUIT)
 			_ = v.wait(10 * time.Second)
 		}
 	})
-	base, baseTakeovers := servingBeforeCut(t, c, victim)
-	cut.silence(fronts[victim].port())
 	cutAt := time.Now()
 	t.Logf("r%d cut off from PostgreSQL (packets dropped on port %d)", victim+1, fronts[victim].port())
 

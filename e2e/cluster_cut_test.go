@@ -42,6 +42,7 @@ func startCutProxy(t *testing.T, socket string) *cutProxy {
 	t.Cleanup(func() {
 		_ = ln.Close()
 		p.sever()
+		p.heal() // lets the pipes that wait on the cut see their connections closed
 	})
 	go p.accept()
 	return p
@@ -80,18 +81,23 @@ func (p *cutProxy) serve(c net.Conn) {
 }
 
 // pipe copies from src to dst until either fails; once cut, what it reads goes nowhere and
-// it reads no more.
+// it reads no more. A close is a packet like any other: one that comes while cut reaches
+// dst only when the proxy heals or severs, or a replica that gives up on its connection
+// would end its session in PostgreSQL at once, as no partition lets it.
 func (p *cutProxy) pipe(dst, src net.Conn) {
 	buf := make([]byte, 32<<10)
 	for {
 		n, err := src.Read(buf)
-		if err != nil {
-			_ = dst.Close()
-			return
-		}
 		p.mu.Lock()
 		cut, healed := p.cut, p.healed
 		p.mu.Unlock()
+		if err != nil {
+			if cut {
+				<-healed
+			}
+			_ = dst.Close()
+			return
+		}
 		if cut {
 			<-healed
 			_ = dst.Close()
@@ -217,6 +223,19 @@ func TestReplicaCutFromDatabase(t *testing.T) {
 		cutSeqs[seq] = true
 	}
 	log.mu.Unlock()
+	// While the proxy is cut PostgreSQL hears nothing from the cut replica, so its session
+	// and lock hold: a takeover by now began before the cut, after a loaded replica missed
+	// its statement timeout (a tenth of the lease) and fenced. The deliveries after the
+	// cut are then the new server's, no measure of the cut replica's fence.
+	for i := range 3 {
+		if i == victim {
+			continue
+		}
+		_, body := c.rep(i).mustGet(t, "/metrics")
+		if n := metricValue(t, body, "jetgres_consumer_takeovers_total"); n > 0 {
+			t.Fatalf("r%d took the consumer over while PostgreSQL still held the cut replica's session: it moved before the cut", i+1)
+		}
+	}
 	stoppedAfter := last.Sub(cutAt)
 	if stoppedAfter > lease {
 		t.Errorf("the replica cut from the database delivered %v after the cut, beyond the lease (%v)", stoppedAfter, lease)

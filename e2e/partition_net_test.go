@@ -16,6 +16,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -220,9 +221,16 @@ func applySessionTCP(c *net.TCPConn, params map[string]string) error {
 // without a reset: the connections stay open on both sides and hear nothing more.
 type silencer struct {
 	t     *testing.T
+	mark  string // the comment on each rule, naming this process
+	once  sync.Once
 	mu    sync.Mutex
 	rules [][]string
 }
+
+// silenceMarkPrefix starts the comment on every rule a silencer adds, followed by the
+// process's id: the rules of a test process killed before its cleanups ran stay in the
+// kernel and drop whatever later binds their ports, and the next silencer removes them.
+const silenceMarkPrefix = "jetgres-e2e-silence-pid-"
 
 // newSilencer returns a silencer, or skips t where the machine cannot drop packets: it
 // needs root and iptables.
@@ -234,20 +242,55 @@ func newSilencer(t *testing.T) *silencer {
 	if _, err := exec.LookPath("iptables"); err != nil {
 		t.Skip("a silent network partition needs iptables, which is not installed")
 	}
-	if out, err := exec.Command("iptables", "-w", "-S", "OUTPUT").CombinedOutput(); err != nil {
+	out, err := exec.Command("iptables", "-w", "-S", "OUTPUT").CombinedOutput()
+	if err != nil {
 		t.Skipf("a silent network partition needs iptables, which fails here: %v: %s", err, bytes.TrimSpace(out))
 	}
-	s := &silencer{t: t}
-	t.Cleanup(s.restore)
-	return s
+	removeOrphanRules(t, string(out))
+	return &silencer{t: t, mark: silenceMarkPrefix + strconv.Itoa(os.Getpid())}
 }
 
-// silence drops the packets of ports from now on.
+// removeOrphanRules deletes the rules, listed as iptables -S prints them, that silencers
+// of processes no longer running left behind.
+func removeOrphanRules(t *testing.T, listed string) {
+	t.Helper()
+	for line := range strings.Lines(listed) {
+		f := strings.Fields(line)
+		if len(f) < 2 || f[0] != "-A" {
+			continue
+		}
+		for i := range f {
+			f[i] = strings.Trim(f[i], `"`)
+		}
+		i := slices.Index(f, "--comment")
+		if i < 0 || i+1 == len(f) {
+			continue
+		}
+		pid, ok := strings.CutPrefix(f[i+1], silenceMarkPrefix)
+		if !ok {
+			continue
+		}
+		if _, err := os.Stat("/proc/" + pid); err == nil {
+			continue
+		}
+		// Another test process may remove it first.
+		if out, err := exec.Command("iptables", append([]string{"-w", "-D"}, f[1:]...)...).CombinedOutput(); err != nil {
+			t.Logf("removing a rule left behind by process %s: %v: %s", pid, err, bytes.TrimSpace(out))
+		}
+	}
+}
+
+// silence drops the packets of ports from now on, until the test ends. The rules go
+// before the cleanups registered earlier run, while the test's sockets still hold the
+// ports: once freed, a port may be bound again by any test, whose packets a rule left in
+// place would drop.
 func (s *silencer) silence(ports ...int) {
 	s.t.Helper()
+	s.once.Do(func() { s.t.Cleanup(s.restore) })
 	for _, p := range ports {
 		for _, dir := range []string{"--dport", "--sport"} {
-			rule := []string{"OUTPUT", "-o", "lo", "-s", "127.0.0.1", "-d", "127.0.0.1", "-p", "tcp", dir, strconv.Itoa(p), "-j", "DROP"}
+			rule := []string{"OUTPUT", "-o", "lo", "-s", "127.0.0.1", "-d", "127.0.0.1", "-p", "tcp", dir, strconv.Itoa(p),
+				"-m", "comment", "--comment", s.mark, "-j", "DROP"}
 			if out, err := exec.Command("iptables", append([]string{"-w", "-I"}, rule...)...).CombinedOutput(); err != nil {
 				s.t.Fatalf("iptables -I %s: %v: %s", strings.Join(rule, " "), err, out)
 			}

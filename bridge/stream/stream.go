@@ -63,7 +63,9 @@ type Stream struct {
 
 	// cfg is replaced whole, never changed in place: every publish and ack reads it, and
 	// a copy of the struct per message cost more than the rest of the check.
-	cfg   atomic.Pointer[server.StreamConfig]
+	cfg atomic.Pointer[server.StreamConfig]
+	// xf is what cfg's subject_transform and republish compile to, replaced with it.
+	xf    atomic.Pointer[Transforms]
 	cfgMu sync.Mutex // guards subs
 	subs  []*leaf.Subscription
 
@@ -106,7 +108,10 @@ func (s *Stream) Config() server.StreamConfig { return *s.cfg.Load() }
 
 // SetConfig replaces the stream's configuration; Registry.Resubscribe follows it when the
 // subjects changed.
-func (s *Stream) SetConfig(cfg server.StreamConfig) { s.cfg.Store(&cfg) }
+func (s *Stream) SetConfig(cfg server.StreamConfig) {
+	s.xf.Store(compileTransforms(&cfg))
+	s.cfg.Store(&cfg)
+}
 
 // Tail is the stream's newest committed messages.
 func (s *Stream) Tail() *tailcache.Tail { return s.tail }

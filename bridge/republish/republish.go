@@ -26,6 +26,8 @@ const (
 	// SubjectsMax bounds the last sequences per subject kept for all streams together; a
 	// stream whose subjects would pass it forgets its own and reads them again.
 	SubjectsMax = 1 << 18
+	// headerRoom is what a queued message counts for the headers republish adds to it.
+	headerRoom = 160
 	// lookupTimeout bounds one read of last sequences from PostgreSQL.
 	lookupTimeout = 10 * time.Second
 )
@@ -138,19 +140,24 @@ func (r *Republisher) Stop(ctx context.Context) {
 
 // OnCommitted queues the commit's messages when the stream republishes.
 func (r *Republisher) OnCommitted(s *stream.Stream, ev stream.Committed) {
-	xf := s.Transforms()
-	if !xf.Republishes() || len(ev.Stored) == 0 {
+	r.committed(s.ID(), s.Name(), s.Transforms(), ev.Stored)
+}
+
+// committed queues msgs, stored in stream id under xf, when xf republishes; what the queue
+// cannot take is dropped and counted.
+func (r *Republisher) committed(id int64, name string, xf *stream.Transforms, msgs []pg.Message) {
+	if !xf.Republishes() || len(msgs) == 0 {
 		return
 	}
 	n := 0
-	for i := range ev.Stored {
-		n += len(ev.Stored[i].Header) + 160
+	for i := range msgs {
+		n += len(msgs[i].Header) + headerRoom
 		if !xf.HeadersOnly() {
-			n += len(ev.Stored[i].Data)
+			n += len(msgs[i].Data)
 		}
 	}
-	if !r.push(job{id: s.ID(), name: s.Name(), xf: xf, msgs: ev.Stored, bytes: n}) {
-		r.m.dropped.WithLabelValues(reasonQueueFull).Add(float64(len(ev.Stored)))
+	if !r.push(job{id: id, name: name, xf: xf, msgs: msgs, bytes: n}) {
+		r.m.dropped.WithLabelValues(reasonQueueFull).Add(float64(len(msgs)))
 	}
 }
 

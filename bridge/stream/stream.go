@@ -109,7 +109,7 @@ func (s *Stream) Config() server.StreamConfig { return *s.cfg.Load() }
 // SetConfig replaces the stream's configuration; Registry.Resubscribe follows it when the
 // subjects changed.
 func (s *Stream) SetConfig(cfg server.StreamConfig) {
-	s.xf.Store(compileTransforms(&cfg))
+	s.xf.Store(CompileTransforms(&cfg))
 	s.cfg.Store(&cfg)
 }
 

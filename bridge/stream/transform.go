@@ -18,10 +18,10 @@ type Transforms struct {
 	headersOnly bool
 }
 
-// compileTransforms compiles what cfg asks for. The configuration was checked (package
+// CompileTransforms compiles what cfg asks for, nil when it asks for neither. The configuration was checked (package
 // jswire), so a transform that does not compile is one nats-server would not make either:
 // it is left out, as nats-server leaves out a transform with no destination.
-func compileTransforms(cfg *server.StreamConfig) *Transforms {
+func CompileTransforms(cfg *server.StreamConfig) *Transforms {
 	var x Transforms
 	if st := cfg.SubjectTransform; st != nil {
 		if tr, err := server.NewSubjectTransform(st.Source, st.Destination); err == nil && tr != nil {

@@ -311,7 +311,8 @@ func New(cfg Config) (*Bridge, error) {
 		return nil, fmt.Errorf("bridge: %w", err)
 	}
 	b.cons = cons
-	b.repub = republish.New(republish.Config{Store: cfg.DB, Link: cfg.Link, Clock: b.clock, Logger: cfg.Logger, Registerer: cfg.Registerer})
+	b.repub = republish.New(republish.Config{Store: cfg.DB, Link: cfg.Link, Clock: b.clock, Logger: cfg.Logger, Registerer: cfg.Registerer,
+		QueueGroup: QueueGroup, Local: b.streams.PublishLocal})
 	b.streams.Subscribe(b.cons, b.repub)
 	// After a promotion, what the new server lacks of the streams' changes may have been
 	// missed as a lost notification may be: the streams are re-read, and the ownership loop

@@ -15,7 +15,7 @@ import (
 // TestRepublishWithReplicas runs two bridges on one database and one NATS server, which
 // hands each publish to either: every message is republished once, by the replica that
 // stored it, and its Nats-Last-Sequence names the previous message of its subject whichever
-// replica stored that one.
+// replica stored that one; a stream under the destination stores each once.
 func TestRepublishWithReplicas(t *testing.T) {
 	t.Parallel()
 	a := setup(t, setupOpts{config: func(c *Config) { c.ReplicaName = "a" }})
@@ -24,9 +24,14 @@ func TestRepublishWithReplicas(t *testing.T) {
 		RePublish: &jetstream.RePublish{Source: "rr.>", Destination: "rro.>"}}); err != nil {
 		t.Fatal(err)
 	}
+	// The destination is a stream's too, which stores each message once, whichever replica
+	// republished it.
+	if _, err := a.js.CreateStream(ctx, jetstream.StreamConfig{Name: "RRO", Subjects: []string{"rro.>"}}); err != nil {
+		t.Fatal(err)
+	}
 	b := setup(t, setupOpts{db: a.db, nats: a.nats, config: func(c *Config) { c.ReplicaName = "b" }})
 	testwait.For(t, 5*time.Second, func() error {
-		_, err := b.js.Stream(ctx, "RR")
+		_, err := b.js.Stream(ctx, "RRO")
 		return err
 	})
 	sub, err := a.nc.SubscribeSync("rro.>")
@@ -69,6 +74,16 @@ func TestRepublishWithReplicas(t *testing.T) {
 			t.Errorf("sequence %d: republished %q, want %q", seq, got[seq], w)
 		}
 	}
+	testwait.For(t, 10*time.Second, func() error {
+		s, err := a.js.Stream(ctx, "RRO")
+		if err != nil {
+			return err
+		}
+		if got := s.CachedInfo().State.Msgs; got != n {
+			return fmt.Errorf("the destination's stream holds %d messages, want %d", got, n)
+		}
+		return nil
+	})
 	if m, err := sub.NextMsg(200 * time.Millisecond); err == nil {
 		t.Fatalf("republished more than stored: %s %v", m.Subject, m.Header)
 	}

@@ -156,6 +156,40 @@ func TestRepublishTwin(t *testing.T) {
 		t.Fatalf("after republish came back: %s %q", m.Subject, m.Data)
 	}
 	tw.compareAll("republish")
+
+	// A queue subscriber of the destination gets its share, and a stream whose subjects
+	// cover it stores it.
+	tw.createStream(jetstream.StreamConfig{Name: "RD", Subjects: []string{"rd.>"}})
+	tw.sameConfigKeys("create into a stream", tw.apiRaw(create+"RQ", `{"name":"RQ","subjects":["rq.>"],"republish":{"src":"rq.>","dest":"rd.>"}}`), "republish")
+	tw.streams = append(tw.streams, "RQ")
+	var queued [2]*nats.Subscription
+	for side, js := range tw.js {
+		sub, err := js.Conn().QueueSubscribeSync("rd.>", "workers")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := js.Conn().Flush(); err != nil {
+			t.Fatal(err)
+		}
+		queued[side] = sub
+	}
+	tw.pub("rq.a", []byte("seven"))
+	tw.nextRepublished("to a queue group and a stream", queued, "RQ")
+	tw.settle("RD", func(st jetstream.StreamState) bool { return st.Msgs == 1 })
+	for side, js := range tw.js {
+		s, err := js.Stream(tw.ctx, "RD")
+		if err != nil {
+			t.Fatal(err)
+		}
+		m, err := s.GetMsg(tw.ctx, 1)
+		if err != nil {
+			t.Fatalf("%s: the stream under the destination: %v", sideName[side], err)
+		}
+		if m.Subject != "rd.a" || string(m.Data) != "seven" || m.Header.Get(jetstream.StreamHeader) != "RQ" {
+			t.Fatalf("%s: the stream under the destination stored %s %q %v", sideName[side], m.Subject, m.Data, m.Header)
+		}
+	}
+	tw.compareAll("republish into a stream")
 }
 
 // A stream's subject_transform as nats-server applies it: the subject a message is stored

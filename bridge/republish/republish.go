@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -37,9 +38,12 @@ type Store interface {
 	LastSeqsBefore(ctx context.Context, streamID int64, subjects []string, from, before uint64) (map[string]uint64, error)
 }
 
-// Link sends the republished messages without waiting; *leaf.Conn is one.
+// Link sends the republished messages without waiting; *leaf.Conn is one. The server hands
+// a leafnode's message to the queue subscribers only of the groups it names: a message
+// names those the server announced for its subject.
 type Link interface {
-	Publish(subject, reply string, hdr, data []byte) error
+	QueueGroups(subject string, dst []string) []string
+	PublishQueues(subject, reply string, queues []string, hdr, data []byte) error
 }
 
 // Config configures a Republisher. Store and Link are required.
@@ -51,6 +55,12 @@ type Config struct {
 	Registerer prometheus.Registerer // nil registers nothing
 	// QueueBytes bounds the queue; 0 means QueueBytesDefault.
 	QueueBytes int
+	// QueueGroup is the queue group of the streams' subscriptions, and Local takes a
+	// message as a publish to a stream of this process (stream.Registry.PublishLocal):
+	// a destination that a stream covers is stored by another replica when one has the
+	// group's interest, and here otherwise. Local may be nil when no stream is served.
+	QueueGroup string
+	Local      func(subject string, hdr, data []byte) bool
 }
 
 // job is one commit's messages to republish, or, with no messages, a stream's purge
@@ -247,6 +257,7 @@ func (r *Republisher) do(ctx context.Context, j job) {
 	}
 	r.lookup(ctx, j, st, first)
 	hdr := make([]byte, 0, 256)
+	var groups []string
 	for i := range j.msgs {
 		m := &j.msgs[i]
 		prev := st.last[m.Subject]
@@ -269,7 +280,11 @@ func (r *Republisher) do(ctx context.Context, j job) {
 		if !j.xf.HeadersOnly() {
 			data = m.Data
 		}
-		if err := r.cfg.Link.Publish(dest, "", hdr, data); err != nil {
+		groups = r.cfg.Link.QueueGroups(dest, groups[:0])
+		if r.cfg.Local != nil && !slices.Contains(groups, r.cfg.QueueGroup) {
+			r.cfg.Local(dest, slices.Clone(hdr), data)
+		}
+		if err := r.cfg.Link.PublishQueues(dest, "", groups, hdr, data); err != nil {
 			r.m.dropped.WithLabelValues(reasonLink).Inc()
 			r.warn.Warn(r.cfg.Logger, r.cfg.Clock.Now(), "republish: the link did not take a message",
 				slog.String("stream", j.name), slog.String("subject", dest), slog.String("err", err.Error()))

@@ -63,7 +63,9 @@ type heldLink struct {
 	entered chan struct{}
 }
 
-func (l *heldLink) Publish(subject, _ string, _, _ []byte) error {
+func (*heldLink) QueueGroups(_ string, dst []string) []string { return dst }
+
+func (l *heldLink) PublishQueues(subject, _ string, _ []string, _, _ []byte) error {
 	select {
 	case l.entered <- struct{}{}:
 	default:

@@ -9,7 +9,11 @@
 // a queue bounded in bytes (Config.QueueBytes; what does not fit is dropped and counted),
 // and one goroutine sends them in the order the commits were announced, so a stream's
 // messages go out in sequence order. They leave through the bridge's link, which never
-// waits either: a message its outbound buffer cannot take is dropped and counted.
+// waits either: a message its outbound buffer cannot take is dropped and counted. A message
+// names the queue groups the server announced for its destination, as the server hands a
+// leafnode's message to no other; when no other replica has the streams' group there, a
+// stream of this process whose subjects cover the destination takes it as a publish
+// (stream.Registry.PublishLocal), since the server never hands the link its own message.
 //
 // Nats-Last-Sequence is the sequence of the previous message of the same subject. The
 // goroutine keeps it per subject for the streams it republishes, from the commits it sees;

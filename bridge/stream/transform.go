@@ -18,9 +18,10 @@ type Transforms struct {
 	headersOnly bool
 }
 
-// CompileTransforms compiles what cfg asks for, nil when it asks for neither. The configuration was checked (package
-// jswire), so a transform that does not compile is one nats-server would not make either:
-// it is left out, as nats-server leaves out a transform with no destination.
+// CompileTransforms compiles what cfg asks for, nil when it asks for neither. The
+// configuration was checked (package jswire), so a transform that does not compile is one
+// nats-server would not make either: it is left out, as nats-server leaves out a transform
+// or a republish with no destination (an empty source is ">" to both).
 func CompileTransforms(cfg *server.StreamConfig) *Transforms {
 	var x Transforms
 	if st := cfg.SubjectTransform; st != nil {
@@ -29,14 +30,7 @@ func CompileTransforms(cfg *server.StreamConfig) *Transforms {
 		}
 	}
 	if rp := cfg.RePublish; rp != nil {
-		src, dest := rp.Source, rp.Destination
-		if src == "" {
-			src = ">"
-		}
-		if dest == "" {
-			dest = ">"
-		}
-		if tr, err := server.NewSubjectTransform(src, dest); err == nil && tr != nil {
+		if tr, err := server.NewSubjectTransform(rp.Source, rp.Destination); err == nil && tr != nil {
 			x.out, x.headersOnly = tr, rp.HeadersOnly
 		}
 	}

@@ -6,7 +6,10 @@
 // tail of newest messages and its get index, and the events a stream announces (Committed,
 // Purged, Removed, Dropped) to whoever keeps something of it in memory. When the database
 // is served by another server (a standby promoted), ServerChanged starts every tail and get
-// index again from what that server holds, and says what it lost.
+// index again from what that server holds, and says what it lost. A stream's
+// subject_transform and republish are compiled once per configuration (transform.go): the
+// first maps the subject a publish is stored under, the second is for bridge/republish,
+// whose messages for a stream of this process come back in through PublishLocal (local.go).
 //
 // A publish runs on the link's read loop and never blocks there: it is checked, buffered
 // and, when no append transaction is in flight and the append lane has a permit, flushed at

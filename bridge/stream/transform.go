@@ -60,16 +60,22 @@ func (x *Transforms) HeadersOnly() bool { return x != nil && x.headersOnly }
 // subject_transform nor republish.
 func (s *Stream) Transforms() *Transforms { return s.xf.Load() }
 
-// stored is m as the stream stores it: under the subject its subject_transform maps it to.
-// A subject the transform's source does not match is stored as it was published, as
-// nats-server does. m itself is left alone: the link may lend it.
-func (s *Stream) stored(m *leaf.Msg) *leaf.Msg {
-	x := s.xf.Load()
-	if x == nil || x.in == nil {
-		return m
+// StoredSubject is the subject a message published to subject is stored under: the one
+// the stream's subject_transform maps it to, or subject itself.
+func (s *Stream) StoredSubject(subject string) string {
+	if x := s.xf.Load(); x != nil && x.in != nil {
+		if subj, err := x.in.Match(subject); err == nil {
+			return subj
+		}
 	}
-	subj, err := x.in.Match(m.Subject)
-	if err != nil || subj == m.Subject {
+	return subject
+}
+
+// stored is m as the stream stores it: under StoredSubject. m itself is left alone: the
+// link may lend it.
+func (s *Stream) stored(m *leaf.Msg) *leaf.Msg {
+	subj := s.StoredSubject(m.Subject)
+	if subj == m.Subject {
 		return m
 	}
 	out := *m

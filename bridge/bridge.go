@@ -14,6 +14,7 @@ import (
 	"github.com/jetgres/jetgres/bridge/gets"
 	"github.com/jetgres/jetgres/bridge/jsapi"
 	"github.com/jetgres/jetgres/bridge/ownership"
+	"github.com/jetgres/jetgres/bridge/republish"
 	"github.com/jetgres/jetgres/bridge/retention"
 	"github.com/jetgres/jetgres/bridge/sqlmove"
 	"github.com/jetgres/jetgres/bridge/stream"
@@ -263,6 +264,7 @@ type Bridge struct {
 	metaKick chan struct{}
 
 	cons      *consumer.Engine
+	repub     *republish.Republisher
 	gets      *gets.Indexes
 	sql       *sqlmove.Mover[*stream.Stream]
 	retention *retention.Enforcer[*stream.Stream]
@@ -309,7 +311,9 @@ func New(cfg Config) (*Bridge, error) {
 		return nil, fmt.Errorf("bridge: %w", err)
 	}
 	b.cons = cons
-	b.streams.Subscribe(b.cons)
+	b.repub = republish.New(republish.Config{Store: cfg.DB, Link: cfg.Link, Clock: b.clock, Logger: cfg.Logger, Registerer: cfg.Registerer,
+		QueueGroup: QueueGroup, Local: b.streams.PublishLocal})
+	b.streams.Subscribe(b.cons, b.repub)
 	// After a promotion, what the new server lacks of the streams' changes may have been
 	// missed as a lost notification may be: the streams are re-read, and the ownership loop
 	// looks at its session at once, which was on the old server; the fence that its loss
@@ -349,6 +353,9 @@ func (b *Bridge) Start(ctx context.Context) (err error) {
 			_ = b.Stop(ctx)
 		}
 	}()
+	if err := b.repub.Start(b.ctx); err != nil {
+		return fmt.Errorf("bridge: %w", err)
+	}
 	// Stream subjects are subscribed from here on, and a failed start drains what their
 	// publishes left in the ready queue: the dispatcher comes first.
 	if err := b.streams.Start(ctx); err != nil {
@@ -400,6 +407,8 @@ func (b *Bridge) Stop(ctx context.Context) error {
 		if e := b.streams.Stop(ctx); e != nil {
 			err = fmt.Errorf("bridge: %w", e)
 		}
+		// What those flushes committed is republished before the link goes.
+		b.repub.Stop(ctx)
 		b.fwd.Stop()
 		b.cons.Stop(ctx)
 		b.api.Stop()

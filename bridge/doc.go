@@ -26,6 +26,10 @@
 // sqlHost (sqlmove_wiring.go): it checks a message as a publish is checked, appends it
 // under an append permit as a flush does, and announces the commit to the stream.
 //
+// What a stream's republish sends is bridge/republish, one more stream.Subscriber after the
+// consumer engine: it takes the commits this process made and sends them from a queue of its
+// own, so that neither the read loop nor the commit waits for it.
+//
 // Retention is bridge/retention: interest and workqueue retention passes, max_age and
 // lowered limits, chunk drops and de-duplication id pruning, and the interest and work
 // queue checks. It keeps its own state of each stream and reaches the streams, the

@@ -242,7 +242,7 @@ func (m *Mover[S]) refuse(r refusal) {
 // stream's configuration now, and returns it as an append, or the reason it is refused.
 func (m *Mover[S]) stagedMsg(s S, sm pg.StagedMsg) (pg.AppendMsg, string) {
 	cfg := s.ConfigView()
-	msg := pg.AppendMsg{Subject: sm.Subject, Header: sm.Header, Data: sm.Data}
+	msg := pg.AppendMsg{Subject: s.StoredSubject(sm.Subject), Header: sm.Header, Data: sm.Data}
 	switch {
 	case cfg.Sealed:
 		return msg, stream.ReasonSealed

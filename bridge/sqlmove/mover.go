@@ -82,6 +82,9 @@ type Destination interface {
 	Name() string
 	// ConfigView is the stream's configuration now, for reading only.
 	ConfigView() *server.StreamConfig
+	// StoredSubject is the subject a message published to subject is stored under (the
+	// stream's subject_transform).
+	StoredSubject(subject string) string
 }
 
 // AppendPath is what the mover needs of the streams this process serves and of their append

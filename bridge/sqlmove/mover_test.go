@@ -47,6 +47,8 @@ func (s *testStream) ID() int64                        { return s.id }
 func (s *testStream) Name() string                     { return s.name }
 func (s *testStream) ConfigView() *server.StreamConfig { return s.cfg }
 
+func (*testStream) StoredSubject(subject string) string { return subject }
+
 // testHost plays the bridge over PostgreSQL alone: its streams are those stored, as of its
 // last Sync; its header checks are the few of the publish path's that the tests use; no
 // consumer wants anything; and it keeps the commits announced to it.

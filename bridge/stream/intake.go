@@ -51,10 +51,11 @@ type publish struct {
 }
 
 // onPublish runs on the link's read loop for every message on a stream subject. It never
-// blocks: it validates, appends to the stream's intake, and starts a flush if the stream
+// blocks: it maps the subject by the stream's subject_transform, validates, appends to the stream's intake, and starts a flush if the stream
 // has none in flight and the append lane has a permit free (fire on idle).
 func (r *Registry) onPublish(s *Stream, m *leaf.Msg) {
 	cfg := s.ConfigView()
+	m = s.stored(m)
 	if cfg.Sealed {
 		r.reject(s, m.Reply, ReasonSealed, server.NewJSStreamSealedError())
 		return

@@ -6,7 +6,10 @@
 // tail of newest messages and its get index, and the events a stream announces (Committed,
 // Purged, Removed, Dropped) to whoever keeps something of it in memory. When the database
 // is served by another server (a standby promoted), ServerChanged starts every tail and get
-// index again from what that server holds, and says what it lost.
+// index again from what that server holds, and says what it lost. A stream's
+// subject_transform and republish are compiled once per configuration (transform.go): the
+// first maps the subject a publish is stored under, the second is for bridge/republish,
+// whose messages for a stream of this process come back in through PublishLocal (local.go).
 //
 // A publish runs on the link's read loop and never blocks there: it is checked, buffered
 // and, when no append transaction is in flight and the append lane has a permit, flushed at
@@ -64,7 +67,9 @@ type Stream struct {
 
 	// cfg is replaced whole, never changed in place: every publish and ack reads it, and
 	// a copy of the struct per message cost more than the rest of the check.
-	cfg   atomic.Pointer[server.StreamConfig]
+	cfg atomic.Pointer[server.StreamConfig]
+	// xf is what cfg's subject_transform and republish compile to, replaced with it.
+	xf    atomic.Pointer[Transforms]
 	cfgMu sync.Mutex // guards subs
 	subs  []*leaf.Subscription
 
@@ -107,7 +112,10 @@ func (s *Stream) Config() server.StreamConfig { return *s.cfg.Load() }
 
 // SetConfig replaces the stream's configuration; Registry.Resubscribe follows it when the
 // subjects changed.
-func (s *Stream) SetConfig(cfg server.StreamConfig) { s.cfg.Store(&cfg) }
+func (s *Stream) SetConfig(cfg server.StreamConfig) {
+	s.xf.Store(CompileTransforms(&cfg))
+	s.cfg.Store(&cfg)
+}
 
 // Tail is the stream's newest committed messages.
 func (s *Stream) Tail() *tailcache.Tail { return s.tail }

@@ -600,6 +600,17 @@ func (c *Conn) PublishQueue(subject string, reply []byte, queue string, hdr, dat
 	return c.publish(subject, bytesToString(reply), queue, hdr, data)
 }
 
+// PublishQueues is Publish for the members of every queue group in queues
+// as well (one of each), which QueueGroups lists for a subject.
+func (c *Conn) PublishQueues(subject, reply string, queues []string, hdr, data []byte) error {
+	for _, q := range queues {
+		if !validLiteral(q) {
+			return fmt.Errorf("leaf: publish to queue %q: %w", q, ErrBadSubject)
+		}
+	}
+	return c.publish(subject, reply, strings.Join(queues, " "), hdr, data)
+}
+
 func (c *Conn) publish(subject, reply, queue string, hdr, data []byte) error {
 	if !validLiteral(subject) {
 		return fmt.Errorf("leaf: publish to %q: %w", subject, ErrBadSubject)
@@ -636,8 +647,9 @@ func (c *Conn) publish(subject, reply, queue string, hdr, data []byte) error {
 	return nil
 }
 
-// appendMsg writes the leafnode message frame; with a queue group its
-// arguments are "<subject> + <reply> <queue>" or "<subject> | <queue>".
+// appendMsg writes the leafnode message frame; with queue groups (queue
+// names them, separated by spaces) its arguments are
+// "<subject> + <reply> <queues>" or "<subject> | <queues>".
 func appendMsg(b []byte, subject, reply, queue string, hdr, data []byte) []byte {
 	if len(hdr) > 0 {
 		b = append(b, "HMSG "...)

@@ -1,6 +1,7 @@
 package leaf
 
 import (
+	"slices"
 	"sync"
 	"sync/atomic"
 )
@@ -20,6 +21,9 @@ type interest struct {
 	// patterns counts the keys per subject pattern: a plain subscription
 	// and several queue groups can share one.
 	patterns trie[int]
+	// groups is the queue groups announced per subject pattern, for
+	// QueueGroups.
+	groups trie[map[string]struct{}]
 	// version counts the changes to keys, so that a caller that found
 	// interest may skip asking again until it moves.
 	version atomic.Uint64
@@ -56,6 +60,13 @@ func (in *interest) add(subject, queue []byte) bool {
 	}
 	in.keys[key] = struct{}{}
 	*in.patterns.put(string(subject))++
+	if len(queue) > 0 {
+		g := in.groups.put(string(subject))
+		if *g == nil {
+			*g = make(map[string]struct{})
+		}
+		(*g)[string(queue)] = struct{}{}
+	}
 	in.version.Add(1)
 	return true
 }
@@ -76,7 +87,30 @@ func (in *interest) remove(subject, queue []byte) bool {
 			in.patterns.delete(s)
 		}
 	}
+	if len(queue) > 0 {
+		if g := in.groups.get(s); g != nil {
+			if delete(*g, bytesToString(queue)); len(*g) == 0 {
+				in.groups.delete(s)
+			}
+		}
+	}
 	return true
+}
+
+// queueGroups appends to dst the queue groups of the announced
+// subscriptions that match the literal subject, each once.
+func (in *interest) queueGroups(subject string, dst []string) []string {
+	in.mu.RLock()
+	defer in.mu.RUnlock()
+	in.groups.match(subject, func(g *map[string]struct{}) bool {
+		for q := range *g {
+			if !slices.Contains(dst, q) {
+				dst = append(dst, q)
+			}
+		}
+		return true
+	})
+	return dst
 }
 
 // has reports whether any announced subscription matches the literal
@@ -133,6 +167,14 @@ func (c *Conn) HasInterest(subject string) bool {
 // ends it reports the last state the server announced.
 func (c *Conn) HasQueueInterest(subject, group string) bool {
 	return c.interest.hasExact(subject, group)
+}
+
+// QueueGroups appends to dst the queue groups of the subscriptions the
+// server announced that match the literal subject, each once: the groups a
+// message published with PublishQueues must name to reach them, as the
+// server hands a leafnode's message only to the queue groups it names.
+func (c *Conn) QueueGroups(subject string, dst []string) []string {
+	return c.interest.queueGroups(subject, dst)
 }
 
 // InterestVersion changes whenever the server announces or withdraws a

@@ -6,6 +6,7 @@ package leaf_test
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"sync/atomic"
 	"testing"
@@ -360,4 +361,61 @@ func TestInterestKnownAtDial(t *testing.T) {
 	if !link.HasInterest("_INBOX.early.1") {
 		t.Fatal("interest existing before Dial not known when Dial returns")
 	}
+}
+
+// QueueGroups lists the groups whose subscriptions match a subject, wildcards included,
+// and PublishQueues reaches one member of each of them, and every plain subscriber.
+func TestQueueGroupsAndPublishQueues(t *testing.T) {
+	t.Parallel()
+	tb := setup(t)
+	subscribe := func(subject, group string) *nats.Subscription {
+		t.Helper()
+		sub, err := tb.nc.QueueSubscribeSync(subject, group)
+		if group == "" {
+			sub, err = tb.nc.SubscribeSync(subject)
+		}
+		if err != nil {
+			t.Fatalf("subscribe %s %s: %v", subject, group, err)
+		}
+		return sub
+	}
+	a1, a2 := subscribe("rp.>", "a"), subscribe("rp.>", "a")
+	b := subscribe("rp.*.x", "b")
+	plain := subscribe("rp.one.x", "")
+	other := subscribe("other.>", "c")
+	flushBoth(t, tb.nc, tb.link)
+	if got := fmt.Sprint(sorted(tb.link.QueueGroups("rp.one.x", nil))); got != "[a b]" {
+		t.Fatalf("QueueGroups(rp.one.x) = %s, want [a b]", got)
+	}
+	if got := tb.link.QueueGroups("rp.one", nil); fmt.Sprint(got) != "[a]" {
+		t.Fatalf("QueueGroups(rp.one) = %v, want [a]", got)
+	}
+	if err := tb.link.PublishQueues("rp.one.x", "", tb.link.QueueGroups("rp.one.x", nil), nil, []byte("m")); err != nil {
+		t.Fatal(err)
+	}
+	got := func(s *nats.Subscription) int {
+		n, _, err := s.Pending()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	testwait.For(t, 5*time.Second, func() error {
+		if n := got(a1) + got(a2); n != 1 || got(b) != 1 || got(plain) != 1 || got(other) != 0 {
+			return fmt.Errorf("group a got %d, b %d, plain %d, other %d; want 1, 1, 1, 0", n, got(b), got(plain), got(other))
+		}
+		return nil
+	})
+	if err := b.Unsubscribe(); err != nil {
+		t.Fatal(err)
+	}
+	flushBoth(t, tb.nc, tb.link)
+	if got := tb.link.QueueGroups("rp.one.x", nil); fmt.Sprint(got) != "[a]" {
+		t.Fatalf("after b left, QueueGroups(rp.one.x) = %v, want [a]", got)
+	}
+}
+
+func sorted(s []string) []string {
+	slices.Sort(s)
+	return s
 }

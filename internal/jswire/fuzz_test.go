@@ -31,6 +31,9 @@ func FuzzStreamConfig(f *testing.F) {
 		`{"name":"a.b"}`,
 		`{"name":"S","mirror":{"name":"M"}}`,
 		`{"name":"S","max_msg_size":2000000}`,
+		`{"name":"S","subjects":["s.>"],"republish":{"src":"s.>","dest":"r.>","headers_only":true}}`,
+		`{"name":"S","subjects":["s.>"],"subject_transform":{"src":"s.>","dest":"t.>"},"republish":{"src":">","dest":">"}}`,
+		`{"name":"S","subjects":["s.*.*"],"subject_transform":{"src":"s.*.*","dest":"t.{{wildcard(2)}}.{{partition(3,1)}}"}}`,
 		`{"name":`,
 	} {
 		f.Add([]byte(seed))

@@ -38,8 +38,6 @@ func CheckStreamConfig(req server.StreamConfig, maxPayload int32) (server.Stream
 	switch {
 	case cfg.Mirror != nil || len(cfg.Sources) > 0:
 		return cfg, server.NewJSStreamInvalidConfigError(errors.New("mirrors and sources are not supported by jetgres"))
-	case cfg.SubjectTransform != nil || cfg.RePublish != nil:
-		return cfg, server.NewJSStreamInvalidConfigError(errors.New("subject transforms and republish are not supported by jetgres"))
 	case cfg.AllowMsgSchedules:
 		return cfg, server.NewJSStreamInvalidConfigError(errors.New("schedules are not supported by jetgres"))
 	}
@@ -153,6 +151,9 @@ func CheckStreamConfig(req server.StreamConfig, maxPayload int32) (server.Stream
 				return cfg, server.NewJSStreamInvalidConfigError(fmt.Errorf("subject %q overlaps with %q", subj, other))
 			}
 		}
+	}
+	if e := checkTransforms(&cfg); e != nil {
+		return cfg, e
 	}
 	if e := checkConfigText(cfg); e != nil {
 		return cfg, e

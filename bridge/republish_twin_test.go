@@ -227,26 +227,3 @@ func TestSubjectTransformTwin(t *testing.T) {
 	}
 	tw.compareAll("subject transforms")
 }
-
-// sameStored fails unless both sides store the same messages: subjects, headers, payloads.
-func (tw *twin) sameStored(stream string) {
-	tw.t.Helper()
-	st := tw.state(stream)
-	for seq := st.FirstSeq; seq <= st.LastSeq; seq++ {
-		var got [2]string
-		for side, js := range tw.js {
-			s, err := js.Stream(tw.ctx, stream)
-			if err != nil {
-				tw.t.Fatal(err)
-			}
-			m, err := s.GetMsg(tw.ctx, seq)
-			if err != nil {
-				tw.t.Fatalf("%s: get %d: %v", sideName[side], seq, err)
-			}
-			got[side] = fmt.Sprintf("%s %v %q", m.Subject, m.Header, m.Data)
-		}
-		if got[ours] != got[theirs] {
-			tw.t.Fatalf("%s seq %d:\njetgres   %s\njetstream %s", stream, seq, got[ours], got[theirs])
-		}
-	}
-}

@@ -65,7 +65,7 @@ func archiveOf(t *testing.T, state server.StreamState, msgs int) []byte {
 		t.Fatal(err)
 	}
 	for i := 1; i <= msgs; i++ {
-		if err := w.Msg(&jsarchive.Msg{Seq: uint64(i), TS: int64(i), Subject: "R.a", Data: fmt.Appendf(nil, "m%d", i)}); err != nil {
+		if err := w.Msg(&jsarchive.ArchivedMsg{Seq: uint64(i), TS: int64(i), Subject: "R.a", Data: fmt.Appendf(nil, "m%d", i)}); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -9,15 +9,15 @@ const (
 	reasonInvalidSubject = "invalid_subject" // a destination nats-server refuses too
 )
 
-type metrics struct {
+type republishMetrics struct {
 	sent      prometheus.Counter
 	dropped   *prometheus.CounterVec
 	lookups   *prometheus.CounterVec
 	forgotten prometheus.Counter
 }
 
-func newMetrics(reg prometheus.Registerer, r *Republisher) *metrics {
-	m := &metrics{
+func newMetrics(reg prometheus.Registerer, r *Republisher) *republishMetrics {
+	m := &republishMetrics{
 		sent: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "jetgres_republished_total",
 			Help: "Messages republished by streams with a republish.",

@@ -38,10 +38,10 @@ type Store interface {
 	LastSeqsBefore(ctx context.Context, streamID int64, subjects []string, from, before uint64) (map[string]uint64, error)
 }
 
-// Link sends the republished messages without waiting; *leaf.Conn is one. The server hands
-// a leafnode's message to the queue subscribers only of the groups it names: a message
-// names those the server announced for its subject.
-type Link interface {
+// QueueSender sends the republished messages without waiting; *leaf.Conn is one. The
+// server hands a leafnode's message to the queue subscribers only of the groups it names: a
+// message names those the server announced for its subject.
+type QueueSender interface {
 	QueueGroups(subject string, dst []string) []string
 	PublishQueues(subject, reply string, queues []string, hdr, data []byte) error
 }
@@ -49,7 +49,7 @@ type Link interface {
 // Config configures a Republisher. Store and Link are required.
 type Config struct {
 	Store      Store
-	Link       Link
+	Link       QueueSender
 	Clock      clock.Clock
 	Logger     *slog.Logger
 	Registerer prometheus.Registerer // nil registers nothing
@@ -81,7 +81,7 @@ type job struct {
 // Republisher republishes what streams with a republish store; see the package comment.
 type Republisher struct {
 	cfg  Config
-	m    *metrics
+	m    *republishMetrics
 	warn warnlog.Throttle
 
 	mu    sync.Mutex // a leaf: guards queue and bytes

@@ -74,7 +74,7 @@ func WriteArchive(ctx context.Context, w io.Writer, db Messages, streamID int64,
 		}
 		for i := range b.msgs {
 			m := &b.msgs[i]
-			if err := aw.Msg(&jsarchive.Msg{Seq: m.Seq, TS: m.TS, Subject: m.Subject, Header: m.Header, Data: m.Data}); err != nil {
+			if err := aw.Msg(&jsarchive.ArchivedMsg{Seq: m.Seq, TS: m.TS, Subject: m.Subject, Header: m.Header, Data: m.Data}); err != nil {
 				return err
 			}
 		}
@@ -156,7 +156,7 @@ func Load(ctx context.Context, ar *jsarchive.Reader, db Restorer, p LoadParams) 
 
 	var batch []pg.Message
 	size := 0
-	var m jsarchive.Msg
+	var m jsarchive.ArchivedMsg
 	for {
 		err := ar.Next(&m)
 		if errors.Is(err, io.EOF) {

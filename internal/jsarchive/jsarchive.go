@@ -47,8 +47,8 @@ var ErrFormat = errors.New("jsarchive: not a NATSARC1 stream archive")
 // ErrTruncated says the archive ended before its end marker.
 var ErrTruncated = errors.New("jsarchive: archive truncated before its end marker")
 
-// Msg is one stored message as an archive holds it.
-type Msg struct {
+// ArchivedMsg is one stored message as an archive holds it.
+type ArchivedMsg struct {
 	Seq     uint64
 	TS      int64 // unix nanoseconds
 	Subject string
@@ -116,7 +116,7 @@ func (w *Writer) Consumer(c Consumer, ts int64) error {
 }
 
 // Msg writes one message. Sequences must rise and be above zero.
-func (w *Writer) Msg(m *Msg) error {
+func (w *Writer) Msg(m *ArchivedMsg) error {
 	if m.Seq == 0 {
 		return errors.New("jsarchive: a message needs a sequence")
 	}
@@ -297,7 +297,7 @@ func (r *Reader) Consumers() ([]Consumer, error) {
 // Next reads the next message into m, whose Header and Data stay valid only until the
 // next call. It returns io.EOF at the end marker, and ErrTruncated when the input ends
 // before it.
-func (r *Reader) Next(m *Msg) error {
+func (r *Reader) Next(m *ArchivedMsg) error {
 	if r.done {
 		return io.EOF
 	}

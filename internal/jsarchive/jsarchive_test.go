@@ -15,7 +15,7 @@ import (
 	"github.com/jetgres/jetgres/internal/jsarchive"
 )
 
-func sample() (server.StreamState, []jsarchive.Consumer, []jsarchive.Msg) {
+func sample() (server.StreamState, []jsarchive.Consumer, []jsarchive.ArchivedMsg) {
 	st := server.StreamState{Msgs: 3, Bytes: 120, FirstSeq: 2, LastSeq: 9, NumDeleted: 5, Consumers: 1,
 		FirstTime: time.Unix(0, 1_000).UTC(), LastTime: time.Unix(0, 9_000).UTC()}
 	cons := []jsarchive.Consumer{{
@@ -26,7 +26,7 @@ func sample() (server.StreamState, []jsarchive.Consumer, []jsarchive.Msg) {
 			Pending:   map[uint64]*server.Pending{5: {Sequence: 2, Timestamp: 77}},
 		},
 	}}
-	msgs := []jsarchive.Msg{
+	msgs := []jsarchive.ArchivedMsg{
 		{Seq: 2, TS: 1_000, Subject: "a.b", Data: []byte("one")},
 		{Seq: 5, TS: 5_000, Subject: "a.c", Header: []byte("NATS/1.0\r\nK: v\r\n\r\n"), Data: []byte("two")},
 		{Seq: 9, TS: 9_000, Subject: "a.b", Data: nil},
@@ -136,7 +136,7 @@ func TestReaderReadsServerArchive(t *testing.T) {
 	if c, err := r.Consumers(); err != nil || len(c) != 0 {
 		t.Fatalf("consumers %v, %v", c, err)
 	}
-	var m jsarchive.Msg
+	var m jsarchive.ArchivedMsg
 	for _, want := range msgs {
 		if err := r.Next(&m); err != nil {
 			t.Fatal(err)
@@ -177,7 +177,7 @@ func TestReaderRefuses(t *testing.T) {
 	if _, err := r.Consumers(); err != nil {
 		t.Fatal(err)
 	}
-	var m jsarchive.Msg
+	var m jsarchive.ArchivedMsg
 	for err == nil {
 		err = r.Next(&m)
 	}
@@ -188,8 +188,8 @@ func TestReaderRefuses(t *testing.T) {
 	var back bytes.Buffer
 	w := jsarchive.NewWriter(&back)
 	_ = w.State(server.StreamState{FirstSeq: 1, LastSeq: 5, Msgs: 2}, 1)
-	_ = w.Msg(&jsarchive.Msg{Seq: 4, Subject: "a"})
-	_ = w.Msg(&jsarchive.Msg{Seq: 3, Subject: "a"})
+	_ = w.Msg(&jsarchive.ArchivedMsg{Seq: 4, Subject: "a"})
+	_ = w.Msg(&jsarchive.ArchivedMsg{Seq: 3, Subject: "a"})
 	_ = w.Close()
 	r = jsarchive.NewReader(&back)
 	_, _ = r.State()

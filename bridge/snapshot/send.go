@@ -156,51 +156,50 @@ func Send(ctx context.Context, p SendParams, r io.Reader) error {
 // waitInterest waits a while for a subscription to subject, as nats-server does before it
 // sends the first chunk. Only a subscription to subject itself counts: the client's
 // response inbox covers it with a wildcard before the client subscribes it, and that
-// subscription drops what it did not ask for.
+// subscription drops what it did not ask for. After the wait nats-server sends anyway, and
+// the first chunk finds out.
 func waitInterest(ctx context.Context, link *leaf.Conn, clk clock.Clock, subject string) error {
-	if link.HasQueueInterest(subject, "") {
-		return nil
-	}
-	deadline := clk.NewTimer(interestWait)
-	defer deadline.Stop()
-	tick := clk.NewTicker(poll)
-	defer tick.Stop()
-	for {
-		select {
-		case <-tick.C():
-			if link.HasQueueInterest(subject, "") {
-				return nil
-			}
-		case <-deadline.C():
-			// nats-server sends anyway; the first chunk finds out.
-			return nil
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-	}
+	_, err := retry(ctx, clk, interestWait, func() bool { return link.HasQueueInterest(subject, "") })
+	return err
 }
 
 // publish sends one message, waiting for room while the link's outbound buffer is full
 // (other traffic shares it), for at most AckTimeout.
 func publish(ctx context.Context, link *leaf.Conn, clk clock.Clock, subject, reply string, hdr, data []byte) error {
-	err := link.Publish(subject, reply, hdr, data)
-	if !errors.Is(err, leaf.ErrSlowConsumer) {
-		return err
+	var err error
+	done, werr := retry(ctx, clk, AckTimeout, func() bool {
+		err = link.Publish(subject, reply, hdr, data)
+		return !errors.Is(err, leaf.ErrSlowConsumer)
+	})
+	switch {
+	case werr != nil:
+		return werr
+	case !done:
+		return fmt.Errorf("snapshot: the link stayed full: %w", err)
 	}
-	deadline := clk.NewTimer(AckTimeout)
+	return err
+}
+
+// retry calls try at once and then every poll until it reports done, for at most timeout
+// on clk, and says whether it did.
+func retry(ctx context.Context, clk clock.Clock, timeout time.Duration, try func() bool) (bool, error) {
+	if try() {
+		return true, nil
+	}
+	deadline := clk.NewTimer(timeout)
 	defer deadline.Stop()
 	tick := clk.NewTicker(poll)
 	defer tick.Stop()
 	for {
 		select {
 		case <-tick.C():
-			if err = link.Publish(subject, reply, hdr, data); !errors.Is(err, leaf.ErrSlowConsumer) {
-				return err
+			if try() {
+				return true, nil
 			}
 		case <-deadline.C():
-			return fmt.Errorf("snapshot: the link stayed full: %w", err)
+			return false, nil
 		case <-ctx.Done():
-			return ctx.Err()
+			return false, ctx.Err()
 		}
 	}
 }

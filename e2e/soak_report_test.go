@@ -121,22 +121,26 @@ func soakVerdict(s soakSeries, first, last soakWindow) string {
 
 // report writes the plots and soak.md from the samples so far.
 func (s *soakSampler) report(warmup time.Duration) error {
-	ss := s.all()
+	return soakReport(s.out, s.all(), s.start, warmup)
+}
+
+// soakReport writes the plots and soak.md for samples taken since start into dir.
+func soakReport(dir string, ss []soakSample, start time.Time, warmup time.Duration) error {
 	if len(ss) == 0 {
 		return nil
 	}
-	files, err := soakPlots(filepath.Join(s.out, soakPlotDir), ss, s.start, warmup)
+	files, err := soakPlots(filepath.Join(dir, soakPlotDir), ss, start, warmup)
 	if err != nil {
 		return err
 	}
-	return os.WriteFile(filepath.Join(s.out, "soak.md"), []byte(soakMarkdown(ss, s.start, warmup, files)), 0o644)
+	return os.WriteFile(filepath.Join(dir, "soak.md"), []byte(soakMarkdown(ss, start, warmup, files)), 0o644)
 }
 
 func soakMarkdown(ss []soakSample, start time.Time, warmup time.Duration, files []plotFile) string {
 	var b strings.Builder
 	end := ss[len(ss)-1].at
 	last := ss[len(ss)-1]
-	fmt.Fprintf(&b, "### A day of load\n\n")
+	fmt.Fprintf(&b, "## A day of load\n\n")
 	fmt.Fprintf(&b, "Three replicas on one PostgreSQL (fsync off, on one machine), one of them (r2 or r3 in turn) stopped with SIGTERM and started again every %v; r1 runs throughout. ", *soakFlagRestart)
 	fmt.Fprintf(&b, "%d streams (a third with max_msgs %d, a third with max_age %v, a third purged in turn every %v: whole, keeping 100, or one subject), ", soakStreams, soakMaxMsgs, soakMaxAge, soakPurgeEvery)
 	fmt.Fprintf(&b, "%d msg/s of %d bytes published asynchronously to random streams over %d connections, ", *soakFlagRate, soakPayload, soakConns)
@@ -144,11 +148,13 @@ func soakMarkdown(ss []soakSample, start time.Time, warmup time.Duration, files 
 	fmt.Fprintf(&b, "%d key-value buckets of %d keys with %d puts and deletes a second and %d watchers.\n\n", soakBuckets, 2*soakKeys, *soakFlagKVRate, soakWatchers)
 	var flags []string
 	flag.Visit(func(f *flag.Flag) {
-		if strings.HasPrefix(f.Name, "soak.") && f.Name != "soak.out" {
+		if strings.HasPrefix(f.Name, "soak.") && f.Name != "soak.out" && f.Name != "soak.replay" {
 			flags = append(flags, fmt.Sprintf("-%s %s", f.Name, f.Value))
 		}
 	})
-	fmt.Fprintf(&b, "```\ngo test -c -tags soak -o soak.test ./e2e/\n(cd e2e && ../soak.test -test.run TestDayOfLoad -test.v -test.timeout 0 %s -soak.out DIR)\n```\n\n", strings.Join(flags, " "))
+	fmt.Fprintf(&b, "Samples every minute: each replica's resident memory, Go heap, goroutines (go_goroutines), open files (/proc/PID/fd) and PostgreSQL sessions (pg_stat_activity by application_name), and the jetgres schema's table and index sizes and dead tuples (pg_stat_user_tables). The bench command above does not run it, nor regenerate this section; this did:\n\n")
+	fmt.Fprintf(&b, "```\ngo test -c -tags soak -o soak.test ./e2e/\n(cd e2e && ../soak.test -test.run TestDayOfLoad -test.v -test.timeout 0 %s)\n```\n\n", strings.Join(append(flags, "-soak.out DIR"), " "))
+	b.WriteString("DIR then holds samples.csv and tables.csv (a row a minute, per table in the latter), this section as soak.md and the curves under docs/soak/.\n\n")
 	fmt.Fprintf(&b, "Run from %s to %s UTC (%v), %d samples. Totals: %.0f published (%.0f errors), %.0f acknowledged (%.0f consume errors), %.0f key-value operations (%.0f errors), %.0f watch updates, %.0f purges (%.0f errors), %.0f restarts.\n\n",
 		start.UTC().Format("2006-01-02 15:04"), end.UTC().Format("15:04"), end.Sub(start).Round(time.Minute), len(ss),
 		last.published, last.pubErrors, last.acked, last.consumeErrors, last.kvOps, last.kvErrors, last.watched, last.purges, last.purgeErrors, last.restarts)

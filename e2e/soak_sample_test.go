@@ -40,34 +40,64 @@ type soakSample struct {
 	published, pubErrors, acked, consumeErrors, kvOps, kvErrors, watched, purges, purgeErrors, restarts float64
 }
 
-// soakColumns name the CSV's columns, in the order row writes them.
-var soakColumns = func() []string {
-	cols := []string{"time", "elapsed_s"}
-	for i := 1; i <= 3; i++ {
-		for _, m := range []string{"rss_bytes", "heap_inuse_bytes", "goroutines", "open_files", "pg_conns"} {
-			cols = append(cols, fmt.Sprintf("r%d_%s", i, m))
+// soakField is one CSV column after the time and the elapsed seconds, and where its value
+// lives in a sample.
+type soakField struct {
+	name string
+	of   func(*soakSample) *float64
+}
+
+// soakFields are the CSV's columns after the first two, in order.
+var soakFields = func() []soakField {
+	var out []soakField
+	for i := range 3 {
+		for _, f := range []soakField{
+			{"rss_bytes", func(s *soakSample) *float64 { return &s.reps[i].rss }},
+			{"heap_inuse_bytes", func(s *soakSample) *float64 { return &s.reps[i].heap }},
+			{"goroutines", func(s *soakSample) *float64 { return &s.reps[i].goroutines }},
+			{"open_files", func(s *soakSample) *float64 { return &s.reps[i].fds }},
+			{"pg_conns", func(s *soakSample) *float64 { return &s.reps[i].conns }},
+		} {
+			out = append(out, soakField{fmt.Sprintf("r%d_%s", i+1, f.name), f.of})
 		}
 	}
-	return append(cols, "pg_client_backends", "table_bytes", "index_bytes", "dead_tuples", "live_tuples",
-		"published", "publish_errors", "acked", "consume_errors", "kv_ops", "kv_errors", "watch_updates",
-		"purges", "purge_errors", "restarts")
+	return append(out,
+		soakField{"pg_client_backends", func(s *soakSample) *float64 { return &s.backends }},
+		soakField{"table_bytes", func(s *soakSample) *float64 { return &s.tableBytes }},
+		soakField{"index_bytes", func(s *soakSample) *float64 { return &s.indexBytes }},
+		soakField{"dead_tuples", func(s *soakSample) *float64 { return &s.dead }},
+		soakField{"live_tuples", func(s *soakSample) *float64 { return &s.live }},
+		soakField{"published", func(s *soakSample) *float64 { return &s.published }},
+		soakField{"publish_errors", func(s *soakSample) *float64 { return &s.pubErrors }},
+		soakField{"acked", func(s *soakSample) *float64 { return &s.acked }},
+		soakField{"consume_errors", func(s *soakSample) *float64 { return &s.consumeErrors }},
+		soakField{"kv_ops", func(s *soakSample) *float64 { return &s.kvOps }},
+		soakField{"kv_errors", func(s *soakSample) *float64 { return &s.kvErrors }},
+		soakField{"watch_updates", func(s *soakSample) *float64 { return &s.watched }},
+		soakField{"purges", func(s *soakSample) *float64 { return &s.purges }},
+		soakField{"purge_errors", func(s *soakSample) *float64 { return &s.purgeErrors }},
+		soakField{"restarts", func(s *soakSample) *float64 { return &s.restarts }},
+	)
 }()
 
+func soakHeader() []string {
+	out := []string{"time", "elapsed_s"}
+	for _, f := range soakFields {
+		out = append(out, f.name)
+	}
+	return out
+}
+
+// row is the sample as a CSV row; an empty cell is a value that could not be read.
 func (s soakSample) row(start time.Time) []string {
-	f := func(v float64) string {
+	out := []string{s.at.UTC().Format(time.RFC3339), strconv.FormatFloat(math.Round(s.at.Sub(start).Seconds()), 'f', -1, 64)}
+	for _, f := range soakFields {
+		v := *f.of(&s)
 		if math.IsNaN(v) {
-			return ""
+			out = append(out, "")
+			continue
 		}
-		return strconv.FormatFloat(v, 'f', -1, 64)
-	}
-	out := []string{s.at.UTC().Format(time.RFC3339), f(math.Round(s.at.Sub(start).Seconds()))}
-	for _, r := range s.reps {
-		out = append(out, f(r.rss), f(r.heap), f(r.goroutines), f(r.fds), f(r.conns))
-	}
-	for _, v := range []float64{s.backends, s.tableBytes, s.indexBytes, s.dead, s.live,
-		s.published, s.pubErrors, s.acked, s.consumeErrors, s.kvOps, s.kvErrors, s.watched,
-		s.purges, s.purgeErrors, s.restarts} {
-		out = append(out, f(v))
+		out = append(out, strconv.FormatFloat(v, 'f', -1, 64))
 	}
 	return out
 }
@@ -102,7 +132,7 @@ func newSoakSampler(t *testing.T, out string, c *cluster, dsn string, n *soakCou
 		return nil, err
 	}
 	s.samples, s.tables = csv.NewWriter(s.samplesFile), csv.NewWriter(s.tablesFile)
-	if err := s.samples.Write(soakColumns); err != nil {
+	if err := s.samples.Write(soakHeader()); err != nil {
 		return nil, err
 	}
 	if err := s.tables.Write([]string{"time", "elapsed_s", "table", "table_bytes", "index_bytes", "dead_tuples", "live_tuples"}); err != nil {

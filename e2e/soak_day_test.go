@@ -37,8 +37,8 @@ var (
 	soakFlagEvery    = flag.Duration("soak.sample", time.Minute, "time between two samples")
 	soakFlagRestart  = flag.Duration("soak.restart", 10*time.Minute, "time between two replica restarts")
 	soakFlagWarmup   = flag.Duration("soak.warmup", 15*time.Minute, "time before the samples the judgement compares")
-	soakFlagRate     = flag.Int("soak.rate", 1000, "stream publishes per second, all publishers together")
-	soakFlagKVRate   = flag.Int("soak.kvrate", 200, "key-value puts and deletes per second")
+	soakFlagRate     = flag.Int("soak.rate", 500, "stream publishes per second, all publishers together")
+	soakFlagKVRate   = flag.Int("soak.kvrate", 100, "key-value puts and deletes per second, all workers together")
 	soakFlagOut      = flag.String("soak.out", "", "directory for the samples, plots and report (default: a new one under the temporary directory)")
 )
 
@@ -48,7 +48,8 @@ var (
 const (
 	soakStreams    = 500
 	soakBuckets    = 50
-	soakKeys       = 200 // per bucket
+	soakKeys       = 400 // per bucket
+	soakKVWorkers  = 20  // a put waits for its ack: enough of them keep the rate when acks are slow
 	soakPull       = 100 // durable pull consumers, on streams 0..99
 	soakPush       = 100 // durable push consumers, on streams 100..199
 	soakWatchers   = 25  // WatchAll on buckets 0..24
@@ -136,8 +137,8 @@ func TestDayOfLoad(t *testing.T) {
 	for i, js := range jss {
 		wg.Go(func() { soakPublish(loadCtx, js, i, &n) })
 	}
-	for i := range 2 {
-		wg.Go(func() { soakKV(loadCtx, kvs, i, &n) })
+	for range soakKVWorkers {
+		wg.Go(func() { soakKV(loadCtx, kvs, &n) })
 	}
 	wg.Go(func() { soakPurge(loadCtx, jss[0], &n) })
 
@@ -335,9 +336,9 @@ func soakPublish(ctx context.Context, js jetstream.JetStream, id int, n *soakCou
 }
 
 // soakKV puts (and now and then deletes) random keys of random buckets, one operation at a
-// time, at its half of the key-value rate.
-func soakKV(ctx context.Context, kvs []jetstream.KeyValue, id int, n *soakCounters) {
-	t := time.NewTicker(time.Second / time.Duration(max(1, *soakFlagKVRate/2)))
+// time, at its share of the key-value rate.
+func soakKV(ctx context.Context, kvs []jetstream.KeyValue, n *soakCounters) {
+	t := time.NewTicker(time.Second * soakKVWorkers / time.Duration(max(1, *soakFlagKVRate)))
 	defer t.Stop()
 	value := []byte(strings.Repeat("v", 64))
 	for k := 0; ; k++ {
@@ -347,7 +348,7 @@ func soakKV(ctx context.Context, kvs []jetstream.KeyValue, id int, n *soakCounte
 		case <-t.C:
 		}
 		kv := kvs[rand.IntN(len(kvs))]
-		key := fmt.Sprintf("k%d.%03d", id, rand.IntN(soakKeys))
+		key := fmt.Sprintf("k.%03d", rand.IntN(soakKeys))
 		opCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		var err error
 		if k%10 == 9 {

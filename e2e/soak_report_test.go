@@ -145,7 +145,7 @@ func soakMarkdown(ss []soakSample, start time.Time, warmup time.Duration, files 
 	fmt.Fprintf(&b, "%d streams (a third with max_msgs %d, a third with max_age %v, a third purged in turn every %v: whole, keeping 100, or one subject), ", soakStreams, soakMaxMsgs, soakMaxAge, soakPurgeEvery)
 	fmt.Fprintf(&b, "%d msg/s of %d bytes published asynchronously to random streams over %d connections, ", *soakFlagRate, soakPayload, soakConns)
 	fmt.Fprintf(&b, "%d durable pull and %d durable push consumers acknowledging every message, ", soakPull, soakPush)
-	fmt.Fprintf(&b, "%d key-value buckets of %d keys with %d puts and deletes a second and %d watchers.\n\n", soakBuckets, 2*soakKeys, *soakFlagKVRate, soakWatchers)
+	fmt.Fprintf(&b, "%d key-value buckets of %d keys with %d puts and deletes a second from %d workers and %d watchers.\n\n", soakBuckets, soakKeys, *soakFlagKVRate, soakKVWorkers, soakWatchers)
 	var flags []string
 	flag.Visit(func(f *flag.Flag) {
 		if strings.HasPrefix(f.Name, "soak.") && f.Name != "soak.out" && f.Name != "soak.replay" {

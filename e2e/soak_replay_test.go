@@ -6,7 +6,7 @@ package e2e
 // own or a judgement changed since, and the judgement tried on samples made up to be flat or
 // to grow:
 //
-//	go test -tags soak -run TestSoakReplay ./e2e/ -args -soak.replay DIR -soak.duration 2h20m
+//	go test -tags soak -run TestSoakReplay ./e2e/ -args -soak.replay DIR -soak.duration 2h2m
 //	go test -tags soak -run TestSoakJudgement ./e2e/
 //
 // The replay takes the run's flags again, for soak.md's description of the load.

@@ -8,11 +8,12 @@ package e2e
 //
 //	go test -c -tags soak -o soak.test ./e2e/
 //	(cd e2e && ../soak.test -test.run TestDayOfLoad -test.v -test.timeout 0 \
-//	    -soak.duration 2h5m -soak.out DIR)
+//	    -soak.duration 2h2m -soak.out DIR)
 //
 // DIR then holds samples.csv and tables.csv (one row a minute), soak.md (the judgement, for
 // BENCHMARKS.md) and docs/soak/*.png (the curves it links). SIGTERM or SIGINT ends the run
 // early: the report is written from what was sampled, and the replicas and PostgreSQL stop.
+// soak_replay_test.go writes the report again from samples.csv.
 
 import (
 	"context"
@@ -39,7 +40,7 @@ var (
 	soakFlagWarmup   = flag.Duration("soak.warmup", 15*time.Minute, "time before the samples the judgement compares")
 	soakFlagRate     = flag.Int("soak.rate", 500, "stream publishes per second, all publishers together")
 	soakFlagKVRate   = flag.Int("soak.kvrate", 100, "key-value puts and deletes per second, all workers together")
-	soakFlagOut      = flag.String("soak.out", "", "directory for the samples, plots and report (default: a new one under the temporary directory)")
+	soakFlagOut      = flag.String("soak.out", "", "directory for the samples, plots and report (default: a new one under the temporary directory, kept after the run)")
 )
 
 // The shape of the work. Every stream is bounded one way or another (a message limit, an age
@@ -86,10 +87,13 @@ func TestDayOfLoad(t *testing.T) {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	out := *soakFlagOut
+	var err error
 	if out == "" {
-		out = t.TempDir()
+		out, err = os.MkdirTemp("", "jetgres-soak-")
+	} else {
+		err = os.MkdirAll(out, 0o755)
 	}
-	if err := os.MkdirAll(out, 0o755); err != nil {
+	if err != nil {
 		t.Fatal(err)
 	}
 

@@ -186,7 +186,7 @@ func TestUnsupportedRequests(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for name, want := range map[string]float64{"CONSUMER.RESET": 2, "STREAM.LEADER.STEPDOWN": 1, "CONSUMER.UNPIN": 0} {
+	for name, want := range map[string]float64{"CONSUMER.RESET": 2, "STREAM.LEADER.STEPDOWN": 1} {
 		key := `jetgres_api_unsupported_total{request="` + name + `"}`
 		if got, ok := m[key]; !ok || got != want {
 			t.Errorf("%s = %v (present %v), want %v", key, got, ok, want)

@@ -90,6 +90,13 @@ func (p *onePub) run(ctx context.Context, url string, maxPending int, drain time
 	return nil
 }
 
+// outstanding is how many of a publisher's publishes wait for an answer or their timeout.
+func (p *onePub) outstanding() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.sentAt)
+}
+
 // stopSending ends a publisher's new publishes; its run waits for the answers outstanding.
 func (p *onePub) stopSending() {
 	p.mu.Lock()
@@ -281,25 +288,32 @@ func (c *ackingConsumer) snapshot() (deliveries []given, floor uint64, regressio
 // storedIDs reads the stream as the database holds it: the id in each message's body by
 // sequence, and the stream's last sequence.
 func storedIDs(ctx context.Context, db *rawsql.Pool, stream string) (map[uint64]string, uint64, error) {
-	rows, err := db.Query(ctx, `SELECT seq, convert_from(data, 'UTF8') FROM jetgres.messages($1, 1) ORDER BY seq`, stream)
-	if err != nil {
-		return nil, 0, err
-	}
-	defer rows.Close()
 	out := make(map[uint64]string)
-	for rows.Next() {
-		var seq int64
-		var id string
-		if err := rows.Scan(&seq, &id); err != nil {
-			return nil, 0, err
-		}
-		out[uint64(seq)] = id
-	}
-	if err := rows.Err(); err != nil {
-		return nil, 0, err
-	}
 	var last int64
-	err = db.QueryRow(ctx, `SELECT st.last_seq FROM jetgres.stream_state st JOIN jetgres.streams s ON s.id = st.stream_id WHERE s.name = $1`, stream).Scan(&last)
+	// One snapshot for the messages and the last sequence: a commit between two reads would
+	// show a last sequence whose messages the first read did not see.
+	err := db.Tx(ctx, func(ctx context.Context, q rawsql.Runner) error {
+		if err := q.Exec(ctx, `SET TRANSACTION ISOLATION LEVEL REPEATABLE READ`); err != nil {
+			return err
+		}
+		rows, err := q.Query(ctx, `SELECT seq, convert_from(data, 'UTF8') FROM jetgres.messages($1, 1) ORDER BY seq`, stream)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var seq int64
+			var id string
+			if err := rows.Scan(&seq, &id); err != nil {
+				return err
+			}
+			out[uint64(seq)] = id
+		}
+		if err := rows.Err(); err != nil {
+			return err
+		}
+		return q.QueryRow(ctx, `SELECT st.last_seq FROM jetgres.stream_state st JOIN jetgres.streams s ON s.id = st.stream_id WHERE s.name = $1`, stream).Scan(&last)
+	})
 	return out, uint64(last), err
 }
 

@@ -128,6 +128,13 @@ func (r *failoverRun) finish() (stored map[uint64]string, last uint64) {
 		p.stopSending()
 	}
 	testwait.For(r.t, time.Minute, func() error {
+		// Publishes sent before the stop may still be committing: read once every one is
+		// answered or given up on, or the stream read would miss what their PubAcks name.
+		for _, p := range r.pubs {
+			if n := p.outstanding(); n > 0 {
+				return fmt.Errorf("publisher %s waits for %d answers", p.name, n)
+			}
+		}
 		var err error
 		stored, last, err = storedIDs(ctx, db, failoverStream)
 		if err != nil {

@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/jetgres/jetgres/embedded/leaf"
 	"github.com/jetgres/jetgres/embedded/natsd"
@@ -158,7 +158,7 @@ func TestForwardAcrossSkewedClocks(t *testing.T) {
 			t.Fatalf("a took %s reply %s, want %s reply %s", m.Subject, m.Reply, req.Subject, req.Reply)
 		}
 	case <-time.After(10 * time.Second):
-		t.Fatalf("a took nothing; refused: %v", counted(t, a.fwd.refused.WithLabelValues(RefusedClock, "b")))
+		t.Fatalf("a took nothing; refused: %v", testutil.ToFloat64(a.fwd.refused.WithLabelValues(RefusedClock, "b")))
 	}
 
 	// Sealed on b's own clock, five minutes ahead. Its client is answered with the refusal.
@@ -174,10 +174,10 @@ func TestForwardAcrossSkewedClocks(t *testing.T) {
 		t.Fatal(err)
 	}
 	testwait.For(t, 10*time.Second, func() error {
-		if n := counted(t, a.fwd.refused.WithLabelValues(RefusedClock, "b")); n != 1 {
+		if n := testutil.ToFloat64(a.fwd.refused.WithLabelValues(RefusedClock, "b")); n != 1 {
 			return fmt.Errorf("a counted %v refusals of b's requests for their time", n)
 		}
-		if n := counted(t, b.fwd.refusedThere.WithLabelValues("a")); n != 1 {
+		if n := testutil.ToFloat64(b.fwd.refusedThere.WithLabelValues("a")); n != 1 {
 			return fmt.Errorf("b counted %v refusals by a", n)
 		}
 		// Each side counts before it logs: wait for the lines too.
@@ -215,16 +215,6 @@ func TestForwardAcrossSkewedClocks(t *testing.T) {
 		t.Fatalf("a took %s, sealed on a clock five minutes off", m.Subject)
 	default:
 	}
-}
-
-// counted is a counter's value.
-func counted(t *testing.T, c prometheus.Counter) float64 {
-	t.Helper()
-	var m dto.Metric
-	if err := c.Write(&m); err != nil {
-		t.Fatal(err)
-	}
-	return m.GetCounter().GetValue()
 }
 
 // gathered reports whether reg shows the series called name.

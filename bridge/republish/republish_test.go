@@ -9,7 +9,7 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/jetgres/jetgres/bridge/stream"
 	"github.com/jetgres/jetgres/pg"
@@ -17,16 +17,6 @@ import (
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
-
-// value reads a counter.
-func value(t testing.TB, c prometheus.Counter) float64 {
-	t.Helper()
-	var m dto.Metric
-	if err := c.Write(&m); err != nil {
-		t.Fatal(err)
-	}
-	return m.GetCounter().GetValue()
-}
 
 // The headers are nats-server's bytes: its format strings, copied from processJetStreamMsg,
 // with and without headers of the message's own, with and without headers_only.
@@ -103,13 +93,13 @@ func TestQueueBoundDropsAndCounts(t *testing.T) {
 	for seq := uint64(2); seq <= 8; seq++ {
 		r.committed(1, "S", xf, msg(seq))
 	}
-	if got := value(t, r.m.dropped.WithLabelValues(reasonQueueFull)); got != 4 {
+	if got := testutil.ToFloat64(r.m.dropped.WithLabelValues(reasonQueueFull)); got != 4 {
 		t.Fatalf("dropped for a full queue: %v, want 4 (the first, in flight, counts till sent: the queue takes 3 of 7)", got)
 	}
 	r.committed(1, "S", stream.CompileTransforms(&server.StreamConfig{Subjects: []string{"in.>"}}), msg(9))
 	close(link.release)
 	r.Stop(ctx)
-	if fmt.Sprint(link.sent) != "[out.1 out.2 out.3 out.4]" || value(t, r.m.sent) != 4 {
-		t.Fatalf("sent %d (counted %v), want the first and the 3 queued: %v", len(link.sent), value(t, r.m.sent), link.sent)
+	if fmt.Sprint(link.sent) != "[out.1 out.2 out.3 out.4]" || testutil.ToFloat64(r.m.sent) != 4 {
+		t.Fatalf("sent %d (counted %v), want the first and the 3 queued: %v", len(link.sent), testutil.ToFloat64(r.m.sent), link.sent)
 	}
 }

@@ -14,7 +14,7 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/jetgres/jetgres/bridge/stream"
 	"github.com/jetgres/jetgres/flow"
@@ -361,13 +361,13 @@ func TestSQLPublishRefusedAtTheMove(t *testing.T) {
 		stream.ReasonLimit: 1, reasonFeatureOff: 1, stream.ReasonExpected: 2, stream.ReasonNoStream: 2}
 	testwait.For(t, 30*time.Second, func() error {
 		for reason, n := range want {
-			if got := counter(t, m.m.refused.WithLabelValues(reason)); got != n {
+			if got := testutil.ToFloat64(m.m.refused.WithLabelValues(reason)); got != n {
 				return fmt.Errorf("refused %q: %v, want %v", reason, got, n)
 			}
 		}
 		return nil
 	})
-	if got := counter(t, m.m.moved); got != 2 {
+	if got := testutil.ToFloat64(m.m.moved); got != 2 {
 		t.Errorf("moved %v, want 2", got)
 	}
 	// Each refused message is kept, with its reason, but the duplicate: JetStream answers a
@@ -424,15 +424,6 @@ func streamID(t testing.TB, db *pg.DB, name string) int64 {
 	}
 	t.Fatalf("no stream %s", name)
 	return 0
-}
-
-func counter(t testing.TB, c prometheus.Counter) float64 {
-	t.Helper()
-	var m dto.Metric
-	if err := c.Write(&m); err != nil {
-		t.Fatal(err)
-	}
-	return m.GetCounter().GetValue()
 }
 
 // New names every missing or wrong setting.

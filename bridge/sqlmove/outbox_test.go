@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/jetgres/jetgres/bridge/stream"
 	"github.com/jetgres/jetgres/internal/testwait"
@@ -94,11 +95,11 @@ func TestOutboxMovedInOrderAndRejectedKept(t *testing.T) {
 	})
 	for reason, n := range map[string]float64{"invalid_subject": 1, stream.ReasonNoStream: 1, "bad_headers": 1,
 		stream.ReasonTooLarge: 1, stream.ReasonLimit: 1} {
-		if got := counter(t, m.m.refused.WithLabelValues(reason)); got != n {
+		if got := testutil.ToFloat64(m.m.refused.WithLabelValues(reason)); got != n {
 			t.Errorf("refused %q: %v, want %v", reason, got, n)
 		}
 	}
-	if got := counter(t, m.m.moved); got != 6 {
+	if got := testutil.ToFloat64(m.m.moved); got != 6 {
 		t.Errorf("moved %v, want 6", got)
 	}
 }

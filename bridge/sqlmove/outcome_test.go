@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/jetgres/jetgres/internal/testwait"
 	"github.com/jetgres/jetgres/pg/pgtest"
@@ -51,7 +52,7 @@ func TestMoveCommitAnswerLost(t *testing.T) {
 	if got := raw.Strings(t, `SELECT seq || ' ' || convert_from(data, 'UTF8') FROM jetgres.messages('S')`); !slices.Equal(got, []string{"1 a", "2 b", "3 c"}) {
 		t.Fatalf("stream holds %v, want a, b and c once each", got)
 	}
-	if got := counter(t, m.m.moved); got != 3 {
+	if got := testutil.ToFloat64(m.m.moved); got != 3 {
 		t.Errorf("moved %v, want 3", got)
 	}
 }

@@ -63,6 +63,13 @@ func Open(ctx context.Context, cfg Config) (*DB, error) {
 	if _, ok := pcfg.ConnConfig.RuntimeParams["application_name"]; !ok {
 		pcfg.ConnConfig.RuntimeParams["application_name"] = applicationName
 	}
+	// PostgreSQL's default (jit = on) compiles any statement the planner costs above
+	// jit_above_cost, and a read of a thousand messages from a large chunk costs that: the
+	// compile takes 100-200 ms where the read takes 1 ms. jetgres's statements are short and
+	// run again and again, so JIT never pays for itself on them. A URL that sets jit wins.
+	if _, ok := pcfg.ConnConfig.RuntimeParams["jit"]; !ok {
+		pcfg.ConnConfig.RuntimeParams["jit"] = "off"
+	}
 	if cfg.Keepalive > 0 {
 		for k, v := range keepaliveParams(cfg.Keepalive) {
 			if _, ok := pcfg.ConnConfig.RuntimeParams[k]; !ok {

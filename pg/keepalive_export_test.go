@@ -6,7 +6,7 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-const sqlSettingSources = `SELECT name, source FROM pg_settings WHERE name LIKE 'tcp\_%'`
+const sqlSettingSources = `SELECT name, source FROM pg_settings WHERE name LIKE 'tcp\_%' OR name = 'jit'`
 
 func settingSources(ctx context.Context, q interface {
 	Query(context.Context, string, ...any) (pgx.Rows, error)
@@ -26,7 +26,7 @@ func settingSources(ctx context.Context, q interface {
 	return out, rows.Err()
 }
 
-// SettingSources is where a pooled session's tcp_* settings come from, by name.
+// SettingSources is where a pooled session's tcp_* and jit settings come from, by name.
 func (db *DB) SettingSources(ctx context.Context) (map[string]string, error) {
 	return settingSources(ctx, db.pool)
 }

@@ -1,6 +1,7 @@
 // Command jetgres-bench measures jetgres against JetStream and a naive PostgreSQL queue in
 // one run (see package bench) and prints the results table, or the report as JSON with
-// --json; with --out-dir it also writes BENCHMARKS.md and its plots there:
+// --json; with --out-dir it also writes BENCHMARKS.md and its plots there, keeping the
+// sections of the page it replaces that it does not write (the soak's):
 //
 //	go run ./cmd/jetgres-bench --out-dir .
 //

@@ -3,8 +3,10 @@ package bench
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path"
 	"path/filepath"
@@ -26,10 +28,55 @@ func (rep *Report) WriteFiles(dir string) error {
 	}
 	var b bytes.Buffer
 	rep.writeMarkdown(&b, plots)
-	if err := os.WriteFile(filepath.Join(dir, "BENCHMARKS.md"), b.Bytes(), 0o644); err != nil {
+	file := filepath.Join(dir, "BENCHMARKS.md")
+	old, err := os.ReadFile(file)
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("read BENCHMARKS.md: %w", err)
+	}
+	if err := os.WriteFile(file, keepOtherSections(old, b.Bytes()), 0o644); err != nil {
 		return fmt.Errorf("write BENCHMARKS.md: %w", err)
 	}
 	return nil
+}
+
+// keepOtherSections appends to a freshly generated page the sections of the page it replaces
+// that the bench does not write, such as the soak's, which runs for hours apart from it: a
+// section is a "## " heading and what follows it up to the next.
+func keepOtherSections(old, generated []byte) []byte {
+	written := make(map[string]bool)
+	for _, s := range sections(generated) {
+		written[s.heading] = true
+	}
+	out := bytes.TrimRight(generated, "\n")
+	for _, s := range sections(old) {
+		if !written[s.heading] {
+			out = append(append(out, "\n\n"...), bytes.TrimRight(s.text, "\n")...)
+		}
+	}
+	return append(out, '\n')
+}
+
+type section struct {
+	heading string
+	text    []byte
+}
+
+func sections(page []byte) []section {
+	var out []section
+	lines := bytes.SplitAfter(page, []byte("\n"))
+	fence := false
+	for _, line := range lines {
+		if bytes.HasPrefix(line, []byte("```")) {
+			fence = !fence
+		}
+		if !fence && bytes.HasPrefix(line, []byte("## ")) {
+			out = append(out, section{heading: string(bytes.TrimSpace(line))})
+		}
+		if len(out) > 0 {
+			out[len(out)-1].text = append(out[len(out)-1].text, line...)
+		}
+	}
+	return out
 }
 
 func mdRow(w io.Writer, cells []string) {

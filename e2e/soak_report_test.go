@@ -136,7 +136,7 @@ func soakReport(dir string, ss []soakSample, start time.Time, warmup time.Durati
 	return os.WriteFile(filepath.Join(dir, "soak.md"), []byte(soakMarkdown(ss, start, warmup, files)), 0o644)
 }
 
-func soakMarkdown(ss []soakSample, start time.Time, warmup time.Duration, files []plotFile) string {
+func soakMarkdown(ss []soakSample, start time.Time, warmup time.Duration, files []soakPlot) string {
 	var b strings.Builder
 	end := ss[len(ss)-1].at
 	last := ss[len(ss)-1]
@@ -199,8 +199,8 @@ func soakNum(v float64, s soakSeries) string {
 	return fmt.Sprintf("%.1f %s", v, s.unit)
 }
 
-// plotFile is one curve: its file name and its caption in soak.md.
-type plotFile struct {
+// soakPlot is one curve: its file name and its caption in soak.md.
+type soakPlot struct {
 	Name, Caption string
 }
 
@@ -233,7 +233,7 @@ func soakPerSecond(ss []soakSample, total func(soakSample) float64) func(soakSam
 	}
 }
 
-func soakPlots(dir string, ss []soakSample, start time.Time, warmup time.Duration) ([]plotFile, error) {
+func soakPlots(dir string, ss []soakSample, start time.Time, warmup time.Duration) ([]soakPlot, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
 	}
@@ -267,7 +267,7 @@ func soakPlots(dir string, ss []soakSample, start time.Time, warmup time.Duratio
 			{"watch updates", soakPerSecond(ss, func(s soakSample) float64 { return s.watched })},
 			{"publish errors", soakPerSecond(ss, func(s soakSample) float64 { return s.pubErrors })}}},
 	}
-	var files []plotFile
+	var files []soakPlot
 	for _, pl := range plots {
 		p := plot.New()
 		p.Title.Text = pl.title
@@ -317,7 +317,7 @@ func soakPlots(dir string, ss []soakSample, start time.Time, warmup time.Duratio
 		if err := p.Save(9*vg.Inch, 4*vg.Inch, filepath.Join(dir, pl.name)); err != nil {
 			return nil, fmt.Errorf("%s: %w", pl.name, err)
 		}
-		files = append(files, plotFile{pl.name, pl.caption})
+		files = append(files, soakPlot{pl.name, pl.caption})
 	}
 	return files, nil
 }

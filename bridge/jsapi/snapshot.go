@@ -48,7 +48,7 @@ func (a *API) apiSnapshot(ctx context.Context, name string, m *leaf.Msg) {
 		fail(err)
 		return
 	}
-	var consumers []jsarchive.Consumer
+	var consumers []jsarchive.ArchivedConsumer
 	if !req.NoConsumers {
 		if consumers, err = a.snapshotConsumers(ctx, s); err != nil {
 			fail(err)
@@ -87,7 +87,7 @@ func (a *API) apiSnapshot(ctx context.Context, name string, m *leaf.Msg) {
 // that serves the consumer), so a consumer with acks pending is backed up delivered
 // through its ack floor, as nats-server backs up a clustered one: what was pending is
 // delivered again after a restore, never lost.
-func (a *API) snapshotConsumers(ctx context.Context, s *stream.Stream) ([]jsarchive.Consumer, error) {
+func (a *API) snapshotConsumers(ctx context.Context, s *stream.Stream) ([]jsarchive.ArchivedConsumer, error) {
 	rows, err := a.db.Consumers(ctx, s.ID())
 	if err != nil {
 		return nil, fmt.Errorf("listing consumers of stream %q: %w", s.Name(), err)
@@ -96,7 +96,7 @@ func (a *API) snapshotConsumers(ctx context.Context, s *stream.Stream) ([]jsarch
 	if err != nil {
 		return nil, err
 	}
-	out := make([]jsarchive.Consumer, 0, len(infos))
+	out := make([]jsarchive.ArchivedConsumer, 0, len(infos))
 	for _, ci := range infos {
 		if ci == nil || ci.Config == nil {
 			continue
@@ -110,7 +110,7 @@ func (a *API) snapshotConsumers(ctx context.Context, s *stream.Stream) ([]jsarch
 		if ci.NumAckPending > 0 {
 			st.Delivered = st.AckFloor
 		}
-		out = append(out, jsarchive.Consumer{ConsumerConfig: &cfg, ConsumerState: st})
+		out = append(out, jsarchive.ArchivedConsumer{ConsumerConfig: &cfg, ConsumerState: st})
 	}
 	return out, nil
 }

@@ -31,7 +31,7 @@ type Messages interface {
 // state.LastSeq, read in batches. The next batch is read while the last is written, so that
 // the database and the transfer work at once; no more than two batches are held. now is
 // when the backup was taken.
-func WriteArchive(ctx context.Context, w io.Writer, db Messages, streamID int64, state server.StreamState, consumers []jsarchive.Consumer, now time.Time) error {
+func WriteArchive(ctx context.Context, w io.Writer, db Messages, streamID int64, state server.StreamState, consumers []jsarchive.ArchivedConsumer, now time.Time) error {
 	aw := jsarchive.NewWriter(w)
 	state.Consumers = len(consumers)
 	if err := aw.State(state, now.UnixNano()); err != nil {

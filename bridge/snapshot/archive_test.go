@@ -56,7 +56,7 @@ func TestWriteArchiveLoad(t *testing.T) {
 		t.Fatal(err)
 	}
 	state := server.StreamState{Msgs: st.Msgs, Bytes: st.Bytes, FirstSeq: st.FirstSeq, LastSeq: st.LastSeq, NumDeleted: int(st.Deleted)}
-	cons := []jsarchive.Consumer{{ConsumerConfig: &server.ConsumerConfig{Durable: "D", Name: "D"},
+	cons := []jsarchive.ArchivedConsumer{{ConsumerConfig: &server.ConsumerConfig{Durable: "D", Name: "D"},
 		ConsumerState: &server.ConsumerState{AckFloor: server.SequencePair{Consumer: 9, Stream: 10}}}}
 
 	pr, pw := io.Pipe()

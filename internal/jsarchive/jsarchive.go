@@ -56,23 +56,23 @@ type ArchivedMsg struct {
 	Data    []byte
 }
 
-// Consumer is one consumer's entry: its configuration and its delivery state.
-type Consumer = server.SnapshotConsumerState
+// ArchivedConsumer is one consumer's entry: its configuration and its delivery state.
+type ArchivedConsumer = server.SnapshotConsumerState
 
-// Writer writes an archive: State first, then every consumer, then the messages in
+// ArchiveWriter writes an archive: State first, then every consumer, then the messages in
 // sequence order, then Close.
-type Writer struct {
+type ArchiveWriter struct {
 	enc *s2.Writer
 	buf []byte
 	err error
 }
 
 // NewWriter starts an archive on w. Nothing is written until State.
-func NewWriter(w io.Writer) *Writer {
-	return &Writer{enc: s2.NewWriter(w)}
+func NewWriter(w io.Writer) *ArchiveWriter {
+	return &ArchiveWriter{enc: s2.NewWriter(w)}
 }
 
-func (w *Writer) entry(name string, ts int64, seq uint64, hdr, data []byte) error {
+func (w *ArchiveWriter) entry(name string, ts int64, seq uint64, hdr, data []byte) error {
 	if w.err != nil {
 		return w.err
 	}
@@ -92,7 +92,7 @@ func (w *Writer) entry(name string, ts int64, seq uint64, hdr, data []byte) erro
 
 // State writes the magic and the stream's state; ts is when the archive was taken.
 // state.Consumers must be the number of Consumer calls that follow.
-func (w *Writer) State(state server.StreamState, ts int64) error {
+func (w *ArchiveWriter) State(state server.StreamState, ts int64) error {
 	if w.err == nil {
 		_, w.err = w.enc.Write([]byte(Magic))
 	}
@@ -104,7 +104,7 @@ func (w *Writer) State(state server.StreamState, ts int64) error {
 }
 
 // Consumer writes one consumer's entry; ts is when the archive was taken.
-func (w *Writer) Consumer(c Consumer, ts int64) error {
+func (w *ArchiveWriter) Consumer(c ArchivedConsumer, ts int64) error {
 	if c.ConsumerConfig == nil || c.ConsumerState == nil {
 		return errors.New("jsarchive: consumer entry without configuration or state")
 	}
@@ -116,7 +116,7 @@ func (w *Writer) Consumer(c Consumer, ts int64) error {
 }
 
 // Msg writes one message. Sequences must rise and be above zero.
-func (w *Writer) Msg(m *ArchivedMsg) error {
+func (w *ArchiveWriter) Msg(m *ArchivedMsg) error {
 	if m.Seq == 0 {
 		return errors.New("jsarchive: a message needs a sequence")
 	}
@@ -125,7 +125,7 @@ func (w *Writer) Msg(m *ArchivedMsg) error {
 
 // Close writes the end marker and flushes the s2 stream. It does not close the
 // underlying writer.
-func (w *Writer) Close() error {
+func (w *ArchiveWriter) Close() error {
 	if err := w.entry("", 0, 0, nil, nil); err != nil {
 		return err
 	}
@@ -261,11 +261,11 @@ func checkState(st *server.StreamState) error {
 }
 
 // Consumers reads the consumer entries that the state announced.
-func (r *Reader) Consumers() ([]Consumer, error) {
+func (r *Reader) Consumers() ([]ArchivedConsumer, error) {
 	if !r.state {
 		return nil, errors.New("jsarchive: Consumers before State")
 	}
-	var out []Consumer
+	var out []ArchivedConsumer
 	for ; r.consumers > 0; r.consumers-- {
 		h, err := r.head()
 		if err != nil {
@@ -279,7 +279,7 @@ func (r *Reader) Consumers() ([]Consumer, error) {
 		if err != nil {
 			return nil, err
 		}
-		var c Consumer
+		var c ArchivedConsumer
 		if err := json.Unmarshal(b, &c); err != nil {
 			return nil, fmt.Errorf("%w: consumer %q: %v", ErrFormat, name, err)
 		}

@@ -15,10 +15,10 @@ import (
 	"github.com/jetgres/jetgres/internal/jsarchive"
 )
 
-func sample() (server.StreamState, []jsarchive.Consumer, []jsarchive.ArchivedMsg) {
+func sample() (server.StreamState, []jsarchive.ArchivedConsumer, []jsarchive.ArchivedMsg) {
 	st := server.StreamState{Msgs: 3, Bytes: 120, FirstSeq: 2, LastSeq: 9, NumDeleted: 5, Consumers: 1,
 		FirstTime: time.Unix(0, 1_000).UTC(), LastTime: time.Unix(0, 9_000).UTC()}
-	cons := []jsarchive.Consumer{{
+	cons := []jsarchive.ArchivedConsumer{{
 		ConsumerConfig: &server.ConsumerConfig{Durable: "D", Name: "D", AckPolicy: server.AckExplicit},
 		ConsumerState: &server.ConsumerState{
 			Delivered: server.SequencePair{Consumer: 2, Stream: 5},

@@ -422,3 +422,45 @@ func TestSQLConsumeRole(t *testing.T) {
 		}
 	}
 }
+
+// jetgres.next keeps its statements prepared in the caller's session. A generic plan of a
+// read of jetgres.msgs, which PostgreSQL may choose after five calls, locks and opens every
+// chunk of every stream at each call; each call must open only its own stream's.
+func TestSQLNextOpensOnlyItsOwnChunks(t *testing.T) {
+	t.Parallel()
+	url, db, _ := sqlConsumer(t, `{"ack_policy":"explicit"}`, 100)
+	for i := range 30 {
+		name := fmt.Sprintf("OTHER%d", i)
+		st, err := db.CreateStream(t.Context(), name, []byte(fmt.Sprintf(`{"name":%q,"subjects":["other%d.>"]}`, name, i)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, _, err := db.Append(t.Context(), []pg.AppendBatch{{StreamID: st.ID, Msgs: []pg.AppendMsg{{Subject: fmt.Sprintf("other%d.x", i)}}}}, time.Now().UnixNano()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	one := rawsql.Open(t, url+" pool_max_conns=1") // one session, whose plans jetgres.next keeps
+	for call := range 10 {
+		attempt(t, one, true, func(ctx context.Context, q rawsql.Runner) error {
+			got, err := next(ctx, q, 5, false)
+			if err != nil || len(got) != 5 {
+				return fmt.Errorf("call %d: %d messages, %v", call, len(got), err)
+			}
+			if err := q.Exec(ctx, `SELECT jetgres.ack_through('ORDERS', 'C', $1)`, got[4].seq); err != nil {
+				return err
+			}
+			var others int
+			err = q.QueryRow(ctx, `SELECT count(*) FROM pg_locks l JOIN pg_class c ON c.oid = l.relation
+				JOIN jetgres.chunks k ON c.relname = format('msgs_%s_%s', k.stream_id, k.chunk)
+				JOIN jetgres.streams s ON s.id = k.stream_id
+				WHERE l.pid = pg_backend_pid() AND s.name <> 'ORDERS'`).Scan(&others)
+			if err != nil {
+				return err
+			}
+			if others > 0 {
+				t.Errorf("call %d holds locks on %d chunk tables of other streams", call, others)
+			}
+			return nil
+		})
+	}
+}

@@ -227,7 +227,7 @@ func (db *DB) lastOfSubjects(ctx context.Context, q querier, st *stateRow, aged 
 	if len(due) > 0 {
 		rows, err := q.Query(ctx, `SELECT seq, ts, subject, hdr, data, cum_before FROM jetgres.msgs m
 			WHERE m.stream_id = $1 AND m.seq = ANY($2) AND m.seq >= $3 AND `+notTombstoned("$1")+` ORDER BY m.seq`,
-			st.id, due, int64(st.first))
+			customPlan, st.id, due, int64(st.first))
 		if err != nil {
 			return nil, false, fmt.Errorf("read expired messages of stream %d: %w", st.id, err)
 		}
@@ -257,7 +257,7 @@ func (db *DB) lastOfSubjects(ctx context.Context, q querier, st *stateRow, aged 
 		var others bool
 		if err := q.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM jetgres.msgs m WHERE m.stream_id = $1 AND m.subject = $2
 				AND m.seq >= $3 AND NOT m.seq = ANY($4) AND `+notTombstoned("$1")+`)`,
-			st.id, subj, int64(st.first), bySubject[subj]).Scan(&others); err != nil {
+			customPlan, st.id, subj, int64(st.first), bySubject[subj]).Scan(&others); err != nil {
 			return nil, false, fmt.Errorf("look for other messages of subject %q of stream %d: %w", subj, st.id, err)
 		}
 		if !others {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"sync"
 	"time"
@@ -12,9 +13,73 @@ import (
 )
 
 // ChunkRowsDefault is how many messages a chunk table holds before appends move on to a new
-// one. Retention frees space one whole chunk at a time, so this is also the granularity at
-// which a consumed stream gives its disk back.
+// one, for a stream without limits (ChunkRowsFor). Retention frees space one whole chunk at a
+// time, so this is also the granularity at which a consumed stream gives its disk back.
 const ChunkRowsDefault = 1 << 16
+
+// ChunkRowsMin is the smallest chunk ChunkRowsFor chooses. Every chunk costs DDL: its
+// creation (a table, an index and an attach, in the append transaction that opens it) and
+// later its detach and drop by the maintainer. A limited stream opens and drops a chunk every
+// ChunkRowsMin messages at most; BENCHMARKS.md ("Chunk sizes") measures what that costs a
+// busy stream against chunks of ChunkRowsDefault, and what each keeps on disk.
+const ChunkRowsMin = 1 << 12
+
+// chunkMsgBytes is the message size a max_bytes limit is turned into messages with, when
+// the stream sets no max_msg_size: a small JetStream message, so that the chunk of a stream
+// of small messages is not too small; larger messages make its chunks hold more bytes.
+const chunkMsgBytes = 128
+
+// ChunkSizing is what of a stream's configuration its chunk size follows.
+type ChunkSizing struct {
+	Limits Limits
+	// Subjects is how many distinct subjects the stream can store, 0 when its subjects have
+	// wildcards (a key-value bucket's): with MaxMsgsPer it bounds the messages held.
+	Subjects int
+	// MaxMsgSize is the stream's max_msg_size, 0 or less for none.
+	MaxMsgSize int64
+}
+
+// ChunkRowsFor chooses a stream's chunk size from its configuration, as nats-server's file
+// store sizes its blocks from the stream's limits (autoTuneFileStorageBlockSize): a quarter
+// of the most messages its limits let it hold, so that retention, which drops whole chunks,
+// keeps at most about a quarter more than the limits beyond them; within ChunkRowsMin and
+// ChunkRowsDefault. A stream with no limit on what it holds takes ChunkRowsDefault, and so
+// does a key-value bucket's, but for its per-subject limit: its live messages are spread
+// over all its chunks, a chunk goes only once every key in it was overwritten, so it takes
+// ChunkRowsMin. The configuration alone decides, so every replica and every restart of a
+// process chooses the same, and a stream update changes the size of the chunks opened
+// after it.
+func ChunkRowsFor(c ChunkSizing) int64 {
+	l := c.Limits
+	held := int64(-1)
+	bound := func(n int64) {
+		if n > 0 && (held < 0 || n < held) {
+			held = n
+		}
+	}
+	if l.MaxMsgs > 0 {
+		bound(l.MaxMsgs)
+	}
+	if l.MaxBytes > 0 {
+		size := int64(chunkMsgBytes)
+		if c.MaxMsgSize > 0 {
+			size = c.MaxMsgSize
+		}
+		bound(max(l.MaxBytes/size, 1))
+	}
+	if l.MaxMsgsPer > 0 {
+		if c.Subjects <= 0 {
+			return ChunkRowsMin
+		}
+		if l.MaxMsgsPer <= math.MaxInt64/int64(c.Subjects) {
+			bound(l.MaxMsgsPer * int64(c.Subjects))
+		}
+	}
+	if held < 0 {
+		return ChunkRowsDefault
+	}
+	return min(max(held/4+1, ChunkRowsMin), ChunkRowsDefault)
+}
 
 func chunkName(streamID, chunk int64) string { return fmt.Sprintf("msgs_%d_%d", streamID, chunk) }
 

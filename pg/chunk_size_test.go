@@ -1,10 +1,13 @@
 package pg_test
 
 import (
+	"context"
 	"math"
 	"testing"
+	"time"
 
 	"github.com/jetgres/jetgres/pg"
+	"github.com/jetgres/jetgres/pg/pgtest"
 )
 
 // A stream's chunk size is a quarter of the most messages its limits let it hold, within
@@ -35,3 +38,51 @@ func TestChunkRowsForFollowsLimits(t *testing.T) {
 	}
 }
 
+// A stream's chunk is closed by age once it holds pg.ChunkRowsMin messages and began
+// before the bound it is given; not before, and not twice.
+func TestRotateAgedChunks(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	db := pgtest.Open(t)
+	st, err := db.CreateStream(ctx, "AGED", []byte(`{}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	young, err := db.CreateStream(ctx, "YOUNG", []byte(`{}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.Now().Add(-time.Hour)
+	appendN := func(id int64, n int, ts time.Time) {
+		t.Helper()
+		msgs := make([]pg.AppendMsg, n)
+		for i := range msgs {
+			msgs[i] = pg.AppendMsg{Subject: "a.x", Data: []byte("d")}
+		}
+		if _, _, err := db.Append(ctx, []pg.AppendBatch{{StreamID: id, Msgs: msgs}}, ts.UnixNano()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rotate := func(want int, before time.Time) {
+		t.Helper()
+		got, err := db.RotateAgedChunks(ctx, []pg.ChunkAge{{StreamID: st.ID, Before: before.UnixNano()}, {StreamID: young.ID, Before: before.UnixNano()}})
+		if err != nil || got != want {
+			t.Fatalf("rotated %d (%v), want %d", got, err, want)
+		}
+	}
+	appendN(st.ID, pg.ChunkRowsMin-1, t0)
+	appendN(young.ID, pg.ChunkRowsMin, t0.Add(time.Minute))
+	rotate(0, t0.Add(time.Second))
+	appendN(st.ID, 1, t0.Add(2*time.Second))
+	rotate(0, t0.Add(-time.Second))
+	rotate(1, t0.Add(time.Second))
+	rotate(0, t0.Add(time.Second))
+	appendN(st.ID, 5, t0.Add(3*time.Second))
+	for _, seq := range []uint64{pg.ChunkRowsMin, pg.ChunkRowsMin + 1, pg.ChunkRowsMin + 5} {
+		if m, err := db.GetMessage(ctx, st.ID, seq); err != nil || m.Seq != seq {
+			t.Fatalf("message %d, across the rotation: %+v %v", seq, m, err)
+		}
+	}
+	rotate(1, t0.Add(2*time.Minute))
+}

@@ -455,25 +455,13 @@ func (db *DB) retireIdleChunk(ctx context.Context, id int64, idle time.Duration)
 		FROM jetgres.stream_state WHERE stream_id = $1`
 	before := time.Now().Add(-idle).UnixNano()
 	var retire bool
-	var last, chunk int64
 	err := db.background(ctx, func(ctx context.Context, q querier) error {
+		var last, chunk int64
 		return q.QueryRow(ctx, sqlIdle, id, before).Scan(&retire, &last, &chunk)
 	})
 	if err == nil && retire {
 		// Check again under the lock: an append may have come in between.
-		err = db.backgroundTx(ctx, func(ctx context.Context, q querier) error {
-			if err := q.QueryRow(ctx, sqlIdle+` FOR UPDATE`, id, before).Scan(&retire, &last, &chunk); err != nil || !retire {
-				return err
-			}
-			if err := createChunk(ctx, q, id, chunk+1, uint64(last+1)); err != nil {
-				return err
-			}
-			_, err := q.Exec(ctx, `UPDATE jetgres.stream_state SET chunk = $2, chunk_rows = 0 WHERE stream_id = $1`, id, chunk+1)
-			return err
-		})
-		if err == nil && retire {
-			db.chunks.add(id, chunkInfo{chunk: chunk + 1, firstSeq: uint64(last + 1)})
-		}
+		_, err = db.openNextChunk(ctx, id, sqlIdle, before)
 	}
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
@@ -482,6 +470,89 @@ func (db *DB) retireIdleChunk(ctx context.Context, id int64, idle time.Duration)
 		return fmt.Errorf("pg: retire idle chunk of stream %d: %w", id, err)
 	}
 	return nil
+}
+
+// openNextChunk opens the chunk after a stream's current one, when sqlCheck (a read of the
+// stream's state row, $1 its id and args the rest, for whether to, its last sequence and its
+// chunk) says so with the row locked. It reports whether it opened one.
+func (db *DB) openNextChunk(ctx context.Context, id int64, sqlCheck string, args ...any) (bool, error) {
+	var open bool
+	var last, chunk int64
+	err := db.backgroundTx(ctx, func(ctx context.Context, q querier) error {
+		if err := q.QueryRow(ctx, sqlCheck+` FOR UPDATE`, append([]any{id}, args...)...).Scan(&open, &last, &chunk); err != nil || !open {
+			return err
+		}
+		if err := createChunk(ctx, q, id, chunk+1, uint64(last+1)); err != nil {
+			return err
+		}
+		_, err := q.Exec(ctx, `UPDATE jetgres.stream_state SET chunk = $2, chunk_rows = 0 WHERE stream_id = $1`, id, chunk+1)
+		return err
+	})
+	if err != nil || !open {
+		return false, err
+	}
+	db.chunks.add(id, chunkInfo{chunk: chunk + 1, firstSeq: uint64(last + 1)})
+	return true, nil
+}
+
+// ChunkAge is a stream whose messages expire by age (max_age), and the Unix nanoseconds (on
+// the replica's clock, as Append's) before which a chunk's first message makes it old enough to close: a quarter of the age
+// ago, as a chunk of rows holds about a quarter of what a stream's limits keep.
+type ChunkAge struct {
+	StreamID int64
+	Before   int64
+}
+
+// sqlChunkAged reports, for the stream $1, whether the chunk taking its appends holds at
+// least $3 messages and began with one stored before $2.
+const sqlChunkAged = `SELECT s.chunk_rows >= $3 AND coalesce((SELECT m.ts < $2 FROM jetgres.msgs m
+		WHERE m.stream_id = s.stream_id AND m.chunk = s.chunk ORDER BY m.seq LIMIT 1), false),
+	s.last_seq, s.chunk FROM jetgres.stream_state s WHERE s.stream_id = $1`
+
+// RotateAgedChunks closes the chunk of each stream of ages that holds at least ChunkRowsMin
+// messages and began before its Before, and opens the next. Retention drops whole chunks,
+// and a stream limited only by max_age, and slow, fills its chunks of rows (ChunkRowsFor)
+// long after its messages expired: without this it would keep up to a chunk's worth of
+// expired messages. ChunkRowsMin bounds the tables a slow stream makes as ChunkRowsFor
+// bounds those of a fast one. One statement finds the streams for all of ages; it returns
+// how many it rotated.
+func (db *DB) RotateAgedChunks(ctx context.Context, ages []ChunkAge) (int, error) {
+	ids, befores := make([]int64, len(ages)), make([]int64, len(ages))
+	for i, a := range ages {
+		ids[i], befores[i] = a.StreamID, db.pgUnixNano(a.Before)
+	}
+	type aged struct{ id, before int64 }
+	var due []aged
+	err := db.background(ctx, func(ctx context.Context, q querier) error {
+		rows, err := q.Query(ctx, `SELECT a.id, a.before FROM unnest($1::bigint[], $2::bigint[]) AS a(id, before)
+				JOIN jetgres.stream_state s ON s.stream_id = a.id
+			WHERE s.chunk_rows >= $3 AND (SELECT m.ts FROM jetgres.msgs m
+				WHERE m.stream_id = s.stream_id AND m.chunk = s.chunk ORDER BY m.seq LIMIT 1) < a.before
+			ORDER BY a.id`, ids, befores, int64(ChunkRowsMin))
+		if err != nil {
+			return err
+		}
+		due, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (aged, error) {
+			var a aged
+			err := r.Scan(&a.id, &a.before)
+			return a, err
+		})
+		return err
+	})
+	if err != nil {
+		return 0, fmt.Errorf("pg: find aged chunks: %w", err)
+	}
+	rotated := 0
+	for _, a := range due {
+		ok, err := db.openNextChunk(ctx, a.id, sqlChunkAged, a.before, int64(ChunkRowsMin))
+		if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+			return rotated, fmt.Errorf("pg: rotate the aged chunk of stream %d: %w", a.id, err)
+		}
+		if ok {
+			rotated++
+		}
+	}
+	return rotated, nil
 }
 
 func isLockTimeout(err error) bool { return hasSQLState(err, "55P03") }

@@ -2,8 +2,6 @@ package pg
 
 import (
 	"context"
-	"sync"
-	"sync/atomic"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -102,13 +100,8 @@ func derive(ctx context.Context, q querier, m *AppendMsg, last map[string]*Messa
 const DerivedSubjectsMax = 1 << 16
 
 // derivedLasts is the last message of the subjects that derived messages read or wrote,
-// per stream.
-type derivedLasts struct {
-	mu      sync.Mutex
-	m       map[int64]*streamLasts
-	count   int // subjects held, over all streams
-	dropped atomic.Int64
-}
+// per stream, bounded by DerivedSubjectsMax.
+type derivedLasts struct{ streamCache[*streamLasts] }
 
 // streamLasts is one stream's: the last live message of each subject, nil for a subject
 // known to have none, for the state it names.
@@ -133,40 +126,7 @@ func (s *streamLasts) knows(bt AppendBatch) bool {
 	return true
 }
 
-// take removes and returns a stream's lasts, nil for none: whoever took them puts back
-// what its commit leaves, or nothing.
-func (d *derivedLasts) take(id int64) *streamLasts {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	s, ok := d.m[id]
-	if !ok {
-		return nil
-	}
-	delete(d.m, id)
-	d.count -= len(s.bySubject)
-	return s
-}
-
-// put keeps s as the stream's lasts unless that would go past DerivedSubjectsMax.
-func (d *derivedLasts) put(id int64, s *streamLasts) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if old, ok := d.m[id]; ok {
-		d.count -= len(old.bySubject)
-		delete(d.m, id)
-	}
-	if d.count+len(s.bySubject) > DerivedSubjectsMax {
-		d.dropped.Add(1)
-		return
-	}
-	if d.m == nil {
-		d.m = make(map[int64]*streamLasts)
-	}
-	d.m[id] = s
-	d.count += len(s.bySubject)
-}
-
-func (d *derivedLasts) forget(id int64) { _ = d.take(id) }
+func (s *streamLasts) cacheCost() int { return len(s.bySubject) }
 
 // afterGeneral remembers the lasts a general path's commit leaves for a batch that read
 // them: what it read and stored for its subjects, and what was remembered of the others

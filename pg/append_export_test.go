@@ -13,10 +13,7 @@ func (db *DB) RetireIdleChunk(ctx context.Context, id int64, idle time.Duration)
 // SubjectIndexed reports whether the stream has a subject index, the fast path's way
 // through a per-subject limit.
 func (db *DB) SubjectIndexed(id int64) bool {
-	db.subjects.mu.Lock()
-	defer db.subjects.mu.Unlock()
-	_, ok := db.subjects.m[id]
-	return ok
+	return db.subjects.peek(id, func(*subjectIndex) {})
 }
 
 // LiveBySubject counts the live messages of each of the given subjects, from the rows.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"sync"
 	"time"
@@ -12,9 +13,73 @@ import (
 )
 
 // ChunkRowsDefault is how many messages a chunk table holds before appends move on to a new
-// one. Retention frees space one whole chunk at a time, so this is also the granularity at
-// which a consumed stream gives its disk back.
+// one, for a stream without limits (ChunkRowsFor). Retention frees space one whole chunk at a
+// time, so this is also the granularity at which a consumed stream gives its disk back.
 const ChunkRowsDefault = 1 << 16
+
+// ChunkRowsMin is the smallest chunk ChunkRowsFor chooses. Every chunk costs DDL: its
+// creation (a table, an index and an attach, in the append transaction that opens it) and
+// later its detach and drop by the maintainer. A limited stream opens and drops a chunk every
+// ChunkRowsMin messages at most; BENCHMARKS.md ("Chunk sizes") measures what that costs a
+// busy stream against chunks of ChunkRowsDefault, and what each keeps on disk.
+const ChunkRowsMin = 1 << 12
+
+// chunkMsgBytes is the message size a max_bytes limit is turned into messages with, when
+// the stream sets no max_msg_size: a small JetStream message, so that the chunk of a stream
+// of small messages is not too small; larger messages make its chunks hold more bytes.
+const chunkMsgBytes = 128
+
+// ChunkSizing is what of a stream's configuration its chunk size follows.
+type ChunkSizing struct {
+	Limits Limits
+	// Subjects is how many distinct subjects the stream can store, 0 when its subjects have
+	// wildcards (a key-value bucket's): with MaxMsgsPer it bounds the messages held.
+	Subjects int
+	// MaxMsgSize is the stream's max_msg_size, 0 or less for none.
+	MaxMsgSize int64
+}
+
+// ChunkRowsFor chooses a stream's chunk size from its configuration, as nats-server's file
+// store sizes its blocks from the stream's limits (autoTuneFileStorageBlockSize): a quarter
+// of the most messages its limits let it hold, so that retention, which drops whole chunks,
+// keeps at most about a quarter more than the limits beyond them; within ChunkRowsMin and
+// ChunkRowsDefault. A stream with no limit on what it holds takes ChunkRowsDefault, and so
+// does a key-value bucket's, but for its per-subject limit: its live messages are spread
+// over all its chunks, a chunk goes only once every key in it was overwritten, so it takes
+// ChunkRowsMin. The configuration alone decides, so every replica and every restart of a
+// process chooses the same, and a stream update changes the size of the chunks opened
+// after it.
+func ChunkRowsFor(c ChunkSizing) int64 {
+	l := c.Limits
+	held := int64(-1)
+	bound := func(n int64) {
+		if n > 0 && (held < 0 || n < held) {
+			held = n
+		}
+	}
+	if l.MaxMsgs > 0 {
+		bound(l.MaxMsgs)
+	}
+	if l.MaxBytes > 0 {
+		size := int64(chunkMsgBytes)
+		if c.MaxMsgSize > 0 {
+			size = c.MaxMsgSize
+		}
+		bound(max(l.MaxBytes/size, 1))
+	}
+	if l.MaxMsgsPer > 0 {
+		if c.Subjects <= 0 {
+			return ChunkRowsMin
+		}
+		if l.MaxMsgsPer <= math.MaxInt64/int64(c.Subjects) {
+			bound(l.MaxMsgsPer * int64(c.Subjects))
+		}
+	}
+	if held < 0 {
+		return ChunkRowsDefault
+	}
+	return min(max(held/4+1, ChunkRowsMin), ChunkRowsDefault)
+}
 
 func chunkName(streamID, chunk int64) string { return fmt.Sprintf("msgs_%d_%d", streamID, chunk) }
 
@@ -390,25 +455,13 @@ func (db *DB) retireIdleChunk(ctx context.Context, id int64, idle time.Duration)
 		FROM jetgres.stream_state WHERE stream_id = $1`
 	before := time.Now().Add(-idle).UnixNano()
 	var retire bool
-	var last, chunk int64
 	err := db.background(ctx, func(ctx context.Context, q querier) error {
+		var last, chunk int64
 		return q.QueryRow(ctx, sqlIdle, id, before).Scan(&retire, &last, &chunk)
 	})
 	if err == nil && retire {
 		// Check again under the lock: an append may have come in between.
-		err = db.backgroundTx(ctx, func(ctx context.Context, q querier) error {
-			if err := q.QueryRow(ctx, sqlIdle+` FOR UPDATE`, id, before).Scan(&retire, &last, &chunk); err != nil || !retire {
-				return err
-			}
-			if err := createChunk(ctx, q, id, chunk+1, uint64(last+1)); err != nil {
-				return err
-			}
-			_, err := q.Exec(ctx, `UPDATE jetgres.stream_state SET chunk = $2, chunk_rows = 0 WHERE stream_id = $1`, id, chunk+1)
-			return err
-		})
-		if err == nil && retire {
-			db.chunks.add(id, chunkInfo{chunk: chunk + 1, firstSeq: uint64(last + 1)})
-		}
+		_, err = db.openNextChunk(ctx, id, sqlIdle, before)
 	}
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
@@ -417,6 +470,89 @@ func (db *DB) retireIdleChunk(ctx context.Context, id int64, idle time.Duration)
 		return fmt.Errorf("pg: retire idle chunk of stream %d: %w", id, err)
 	}
 	return nil
+}
+
+// openNextChunk opens the chunk after a stream's current one, when sqlCheck (a read of the
+// stream's state row, $1 its id and args the rest, for whether to, its last sequence and its
+// chunk) says so with the row locked. It reports whether it opened one.
+func (db *DB) openNextChunk(ctx context.Context, id int64, sqlCheck string, args ...any) (bool, error) {
+	var open bool
+	var last, chunk int64
+	err := db.backgroundTx(ctx, func(ctx context.Context, q querier) error {
+		if err := q.QueryRow(ctx, sqlCheck+` FOR UPDATE`, append([]any{id}, args...)...).Scan(&open, &last, &chunk); err != nil || !open {
+			return err
+		}
+		if err := createChunk(ctx, q, id, chunk+1, uint64(last+1)); err != nil {
+			return err
+		}
+		_, err := q.Exec(ctx, `UPDATE jetgres.stream_state SET chunk = $2, chunk_rows = 0 WHERE stream_id = $1`, id, chunk+1)
+		return err
+	})
+	if err != nil || !open {
+		return false, err
+	}
+	db.chunks.add(id, chunkInfo{chunk: chunk + 1, firstSeq: uint64(last + 1)})
+	return true, nil
+}
+
+// ChunkAge is a stream whose messages expire by age (max_age), and the Unix nanoseconds (on
+// the replica's clock, as Append's) before which a chunk's first message makes it old enough to close: a quarter of the age
+// ago, as a chunk of rows holds about a quarter of what a stream's limits keep.
+type ChunkAge struct {
+	StreamID int64
+	Before   int64
+}
+
+// sqlChunkAged reports, for the stream $1, whether the chunk taking its appends holds at
+// least $3 messages and began with one stored before $2.
+const sqlChunkAged = `SELECT s.chunk_rows >= $3 AND coalesce((SELECT m.ts < $2 FROM jetgres.msgs m
+		WHERE m.stream_id = s.stream_id AND m.chunk = s.chunk ORDER BY m.seq LIMIT 1), false),
+	s.last_seq, s.chunk FROM jetgres.stream_state s WHERE s.stream_id = $1`
+
+// RotateAgedChunks closes the chunk of each stream of ages that holds at least ChunkRowsMin
+// messages and began before its Before, and opens the next. Retention drops whole chunks,
+// and a stream limited only by max_age, and slow, fills its chunks of rows (ChunkRowsFor)
+// long after its messages expired: without this it would keep up to a chunk's worth of
+// expired messages. ChunkRowsMin bounds the tables a slow stream makes as ChunkRowsFor
+// bounds those of a fast one. One statement finds the streams for all of ages; it returns
+// how many it rotated.
+func (db *DB) RotateAgedChunks(ctx context.Context, ages []ChunkAge) (int, error) {
+	ids, befores := make([]int64, len(ages)), make([]int64, len(ages))
+	for i, a := range ages {
+		ids[i], befores[i] = a.StreamID, db.pgUnixNano(a.Before)
+	}
+	type aged struct{ id, before int64 }
+	var due []aged
+	err := db.background(ctx, func(ctx context.Context, q querier) error {
+		rows, err := q.Query(ctx, `SELECT a.id, a.before FROM unnest($1::bigint[], $2::bigint[]) AS a(id, before)
+				JOIN jetgres.stream_state s ON s.stream_id = a.id
+			WHERE s.chunk_rows >= $3 AND (SELECT m.ts FROM jetgres.msgs m
+				WHERE m.stream_id = s.stream_id AND m.chunk = s.chunk ORDER BY m.seq LIMIT 1) < a.before
+			ORDER BY a.id`, ids, befores, int64(ChunkRowsMin))
+		if err != nil {
+			return err
+		}
+		due, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (aged, error) {
+			var a aged
+			err := r.Scan(&a.id, &a.before)
+			return a, err
+		})
+		return err
+	})
+	if err != nil {
+		return 0, fmt.Errorf("pg: find aged chunks: %w", err)
+	}
+	rotated := 0
+	for _, a := range due {
+		ok, err := db.openNextChunk(ctx, a.id, sqlChunkAged, a.before, int64(ChunkRowsMin))
+		if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+			return rotated, fmt.Errorf("pg: rotate the aged chunk of stream %d: %w", a.id, err)
+		}
+		if ok {
+			rotated++
+		}
+	}
+	return rotated, nil
 }
 
 func isLockTimeout(err error) bool { return hasSQLState(err, "55P03") }

@@ -58,7 +58,9 @@ func Open(ctx context.Context, cfg Config) (*DB, error) {
 		// pgx's parse errors redact the password themselves.
 		return nil, fmt.Errorf("pg: Config.URL: %w", err)
 	}
-	db := &DB{cfg: cfg, log: cfg.Logger}
+	db := &DB{cfg: cfg, log: cfg.Logger,
+		subjects: subjectIndexes{newStreamCache[*subjectIndex](SubjectIndexRows)},
+		lasts:    derivedLasts{newStreamCache[*streamLasts](DerivedSubjectsMax)}}
 	pcfg.MaxConns = cfg.MaxConns
 	if _, ok := pcfg.ConnConfig.RuntimeParams["application_name"]; !ok {
 		pcfg.ConnConfig.RuntimeParams["application_name"] = applicationName

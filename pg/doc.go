@@ -36,9 +36,11 @@
 // anything else runs on it, since an asynchronous standby may lack the last commits. An
 // ownership session left on a server the pool has left is lost.
 //
-// Message rows are only ever inserted. Each stream's messages live in chunks of a fixed
-// number of rows: tables jetgres.msgs_<stream>_<chunk>, listed in jetgres.chunks and attached
-// as the partitions [(stream, chunk), (stream, chunk + 1)) of one table, jetgres.msgs. Every
+// Message rows are only ever inserted. Each stream's messages live in chunks of a number of
+// rows its limits choose (ChunkRowsFor; the maintainer also closes a max_age stream's chunk
+// by age, RotateAgedChunks): tables jetgres.msgs_<stream>_<chunk>, listed in jetgres.chunks
+// and attached as the partitions [(stream, chunk), (stream, chunk + 1)) of one table,
+// jetgres.msgs. Every
 // removal (limits, max_age, purge, deletes, interest and workqueue retention) either moves
 // the stream's first sequence, which reads respect, or leaves a tombstone in jetgres.deleted;
 // the state row counts what is left, so that limits and stream info never count rows. Once

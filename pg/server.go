@@ -155,11 +155,9 @@ func (db *DB) forgetAll() {
 		ids[id] = true
 	}
 	db.chunks.mu.Unlock()
-	db.subjects.mu.Lock()
-	for id := range db.subjects.m {
+	for _, id := range db.subjects.ids() {
 		ids[id] = true
 	}
-	db.subjects.mu.Unlock()
 	db.counts.mu.Lock()
 	for id := range db.counts.m {
 		ids[id] = true

@@ -104,14 +104,13 @@ func (s *subjectCounts) put(id int64, c *subjectCount) {
 func (s *subjectCounts) forget(id int64) { _ = s.take(id) }
 
 // indexed returns the number of subjects of the stream's subject index, if it has one at pin.
-func (s *subjectIndexes) indexed(id int64, pin statePin) (int, bool) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	x, ok := s.m[id]
-	if !ok || !x.matches(pin.first, pin.last, pin.msgs, pin.bytes) {
-		return 0, false
-	}
-	return len(x.bySubject), true
+func (s *subjectIndexes) indexed(id int64, pin statePin) (n int, ok bool) {
+	s.peek(id, func(x *subjectIndex) {
+		if ok = x.matches(pin.first, pin.last, pin.msgs, pin.bytes); ok {
+			n = len(x.bySubject)
+		}
+	})
+	return n, ok
 }
 
 // InfoState is what a stream info reports of a stream's stored state.

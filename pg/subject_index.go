@@ -3,8 +3,6 @@ package pg
 import (
 	"context"
 	"slices"
-	"sync"
-	"sync/atomic"
 )
 
 // A publish into a stream with a per-subject limit (every key-value bucket) must know the
@@ -116,47 +114,10 @@ func (x *subjectIndex) passFirst(first uint64) {
 	}
 }
 
-// subjectIndexes holds each stream's subject index. An Append takes a stream's index out
-// while it decides and puts it back after its commit: a stream has at most one flush in
-// flight, and one that found its index taken goes the general way.
-type subjectIndexes struct {
-	mu      sync.Mutex
-	m       map[int64]*subjectIndex
-	rows    int
-	dropped atomic.Int64
-}
+// subjectIndexes holds each stream's subject index, bounded by SubjectIndexRows.
+type subjectIndexes struct{ streamCache[*subjectIndex] }
 
-func (s *subjectIndexes) take(id int64) *subjectIndex {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	x, ok := s.m[id]
-	if !ok {
-		return nil
-	}
-	delete(s.m, id)
-	s.rows -= len(x.order)
-	return x
-}
-
-// put keeps x as the stream's index unless that would go past SubjectIndexRows.
-func (s *subjectIndexes) put(id int64, x *subjectIndex) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.rows+len(x.order) > SubjectIndexRows {
-		s.dropped.Add(1)
-		return
-	}
-	if s.m == nil {
-		s.m = make(map[int64]*subjectIndex)
-	}
-	if old, ok := s.m[id]; ok {
-		s.rows -= len(old.order)
-	}
-	s.m[id] = x
-	s.rows += len(x.order)
-}
-
-func (s *subjectIndexes) forget(id int64) { _ = s.take(id) }
+func (x *subjectIndex) cacheCost() int { return len(x.order) }
 
 // afterGeneral brings a stream's index past a commit of the general path, given the state
 // the transaction locked, the one it committed, its tombstones, the subjects of its batch

@@ -84,10 +84,14 @@ type Republisher struct {
 	m    *republishMetrics
 	warn warnlog.Throttle
 
-	mu    sync.Mutex // a leaf: guards queue and bytes
+	mu    sync.Mutex // a leaf: guards queue, bytes and tracked
 	queue []job
 	bytes int
 	kick  chan struct{}
+	// tracked is the streams whose commits were queued since their last drop: only they
+	// can have memory for a purge to reset or a deletion to drop, so the streams that do
+	// not republish, most of them, queue nothing when purged or deleted.
+	tracked map[int64]struct{}
 
 	// streams is each republishing stream's memory of its subjects; only the goroutine
 	// that sends touches it.
@@ -117,7 +121,7 @@ func New(cfg Config) *Republisher {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
 	cfg.Clock = clock.OrSystem(cfg.Clock)
-	r := &Republisher{cfg: cfg, kick: make(chan struct{}, 1), streams: make(map[int64]*subjects)}
+	r := &Republisher{cfg: cfg, kick: make(chan struct{}, 1), streams: make(map[int64]*subjects), tracked: make(map[int64]struct{})}
 	r.m = newMetrics(cfg.Registerer, r)
 	return r
 }
@@ -174,10 +178,15 @@ func (r *Republisher) committed(id int64, name string, xf *stream.Transforms, ms
 // OnPurged makes the stream's subjects be read again: a purge request, a delete or a
 // promoted standby may have taken the last message of any of them.
 func (r *Republisher) OnPurged(_ context.Context, s *stream.Stream, ev stream.Purged) {
-	if ev.ByCommit || ev.Consumed {
+	r.purged(s.ID(), ev)
+}
+
+// purged queues the reset of stream id's subjects for ev, when it has any.
+func (r *Republisher) purged(id int64, ev stream.Purged) {
+	if ev.ByCommit || ev.Consumed || !r.tracks(id, false) {
 		return
 	}
-	r.push(job{id: s.ID(), reset: true, floor: ev.First})
+	r.push(job{id: id, reset: true, floor: ev.First})
 }
 
 // OnRemoved does nothing: what a stream's first sequence moved past still counts as a
@@ -187,7 +196,20 @@ func (r *Republisher) OnRemoved(*stream.Stream, stream.Removed) {}
 
 // OnDropped forgets the stream.
 func (r *Republisher) OnDropped(s *stream.Stream, _ stream.Dropped) {
-	r.push(job{id: s.ID(), drop: true})
+	if r.tracks(s.ID(), true) {
+		r.push(job{id: s.ID(), drop: true})
+	}
+}
+
+// tracks reports whether stream id is tracked, and stops tracking it when untrack is set.
+func (r *Republisher) tracks(id int64, untrack bool) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	_, ok := r.tracked[id]
+	if ok && untrack {
+		delete(r.tracked, id)
+	}
+	return ok
 }
 
 // push queues j within the bound; a job with no bytes always goes in.
@@ -199,6 +221,9 @@ func (r *Republisher) push(j job) bool {
 	}
 	r.queue = append(r.queue, j)
 	r.bytes += j.bytes
+	if len(j.msgs) > 0 {
+		r.tracked[j.id] = struct{}{}
+	}
 	r.mu.Unlock()
 	select {
 	case r.kick <- struct{}{}:

@@ -103,3 +103,29 @@ func TestQueueBoundDropsAndCounts(t *testing.T) {
 		t.Fatalf("sent %d (counted %v), want the first and the 3 queued: %v", len(link.sent), testutil.ToFloat64(r.m.sent), link.sent)
 	}
 }
+
+// A purge queues a reset only for a stream whose commits were queued: the others have no
+// memory to reset, and most streams do not republish.
+func TestPurgeQueuesOnlyForRepublishingStreams(t *testing.T) {
+	t.Parallel()
+	r := New(Config{Link: &heldLink{release: make(chan struct{})}})
+	queued := func() int {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		return len(r.queue)
+	}
+	r.purged(7, stream.Purged{First: 5})
+	if n := queued(); n != 0 {
+		t.Fatalf("a purge of a stream that never republished queued %d jobs, want none", n)
+	}
+	xf := stream.CompileTransforms(&server.StreamConfig{Subjects: []string{"in.>"}, RePublish: &server.RePublish{Source: "in.>", Destination: "out.>"}})
+	r.committed(7, "S", xf, []pg.Message{{Seq: 1, TS: 1, Subject: "in.a"}})
+	r.purged(7, stream.Purged{First: 5})
+	if n := queued(); n != 2 {
+		t.Fatalf("after a republished commit and a purge: %d jobs queued, want 2", n)
+	}
+	r.purged(8, stream.Purged{First: 5})
+	if n := queued(); n != 2 {
+		t.Fatalf("a purge of another stream queued a job: %d queued, want 2", n)
+	}
+}

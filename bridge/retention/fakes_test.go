@@ -60,6 +60,7 @@ type fakeStore struct {
 	limits       []pg.Limits
 	prunes       []cutoff
 	dropped      []int64
+	rotations    []cutoff
 	reaps        int
 }
 
@@ -131,6 +132,15 @@ func (f *fakeStore) DropChunks(_ context.Context, id int64, _ time.Duration) (in
 	defer f.mu.Unlock()
 	f.dropped = append(f.dropped, id)
 	return 1, f.err
+}
+
+func (f *fakeStore) RotateAgedChunks(_ context.Context, ages []pg.ChunkAge) (int, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, a := range ages {
+		f.rotations = append(f.rotations, cutoff{a.StreamID, a.Before})
+	}
+	return 0, f.err
 }
 
 func (f *fakeStore) ReapChunks(context.Context) (int, error) {

@@ -55,6 +55,7 @@ func (e *Enforcer[S]) maintain(ctx context.Context) {
 			}
 			e.retainAll(ctx, false)
 			e.expire(ctx)
+			e.rotateChunks(ctx)
 			e.dropChunks(ctx)
 			e.pruneIDs(ctx)
 			e.forget()
@@ -109,6 +110,25 @@ func (e *Enforcer[S]) expire(ctx context.Context) {
 		case n > 0:
 			e.host.Purged(ctx, s, 0, false)
 		}
+	}
+}
+
+// rotateChunks closes the chunks of streams with a max_age once they hold messages older
+// than a quarter of it, so that a slow stream's expired messages go with whole chunks
+// (pg.RotateAgedChunks).
+func (e *Enforcer[S]) rotateChunks(ctx context.Context) {
+	now := e.clock.Now()
+	var ages []pg.ChunkAge
+	for _, s := range e.host.Streams() {
+		if age := s.ConfigView().MaxAge; age > 0 {
+			ages = append(ages, pg.ChunkAge{StreamID: s.ID(), Before: now.Add(-age / 4).UnixNano()})
+		}
+	}
+	if len(ages) == 0 {
+		return
+	}
+	if _, err := e.store.RotateAgedChunks(ctx, ages); err != nil && ctx.Err() == nil {
+		e.warn.Warn(e.log, now, "closing aged chunks failed", "err", err)
 	}
 }
 

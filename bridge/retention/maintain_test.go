@@ -76,6 +76,9 @@ func TestMaintainerTick(t *testing.T) {
 		if !slices.Equal(f.dropped, []int64{7}) || f.reaps != 1 {
 			t.Fatalf("dropped chunks of %v and reaped %d times, want 7 and once", f.dropped, f.reaps)
 		}
+		if want := []cutoff{{1, b.clock.Now().Add(-time.Minute / 4).UnixNano()}}; !slices.Equal(f.rotations, want) {
+			t.Fatalf("closed aged chunks of %v, want %v: the stream with a max_age, at a quarter of it", f.rotations, want)
+		}
 	})
 	wantEvents(t, b.host, "purged S1 first=0 consumed=false")
 

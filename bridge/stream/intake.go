@@ -438,7 +438,7 @@ func (r *Registry) flush(p *flow.Permit, group []*Stream) {
 			}
 		}
 		taken[s.id] = pubs
-		batches = append(batches, pg.AppendBatch{StreamID: s.id, DupWindow: cfg.Duplicates, ChunkRows: s.chunkRows.Load(),
+		batches = append(batches, pg.AppendBatch{StreamID: s.id, DupWindow: cfg.Duplicates, ChunkRows: s.ChunkRows(),
 			Limits: Limits(cfg), Msgs: msgs, Atomic: whole})
 		r.m.batchMsgs.Observe(float64(n))
 		total += n

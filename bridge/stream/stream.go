@@ -56,6 +56,7 @@ import (
 	"github.com/jetgres/jetgres/bridge/gets"
 	"github.com/jetgres/jetgres/bridge/tailcache"
 	"github.com/jetgres/jetgres/embedded/leaf"
+	"github.com/jetgres/jetgres/pg"
 )
 
 // Stream is one JetStream stream as this process serves it.
@@ -88,9 +89,10 @@ type Stream struct {
 	// stream and never changed once it starts, so that dispatch reads them without a lock.
 	subscribers []Subscriber
 
-	// chunkRows overrides pg.ChunkRowsDefault for this stream's new chunks when positive:
-	// smaller chunks give space back sooner at the cost of more tables.
-	chunkRows atomic.Int64
+	// chunkRows is the size of the stream's new chunks, chosen from cfg (pg.ChunkRowsFor)
+	// and replaced with it; chunkRowsSet overrides it when positive.
+	chunkRows    atomic.Int64
+	chunkRowsSet atomic.Int64
 }
 
 // ID is the stream's id in PostgreSQL.
@@ -114,6 +116,7 @@ func (s *Stream) Config() server.StreamConfig { return *s.cfg.Load() }
 // subjects changed.
 func (s *Stream) SetConfig(cfg server.StreamConfig) {
 	s.xf.Store(CompileTransforms(&cfg))
+	s.chunkRows.Store(ChunkRows(&cfg))
 	s.cfg.Store(&cfg)
 }
 
@@ -123,11 +126,31 @@ func (s *Stream) Tail() *tailcache.Tail { return s.tail }
 // Gets is the stream's get index.
 func (s *Stream) Gets() *gets.Index { return s.gets }
 
-// ChunkRows is how many messages the stream's new chunks take, 0 for pg.ChunkRowsDefault.
-func (s *Stream) ChunkRows() int64 { return s.chunkRows.Load() }
+// ChunkRows is how many messages the stream's new chunks take.
+func (s *Stream) ChunkRows() int64 {
+	if n := s.chunkRowsSet.Load(); n > 0 {
+		return n
+	}
+	return s.chunkRows.Load()
+}
 
-// SetChunkRows makes the stream's next chunks take n messages (0: the default).
-func (s *Stream) SetChunkRows(n int64) { s.chunkRows.Store(n) }
+// SetChunkRows makes the stream's next chunks take n messages, whatever its configuration
+// (0: as its configuration chooses), for tests and benchmarks that compare chunk sizes.
+func (s *Stream) SetChunkRows(n int64) { s.chunkRowsSet.Store(n) }
+
+// ChunkRows is the chunk size a stream of configuration cfg takes (pg.ChunkRowsFor). The
+// subjects it can store are counted only when none has a wildcard: a subject transform maps
+// each of them to one subject.
+func ChunkRows(cfg *server.StreamConfig) int64 {
+	n := len(cfg.Subjects)
+	for _, subj := range cfg.Subjects {
+		if !server.IsValidLiteralSubject(subj) {
+			n = 0
+			break
+		}
+	}
+	return pg.ChunkRowsFor(pg.ChunkSizing{Limits: Limits(cfg), Subjects: n, MaxMsgSize: int64(cfg.MaxMsgSize)})
+}
 
 // FlushSince is when the stream's flush in flight started, in the registry clock's Unix
 // nanoseconds, or 0 with none.

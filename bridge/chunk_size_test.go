@@ -1,0 +1,261 @@
+package bridge
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/jetgres/jetgres/bridge/stream"
+	"github.com/jetgres/jetgres/internal/testwait"
+	"github.com/jetgres/jetgres/pg"
+	"github.com/jetgres/jetgres/pg/pgtest/rawsql"
+)
+
+// limitedStream is a stream whose limits keep few messages, published to at full speed.
+type limitedStream struct {
+	name    string
+	cfg     jetstream.StreamConfig
+	subject func(i int) string
+	live    int // the messages its limits keep once it has taken enough
+}
+
+var (
+	maxMsgsStream = limitedStream{name: "max_msgs_1000",
+		cfg:     jetstream.StreamConfig{Name: "LIM", Subjects: []string{"lim.>"}, MaxMsgs: 1000},
+		subject: func(int) string { return "lim.x" }, live: 1000}
+	// The keys of a key-value bucket with history 1, each overwritten in turn.
+	kvStream = limitedStream{name: "kv_100_keys",
+		cfg:     jetstream.StreamConfig{Name: "KVL", Subjects: []string{"kvl.>"}, MaxMsgsPerSubject: 1},
+		subject: func(i int) string { return "kvl." + strconv.Itoa(i%100) }, live: 100}
+)
+
+// streamRows counts the rows jetgres.msgs holds for a stream, over all its chunk tables, and
+// the chunk it appends to (how many it opened, less one).
+func streamRows(ctx context.Context, db *rawsql.Pool, id int64) (rows, chunk int64, err error) {
+	err = db.QueryRow(ctx, `SELECT (SELECT count(*) FROM jetgres.msgs WHERE stream_id = $1),
+		(SELECT chunk FROM jetgres.stream_state WHERE stream_id = $1)`, id).Scan(&rows, &chunk)
+	return rows, chunk, err
+}
+
+// publishLimited publishes n messages of 128 bytes asynchronously to ls, at most 1000
+// unacknowledged, and returns how long until every one was acknowledged.
+func publishLimited(t testing.TB, ctx context.Context, tb *testBundle, ls limitedStream, n int) time.Duration {
+	t.Helper()
+	var mu sync.Mutex
+	var failed error
+	js, err := jetstream.New(tb.nc, jetstream.WithPublishAsyncMaxPending(1000),
+		jetstream.WithPublishAsyncErrHandler(func(_ jetstream.JetStream, _ *nats.Msg, err error) {
+			mu.Lock()
+			defer mu.Unlock()
+			failed = err
+		}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	data := make([]byte, 128)
+	start := time.Now()
+	for i := range n {
+		if _, err := js.PublishAsync(ls.subject(i), data, jetstream.WithStallWait(time.Minute)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	select {
+	case <-js.PublishAsyncComplete():
+	case <-ctx.Done():
+		t.Fatal("publishes not acknowledged in time")
+	}
+	took := time.Since(start)
+	mu.Lock()
+	defer mu.Unlock()
+	if failed != nil {
+		t.Fatalf("a publish failed: %v", failed)
+	}
+	return took
+}
+
+// A stream whose limits keep few messages holds, once its chunks past the first sequence
+// are dropped, at most what its limits keep and one chunk of the size its configuration
+// chooses; a key-value bucket with history 1 whose keys are overwritten likewise. Chunks
+// of pg.ChunkRowsDefault kept up to that many rows of either.
+func TestLimitedStreamHoldsAFewChunks(t *testing.T) {
+	for _, ls := range []limitedStream{maxMsgsStream, kvStream} {
+		t.Run(ls.name, func(t *testing.T) {
+			t.Parallel()
+			ctx := testContext(t)
+			tb := setup(t)
+			if _, err := tb.js.CreateStream(ctx, ls.cfg); err != nil {
+				t.Fatal(err)
+			}
+			s := tb.bridge.streams.Lookup(ls.cfg.Name)
+			chunk := s.ChunkRows()
+			if chunk != pg.ChunkRowsMin {
+				t.Fatalf("chunks of %d rows, want pg.ChunkRowsMin (%d)", chunk, pg.ChunkRowsMin)
+			}
+			n := 10 * int(chunk)
+			publishLimited(t, ctx, tb, ls, n)
+			db := rawsql.Open(t, tb.dbURL)
+			// The oldest chunk that still holds a live message, and the one appends go to.
+			bound := int64(ls.live) + chunk
+			testwait.For(t, time.Minute, func() error {
+				rows, opened, err := streamRows(ctx, db, s.ID())
+				if err != nil {
+					return err
+				}
+				if opened < int64(n)/chunk-1 {
+					t.Fatalf("%d chunks opened for %d messages of chunks of %d rows", opened+1, n, chunk)
+				}
+				if rows > bound {
+					return fmt.Errorf("%d rows held for %d live messages, want at most %d", rows, ls.live, bound)
+				}
+				return nil
+			})
+		})
+	}
+}
+
+// Every process serving a stream chooses its chunk size from the stored configuration: a
+// replica, or the process after a restart, appends to chunks of the same size, and a
+// stream update changes the size of the chunks opened after it.
+func TestChunkSizeFollowsStoredConfig(t *testing.T) {
+	t.Parallel()
+	ctx := testContext(t)
+	a := setup(t)
+	cfg := jetstream.StreamConfig{Name: "CH", Subjects: []string{"ch.>"}, MaxMsgs: 100_000}
+	if _, err := a.js.CreateStream(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	want := int64(100_000/4 + 1)
+	b := setup(t, setupOpts{db: a.db})
+	for name, tb := range map[string]*testBundle{"first": a, "second": b} {
+		testwait.For(t, 30*time.Second, func() error {
+			s := tb.bridge.streams.Lookup("CH")
+			if s == nil {
+				return fmt.Errorf("%s process does not serve the stream yet", name)
+			}
+			if got := s.ChunkRows(); got != want {
+				t.Fatalf("%s process: chunks of %d rows, want %d", name, got, want)
+			}
+			return nil
+		})
+	}
+	cfg.MaxMsgs = 40_000
+	if _, err := a.js.UpdateStream(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	want = 40_000/4 + 1
+	testwait.For(t, 30*time.Second, func() error {
+		for name, tb := range map[string]*testBundle{"first": a, "second": b} {
+			if got := tb.bridge.streams.Lookup("CH").ChunkRows(); got != want {
+				return fmt.Errorf("%s process after the update: chunks of %d rows, want %d", name, got, want)
+			}
+		}
+		return nil
+	})
+	a.stop(t)
+	c := setup(t, setupOpts{db: a.db})
+	s := c.bridge.streams.Lookup("CH")
+	if got := s.ChunkRows(); got != want {
+		t.Fatalf("restarted process: chunks of %d rows, want %d", got, want)
+	}
+	stored := s.Config()
+	if got := stream.ChunkRows(&stored); got != want {
+		t.Fatalf("the stored configuration chooses chunks of %d rows, want %d", got, want)
+	}
+}
+
+// BenchmarkChunkSizes publishes asynchronously, at most 1000 unacknowledged, into a stream
+// limited to max_msgs 1000 and into a key-value-like stream (max_msgs_per_subject 1, 100
+// keys overwritten in turn), once with chunks of pg.ChunkRowsDefault, the size every stream
+// took before chunk sizes followed the limits, and once with the size the configuration
+// chooses, in the same run. It reports the publish rate, how many chunks the stream opened,
+// the most rows its chunk tables held (sampled every 100 ms) and what they held once the
+// maintainer had dropped the chunks the first sequence passed.
+//
+//	go test -bench ChunkSizes -run xxx -benchtime 1x ./bridge/
+//
+// JETGRES_CHUNK_MSGS sets the messages per case (default 300,000); JETGRES_CHUNK_ROWS adds
+// chunk sizes to compare (a comma-separated list).
+func BenchmarkChunkSizes(b *testing.B) {
+	n := envCount(b, "JETGRES_CHUNK_MSGS", 300_000)
+	sizes := []int64{pg.ChunkRowsDefault, 0}
+	if v := os.Getenv("JETGRES_CHUNK_ROWS"); v != "" {
+		for f := range strings.SplitSeq(v, ",") {
+			rows, err := strconv.ParseInt(f, 10, 64)
+			if err != nil || rows <= 0 {
+				b.Fatalf("JETGRES_CHUNK_ROWS=%q: want positive numbers", v)
+			}
+			sizes = append(sizes, rows)
+		}
+	}
+	for _, ls := range []limitedStream{maxMsgsStream, kvStream} {
+		for _, rows := range sizes {
+			name := fmt.Sprintf("%s/chunk=%d", ls.name, rows)
+			if rows == 0 {
+				name = ls.name + "/chunk=chosen"
+			}
+			b.Run(name, func(b *testing.B) {
+				for b.Loop() {
+					benchChunkSize(b, ls, rows, n)
+				}
+			})
+		}
+	}
+}
+
+func benchChunkSize(b *testing.B, ls limitedStream, rows int64, n int) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	tb := setup(b)
+	if _, err := tb.js.CreateStream(ctx, ls.cfg); err != nil {
+		b.Fatal(err)
+	}
+	s := tb.bridge.streams.Lookup(ls.cfg.Name)
+	s.SetChunkRows(rows)
+	db := rawsql.Open(b, tb.dbURL)
+	var most int64
+	sctx, stop := context.WithCancel(ctx)
+	sampled := make(chan struct{})
+	go func() {
+		defer close(sampled)
+		tick := time.NewTicker(100 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			if r, _, err := streamRows(sctx, db, s.ID()); err == nil {
+				most = max(most, r)
+			}
+			select {
+			case <-sctx.Done():
+				return
+			case <-tick.C:
+			}
+		}
+	}()
+	took := publishLimited(b, ctx, tb, ls, n)
+	stop()
+	<-sampled
+	var held, opened int64
+	testwait.For(b, time.Minute, func() error {
+		var err error
+		if held, opened, err = streamRows(ctx, db, s.ID()); err != nil {
+			return err
+		}
+		if bound := int64(ls.live) + s.ChunkRows(); held > bound {
+			return fmt.Errorf("%d rows held, want at most %d", held, bound)
+		}
+		return nil
+	})
+	b.ReportMetric(float64(n)/took.Seconds(), "msgs/s")
+	b.ReportMetric(float64(opened+1), "chunks")
+	b.ReportMetric(float64(most), "rows-max")
+	b.ReportMetric(float64(held), "rows-after")
+	b.Logf("%s, chunks of %d rows: %d messages in %v, %.0f msgs/s; %d chunks; rows held: %d at most, %d after",
+		ls.name, s.ChunkRows(), n, took.Round(time.Millisecond), float64(n)/took.Seconds(), opened+1, most, held)
+}

@@ -1,0 +1,88 @@
+package pg_test
+
+import (
+	"context"
+	"math"
+	"testing"
+	"time"
+
+	"github.com/jetgres/jetgres/pg"
+	"github.com/jetgres/jetgres/pg/pgtest"
+)
+
+// A stream's chunk size is a quarter of the most messages its limits let it hold, within
+// pg.ChunkRowsMin and pg.ChunkRowsDefault, as nats-server sizes a file store's blocks.
+func TestChunkRowsForFollowsLimits(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		in   pg.ChunkSizing
+		want int64
+	}{
+		{"no limits", pg.ChunkSizing{}, pg.ChunkRowsDefault},
+		{"max_msgs 1000", pg.ChunkSizing{Limits: pg.Limits{MaxMsgs: 1000}}, pg.ChunkRowsMin},
+		{"max_msgs 100,000", pg.ChunkSizing{Limits: pg.Limits{MaxMsgs: 100_000}}, 25_001},
+		{"max_msgs 10 million", pg.ChunkSizing{Limits: pg.Limits{MaxMsgs: 10_000_000}}, pg.ChunkRowsDefault},
+		{"discard new too", pg.ChunkSizing{Limits: pg.Limits{MaxMsgs: 100_000, DiscardNew: true}}, 25_001},
+		{"max_bytes 16 MiB", pg.ChunkSizing{Limits: pg.Limits{MaxBytes: 16 << 20}}, 16<<20/128/4 + 1},
+		{"max_bytes 16 MiB of messages up to 1 KiB", pg.ChunkSizing{Limits: pg.Limits{MaxBytes: 16 << 20}, MaxMsgSize: 1024}, 16<<20/1024/4 + 1},
+		{"the smaller of max_msgs and max_bytes", pg.ChunkSizing{Limits: pg.Limits{MaxMsgs: 80_000, MaxBytes: 1 << 30}}, 20_001},
+		{"key-value bucket", pg.ChunkSizing{Limits: pg.Limits{MaxMsgsPer: 1}}, pg.ChunkRowsMin},
+		{"key-value bucket with max_bytes", pg.ChunkSizing{Limits: pg.Limits{MaxMsgsPer: 5, MaxBytes: 1 << 30}}, pg.ChunkRowsMin},
+		{"per subject over 40,000 literal subjects", pg.ChunkSizing{Limits: pg.Limits{MaxMsgsPer: 2}, Subjects: 40_000}, 20_001},
+		{"per subject with max_msgs smaller", pg.ChunkSizing{Limits: pg.Limits{MaxMsgsPer: 2, MaxMsgs: 60_000}, Subjects: 40_000}, 15_001},
+		{"per subject past int64", pg.ChunkSizing{Limits: pg.Limits{MaxMsgsPer: math.MaxInt64 / 2}, Subjects: 3}, pg.ChunkRowsDefault},
+	} {
+		if got := pg.ChunkRowsFor(c.in); got != c.want {
+			t.Errorf("%s: %d rows, want %d", c.name, got, c.want)
+		}
+	}
+}
+
+// A stream's chunk is closed by age once it holds pg.ChunkRowsMin messages and began
+// before the bound it is given; not before, and not twice.
+func TestRotateAgedChunks(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	db := pgtest.Open(t)
+	st, err := db.CreateStream(ctx, "AGED", []byte(`{}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	young, err := db.CreateStream(ctx, "YOUNG", []byte(`{}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.Now().Add(-time.Hour)
+	appendN := func(id int64, n int, ts time.Time) {
+		t.Helper()
+		msgs := make([]pg.AppendMsg, n)
+		for i := range msgs {
+			msgs[i] = pg.AppendMsg{Subject: "a.x", Data: []byte("d")}
+		}
+		if _, _, err := db.Append(ctx, []pg.AppendBatch{{StreamID: id, Msgs: msgs}}, ts.UnixNano()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rotate := func(want int, before time.Time) {
+		t.Helper()
+		got, err := db.RotateAgedChunks(ctx, []pg.ChunkAge{{StreamID: st.ID, Before: before.UnixNano()}, {StreamID: young.ID, Before: before.UnixNano()}})
+		if err != nil || got != want {
+			t.Fatalf("rotated %d (%v), want %d", got, err, want)
+		}
+	}
+	appendN(st.ID, pg.ChunkRowsMin-1, t0)
+	appendN(young.ID, pg.ChunkRowsMin, t0.Add(time.Minute))
+	rotate(0, t0.Add(time.Second))
+	appendN(st.ID, 1, t0.Add(2*time.Second))
+	rotate(0, t0.Add(-time.Second))
+	rotate(1, t0.Add(time.Second))
+	rotate(0, t0.Add(time.Second))
+	appendN(st.ID, 5, t0.Add(3*time.Second))
+	for _, seq := range []uint64{pg.ChunkRowsMin, pg.ChunkRowsMin + 1, pg.ChunkRowsMin + 5} {
+		if m, err := db.GetMessage(ctx, st.ID, seq); err != nil || m.Seq != seq {
+			t.Fatalf("message %d, across the rotation: %+v %v", seq, m, err)
+		}
+	}
+	rotate(1, t0.Add(2*time.Minute))
+}

@@ -479,7 +479,7 @@ func (db *DB) openNextChunk(ctx context.Context, id int64, sqlCheck string, args
 	var open bool
 	var last, chunk int64
 	err := db.backgroundTx(ctx, func(ctx context.Context, q querier) error {
-		if err := q.QueryRow(ctx, sqlCheck+` FOR UPDATE`, append([]any{id}, args...)...).Scan(&open, &last, &chunk); err != nil || !open {
+		if err := q.QueryRow(ctx, sqlCheck+` FOR UPDATE`, append([]any{customPlan, id}, args...)...).Scan(&open, &last, &chunk); err != nil || !open {
 			return err
 		}
 		if err := createChunk(ctx, q, id, chunk+1, uint64(last+1)); err != nil {
@@ -496,8 +496,9 @@ func (db *DB) openNextChunk(ctx context.Context, id int64, sqlCheck string, args
 }
 
 // ChunkAge is a stream whose messages expire by age (max_age), and the Unix nanoseconds (on
-// the replica's clock, as Append's) before which a chunk's first message makes it old enough to close: a quarter of the age
-// ago, as a chunk of rows holds about a quarter of what a stream's limits keep.
+// the replica's clock, as Append's) before which a chunk's first message makes it old
+// enough to close: a quarter of the age ago, as a chunk of rows holds about a quarter of what
+// a stream's limits keep.
 type ChunkAge struct {
 	StreamID int64
 	Before   int64
@@ -514,8 +515,9 @@ const sqlChunkAged = `SELECT s.chunk_rows >= $3 AND coalesce((SELECT m.ts < $2 F
 // and a stream limited only by max_age, and slow, fills its chunks of rows (ChunkRowsFor)
 // long after its messages expired: without this it would keep up to a chunk's worth of
 // expired messages. ChunkRowsMin bounds the tables a slow stream makes as ChunkRowsFor
-// bounds those of a fast one. One statement finds the streams for all of ages; it returns
-// how many it rotated.
+// bounds those of a fast one. One statement finds the streams of ages whose chunk is full
+// enough, and a probe of each chunk's first message which of them began too long ago; it
+// returns how many it rotated.
 func (db *DB) RotateAgedChunks(ctx context.Context, ages []ChunkAge) (int, error) {
 	ids, befores := make([]int64, len(ages)), make([]int64, len(ages))
 	for i, a := range ages {
@@ -524,20 +526,36 @@ func (db *DB) RotateAgedChunks(ctx context.Context, ages []ChunkAge) (int, error
 	type aged struct{ id, before int64 }
 	var due []aged
 	err := db.background(ctx, func(ctx context.Context, q querier) error {
-		rows, err := q.Query(ctx, `SELECT a.id, a.before FROM unnest($1::bigint[], $2::bigint[]) AS a(id, before)
+		due = due[:0]
+		rows, err := q.Query(ctx, `SELECT a.id, a.before, s.chunk FROM unnest($1::bigint[], $2::bigint[]) AS a(id, before)
 				JOIN jetgres.stream_state s ON s.stream_id = a.id
-			WHERE s.chunk_rows >= $3 AND (SELECT m.ts FROM jetgres.msgs m
-				WHERE m.stream_id = s.stream_id AND m.chunk = s.chunk ORDER BY m.seq LIMIT 1) < a.before
-			ORDER BY a.id`, ids, befores, int64(ChunkRowsMin))
+			WHERE s.chunk_rows >= $3 ORDER BY a.id`, ids, befores, int64(ChunkRowsMin))
 		if err != nil {
 			return err
 		}
-		due, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (aged, error) {
-			var a aged
-			err := r.Scan(&a.id, &a.before)
-			return a, err
+		type full struct{ id, before, chunk int64 }
+		fulls, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (full, error) {
+			var f full
+			err := r.Scan(&f.id, &f.before, &f.chunk)
+			return f, err
 		})
-		return err
+		if err != nil {
+			return err
+		}
+		// One probe per full chunk, each planned for its stream and chunk: a statement that
+		// joined jetgres.msgs to the state rows would open every chunk of every stream.
+		for _, f := range fulls {
+			var old bool
+			if err := q.QueryRow(ctx, `SELECT coalesce((SELECT m.ts < $3 FROM jetgres.msgs m
+					WHERE m.stream_id = $1 AND m.chunk = $2 ORDER BY m.seq LIMIT 1), false)`,
+				customPlan, f.id, f.chunk, f.before).Scan(&old); err != nil {
+				return err
+			}
+			if old {
+				due = append(due, aged{id: f.id, before: f.before})
+			}
+		}
+		return nil
 	})
 	if err != nil {
 		return 0, fmt.Errorf("pg: find aged chunks: %w", err)

@@ -399,3 +399,9 @@ func (cs *Engine) List(ctx context.Context, s *stream.Stream, rows []pg.Consumer
 func (cs *Engine) HighWater(ctx context.Context, s *stream.Stream) (uint64, error) {
 	return cs.highWater(ctx, s)
 }
+
+// HoldScheduler reports whether this replica fires the message schedules of the stream
+// streamID, on the ownership session that holds its consumers (ownership.Keeper).
+func (cs *Engine) HoldScheduler(ctx context.Context, streamID int64) (bool, error) {
+	return cs.keeper.HoldScheduler(ctx, streamID)
+}

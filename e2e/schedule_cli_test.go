@@ -35,7 +35,7 @@ func TestScheduleCLI(t *testing.T) {
 			return nil
 		})
 		var m struct {
-			Subject string              `json:"subject"`
+			Subject string `json:"subject"`
 			Header  []byte `json:"hdrs"`
 			Data    []byte `json:"data"`
 		}

@@ -129,3 +129,61 @@ func TestScheduleFakeClock(t *testing.T) {
 	advance(5 * time.Second)
 	testwait.For(t, 20*time.Second, produced(5))
 }
+
+// Two replicas on one database and one clock: only the one holding the stream's scheduler
+// lock fires, so each period produces one message, not two; when it stops, the other takes
+// the stream over and fires on.
+func TestScheduleWithReplicas(t *testing.T) {
+	t.Parallel()
+	clk := clocktest.At(time.Now().Truncate(time.Second))
+	a := setup(t, setupOpts{config: func(c *Config) { c.Clock = clk; c.ReplicaName = "a" }})
+	ctx := testContext(t)
+	s, err := a.js.CreateStream(ctx, jetstream.StreamConfig{Name: "SR", Subjects: []string{"sr.>"}, AllowMsgSchedules: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := setup(t, setupOpts{db: a.db, nats: a.nats, config: func(c *Config) { c.Clock = clk; c.ReplicaName = "b" }})
+	testwait.For(t, 5*time.Second, func() error {
+		_, err := b.js.Stream(ctx, "SR")
+		return err
+	})
+	if _, err := schedulePub(t, ctx, a.js, "sr.sched", "tick", "Nats-Schedule", "@every 2s", "Nats-Schedule-Target", "sr.out"); err != nil {
+		t.Fatal(err)
+	}
+	produced := func() uint64 {
+		info, err := s.Info(ctx, jetstream.WithSubjectFilter("sr.out"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return info.State.Subjects["sr.out"]
+	}
+	for n := range uint64(4) {
+		clk.Advance(time.Second)
+		clk.Advance(time.Second)
+		testwait.For(t, 20*time.Second, func() error {
+			if got := produced(); got != n+1 {
+				return fmt.Errorf("%d produced, want %d", got, n+1)
+			}
+			return nil
+		})
+	}
+	// a's bridge stops (its NATS server, b's too, stays): if it fired, b takes the stream
+	// over and fires on from what PostgreSQL holds.
+	stopCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := a.bridge.Stop(stopCtx); err != nil {
+		t.Fatal(err)
+	}
+	clk.Advance(time.Second)
+	clk.Advance(time.Second)
+	testwait.For(t, 20*time.Second, func() error {
+		info, err := b.js.Stream(ctx, "SR")
+		if err != nil {
+			return err
+		}
+		if got := info.CachedInfo().State.Msgs; got < 6 {
+			return fmt.Errorf("the stream holds %d messages, want the schedule and at least 5 produced", got)
+		}
+		return nil
+	})
+}

@@ -30,23 +30,25 @@ func (h scheduleHost) Hold(ctx context.Context, streamID int64) (bool, error) {
 
 // Append stores a produced message as the retention's delete markers are stored: through
 // the stream's append, in a transaction of its own, announced once committed.
-func (h scheduleHost) Append(ctx context.Context, s *stream.Stream, subject string, hdr, data []byte) error {
+func (h scheduleHost) Append(ctx context.Context, s *stream.Stream, subject string, hdr, data []byte) (uint64, error) {
 	cfg := s.ConfigView()
 	bt := pg.AppendBatch{StreamID: s.ID(), ChunkRows: s.ChunkRows(), Limits: stream.Limits(cfg),
 		Msgs: []pg.AppendMsg{stream.Produced(cfg, subject, hdr, data)}}
 	res, _, err := h.b.db.Append(ctx, []pg.AppendBatch{bt}, h.b.clock.Now().UnixNano())
+	var seq uint64
 	for _, r := range res {
 		if r.Gone {
-			return pg.ErrNotFound
+			return 0, pg.ErrNotFound
 		}
 		s.Commit(ctx, r)
 		for _, o := range r.Outcomes {
 			if o.Err != nil && err == nil {
 				err = o.Err
 			}
+			seq = o.Seq
 		}
 	}
-	return err
+	return seq, err
 }
 
 func (h scheduleHost) Purge(ctx context.Context, s *stream.Stream, subject string, upTo uint64) error {

@@ -24,11 +24,12 @@
 // fired (a restart) fires once, at once, as in nats-server.
 //
 // A produced message is appended as the stream's other messages are (one transaction,
-// announced to its consumers once committed). A schedule does not fire again until the
-// pass reads what it produced. Between the append of a one-shot's message and the purge of
-// its schedule, a replica that dies leaves the schedule to its successor, which purges it
-// when it reads that message: nothing fires twice but across a takeover whose old holder
-// had fired and not yet committed.
+// announced to its consumers once committed), and the replica takes it in at once, as it
+// takes what it reads: a repeating schedule moves on to its next time, a one-shot goes.
+// Between the append of a one-shot's message and the purge of its schedule, a replica that
+// dies leaves the schedule to its successor, which purges it when it reads that message.
+// A replica whose session broke while it appended may see that append commit after another
+// replica took the stream over: only then may one time fire twice.
 //
 // # Goroutine and locks
 //

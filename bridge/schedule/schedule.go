@@ -52,8 +52,8 @@ type Host[S Stream] interface {
 	// taking that role if no replica has it.
 	Hold(ctx context.Context, streamID int64) (bool, error)
 	// Append stores a produced message in s as the stream stores a publish, with its
-	// Nats-TTL and Nats-Rollup, and announces it.
-	Append(ctx context.Context, s S, subject string, hdr, data []byte) error
+	// Nats-TTL and Nats-Rollup, announces it, and returns its sequence.
+	Append(ctx context.Context, s S, subject string, hdr, data []byte) (uint64, error)
 	// Purge removes the messages of subject in s below sequence upTo, and announces it
 	// when it removed any.
 	Purge(ctx context.Context, s S, subject string, upTo uint64) error
@@ -88,9 +88,8 @@ type streamState struct {
 
 // entry is one schedule: the message that holds it and when it fires next.
 type entry struct {
-	seq      uint64
-	due      time.Time
-	inflight bool // fired; what it produced is not read yet
+	seq uint64
+	due time.Time
 }
 
 // purge is a message's "Nats-Schedule-Next: purge": the messages of subject below upTo go.
@@ -140,8 +139,8 @@ func (sc *Scheduler[S]) run(ctx context.Context) {
 }
 
 // pass looks at every stream that allows schedules: it takes or confirms the stream's
-// lock, reads what was committed since the last pass, purges what asks to be, and fires
-// what is due.
+// lock, reads what was committed since the last pass, fires what is due, and purges what
+// asks to be.
 func (sc *Scheduler[S]) pass(ctx context.Context) {
 	seen := make(map[int64]bool)
 	for _, s := range sc.cfg.Host.Streams() {
@@ -170,8 +169,8 @@ func (sc *Scheduler[S]) pass(ctx context.Context) {
 			}
 			continue
 		}
-		sc.purge(ctx, s, st)
 		sc.fire(ctx, s, st)
+		sc.purge(ctx, s, st)
 	}
 	for id := range sc.streams {
 		if !seen[id] {
@@ -231,7 +230,7 @@ func (sc *Scheduler[S]) apply(st *streamState, m *pg.Message, off time.Duration)
 		return
 	}
 	if t, err := time.Parse(time.RFC3339Nano, next); err == nil && e != nil {
-		e.due, e.inflight = t, false
+		e.due = t
 	}
 }
 
@@ -267,7 +266,7 @@ func (sc *Scheduler[S]) fire(ctx context.Context, s S, st *streamState) {
 	subjects := slices.SortedFunc(maps.Keys(st.sched), func(a, b string) int { return cmp.Compare(st.sched[a].seq, st.sched[b].seq) })
 	for _, subj := range subjects {
 		e := st.sched[subj]
-		if e.inflight || now.Before(e.due) {
+		if now.Before(e.due) {
 			continue
 		}
 		msgs, _, _, err := sc.cfg.Store.ReadFiltered(ctx, pg.ReadParams{StreamID: s.ID(), From: e.seq, UpTo: e.seq, MaxMsgs: 1}, nil)
@@ -289,11 +288,14 @@ func (sc *Scheduler[S]) fire(ctx context.Context, s S, st *streamState) {
 			delete(st.sched, subj)
 			continue
 		}
-		if err := sc.cfg.Host.Append(ctx, s, target, hdr, data); err != nil {
+		seq, err := sc.cfg.Host.Append(ctx, s, target, hdr, data)
+		if err != nil {
 			sc.failed(ctx, s, subj, err)
 			return
 		}
-		e.inflight = true
+		// Taken in at once, as the scan will take it again: a produced message that limits
+		// remove before the scan reads it must not leave its schedule due.
+		sc.apply(st, &pg.Message{Seq: seq, Subject: target, Header: hdr}, 0)
 	}
 }
 

@@ -17,6 +17,7 @@ import (
 	"github.com/jetgres/jetgres/internal/clock"
 	"github.com/jetgres/jetgres/internal/jswire"
 	"github.com/jetgres/jetgres/internal/startstop"
+	"github.com/jetgres/jetgres/internal/warnlog"
 	"github.com/jetgres/jetgres/pg"
 )
 
@@ -76,6 +77,8 @@ type Scheduler[S Stream] struct {
 	cfg     Config[S]
 	g       startstop.Group
 	streams map[int64]*streamState
+	// warn thins the warnings that would repeat every pass while the database is away.
+	warn warnlog.Throttle
 }
 
 // streamState is what the scheduler read of one stream it holds.
@@ -100,7 +103,7 @@ type purge struct {
 
 // New builds a Scheduler; Start runs it.
 func New[S Stream](cfg Config[S]) (*Scheduler[S], error) {
-	if cfg.Store == nil || cfg.Clock == nil {
+	if cfg.Store == nil || cfg.Host == nil || cfg.Clock == nil {
 		return nil, errors.New("schedule: Config.Store, Host and Clock are required")
 	}
 	if cfg.Logger == nil {
@@ -152,7 +155,7 @@ func (sc *Scheduler[S]) pass(ctx context.Context) {
 		held, err := sc.cfg.Host.Hold(ctx, id)
 		if err != nil || !held {
 			if err != nil && ctx.Err() == nil {
-				sc.cfg.Logger.Warn("taking the scheduler lock failed", "stream", s.Name(), "err", err)
+				sc.warn.Warn(sc.cfg.Logger, sc.cfg.Clock.Now(), "taking the scheduler lock failed", "stream", s.Name(), "err", err)
 			}
 			// Another replica fires, or may: whoever holds it next reads it afresh.
 			delete(sc.streams, id)
@@ -165,7 +168,7 @@ func (sc *Scheduler[S]) pass(ctx context.Context) {
 		}
 		if err := sc.scan(ctx, s, st); err != nil {
 			if ctx.Err() == nil {
-				sc.cfg.Logger.Warn("reading message schedules failed", "stream", s.Name(), "err", err)
+				sc.warn.Warn(sc.cfg.Logger, sc.cfg.Clock.Now(), "reading message schedules failed", "stream", s.Name(), "err", err)
 			}
 			continue
 		}
@@ -251,7 +254,7 @@ func (sc *Scheduler[S]) purge(ctx context.Context, s S, st *streamState) {
 		p := st.purges[0]
 		if err := sc.cfg.Host.Purge(ctx, s, p.subject, p.upTo); err != nil {
 			if ctx.Err() == nil {
-				sc.cfg.Logger.Warn("purging a message schedule failed", "stream", s.Name(), "subject", p.subject, "err", err)
+				sc.warn.Warn(sc.cfg.Logger, sc.cfg.Clock.Now(), "purging a message schedule failed", "stream", s.Name(), "subject", p.subject, "err", err)
 			}
 			return
 		}
@@ -301,7 +304,7 @@ func (sc *Scheduler[S]) fire(ctx context.Context, s S, st *streamState) {
 
 func (sc *Scheduler[S]) failed(ctx context.Context, s S, subject string, err error) {
 	if ctx.Err() == nil {
-		sc.cfg.Logger.Warn("firing a message schedule failed", "stream", s.Name(), "subject", subject, "err", err)
+		sc.warn.Warn(sc.cfg.Logger, sc.cfg.Clock.Now(), "firing a message schedule failed", "stream", s.Name(), "subject", subject, "err", err)
 	}
 }
 

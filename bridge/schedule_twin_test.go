@@ -146,3 +146,41 @@ func describe(m *jetstream.RawStreamMsg) string {
 	fmt.Fprintf(&b, " data=%q", m.Data)
 	return b.String()
 }
+
+// A schedule ends when a message without one is stored on its subject, and a newer schedule
+// replaces an older one: on both sides only the newer fires, and the ended one never does.
+func TestScheduleReplacedTwin(t *testing.T) {
+	t.Parallel()
+	tw := newTwin(t)
+	tw.createStream(jetstream.StreamConfig{Name: "SP", Subjects: []string{"sp.>"}, AllowMsgSchedules: true})
+	at := func(d time.Duration) string { return "@at " + time.Now().Add(d).UTC().Format(time.RFC3339) }
+	tw.pubRaw("ended", &nats.Msg{Subject: "sp.s.ended", Header: nats.Header{"Nats-Schedule": {at(2 * time.Second)}, "Nats-Schedule-Target": {"sp.t.ended"}}})
+	tw.pubRaw("end it", &nats.Msg{Subject: "sp.s.ended", Data: []byte("plain")})
+	tw.pubRaw("replaced", &nats.Msg{Subject: "sp.s.repl", Header: nats.Header{"Nats-Schedule": {at(time.Hour)}, "Nats-Schedule-Target": {"sp.t.old"}}})
+	tw.pubRaw("replacement", &nats.Msg{Subject: "sp.s.repl", Header: nats.Header{"Nats-Schedule": {at(2 * time.Second)}, "Nats-Schedule-Target": {"sp.t.new"}}})
+	// sp.s.ended keeps both its messages; sp.s.repl's schedule fired and went. The ended
+	// schedule was due with the other: had it fired, it would have by then.
+	var got [2]map[string]uint64
+	testwait.For(t, 15*time.Second, func() error {
+		for side, js := range tw.js {
+			s, err := js.Stream(tw.ctx, "SP")
+			if err != nil {
+				return err
+			}
+			info, err := s.Info(tw.ctx, jetstream.WithSubjectFilter("sp.>"))
+			if err != nil {
+				return err
+			}
+			if got[side] = info.State.Subjects; got[side]["sp.t.new"] != 1 || got[side]["sp.s.repl"] != 0 {
+				return fmt.Errorf("%s: subjects %v", sideName[side], got[side])
+			}
+		}
+		return nil
+	})
+	want := map[string]uint64{"sp.s.ended": 2, "sp.t.new": 1}
+	for side := range got {
+		if !maps.Equal(got[side], want) {
+			t.Errorf("%s: subjects %v, want %v", sideName[side], got[side], want)
+		}
+	}
+}

@@ -83,8 +83,7 @@ type Scheduler[S Stream] struct {
 
 // streamState is what the scheduler read of one stream it holds.
 type streamState struct {
-	scanned uint64 // the sequence through which its messages were read
-	held    bool
+	scanned uint64            // the sequence through which its messages were read
 	sched   map[string]*entry // by the schedule's subject
 	purges  []purge
 }
@@ -142,9 +141,11 @@ func (sc *Scheduler[S]) run(ctx context.Context) {
 }
 
 // pass looks at every stream that allows schedules: it takes or confirms the stream's
-// lock, reads what was committed since the last pass, fires what is due, and purges what
-// asks to be.
+// lock, reads what was committed since the last pass (the high-water marks of all of them
+// in one statement), fires what is due, and purges what asks to be.
 func (sc *Scheduler[S]) pass(ctx context.Context) {
+	var held []S
+	var ids []int64
 	seen := make(map[int64]bool)
 	for _, s := range sc.cfg.Host.Streams() {
 		if !s.ConfigView().AllowMsgSchedules {
@@ -152,8 +153,8 @@ func (sc *Scheduler[S]) pass(ctx context.Context) {
 		}
 		id := s.ID()
 		seen[id] = true
-		held, err := sc.cfg.Host.Hold(ctx, id)
-		if err != nil || !held {
+		ok, err := sc.cfg.Host.Hold(ctx, id)
+		if err != nil || !ok {
 			if err != nil && ctx.Err() == nil {
 				sc.warn.Warn(sc.cfg.Logger, sc.cfg.Clock.Now(), "taking the scheduler lock failed", "stream", s.Name(), "err", err)
 			}
@@ -161,12 +162,30 @@ func (sc *Scheduler[S]) pass(ctx context.Context) {
 			delete(sc.streams, id)
 			continue
 		}
-		st := sc.streams[id]
-		if st == nil {
-			st = &streamState{held: true, sched: map[string]*entry{}}
-			sc.streams[id] = st
+		held, ids = append(held, s), append(ids, id)
+	}
+	for id := range sc.streams {
+		if !seen[id] {
+			delete(sc.streams, id)
 		}
-		if err := sc.scan(ctx, s, st); err != nil {
+	}
+	if len(held) == 0 {
+		return
+	}
+	hws, err := sc.cfg.Store.HighWater(ctx, ids)
+	if err != nil {
+		if ctx.Err() == nil {
+			sc.warn.Warn(sc.cfg.Logger, sc.cfg.Clock.Now(), "reading the streams' high-water marks failed", "err", err)
+		}
+		return
+	}
+	for _, s := range held {
+		st := sc.streams[s.ID()]
+		if st == nil {
+			st = &streamState{sched: map[string]*entry{}}
+			sc.streams[s.ID()] = st
+		}
+		if err := sc.scan(ctx, s, st, hws[s.ID()]); err != nil {
 			if ctx.Err() == nil {
 				sc.warn.Warn(sc.cfg.Logger, sc.cfg.Clock.Now(), "reading message schedules failed", "stream", s.Name(), "err", err)
 			}
@@ -175,20 +194,10 @@ func (sc *Scheduler[S]) pass(ctx context.Context) {
 		sc.fire(ctx, s, st)
 		sc.purge(ctx, s, st)
 	}
-	for id := range sc.streams {
-		if !seen[id] {
-			delete(sc.streams, id)
-		}
-	}
 }
 
-// scan reads what s committed since the last pass.
-func (sc *Scheduler[S]) scan(ctx context.Context, s S, st *streamState) error {
-	hws, err := sc.cfg.Store.HighWater(ctx, []int64{s.ID()})
-	if err != nil {
-		return err
-	}
-	hw := hws[s.ID()]
+// scan reads what s committed since the last pass, through its high-water mark hw.
+func (sc *Scheduler[S]) scan(ctx context.Context, s S, st *streamState, hw uint64) error {
 	for st.scanned < hw {
 		msgs, through, _, err := sc.cfg.Store.ReadFiltered(ctx, pg.ReadParams{StreamID: s.ID(), From: st.scanned + 1, UpTo: hw, MaxMsgs: scanBatch}, nil)
 		if err != nil {

@@ -241,3 +241,23 @@ func TestConsumerResetWithReplicas(t *testing.T) {
 		}
 	}
 }
+
+// On an interest stream, the messages a reset moves a consumer past lose its interest and
+// go, as in nats-server; a reset back to the ack floor keeps them.
+func TestConsumerResetInterestTwin(t *testing.T) {
+	t.Parallel()
+	tw := newTwin(t)
+	tw.createStream(jetstream.StreamConfig{Name: "RI", Subjects: []string{"ri.>"}, Retention: jetstream.InterestPolicy})
+	cons, _ := tw.consumer("RI", jetstream.ConsumerConfig{Durable: "C", AckPolicy: jetstream.AckExplicitPolicy, AckWait: time.Minute})
+	for i := range 5 {
+		tw.pub("ri.x", []byte{byte(i)})
+	}
+	tw.fetch(cons, 2)
+	tw.reset("RI", "C", 0, false)
+	tw.settle("RI", func(st jetstream.StreamState) bool { return st.Msgs == 5 })
+	tw.reset("RI", "C", 4, false)
+	tw.settle("RI", func(st jetstream.StreamState) bool { return st.Msgs == 2 && st.FirstSeq == 4 })
+	msgs := tw.fetch(cons, 5)
+	tw.ack(msgs, 4, 5)
+	tw.settle("RI", func(st jetstream.StreamState) bool { return st.Msgs == 0 })
+}

@@ -116,6 +116,11 @@ func TestScheduleFakeClock(t *testing.T) {
 	if lastOn(t, ctx, s, "sch.every") == nil {
 		t.Fatal("the repeating schedule is gone")
 	}
+	for name, want := range map[string]float64{"jetgres_schedule_fired_total": 4, "jetgres_schedule_purges_total": 1, "jetgres_schedule_failures_total": 0} {
+		if got := counterValue(t, tb.reg, name); got != want {
+			t.Errorf("%s = %v, want %v", name, got, want)
+		}
+	}
 
 	// Stopped for a minute: the new bridge fires the missed time once, then every period.
 	tb.stop(t)

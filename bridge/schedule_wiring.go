@@ -18,7 +18,7 @@ var _ schedule.Host[*stream.Stream] = scheduleHost{}
 // newScheduler builds the bridge's scheduler.
 func newScheduler(b *Bridge) (*schedule.Scheduler[*stream.Stream], error) {
 	return schedule.New(schedule.Config[*stream.Stream]{
-		Store: b.db, Host: scheduleHost{b}, Clock: b.clock, Logger: b.log,
+		Store: b.db, Host: scheduleHost{b}, Clock: b.clock, Logger: b.log, Registerer: b.cfg.Registerer,
 	})
 }
 
@@ -51,10 +51,11 @@ func (h scheduleHost) Append(ctx context.Context, s *stream.Stream, subject stri
 	return seq, err
 }
 
-func (h scheduleHost) Purge(ctx context.Context, s *stream.Stream, subject string, upTo uint64) error {
+func (h scheduleHost) Purge(ctx context.Context, s *stream.Stream, subject string, upTo uint64) (bool, error) {
 	n, err := h.b.db.Purge(ctx, s.ID(), pg.PurgeParams{Filter: subject, UpTo: upTo})
-	if err == nil && n > 0 {
-		s.Purge(ctx, stream.Purged{Request: true, Subject: subject})
+	if err != nil || n == 0 {
+		return false, err
 	}
-	return err
+	s.Purge(ctx, stream.Purged{Request: true, Subject: subject})
+	return true, nil
 }

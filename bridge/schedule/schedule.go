@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/jetgres/jetgres/bridge/schedule/pattern"
 	"github.com/jetgres/jetgres/bridge/stream"
@@ -55,9 +56,9 @@ type Host[S Stream] interface {
 	// Append stores a produced message in s as the stream stores a publish, with its
 	// Nats-TTL and Nats-Rollup, announces it, and returns its sequence.
 	Append(ctx context.Context, s S, subject string, hdr, data []byte) (uint64, error)
-	// Purge removes the messages of subject in s below sequence upTo, and announces it
-	// when it removed any.
-	Purge(ctx context.Context, s S, subject string, upTo uint64) error
+	// Purge removes the messages of subject in s below sequence upTo, announces it when it
+	// removed any, and reports whether it did.
+	Purge(ctx context.Context, s S, subject string, upTo uint64) (bool, error)
 }
 
 // Config configures a Scheduler. Store, Host and Clock are required.
@@ -69,6 +70,8 @@ type Config[S Stream] struct {
 	Logger *slog.Logger
 	// Period is how often it looks for schedules due. Defaults to PeriodDefault.
 	Period time.Duration
+	// Registerer receives the scheduler's metrics. Nil registers nothing.
+	Registerer prometheus.Registerer
 }
 
 // Scheduler fires the message schedules of the streams whose scheduler lock this replica
@@ -77,6 +80,7 @@ type Scheduler[S Stream] struct {
 	cfg     Config[S]
 	g       startstop.Group
 	streams map[int64]*streamState
+	m       metrics
 	// warn thins the warnings that would repeat every pass while the database is away.
 	warn warnlog.Throttle
 }
@@ -111,7 +115,7 @@ func New[S Stream](cfg Config[S]) (*Scheduler[S], error) {
 	if cfg.Period <= 0 {
 		cfg.Period = PeriodDefault
 	}
-	return &Scheduler[S]{cfg: cfg, streams: map[int64]*streamState{}}, nil
+	return &Scheduler[S]{cfg: cfg, streams: map[int64]*streamState{}, m: newMetrics(cfg.Registerer)}, nil
 }
 
 // Start runs the scheduler's goroutine under ctx until Stop.
@@ -186,6 +190,7 @@ func (sc *Scheduler[S]) pass(ctx context.Context) {
 			sc.streams[s.ID()] = st
 		}
 		if err := sc.scan(ctx, s, st, hws[s.ID()]); err != nil {
+			sc.m.failures.Inc()
 			if ctx.Err() == nil {
 				sc.warn.Warn(sc.cfg.Logger, sc.cfg.Clock.Now(), "reading message schedules failed", "stream", s.Name(), "err", err)
 			}
@@ -261,13 +266,18 @@ func (sc *Scheduler[S]) next(p string, hdr []byte, ts int64) (time.Time, bool) {
 func (sc *Scheduler[S]) purge(ctx context.Context, s S, st *streamState) {
 	for len(st.purges) > 0 {
 		p := st.purges[0]
-		if err := sc.cfg.Host.Purge(ctx, s, p.subject, p.upTo); err != nil {
+		removed, err := sc.cfg.Host.Purge(ctx, s, p.subject, p.upTo)
+		if err != nil {
+			sc.m.failures.Inc()
 			if ctx.Err() == nil {
 				sc.warn.Warn(sc.cfg.Logger, sc.cfg.Clock.Now(), "purging a message schedule failed", "stream", s.Name(), "subject", p.subject, "err", err)
 			}
 			return
 		}
 		st.purges = st.purges[1:]
+		if removed {
+			sc.m.purged.Inc()
+		}
 	}
 }
 
@@ -305,6 +315,7 @@ func (sc *Scheduler[S]) fire(ctx context.Context, s S, st *streamState) {
 			sc.failed(ctx, s, subj, err)
 			return
 		}
+		sc.m.fired.Inc()
 		// Taken in at once, as the scan will take it again: a produced message that limits
 		// remove before the scan reads it must not leave its schedule due.
 		sc.apply(st, &pg.Message{Seq: seq, Subject: target, Header: hdr}, 0)
@@ -312,6 +323,7 @@ func (sc *Scheduler[S]) fire(ctx context.Context, s S, st *streamState) {
 }
 
 func (sc *Scheduler[S]) failed(ctx context.Context, s S, subject string, err error) {
+	sc.m.failures.Inc()
 	if ctx.Err() == nil {
 		sc.warn.Warn(sc.cfg.Logger, sc.cfg.Clock.Now(), "firing a message schedule failed", "stream", s.Name(), "subject", subject, "err", err)
 	}

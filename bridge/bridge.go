@@ -16,6 +16,7 @@ import (
 	"github.com/jetgres/jetgres/bridge/ownership"
 	"github.com/jetgres/jetgres/bridge/republish"
 	"github.com/jetgres/jetgres/bridge/retention"
+	"github.com/jetgres/jetgres/bridge/schedule"
 	"github.com/jetgres/jetgres/bridge/sqlmove"
 	"github.com/jetgres/jetgres/bridge/stream"
 	"github.com/jetgres/jetgres/bridge/tailcache"
@@ -268,6 +269,7 @@ type Bridge struct {
 	gets      *gets.Indexes
 	sql       *sqlmove.Mover[*stream.Stream]
 	retention *retention.Enforcer[*stream.Stream]
+	sched     *schedule.Scheduler[*stream.Stream]
 
 	stopOnce sync.Once
 }
@@ -327,6 +329,9 @@ func New(cfg Config) (*Bridge, error) {
 		return nil, fmt.Errorf("bridge: %w", err)
 	}
 	b.sql = sql
+	if b.sched, err = newScheduler(b); err != nil {
+		return nil, fmt.Errorf("bridge: %w", err)
+	}
 	b.api = jsapi.New(jsapi.Config{
 		Link: cfg.Link, Store: cfg.DB, Streams: b.streams, Consumers: b.cons, Forwarder: b.fwd, Retention: b.retention,
 		Clock: b.clock, Logger: cfg.Logger, Registerer: cfg.Registerer,
@@ -375,6 +380,10 @@ func (b *Bridge) Start(ctx context.Context) (err error) {
 	if err := b.retention.Start(b.ctx); err != nil {
 		return fmt.Errorf("bridge: start retention: %w", err)
 	}
+	// The scheduler's locks are taken on the consumers' ownership session, open by now.
+	if err := b.sched.Start(b.ctx); err != nil {
+		return fmt.Errorf("bridge: start the scheduler: %w", err)
+	}
 	if err := b.sql.Start(b.ctx); err != nil {
 		return fmt.Errorf("bridge: start the SQL mover: %w", err)
 	}
@@ -410,6 +419,7 @@ func (b *Bridge) Stop(ctx context.Context) error {
 		// What those flushes committed is republished before the link goes.
 		b.repub.Stop(ctx)
 		b.fwd.Stop()
+		b.sched.Stop()
 		b.cons.Stop(ctx)
 		b.api.Stop()
 		b.bg.Stop()

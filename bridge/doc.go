@@ -37,6 +37,12 @@
 // (retention_wiring.go); the ack path hands it every ack, and the API handlers tell it of
 // consumer changes and settle it before a stream info.
 //
+// Message schedules are bridge/schedule: one goroutine that, on the replica holding a
+// stream's scheduler lock (taken on the consumers' ownership session), reads what the
+// stream committed, fires what is due and purges the one-shot schedules that fired. It
+// reaches the streams, that lock, appends and purges only through scheduleHost
+// (schedule_wiring.go); the intake checks a schedule's headers (bridge/stream).
+//
 // When package pg finds the database served by another server (a standby promoted), the
 // registry rebuilds the streams' tails and get indexes from it and purges what the
 // consumers read ahead (stream.Registry.ServerChanged); the streams are re-read, as after a

@@ -167,8 +167,8 @@ func TestUnsupportedRequests(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, r := range []struct{ subject, name string }{
-		{"$JS.API.CONSUMER.RESET.UNSUP.C", "CONSUMER.RESET"},
-		{"$JS.API.CONSUMER.RESET.UNSUP.C", "CONSUMER.RESET"},
+		{"$JS.API.CONSUMER.LEADER.STEPDOWN.UNSUP.C", "CONSUMER.LEADER.STEPDOWN"},
+		{"$JS.API.CONSUMER.LEADER.STEPDOWN.UNSUP.C", "CONSUMER.LEADER.STEPDOWN"},
 		{"$JS.API.STREAM.LEADER.STEPDOWN.UNSUP", "STREAM.LEADER.STEPDOWN"},
 		{"$JS.API.META.LEADER.STEPDOWN", "META.LEADER.STEPDOWN"},
 	} {
@@ -186,13 +186,13 @@ func TestUnsupportedRequests(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for name, want := range map[string]float64{"CONSUMER.RESET": 2, "STREAM.LEADER.STEPDOWN": 1} {
+	for name, want := range map[string]float64{"CONSUMER.LEADER.STEPDOWN": 2, "STREAM.LEADER.STEPDOWN": 1} {
 		key := `jetgres_api_unsupported_total{request="` + name + `"}`
 		if got, ok := m[key]; !ok || got != want {
 			t.Errorf("%s = %v (present %v), want %v", key, got, ok, want)
 		}
 	}
-	if n := strings.Count(j.logs.String(), `request=CONSUMER.RESET`); n != 1 {
-		t.Errorf("CONSUMER.RESET logged %d times, want once", n)
+	if n := strings.Count(j.logs.String(), `request=CONSUMER.LEADER.STEPDOWN`); n != 1 {
+		t.Errorf("CONSUMER.LEADER.STEPDOWN logged %d times, want once", n)
 	}
 }

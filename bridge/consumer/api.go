@@ -285,6 +285,46 @@ func (cs *Engine) Unpin(ctx context.Context, s *stream.Stream, name, group strin
 	return priority.ErrUnknownGroup
 }
 
+// Reset moves the consumer called name on s as CONSUMER.RESET does (seq 0: back to its
+// ack floor; see startpos.Reset): what it delivered and saw no ack for is forgotten and goes
+// out again from the reset point, whose floor is stored. It reports the consumer's info as
+// nats-server's answer does, and the reset point. A refused reset is one of startpos's
+// reasons; a consumer another replica serves is refused with an *ownership.ServedBy.
+func (cs *Engine) Reset(ctx context.Context, s *stream.Stream, name string, seq uint64) (*server.ConsumerInfo, uint64, error) {
+	c, err := cs.serveHere(ctx, s, name)
+	if err != nil {
+		return nil, 0, err
+	}
+	c.mu.Lock()
+	cfg := c.cfg
+	_, floor := c.st.Shown()
+	c.mu.Unlock()
+	seq, start, err := startpos.Reset(ctx, cs.db, s.ID(), &cfg, floor.Stream, seq)
+	if err != nil {
+		return nil, 0, err
+	}
+	ch := &configChange{resetSeq: seq, start: start, applied: make(chan struct{})}
+	if !c.postControl(event{kind: evReset, cfg: ch}) {
+		return nil, 0, errStopping
+	}
+	select {
+	case <-ch.applied:
+	case <-c.done:
+		return nil, 0, errStopping
+	case <-ctx.Done():
+		return nil, 0, ctx.Err()
+	}
+	cs.cfg.Retention.Stale(s)
+	info, err := cs.info(ctx, c)
+	if err != nil {
+		return nil, 0, fmt.Errorf("consumer %q on stream %q: %w", name, s.Name(), err)
+	}
+	// Delivery resumes before the info is read: nats-server reports the reset point.
+	info.Delivered = server.SequenceInfo{Stream: seq - 1}
+	info.AckFloor = server.SequenceInfo{Stream: seq - 1}
+	return info, seq, nil
+}
+
 // serveHere is the consumer called name on s, served by this replica, or why not: an
 // *ownership.ServedBy when another replica serves it.
 func (cs *Engine) serveHere(ctx context.Context, s *stream.Stream, name string) (*consumer, error) {
@@ -358,4 +398,10 @@ func (cs *Engine) List(ctx context.Context, s *stream.Stream, rows []pg.Consumer
 // HighWater reads a stream's committed high-water mark from PostgreSQL.
 func (cs *Engine) HighWater(ctx context.Context, s *stream.Stream) (uint64, error) {
 	return cs.highWater(ctx, s)
+}
+
+// HoldScheduler reports whether this replica fires the message schedules of the stream
+// streamID, on the ownership session that holds its consumers (ownership.Keeper).
+func (cs *Engine) HoldScheduler(ctx context.Context, streamID int64) (bool, error) {
+	return cs.keeper.HoldScheduler(ctx, streamID)
 }

@@ -54,6 +54,7 @@ const (
 	evPurged
 	evConfig
 	evFlowControl // a client answered the flow-control request named in reply
+	evReset       // CONSUMER.RESET: cfg.start is where delivery starts again
 )
 
 // event is work for a consumer's goroutine, in arrival order. Acks come by the thousand
@@ -68,11 +69,13 @@ type event struct {
 	purge      *purgemove.Move // how an evPurged moves the consumer, nil when it does not
 }
 
-// configChange is an evConfig's update, already stored in PostgreSQL; applied is closed
-// once the goroutine runs with it.
+// configChange is an evConfig's update, already stored in PostgreSQL, or an evReset's
+// reset point and start; applied is closed once the goroutine runs with it.
 type configChange struct {
-	cfg     server.ConsumerConfig
-	applied chan struct{}
+	cfg      server.ConsumerConfig
+	resetSeq uint64
+	start    *startpos.Position
+	applied  chan struct{}
 }
 
 type stopReason uint8
@@ -357,7 +360,23 @@ func (c *consumer) handle(ctx context.Context, ev *event, now time.Time) {
 			c.pend.SetStale()
 		}
 		close(ev.cfg.applied)
+	case evReset:
+		c.reset(ev.cfg.resetSeq, ev.cfg.start)
+		close(ev.cfg.applied)
 	}
+}
+
+// reset forgets every delivery, as CONSUMER.RESET does: the ack floor goes just below seq
+// and is written, delivery starts again at start, and num_pending is counted again.
+func (c *consumer) reset(seq uint64, start *startpos.Position) {
+	c.dropAhead()
+	c.st = consumerstate.New(consumerstate.ConfigOf(&c.cfg), consumerstate.Pair{Stream: seq - 1}, start.Next)
+	c.start = nil
+	if len(start.Skip) > 0 {
+		c.start = start
+	}
+	c.pend.SetStale()
+	c.floorMoved()
 }
 
 // msgsPending is nats-server's count for no-wait requests: messages never delivered that

@@ -17,9 +17,10 @@
 // every cursor write one of the ack lane. It takes the streams' events as a
 // stream.Subscriber (OnCommitted, OnPurged, OnRemoved, OnDropped) and tells retention of
 // acks and consumer changes through Retention. The API handlers, which decode requests and
-// build responses, are bridge/jsapi's: they call Create, Info, Pause, Delete and List, and
-// HandlePull takes the pull requests that reach this replica through the $JS.API queue
-// group.
+// build responses, are bridge/jsapi's: they call Create, Info, Pause, Unpin, Reset, Delete
+// and List, and HandlePull takes the pull requests that reach this replica through the
+// $JS.API queue group. The scheduler (bridge/schedule) takes its streams' locks on the
+// engine's ownership session through HoldScheduler.
 //
 // # Ownership
 //

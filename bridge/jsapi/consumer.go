@@ -57,6 +57,8 @@ func (a *API) handleConsumerAPI(ctx context.Context, tok []string, m *leaf.Msg, 
 			return
 		}
 		a.respond(m.Reply, r, &r.ApiResponse, server.NewJSStreamGeneralError, err)
+	case len(tok) == 3 && tok[0] == "RESET":
+		a.serveReset(ctx, m, tok[1], tok[2], forwarded)
 	default:
 		a.badRequest(m, server.JSApiConsumerInfoResponseType)
 	}

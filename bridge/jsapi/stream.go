@@ -211,6 +211,9 @@ func (a *API) apiStreamUpdate(ctx context.Context, name string, body []byte) (*s
 	case old.AllowMsgCounter != cfg.AllowMsgCounter:
 		return fail(server.NewJSStreamInvalidConfigError(errors.New("stream configuration update can not change message counter setting")))
 	}
+	if e := jswire.CheckScheduleUpdate(&old, &cfg); e != nil {
+		return fail(e)
+	}
 	if e := jswire.CheckTTLUpdate(&old, &cfg); e != nil {
 		return fail(e)
 	}

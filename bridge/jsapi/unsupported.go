@@ -20,15 +20,13 @@ type unsupportedRequest struct {
 }
 
 // unsupportedRequests are nats-server's API subjects (server/jetstream_api.go) that jetgres
-// does not serve. The cluster-only ones have nothing to do with one PostgreSQL behind any
-// number of replicas; consumer resets are a feature jetgres does not have. The list bounds
-// the label set of jetgres_api_unsupported_total.
+// does not serve: the cluster-only ones, which have nothing to do with one PostgreSQL behind
+// any number of replicas. The list bounds the label set of jetgres_api_unsupported_total.
 var unsupportedRequests = [...]unsupportedRequest{
 	{name: "STREAM.LEADER.STEPDOWN", args: 1, typ: server.JSApiStreamLeaderStepDownResponseType},
 	{name: "STREAM.PEER.REMOVE", args: 1, typ: server.JSApiStreamRemovePeerResponseType},
 	{name: "STREAM.PEER.EVACUATE", args: 1, typ: server.JSApiStreamEvacuatePeerResponseType},
 	{name: "STREAM.CANCEL_MOVE", args: 1, typ: server.JSApiStreamCancelMoveResponseType},
-	{name: "CONSUMER.RESET", args: 2, typ: server.JSApiConsumerResetResponseType},
 	{name: "CONSUMER.LEADER.STEPDOWN", args: 2, typ: server.JSApiConsumerLeaderStepDownResponseType},
 	{name: "CONSUMER.PEER.REMOVE", args: 2, typ: server.JSApiConsumerRemovePeerResponseType},
 	{name: "CONSUMER.PEER.EVACUATE", args: 2, typ: server.JSApiConsumerEvacuatePeerResponseType},

@@ -297,6 +297,8 @@ func (f *Forwarder) answerRefused(api, reply string) {
 		typ = server.JSApiConsumerInfoResponseType
 	case strings.HasPrefix(api, "CONSUMER.PAUSE."):
 		typ = server.JSApiConsumerPauseResponseType
+	case strings.HasPrefix(api, "CONSUMER.RESET."):
+		typ = server.JSApiConsumerResetResponseType
 	}
 	data, err := json.Marshal(server.ApiResponse{Type: typ, Error: server.NewJSConsumerCreateError(ErrForwardRefused)})
 	if err != nil {

@@ -346,3 +346,13 @@ func (k *Keeper) ClaimFree(ctx context.Context) func(context.Context) {
 		}
 	}
 }
+
+// HoldScheduler reports whether this replica is the one that fires the message schedules
+// of the stream streamID, taking that role if no replica has it (pg.Ownership's
+// HoldScheduler). It is false until the keeper is open.
+func (k *Keeper) HoldScheduler(ctx context.Context, streamID int64) (bool, error) {
+	if k.own == nil {
+		return false, nil
+	}
+	return k.own.HoldScheduler(ctx, streamID)
+}

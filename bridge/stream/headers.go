@@ -32,15 +32,19 @@ func checkHeaders(cfg *server.StreamConfig, subject string, hdr []byte, dataLen 
 	if jswire.HeaderValue(hdr, server.JSExpectedLastSubjSeq) == "" && jswire.HeaderValue(hdr, server.JSExpectedLastSubjSeqSubj) != "" {
 		return server.NewJSStreamExpectedLastSeqPerSubjectInvalidError()
 	}
-	if !cfg.AllowMsgSchedules && schedules(hdr) {
-		return server.NewJSMessageSchedulesDisabledError()
+	if _, e := checkSchedule(cfg, subject, hdr); e != nil {
+		return e
 	}
 	if next := jswire.HeaderValue(hdr, server.JSScheduleNext); next != "" {
+		// A client's Nats-Schedule-Next may only purge a schedule (bridge/schedule does).
 		scheduler := jswire.HeaderValue(hdr, server.JSScheduler)
 		if next != server.JSScheduleNextPurge || scheduler == "" || scheduler == subject || !server.IsValidPublishSubject(scheduler) {
 			return server.NewJSMessageSchedulesSchedulerInvalidError()
 		}
-		return server.NewJSMessageSchedulesDisabledError()
+		if !cfg.AllowMsgSchedules {
+			return server.NewJSMessageSchedulesDisabledError()
+		}
+		return nil
 	}
 	if jswire.HeaderValue(hdr, server.JSScheduler) != "" {
 		return server.NewJSMessageSchedulesSchedulerInvalidError()

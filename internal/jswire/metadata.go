@@ -16,10 +16,8 @@ import (
 // APILevel is the JetStream API level jetgres serves: what $JS.API.INFO and the _nats.level
 // metadata report, and the most a request's Nats-Required-Api-Level may ask for. Clients gate
 // features on it before they ask (the nats CLI refuses `pub --atomic` below 2), so it is the
-// level of the latest feature jetgres implements: 2, atomic batch publish and counters
-// (nats-server 2.12). The features of levels 1 and 2 that jetgres does not implement
-// (schedules) are refused where they are asked for, with nats-server's errors for a stream
-// that does not allow them.
+// level of the latest feature jetgres implements: 2, atomic batch publish, counters and
+// message schedules (nats-server 2.12).
 const APILevel = 2
 
 // SetStaticStreamMetadata sets the API level cfg needs, as nats-server does on create and

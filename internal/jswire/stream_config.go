@@ -20,8 +20,8 @@ const MaxStreamSubjects = 1000
 // CheckStreamConfig validates a requested configuration and fills in JetStream's defaults
 // for what the client left out, as nats-server does, so that the stored and reported config
 // is complete. Features jetgres does not implement are refused rather than ignored.
-// allow_atomic (atomic batch publish), allow_msg_counter, allow_msg_ttl and
-// subject_delete_marker_ttl are served; allow_batched, fast batch publish, is kept
+// allow_atomic (atomic batch publish), allow_msg_counter, allow_msg_schedules,
+// allow_msg_ttl and subject_delete_marker_ttl are served; allow_batched, fast batch publish, is kept
 // because tools such as `nats bench --create` always set it, and a publish that uses a fast
 // batch is refused.
 func CheckStreamConfig(req server.StreamConfig, maxPayload int32) (server.StreamConfig, *server.ApiError) {
@@ -38,8 +38,6 @@ func CheckStreamConfig(req server.StreamConfig, maxPayload int32) (server.Stream
 	switch {
 	case cfg.Mirror != nil || len(cfg.Sources) > 0:
 		return cfg, server.NewJSStreamInvalidConfigError(errors.New("mirrors and sources are not supported by jetgres"))
-	case cfg.AllowMsgSchedules:
-		return cfg, server.NewJSStreamInvalidConfigError(errors.New("schedules are not supported by jetgres"))
 	}
 	if cfg.PersistMode == server.AsyncPersistMode {
 		switch {
@@ -118,6 +116,9 @@ func CheckStreamConfig(req server.StreamConfig, maxPayload int32) (server.Stream
 		return cfg, server.NewJSStreamInvalidConfigError(errors.New("discard new per subject requires discard new policy and max msgs per subject > 0"))
 	}
 	if e := checkMarkerTTL(&cfg); e != nil {
+		return cfg, e
+	}
+	if e := checkScheduleConfig(&cfg); e != nil {
 		return cfg, e
 	}
 	if cfg.MaxMsgSize > maxPayload {

@@ -1,11 +1,13 @@
 // Package startpos decides where a new consumer starts, from its deliver policy and what
-// PostgreSQL holds, as nats-server's selectStartingSeqNo does. It reads and keeps nothing
-// else; it has no locks.
+// PostgreSQL holds, as nats-server's selectStartingSeqNo does, and where CONSUMER.RESET
+// moves one, as its resetStartingSeq does. It reads and keeps nothing else; it has no locks.
 package startpos
 
 import (
 	"context"
 	"errors"
+	"fmt"
+	"slices"
 
 	"github.com/nats-io/nats-server/v2/server"
 
@@ -132,3 +134,56 @@ func Choose(ctx context.Context, db PositionStore, streamID int64, cfg *server.C
 	pos.Next = max(next, first, 1)
 	return &pos, nil
 }
+
+// Reset decides where CONSUMER.RESET moves a consumer of the stream streamID with
+// configuration cfg, as nats-server's resetStartingSeq does: req 0 is back to just above
+// floor, its ack floor's stream sequence, whatever the deliver policy; any other sequence
+// only for deliver all, or no lower than the start a by-sequence or by-time consumer was
+// given. seq is the reset point the response reports; for deliver last per subject, pos
+// delivers the last message of each subject from seq on first. err is nats-server's
+// reason, for JSConsumerInvalidResetErr, or PostgreSQL's failure wrapped.
+func Reset(ctx context.Context, db PositionStore, streamID int64, cfg *server.ConsumerConfig, floor, req uint64) (seq uint64, pos *Position, err error) {
+	seq = req
+	switch {
+	case req == 0:
+		seq = floor + 1
+	case cfg.DeliverPolicy == server.DeliverAll:
+	case cfg.DeliverPolicy == server.DeliverByStartSequence:
+		if req < cfg.OptStartSeq {
+			return 0, nil, ErrBelowStartSeq
+		}
+	case cfg.DeliverPolicy == server.DeliverByStartTime && cfg.OptStartTime != nil:
+		from, err := db.SeqAtTime(ctx, streamID, cfg.OptStartTime.UnixNano())
+		if err != nil {
+			return 0, nil, fmt.Errorf("the sequence at the consumer's start time: %w", err)
+		}
+		if req < from {
+			return 0, nil, ErrBelowStartTime
+		}
+	default:
+		return 0, nil, ErrResetNotAllowed
+	}
+	pos = &Position{Next: seq}
+	if cfg.DeliverPolicy != server.DeliverLastPerSubject {
+		return seq, pos, nil
+	}
+	st, err := db.State(ctx, streamID)
+	if err != nil {
+		return 0, nil, fmt.Errorf("stream state: %w", err)
+	}
+	seqs, err := db.LastSeqsPerSubject(ctx, streamID, jswire.ConsumerFilters(cfg), st.LastSeq)
+	if err != nil {
+		return 0, nil, fmt.Errorf("last messages per subject: %w", err)
+	}
+	if i, _ := slices.BinarySearch(seqs, seq); i < len(seqs) {
+		pos.Next, pos.Skip, pos.Resume = seqs[i], seqs[i:], seqs[len(seqs)-1]
+	}
+	return seq, pos, nil
+}
+
+// The reasons nats-server gives for a reset it refuses, in its words.
+var (
+	ErrBelowStartSeq   = errors.New("below start seq")
+	ErrBelowStartTime  = errors.New("below start time")
+	ErrResetNotAllowed = errors.New("not allowed")
+)

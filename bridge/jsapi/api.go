@@ -71,6 +71,15 @@ type Config struct {
 	ClusterName, ReplicaName string
 	// Domain is the JetStream domain that account and stream info report; "" reports none.
 	Domain string
+	// Copies reports the mirror and sources blocks of stream info, and hears of streams
+	// created or changed with one. Nil refuses mirrors and sources.
+	Copies Copies
+}
+
+// Copies is the engine that copies into streams with a mirror or sources (bridge/mirror).
+type Copies interface {
+	Info(s *stream.Stream) (*server.StreamSourceInfo, []*server.StreamSourceInfo)
+	Kick()
 }
 
 // API serves the JetStream API.

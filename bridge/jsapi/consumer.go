@@ -2,7 +2,10 @@ package jsapi
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/nats-io/nats-server/v2/server"
@@ -23,6 +26,11 @@ import (
 func (a *API) handleConsumerAPI(ctx context.Context, tok []string, m *leaf.Msg, forwarded bool) {
 	switch {
 	case len(tok) >= 2 && (tok[0] == "CREATE" || tok[0] == "DURABLE" && tok[1] == "CREATE"):
+		if e := requiredAPILevel(m.Header); e != nil {
+			r := &server.JSApiConsumerCreateResponse{ApiResponse: jswire.APIResponse(server.JSApiConsumerCreateResponseType)}
+			a.respond(m.Reply, r, &r.ApiResponse, server.NewJSConsumerCreateError, e)
+			return
+		}
 		r, err := a.apiCreate(ctx, tok, m.Data)
 		if err = a.fwd.Forward(m, err, forwarded); err == ownership.ErrForwarded {
 			return
@@ -218,6 +226,13 @@ func (a *API) pagedConsumers(ctx context.Context, streamName string, data []byte
 	if err != nil {
 		return nil, nil, 0, fmt.Errorf("listing consumers of stream %q: %w", streamName, err)
 	}
+	// As nats-server, the direct consumers of streams copying from this one are not listed.
+	rows = slices.DeleteFunc(rows, func(c pg.Consumer) bool {
+		var cfg struct {
+			Direct bool `json:"direct"`
+		}
+		return json.Unmarshal(c.Config, &cfg) == nil && cfg.Direct
+	})
 	return s, rows, min(max(req.Offset, 0), len(rows)), nil
 }
 
@@ -259,4 +274,18 @@ func (a *API) workQueueConflict(ctx context.Context, s *stream.Stream, name stri
 		return jserr.API(err, server.NewJSConsumerCreateError)
 	}
 	return refused
+}
+
+// requiredAPILevel refuses a request that needs a later JetStream API level than jetgres
+// serves (the Nats-Required-Api-Level header), as nats-server does: a stream that copies
+// from this one then asks again for a consumer of the level served.
+func requiredAPILevel(hdr []byte) *server.ApiError {
+	v := jswire.HeaderValue(hdr, server.JSRequiredApiLevel)
+	if v == "" {
+		return nil
+	}
+	if n, err := strconv.Atoi(v); err != nil || n > jswire.APILevel {
+		return server.NewJSRequiredApiLevelError()
+	}
+	return nil
 }

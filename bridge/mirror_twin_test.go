@@ -1,0 +1,184 @@
+package bridge
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/jetgres/jetgres/internal/testwait"
+)
+
+// pubHeaders publishes n messages with a header to subject on both sides.
+func (tw *twin) pubHeaders(subject string, n int) {
+	tw.t.Helper()
+	for i := range n {
+		for side, js := range tw.js {
+			m := nats.NewMsg(subject)
+			m.Header.Set("K", fmt.Sprint(i))
+			m.Header.Set("Nats-Expected-Stream", "ORDERS")
+			m.Data = fmt.Appendf(nil, "order %d", i)
+			if _, err := js.PublishMsg(tw.ctx, m); err != nil {
+				tw.t.Fatalf("%s: publish: %v", sideName[side], err)
+			}
+		}
+	}
+}
+
+// sameCopy checks that stream copy holds, on each side, the messages of origin under the
+// same sequences, subjects, data and store times (the Nats-Expected-* headers gone), and
+// that both sides hold the same.
+func (tw *twin) sameCopy(origin, copy string, last uint64) {
+	tw.t.Helper()
+	var seen [2][]string
+	for side, js := range tw.js {
+		o, err := js.Stream(tw.ctx, origin)
+		if err != nil {
+			tw.t.Fatal(err)
+		}
+		c, err := js.Stream(tw.ctx, copy)
+		if err != nil {
+			tw.t.Fatal(err)
+		}
+		for seq := uint64(1); seq <= last; seq++ {
+			om, oerr := o.GetMsg(tw.ctx, seq)
+			cm, cerr := c.GetMsg(tw.ctx, seq)
+			// A message deleted from the origin after it was copied stays in the copy.
+			if cerr != nil {
+				if oerr == nil {
+					tw.t.Fatalf("%s: seq %d: origin has it, copy %v", sideName[side], seq, cerr)
+				}
+				seen[side] = append(seen[side], fmt.Sprintf("%d deleted", seq))
+				continue
+			}
+			if oerr != nil {
+				om = cm
+			}
+			if om.Subject != cm.Subject || !bytes.Equal(om.Data, cm.Data) || !om.Time.Equal(cm.Time) {
+				tw.t.Fatalf("%s: seq %d: origin %s %q %s, copy %s %q %s", sideName[side], seq, om.Subject, om.Data, om.Time, cm.Subject, cm.Data, cm.Time)
+			}
+			if cm.Header.Get("Nats-Expected-Stream") != "" || cm.Header.Get("K") != om.Header.Get("K") {
+				tw.t.Fatalf("%s: seq %d: copy headers %v, origin %v", sideName[side], seq, cm.Header, om.Header)
+			}
+			seen[side] = append(seen[side], fmt.Sprintf("%d %s %q %v", seq, cm.Subject, cm.Data, cm.Header))
+		}
+	}
+	if fmt.Sprint(seen[ours]) != fmt.Sprint(seen[theirs]) {
+		tw.t.Fatalf("copies differ:\njetgres   %v\njetstream %v", seen[ours], seen[theirs])
+	}
+}
+
+// copyInfo compares the mirror and sources blocks of both sides' stream info once both
+// have heard from their origins.
+func (tw *twin) copyInfo(name string) {
+	tw.t.Helper()
+	norm := func(si *jetstream.StreamSourceInfo) string {
+		if si == nil {
+			return "none"
+		}
+		c := *si
+		if c.Active < 0 || c.Active > 10*time.Second {
+			return fmt.Sprintf("not active: %v", c.Active)
+		}
+		c.Active = 0
+		b, _ := json.Marshal(c)
+		return string(b)
+	}
+	testwait.For(tw.t, 10*time.Second, func() error {
+		var got [2]string
+		for side, js := range tw.js {
+			s, err := js.Stream(tw.ctx, name)
+			if err != nil {
+				return err
+			}
+			info := s.CachedInfo()
+			got[side] = norm(info.Mirror)
+			for _, si := range info.Sources {
+				got[side] += " " + norm(si)
+			}
+		}
+		if got[ours] != got[theirs] {
+			return fmt.Errorf("stream %s copy info:\njetgres   %s\njetstream %s", name, got[ours], got[theirs])
+		}
+		return nil
+	})
+}
+
+// configJSON is a stream's configuration as a client reads it, without the metadata that
+// names server versions.
+func (tw *twin) configJSON(side int, name string) string {
+	tw.t.Helper()
+	s, err := tw.js[side].Stream(tw.ctx, name)
+	if err != nil {
+		tw.t.Fatal(err)
+	}
+	cfg := s.CachedInfo().Config
+	cfg.Metadata = nil
+	b, _ := json.Marshal(cfg)
+	return string(b)
+}
+
+func TestMirrorTwin(t *testing.T) {
+	tw := newTwin(t)
+	tw.createStream(jetstream.StreamConfig{Name: "ORDERS", Subjects: []string{"orders.>"}, AllowDirect: true})
+	tw.pubHeaders("orders.new", 10)
+	tw.deleteMsg("ORDERS", 4)
+
+	for _, bad := range []jetstream.StreamConfig{
+		{Name: "BAD", Mirror: &jetstream.StreamSource{Name: "ORDERS"}, Subjects: []string{"bad"}},
+		{Name: "BAD", Mirror: &jetstream.StreamSource{Name: "ORDERS"}, FirstSeq: 5},
+		{Name: "BAD", Mirror: &jetstream.StreamSource{Name: "ORDERS"}, Sources: []*jetstream.StreamSource{{Name: "X"}}},
+		{Name: "BAD", Mirror: &jetstream.StreamSource{Name: "ORDERS", FilterSubject: "orders.a",
+			SubjectTransforms: []jetstream.SubjectTransformConfig{{Source: "orders.b", Destination: "b"}}}},
+		{Name: "BAD", Mirror: &jetstream.StreamSource{Name: "ORDERS", External: &jetstream.ExternalStream{APIPrefix: "$JS.API"}}},
+		{Name: "BAD", Mirror: &jetstream.StreamSource{Name: "OR.DERS"}},
+		{Name: "BAD", Mirror: &jetstream.StreamSource{Name: "ORDERS", SubjectTransforms: []jetstream.SubjectTransformConfig{
+			{Source: "orders.*", Destination: "a"}, {Source: "orders.a", Destination: "b"}}}},
+		{Name: "BAD", Sources: []*jetstream.StreamSource{{Name: "ORDERS"}, {Name: "ORDERS"}}},
+	} {
+		var code [2]jetstream.ErrorCode
+		for side, js := range tw.js {
+			_, err := js.CreateStream(tw.ctx, bad)
+			code[side] = errCode(t, side, err)
+		}
+		if code[ours] != code[theirs] || code[ours] == 0 {
+			t.Errorf("create %+v: jetgres err_code %d, jetstream %d", bad.Mirror, code[ours], code[theirs])
+		}
+	}
+
+	tw.createStream(jetstream.StreamConfig{Name: "M", Mirror: &jetstream.StreamSource{Name: "ORDERS"}})
+	if a, b := tw.configJSON(ours, "M"), tw.configJSON(theirs, "M"); a != b {
+		t.Errorf("mirror config:\njetgres   %s\njetstream %s", a, b)
+	}
+	tw.settle("M", func(st jetstream.StreamState) bool { return st.LastSeq == 10 })
+	tw.sameCopy("ORDERS", "M", 10)
+	tw.copyInfo("M")
+
+	// A mirror takes no publishes: it has no subjects, and its mirror can not change.
+	var code [2]jetstream.ErrorCode
+	for side, js := range tw.js {
+		_, err := js.UpdateStream(tw.ctx, jetstream.StreamConfig{Name: "M", Mirror: &jetstream.StreamSource{Name: "ORDERS", FilterSubject: "orders.a"}})
+		code[side] = errCode(t, side, err)
+	}
+	if code[ours] != code[theirs] || code[ours] == 0 {
+		t.Errorf("mirror update: jetgres err_code %d, jetstream %d", code[ours], code[theirs])
+	}
+
+	tw.pubHeaders("orders.paid", 5)
+	tw.settle("M", func(st jetstream.StreamState) bool { return st.LastSeq == 15 })
+	tw.deleteMsg("ORDERS", 13)
+	tw.pubHeaders("orders.shipped", 2)
+	tw.settle("M", func(st jetstream.StreamState) bool { return st.LastSeq == 17 })
+	tw.sameCopy("ORDERS", "M", 17)
+	tw.copyInfo("M")
+
+	// Promoted, the mirror is an ordinary stream: it keeps what it copied and takes
+	// publishes under its own name.
+	tw.updateStream(jetstream.StreamConfig{Name: "M"})
+	tw.pub("M", []byte("after promotion"))
+	tw.copyInfo("M")
+}

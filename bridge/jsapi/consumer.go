@@ -35,7 +35,7 @@ func (a *API) handleConsumerAPI(ctx context.Context, tok []string, m *leaf.Msg, 
 		if err = a.fwd.Forward(m, err, forwarded); err == ownership.ErrForwarded {
 			return
 		}
-		a.respond(m.Reply, r, &r.ApiResponse, server.NewJSConsumerCreateError, err)
+		a.respondHdr(m.Reply, a.identityHeader(r), r, &r.ApiResponse, server.NewJSConsumerCreateError, err)
 	case len(tok) == 3 && tok[0] == "INFO":
 		r, err := a.apiInfo(ctx, tok[1], tok[2], m.Data, func(served error) bool {
 			return a.fwd.Forward(m, served, forwarded) == ownership.ErrForwarded
@@ -288,4 +288,18 @@ func requiredAPILevel(hdr []byte) *server.ApiError {
 		return server.NewJSRequiredApiLevelError()
 	}
 	return nil
+}
+
+// identityHeader is the Nats-Stream-Identity header nats-server puts on its answer to the
+// create of a direct consumer, which a stream copying from this one names its origin by:
+// the stream's identity, from its creation time. Nil for any other answer.
+func (a *API) identityHeader(r *server.JSApiConsumerCreateResponse) []byte {
+	if r.ConsumerInfo == nil || r.ConsumerInfo.Config == nil || !r.ConsumerInfo.Config.Direct {
+		return nil
+	}
+	s := a.streams.Lookup(r.ConsumerInfo.Stream)
+	if s == nil {
+		return nil
+	}
+	return jswire.AppendHeaders(nil, server.JSStreamIdentity, jswire.StreamIdentity(s.Created()))
 }

@@ -89,11 +89,13 @@ type origin struct {
 	// sseq is the last origin sequence taken, dseq the last delivery sequence of the
 	// current consumer, cname its name.
 	sseq, dseq uint64
-	cname      string
-	lag        uint64
-	last       time.Time
-	err        *server.ApiError
-	fails      int
+	// stored is, for a source, the last origin sequence stored, which info reports.
+	stored uint64
+	cname  string
+	lag    uint64
+	last   time.Time
+	err    *server.ApiError
+	fails  int
 	// ident is the origin's identity (Nats-Stream-Identity) as its consumer create
 	// answer gave it.
 	ident string
@@ -117,6 +119,9 @@ func (o *origin) info(now time.Time) *server.StreamSourceInfo {
 	si := &server.StreamSourceInfo{Name: o.src.Name, Lag: o.lag, Error: o.err, FilterSubject: o.src.FilterSubject, Active: -1}
 	if !o.last.IsZero() {
 		si.Active = now.Sub(o.last)
+	}
+	if !o.mirror {
+		si.Seq = o.stored
 	}
 	si.SubjectTransforms = make([]server.SubjectTransformConfig, len(o.src.SubjectTransforms))
 	copy(si.SubjectTransforms, o.src.SubjectTransforms)

@@ -74,6 +74,11 @@ func (o *origin) store(ctx context.Context, b *batch) error {
 			}
 		}
 	}
+	if err == nil {
+		o.mu.Lock()
+		o.stored = b.msgs[len(b.msgs)-1].Seq
+		o.mu.Unlock()
+	}
 	return err
 }
 
@@ -321,7 +326,7 @@ func (c *streamCopy) resumeSources(ctx context.Context) error {
 			}
 			if seq, err := strconv.ParseUint(f[1], 10, 64); err == nil {
 				o.mu.Lock()
-				o.sseq = seq
+				o.sseq, o.stored = seq, seq
 				o.mu.Unlock()
 			}
 			delete(byKey, key)

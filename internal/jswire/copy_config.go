@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
 )
@@ -147,6 +148,12 @@ func SourceKey(src *server.StreamSource) string {
 		filter, dest = strings.Join(filters, "\f"), strings.Join(dests, "\f")
 	}
 	return iname + " " + filter + " " + dest
+}
+
+// StreamIdentity is a stream's identity, as nats-server derives it from its creation time:
+// a stream deleted and created again under its name has another.
+func StreamIdentity(created time.Time) string {
+	return ShortHash(created.UTC().Format(time.RFC3339Nano))
 }
 
 // ShortHash is nats-server's short hash of a name (getHash): the first eight bytes of its

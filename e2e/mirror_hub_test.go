@@ -193,3 +193,67 @@ func TestMirrorFromHub(t *testing.T) {
 		t.Fatalf("publish after promotion: %+v, %v", ack, err)
 	}
 }
+
+// TestHubMirrorsJetgres is the other direction, a team moving back: the hub's JetStream
+// mirrors a jetgres stream through $JS.pg.API. jetgres answers the consumer create as
+// nats-server does (a sourcing consumer needs an API level it does not serve, so the hub
+// asks again for a direct one), and the hub's mirror ends up with jetgres's messages under
+// jetgres's sequences.
+func TestHubMirrorsJetgres(t *testing.T) {
+	hub := startDomainHub(t)
+	conf := filepath.Join(t.TempDir(), "leaf.conf")
+	if err := os.WriteFile(conf, fmt.Appendf(nil, "leafnodes { remotes: [ { url: %q } ] }\n", hub.leafURL(t)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	j := startJetgres(t, options{Args: []string{"--nats-config", conf, "--js-domain", "pg"}})
+	testwait.For(t, 30*time.Second, func() error { _, err := hub.leaf(); return err })
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	_, pgJS := j.connect(t)
+	if _, err := pgJS.CreateStream(ctx, jetstream.StreamConfig{Name: "PGORD", Subjects: []string{"pgord.>"}}); err != nil {
+		t.Fatal(err)
+	}
+	const n = 500
+	publishAll(t, ctx, pgJS, "pgord.x", n, func(i int) []byte { return fmt.Appendf(nil, "m%d", i) })
+	hubNC, err := nats.Connect(hub.ns.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hubNC.Close()
+	hubJS, err := jetstream.New(hubNC)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := hubJS.CreateStream(ctx, jetstream.StreamConfig{Name: "PGORD", Mirror: &jetstream.StreamSource{
+		Name: "PGORD", External: &jetstream.ExternalStream{APIPrefix: "$JS.pg.API"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	testwait.For(t, time.Minute, func() error {
+		info, err := m.Info(ctx)
+		if err != nil {
+			return err
+		}
+		if info.State.Msgs != n || info.State.LastSeq != n {
+			return fmt.Errorf("hub mirror: %+v, mirror block %+v", info.State, info.Mirror)
+		}
+		return nil
+	})
+	o, err := pgJS.Stream(ctx, "PGORD")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for seq := uint64(1); seq <= n; seq += 49 {
+		a, err := o.GetMsg(ctx, seq)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := m.GetMsg(ctx, seq)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if string(a.Data) != string(b.Data) || !a.Time.Equal(b.Time) {
+			t.Fatalf("seq %d: jetgres %q %s, hub %q %s", seq, a.Data, a.Time, b.Data, b.Time)
+		}
+	}
+}

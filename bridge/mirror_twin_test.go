@@ -151,6 +151,15 @@ func TestMirrorTwin(t *testing.T) {
 	}
 
 	tw.createStream(jetstream.StreamConfig{Name: "M", Mirror: &jetstream.StreamSource{Name: "ORDERS"}})
+	tw.createStream(jetstream.StreamConfig{Name: "M5", MaxMsgs: 5, MaxMsgsPerSubject: 3, Mirror: &jetstream.StreamSource{Name: "ORDERS"}})
+	// A transform on a mirror of a stream without direct gets: a mirror of one with them
+	// answers the origin's direct gets too, transformed, in JetStream.
+	tw.createStream(jetstream.StreamConfig{Name: "SHIP", Subjects: []string{"ship.>"}})
+	for i := range 6 {
+		tw.pub(fmt.Sprintf("ship.%d", i%2), fmt.Appendf(nil, "ship %d", i))
+	}
+	tw.createStream(jetstream.StreamConfig{Name: "MF", Mirror: &jetstream.StreamSource{Name: "SHIP",
+		SubjectTransforms: []jetstream.SubjectTransformConfig{{Source: "ship.1", Destination: "one"}}}})
 	if a, b := tw.configJSON(ours, "M"), tw.configJSON(theirs, "M"); a != b {
 		t.Errorf("mirror config:\njetgres   %s\njetstream %s", a, b)
 	}
@@ -169,12 +178,20 @@ func TestMirrorTwin(t *testing.T) {
 	}
 
 	tw.pubHeaders("orders.paid", 5)
-	tw.settle("M", func(st jetstream.StreamState) bool { return st.LastSeq == 15 })
+	for _, m := range []string{"M", "M5"} {
+		tw.settle(m, func(st jetstream.StreamState) bool { return st.LastSeq == 15 })
+	}
 	tw.deleteMsg("ORDERS", 13)
 	tw.pubHeaders("orders.shipped", 2)
 	tw.settle("M", func(st jetstream.StreamState) bool { return st.LastSeq == 17 })
 	tw.sameCopy("ORDERS", "M", 17)
 	tw.copyInfo("M")
+	tw.settle("M5", func(st jetstream.StreamState) bool { return st.LastSeq == 17 })
+	tw.settle("MF", func(st jetstream.StreamState) bool { return st.Msgs == 3 })
+	tw.copyInfo("MF")
+	if a, b := tw.sourced(ours, "MF"), tw.sourced(theirs, "MF"); fmt.Sprint(a) != fmt.Sprint(b) {
+		t.Errorf("filtered mirror:\njetgres   %v\njetstream %v", a, b)
+	}
 
 	// Promoted, the mirror is an ordinary stream: it keeps what it copied and takes
 	// publishes under its own name.

@@ -28,8 +28,15 @@ func newCopies(b *Bridge) (*mirror.Engine, error) {
 
 func (h copyHost) Streams() []*stream.Stream { return h.b.streams.List() }
 
+// Restored announces what a mirror stored behind the tail, and applies the stream's limits
+// to it: a restore's path stores without them.
 func (h copyHost) Restored(ctx context.Context, s *stream.Stream, first, last uint64) {
 	h.b.streams.Restored(ctx, s, first, last)
+	if cfg := s.ConfigView(); cfg.MaxMsgs > 0 || cfg.MaxBytes > 0 || cfg.MaxMsgsPer > 0 {
+		if err := h.b.retention.ApplyLimits(ctx, s, stream.Limits(cfg), 0); err != nil && ctx.Err() == nil {
+			h.b.log.Warn("applying the limits of a mirror failed", "stream", s.Name(), "err", err)
+		}
+	}
 }
 
 func (copyHost) Batch(s *stream.Stream) pg.AppendBatch {

@@ -271,6 +271,14 @@ func (e *Engine) stopAll() {
 	}
 }
 
+// Copying reports whether this replica copies into the stream with that id now.
+func (e *Engine) Copying(streamID int64) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	_, ok := e.copies[streamID]
+	return ok
+}
+
 // Info is the `mirror` and `sources` blocks of stream info for s, as nats-server reports
 // them. A stream this replica does not copy into reports its origins as never heard from.
 func (e *Engine) Info(s *stream.Stream) (*server.StreamSourceInfo, []*server.StreamSourceInfo) {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -254,6 +255,129 @@ func TestHubMirrorsJetgres(t *testing.T) {
 		}
 		if string(a.Data) != string(b.Data) || !a.Time.Equal(b.Time) {
 			t.Fatalf("seq %d: jetgres %q %s, hub %q %s", seq, a.Data, a.Time, b.Data, b.Time)
+		}
+	}
+}
+
+// TestSourcesFromHub aggregates two streams of a live JetStream hub into one jetgres stream
+// with sources over the leafnode remote, while publishers write to both: once they stop
+// and both lags are zero, every message JetStream acknowledged is in the jetgres stream
+// exactly once, named by its Nats-Stream-Source header (origin and origin sequence).
+func TestSourcesFromHub(t *testing.T) {
+	hub := startDomainHub(t)
+	conf := filepath.Join(t.TempDir(), "leaf.conf")
+	if err := os.WriteFile(conf, fmt.Appendf(nil, "leafnodes { remotes: [ { url: %q } ] }\n", hub.leafURL(t)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	j := startJetgres(t, options{Args: []string{"--nats-config", conf, "--js-domain", "pg"}})
+	testwait.For(t, 30*time.Second, func() error { _, err := hub.leaf(); return err })
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	hubNC, err := nats.Connect(hub.ns.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hubNC.Close()
+	hubJS, err := jetstream.New(hubNC, jetstream.WithPublishAsyncMaxPending(512))
+	if err != nil {
+		t.Fatal(err)
+	}
+	origins := []string{"ORDERS", "RETURNS"}
+	for _, o := range origins {
+		if _, err := hubJS.CreateStream(ctx, jetstream.StreamConfig{Name: o, Subjects: []string{strings.ToLower(o) + ".>"}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_, pgJS := j.connect(t)
+	ext := &jetstream.ExternalStream{APIPrefix: "$JS.hub.API"}
+	if _, err := pgJS.CreateStream(ctx, jetstream.StreamConfig{Name: "ALL", Sources: []*jetstream.StreamSource{
+		{Name: "ORDERS", External: ext}, {Name: "RETURNS", External: ext}}}); err != nil {
+		t.Fatal(err)
+	}
+
+	// One publisher per origin, about 2,500 msg/s each.
+	const perOrigin, perTick = 8_000, 25
+	var mu sync.Mutex // guards acked
+	acked := make(map[string]string)
+	var wg, acks sync.WaitGroup
+	for _, o := range origins {
+		wg.Go(func() {
+			tick := time.NewTicker(10 * time.Millisecond)
+			defer tick.Stop()
+			for i := range perOrigin {
+				if i%perTick == 0 {
+					<-tick.C
+				}
+				data := fmt.Sprintf("%s-%d", o, i)
+				f, err := hubJS.PublishAsync(strings.ToLower(o)+".new", []byte(data))
+				if err != nil {
+					t.Errorf("publish: %v", err)
+					return
+				}
+				acks.Go(func() {
+					select {
+					case ack := <-f.Ok():
+						mu.Lock()
+						acked[fmt.Sprintf("%s %d", o, ack.Sequence)] = data
+						mu.Unlock()
+					case err := <-f.Err():
+						t.Errorf("publish %s: %v", data, err)
+					}
+				})
+			}
+		})
+	}
+	wg.Wait()
+	acks.Wait()
+	total := uint64(len(acked))
+	testwait.For(t, 2*time.Minute, func() error {
+		s, err := pgJS.Stream(ctx, "ALL")
+		if err != nil {
+			return err
+		}
+		info := s.CachedInfo()
+		for _, si := range info.Sources {
+			if si.Error != nil || si.Lag != 0 {
+				return fmt.Errorf("source %+v", si)
+			}
+		}
+		if info.State.Msgs != total {
+			return fmt.Errorf("%d messages sourced, want %d", info.State.Msgs, total)
+		}
+		return nil
+	})
+	s, err := pgJS.Stream(ctx, "ALL")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cons, err := s.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := make(map[string]bool, total)
+	for uint64(len(seen)) < total {
+		batch, err := cons.Fetch(1000, jetstream.FetchMaxWait(10*time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		for m := range batch.Messages() {
+			n++
+			f := strings.Fields(m.Headers().Get("Nats-Stream-Source"))
+			if len(f) < 2 {
+				t.Fatalf("message %q without a source header: %v", m.Data(), m.Headers())
+			}
+			key := strings.SplitN(f[0], ":", 2)[0] + " " + f[1]
+			if seen[key] {
+				t.Fatalf("%s sourced twice", key)
+			}
+			seen[key] = true
+			if acked[key] != string(m.Data()) {
+				t.Fatalf("%s: jetgres has %q, JetStream acknowledged %q", key, m.Data(), acked[key])
+			}
+		}
+		if n == 0 {
+			t.Fatalf("read %d of %d messages, then nothing", len(seen), total)
 		}
 	}
 }

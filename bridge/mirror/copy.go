@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
@@ -19,10 +20,6 @@ import (
 )
 
 const (
-	// queueMsgs bounds what the link hands one origin before it is stored. The origin's
-	// flow control keeps far fewer in flight; a queue that overflows all the same makes
-	// the consumer start again from what is stored.
-	queueMsgs = 1 << 14
 	// batchMsgs and batchBytes bound one store.
 	batchMsgs  = 4096
 	batchBytes = 4 << 20
@@ -85,6 +82,10 @@ type origin struct {
 	iname string
 	trs   []server.SubjectTransformer
 
+	// heard is when (unix ns) the origin was last heard from: a delivery, a heartbeat, or
+	// the answer to the consumer create; 0 for never.
+	heard atomic.Int64
+
 	mu sync.Mutex // guards what info reports
 	// sseq is the last origin sequence taken, dseq the last delivery sequence of the
 	// current consumer, cname its name.
@@ -93,7 +94,6 @@ type origin struct {
 	stored uint64
 	cname  string
 	lag    uint64
-	last   time.Time
 	err    *server.ApiError
 	fails  int
 	// ident is the origin's identity (Nats-Stream-Identity) as its consumer create
@@ -117,8 +117,8 @@ func (o *origin) info(now time.Time) *server.StreamSourceInfo {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	si := &server.StreamSourceInfo{Name: o.src.Name, Lag: o.lag, Error: o.err, FilterSubject: o.src.FilterSubject, Active: -1}
-	if !o.last.IsZero() {
-		si.Active = now.Sub(o.last)
+	if heard := o.heard.Load(); heard != 0 {
+		si.Active = now.Sub(time.Unix(0, heard))
 	}
 	if !o.mirror {
 		si.Seq = o.stored
@@ -173,12 +173,6 @@ func (o *origin) run(ctx context.Context) {
 // overflow.
 var errRetry = errors.New("mirror: consumer to be created again")
 
-// delivery is one message the link handed an origin.
-type delivery struct {
-	m        *leaf.Msg
-	overflow bool
-}
-
 // session is one consumer's life: create it, copy until something goes wrong, delete it.
 func (o *origin) session(ctx context.Context) error {
 	e := o.c.e
@@ -187,22 +181,10 @@ func (o *origin) session(ctx context.Context) error {
 		return err
 	}
 	deliver := o.deliverSubject()
-	queue := make(chan delivery, queueMsgs)
-	var overflowed bool
+	in := newInbox()
 	sub, err := e.cfg.Link.Subscribe(deliver, "", func(m *leaf.Msg) {
-		select {
-		case queue <- delivery{m: m}:
-		default:
-			if !overflowed {
-				overflowed = true
-				go func() {
-					select {
-					case queue <- delivery{overflow: true}:
-					case <-ctx.Done():
-					}
-				}()
-			}
-		}
+		o.heard.Store(e.clk.Now().UnixNano())
+		in.push(m)
 	})
 	if err != nil {
 		return server.NewJSMirrorConsumerSetupFailedError(err)
@@ -216,8 +198,8 @@ func (o *origin) session(ctx context.Context) error {
 	o.mu.Lock()
 	o.cname, o.dseq, o.err = ci.Name, 0, nil
 	o.sseq = max(o.sseq, ci.Delivered.Stream)
-	o.last = e.clk.Now()
 	o.mu.Unlock()
+	o.heard.Store(e.clk.Now().UnixNano())
 	if o.mirror {
 		if err := o.skipTo(ctx, ci.Delivered.Stream); err != nil {
 			return err
@@ -226,37 +208,38 @@ func (o *origin) session(ctx context.Context) error {
 	check := e.clk.NewTicker(HealthInterval / 4)
 	defer check.Stop()
 	var b batch
+	var msgs []*leaf.Msg
 	for {
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-check.C():
-			o.mu.Lock()
-			silent := e.clk.Now().Sub(o.last)
-			o.mu.Unlock()
-			if silent > HealthInterval {
+			if silent := e.clk.Now().Sub(time.Unix(0, o.heard.Load())); silent > HealthInterval {
 				return fmt.Errorf("%w: the origin was silent for %s", errRetry, silent.Round(time.Second))
 			}
 			continue
-		case d := <-queue:
-			b.reset()
-			if err := o.take(ctx, d, &b); err != nil {
+		case <-in.ready:
+		}
+		var overflow bool
+		msgs, overflow = in.take(msgs[:0])
+		if overflow {
+			return fmt.Errorf("%w: more deliveries than the inbox holds", errRetry)
+		}
+		b.reset()
+		for _, m := range msgs {
+			if err := o.take(ctx, m, &b); err != nil {
 				return err
 			}
-		more:
-			for !b.full() {
-				select {
-				case d := <-queue:
-					if err := o.take(ctx, d, &b); err != nil {
-						return err
-					}
-				default:
-					break more
+			if b.full() {
+				if err := o.store(ctx, &b); err != nil {
+					return err
 				}
+				b.reset()
 			}
-			if err := o.store(ctx, &b); err != nil {
-				return err
-			}
+		}
+		clear(msgs)
+		if err := o.store(ctx, &b); err != nil {
+			return err
 		}
 	}
 }
@@ -289,16 +272,9 @@ func (o *origin) apiSubject(subject string) string {
 // take applies one delivery to the batch, as nats-server's processInboundMirrorMsg and
 // processInboundSourceMsg do; a flow-control request is answered once what came before it
 // is stored.
-func (o *origin) take(ctx context.Context, d delivery, b *batch) error {
-	if d.overflow {
-		return fmt.Errorf("%w: more deliveries than the queue holds", errRetry)
-	}
-	m := d.m
+func (o *origin) take(ctx context.Context, m *leaf.Msg, b *batch) error {
 	e := o.c.e
 	if isControl(m) {
-		o.mu.Lock()
-		o.last = e.clk.Now()
-		o.mu.Unlock()
 		if m.Reply != "" {
 			if err := o.store(ctx, b); err != nil {
 				return err
@@ -343,7 +319,6 @@ func (o *origin) take(ctx context.Context, d delivery, b *batch) error {
 	if ack.Consumer != o.cname {
 		return nil
 	}
-	o.last = e.clk.Now()
 	switch {
 	case ack.StreamSeq <= o.sseq:
 		if ack.ConsumerSeq == o.dseq+1 {

@@ -99,8 +99,10 @@ type Engine struct {
 	kick     chan struct{}
 	warnLock warnlog.Throttle
 
-	// own is the lock session, nil until the loop opens it; only the loop touches it.
-	own *pg.Ownership
+	// own is the lock session, nil until the loop opens it, and held the streams whose
+	// copy lock it holds; only the loop touches them.
+	own  *pg.Ownership
+	held map[int64]bool
 
 	mu     sync.Mutex // guards copies
 	copies map[int64]*streamCopy
@@ -118,7 +120,7 @@ func New(cfg Config) (*Engine, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Engine{cfg: cfg, log: log, clk: clock.OrSystem(cfg.Clock), kick: make(chan struct{}, 1), copies: make(map[int64]*streamCopy)}, nil
+	return &Engine{cfg: cfg, log: log, clk: clock.OrSystem(cfg.Clock), kick: make(chan struct{}, 1), copies: make(map[int64]*streamCopy), held: make(map[int64]bool)}, nil
 }
 
 // Start starts the loop that takes streams over; ctx is the engine's life.
@@ -175,17 +177,19 @@ func (e *Engine) look() {
 		e.own = own
 	}
 	if !e.own.Connected() {
-		e.stopAll()
+		e.lost()
 		if err := e.own.Reconnect(ctx); err != nil {
 			e.warnLock.Warn(e.log, e.clk.Now(), "reconnecting the session of the copy locks failed", "err", err)
 			return
 		}
 	}
 	if last := e.own.Confirmed(); last.IsZero() || e.clk.Now().Sub(last) > e.cfg.Lease/FencePerLease {
+		// The locks may still be held, and are taken as held: the copies start again
+		// once the session is confirmed, without locking twice.
 		e.stopAll()
 	}
 	if err := e.own.Confirm(ctx); err != nil {
-		e.stopAll()
+		e.lost()
 		return
 	}
 	streams := e.cfg.Host.Streams()
@@ -207,17 +211,16 @@ func (e *Engine) look() {
 	e.mu.Unlock()
 	for _, c := range stop {
 		c.stop()
-		if _, still := want[c.s.ID()]; !still {
-			if err := e.own.UnlockCopy(ctx, c.s.ID()); err != nil {
-				e.stopAll()
-				return
-			}
-		} else {
-			// Changed: the lock is kept and the copy starts again below with what it
-			// stored, under the new configuration.
-			e.start(want[c.s.ID()])
-			delete(want, c.s.ID())
+	}
+	for id := range e.held {
+		if _, ok := want[id]; ok {
+			continue
 		}
+		if err := e.own.UnlockCopy(ctx, id); err != nil {
+			e.lost()
+			return
+		}
+		delete(e.held, id)
 	}
 	for id, s := range want {
 		e.mu.Lock()
@@ -226,15 +229,25 @@ func (e *Engine) look() {
 		if running {
 			continue
 		}
-		ok, err := e.own.TryLockCopy(ctx, id)
-		if err != nil {
-			e.stopAll()
-			return
+		if !e.held[id] {
+			ok, err := e.own.TryLockCopy(ctx, id)
+			if err != nil {
+				e.lost()
+				return
+			}
+			if !ok {
+				continue
+			}
+			e.held[id] = true
 		}
-		if ok {
-			e.start(s)
-		}
+		e.start(s)
 	}
+}
+
+// lost stops every copy: the session is gone, and its locks with it.
+func (e *Engine) lost() {
+	e.stopAll()
+	clear(e.held)
 }
 
 // wanted reports whether any stream has a mirror or sources: until one has, the engine

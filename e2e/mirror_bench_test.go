@@ -70,6 +70,12 @@ func TestMirrorCatchUpBench(t *testing.T) {
 		t.Fatal(err)
 	}
 	fill(t, ctx, pgJS, n)
+	// The read floor: an ordered consumer, the kind of push consumer a mirror creates,
+	// reading the whole origin.
+	start := time.Now()
+	read := readOrdered(t, ctx, pgJS, "ORDERS", n)
+	t.Logf("read floor, an ordered consumer reading jetgres's ORDERS: %d messages in %v, %.0f msg/s",
+		read, time.Since(start).Round(time.Millisecond), float64(read)/time.Since(start).Seconds())
 	ours := catchUp("jetgres -> jetgres", pgJS, &jetstream.StreamSource{Name: "ORDERS"})
 
 	hub := startDomainHub(t)
@@ -97,4 +103,34 @@ func TestMirrorCatchUpBench(t *testing.T) {
 		External: &jetstream.ExternalStream{APIPrefix: "$JS.hub.API"}})
 	t.Logf("against JetStream mirroring itself: jetgres -> jetgres %.2fx, JetStream -> jetgres %.2fx",
 		ref.Seconds()/ours.Seconds(), ref.Seconds()/ext.Seconds())
+}
+
+// readOrdered reads n messages of stream with an ordered consumer and returns how many it read.
+func readOrdered(t *testing.T, ctx context.Context, js jetstream.JetStream, stream string, n int) int {
+	t.Helper()
+	s, err := js.Stream(ctx, stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cons, err := s.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := 0
+	done := make(chan struct{})
+	cc, err := cons.Consume(func(jetstream.Msg) {
+		if got++; got == n {
+			close(done)
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Stop()
+	select {
+	case <-done:
+	case <-ctx.Done():
+		t.Fatalf("read %d of %d messages of %s", got, n, stream)
+	}
+	return got
 }

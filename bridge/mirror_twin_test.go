@@ -193,6 +193,16 @@ func TestMirrorTwin(t *testing.T) {
 		t.Errorf("filtered mirror:\njetgres   %v\njetstream %v", a, b)
 	}
 
+	// A purged origin: the mirror keeps what it copied and goes on with what comes next.
+	tw.purge("ORDERS")
+	tw.pubHeaders("orders.returned", 3)
+	tw.settle("M", func(st jetstream.StreamState) bool { return st.LastSeq == 20 })
+	tw.sameCopy("ORDERS", "M", 20)
+	tw.copyInfo("M")
+	// A mirror made after the purge starts where the origin's messages start.
+	tw.createStream(jetstream.StreamConfig{Name: "MP", Mirror: &jetstream.StreamSource{Name: "ORDERS"}})
+	tw.settle("MP", func(st jetstream.StreamState) bool { return st.LastSeq == 20 && st.Msgs == 3 })
+
 	// Promoted, the mirror is an ordinary stream: it keeps what it copied and takes
 	// publishes under its own name.
 	tw.updateStream(jetstream.StreamConfig{Name: "M"})

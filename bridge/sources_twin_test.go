@@ -107,3 +107,39 @@ func TestSourcesTwin(t *testing.T) {
 	tw.sameSourced("S", 17)
 	tw.copyInfo("S")
 }
+
+// TestSourceOriginRecreatedTwin deletes a source's origin and creates it again: once the
+// source notices (its consumer went with the origin, so its heartbeats stop), the origin's
+// identity differs from the one in the stream's source headers, and the source takes the
+// new origin from its start, as in JetStream.
+func TestSourceOriginRecreatedTwin(t *testing.T) {
+	tw := newTwin(t)
+	tw.createStream(jetstream.StreamConfig{Name: "A", Subjects: []string{"a.>"}})
+	for i := range 3 {
+		tw.pub("a.x", fmt.Appendf(nil, "old %d", i))
+	}
+	tw.createStream(jetstream.StreamConfig{Name: "S", Sources: []*jetstream.StreamSource{{Name: "A"}}})
+	tw.sameSourced("S", 3)
+	for side, js := range tw.js {
+		if err := js.DeleteStream(tw.ctx, "A"); err != nil {
+			t.Fatalf("%s: %v", sideName[side], err)
+		}
+	}
+	tw.streams = slices.DeleteFunc(tw.streams, func(s string) bool { return s == "A" })
+	tw.createStream(jetstream.StreamConfig{Name: "A", Subjects: []string{"a.>"}})
+	for i := range 2 {
+		tw.pub("a.x", fmt.Appendf(nil, "new %d", i))
+	}
+	// A health interval, the retry threshold and nats-server's back-off, on both sides.
+	testwait.For(t, 90*time.Second, func() error {
+		st, err := tw.states("S")
+		if err != nil {
+			return err
+		}
+		if st[ours].Msgs != 5 {
+			return fmt.Errorf("S holds %d messages", st[ours].Msgs)
+		}
+		return nil
+	})
+	tw.sameSourced("S", 5)
+}

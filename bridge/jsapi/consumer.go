@@ -26,7 +26,7 @@ import (
 func (a *API) handleConsumerAPI(ctx context.Context, tok []string, m *leaf.Msg, forwarded bool) {
 	switch {
 	case len(tok) >= 2 && (tok[0] == "CREATE" || tok[0] == "DURABLE" && tok[1] == "CREATE"):
-		if e := requiredAPILevel(m.Header); e != nil {
+		if e := a.checkCopyingCreate(tok, m.Header); e != nil {
 			r := &server.JSApiConsumerCreateResponse{ApiResponse: jswire.APIResponse(server.JSApiConsumerCreateResponseType)}
 			a.respond(m.Reply, r, &r.ApiResponse, server.NewJSConsumerCreateError, e)
 			return
@@ -276,16 +276,30 @@ func (a *API) workQueueConflict(ctx context.Context, s *stream.Stream, name stri
 	return refused
 }
 
-// requiredAPILevel refuses a request that needs a later JetStream API level than jetgres
-// serves (the Nats-Required-Api-Level header), as nats-server does: a stream that copies
-// from this one then asks again for a consumer of the level served.
-func requiredAPILevel(hdr []byte) *server.ApiError {
-	v := jswire.HeaderValue(hdr, server.JSRequiredApiLevel)
-	if v == "" {
+// checkCopyingCreate applies to a consumer create (tok after "CONSUMER.") the headers a
+// stream copying from this one sends, as nats-server does: a request that needs a later API
+// level than jetgres serves (Nats-Required-Api-Level) is refused, and the copying stream
+// asks again for a consumer of the level served; one that expects another stream than the
+// one of that name now (Nats-Stream-Identity: the origin was deleted and created again) is
+// refused, and a source starts again from the new stream's start.
+func (a *API) checkCopyingCreate(tok []string, hdr []byte) *server.ApiError {
+	if v := jswire.HeaderValue(hdr, server.JSRequiredApiLevel); v != "" {
+		if n, err := strconv.Atoi(v); err != nil || n > jswire.APILevel {
+			return server.NewJSRequiredApiLevelError()
+		}
+	}
+	want := jswire.HeaderValue(hdr, server.JSStreamIdentity)
+	if want == "" {
 		return nil
 	}
-	if n, err := strconv.Atoi(v); err != nil || n > jswire.APILevel {
-		return server.NewJSRequiredApiLevelError()
+	name := tok[1]
+	if tok[0] == "DURABLE" && len(tok) > 2 {
+		name = tok[2]
+	}
+	if s := a.streams.Lookup(name); s != nil {
+		if id := jswire.StreamIdentity(s.Created()); id != want {
+			return server.NewJSConsumerStreamIdentityMismatchError(id)
+		}
 	}
 	return nil
 }

@@ -226,6 +226,14 @@ func (o *origin) create(ctx context.Context, deliver string, at start) (*server.
 		if sourcing {
 			hdr = jswire.AppendHeaders(nil, server.JSRequiredApiLevel, "4")
 		}
+		o.mu.Lock()
+		expect := o.ident
+		o.mu.Unlock()
+		if !o.mirror && expect != "" {
+			// The origin refuses the consumer if it is another stream than the one the
+			// source stopped in: deleted and created again under its name.
+			hdr = jswire.AppendHeaders(hdr, server.JSStreamIdentity, expect)
+		}
 		resp, ident, err := o.request(ctx, o.apiSubject(subject), hdr, body)
 		if err != nil {
 			return nil, server.NewJSMirrorConsumerSetupFailedError(err)
@@ -233,6 +241,14 @@ func (o *origin) create(ctx context.Context, deliver string, at start) (*server.
 		if resp.Error != nil {
 			if sourcing && (resp.Error.ErrCode == uint16(server.JSRequiredApiLevelErr) || resp.Error.ErrCode == uint16(server.JSInvalidJSONErr)) {
 				continue
+			}
+			if resp.Error.ErrCode == uint16(server.JSConsumerStreamIdentityMismatchF) {
+				// As nats-server: the source starts again from the new origin's start.
+				o.mu.Lock()
+				o.sseq, o.dseq, o.stored, o.ident = 0, 0, 0, ""
+				o.mu.Unlock()
+				o.c.e.log.Warn("a source's origin was created again: sourcing it from its start", "stream", o.c.s.Name(), "origin", o.src.Name)
+				return nil, fmt.Errorf("%w: %s", errRetry, resp.Error)
 			}
 			return nil, resp.Error
 		}
@@ -327,6 +343,9 @@ func (c *streamCopy) resumeSources(ctx context.Context) error {
 			if seq, err := strconv.ParseUint(f[1], 10, 64); err == nil {
 				o.mu.Lock()
 				o.sseq, o.stored = seq, seq
+				if len(f) >= 6 {
+					o.ident = f[5]
+				}
 				o.mu.Unlock()
 			}
 			delete(byKey, key)

@@ -33,6 +33,26 @@ type streamCopy struct {
 	origins []*origin
 	cancel  context.CancelFunc
 	wg      sync.WaitGroup
+
+	// resumed says where each source stopped was read from the stream, once for all of
+	// them, before any consumer is created: a source must not start over.
+	resumeMu sync.Mutex
+	resumed  bool
+}
+
+// resume reads where the sources stopped, unless that was done; an error leaves it to the
+// next attempt.
+func (c *streamCopy) resume(ctx context.Context) error {
+	c.resumeMu.Lock()
+	defer c.resumeMu.Unlock()
+	if c.resumed {
+		return nil
+	}
+	if err := c.resumeSources(ctx); err != nil {
+		return fmt.Errorf("reading where the sources stopped: %w", err)
+	}
+	c.resumed = true
+	return nil
 }
 
 func newStreamCopy(e *Engine, s *stream.Stream) *streamCopy {
@@ -50,12 +70,6 @@ func newStreamCopy(e *Engine, s *stream.Stream) *streamCopy {
 
 func (c *streamCopy) start(ctx context.Context) {
 	ctx, c.cancel = context.WithCancel(ctx)
-	if len(c.origins) > 0 && !c.origins[0].mirror {
-		// Where each source stopped is read once for all of them.
-		if err := c.resumeSources(ctx); err != nil {
-			c.e.log.Warn("reading where the sources stopped failed", "stream", c.s.Name(), "err", err)
-		}
-	}
 	for _, o := range c.origins {
 		c.wg.Add(1)
 		go func() {

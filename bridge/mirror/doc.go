@@ -26,6 +26,8 @@
 // are stored under their origin sequences, and one at or below the stream's last is
 // refused.
 //
-// Lock order: Engine.mu, then a copy's mu. Neither is held across a database statement or
-// a wait.
+// Lock order: Engine.mu; a stream copy's resumeMu; an origin's mu. Engine.mu and an
+// origin's mu are never held across a database statement or a wait; resumeMu is held while
+// the sources' positions are read from the stream, and only that stream's origins wait
+// for it.
 package mirror

@@ -128,6 +128,11 @@ type start struct {
 // the last sequence it holds, or where its configuration says when it never held one; a
 // source after the last origin sequence it took, or where its configuration says.
 func (o *origin) startSeq(ctx context.Context) (start, error) {
+	if !o.mirror {
+		if err := o.c.resume(ctx); err != nil {
+			return start{}, err
+		}
+	}
 	st, err := o.c.e.cfg.Store.State(ctx, o.c.s.ID())
 	if err != nil {
 		return start{}, err

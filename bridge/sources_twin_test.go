@@ -69,6 +69,34 @@ func TestSourcesTwin(t *testing.T) {
 		tw.pub("c.z", fmt.Appendf(nil, "c%d", i))
 	}
 
+	for _, bad := range []jetstream.StreamConfig{
+		{Name: "BAD", Sources: []*jetstream.StreamSource{{Name: "A.B"}}},
+		{Name: "BAD", Sources: []*jetstream.StreamSource{{Name: "A", FilterSubject: "a.x",
+			SubjectTransforms: []jetstream.SubjectTransformConfig{{Source: "a.y", Destination: "y"}}}}},
+		{Name: "BAD", Sources: []*jetstream.StreamSource{{Name: "A", SubjectTransforms: []jetstream.SubjectTransformConfig{
+			{Source: "a.>", Destination: "x.>"}, {Source: "a.y", Destination: "y"}}}}},
+		{Name: "BAD", Sources: []*jetstream.StreamSource{{Name: "A", SubjectTransforms: []jetstream.SubjectTransformConfig{
+			{Source: "a.*", Destination: "{{wildcard(2)}}"}}}}},
+		{Name: "BAD", Sources: []*jetstream.StreamSource{{Name: "A", External: &jetstream.ExternalStream{APIPrefix: "$JS.*.API"}}}},
+		{Name: "BAD", Sources: []*jetstream.StreamSource{{Name: "A", External: &jetstream.ExternalStream{APIPrefix: "x", DeliverPrefix: "d.*"}}}},
+		// A cycle: A sources what it takes itself.
+		{Name: "A", Subjects: []string{"a.>"}, Sources: []*jetstream.StreamSource{{Name: "A"}}},
+	} {
+		var code [2]jetstream.ErrorCode
+		for side, js := range tw.js {
+			var err error
+			if bad.Name == "A" {
+				_, err = js.UpdateStream(tw.ctx, bad)
+			} else {
+				_, err = js.CreateStream(tw.ctx, bad)
+			}
+			code[side] = errCode(t, side, err)
+		}
+		if code[ours] != code[theirs] || code[ours] == 0 {
+			t.Errorf("%s with sources %+v: jetgres err_code %d, jetstream %d", bad.Name, bad.Sources[0], code[ours], code[theirs])
+		}
+	}
+
 	sources := []*jetstream.StreamSource{
 		{Name: "A", FilterSubject: "a.x"},
 		{Name: "B", SubjectTransforms: []jetstream.SubjectTransformConfig{{Source: "b.*", Destination: "t.{{wildcard(1)}}"}}},

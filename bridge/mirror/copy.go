@@ -86,6 +86,21 @@ func (c *streamCopy) stop() {
 	c.wg.Wait()
 }
 
+// retire deletes the origins' consumers of a stopped copy that the stream's configuration
+// no longer has (keep lists the keys of those it has), as nats-server deletes them once a
+// mirror or source is removed. The others are left to their inactive threshold, as after
+// a retry: a consumer of the origin is never deleted while it may still be needed.
+func (c *streamCopy) retire(keep map[string]bool) {
+	for _, o := range c.origins {
+		o.mu.Lock()
+		name := o.cname
+		o.mu.Unlock()
+		if name != "" && !keep[o.iname] {
+			o.deleteConsumer(name)
+		}
+	}
+}
+
 // origin copies from one origin stream: a mirror's, or one source's.
 type origin struct {
 	c      *streamCopy
@@ -187,7 +202,8 @@ func (o *origin) run(ctx context.Context) {
 // overflow.
 var errRetry = errors.New("mirror: consumer to be created again")
 
-// session is one consumer's life: create it, copy until something goes wrong, delete it.
+// session is one consumer's life: create it and copy until something goes wrong. The
+// consumer is left to its inactive threshold, as nats-server leaves it after a retry.
 func (o *origin) session(ctx context.Context) error {
 	e := o.c.e
 	start, err := o.startSeq(ctx)
@@ -208,7 +224,6 @@ func (o *origin) session(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	defer o.deleteConsumer(ci.Name)
 	o.mu.Lock()
 	o.cname, o.dseq, o.err = ci.Name, 0, nil
 	o.sseq = max(o.sseq, ci.Delivered.Stream)

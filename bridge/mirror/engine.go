@@ -211,6 +211,13 @@ func (e *Engine) look() {
 	e.mu.Unlock()
 	for _, c := range stop {
 		c.stop()
+		keep := make(map[string]bool)
+		if s, ok := want[c.s.ID()]; ok {
+			for _, o := range newStreamCopy(e, s).origins {
+				keep[o.iname] = true
+			}
+		}
+		c.retire(keep)
 	}
 	for id := range e.held {
 		if _, ok := want[id]; ok {

@@ -306,8 +306,8 @@ func (o *origin) request(ctx context.Context, subject string, hdr, body []byte) 
 	}
 }
 
-// deleteConsumer deletes the origin's consumer without waiting for the answer: its
-// inactive threshold removes it anyway.
+// deleteConsumer deletes an origin's consumer without waiting for the answer, a single
+// try: its inactive threshold removes it anyway.
 func (o *origin) deleteConsumer(name string) {
 	subject := o.apiSubject(fmt.Sprintf(server.JSApiConsumerDeleteT, o.src.Name, name))
 	_ = o.c.e.send(subject, "", nil, nil)

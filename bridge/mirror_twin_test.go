@@ -13,13 +13,16 @@ import (
 	"github.com/jetgres/jetgres/internal/testwait"
 )
 
-// pubHeaders publishes n messages with a header to subject on both sides.
+// pubHeaders publishes n messages with headers to subject on both sides.
 func (tw *twin) pubHeaders(subject string, n int) {
 	tw.t.Helper()
 	for i := range n {
 		for side, js := range tw.js {
 			m := nats.NewMsg(subject)
-			m.Header.Set("K", fmt.Sprint(i))
+			// Every third one has only the header a copy drops.
+			if i%3 != 2 {
+				m.Header.Set("K", fmt.Sprint(i))
+			}
 			m.Header.Set("Nats-Expected-Stream", "ORDERS")
 			m.Data = fmt.Appendf(nil, "order %d", i)
 			if _, err := js.PublishMsg(tw.ctx, m); err != nil {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"testing"
 	"time"
 
@@ -210,5 +211,55 @@ func TestMirrorTwin(t *testing.T) {
 	// publishes under its own name.
 	tw.updateStream(jetstream.StreamConfig{Name: "M"})
 	tw.pub("M", []byte("after promotion"))
+	tw.copyInfo("M")
+}
+
+// TestMirrorOriginDeletedTwin deletes a mirror's origin: once the mirror notices (its
+// consumer went with the origin, so its heartbeats stop) its stream info reports why it
+// cannot copy, as JetStream's does; and once the origin is created again and passes the
+// mirror's last sequence, the mirror copies again from there.
+func TestMirrorOriginDeletedTwin(t *testing.T) {
+	tw := newTwin(t)
+	tw.createStream(jetstream.StreamConfig{Name: "ORDERS", Subjects: []string{"orders.>"}})
+	tw.pubHeaders("orders.new", 3)
+	tw.createStream(jetstream.StreamConfig{Name: "M", Mirror: &jetstream.StreamSource{Name: "ORDERS"}})
+	tw.settle("M", func(st jetstream.StreamState) bool { return st.LastSeq == 3 })
+	for side, js := range tw.js {
+		if err := js.DeleteStream(tw.ctx, "ORDERS"); err != nil {
+			t.Fatalf("%s: %v", sideName[side], err)
+		}
+	}
+	tw.streams = slices.DeleteFunc(tw.streams, func(s string) bool { return s == "ORDERS" })
+	// A health interval, the retry threshold and a back-off, on both sides.
+	testwait.For(t, 90*time.Second, func() error {
+		var got [2]string
+		for side, js := range tw.js {
+			s, err := js.Stream(tw.ctx, "M")
+			if err != nil {
+				return err
+			}
+			if mi := s.CachedInfo().Mirror; mi == nil || mi.Error == nil {
+				return fmt.Errorf("%s: mirror info %+v", sideName[side], mi)
+			} else {
+				got[side] = fmt.Sprint(mi.Error.ErrorCode)
+			}
+		}
+		if got[ours] != got[theirs] {
+			return fmt.Errorf("mirror error: jetgres %s, jetstream %s", got[ours], got[theirs])
+		}
+		return nil
+	})
+	tw.createStream(jetstream.StreamConfig{Name: "ORDERS", Subjects: []string{"orders.>"}})
+	tw.pubHeaders("orders.again", 5)
+	testwait.For(t, 2*time.Minute, func() error {
+		st, err := tw.states("M")
+		if err != nil {
+			return err
+		}
+		if st[ours].LastSeq != 5 {
+			return fmt.Errorf("mirror at %d", st[ours].LastSeq)
+		}
+		return nil
+	})
 	tw.copyInfo("M")
 }

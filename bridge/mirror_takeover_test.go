@@ -11,8 +11,9 @@ import (
 	"github.com/jetgres/jetgres/internal/testwait"
 )
 
-// TestMirrorTakeover runs two replicas: exactly one copies into the mirror, and once it
-// stops the other takes the stream's copy lock and goes on from what the mirror holds.
+// TestMirrorTakeover runs two replicas: exactly one copies into the mirror, the other
+// reports in stream info what that one knows, and once it stops the other takes the
+// stream's copy lock and goes on from what the mirror holds.
 func TestMirrorTakeover(t *testing.T) {
 	ctx := testContext(t)
 	a := setup(t, setupOpts{config: func(c *Config) { c.ReplicaName = "a" }})
@@ -56,6 +57,14 @@ func TestMirrorTakeover(t *testing.T) {
 			copier, other = b, a
 		default:
 			return fmt.Errorf("no replica copies")
+		}
+		return nil
+	})
+	// The replica that does not copy reports what the one that copies knows.
+	testwait.For(t, 10*time.Second, func() error {
+		mi, _ := other.bridge.copies.Info(other.bridge.streams.Lookup("M"))
+		if mi == nil || mi.Active < 0 || mi.Lag != 0 || mi.Name != "ORDERS" {
+			return fmt.Errorf("mirror info on the replica that does not copy: %+v", mi)
 		}
 		return nil
 	})

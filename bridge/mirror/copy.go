@@ -33,6 +33,8 @@ type streamCopy struct {
 	origins []*origin
 	cancel  context.CancelFunc
 	wg      sync.WaitGroup
+	// infoSub answers the other replicas' stream info while the copy runs.
+	infoSub *leaf.Subscription
 
 	// resumed says where each source stopped was read from the stream, once for all of
 	// them, before any consumer is created: a source must not start over.
@@ -70,6 +72,7 @@ func newStreamCopy(e *Engine, s *stream.Stream) *streamCopy {
 
 func (c *streamCopy) start(ctx context.Context) {
 	ctx, c.cancel = context.WithCancel(ctx)
+	c.serveInfo()
 	for _, o := range c.origins {
 		c.wg.Add(1)
 		go func() {
@@ -80,6 +83,9 @@ func (c *streamCopy) start(ctx context.Context) {
 }
 
 func (c *streamCopy) stop() {
+	if c.infoSub != nil {
+		_ = c.infoSub.Unsubscribe()
+	}
 	if c.cancel != nil {
 		c.cancel()
 	}

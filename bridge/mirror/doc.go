@@ -26,6 +26,9 @@
 // are stored under their origin sequences, and one at or below the stream's last is
 // refused.
 //
+// Stream info may reach any replica: one that does not copy into the stream asks the one
+// that does, on InfoPrefix, what it knows of the origins.
+//
 // Lock order: Engine.mu; a stream copy's resumeMu; an origin's mu. Engine.mu and an
 // origin's mu are never held across a database statement or a wait; resumeMu is held while
 // the sources' positions are read from the stream, and only that stream's origins wait

@@ -56,6 +56,7 @@ type Store interface {
 // sends names the groups the server announced for its subject, the API's among them.
 type Link interface {
 	Subscribe(subject, queue string, h leaf.Handler) (*leaf.Subscription, error)
+	HasInterest(subject string) bool
 	QueueGroups(subject string, dst []string) []string
 	PublishQueues(subject, reply string, queues []string, hdr, data []byte) error
 }
@@ -297,30 +298,6 @@ func (e *Engine) Copying(streamID int64) bool {
 	defer e.mu.Unlock()
 	_, ok := e.copies[streamID]
 	return ok
-}
-
-// Info is the `mirror` and `sources` blocks of stream info for s, as nats-server reports
-// them. A stream this replica does not copy into reports its origins as never heard from.
-func (e *Engine) Info(s *stream.Stream) (*server.StreamSourceInfo, []*server.StreamSourceInfo) {
-	cfg := s.ConfigView()
-	if cfg.Mirror == nil && len(cfg.Sources) == 0 {
-		return nil, nil
-	}
-	e.mu.Lock()
-	c := e.copies[s.ID()]
-	e.mu.Unlock()
-	if c == nil || c.key != copyKey(cfg) {
-		c = newStreamCopy(e, s)
-	}
-	now := e.clk.Now()
-	if cfg.Mirror != nil {
-		return c.origins[0].info(now), nil
-	}
-	out := make([]*server.StreamSourceInfo, 0, len(c.origins))
-	for _, o := range c.origins {
-		out = append(out, o.info(now))
-	}
-	return nil, out
 }
 
 // copyKey is what a copy depends on in a stream's configuration: a change of it starts the

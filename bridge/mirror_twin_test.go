@@ -263,3 +263,33 @@ func TestMirrorOriginDeletedTwin(t *testing.T) {
 	})
 	tw.copyInfo("M")
 }
+
+// TestMirrorDirectTwin: a mirror of a stream with direct gets inherits mirror_direct and
+// answers the origin's direct gets, which shows once the origin is gone.
+func TestMirrorDirectTwin(t *testing.T) {
+	tw := newTwin(t)
+	tw.createStream(jetstream.StreamConfig{Name: "ORDERS", Subjects: []string{"orders.>"}, AllowDirect: true})
+	tw.pubHeaders("orders.new", 4)
+	tw.createStream(jetstream.StreamConfig{Name: "M", Mirror: &jetstream.StreamSource{Name: "ORDERS"}})
+	tw.settle("M", func(st jetstream.StreamState) bool { return st.LastSeq == 4 })
+	for side, js := range tw.js {
+		if err := js.DeleteStream(tw.ctx, "ORDERS"); err != nil {
+			t.Fatalf("%s: %v", sideName[side], err)
+		}
+	}
+	tw.streams = slices.DeleteFunc(tw.streams, func(s string) bool { return s == "ORDERS" })
+	for _, req := range []string{`{"seq":2}`, `{"last_by_subj":"orders.new"}`, `{"seq":9}`} {
+		var got [2]string
+		for side, js := range tw.js {
+			m, err := js.Conn().Request("$JS.API.DIRECT.GET.ORDERS", []byte(req), 5*time.Second)
+			if err != nil {
+				t.Fatalf("%s: direct get %s: %v", sideName[side], req, err)
+			}
+			got[side] = fmt.Sprintf("%s %q stream=%s seq=%s subject=%s k=%s", m.Header.Get("Status"), m.Data,
+				m.Header.Get("Nats-Stream"), m.Header.Get("Nats-Sequence"), m.Header.Get("Nats-Subject"), m.Header.Get("K"))
+		}
+		if got[ours] != got[theirs] {
+			t.Errorf("direct get %s of the mirrored stream:\njetgres   %s\njetstream %s", req, got[ours], got[theirs])
+		}
+	}
+}

@@ -13,6 +13,7 @@ import (
 	"github.com/jetgres/jetgres/bridge/consumer"
 	"github.com/jetgres/jetgres/bridge/gets"
 	"github.com/jetgres/jetgres/bridge/jsapi"
+	"github.com/jetgres/jetgres/bridge/mirror"
 	"github.com/jetgres/jetgres/bridge/ownership"
 	"github.com/jetgres/jetgres/bridge/republish"
 	"github.com/jetgres/jetgres/bridge/retention"
@@ -81,10 +82,15 @@ const (
 // Config configures a Bridge. DB, Link, Append, Pop, Ack and ReplicaName are required. A zero
 // value in any other field means its default; a negative one is refused.
 type Config struct {
-	DB     *pg.DB
-	Link   *leaf.Conn
-	Append *flow.Lane // appends
-	Pop    *flow.Lane // reads behind the tail cache
+	DB   *pg.DB
+	Link *leaf.Conn
+	// CopyLink is a second link to the same server, through which streams with a mirror
+	// or sources copy from their origins (bridge/mirror): the server never hands a link
+	// what it sent itself, and a stream of this replica answers its API on Link. Nil
+	// refuses mirrors and sources.
+	CopyLink *leaf.Conn
+	Append   *flow.Lane // appends
+	Pop      *flow.Lane // reads behind the tail cache
 	// Ack is the lane of consumer cursor writes. They are not pushes: a one-row update
 	// takes a fraction of an append's round trip, and sharing the append lane's rtt_base
 	// with them made every append read as congestion.
@@ -270,6 +276,8 @@ type Bridge struct {
 	sql       *sqlmove.Mover[*stream.Stream]
 	retention *retention.Enforcer[*stream.Stream]
 	sched     *schedule.Scheduler[*stream.Stream]
+	// copies copies into streams with a mirror or sources; nil without Config.CopyLink.
+	copies *mirror.Engine
 
 	stopOnce sync.Once
 }
@@ -332,12 +340,19 @@ func New(cfg Config) (*Bridge, error) {
 	if b.sched, err = newScheduler(b); err != nil {
 		return nil, fmt.Errorf("bridge: %w", err)
 	}
+	if b.copies, err = newCopies(b); err != nil {
+		return nil, fmt.Errorf("bridge: %w", err)
+	}
+	var copies jsapi.Copies
+	if b.copies != nil {
+		copies = b.copies
+	}
 	b.api = jsapi.New(jsapi.Config{
 		Link: cfg.Link, Store: cfg.DB, Streams: b.streams, Consumers: b.cons, Forwarder: b.fwd, Retention: b.retention,
 		Clock: b.clock, Logger: cfg.Logger, Registerer: cfg.Registerer,
 		Queue: APIQueueDefault, Workers: APIWorkersDefault,
 		MaxPayload: cfg.MaxPayload, ClusterName: cfg.ClusterName, ReplicaName: cfg.ReplicaName,
-		Domain: cfg.Domain,
+		Domain: cfg.Domain, Copies: copies,
 	})
 	return b, nil
 }
@@ -387,6 +402,11 @@ func (b *Bridge) Start(ctx context.Context) (err error) {
 	if err := b.sql.Start(b.ctx); err != nil {
 		return fmt.Errorf("bridge: start the SQL mover: %w", err)
 	}
+	if b.copies != nil {
+		if err := b.copies.Start(b.ctx); err != nil {
+			return fmt.Errorf("bridge: start copying: %w", err)
+		}
+	}
 	sub, err := b.link.Subscribe("$JS.API.>", QueueGroup, b.api.Serve)
 	if err != nil {
 		return fmt.Errorf("bridge: subscribe $JS.API.>: %w", err)
@@ -412,6 +432,9 @@ func (b *Bridge) Stop(ctx context.Context) error {
 			_ = b.apiSub.Unsubscribe()
 		}
 		b.streams.UnsubscribeAll()
+		if b.copies != nil {
+			b.copies.Stop()
+		}
 		// Everything already taken in still gets committed and answered.
 		if e := b.streams.Stop(ctx); e != nil {
 			err = fmt.Errorf("bridge: %w", e)
@@ -451,6 +474,9 @@ func (b *Bridge) startConsumers(ctx context.Context) error {
 func (b *Bridge) metaChanged(int64) {
 	wake.Poke(b.metaKick)
 	b.cons.Kick()
+	if b.copies != nil {
+		b.copies.Kick()
+	}
 }
 
 // streamSyncLoop picks up stream changes that another replica made: at once when

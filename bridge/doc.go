@@ -30,6 +30,13 @@
 // consumer engine: it takes the commits this process made and sends them from a queue of its
 // own, so that neither the read loop nor the commit waits for it.
 //
+// Copying into streams with a mirror or sources is bridge/mirror: one engine, which talks
+// to every origin through NATS on a link of its own (Config.CopyLink) and to the streams
+// only through copyHost (mirror_wiring.go): a mirror's batches are stored as a restore's
+// are and announced as one, a source's are appended and announced as a commit. It holds
+// none of the locks below when it calls copyHost, whose methods take them as their owners
+// do.
+//
 // Retention is bridge/retention: interest and workqueue retention passes, max_age and
 // lowered limits, chunk drops and de-duplication id pruning, and the interest and work
 // queue checks. It keeps its own state of each stream and reaches the streams, the

@@ -87,6 +87,11 @@ func setup(t testing.TB, opts ...setupOpts) *testBundle {
 		t.Fatalf("dial leaf: %v", err)
 	}
 	t.Cleanup(func() { _ = tb.link.Close() })
+	copyLink, err := leaf.Dial(ctx, leaf.Config{Addr: ep.Addr, User: ep.User, Password: ep.Password, Name: fmt.Sprintf("bridge-test-copy-%p", tb), Logger: logger})
+	if err != nil {
+		t.Fatalf("dial leaf: %v", err)
+	}
+	t.Cleanup(func() { _ = copyLink.Close() })
 	push, err := flow.NewLane("append", flow.Options{Init: flow.AppendInitDefault, Min: flow.AppendMinDefault, Max: flow.AppendMaxDefault, Alpha: flow.AppendAlphaDefault, Beta: flow.AppendBetaDefault})
 	if err != nil {
 		t.Fatal(err)
@@ -99,7 +104,7 @@ func setup(t testing.TB, opts ...setupOpts) *testBundle {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg := Config{DB: tb.db, Link: tb.link, Append: push, Pop: pop, Ack: ack, Logger: logger, Registerer: tb.reg, ReplicaName: "bridge-test"}
+	cfg := Config{DB: tb.db, Link: tb.link, CopyLink: copyLink, Append: push, Pop: pop, Ack: ack, Logger: logger, Registerer: tb.reg, ReplicaName: "bridge-test"}
 	if o.config != nil {
 		o.config(&cfg)
 	}

@@ -80,7 +80,7 @@ func (db *DB) CreateConsumer(ctx context.Context, c Consumer, maxConsumers int) 
 				return err
 			}
 			var n int
-			if err := q.QueryRow(ctx, `SELECT count(*) FROM jetgres.consumers WHERE stream_id = $1`, c.StreamID).Scan(&n); err != nil {
+			if err := q.QueryRow(ctx, `SELECT count(*) FROM jetgres.consumers WHERE stream_id = $1 AND `+sqlPublicConsumer, c.StreamID).Scan(&n); err != nil {
 				return err
 			}
 			if n >= maxConsumers {
@@ -129,11 +129,15 @@ func notifying(sql string) string {
 		SELECT pg_notify('` + MetaChannel + `', stream_id::text) FROM touched`
 }
 
+// sqlPublicConsumer leaves out the direct consumers, those that streams copying from a
+// stream create on it: nats-server neither counts nor lists them.
+const sqlPublicConsumer = `NOT coalesce((config->>'direct')::boolean, false)`
+
 // ConsumerCounts counts the consumers of every stream that has any, in one read.
 func (db *DB) ConsumerCounts(ctx context.Context) (map[int64]int, error) {
 	out := make(map[int64]int)
 	err := db.background(ctx, func(ctx context.Context, q querier) error {
-		rows, err := q.Query(ctx, `SELECT stream_id, count(*) FROM jetgres.consumers GROUP BY stream_id`)
+		rows, err := q.Query(ctx, `SELECT stream_id, count(*) FROM jetgres.consumers WHERE `+sqlPublicConsumer+` GROUP BY stream_id`)
 		if err != nil {
 			return err
 		}
@@ -158,7 +162,7 @@ func (db *DB) ConsumerCounts(ctx context.Context) (map[int64]int, error) {
 func (db *DB) CountConsumers(ctx context.Context, streamID int64) (int, error) {
 	var n int
 	err := db.background(ctx, func(ctx context.Context, q querier) error {
-		return q.QueryRow(ctx, `SELECT count(*) FROM jetgres.consumers WHERE stream_id = $1`, streamID).Scan(&n)
+		return q.QueryRow(ctx, `SELECT count(*) FROM jetgres.consumers WHERE stream_id = $1 AND `+sqlPublicConsumer, streamID).Scan(&n)
 	})
 	if err != nil {
 		return 0, fmt.Errorf("pg: count consumers: %w", err)

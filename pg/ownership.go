@@ -42,6 +42,8 @@ type Ownership struct {
 	// for another, the session's locks guard nothing.
 	server string
 	held   map[int64]heldLock // what this session locked, by consumer id
+	// plain is a session that does not count as a live replica (OpenCopyLocks).
+	plain bool
 	// confirmed is when (unix ns, on clock) the last statement that succeeded on conn was
 	// sent: the session held its locks then. Zero while there is no connection. Atomic, so
 	// that a watchdog reads it while a statement holds mu.
@@ -164,9 +166,11 @@ func (o *Ownership) Reconnect(ctx context.Context) error {
 		_ = conn.Close(context.Background())
 		return fmt.Errorf("pg: ownership connection: %w", err)
 	}
-	if _, err := conn.Exec(ctx, sqlReplica, replicaLockKey); err != nil {
-		_ = conn.Close(context.Background())
-		return fmt.Errorf("pg: ownership connection: %w", err)
+	if !o.plain {
+		if _, err := conn.Exec(ctx, sqlReplica, replicaLockKey); err != nil {
+			_ = conn.Close(context.Background())
+			return fmt.Errorf("pg: ownership connection: %w", err)
+		}
 	}
 	if o.pid != 0 {
 		if _, err := conn.Exec(ctx, sqlEndSession, o.pid, o.started); err != nil {

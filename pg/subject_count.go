@@ -122,7 +122,7 @@ type InfoState struct {
 
 const sqlInfoState = `
 SELECT first_seq, last_seq, last_ts, msgs, bytes, purged,
-	(SELECT count(*) FROM jetgres.consumers c WHERE c.stream_id = $1)
+	(SELECT count(*) FROM jetgres.consumers c WHERE c.stream_id = $1 AND NOT coalesce((c.config->>'direct')::boolean, false))
 FROM jetgres.stream_state WHERE stream_id = $1`
 
 // StreamInfo reads a stream's state, its number of subjects and of consumers, all at one

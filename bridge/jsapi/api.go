@@ -71,6 +71,15 @@ type Config struct {
 	ClusterName, ReplicaName string
 	// Domain is the JetStream domain that account and stream info report; "" reports none.
 	Domain string
+	// Copies reports the mirror and sources blocks of stream info, and hears of streams
+	// created or changed with one. Nil refuses mirrors and sources.
+	Copies Copies
+}
+
+// Copies is the engine that copies into streams with a mirror or sources (bridge/mirror).
+type Copies interface {
+	Info(s *stream.Stream) (*server.StreamSourceInfo, []*server.StreamSourceInfo)
+	Kick()
 }
 
 // API serves the JetStream API.
@@ -269,6 +278,11 @@ func (a *API) apiAccountInfo(ctx context.Context) (*server.JSApiAccountInfoRespo
 // field as the handler left it, as nats-server sends its error responses: handlers return
 // errors, and this is where they become what a client hears.
 func (a *API) respond(reply string, resp any, head *server.ApiResponse, fail jserr.Fail, err error) {
+	a.respondHdr(reply, nil, resp, head, fail, err)
+}
+
+// respondHdr is respond with headers on the answer.
+func (a *API) respondHdr(reply string, hdr []byte, resp any, head *server.ApiResponse, fail jserr.Fail, err error) {
 	outcome := "ok"
 	if err != nil {
 		head.Error = jserr.API(err, fail)
@@ -287,5 +301,5 @@ func (a *API) respond(reply string, resp any, head *server.ApiResponse, fail jse
 		return
 	}
 	a.am.reqs.WithLabelValues(outcome).Inc()
-	_ = a.link.Publish(reply, "", nil, data)
+	_ = a.link.Publish(reply, "", hdr, data)
 }

@@ -2,7 +2,10 @@ package jsapi
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/nats-io/nats-server/v2/server"
@@ -23,11 +26,16 @@ import (
 func (a *API) handleConsumerAPI(ctx context.Context, tok []string, m *leaf.Msg, forwarded bool) {
 	switch {
 	case len(tok) >= 2 && (tok[0] == "CREATE" || tok[0] == "DURABLE" && tok[1] == "CREATE"):
+		if e := a.checkCopyingCreate(tok, m.Header); e != nil {
+			r := &server.JSApiConsumerCreateResponse{ApiResponse: jswire.APIResponse(server.JSApiConsumerCreateResponseType)}
+			a.respond(m.Reply, r, &r.ApiResponse, server.NewJSConsumerCreateError, e)
+			return
+		}
 		r, err := a.apiCreate(ctx, tok, m.Data)
 		if err = a.fwd.Forward(m, err, forwarded); err == ownership.ErrForwarded {
 			return
 		}
-		a.respond(m.Reply, r, &r.ApiResponse, server.NewJSConsumerCreateError, err)
+		a.respondHdr(m.Reply, a.identityHeader(r), r, &r.ApiResponse, server.NewJSConsumerCreateError, err)
 	case len(tok) == 3 && tok[0] == "INFO":
 		r, err := a.apiInfo(ctx, tok[1], tok[2], m.Data, func(served error) bool {
 			return a.fwd.Forward(m, served, forwarded) == ownership.ErrForwarded
@@ -220,6 +228,13 @@ func (a *API) pagedConsumers(ctx context.Context, streamName string, data []byte
 	if err != nil {
 		return nil, nil, 0, fmt.Errorf("listing consumers of stream %q: %w", streamName, err)
 	}
+	// As nats-server, the direct consumers of streams copying from this one are not listed.
+	rows = slices.DeleteFunc(rows, func(c pg.Consumer) bool {
+		var cfg struct {
+			Direct bool `json:"direct"`
+		}
+		return json.Unmarshal(c.Config, &cfg) == nil && cfg.Direct
+	})
 	return s, rows, min(max(req.Offset, 0), len(rows)), nil
 }
 
@@ -261,4 +276,46 @@ func (a *API) workQueueConflict(ctx context.Context, s *stream.Stream, name stri
 		return jserr.API(err, server.NewJSConsumerCreateError)
 	}
 	return refused
+}
+
+// checkCopyingCreate applies to a consumer create (tok after "CONSUMER.") the headers a
+// stream copying from this one sends, as nats-server does: a request that needs a later API
+// level than jetgres serves (Nats-Required-Api-Level) is refused, and the copying stream
+// asks again for a consumer of the level served; one that expects another stream than the
+// one of that name now (Nats-Stream-Identity: the origin was deleted and created again) is
+// refused, and a source starts again from the new stream's start.
+func (a *API) checkCopyingCreate(tok []string, hdr []byte) *server.ApiError {
+	if v := jswire.HeaderValue(hdr, server.JSRequiredApiLevel); v != "" {
+		if n, err := strconv.Atoi(v); err != nil || n > jswire.APILevel {
+			return server.NewJSRequiredApiLevelError()
+		}
+	}
+	want := jswire.HeaderValue(hdr, server.JSStreamIdentity)
+	if want == "" {
+		return nil
+	}
+	name := tok[1]
+	if tok[0] == "DURABLE" && len(tok) > 2 {
+		name = tok[2]
+	}
+	if s := a.streams.Lookup(name); s != nil {
+		if id := jswire.StreamIdentity(s.Created()); id != want {
+			return server.NewJSConsumerStreamIdentityMismatchError(id)
+		}
+	}
+	return nil
+}
+
+// identityHeader is the Nats-Stream-Identity header nats-server puts on its answer to the
+// create of a direct consumer, which a stream copying from this one names its origin by:
+// the stream's identity, from its creation time. Nil for any other answer.
+func (a *API) identityHeader(r *server.JSApiConsumerCreateResponse) []byte {
+	if r.ConsumerInfo == nil || r.ConsumerInfo.Config == nil || !r.ConsumerInfo.Config.Direct {
+		return nil
+	}
+	s := a.streams.Lookup(r.ConsumerInfo.Stream)
+	if s == nil {
+		return nil
+	}
+	return jswire.AppendHeaders(nil, server.JSStreamIdentity, jswire.StreamIdentity(s.Created()))
 }

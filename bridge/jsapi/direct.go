@@ -35,6 +35,12 @@ const (
 
 func (a *API) directGet(ctx context.Context, m *leaf.Msg, tok []string) {
 	s, err := a.streams.Find(ctx, tok[0])
+	mirrored := false
+	if errors.Is(err, pg.ErrNotFound) {
+		if ms := a.directMirror(tok[0]); ms != nil {
+			s, err, mirrored = ms, nil, true
+		}
+	}
 	if err != nil {
 		if !errors.Is(err, pg.ErrNotFound) {
 			a.log.Warn("direct get", "stream", tok[0], "err", err)
@@ -43,7 +49,7 @@ func (a *API) directGet(ctx context.Context, m *leaf.Msg, tok []string) {
 		a.status(m.Reply, jserr.NotServed)
 		return
 	}
-	req, refused := directRequest(s, m, tok[1:])
+	req, refused := directRequest(s, m, tok[1:], mirrored)
 	if refused != nil {
 		a.status(m.Reply, refused)
 		return
@@ -78,7 +84,7 @@ func (a *API) directGetFromMemory(m *leaf.Msg, rest string) bool {
 	if s == nil {
 		return false
 	}
-	req, refused := directRequest(s, m, tok[1:])
+	req, refused := directRequest(s, m, tok[1:], false)
 	if refused != nil || req.Batch != 0 || len(req.MultiLastFor) > 0 || req.StartTime != nil {
 		return false
 	}
@@ -96,10 +102,10 @@ func (a *API) directGetFromMemory(m *leaf.Msg, rest string) bool {
 }
 
 // directRequest reads a direct get of stream s, whose subject goes on with key, or the status
-// that refuses it: the stream does not allow direct gets, the client needs a later API
-// level, or the request is malformed.
-func directRequest(s *stream.Stream, m *leaf.Msg, key []string) (server.JSApiMsgGetRequest, *jserr.Status) {
-	if !s.Config().AllowDirect {
+// that refuses it: the stream does not allow direct gets (unless it answers as the mirror of
+// the stream named), the client needs a later API level, or the request is malformed.
+func directRequest(s *stream.Stream, m *leaf.Msg, key []string, mirrored bool) (server.JSApiMsgGetRequest, *jserr.Status) {
+	if !mirrored && !s.Config().AllowDirect {
 		return server.JSApiMsgGetRequest{}, jserr.NotServed
 	}
 	if v := jswire.HeaderValue(m.Header, server.JSRequiredApiLevel); v != "" {
@@ -269,4 +275,16 @@ func (dg *directGet) send(m *pg.Message, extra []string) {
 	kv := append([]string{"Nats-Stream", dg.s.Name(), "Nats-Subject", m.Subject, "Nats-Sequence", strconv.FormatUint(m.Seq, 10),
 		"Nats-Time-Stamp", time.Unix(0, m.TS).UTC().Format(time.RFC3339Nano)}, extra...)
 	_ = dg.a.link.Publish(dg.reply, "", jswire.AppendHeaders(m.Header, kv...), m.Data)
+}
+
+// directMirror is a stream of this deployment that answers direct gets of the stream called
+// name in its place: a mirror of it with mirror_direct, as nats-server's mirror subscribes
+// its origin's direct get subjects. nil when there is none.
+func (a *API) directMirror(name string) *stream.Stream {
+	for _, s := range a.streams.List() {
+		if cfg := s.ConfigView(); cfg.Mirror != nil && cfg.MirrorDirect && cfg.Mirror.Name == name {
+			return s
+		}
+	}
+	return nil
 }

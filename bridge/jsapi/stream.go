@@ -87,6 +87,9 @@ func (a *API) apiStreamCreate(ctx context.Context, name string, body []byte) (*s
 	}
 	a.streams.LockAdmin()
 	defer a.streams.UnlockAdmin()
+	if e := a.checkCopies(&cfg); e != nil {
+		return resp, e
+	}
 	if e := a.streams.CheckReservation(name, &cfg); e != nil {
 		return resp, e
 	}
@@ -116,6 +119,7 @@ func (a *API) apiStreamCreate(ctx context.Context, name string, body []byte) (*s
 		return resp, server.NewJSStreamCreateError(err)
 	}
 	a.log.Info("stream created", "stream", name, "subjects", cfg.Subjects)
+	a.copiesChanged(&cfg)
 	return a.streamCreated(ctx, resp, s, true)
 }
 
@@ -165,8 +169,12 @@ func (a *API) streamInfo(ctx context.Context, s *stream.Stream) (*server.StreamI
 			state.FirstSeq = 0
 		}
 	}
-	return &server.StreamInfo{Config: jswire.StreamConfigForResponse(s.Config()), Created: s.Created().UTC(), State: state, TimeStamp: a.clock.Now().UTC(),
-		Domain: a.cfg.Domain, Cluster: a.streamClusterInfo()}, nil
+	info := &server.StreamInfo{Config: jswire.StreamConfigForResponse(s.Config()), Created: s.Created().UTC(), State: state, TimeStamp: a.clock.Now().UTC(),
+		Domain: a.cfg.Domain, Cluster: a.streamClusterInfo()}
+	if a.cfg.Copies != nil {
+		info.Mirror, info.Sources = a.cfg.Copies.Info(s)
+	}
+	return info, nil
 }
 
 func (a *API) apiStreamUpdate(ctx context.Context, name string, body []byte) (*server.JSApiStreamUpdateResponse, error) {
@@ -217,6 +225,12 @@ func (a *API) apiStreamUpdate(ctx context.Context, name string, body []byte) (*s
 	if e := jswire.CheckTTLUpdate(&old, &cfg); e != nil {
 		return fail(e)
 	}
+	if e := jswire.CheckCopiesUpdate(&old, &cfg); e != nil {
+		return fail(e)
+	}
+	if e := a.checkCopies(&cfg); e != nil {
+		return fail(e)
+	}
 	if cfg.Sealed {
 		// As nats-server does: nothing may leave a sealed stream, by age, purge or delete.
 		cfg.MaxAge, cfg.Discard = 0, server.DiscardNew
@@ -245,6 +259,8 @@ func (a *API) apiStreamUpdate(ctx context.Context, name string, body []byte) (*s
 	if err := a.retention.ApplyLimits(ctx, s, stream.Limits(&cfg), cfg.MaxAge); err != nil {
 		return fail(fmt.Errorf("applying updated limits of stream %q: %w", name, err))
 	}
+	a.copiesChanged(&old)
+	a.copiesChanged(&cfg)
 	info, err := a.streamInfo(ctx, s)
 	if err != nil {
 		return fail(err)

@@ -173,10 +173,18 @@ func (n *node) start(ctx context.Context) error {
 	}
 	n.onStop("leafnode link", func(context.Context) error { return n.link.Close() })
 	n.reg.MustRegister(leafCollector(n.link))
+	// Streams with a mirror or sources copy through a link of their own: the server never
+	// hands a link what it sent itself, and their origins answer on the first.
+	copyLink, err := leaf.Dial(ctx, leaf.Config{Addr: ep.Addr, User: ep.User, Password: ep.Password, Name: "jetgres-copy", Logger: n.log})
+	if err != nil {
+		return fmt.Errorf("leafnode link to the NATS server for copying: %w", err)
+	}
+	n.onStop("copy link", func(context.Context) error { return copyLink.Close() })
 
 	br, err := bridge.New(bridge.Config{
 		DB:                n.db,
 		Link:              n.link,
+		CopyLink:          copyLink,
 		Append:            n.appends,
 		Pop:               n.pop,
 		Ack:               n.ack,

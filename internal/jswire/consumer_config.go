@@ -68,8 +68,10 @@ func checkPriority(cfg *server.ConsumerConfig) *server.ApiError {
 // expects. Features jetgres does not serve are refused rather than ignored.
 func CheckConsumerConfig(req server.ConsumerConfig, scfg *server.StreamConfig) (server.ConsumerConfig, *server.ApiError) {
 	cfg := req
-	if cfg.Direct || cfg.Sourcing {
-		return cfg, server.NewJSConsumerCreateError(errors.New("direct and sourcing consumers are not supported by jetgres"))
+	// A direct consumer, what a stream copying from this one asks for, is served as any
+	// other ephemeral one. A sourcing consumer needs an API level jetgres does not serve.
+	if cfg.Sourcing {
+		return cfg, server.NewJSConsumerCreateError(errors.New("sourcing consumers are not supported by jetgres"))
 	}
 	if cfg.PauseUntil != nil {
 		utc := cfg.PauseUntil.UTC()

@@ -30,6 +30,8 @@ func FuzzStreamConfig(f *testing.F) {
 		`{"name":"S","description":"\u0000"}`,
 		`{"name":"a.b"}`,
 		`{"name":"S","mirror":{"name":"M"}}`,
+		`{"name":"S","mirror":{"name":"M","external":{"api":"$JS.hub.API"},"subject_transforms":[{"src":"a.>","dest":"b.>"}]}}`,
+		`{"name":"S","sources":[{"name":"A","filter_subject":"a.>"},{"name":"B","opt_start_seq":5}]}`,
 		`{"name":"S","max_msg_size":2000000}`,
 		`{"name":"S","subjects":["s.>"],"republish":{"src":"s.>","dest":"r.>","headers_only":true}}`,
 		`{"name":"S","subjects":["s.>"],"subject_transform":{"src":"s.>","dest":"t.>"},"republish":{"src":">","dest":">"}}`,
@@ -53,8 +55,10 @@ func FuzzStreamConfig(f *testing.F) {
 		switch {
 		case !ValidName(cfg.Name) || len(cfg.Name) > server.JSMaxNameLen:
 			t.Fatalf("accepted name %q", cfg.Name)
-		case len(cfg.Subjects) == 0 || len(cfg.Subjects) > MaxStreamSubjects:
+		case len(cfg.Subjects) == 0 && cfg.Mirror == nil && len(cfg.Sources) == 0 || len(cfg.Subjects) > MaxStreamSubjects:
 			t.Fatalf("accepted %d subjects", len(cfg.Subjects))
+		case cfg.Mirror != nil && (len(cfg.Subjects) > 0 || len(cfg.Sources) > 0):
+			t.Fatalf("accepted a mirror with subjects or sources: %+v", cfg)
 		case cfg.Storage != server.FileStorage && cfg.Storage != server.MemoryStorage:
 			t.Fatalf("accepted storage %v", cfg.Storage)
 		case cfg.Replicas < 1 || cfg.Replicas > server.StreamMaxReplicas:
@@ -64,7 +68,8 @@ func FuzzStreamConfig(f *testing.F) {
 			t.Fatalf("accepted limits outside -1 or positive: %+v", cfg)
 		case cfg.MaxMsgSize > fuzzMaxPayload:
 			t.Fatalf("accepted max_msg_size %d above the max payload", cfg.MaxMsgSize)
-		case cfg.MaxAge < 0 || cfg.Duplicates < 100*time.Millisecond || cfg.MaxAge != 0 && cfg.Duplicates > cfg.MaxAge:
+		case cfg.MaxAge < 0 || cfg.Duplicates < 100*time.Millisecond && (cfg.Duplicates != 0 || cfg.Mirror == nil && len(cfg.Sources) == 0) ||
+			cfg.MaxAge != 0 && cfg.Duplicates > cfg.MaxAge:
 			t.Fatalf("accepted max_age %v with duplicate_window %v", cfg.MaxAge, cfg.Duplicates)
 		}
 		for i, s := range cfg.Subjects {

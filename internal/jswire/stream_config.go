@@ -20,6 +20,9 @@ const MaxStreamSubjects = 1000
 // CheckStreamConfig validates a requested configuration and fills in JetStream's defaults
 // for what the client left out, as nats-server does, so that the stored and reported config
 // is complete. Features jetgres does not implement are refused rather than ignored.
+// A mirror or sources are checked as nats-server checks them on their own (checkCopies);
+// what needs the other streams (direct gets inherited from a mirror's origin, cycles) is
+// the caller's.
 // allow_atomic (atomic batch publish), allow_msg_counter, allow_msg_schedules,
 // allow_msg_ttl and subject_delete_marker_ttl are served; allow_batched, fast batch publish, is kept
 // because tools such as `nats bench --create` always set it, and a publish that uses a fast
@@ -34,10 +37,6 @@ func CheckStreamConfig(req server.StreamConfig, maxPayload int32) (server.Stream
 	}
 	if len(cfg.Description) > server.JSMaxDescriptionLen {
 		return cfg, server.NewJSStreamInvalidConfigError(fmt.Errorf("stream description is too long, maximum allowed is %d", server.JSMaxDescriptionLen))
-	}
-	switch {
-	case cfg.Mirror != nil || len(cfg.Sources) > 0:
-		return cfg, server.NewJSStreamInvalidConfigError(errors.New("mirrors and sources are not supported by jetgres"))
 	}
 	if cfg.PersistMode == server.AsyncPersistMode {
 		switch {
@@ -91,7 +90,8 @@ func CheckStreamConfig(req server.StreamConfig, maxPayload int32) (server.Stream
 	if cfg.MaxAge != 0 && cfg.MaxAge < 100*time.Millisecond {
 		return cfg, server.NewJSStreamInvalidConfigError(errors.New("max age needs to be >= 100ms"))
 	}
-	if cfg.Duplicates == 0 {
+	// A mirror or a stream with sources keeps no duplicate window unless asked to.
+	if cfg.Duplicates == 0 && cfg.Mirror == nil && len(cfg.Sources) == 0 {
 		cfg.Duplicates = server.StreamDefaultDuplicatesWindow
 		if cfg.MaxAge != 0 && cfg.MaxAge < cfg.Duplicates {
 			cfg.Duplicates = cfg.MaxAge
@@ -103,7 +103,7 @@ func CheckStreamConfig(req server.StreamConfig, maxPayload int32) (server.Stream
 	if cfg.MaxAge != 0 && cfg.Duplicates > cfg.MaxAge {
 		return cfg, server.NewJSStreamInvalidConfigError(errors.New("duplicates window can not be larger then max age"))
 	}
-	if cfg.Duplicates < 100*time.Millisecond {
+	if cfg.Duplicates > 0 && cfg.Duplicates < 100*time.Millisecond {
 		return cfg, server.NewJSStreamInvalidConfigError(errors.New("duplicates window needs to be >= 100ms"))
 	}
 	if cfg.DenyPurge && cfg.AllowRollup {
@@ -124,7 +124,10 @@ func CheckStreamConfig(req server.StreamConfig, maxPayload int32) (server.Stream
 	if cfg.MaxMsgSize > maxPayload {
 		return cfg, server.NewJSStreamInvalidConfigError(fmt.Errorf("max_msg_size can not exceed the server's max payload of %d", maxPayload))
 	}
-	if len(cfg.Subjects) == 0 {
+	if e := checkCopies(&cfg); e != nil {
+		return cfg, e
+	}
+	if len(cfg.Subjects) == 0 && cfg.Mirror == nil && len(cfg.Sources) == 0 {
 		cfg.Subjects = []string{cfg.Name}
 	}
 	if len(cfg.Subjects) > MaxStreamSubjects {

@@ -1,0 +1,47 @@
+package bridge
+
+import (
+	"context"
+
+	"github.com/jetgres/jetgres/bridge/mirror"
+	"github.com/jetgres/jetgres/bridge/stream"
+	"github.com/jetgres/jetgres/pg"
+)
+
+// copyHost is what the copying engine (bridge/mirror) asks of the bridge: the streams, and
+// their announcements of what it stored.
+type copyHost struct{ b *Bridge }
+
+var _ mirror.Host = copyHost{}
+
+// newCopies builds the engine that copies into streams with a mirror or sources, talking
+// through Config.CopyLink; nil without one.
+func newCopies(b *Bridge) (*mirror.Engine, error) {
+	if b.cfg.CopyLink == nil {
+		return nil, nil
+	}
+	return mirror.New(mirror.Config{
+		Store: b.db, Link: b.cfg.CopyLink, Host: copyHost{b}, Clock: b.clock, Logger: b.log,
+		Lease: b.cfg.Lease, Domain: b.cfg.Domain,
+	})
+}
+
+func (h copyHost) Streams() []*stream.Stream { return h.b.streams.List() }
+
+// Restored announces what a mirror stored behind the tail, and applies the stream's limits
+// to it: a restore's path stores without them.
+func (h copyHost) Restored(ctx context.Context, s *stream.Stream, first, last uint64) {
+	h.b.streams.Restored(ctx, s, first, last)
+	if cfg := s.ConfigView(); cfg.MaxMsgs > 0 || cfg.MaxBytes > 0 || cfg.MaxMsgsPer > 0 {
+		if err := h.b.retention.ApplyLimits(ctx, s, stream.Limits(cfg), 0); err != nil && ctx.Err() == nil {
+			h.b.log.Warn("applying the limits of a mirror failed", "stream", s.Name(), "err", err)
+		}
+	}
+}
+
+func (copyHost) Batch(s *stream.Stream) pg.AppendBatch {
+	cfg := s.ConfigView()
+	return pg.AppendBatch{StreamID: s.ID(), DupWindow: cfg.Duplicates, ChunkRows: s.ChunkRows(), Limits: stream.Limits(cfg)}
+}
+
+func (copyHost) Commit(ctx context.Context, s *stream.Stream, r pg.AppendResult) { s.Commit(ctx, r) }

@@ -6,6 +6,7 @@ package consumer
 import (
 	"context"
 	"errors"
+	"time"
 
 	"github.com/jetgres/jetgres/pg"
 )
@@ -126,7 +127,9 @@ func (c *consumer) loadStart(ctx context.Context) (pg.Message, bool, error) {
 	c.cs.m.TailMisses.Inc()
 	c.unlocked = true
 	c.mu.Unlock()
+	began := c.cs.clock.Now()
 	msgs, through, err := c.readShared(ctx, pg.ReadParams{StreamID: c.sc.s.ID(), From: from, UpTo: upTo, MaxMsgs: readAheadMax, MaxBytes: readAheadBytes}, c.filters())
+	c.readWaited(began)
 	c.mu.Lock()
 	if err != nil {
 		c.readFailed(ctx, err)
@@ -137,6 +140,11 @@ func (c *consumer) loadStart(ctx context.Context) (pg.Message, bool, error) {
 		return m, found, nil
 	}
 	return c.load(ctx, st.Skip[0]) // the batch was cut short before its first message
+}
+
+// readWaited counts the time since began that the consumer waited for a read.
+func (c *consumer) readWaited(began time.Time) {
+	c.cs.m.ReadWaitTime.Add(max(c.cs.clock.Now().Sub(began).Seconds(), 0))
 }
 
 // readFailed notes a failed read: it is warned of, unless the consumer is stopping, and
@@ -160,7 +168,9 @@ func (c *consumer) readAhead(ctx context.Context, from, hw uint64) bool {
 	upTo := c.behindTail(from, hw)
 	c.unlocked = true
 	c.mu.Unlock()
+	began := c.cs.clock.Now()
 	msgs, through, err := c.readShared(ctx, pg.ReadParams{StreamID: c.sc.s.ID(), From: from, UpTo: upTo, MaxMsgs: n, MaxBytes: readAheadBytes}, filters)
+	c.readWaited(began)
 	c.mu.Lock()
 	if err != nil {
 		c.readFailed(ctx, err)
@@ -278,10 +288,12 @@ func (c *consumer) takePrefetch(ctx context.Context) bool {
 	default:
 		c.unlocked = true
 		c.mu.Unlock()
+		began := c.cs.clock.Now()
 		select {
 		case <-r.Done():
 		case <-ctx.Done():
 		}
+		c.readWaited(began)
 		c.mu.Lock()
 		if ctx.Err() != nil {
 			return false

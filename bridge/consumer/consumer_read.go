@@ -8,6 +8,7 @@ import (
 	"errors"
 	"time"
 
+	"github.com/jetgres/jetgres/bridge/consumer/readahead"
 	"github.com/jetgres/jetgres/pg"
 )
 
@@ -120,6 +121,15 @@ func (c *consumer) loadStart(ctx context.Context) (pg.Message, bool, error) {
 	if m, found, covered := st.FromBatch(); covered {
 		return m, found, nil
 	}
+	if r := st.TakeAhead(); r != nil && c.awaitRead(ctx, r) {
+		if msgs, through, err := r.Result(); err == nil {
+			st.SetBatch(msgs, through)
+			c.readFollowing(ctx)
+			if m, found, covered := st.FromBatch(); covered {
+				return m, found, nil
+			}
+		}
+	}
 	if c.cs.clock.Now().Before(c.retryAt) {
 		return pg.Message{}, false, errRetryLater
 	}
@@ -136,10 +146,60 @@ func (c *consumer) loadStart(ctx context.Context) (pg.Message, bool, error) {
 		return pg.Message{}, false, err
 	}
 	st.SetBatch(msgs, through)
+	c.readFollowing(ctx)
 	if m, found, covered := st.FromBatch(); covered {
 		return m, found, nil
 	}
 	return c.load(ctx, st.Skip[0]) // the batch was cut short before its first message
+}
+
+// readFollowing starts reading the start list's next batch in the background, so that it
+// is there when the batch read runs out: read one after another, the batches of a
+// key-value watcher's initial values left it idle for each read. Called with mu held.
+func (c *consumer) readFollowing(ctx context.Context) {
+	from, upTo, ok := c.start.Following(readAheadMax)
+	if !ok {
+		return
+	}
+	if _, _, covered := c.sc.s.Tail().Get(from); covered {
+		return
+	}
+	r := readahead.NewRead(from, upTo)
+	if c.goRead(ctx, r) {
+		c.start.SetAhead(r)
+		c.cs.m.TailMisses.Inc()
+	}
+}
+
+// goRead runs r, a read of PostgreSQL, on a goroutine of its own, and signals the consumer
+// when it finished. It reports whether it started: not once the engine stops.
+func (c *consumer) goRead(ctx context.Context, r *readahead.Read) bool {
+	p := pg.ReadParams{StreamID: c.sc.s.ID(), From: r.From, UpTo: r.UpTo, MaxMsgs: readAheadMax, MaxBytes: readAheadBytes}
+	filters := c.filters()
+	return c.cs.g.Go(func() {
+		r.Finish(c.readShared(ctx, p, filters))
+		c.signal()
+	})
+}
+
+// awaitRead waits for r to finish, with mu released unless it has, and reports whether it
+// did: false when the consumer stops first. Called with mu held.
+func (c *consumer) awaitRead(ctx context.Context, r *readahead.Read) bool {
+	select {
+	case <-r.Done():
+		return true
+	default:
+	}
+	c.unlocked = true
+	c.mu.Unlock()
+	began := c.cs.clock.Now()
+	select {
+	case <-r.Done():
+	case <-ctx.Done():
+	}
+	c.readWaited(began)
+	c.mu.Lock()
+	return ctx.Err() == nil
 }
 
 // readWaited counts the time since began that the consumer waited for a read.
@@ -263,12 +323,7 @@ func (c *consumer) startPrefetch(ctx context.Context, chained bool) bool {
 		upTo = min(upTo, from+c.ahead.Span()-1)
 	}
 	r := c.ahead.Begin(from, upTo)
-	p := pg.ReadParams{StreamID: c.sc.s.ID(), From: from, UpTo: upTo, MaxMsgs: readAheadMax, MaxBytes: readAheadBytes}
-	filters := c.filters()
-	if !c.cs.g.Go(func() {
-		r.Finish(c.readShared(ctx, p, filters))
-		c.signal()
-	}) {
+	if !c.goRead(ctx, r) {
 		r.Finish(nil, 0, errStopping)
 		return false
 	}
@@ -280,24 +335,8 @@ func (c *consumer) startPrefetch(ctx context.Context, chained bool) bool {
 // moved. Called with mu held; mu is released while it waits.
 func (c *consumer) takePrefetch(ctx context.Context) bool {
 	r := c.ahead.Oldest()
-	if r == nil {
+	if r == nil || !c.awaitRead(ctx, r) {
 		return false
-	}
-	select {
-	case <-r.Done():
-	default:
-		c.unlocked = true
-		c.mu.Unlock()
-		began := c.cs.clock.Now()
-		select {
-		case <-r.Done():
-		case <-ctx.Done():
-		}
-		c.readWaited(began)
-		c.mu.Lock()
-		if ctx.Err() != nil {
-			return false
-		}
 	}
 	ok, err := c.ahead.Take()
 	if err != nil {

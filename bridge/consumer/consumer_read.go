@@ -264,8 +264,12 @@ func (c *consumer) readShared(ctx context.Context, p pg.ReadParams, filters []st
 // delivers from PostgreSQL. With one, the consumer waited for nearly every read of a
 // backlog (90 of 100 reads, 40 % of its time, on a busy machine): a read of a batch took
 // longer than sending it, and PostgreSQL sat idle while the consumer sent. The second read
-// runs while the first is taken and sent.
-const pushReadsInFlight = 2
+// runs while the first is taken and sent. With two, an ordered consumer draining 200,000
+// messages still waited for its reads for about a third of its time, and an object get a
+// third to a half; a third read cut those waits by about a fifth to a half in turns run
+// side by side (BenchmarkOrderedBacklog, BenchmarkOrderedObjectGet), at the cost of one more
+// read's messages held per push consumer behind the tail cache: at most readAheadBytes.
+const pushReadsInFlight = 3
 
 // prefetch starts reading the next batches in the background when the consumer delivers
 // from PostgreSQL and its read-ahead runs low; a consumer that keeps up with the tail

@@ -92,7 +92,7 @@ func TestPushKeyValueWatchBehindTail(t *testing.T) {
 }
 
 // TestPushOrderedBehindTail drains with an ordered consumer a backlog of which the tail
-// cache holds only the newest messages, several reads' worth behind it: with two reads in
+// cache holds only the newest messages, several reads' worth behind it: with several reads in
 // flight, every message arrives once and in order, and no read is wasted on a span that a
 // read before it did not reach.
 func TestPushOrderedBehindTail(t *testing.T) {

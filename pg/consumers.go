@@ -381,6 +381,10 @@ func (db *DB) CountPending(ctx context.Context, p PendingParams) (uint64, error)
 // LastSeqsPerSubject returns, lowest first, the sequence of the newest live message of each
 // subject matching the filters, up to upTo: where a deliver-last-per-subject consumer starts.
 func (db *DB) LastSeqsPerSubject(ctx context.Context, streamID int64, filters []string, upTo uint64) ([]uint64, error) {
+	if seqs, ok := db.lastSeqsIndexed(ctx, streamID, filters, upTo); ok {
+		slices.Sort(seqs)
+		return seqs, nil
+	}
 	last := make(map[string]uint64)
 	err := db.background(ctx, func(ctx context.Context, q querier) error {
 		return db.perSubject(ctx, q, streamID, filters, upTo, `DISTINCT ON (subject) subject, seq`, `ORDER BY subject, seq DESC`,

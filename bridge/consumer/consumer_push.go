@@ -163,7 +163,17 @@ func (p *pusher) sendFlowControl(c *consumer) {
 // flowControlAnswered takes the client's answer to a flow-control request. Under the
 // flow_control ack policy the answer to the newest request acks what it names, as AckAll.
 func (p *pusher) flowControlAnswered(c *consumer, ev *event, now time.Time) {
-	if p.fc == nil || !p.fc.Answered(ev.reply) || !p.ackFC || ev.sseq == 0 {
+	if p.fc == nil {
+		return
+	}
+	since := p.fc.StalledSince()
+	if !p.fc.Answered(ev.reply) {
+		return
+	}
+	if !since.IsZero() {
+		c.cs.m.FCStallTime.Add(max(now.Sub(since).Seconds(), 0))
+	}
+	if !p.ackFC || ev.sseq == 0 {
 		return
 	}
 	was := c.st.AckFloor()

@@ -6,7 +6,9 @@ package consumer
 import (
 	"context"
 	"errors"
+	"time"
 
+	"github.com/jetgres/jetgres/bridge/consumer/readahead"
 	"github.com/jetgres/jetgres/pg"
 )
 
@@ -119,6 +121,15 @@ func (c *consumer) loadStart(ctx context.Context) (pg.Message, bool, error) {
 	if m, found, covered := st.FromBatch(); covered {
 		return m, found, nil
 	}
+	if r := st.TakeAhead(); r != nil && c.awaitRead(ctx, r) {
+		if msgs, through, err := r.Result(); err == nil {
+			st.SetBatch(msgs, through)
+			c.readFollowing(ctx)
+			if m, found, covered := st.FromBatch(); covered {
+				return m, found, nil
+			}
+		}
+	}
 	if c.cs.clock.Now().Before(c.retryAt) {
 		return pg.Message{}, false, errRetryLater
 	}
@@ -126,17 +137,74 @@ func (c *consumer) loadStart(ctx context.Context) (pg.Message, bool, error) {
 	c.cs.m.TailMisses.Inc()
 	c.unlocked = true
 	c.mu.Unlock()
+	began := c.cs.clock.Now()
 	msgs, through, err := c.readShared(ctx, pg.ReadParams{StreamID: c.sc.s.ID(), From: from, UpTo: upTo, MaxMsgs: readAheadMax, MaxBytes: readAheadBytes}, c.filters())
+	c.readWaited(began)
 	c.mu.Lock()
 	if err != nil {
 		c.readFailed(ctx, err)
 		return pg.Message{}, false, err
 	}
 	st.SetBatch(msgs, through)
+	c.readFollowing(ctx)
 	if m, found, covered := st.FromBatch(); covered {
 		return m, found, nil
 	}
 	return c.load(ctx, st.Skip[0]) // the batch was cut short before its first message
+}
+
+// readFollowing starts reading the start list's next batch in the background, so that it
+// is there when the batch read runs out: read one after another, the batches of a
+// key-value watcher's initial values left it idle for each read. Called with mu held.
+func (c *consumer) readFollowing(ctx context.Context) {
+	from, upTo, ok := c.start.Following(readAheadMax)
+	if !ok {
+		return
+	}
+	if _, _, covered := c.sc.s.Tail().Get(from); covered {
+		return
+	}
+	r := readahead.NewRead(from, upTo)
+	if c.goRead(ctx, r) {
+		c.start.SetAhead(r)
+		c.cs.m.TailMisses.Inc()
+	}
+}
+
+// goRead runs r, a read of PostgreSQL, on a goroutine of its own, and signals the consumer
+// when it finished. It reports whether it started: not once the engine stops.
+func (c *consumer) goRead(ctx context.Context, r *readahead.Read) bool {
+	p := pg.ReadParams{StreamID: c.sc.s.ID(), From: r.From, UpTo: r.UpTo, MaxMsgs: readAheadMax, MaxBytes: readAheadBytes}
+	filters := c.filters()
+	return c.cs.g.Go(func() {
+		r.Finish(c.readShared(ctx, p, filters))
+		c.signal()
+	})
+}
+
+// awaitRead waits for r to finish, with mu released unless it has, and reports whether it
+// did: false when the consumer stops first. Called with mu held.
+func (c *consumer) awaitRead(ctx context.Context, r *readahead.Read) bool {
+	select {
+	case <-r.Done():
+		return true
+	default:
+	}
+	c.unlocked = true
+	c.mu.Unlock()
+	began := c.cs.clock.Now()
+	select {
+	case <-r.Done():
+	case <-ctx.Done():
+	}
+	c.readWaited(began)
+	c.mu.Lock()
+	return ctx.Err() == nil
+}
+
+// readWaited counts the time since began that the consumer waited for a read.
+func (c *consumer) readWaited(began time.Time) {
+	c.cs.m.ReadWaitTime.Add(max(c.cs.clock.Now().Sub(began).Seconds(), 0))
 }
 
 // readFailed notes a failed read: it is warned of, unless the consumer is stopping, and
@@ -160,7 +228,9 @@ func (c *consumer) readAhead(ctx context.Context, from, hw uint64) bool {
 	upTo := c.behindTail(from, hw)
 	c.unlocked = true
 	c.mu.Unlock()
+	began := c.cs.clock.Now()
 	msgs, through, err := c.readShared(ctx, pg.ReadParams{StreamID: c.sc.s.ID(), From: from, UpTo: upTo, MaxMsgs: n, MaxBytes: readAheadBytes}, filters)
+	c.readWaited(began)
 	c.mu.Lock()
 	if err != nil {
 		c.readFailed(ctx, err)
@@ -194,26 +264,43 @@ func (c *consumer) readShared(ctx context.Context, p pg.ReadParams, filters []st
 // delivers from PostgreSQL. With one, the consumer waited for nearly every read of a
 // backlog (90 of 100 reads, 40 % of its time, on a busy machine): a read of a batch took
 // longer than sending it, and PostgreSQL sat idle while the consumer sent. The second read
-// runs while the first is taken and sent.
-const pushReadsInFlight = 2
+// runs while the first is taken and sent. With two, an ordered consumer draining 200,000
+// messages still waited for its reads for about a third of its time, and an object get a
+// third to a half; a third read cut those waits by about a fifth to a half in turns run
+// side by side (BenchmarkOrderedBacklog, BenchmarkOrderedObjectGet), at the cost of one more
+// read's messages held per push consumer behind the tail cache: at most readAheadBytes.
+const pushReadsInFlight = 3
+
+// pullReadsInFlight is pushReadsInFlight for a pull consumer. With one, the jetstream
+// package's ordered consumer (which pulls batches of 500) draining 200,000 messages waited
+// for its reads for 10 to 25 % of its time; with two, in turns side by side, it waited
+// about half as long in each of five turns (BenchmarkOrderedConsume). Its requests are
+// smaller than a push consumer's flow-control window, so a third read would mostly wait
+// for the next request.
+const pullReadsInFlight = 2
 
 // prefetch starts reading the next batches in the background when the consumer delivers
 // from PostgreSQL and its read-ahead runs low; a consumer that keeps up with the tail
-// cache, or waits at the head of the stream, never does. A pull consumer keeps one read
-// in flight, a push consumer up to pushReadsInFlight: each read after the first starts
-// where the one before it is planned to end, bounded to the span the reads so far found
-// to fit their limits. Called with mu held.
+// cache, or waits at the head of the stream, never does. A pull consumer keeps up to
+// pullReadsInFlight reads in flight, a push consumer up to pushReadsInFlight, one until a
+// read has shown how far one reaches: each read after the first starts where the one
+// before it is planned to end, bounded to the span the reads so far found to fit their
+// limits. Called with mu held.
 func (c *consumer) prefetch(ctx context.Context) {
 	if len(c.ahead.Msgs) > c.out.prefetchLow() || c.ahead.UpTo == 0 {
 		return
 	}
-	if _, push := c.out.(*pusher); !push || c.ahead.Span() == 0 {
+	if c.ahead.Span() == 0 {
 		if c.ahead.InFlight() == 0 {
 			c.startPrefetch(ctx, false)
 		}
 		return
 	}
-	for c.ahead.InFlight() < pushReadsInFlight && c.startPrefetch(ctx, true) {
+	most := pullReadsInFlight
+	if _, push := c.out.(*pusher); push {
+		most = pushReadsInFlight
+	}
+	for c.ahead.InFlight() < most && c.startPrefetch(ctx, true) {
 	}
 }
 
@@ -253,12 +340,7 @@ func (c *consumer) startPrefetch(ctx context.Context, chained bool) bool {
 		upTo = min(upTo, from+c.ahead.Span()-1)
 	}
 	r := c.ahead.Begin(from, upTo)
-	p := pg.ReadParams{StreamID: c.sc.s.ID(), From: from, UpTo: upTo, MaxMsgs: readAheadMax, MaxBytes: readAheadBytes}
-	filters := c.filters()
-	if !c.cs.g.Go(func() {
-		r.Finish(c.readShared(ctx, p, filters))
-		c.signal()
-	}) {
+	if !c.goRead(ctx, r) {
 		r.Finish(nil, 0, errStopping)
 		return false
 	}
@@ -270,22 +352,8 @@ func (c *consumer) startPrefetch(ctx context.Context, chained bool) bool {
 // moved. Called with mu held; mu is released while it waits.
 func (c *consumer) takePrefetch(ctx context.Context) bool {
 	r := c.ahead.Oldest()
-	if r == nil {
+	if r == nil || !c.awaitRead(ctx, r) {
 		return false
-	}
-	select {
-	case <-r.Done():
-	default:
-		c.unlocked = true
-		c.mu.Unlock()
-		select {
-		case <-r.Done():
-		case <-ctx.Done():
-		}
-		c.mu.Lock()
-		if ctx.Err() != nil {
-			return false
-		}
 	}
 	ok, err := c.ahead.Take()
 	if err != nil {

@@ -78,7 +78,8 @@ type Config struct {
 	// WriteBufferBytes bounds the bytes queued for the server, including
 	// those being written. A publish that would exceed it fails with
 	// ErrSlowConsumer instead; one message is always accepted into an
-	// empty buffer. Defaults to WriteBufferBytesDefault (32 MiB).
+	// empty buffer. The writer keeps its last buffer of up to this size for
+	// the next burst. Defaults to WriteBufferBytesDefault (32 MiB).
 	WriteBufferBytes int
 }
 
@@ -490,12 +491,6 @@ func (c *Conn) enqueueControl(frame []byte) error {
 	return nil
 }
 
-// writeRetained bounds the buffer the writer keeps for the next burst. A push consumer
-// draining a backlog queues megabytes while a write is in progress; with a smaller bound
-// every such burst grew a fresh buffer from empty, copying it at each doubling (over a
-// tenth of the link's publish cost).
-const writeRetained = 8 << 20
-
 // writeLoop writes whatever accumulated while the previous write was in
 // progress with one call, so a burst of publishes costs one syscall.
 func (c *Conn) writeLoop() {
@@ -524,7 +519,12 @@ func (c *Conn) writeLoop() {
 
 			c.mu.Lock()
 			c.inflight = 0
-			if cap(buf) <= writeRetained {
+			// The buffer is kept for the next burst up to the most that may be queued. A
+			// push consumer draining a backlog queues megabytes while a write is in
+			// progress, and of large messages (object chunks of 128 KiB) more than 8 MiB,
+			// the bound this once had: each such burst grew a fresh buffer, copying it at
+			// every doubling, and that was a sixth of an object get's CPU.
+			if cap(buf) <= c.cfg.WriteBufferBytes {
 				c.spare = buf[:0]
 			}
 			c.mu.Unlock()

@@ -41,6 +41,9 @@ func (w *Window) Stall(now time.Time) bool {
 	return true
 }
 
+// StalledSince is when delivery began to wait for the answer owed, zero while it does not.
+func (w *Window) StalledSince() time.Time { return w.stalled }
+
 // Sent accounts a delivery of size bytes and reports whether a request is due now: past
 // half the window, or when atMaxAckPending says the flow_control ack policy needs an
 // answer to free its pending deliveries.

@@ -49,6 +49,8 @@ type Instruments struct {
 	PushDelivered prometheus.Counter
 	FCRequests    prometheus.Counter
 	FCStalls      prometheus.Counter
+	FCStallTime   prometheus.Counter
+	ReadWaitTime  prometheus.Counter
 	Heartbeats    prometheus.Counter
 
 	gauges         func() []ConsumerGauges
@@ -90,6 +92,8 @@ func New(reg prometheus.Registerer, gauges func() []ConsumerGauges) *Instruments
 		PushDelivered: counter("jetgres_push_delivered_total", "Messages push consumers delivered to their deliver subjects, redeliveries included (part of jetgres_consumer_delivered_total)."),
 		FCRequests:    counter("jetgres_push_flow_control_requests_total", "Flow-control requests push consumers sent."),
 		FCStalls:      counter("jetgres_push_flow_control_stalls_total", "Times a push consumer stopped delivering because its client owed the answer to a flow-control request."),
+		FCStallTime:   counter("jetgres_push_flow_control_stall_seconds_total", "Time push consumers spent not delivering while their client owed the answer to a flow-control request."),
+		ReadWaitTime:  counter("jetgres_consumer_read_wait_seconds_total", "Time consumers spent waiting for a read of PostgreSQL before they could deliver on."),
 		Heartbeats:    counter("jetgres_push_heartbeats_total", "Idle heartbeats push consumers sent to their deliver subjects."),
 		pendingDesc: prometheus.NewDesc("jetgres_consumer_pending_messages",
 			"Messages a consumer has yet to receive (estimate).", []string{"stream", "consumer"}, nil),
@@ -103,7 +107,7 @@ func New(reg prometheus.Registerer, gauges func() []ConsumerGauges) *Instruments
 	if reg != nil {
 		reg.MustRegister(m.Pulls, m.Delivered, m.Redeliveries, m.Acks, m.AcksDropped, m.TailHits, m.TailMisses,
 			m.DBReads, m.ReadsShared, m.Ticks, m.TickReads, m.CursorWrites, m.Recounts, m.RecountsLate, m.CursorLatency, m.SubLatency, m.E2ELatency,
-			m.PushDelivered, m.FCRequests, m.FCStalls, m.Heartbeats, m)
+			m.PushDelivered, m.FCRequests, m.FCStalls, m.FCStallTime, m.ReadWaitTime, m.Heartbeats, m)
 	}
 	return m
 }

@@ -37,6 +37,16 @@ type Read struct {
 	err     error
 }
 
+// NewRead returns a background read of [from, upTo] for the caller to run and Finish,
+// outside any Lookahead.
+func NewRead(from, upTo uint64) *Read {
+	return &Read{From: from, UpTo: upTo, done: make(chan struct{})}
+}
+
+// Result is what the read found, through the sequence it looked through, or why it
+// failed. Call it once Done is closed.
+func (r *Read) Result() ([]pg.Message, uint64, error) { return r.msgs, r.through, r.err }
+
 // Done is closed once the read has finished.
 func (r *Read) Done() <-chan struct{} { return r.done }
 
@@ -119,7 +129,8 @@ func (b *Lookahead) NextFrom() uint64 {
 
 // Begin records a background read of [from, upTo] for the caller to run and Finish.
 func (b *Lookahead) Begin(from, upTo uint64) *Read {
-	r := &Read{gen: b.gen, From: from, UpTo: upTo, done: make(chan struct{})}
+	r := NewRead(from, upTo)
+	r.gen = b.gen
 	b.reads = append(b.reads, r)
 	return r
 }

@@ -1,6 +1,8 @@
 // Package startpos decides where a new consumer starts, from its deliver policy and what
 // PostgreSQL holds, as nats-server's selectStartingSeqNo does, and where CONSUMER.RESET
-// moves one, as its resetStartingSeq does. It reads and keeps nothing else; it has no locks.
+// moves one, as its resetStartingSeq does; and keeps, for a consumer that starts with the
+// last message of each subject, that list and the batches of it read, the next one in the
+// background. It has no locks: a consumer's goroutine owns its Position.
 package startpos
 
 import (
@@ -11,6 +13,7 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 
+	"github.com/jetgres/jetgres/bridge/consumer/readahead"
 	"github.com/jetgres/jetgres/bridge/tailcache"
 	"github.com/jetgres/jetgres/internal/jswire"
 	"github.com/jetgres/jetgres/pg"
@@ -38,6 +41,9 @@ type Position struct {
 	// most of it PostgreSQL's.
 	batch   []pg.Message
 	batchTo uint64
+	// ahead reads the batch after batch in the background while batch is delivered; nil
+	// when no such read runs.
+	ahead *readahead.Read
 }
 
 // FromBatch returns Skip's first message from the batch read: covered is false when the
@@ -69,8 +75,38 @@ func (p *Position) NextBatch(max int) (from, upTo uint64) {
 // through.
 func (p *Position) SetBatch(msgs []pg.Message, through uint64) { p.batch, p.batchTo = msgs, through }
 
-// DropBatch forgets the batch read, as when the consumer's read-ahead is thrown away.
-func (p *Position) DropBatch() { p.batch, p.batchTo = nil, 0 }
+// DropBatch forgets the batch read and the read of the one after it, as when the
+// consumer's read-ahead is thrown away.
+func (p *Position) DropBatch() { p.batch, p.batchTo, p.ahead = nil, 0, nil }
+
+// Following is the range of the batch after the one read, to read in the background while
+// that one is delivered: from the first sequence of Skip past it through at most max of
+// them. ok is false before a batch was read, when Skip ends within it, or when that read
+// runs already.
+func (p *Position) Following(max int) (from, upTo uint64, ok bool) {
+	if p.ahead != nil || p.batchTo == 0 {
+		return 0, 0, false
+	}
+	i, _ := slices.BinarySearch(p.Skip, p.batchTo+1)
+	if i == len(p.Skip) {
+		return 0, 0, false
+	}
+	return p.Skip[i], p.Skip[min(len(p.Skip), i+max)-1], true
+}
+
+// SetAhead records r, the background read of the range Following gave.
+func (p *Position) SetAhead(r *readahead.Read) { p.ahead = r }
+
+// TakeAhead hands over the background read when it starts at Skip's first sequence, for
+// the caller to wait for and keep with SetBatch, and forgets it either way.
+func (p *Position) TakeAhead() *readahead.Read {
+	r := p.ahead
+	p.ahead = nil
+	if r == nil || r.From != p.Skip[0] {
+		return nil
+	}
+	return r
+}
 
 // Choose decides where a new consumer of the stream streamID with configuration cfg starts.
 func Choose(ctx context.Context, db PositionStore, streamID int64, cfg *server.ConsumerConfig) (*Position, error) {

@@ -8,6 +8,7 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 
+	"github.com/jetgres/jetgres/bridge/consumer/readahead"
 	"github.com/jetgres/jetgres/bridge/consumer/startpos"
 	"github.com/jetgres/jetgres/pg"
 	"github.com/jetgres/jetgres/pg/pgtest"
@@ -71,5 +72,51 @@ func TestChooseByDeliverPolicy(t *testing.T) {
 		if tc.skip != nil && pos.Resume != 5 {
 			t.Fatalf("%s: resumes after %d, want 5", tc.name, pos.Resume)
 		}
+	}
+}
+
+// The batch after the one read starts at the first listed sequence past what that read
+// looked through, wherever its count cut it, and its read is handed over only where the
+// list then starts.
+func TestPositionFollowingBatch(t *testing.T) {
+	p := &startpos.Position{Skip: []uint64{2, 4, 6, 8, 10, 12}, Resume: 12}
+	if _, _, ok := p.Following(2); ok {
+		t.Fatal("a following batch before any was read")
+	}
+	from, upTo := p.NextBatch(2)
+	if from != 2 || upTo != 4 {
+		t.Fatalf("first batch %d-%d, want 2-4", from, upTo)
+	}
+	// The read took 2 and 4 and looked through 5.
+	p.SetBatch([]pg.Message{{Seq: 2}, {Seq: 4}}, 5)
+	from, upTo, ok := p.Following(2)
+	if !ok || from != 6 || upTo != 8 {
+		t.Fatalf("following batch %d-%d %v, want 6-8", from, upTo, ok)
+	}
+	r := readahead.NewRead(from, upTo)
+	p.SetAhead(r)
+	if _, _, ok := p.Following(2); ok {
+		t.Fatal("a second following batch while one is read")
+	}
+	if p.TakeAhead() != nil {
+		t.Fatal("the following read handed over while the list starts before it")
+	}
+	p.SetAhead(r)
+	p.Skip = p.Skip[2:]
+	if p.TakeAhead() != r {
+		t.Fatal("the following read not handed over where the list starts")
+	}
+	p.SetBatch([]pg.Message{{Seq: 6}, {Seq: 8}, {Seq: 10}}, 11)
+	if from, upTo, ok := p.Following(5); !ok || from != 12 || upTo != 12 {
+		t.Fatalf("last batch %d-%d %v, want 12-12", from, upTo, ok)
+	}
+	p.SetBatch([]pg.Message{{Seq: 12}}, 12)
+	if _, _, ok := p.Following(5); ok {
+		t.Fatal("a following batch past the list")
+	}
+	p.SetAhead(r)
+	p.DropBatch()
+	if p.TakeAhead() != nil {
+		t.Fatal("the following read kept past DropBatch")
 	}
 }

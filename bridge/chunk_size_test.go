@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -13,7 +14,6 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/jetgres/jetgres/bridge/stream"
 	"github.com/jetgres/jetgres/internal/testwait"
 	"github.com/jetgres/jetgres/pg"
 	"github.com/jetgres/jetgres/pg/pgtest/rawsql"
@@ -122,52 +122,52 @@ func TestLimitedStreamHoldsAFewChunks(t *testing.T) {
 }
 
 // Every process serving a stream chooses its chunk size from the stored configuration: a
-// replica, or the process after a restart, appends to chunks of the same size, and a
-// stream update changes the size of the chunks opened after it.
+// replica, or the process after a restart, closes the chunks it appends to at the same
+// sequences, and a stream update changes the size of the chunks opened after it.
 func TestChunkSizeFollowsStoredConfig(t *testing.T) {
 	t.Parallel()
 	ctx := testContext(t)
 	a := setup(t)
-	cfg := jetstream.StreamConfig{Name: "CH", Subjects: []string{"ch.>"}, MaxMsgs: 100_000}
+	cfg := jetstream.StreamConfig{Name: "CH", Subjects: []string{"ch.>"}, MaxMsgs: 40_000}
 	if _, err := a.js.CreateStream(ctx, cfg); err != nil {
 		t.Fatal(err)
 	}
-	want := int64(100_000/4 + 1)
+	ch := limitedStream{cfg: cfg, subject: func(int) string { return "ch.x" }}
 	b := setup(t, setupOpts{db: a.db})
-	for name, tb := range map[string]*testBundle{"first": a, "second": b} {
+	serves := func(name string, tb *testBundle, want int64) {
+		t.Helper()
 		testwait.For(t, 30*time.Second, func() error {
 			s := tb.bridge.streams.Lookup("CH")
 			if s == nil {
 				return fmt.Errorf("%s process does not serve the stream yet", name)
 			}
 			if got := s.ChunkRows(); got != want {
-				t.Fatalf("%s process: chunks of %d rows, want %d", name, got, want)
+				return fmt.Errorf("%s process: chunks of %d rows, want %d", name, got, want)
 			}
 			return nil
 		})
 	}
-	cfg.MaxMsgs = 40_000
+	serves("first", a, 40_000/4+1)
+	serves("second", b, 40_000/4+1)
+	publishLimited(t, ctx, a, ch, 6_000)
+	publishLimited(t, ctx, b, ch, 6_000)
+	cfg.MaxMsgs = 20_000
 	if _, err := a.js.UpdateStream(ctx, cfg); err != nil {
 		t.Fatal(err)
 	}
-	want = 40_000/4 + 1
-	testwait.For(t, 30*time.Second, func() error {
-		for name, tb := range map[string]*testBundle{"first": a, "second": b} {
-			if got := tb.bridge.streams.Lookup("CH").ChunkRows(); got != want {
-				return fmt.Errorf("%s process after the update: chunks of %d rows, want %d", name, got, want)
-			}
-		}
-		return nil
-	})
+	serves("first, after the update,", a, 20_000/4+1)
+	serves("second, after the update,", b, 20_000/4+1)
 	a.stop(t)
 	c := setup(t, setupOpts{db: a.db})
-	s := c.bridge.streams.Lookup("CH")
-	if got := s.ChunkRows(); got != want {
-		t.Fatalf("restarted process: chunks of %d rows, want %d", got, want)
-	}
-	stored := s.Config()
-	if got := stream.ChunkRows(&stored); got != want {
-		t.Fatalf("the stored configuration chooses chunks of %d rows, want %d", got, want)
+	serves("restarted", c, 20_000/4+1)
+	publishLimited(t, ctx, c, ch, 6_000)
+	// Chunks of 10,001 rows from sequence 1, whichever process stored the messages; then,
+	// from the update on, of 5,001 rows from the start of the chunk open at the update.
+	db := rawsql.Open(t, a.dbURL)
+	id := c.bridge.streams.Lookup("CH").ID()
+	got := db.Strings(t, `SELECT first_seq::text FROM jetgres.chunks WHERE stream_id = $1 ORDER BY chunk`, id)
+	if want := []string{"1", "10002", "15003"}; !slices.Equal(got, want) {
+		t.Fatalf("chunks begin at %v, want %v", got, want)
 	}
 }
 
@@ -182,7 +182,8 @@ func TestChunkSizeFollowsStoredConfig(t *testing.T) {
 //	go test -bench ChunkSizes -run xxx -benchtime 1x ./bridge/
 //
 // JETGRES_CHUNK_MSGS sets the messages per case (default 300,000); JETGRES_CHUNK_ROWS adds
-// chunk sizes to compare (a comma-separated list).
+// chunk sizes to compare (a comma-separated list); JETGRES_CHUNK_ROUNDS runs every case that
+// many times, in turns (default 1).
 func BenchmarkChunkSizes(b *testing.B) {
 	n := envCount(b, "JETGRES_CHUNK_MSGS", 300_000)
 	sizes := []int64{pg.ChunkRowsDefault, 0}
@@ -195,17 +196,20 @@ func BenchmarkChunkSizes(b *testing.B) {
 			sizes = append(sizes, rows)
 		}
 	}
-	for _, ls := range []limitedStream{maxMsgsStream, kvStream} {
-		for _, rows := range sizes {
-			name := fmt.Sprintf("%s/chunk=%d", ls.name, rows)
-			if rows == 0 {
-				name = ls.name + "/chunk=chosen"
-			}
-			b.Run(name, func(b *testing.B) {
-				for b.Loop() {
-					benchChunkSize(b, ls, rows, n)
+	// Rounds take the cases in turn, so that a change in the machine's load falls on all.
+	for range envCount(b, "JETGRES_CHUNK_ROUNDS", 1) {
+		for _, ls := range []limitedStream{maxMsgsStream, kvStream} {
+			for _, rows := range sizes {
+				name := fmt.Sprintf("%s/chunk=%d", ls.name, rows)
+				if rows == 0 {
+					name = ls.name + "/chunk=chosen"
 				}
-			})
+				b.Run(name, func(b *testing.B) {
+					for b.Loop() {
+						benchChunkSize(b, ls, rows, n)
+					}
+				})
+			}
 		}
 	}
 }

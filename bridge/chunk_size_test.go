@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/jetgres/jetgres/internal/clock/clocktest"
 	"github.com/jetgres/jetgres/internal/testwait"
 	"github.com/jetgres/jetgres/pg"
 	"github.com/jetgres/jetgres/pg/pgtest/rawsql"
@@ -262,4 +263,43 @@ func benchChunkSize(b *testing.B, ls limitedStream, rows int64, n int) {
 	b.ReportMetric(float64(held), "rows-after")
 	b.Logf("%s, chunks of %d rows: %d messages in %v, %.0f msgs/s; %d chunks; rows held: %d at most, %d after",
 		ls.name, s.ChunkRows(), n, took.Round(time.Millisecond), float64(n)/took.Seconds(), opened+1, most, held)
+}
+
+// A slow stream limited by max_age alone has its chunk closed once it holds pg.ChunkRowsMin
+// messages and is a quarter of max_age old, so that its expired messages go with their
+// chunk while newer ones live on: with chunks filled to their rows alone, it kept them.
+func TestMaxAgeClosesChunksByAge(t *testing.T) {
+	t.Parallel()
+	clk := clocktest.New()
+	tb := setup(t, setupOpts{config: func(c *Config) { c.Clock = clk }})
+	ctx := testContext(t)
+	ls := limitedStream{cfg: jetstream.StreamConfig{Name: "AGE", Subjects: []string{"age.>"}, MaxAge: 20 * time.Minute},
+		subject: func(int) string { return "age.x" }}
+	if _, err := tb.js.CreateStream(ctx, ls.cfg); err != nil {
+		t.Fatal(err)
+	}
+	id := tb.bridge.streams.Lookup("AGE").ID()
+	db := rawsql.Open(t, tb.dbURL)
+	// advance moves the clock by d a second at a time, so that the maintainer's ticker
+	// fires at each, and waits until the stream holds rows and has opened chunk.
+	advance := func(d time.Duration, what string, wantRows, wantChunk int64) {
+		t.Helper()
+		for range int(d / time.Second) {
+			clk.Advance(time.Second)
+		}
+		testwait.For(t, 30*time.Second, func() error {
+			rows, chunk, err := streamRows(ctx, db, id)
+			if err != nil {
+				return err
+			}
+			if rows != wantRows || chunk != wantChunk {
+				return fmt.Errorf("%s: %d rows, chunk %d; want %d rows, chunk %d", what, rows, chunk, wantRows, wantChunk)
+			}
+			return nil
+		})
+	}
+	publishLimited(t, ctx, tb, ls, pg.ChunkRowsMin)
+	advance(6*time.Minute, "past a quarter of max_age", pg.ChunkRowsMin, 1)
+	publishLimited(t, ctx, tb, ls, 10)
+	advance(15*time.Minute, "once the first messages expired", 10, 1)
 }

@@ -2,7 +2,12 @@ package pg_test
 
 import (
 	"context"
+	"fmt"
 	"math"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -85,4 +90,113 @@ func TestRotateAgedChunks(t *testing.T) {
 		}
 	}
 	rotate(1, t0.Add(2*time.Minute))
+}
+
+// BenchmarkChunkTurnover appends batches of 256 messages of 128 bytes, one at a time, into a
+// stream limited to max_msgs 1000, while a maintainer drops every 100 ms the chunks its first
+// sequence passed: with chunks of pg.ChunkRowsDefault, and of the size ChunkRowsFor chooses,
+// in turns. It reports the publish rate, the median append that opened a chunk and the median
+// one that did not (their difference is what a chunk's DDL costs the append path, under the
+// stream's row lock), and the mean drop of a chunk by the maintainer.
+//
+//	go test -bench ChunkTurnover -run xxx -benchtime 2000x ./pg/
+//
+// JETGRES_CHUNK_ROWS adds chunk sizes to compare (multiples of 256, comma-separated);
+// JETGRES_CHUNK_ROUNDS runs every size that many times, in turns (default 1).
+func BenchmarkChunkTurnover(b *testing.B) {
+	lim := pg.Limits{MaxMsgs: 1000}
+	rounds := 1
+	if v := os.Getenv("JETGRES_CHUNK_ROUNDS"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n <= 0 {
+			b.Fatalf("JETGRES_CHUNK_ROUNDS=%q: want a positive number", v)
+		}
+		rounds = n
+	}
+	sizes := []int64{pg.ChunkRowsDefault, pg.ChunkRowsFor(pg.ChunkSizing{Limits: lim})}
+	if v := os.Getenv("JETGRES_CHUNK_ROWS"); v != "" {
+		for f := range strings.SplitSeq(v, ",") {
+			rows, err := strconv.ParseInt(f, 10, 64)
+			if err != nil || rows <= 0 || rows%256 != 0 {
+				b.Fatalf("JETGRES_CHUNK_ROWS=%q: want positive multiples of 256", v)
+			}
+			sizes = append(sizes, rows)
+		}
+	}
+	for range rounds {
+		for _, rows := range sizes {
+			b.Run(fmt.Sprintf("chunk=%d", rows), func(b *testing.B) { chunkTurnover(b, lim, rows) })
+		}
+	}
+}
+
+func chunkTurnover(b *testing.B, lim pg.Limits, rows int64) {
+	const batch = 256
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	db := pgtest.Open(b)
+	st, err := db.CreateStream(ctx, "TURN", []byte(`{}`))
+	if err != nil {
+		b.Fatal(err)
+	}
+	var dropTime time.Duration
+	var drops int
+	maintained := make(chan struct{})
+	go func() {
+		defer close(maintained)
+		tick := time.NewTicker(100 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+			}
+			t0 := time.Now()
+			n, err := db.DropChunks(ctx, st.ID, time.Hour)
+			if err != nil && ctx.Err() == nil {
+				b.Error(err)
+				return
+			}
+			if n > 0 {
+				dropTime += time.Since(t0)
+				drops += n
+			}
+		}
+	}()
+	msgs := make([]pg.AppendMsg, batch)
+	for i := range msgs {
+		msgs[i] = pg.AppendMsg{Subject: "turn.x", Data: make([]byte, 128)}
+	}
+	var opening, plain []time.Duration
+	i := 0
+	for b.Loop() {
+		t0 := time.Now()
+		if _, _, err := db.Append(ctx, []pg.AppendBatch{{StreamID: st.ID, ChunkRows: rows, Limits: lim, Msgs: msgs}}, time.Now().UnixNano()); err != nil {
+			b.Fatal(err)
+		}
+		if d := time.Since(t0); i > 0 && int64(i*batch)%rows == 0 {
+			opening = append(opening, d)
+		} else {
+			plain = append(plain, d)
+		}
+		i++
+	}
+	elapsed := b.Elapsed()
+	cancel()
+	<-maintained
+	median := func(ds []time.Duration) float64 {
+		if len(ds) == 0 {
+			return 0
+		}
+		slices.Sort(ds)
+		return float64(ds[len(ds)/2].Microseconds()) / 1000
+	}
+	b.ReportMetric(float64(i*batch)/elapsed.Seconds(), "msgs/s")
+	b.ReportMetric(median(opening), "ms/opening-append")
+	b.ReportMetric(median(plain), "ms/append")
+	if drops > 0 {
+		b.ReportMetric(float64(dropTime.Microseconds())/1000/float64(drops), "ms/drop")
+	}
+	b.ReportMetric(float64(len(opening)), "chunks-opened")
 }

@@ -84,34 +84,42 @@ func publishLimited(t testing.TB, ctx context.Context, tb *testBundle, ls limite
 
 // A stream whose limits keep few messages holds, once its chunks past the first sequence
 // are dropped, at most what its limits keep and one chunk of the size its configuration
-// chooses; a key-value bucket with history 1 whose keys are overwritten likewise. Chunks
-// of pg.ChunkRowsDefault kept up to that many rows of either.
+// chooses; a key-value bucket with history 1 whose keys are overwritten likewise. Published
+// to in bursts slower than its appends' chunk size, its chunks are closed by the maintainer
+// at that size (on the injected clock). Chunks of pg.ChunkRowsDefault kept up to that many
+// rows of either.
 func TestLimitedStreamHoldsAFewChunks(t *testing.T) {
 	for _, ls := range []limitedStream{maxMsgsStream, kvStream} {
 		t.Run(ls.name, func(t *testing.T) {
 			t.Parallel()
 			ctx := testContext(t)
-			tb := setup(t)
+			clk := clocktest.New()
+			tb := setup(t, setupOpts{config: func(c *Config) { c.Clock = clk }})
 			if _, err := tb.js.CreateStream(ctx, ls.cfg); err != nil {
 				t.Fatal(err)
 			}
 			s := tb.bridge.streams.Lookup(ls.cfg.Name)
-			chunk := s.ChunkRows()
-			if chunk != pg.ChunkRowsMin {
-				t.Fatalf("chunks of %d rows, want pg.ChunkRowsMin (%d)", chunk, pg.ChunkRowsMin)
+			if s.ChunkRows() != pg.ChunkRowsAppendMin || s.ChunkCloseRows() != pg.ChunkRowsMin {
+				t.Fatalf("chunks of %d rows closed at %d, want %d and %d", s.ChunkRows(), s.ChunkCloseRows(), pg.ChunkRowsAppendMin, pg.ChunkRowsMin)
 			}
-			n := 10 * int(chunk)
-			publishLimited(t, ctx, tb, ls, n)
 			db := rawsql.Open(t, tb.dbURL)
-			// The oldest chunk that still holds a live message, and the one appends go to.
-			bound := int64(ls.live) + chunk
+			for burst := range int64(8) {
+				publishLimited(t, ctx, tb, ls, pg.ChunkRowsMin)
+				for range 2 * int(pg.ChunkCloseAge/time.Second) {
+					clk.Advance(time.Second)
+				}
+				testwait.For(t, 30*time.Second, func() error {
+					if _, chunk, err := streamRows(ctx, db, s.ID()); err != nil || chunk != burst+1 {
+						return fmt.Errorf("after burst %d: appending to chunk %d (%v), want %d", burst+1, chunk, err, burst+1)
+					}
+					return nil
+				})
+			}
+			bound := int64(ls.live) + pg.ChunkRowsMin
 			testwait.For(t, time.Minute, func() error {
-				rows, opened, err := streamRows(ctx, db, s.ID())
+				rows, _, err := streamRows(ctx, db, s.ID())
 				if err != nil {
 					return err
-				}
-				if opened < int64(n)/chunk-1 {
-					t.Fatalf("%d chunks opened for %d messages of chunks of %d rows", opened+1, n, chunk)
 				}
 				if rows > bound {
 					return fmt.Errorf("%d rows held for %d live messages, want at most %d", rows, ls.live, bound)
@@ -129,7 +137,7 @@ func TestChunkSizeFollowsStoredConfig(t *testing.T) {
 	t.Parallel()
 	ctx := testContext(t)
 	a := setup(t)
-	cfg := jetstream.StreamConfig{Name: "CH", Subjects: []string{"ch.>"}, MaxMsgs: 40_000}
+	cfg := jetstream.StreamConfig{Name: "CH", Subjects: []string{"ch.>"}, MaxMsgs: 66_000}
 	if _, err := a.js.CreateStream(ctx, cfg); err != nil {
 		t.Fatal(err)
 	}
@@ -148,26 +156,26 @@ func TestChunkSizeFollowsStoredConfig(t *testing.T) {
 			return nil
 		})
 	}
-	serves("first", a, 40_000/4+1)
-	serves("second", b, 40_000/4+1)
-	publishLimited(t, ctx, a, ch, 6_000)
-	publishLimited(t, ctx, b, ch, 6_000)
-	cfg.MaxMsgs = 20_000
+	serves("first", a, 66_000/4+1)
+	serves("second", b, 66_000/4+1)
+	publishLimited(t, ctx, a, ch, 12_000)
+	publishLimited(t, ctx, b, ch, 12_000)
+	cfg.MaxMsgs = 65_540
 	if _, err := a.js.UpdateStream(ctx, cfg); err != nil {
 		t.Fatal(err)
 	}
-	serves("first, after the update,", a, 20_000/4+1)
-	serves("second, after the update,", b, 20_000/4+1)
+	serves("first, after the update,", a, 65_540/4+1)
+	serves("second, after the update,", b, 65_540/4+1)
 	a.stop(t)
 	c := setup(t, setupOpts{db: a.db})
-	serves("restarted", c, 20_000/4+1)
-	publishLimited(t, ctx, c, ch, 6_000)
-	// Chunks of 10,001 rows from sequence 1, whichever process stored the messages; then,
-	// from the update on, of 5,001 rows from the start of the chunk open at the update.
+	serves("restarted", c, 65_540/4+1)
+	publishLimited(t, ctx, c, ch, 10_000)
+	// Chunks of 16,501 rows from sequence 1, whichever process stored the messages; then,
+	// from the update on, of 16,386 rows from the start of the chunk open at the update.
 	db := rawsql.Open(t, a.dbURL)
 	id := c.bridge.streams.Lookup("CH").ID()
 	got := db.Strings(t, `SELECT first_seq::text FROM jetgres.chunks WHERE stream_id = $1 ORDER BY chunk`, id)
-	if want := []string{"1", "10002", "15003"}; !slices.Equal(got, want) {
+	if want := []string{"1", "16502", "32888"}; !slices.Equal(got, want) {
 		t.Fatalf("chunks begin at %v, want %v", got, want)
 	}
 }

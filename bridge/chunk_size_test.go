@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -13,7 +14,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/jetgres/jetgres/bridge/stream"
+	"github.com/jetgres/jetgres/internal/clock/clocktest"
 	"github.com/jetgres/jetgres/internal/testwait"
 	"github.com/jetgres/jetgres/pg"
 	"github.com/jetgres/jetgres/pg/pgtest/rawsql"
@@ -83,34 +84,43 @@ func publishLimited(t testing.TB, ctx context.Context, tb *testBundle, ls limite
 
 // A stream whose limits keep few messages holds, once its chunks past the first sequence
 // are dropped, at most what its limits keep and one chunk of the size its configuration
-// chooses; a key-value bucket with history 1 whose keys are overwritten likewise. Chunks
-// of pg.ChunkRowsDefault kept up to that many rows of either.
+// chooses; a key-value bucket with history 1 whose keys are overwritten likewise. Published
+// to in bursts slower than its appends' chunk size, its chunks are closed by the maintainer
+// at that size (on the injected clock). Chunks of pg.ChunkRowsDefault kept up to that many
+// rows of either.
 func TestLimitedStreamHoldsAFewChunks(t *testing.T) {
 	for _, ls := range []limitedStream{maxMsgsStream, kvStream} {
 		t.Run(ls.name, func(t *testing.T) {
 			t.Parallel()
 			ctx := testContext(t)
-			tb := setup(t)
+			clk := clocktest.New()
+			tb := setup(t, setupOpts{config: func(c *Config) { c.Clock = clk }})
 			if _, err := tb.js.CreateStream(ctx, ls.cfg); err != nil {
 				t.Fatal(err)
 			}
 			s := tb.bridge.streams.Lookup(ls.cfg.Name)
-			chunk := s.ChunkRows()
-			if chunk != pg.ChunkRowsMin {
-				t.Fatalf("chunks of %d rows, want pg.ChunkRowsMin (%d)", chunk, pg.ChunkRowsMin)
+			if s.ChunkRows() != pg.ChunkRowsAppendMin || s.ChunkCloseRows() != pg.ChunkRowsMin {
+				t.Fatalf("chunks of %d rows closed at %d, want %d and %d", s.ChunkRows(), s.ChunkCloseRows(), pg.ChunkRowsAppendMin, pg.ChunkRowsMin)
 			}
-			n := 10 * int(chunk)
-			publishLimited(t, ctx, tb, ls, n)
 			db := rawsql.Open(t, tb.dbURL)
-			// The oldest chunk that still holds a live message, and the one appends go to.
-			bound := int64(ls.live) + chunk
-			testwait.For(t, time.Minute, func() error {
-				rows, opened, err := streamRows(ctx, db, s.ID())
+			// Within 12 minutes of the clock in all (see TestMaxAgeClosesChunksByAge).
+			for burst := range int64(8) {
+				publishLimited(t, ctx, tb, ls, pg.ChunkRowsMin)
+				for range 2 * int(pg.ChunkCloseAge/time.Second) {
+					clk.Advance(time.Second)
+				}
+				waitTicking(t, clk, 2*pg.ChunkCloseAge, func() error {
+					if _, chunk, err := streamRows(ctx, db, s.ID()); err != nil || chunk != burst+1 {
+						return fmt.Errorf("after burst %d: appending to chunk %d (%v), want %d", burst+1, chunk, err, burst+1)
+					}
+					return nil
+				})
+			}
+			bound := int64(ls.live) + pg.ChunkRowsMin
+			waitTicking(t, clk, time.Minute, func() error {
+				rows, _, err := streamRows(ctx, db, s.ID())
 				if err != nil {
 					return err
-				}
-				if opened < int64(n)/chunk-1 {
-					t.Fatalf("%d chunks opened for %d messages of chunks of %d rows", opened+1, n, chunk)
 				}
 				if rows > bound {
 					return fmt.Errorf("%d rows held for %d live messages, want at most %d", rows, ls.live, bound)
@@ -122,52 +132,52 @@ func TestLimitedStreamHoldsAFewChunks(t *testing.T) {
 }
 
 // Every process serving a stream chooses its chunk size from the stored configuration: a
-// replica, or the process after a restart, appends to chunks of the same size, and a
-// stream update changes the size of the chunks opened after it.
+// replica, or the process after a restart, closes the chunks it appends to at the same
+// sequences, and a stream update changes the size of the chunks opened after it.
 func TestChunkSizeFollowsStoredConfig(t *testing.T) {
 	t.Parallel()
 	ctx := testContext(t)
 	a := setup(t)
-	cfg := jetstream.StreamConfig{Name: "CH", Subjects: []string{"ch.>"}, MaxMsgs: 100_000}
+	cfg := jetstream.StreamConfig{Name: "CH", Subjects: []string{"ch.>"}, MaxMsgs: 66_000}
 	if _, err := a.js.CreateStream(ctx, cfg); err != nil {
 		t.Fatal(err)
 	}
-	want := int64(100_000/4 + 1)
+	ch := limitedStream{cfg: cfg, subject: func(int) string { return "ch.x" }}
 	b := setup(t, setupOpts{db: a.db})
-	for name, tb := range map[string]*testBundle{"first": a, "second": b} {
+	serves := func(name string, tb *testBundle, want int64) {
+		t.Helper()
 		testwait.For(t, 30*time.Second, func() error {
 			s := tb.bridge.streams.Lookup("CH")
 			if s == nil {
 				return fmt.Errorf("%s process does not serve the stream yet", name)
 			}
 			if got := s.ChunkRows(); got != want {
-				t.Fatalf("%s process: chunks of %d rows, want %d", name, got, want)
+				return fmt.Errorf("%s process: chunks of %d rows, want %d", name, got, want)
 			}
 			return nil
 		})
 	}
-	cfg.MaxMsgs = 40_000
+	serves("first", a, 66_000/4+1)
+	serves("second", b, 66_000/4+1)
+	publishLimited(t, ctx, a, ch, 12_000)
+	publishLimited(t, ctx, b, ch, 12_000)
+	cfg.MaxMsgs = 65_540
 	if _, err := a.js.UpdateStream(ctx, cfg); err != nil {
 		t.Fatal(err)
 	}
-	want = 40_000/4 + 1
-	testwait.For(t, 30*time.Second, func() error {
-		for name, tb := range map[string]*testBundle{"first": a, "second": b} {
-			if got := tb.bridge.streams.Lookup("CH").ChunkRows(); got != want {
-				return fmt.Errorf("%s process after the update: chunks of %d rows, want %d", name, got, want)
-			}
-		}
-		return nil
-	})
+	serves("first, after the update,", a, 65_540/4+1)
+	serves("second, after the update,", b, 65_540/4+1)
 	a.stop(t)
 	c := setup(t, setupOpts{db: a.db})
-	s := c.bridge.streams.Lookup("CH")
-	if got := s.ChunkRows(); got != want {
-		t.Fatalf("restarted process: chunks of %d rows, want %d", got, want)
-	}
-	stored := s.Config()
-	if got := stream.ChunkRows(&stored); got != want {
-		t.Fatalf("the stored configuration chooses chunks of %d rows, want %d", got, want)
+	serves("restarted", c, 65_540/4+1)
+	publishLimited(t, ctx, c, ch, 10_000)
+	// Chunks of 16,501 rows from sequence 1, whichever process stored the messages; then,
+	// from the update on, of 16,386 rows from the start of the chunk open at the update.
+	db := rawsql.Open(t, a.dbURL)
+	id := c.bridge.streams.Lookup("CH").ID()
+	got := db.Strings(t, `SELECT first_seq::text FROM jetgres.chunks WHERE stream_id = $1 ORDER BY chunk`, id)
+	if want := []string{"1", "16502", "32888"}; !slices.Equal(got, want) {
+		t.Fatalf("chunks begin at %v, want %v", got, want)
 	}
 }
 
@@ -182,7 +192,8 @@ func TestChunkSizeFollowsStoredConfig(t *testing.T) {
 //	go test -bench ChunkSizes -run xxx -benchtime 1x ./bridge/
 //
 // JETGRES_CHUNK_MSGS sets the messages per case (default 300,000); JETGRES_CHUNK_ROWS adds
-// chunk sizes to compare (a comma-separated list).
+// chunk sizes to compare (a comma-separated list); JETGRES_CHUNK_ROUNDS runs every case that
+// many times, in turns (default 1).
 func BenchmarkChunkSizes(b *testing.B) {
 	n := envCount(b, "JETGRES_CHUNK_MSGS", 300_000)
 	sizes := []int64{pg.ChunkRowsDefault, 0}
@@ -195,17 +206,20 @@ func BenchmarkChunkSizes(b *testing.B) {
 			sizes = append(sizes, rows)
 		}
 	}
-	for _, ls := range []limitedStream{maxMsgsStream, kvStream} {
-		for _, rows := range sizes {
-			name := fmt.Sprintf("%s/chunk=%d", ls.name, rows)
-			if rows == 0 {
-				name = ls.name + "/chunk=chosen"
-			}
-			b.Run(name, func(b *testing.B) {
-				for b.Loop() {
-					benchChunkSize(b, ls, rows, n)
+	// Rounds take the cases in turn, so that a change in the machine's load falls on all.
+	for range envCount(b, "JETGRES_CHUNK_ROUNDS", 1) {
+		for _, ls := range []limitedStream{maxMsgsStream, kvStream} {
+			for _, rows := range sizes {
+				name := fmt.Sprintf("%s/chunk=%d", ls.name, rows)
+				if rows == 0 {
+					name = ls.name + "/chunk=chosen"
 				}
-			})
+				b.Run(name, func(b *testing.B) {
+					for b.Loop() {
+						benchChunkSize(b, ls, rows, n)
+					}
+				})
+			}
 		}
 	}
 }
@@ -258,4 +272,62 @@ func benchChunkSize(b *testing.B, ls limitedStream, rows int64, n int) {
 	b.ReportMetric(float64(held), "rows-after")
 	b.Logf("%s, chunks of %d rows: %d messages in %v, %.0f msgs/s; %d chunks; rows held: %d at most, %d after",
 		ls.name, s.ChunkRows(), n, took.Round(time.Millisecond), float64(n)/took.Seconds(), opened+1, most, held)
+}
+
+// waitTicking waits for cond, moving clk on by a second before each look, by extra at most:
+// the maintainer runs on clk's ticker, and what a pass left undone (a detach that gave up
+// behind another transaction) waits for a later tick.
+func waitTicking(t testing.TB, clk *clocktest.Fake, extra time.Duration, cond func() error) {
+	t.Helper()
+	var moved time.Duration
+	testwait.For(t, time.Minute, func() error {
+		if moved < extra {
+			clk.Advance(time.Second)
+			moved += time.Second
+		}
+		return cond()
+	})
+}
+
+// A slow stream limited by max_age alone has its chunk closed once it holds pg.ChunkRowsMin
+// messages and is a quarter of max_age old, so that its expired messages go with their
+// chunk while newer ones live on: with chunks filled to their rows alone, it kept them.
+func TestMaxAgeClosesChunksByAge(t *testing.T) {
+	t.Parallel()
+	clk := clocktest.New()
+	tb := setup(t, setupOpts{config: func(c *Config) { c.Clock = clk }})
+	ctx := testContext(t)
+	ls := limitedStream{cfg: jetstream.StreamConfig{Name: "AGE", Subjects: []string{"age.>"}, MaxAge: 8 * time.Minute},
+		subject: func(int) string { return "age.x" }}
+	if _, err := tb.js.CreateStream(ctx, ls.cfg); err != nil {
+		t.Fatal(err)
+	}
+	id := tb.bridge.streams.Lookup("AGE").ID()
+	db := rawsql.Open(t, tb.dbURL)
+	// advance moves the clock by d a second at a time, so that the maintainer's ticker
+	// fires at each, and waits until the stream holds rows and has opened chunk.
+	advance := func(d time.Duration, what string, wantRows, wantChunk int64) {
+		t.Helper()
+		for range int(d / time.Second) {
+			clk.Advance(time.Second)
+		}
+		waitTicking(t, clk, time.Minute, func() error {
+			rows, chunk, err := streamRows(ctx, db, id)
+			if err != nil {
+				return err
+			}
+			if rows != wantRows || chunk != wantChunk {
+				return fmt.Errorf("%s: %d rows, chunk %d; want %d rows, chunk %d", what, rows, chunk, wantRows, wantChunk)
+			}
+			return nil
+		})
+	}
+	// The whole test stays within 12 minutes of the clock: the ownership session confirms
+	// itself every 12 minutes on the lease of a test on a fake clock, and measures the clock
+	// against PostgreSQL's then, which would move the times stored after it back onto
+	// PostgreSQL's clock, minutes before those stored so far.
+	publishLimited(t, ctx, tb, ls, pg.ChunkRowsMin)
+	advance(3*time.Minute, "past a quarter of max_age", pg.ChunkRowsMin, 1)
+	publishLimited(t, ctx, tb, ls, 10)
+	advance(5*time.Minute+30*time.Second, "once the first messages expired", 10, 1)
 }

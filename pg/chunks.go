@@ -17,12 +17,24 @@ import (
 // time, so this is also the granularity at which a consumed stream gives its disk back.
 const ChunkRowsDefault = 1 << 16
 
-// ChunkRowsMin is the smallest chunk ChunkRowsFor chooses. Every chunk costs DDL: its
-// creation (a table, an index and an attach, in the append transaction that opens it) and
-// later its detach and drop by the maintainer. A limited stream opens and drops a chunk every
-// ChunkRowsMin messages at most; BENCHMARKS.md ("Chunk sizes") measures what that costs a
-// busy stream against chunks of ChunkRowsDefault, and what each keeps on disk.
+// ChunkRowsMin is the smallest chunk a limited stream's limits choose (ChunkRowsClose):
+// besides its DDL, every chunk a stream holds is five relations, and PostgreSQL's work on
+// jetgres.msgs's partitions grows with their number.
 const ChunkRowsMin = 1 << 12
+
+// ChunkRowsAppendMin is the smallest chunk the append path opens (ChunkRowsFor). A chunk
+// costs DDL: its creation (a table, an index and an attach, in the append transaction that
+// opens it, under the stream's row lock) and later its detach and drop, after each of which
+// every connection plans its statements on jetgres.msgs again. A stream published to at
+// full speed opens a chunk every ChunkRowsAppendMin messages at most: chunks of ChunkRowsMin
+// cost such a stream about a third of its append rate where PostgreSQL is the bottleneck,
+// chunks of this size nothing measurable (BENCHMARKS.md, "Chunk sizes"). Smaller chunks are
+// closed by the maintainer instead, at most once every ChunkCloseAge per stream.
+const ChunkRowsAppendMin = 1 << 14
+
+// ChunkCloseAge is the youngest chunk the maintainer closes for its size (ChunkRowsClose):
+// it bounds the DDL the maintainer adds to a stream, whatever its rate.
+const ChunkCloseAge = 10 * time.Second
 
 // chunkMsgBytes is the message size a max_bytes limit is turned into messages with, when
 // the stream sets no max_msg_size: a small JetStream message, so that the chunk of a stream
@@ -39,17 +51,14 @@ type ChunkSizing struct {
 	MaxMsgSize int64
 }
 
-// ChunkRowsFor chooses a stream's chunk size from its configuration, as nats-server's file
-// store sizes its blocks from the stream's limits (autoTuneFileStorageBlockSize): a quarter
-// of the most messages its limits let it hold, so that retention, which drops whole chunks,
-// keeps at most about a quarter more than the limits beyond them; within ChunkRowsMin and
-// ChunkRowsDefault. A stream with no limit on what it holds takes ChunkRowsDefault, and so
-// does a key-value bucket's, but for its per-subject limit: its live messages are spread
-// over all its chunks, a chunk goes only once every key in it was overwritten, so it takes
-// ChunkRowsMin. The configuration alone decides, so every replica and every restart of a
-// process chooses the same, and a stream update changes the size of the chunks opened
-// after it.
-func ChunkRowsFor(c ChunkSizing) int64 {
+// chunkTarget is the chunk size a stream's limits ask for, as nats-server's file store sizes
+// its blocks from them (autoTuneFileStorageBlockSize): a quarter of the most messages its
+// limits let it hold, so that retention, which drops whole chunks, keeps at most about a
+// quarter more than the limits beyond them; within ChunkRowsMin and ChunkRowsDefault. A
+// stream with no limit on what it holds asks for ChunkRowsDefault; a key-value bucket's, but
+// for its per-subject limit, for ChunkRowsMin: its live messages are spread over all its
+// chunks, and a chunk goes only once every key in it was overwritten.
+func chunkTarget(c ChunkSizing) int64 {
 	l := c.Limits
 	held := int64(-1)
 	bound := func(n int64) {
@@ -79,6 +88,23 @@ func ChunkRowsFor(c ChunkSizing) int64 {
 		return ChunkRowsDefault
 	}
 	return min(max(held/4+1, ChunkRowsMin), ChunkRowsDefault)
+}
+
+// ChunkRowsFor chooses the size of the chunks a stream's appends open: what its limits ask
+// for (see chunkTarget), at least ChunkRowsAppendMin. The configuration alone decides, so
+// every replica and every restart of a process chooses the same, and a stream update
+// changes the size of the chunks opened after it.
+func ChunkRowsFor(c ChunkSizing) int64 { return max(chunkTarget(c), ChunkRowsAppendMin) }
+
+// ChunkRowsClose is the size at which the maintainer closes a stream's chunk once it is
+// ChunkCloseAge old (CloseChunks), when its limits ask for chunks smaller than its appends
+// open, and 0 otherwise: a stream slower than ChunkRowsAppendMin messages in ChunkCloseAge
+// then has chunks of the size its limits ask for, and a faster one pays no more DDL.
+func ChunkRowsClose(c ChunkSizing) int64 {
+	if t := chunkTarget(c); t < ChunkRowsFor(c) {
+		return t
+	}
+	return 0
 }
 
 func chunkName(streamID, chunk int64) string { return fmt.Sprintf("msgs_%d_%d", streamID, chunk) }
@@ -495,48 +521,48 @@ func (db *DB) openNextChunk(ctx context.Context, id int64, sqlCheck string, args
 	return true, nil
 }
 
-// ChunkAge is a stream whose messages expire by age (max_age), and the Unix nanoseconds (on
-// the replica's clock, as Append's) before which a chunk's first message makes it old
-// enough to close: a quarter of the age ago, as a chunk of rows holds about a quarter of what
-// a stream's limits keep.
-type ChunkAge struct {
+// ChunkClose asks CloseChunks to close a stream's chunk once it holds Rows messages and
+// began with one stored before Before (Unix nanoseconds on the replica's clock, as
+// Append's).
+type ChunkClose struct {
 	StreamID int64
+	Rows     int64
 	Before   int64
 }
 
-// sqlChunkAged reports, for the stream $1, whether the chunk taking its appends holds at
+// sqlChunkDue reports, for the stream $1, whether the chunk taking its appends holds at
 // least $3 messages and began with one stored before $2.
-const sqlChunkAged = `SELECT s.chunk_rows >= $3 AND coalesce((SELECT m.ts < $2 FROM jetgres.msgs m
+const sqlChunkDue = `SELECT s.chunk_rows >= $3 AND coalesce((SELECT m.ts < $2 FROM jetgres.msgs m
 		WHERE m.stream_id = s.stream_id AND m.chunk = s.chunk ORDER BY m.seq LIMIT 1), false),
 	s.last_seq, s.chunk FROM jetgres.stream_state s WHERE s.stream_id = $1`
 
-// RotateAgedChunks closes the chunk of each stream of ages that holds at least ChunkRowsMin
-// messages and began before its Before, and opens the next. Retention drops whole chunks,
-// and a stream limited only by max_age, and slow, fills its chunks of rows (ChunkRowsFor)
-// long after its messages expired: without this it would keep up to a chunk's worth of
-// expired messages. ChunkRowsMin bounds the tables a slow stream makes as ChunkRowsFor
-// bounds those of a fast one. One statement finds the streams of ages whose chunk is full
-// enough, and a probe of each chunk's first message which of them began too long ago; it
-// returns how many it rotated.
-func (db *DB) RotateAgedChunks(ctx context.Context, ages []ChunkAge) (int, error) {
-	ids, befores := make([]int64, len(ages)), make([]int64, len(ages))
-	for i, a := range ages {
-		ids[i], befores[i] = a.StreamID, db.pgUnixNano(a.Before)
+// CloseChunks closes the chunk of each stream of closes that holds at least its Rows
+// messages and began before its Before, and opens the next. The maintainer closes so the
+// chunks of a stream slower than its appends' chunk size (ChunkRowsClose), and those of a
+// stream limited by max_age, which without it would fill its chunks long after their
+// messages expired. One statement finds the streams of closes whose chunk is full enough,
+// and a probe of each such chunk's first message which began too long ago; it returns how
+// many chunks it closed.
+func (db *DB) CloseChunks(ctx context.Context, closes []ChunkClose) (int, error) {
+	ids, befores, rows := make([]int64, len(closes)), make([]int64, len(closes)), make([]int64, len(closes))
+	for i, c := range closes {
+		ids[i], befores[i], rows[i] = c.StreamID, db.pgUnixNano(c.Before), max(c.Rows, 1)
 	}
-	type aged struct{ id, before int64 }
-	var due []aged
+	type due struct{ id, before, rows int64 }
+	var dues []due
 	err := db.background(ctx, func(ctx context.Context, q querier) error {
-		due = due[:0]
-		rows, err := q.Query(ctx, `SELECT a.id, a.before, s.chunk FROM unnest($1::bigint[], $2::bigint[]) AS a(id, before)
+		dues = dues[:0]
+		r, err := q.Query(ctx, `SELECT a.id, a.before, a.rows, s.chunk
+			FROM unnest($1::bigint[], $2::bigint[], $3::bigint[]) AS a(id, before, rows)
 				JOIN jetgres.stream_state s ON s.stream_id = a.id
-			WHERE s.chunk_rows >= $3 ORDER BY a.id`, ids, befores, int64(ChunkRowsMin))
+			WHERE s.chunk_rows >= a.rows ORDER BY a.id`, ids, befores, rows)
 		if err != nil {
 			return err
 		}
-		type full struct{ id, before, chunk int64 }
-		fulls, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (full, error) {
+		type full struct{ id, before, rows, chunk int64 }
+		fulls, err := pgx.CollectRows(r, func(r pgx.CollectableRow) (full, error) {
 			var f full
-			err := r.Scan(&f.id, &f.before, &f.chunk)
+			err := r.Scan(&f.id, &f.before, &f.rows, &f.chunk)
 			return f, err
 		})
 		if err != nil {
@@ -552,25 +578,25 @@ func (db *DB) RotateAgedChunks(ctx context.Context, ages []ChunkAge) (int, error
 				return err
 			}
 			if old {
-				due = append(due, aged{id: f.id, before: f.before})
+				dues = append(dues, due{id: f.id, before: f.before, rows: f.rows})
 			}
 		}
 		return nil
 	})
 	if err != nil {
-		return 0, fmt.Errorf("pg: find aged chunks: %w", err)
+		return 0, fmt.Errorf("pg: find chunks to close: %w", err)
 	}
-	rotated := 0
-	for _, a := range due {
-		ok, err := db.openNextChunk(ctx, a.id, sqlChunkAged, a.before, int64(ChunkRowsMin))
+	closed := 0
+	for _, d := range dues {
+		ok, err := db.openNextChunk(ctx, d.id, sqlChunkDue, d.before, d.rows)
 		if err != nil && !errors.Is(err, pgx.ErrNoRows) {
-			return rotated, fmt.Errorf("pg: rotate the aged chunk of stream %d: %w", a.id, err)
+			return closed, fmt.Errorf("pg: close the chunk of stream %d: %w", d.id, err)
 		}
 		if ok {
-			rotated++
+			closed++
 		}
 	}
-	return rotated, nil
+	return closed, nil
 }
 
 func isLockTimeout(err error) bool { return hasSQLState(err, "55P03") }

@@ -61,7 +61,7 @@ type Config struct {
 
 	// ChunkDetachTimeout bounds how long retention's detach of a chunk table from
 	// jetgres.msgs waits for the transactions that began before it. While it waits it holds a
-	// lock that the creation of a chunk (once per ChunkRowsDefault messages of a stream) waits
+	// lock that the creation of a chunk (once per ChunkRowsFor messages of a stream) waits
 	// for, so a detach gives up at this bound, and is not tried while a transaction that has
 	// held jetgres.msgs for longer is open (a pg_dump, a long report): the chunk is dropped
 	// on a later pass. Defaults to ChunkDetachTimeoutDefault.

@@ -37,8 +37,8 @@
 // ownership session left on a server the pool has left is lost.
 //
 // Message rows are only ever inserted. Each stream's messages live in chunks of a number of
-// rows its limits choose (ChunkRowsFor; the maintainer also closes a max_age stream's chunk
-// by age, RotateAgedChunks): tables jetgres.msgs_<stream>_<chunk>, listed in jetgres.chunks
+// rows its limits choose (ChunkRowsFor; the maintainer also closes the chunks of slow and
+// max_age streams, CloseChunks): tables jetgres.msgs_<stream>_<chunk>, listed in jetgres.chunks
 // and attached as the partitions [(stream, chunk), (stream, chunk + 1)) of one table,
 // jetgres.msgs. Every
 // removal (limits, max_age, purge, deletes, interest and workqueue retention) either moves

@@ -27,12 +27,15 @@ type fakeStream struct {
 	name  string
 	cfg   server.StreamConfig
 	flush atomic.Int64
+	// closeRows is what ChunkCloseRows reports.
+	closeRows int64
 }
 
 func (s *fakeStream) ID() int64                        { return s.id }
 func (s *fakeStream) Name() string                     { return s.name }
 func (s *fakeStream) ConfigView() *server.StreamConfig { return &s.cfg }
 func (s *fakeStream) FlushSince() int64                { return s.flush.Load() }
+func (s *fakeStream) ChunkCloseRows() int64            { return s.closeRows }
 
 func newStream(id int64, retention server.RetentionPolicy) *fakeStream {
 	name := fmt.Sprintf("S%d", id)
@@ -60,7 +63,7 @@ type fakeStore struct {
 	limits       []pg.Limits
 	prunes       []cutoff
 	dropped      []int64
-	rotations    []cutoff
+	closes       []pg.ChunkClose
 	reaps        int
 }
 
@@ -134,12 +137,10 @@ func (f *fakeStore) DropChunks(_ context.Context, id int64, _ time.Duration) (in
 	return 1, f.err
 }
 
-func (f *fakeStore) RotateAgedChunks(_ context.Context, ages []pg.ChunkAge) (int, error) {
+func (f *fakeStore) CloseChunks(_ context.Context, closes []pg.ChunkClose) (int, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	for _, a := range ages {
-		f.rotations = append(f.rotations, cutoff{a.StreamID, a.Before})
-	}
+	f.closes = append(f.closes, closes...)
 	return 0, f.err
 }
 

@@ -55,7 +55,7 @@ func (e *Enforcer[S]) maintain(ctx context.Context) {
 			}
 			e.retainAll(ctx, false)
 			e.expire(ctx)
-			e.rotateChunks(ctx)
+			e.closeChunks(ctx)
 			e.dropChunks(ctx)
 			e.pruneIDs(ctx)
 			e.forget()
@@ -113,22 +113,26 @@ func (e *Enforcer[S]) expire(ctx context.Context) {
 	}
 }
 
-// rotateChunks closes the chunks of streams with a max_age once they hold messages older
-// than a quarter of it, so that a slow stream's expired messages go with whole chunks
-// (pg.RotateAgedChunks).
-func (e *Enforcer[S]) rotateChunks(ctx context.Context) {
+// closeChunks closes the chunks of the streams whose limits ask for chunks smaller than
+// their appends open, once they hold that many messages and are pg.ChunkCloseAge old, and
+// those of streams with a max_age once they hold pg.ChunkRowsMin messages older than a
+// quarter of it, so that a slow stream's removed messages go with whole chunks.
+func (e *Enforcer[S]) closeChunks(ctx context.Context) {
 	now := e.clock.Now()
-	var ages []pg.ChunkAge
+	var closes []pg.ChunkClose
 	for _, s := range e.host.Streams() {
+		if rows := s.ChunkCloseRows(); rows > 0 {
+			closes = append(closes, pg.ChunkClose{StreamID: s.ID(), Rows: rows, Before: now.Add(-pg.ChunkCloseAge).UnixNano()})
+		}
 		if age := s.ConfigView().MaxAge; age > 0 {
-			ages = append(ages, pg.ChunkAge{StreamID: s.ID(), Before: now.Add(-age / 4).UnixNano()})
+			closes = append(closes, pg.ChunkClose{StreamID: s.ID(), Rows: pg.ChunkRowsMin, Before: now.Add(-age / 4).UnixNano()})
 		}
 	}
-	if len(ages) == 0 {
+	if len(closes) == 0 {
 		return
 	}
-	if _, err := e.store.RotateAgedChunks(ctx, ages); err != nil && ctx.Err() == nil {
-		e.warn.Warn(e.log, now, "closing aged chunks failed", "err", err)
+	if _, err := e.store.CloseChunks(ctx, closes); err != nil && ctx.Err() == nil {
+		e.warn.Warn(e.log, now, "closing chunks failed", "err", err)
 	}
 }
 

@@ -48,6 +48,7 @@ func TestMaintainerTick(t *testing.T) {
 	aged := newStream(1, server.LimitsPolicy)
 	aged.cfg.MaxAge = time.Minute
 	plain := newStream(2, server.LimitsPolicy)
+	plain.closeRows = 500
 	b := setup(t, aged, plain)
 	b.store.expired = 1
 	b.store.candidates = []int64{7}
@@ -76,8 +77,10 @@ func TestMaintainerTick(t *testing.T) {
 		if !slices.Equal(f.dropped, []int64{7}) || f.reaps != 1 {
 			t.Fatalf("dropped chunks of %v and reaped %d times, want 7 and once", f.dropped, f.reaps)
 		}
-		if want := []cutoff{{1, b.clock.Now().Add(-time.Minute / 4).UnixNano()}}; !slices.Equal(f.rotations, want) {
-			t.Fatalf("closed aged chunks of %v, want %v: the stream with a max_age, at a quarter of it", f.rotations, want)
+		want := []pg.ChunkClose{{StreamID: 1, Rows: pg.ChunkRowsMin, Before: b.clock.Now().Add(-time.Minute / 4).UnixNano()},
+			{StreamID: 2, Rows: 500, Before: b.clock.Now().Add(-pg.ChunkCloseAge).UnixNano()}}
+		if !slices.Equal(f.closes, want) {
+			t.Fatalf("closed chunks %+v, want %+v: the stream with a max_age at a quarter of it, the other at its size", f.closes, want)
 		}
 	})
 	wantEvents(t, b.host, "purged S1 first=0 consumed=false")

@@ -18,8 +18,8 @@
 // with acks or consumer changes as they come, again soon while a pass left acks that their
 // consumer had yet to apply, and once a maintainPeriod it refreshes the storage usage,
 // runs a pass on every interest and workqueue stream, applies max_age and message TTLs
-// (storing markers through Host.Mark, with no lock held), closes the chunks of streams with
-// a max_age once they are a quarter of it old, drops chunks, prunes ids and
+// (storing markers through Host.Mark, with no lock held), closes the chunks of slow limited
+// streams and of streams with a max_age (pg.CloseChunks), drops chunks, prunes ids and
 // forgets the streams that are gone. Its database calls take no flow-lane
 // permit, and each transaction it opens is short. Settle, ApplyLimits and the checks run
 // on their callers' goroutines.
@@ -75,7 +75,7 @@ type Store interface {
 	PruneMsgIDs(ctx context.Context, id int64, cutoff int64) (int64, error)
 	ChunkDropCandidates(ctx context.Context, idle time.Duration) ([]int64, error)
 	DropChunks(ctx context.Context, id int64, idle time.Duration) (int, error)
-	RotateAgedChunks(ctx context.Context, ages []pg.ChunkAge) (int, error)
+	CloseChunks(ctx context.Context, closes []pg.ChunkClose) (int, error)
 	ReapChunks(ctx context.Context) (int, error)
 }
 
@@ -88,6 +88,9 @@ type StreamView interface {
 	// FlushSince is when the stream's flush in flight started, in Unix nanoseconds of the
 	// engine's clock, 0 when none is.
 	FlushSince() int64
+	// ChunkCloseRows is the size at which the maintainer closes the stream's chunks once
+	// they are pg.ChunkCloseAge old, 0 for none (pg.ChunkRowsClose).
+	ChunkCloseRows() int64
 }
 
 // Host is what retention needs of the bridge that runs it: the streams, the consumers this

@@ -90,9 +90,11 @@ type Stream struct {
 	subscribers []Subscriber
 
 	// chunkRows is the size of the stream's new chunks, chosen from cfg (pg.ChunkRowsFor)
-	// and replaced with it; chunkRowsSet overrides it when positive.
+	// and replaced with it; chunkRowsSet overrides it when positive. chunkClose is the size
+	// at which the maintainer closes them (pg.ChunkRowsClose).
 	chunkRows    atomic.Int64
 	chunkRowsSet atomic.Int64
+	chunkClose   atomic.Int64
 }
 
 // ID is the stream's id in PostgreSQL.
@@ -116,7 +118,9 @@ func (s *Stream) Config() server.StreamConfig { return *s.cfg.Load() }
 // subjects changed.
 func (s *Stream) SetConfig(cfg server.StreamConfig) {
 	s.xf.Store(CompileTransforms(&cfg))
-	s.chunkRows.Store(ChunkRows(&cfg))
+	sizing := chunkSizing(&cfg)
+	s.chunkRows.Store(pg.ChunkRowsFor(sizing))
+	s.chunkClose.Store(pg.ChunkRowsClose(sizing))
 	s.cfg.Store(&cfg)
 }
 
@@ -138,10 +142,17 @@ func (s *Stream) ChunkRows() int64 {
 // (0: as its configuration chooses), for tests and benchmarks that compare chunk sizes.
 func (s *Stream) SetChunkRows(n int64) { s.chunkRowsSet.Store(n) }
 
-// ChunkRows is the chunk size a stream of configuration cfg takes (pg.ChunkRowsFor). The
-// subjects it can store are counted only when none has a wildcard: a subject transform maps
-// each of them to one subject.
-func ChunkRows(cfg *server.StreamConfig) int64 {
+// ChunkCloseRows is the size at which the maintainer closes the stream's chunks once they
+// are pg.ChunkCloseAge old, 0 for none (pg.ChunkRowsClose).
+func (s *Stream) ChunkCloseRows() int64 { return s.chunkClose.Load() }
+
+// ChunkRows is the chunk size a stream of configuration cfg takes (pg.ChunkRowsFor).
+func ChunkRows(cfg *server.StreamConfig) int64 { return pg.ChunkRowsFor(chunkSizing(cfg)) }
+
+// chunkSizing is what of cfg chunk sizes follow. The subjects the stream can store are
+// counted only when none has a wildcard: a subject transform maps each of them to one
+// subject.
+func chunkSizing(cfg *server.StreamConfig) pg.ChunkSizing {
 	n := len(cfg.Subjects)
 	for _, subj := range cfg.Subjects {
 		if !server.IsValidLiteralSubject(subj) {
@@ -149,7 +160,7 @@ func ChunkRows(cfg *server.StreamConfig) int64 {
 			break
 		}
 	}
-	return pg.ChunkRowsFor(pg.ChunkSizing{Limits: Limits(cfg), Subjects: n, MaxMsgSize: int64(cfg.MaxMsgSize)})
+	return pg.ChunkSizing{Limits: Limits(cfg), Subjects: n, MaxMsgSize: int64(cfg.MaxMsgSize)}
 }
 
 // FlushSince is when the stream's flush in flight started, in the registry clock's Unix

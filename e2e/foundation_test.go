@@ -207,22 +207,13 @@ func TestPrivatePostgresRestartedWhenItDies(t *testing.T) {
 		t.Fatal(err)
 	}
 	testwait.For(t, 60*time.Second, func() error {
-		if j.hasExited() {
-			t.Fatalf("jetgres exited after its PostgreSQL died:\n%s", j.logs.String())
-		}
-		// A backend of the killed postmaster can still answer until it notices its parent is
-		// gone, so only a counted restart with a new postmaster shows jetgres brought it back.
-		m, err := j.metrics()
-		if err != nil {
+		if err := privatePostgresRestarted(t, j); err != nil {
 			return err
-		}
-		if n := m["jetgres_private_postgres_restarts_total"]; n < 1 {
-			return fmt.Errorf("%v restarts of the private PostgreSQL", n)
 		}
 		if code, body := j.mustGet(t, "/readyz"); code != http.StatusOK {
 			return fmt.Errorf("/readyz %d %q", code, body)
 		}
-		_, err = js.Publish(ctx, "survive.b", []byte("after"))
+		_, err := js.Publish(ctx, "survive.b", []byte("after"))
 		return err
 	})
 	if now := postmasterPID(t, j.dataDir); now == pid {
@@ -283,4 +274,23 @@ func TestSecondJetgresOnSameDataDir(t *testing.T) {
 	}
 	first.stop(t)
 	requireNoPostgres(t, first.dataDir)
+}
+
+// privatePostgresRestarted reports nil once jetgres has counted a restart of its private
+// PostgreSQL, and fails t if jetgres exited instead. A backend of a killed postmaster can
+// still answer until it notices its parent is gone, so only a counted restart with a new
+// postmaster shows jetgres brought it back.
+func privatePostgresRestarted(t *testing.T, j *jetgres) error {
+	t.Helper()
+	if j.hasExited() {
+		t.Fatalf("jetgres exited after its PostgreSQL died:\n%s", j.logs.String())
+	}
+	m, err := j.metrics()
+	if err != nil {
+		return err
+	}
+	if n := m["jetgres_private_postgres_restarts_total"]; n < 1 {
+		return fmt.Errorf("%v restarts of the private PostgreSQL", n)
+	}
+	return nil
 }

@@ -23,37 +23,14 @@ import (
 // JetStream acknowledged is then in jetgres exactly once, under JetStream's sequence, with
 // its data and store time.
 func TestMirrorFromHub(t *testing.T) {
-	hub := startDomainHub(t)
-	conf := filepath.Join(t.TempDir(), "leaf.conf")
-	if err := os.WriteFile(conf, fmt.Appendf(nil, "leafnodes { remotes: [ { url: %q } ] }\n", hub.leafURL(t)), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	j := startJetgres(t, options{Args: []string{"--nats-config", conf, "--js-domain", "pg"}})
-	testwait.For(t, 30*time.Second, func() error { _, err := hub.leaf(); return err })
+	j, hubJS := jetgresOnHub(t)
 
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	hubNC, err := nats.Connect(hub.ns.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer hubNC.Close()
-	hubJS, err := jetstream.New(hubNC, jetstream.WithPublishAsyncMaxPending(512))
-	if err != nil {
-		t.Fatal(err)
-	}
 	if _, err := hubJS.CreateStream(ctx, jetstream.StreamConfig{Name: "ORDERS", Subjects: []string{"orders.>"}}); err != nil {
 		t.Fatal(err)
 	}
-	pgNC, err := nats.Connect(j.natsURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pgNC.Close()
-	pgJS, err := jetstream.New(pgNC)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, pgJS := j.connect(t)
 
 	// Publishers on the hub, before and during the mirroring, at about 5,000 msg/s
 	// together: 25 messages per 10 ms each.
@@ -201,13 +178,7 @@ func TestMirrorFromHub(t *testing.T) {
 // asks again for a direct one), and the hub's mirror ends up with jetgres's messages under
 // jetgres's sequences.
 func TestHubMirrorsJetgres(t *testing.T) {
-	hub := startDomainHub(t)
-	conf := filepath.Join(t.TempDir(), "leaf.conf")
-	if err := os.WriteFile(conf, fmt.Appendf(nil, "leafnodes { remotes: [ { url: %q } ] }\n", hub.leafURL(t)), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	j := startJetgres(t, options{Args: []string{"--nats-config", conf, "--js-domain", "pg"}})
-	testwait.For(t, 30*time.Second, func() error { _, err := hub.leaf(); return err })
+	j, hubJS := jetgresOnHub(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	_, pgJS := j.connect(t)
@@ -216,15 +187,6 @@ func TestHubMirrorsJetgres(t *testing.T) {
 	}
 	const n = 500
 	publishAll(t, ctx, pgJS, "pgord.x", n, func(i int) []byte { return fmt.Appendf(nil, "m%d", i) })
-	hubNC, err := nats.Connect(hub.ns.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer hubNC.Close()
-	hubJS, err := jetstream.New(hubNC)
-	if err != nil {
-		t.Fatal(err)
-	}
 	m, err := hubJS.CreateStream(ctx, jetstream.StreamConfig{Name: "PGORD", Mirror: &jetstream.StreamSource{
 		Name: "PGORD", External: &jetstream.ExternalStream{APIPrefix: "$JS.pg.API"}}})
 	if err != nil {
@@ -264,24 +226,9 @@ func TestHubMirrorsJetgres(t *testing.T) {
 // and both lags are zero, every message JetStream acknowledged is in the jetgres stream
 // exactly once, named by its Nats-Stream-Source header (origin and origin sequence).
 func TestSourcesFromHub(t *testing.T) {
-	hub := startDomainHub(t)
-	conf := filepath.Join(t.TempDir(), "leaf.conf")
-	if err := os.WriteFile(conf, fmt.Appendf(nil, "leafnodes { remotes: [ { url: %q } ] }\n", hub.leafURL(t)), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	j := startJetgres(t, options{Args: []string{"--nats-config", conf, "--js-domain", "pg"}})
-	testwait.For(t, 30*time.Second, func() error { _, err := hub.leaf(); return err })
+	j, hubJS := jetgresOnHub(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	hubNC, err := nats.Connect(hub.ns.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer hubNC.Close()
-	hubJS, err := jetstream.New(hubNC, jetstream.WithPublishAsyncMaxPending(512))
-	if err != nil {
-		t.Fatal(err)
-	}
 	origins := []string{"ORDERS", "RETURNS"}
 	for _, o := range origins {
 		if _, err := hubJS.CreateStream(ctx, jetstream.StreamConfig{Name: o, Subjects: []string{strings.ToLower(o) + ".>"}}); err != nil {
@@ -380,4 +327,28 @@ func TestSourcesFromHub(t *testing.T) {
 			t.Fatalf("read %d of %d messages, then nothing", len(seen), total)
 		}
 	}
+}
+
+// jetgresOnHub starts a JetStream hub (domain "hub") and a jetgres (domain "pg") joined to
+// it by a leafnode remote, returns once the link is up, with a client of the hub's
+// JetStream.
+func jetgresOnHub(t *testing.T) (*jetgres, jetstream.JetStream) {
+	t.Helper()
+	hub := startDomainHub(t)
+	conf := filepath.Join(t.TempDir(), "leaf.conf")
+	if err := os.WriteFile(conf, fmt.Appendf(nil, "leafnodes { remotes: [ { url: %q } ] }\n", hub.leafURL(t)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	j := startJetgres(t, options{Args: []string{"--nats-config", conf, "--js-domain", "pg"}})
+	testwait.For(t, 30*time.Second, func() error { _, err := hub.leaf(); return err })
+	hubNC, err := nats.Connect(hub.ns.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(hubNC.Close)
+	hubJS, err := jetstream.New(hubNC, jetstream.WithPublishAsyncMaxPending(512))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return j, hubJS
 }

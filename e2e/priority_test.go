@@ -337,9 +337,18 @@ func TestPinnedConsumerAcrossReplicas(t *testing.T) {
 		return ""
 	}
 	first := pin(serving)
-	if first == "" || pin(other) != first {
-		t.Fatalf("pin through the serving replica %q, through the other %q", first, pin(other))
+	if first == "" {
+		t.Fatal("no pin through the serving replica")
 	}
+	// The other replica forwards the info to the serving one once its forwarding
+	// subscription has reached it, and answers from the stored row, which has no pin, until
+	// then (seen under CI load).
+	testwait.For(t, 10*time.Second, func() error {
+		if p := pin(other); p != first {
+			return fmt.Errorf("pin through the serving replica %q, through the other %q", first, p)
+		}
+		return nil
+	})
 
 	// An unpin through the replica that does not serve the consumer is forwarded to the
 	// one that does; the next request takes a new pin there.

@@ -440,8 +440,10 @@ func TestSQLNextOpensOnlyItsOwnChunks(t *testing.T) {
 		}
 	}
 	one := rawsql.Open(t, url+" pool_max_conns=1") // one session, whose plans jetgres.next keeps
-	for call := range 10 {
-		attempt(t, one, true, func(ctx context.Context, q rawsql.Runner) error {
+	// Every third attempt rolls back, so that the next one hands its messages out again.
+	for call := range 12 {
+		commit := call%3 != 1
+		attempt(t, one, commit, func(ctx context.Context, q rawsql.Runner) error {
 			got, err := next(ctx, q, 5, false)
 			if err != nil || len(got) != 5 {
 				return fmt.Errorf("call %d: %d messages, %v", call, len(got), err)
@@ -459,6 +461,9 @@ func TestSQLNextOpensOnlyItsOwnChunks(t *testing.T) {
 			}
 			if others > 0 {
 				t.Errorf("call %d holds locks on %d chunk tables of other streams", call, others)
+			}
+			if !commit {
+				return errRollback
 			}
 			return nil
 		})

@@ -127,32 +127,17 @@ func TestMirrorFromHub(t *testing.T) {
 	if st := s.CachedInfo().State; st.Msgs != total || st.FirstSeq != 1 || st.LastSeq != total {
 		t.Fatalf("promoted stream state %+v, want %d messages from 1", st, total)
 	}
-	cons, err := s.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{})
-	if err != nil {
-		t.Fatal(err)
-	}
 	got := make(map[uint64]string, total)
-	for uint64(len(got)) < total {
-		batch, err := cons.Fetch(1000, jetstream.FetchMaxWait(10*time.Second))
+	readEach(t, ctx, s, total, func(m jetstream.Msg) {
+		md, err := m.Metadata()
 		if err != nil {
 			t.Fatal(err)
 		}
-		n := 0
-		for m := range batch.Messages() {
-			md, err := m.Metadata()
-			if err != nil {
-				t.Fatal(err)
-			}
-			if _, dup := got[md.Sequence.Stream]; dup {
-				t.Fatalf("sequence %d read twice", md.Sequence.Stream)
-			}
-			got[md.Sequence.Stream] = string(m.Data())
-			n++
+		if _, dup := got[md.Sequence.Stream]; dup {
+			t.Fatalf("sequence %d read twice", md.Sequence.Stream)
 		}
-		if n == 0 {
-			t.Fatalf("read %d of %d messages, then nothing", len(got), total)
-		}
-	}
+		got[md.Sequence.Stream] = string(m.Data())
+	})
 	n := 0
 	for p := range acked {
 		for seq, data := range acked[p] {
@@ -297,35 +282,45 @@ func TestSourcesFromHub(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	seen := make(map[string]bool, total)
+	readEach(t, ctx, s, total, func(m jetstream.Msg) {
+		f := strings.Fields(m.Headers().Get("Nats-Stream-Source"))
+		if len(f) < 2 {
+			t.Fatalf("message %q without a source header: %v", m.Data(), m.Headers())
+		}
+		key := strings.SplitN(f[0], ":", 2)[0] + " " + f[1]
+		if seen[key] {
+			t.Fatalf("%s sourced twice", key)
+		}
+		seen[key] = true
+		if acked[key] != string(m.Data()) {
+			t.Fatalf("%s: jetgres has %q, JetStream acknowledged %q", key, m.Data(), acked[key])
+		}
+	})
+}
+
+// readEach reads total messages of s with an ordered consumer and hands each to fn; it
+// fails t when a fetch brings nothing before all were read.
+func readEach(t *testing.T, ctx context.Context, s jetstream.Stream, total uint64, fn func(jetstream.Msg)) {
+	t.Helper()
 	cons, err := s.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	seen := make(map[string]bool, total)
-	for uint64(len(seen)) < total {
+	for read := uint64(0); read < total; {
 		batch, err := cons.Fetch(1000, jetstream.FetchMaxWait(10*time.Second))
 		if err != nil {
 			t.Fatal(err)
 		}
 		n := 0
 		for m := range batch.Messages() {
+			fn(m)
 			n++
-			f := strings.Fields(m.Headers().Get("Nats-Stream-Source"))
-			if len(f) < 2 {
-				t.Fatalf("message %q without a source header: %v", m.Data(), m.Headers())
-			}
-			key := strings.SplitN(f[0], ":", 2)[0] + " " + f[1]
-			if seen[key] {
-				t.Fatalf("%s sourced twice", key)
-			}
-			seen[key] = true
-			if acked[key] != string(m.Data()) {
-				t.Fatalf("%s: jetgres has %q, JetStream acknowledged %q", key, m.Data(), acked[key])
-			}
 		}
 		if n == 0 {
-			t.Fatalf("read %d of %d messages, then nothing", len(seen), total)
+			t.Fatalf("read %d of %d messages, then nothing", read, total)
 		}
+		read += uint64(n)
 	}
 }
 

@@ -60,8 +60,7 @@ func Open(ctx context.Context, cfg Config) (*DB, error) {
 	}
 	db := &DB{cfg: cfg, log: cfg.Logger,
 		subjects: subjectIndexes{newStreamCache[*subjectIndex](SubjectIndexRows)},
-		lasts:    derivedLasts{newStreamCache[*streamLasts](DerivedSubjectsMax)},
-		counts:   newSubjectCounts()}
+		lasts:    derivedLasts{newStreamCache[*streamLasts](DerivedSubjectsMax)}}
 	pcfg.MaxConns = cfg.MaxConns
 	if _, ok := pcfg.ConnConfig.RuntimeParams["application_name"]; !ok {
 		pcfg.ConnConfig.RuntimeParams["application_name"] = applicationName

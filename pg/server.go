@@ -158,9 +158,11 @@ func (db *DB) forgetAll() {
 	for _, id := range db.subjects.ids() {
 		ids[id] = true
 	}
-	for _, id := range db.counts.ids() {
+	db.counts.mu.Lock()
+	for id := range db.counts.m {
 		ids[id] = true
 	}
+	db.counts.mu.Unlock()
 	for id := range ids {
 		db.forgetState(id)
 		db.counts.forget(id)

@@ -269,6 +269,9 @@ type Bridge struct {
 
 	// metaKick wakes the stream sync loop when another replica changed a stream.
 	metaKick chan struct{}
+	// onMeta handles PostgreSQL's notifications of stream and consumer changes: metaChanged,
+	// which a test replaces to lose every notification.
+	onMeta func(streamID int64)
 
 	cons      *consumer.Engine
 	repub     *republish.Republisher
@@ -296,6 +299,7 @@ func New(cfg Config) (*Bridge, error) {
 		clock: clock.OrSystem(cfg.Clock),
 	}
 	b.metaKick = make(chan struct{}, 1)
+	b.onMeta = b.metaChanged
 	b.fwd = ownership.NewForwarder(ownership.ForwarderConfig{
 		Store: cfg.DB, Link: cfg.Link, Clock: b.clock, Logger: cfg.Logger, Registerer: cfg.Registerer, ReplicaName: cfg.ReplicaName,
 	})
@@ -388,7 +392,7 @@ func (b *Bridge) Start(ctx context.Context) (err error) {
 		return fmt.Errorf("bridge: %w", err)
 	}
 	b.bg.Go(b.streamSyncLoop)
-	b.bg.Go(func() { b.db.ListenMeta(b.ctx, b.metaChanged) })
+	b.bg.Go(func() { b.db.ListenMeta(b.ctx, b.onMeta) })
 	if err := b.startConsumers(ctx); err != nil {
 		return fmt.Errorf("bridge: start consumers: %w", err)
 	}

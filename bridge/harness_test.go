@@ -39,8 +39,8 @@ type setupOpts struct {
 	// deployment meet on it; nil starts a server of its own.
 	nats   *natsd.Server
 	config func(*Config)
-	// unstarted leaves the bridge built but not started, for tests of Start itself; the
-	// cleanup stops it all the same.
+	// unstarted leaves the bridge built but not started, for tests of Start itself or of a
+	// bridge changed before it starts; the cleanup stops it all the same.
 	unstarted bool
 }
 

@@ -42,6 +42,8 @@ type Ownership struct {
 	// for another, the session's locks guard nothing.
 	server string
 	held   map[int64]heldLock // what this session locked, by consumer id
+	// schedulers are the streams whose scheduler lock this session holds (HoldScheduler).
+	schedulers map[int64]bool
 	// plain is a session that does not count as a live replica (OpenCopyLocks).
 	plain bool
 	// confirmed is when (unix ns, on clock) the last statement that succeeded on conn was
@@ -180,6 +182,7 @@ func (o *Ownership) Reconnect(ctx context.Context) error {
 	o.conn, o.pid, o.started, o.server = conn, conn.PgConn().PID(), started, server
 	o.confirmed.Store(o.clock.Now().UnixNano())
 	clear(o.held)
+	clear(o.schedulers)
 	return nil
 }
 
@@ -233,6 +236,7 @@ func (o *Ownership) breakLocked() {
 	}
 	o.confirmed.Store(0)
 	clear(o.held)
+	clear(o.schedulers)
 }
 
 // ErrOwnershipLost says the ownership connection failed: every lock it held must be taken as
@@ -418,6 +422,7 @@ func (o *Ownership) Close() {
 	}
 	o.confirmed.Store(0)
 	clear(o.held)
+	clear(o.schedulers)
 }
 
 // SetOwner records owner as the server of the consumer with that id, whose lock owner's

@@ -11,23 +11,27 @@ import (
 // replicaLockKey and the numbered keys of migrations and stream administration.
 const schedulerLockBase int64 = 0x6a677363 << 32
 
-// sqlHoldScheduler takes a scheduler lock ($1) unless the session holds it already: a
-// session-level advisory lock counts each time it is taken, so it is taken once.
-const sqlHoldScheduler = `SELECT CASE WHEN EXISTS (
-		SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid() AND granted
-			AND objsubid = 1 AND classid = ($1::bigint >> 32)::oid AND objid = ($1::bigint & 4294967295)::oid)
-	THEN true ELSE pg_try_advisory_lock($1::bigint) END`
-
 // HoldScheduler reports whether this session holds the lock that makes its replica the one
 // that fires the message schedules of the stream streamID, taking it if no other session
 // holds it. Like the consumers' locks, it goes with the session: a replica that dies frees
-// it at once, and one whose session breaks must take it again before it fires.
+// it at once, and one whose session breaks must take it again before it fires. A lock the
+// session took is answered from memory: the scheduler asks every pass, and the ownership
+// loop confirms the session.
 func (o *Ownership) HoldScheduler(ctx context.Context, streamID int64) (bool, error) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
+	if o.conn != nil && o.schedulers[streamID] {
+		return true, nil
+	}
 	var ok bool
 	err := o.exec(ctx, func(ctx context.Context, c *pgx.Conn) error {
-		return c.QueryRow(ctx, sqlHoldScheduler, schedulerLockBase|streamID).Scan(&ok)
+		return c.QueryRow(ctx, `SELECT pg_try_advisory_lock($1::bigint)`, schedulerLockBase|streamID).Scan(&ok)
 	})
+	if ok && err == nil {
+		if o.schedulers == nil {
+			o.schedulers = make(map[int64]bool)
+		}
+		o.schedulers[streamID] = true
+	}
 	return ok, err
 }

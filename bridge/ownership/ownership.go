@@ -349,9 +349,13 @@ func (k *Keeper) ClaimFree(ctx context.Context) func(context.Context) {
 
 // HoldScheduler reports whether this replica is the one that fires the message schedules
 // of the stream streamID, taking that role if no replica has it (pg.Ownership's
-// HoldScheduler). It is false until the keeper is open.
+// HoldScheduler). It is false until the keeper is open, and while the session is not
+// confirmed within the fencing deadline, as consumers stop then.
 func (k *Keeper) HoldScheduler(ctx context.Context, streamID int64) (bool, error) {
 	if k.own == nil {
+		return false, nil
+	}
+	if last := k.own.Confirmed(); last.IsZero() || k.cfg.Clock.Now().Sub(last) > k.cfg.Lease/FencePerLease {
 		return false, nil
 	}
 	return k.own.HoldScheduler(ctx, streamID)

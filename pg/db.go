@@ -60,7 +60,8 @@ func Open(ctx context.Context, cfg Config) (*DB, error) {
 	}
 	db := &DB{cfg: cfg, log: cfg.Logger,
 		subjects: subjectIndexes{newStreamCache[*subjectIndex](SubjectIndexRows)},
-		lasts:    derivedLasts{newStreamCache[*streamLasts](DerivedSubjectsMax)}}
+		lasts:    derivedLasts{newStreamCache[*streamLasts](DerivedSubjectsMax)},
+		counts:   newSubjectCounts()}
 	pcfg.MaxConns = cfg.MaxConns
 	if _, ok := pcfg.ConnConfig.RuntimeParams["application_name"]; !ok {
 		pcfg.ConnConfig.RuntimeParams["application_name"] = applicationName

@@ -158,11 +158,9 @@ func (db *DB) forgetAll() {
 	for _, id := range db.subjects.ids() {
 		ids[id] = true
 	}
-	db.counts.mu.Lock()
-	for id := range db.counts.m {
+	for _, id := range db.counts.ids() {
 		ids[id] = true
 	}
-	db.counts.mu.Unlock()
 	for id := range ids {
 		db.forgetState(id)
 		db.counts.forget(id)

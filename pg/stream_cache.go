@@ -13,10 +13,13 @@ type cacheEntry interface{ cacheCost() int }
 // subject index, the lasts of derived messages), with the cost of all entries together
 // bounded. An append takes a stream's entry out while it decides and puts back what its
 // commit leaves: a stream has at most one flush in flight, and one that found its entry
-// taken goes the general way. An entry that would go past the bound is not kept, and
-// counted in dropped.
+// taken goes the general way. An entry that would go past the bound is not kept, or kept
+// smaller when the cache has a shrink, and counted in dropped.
 type streamCache[V cacheEntry] struct {
-	bound   int
+	bound int
+	// shrink, when set, makes an entry that would go past the bound smaller instead of
+	// leaving it out.
+	shrink  func(V) V
 	mu      sync.Mutex
 	m       map[int64]V
 	cost    int
@@ -51,7 +54,12 @@ func (c *streamCache[V]) put(id int64, v V) {
 	}
 	if c.cost+v.cacheCost() > c.bound {
 		c.dropped.Add(1)
-		return
+		if c.shrink == nil {
+			return
+		}
+		if v = c.shrink(v); c.cost+v.cacheCost() > c.bound {
+			return
+		}
 	}
 	if c.m == nil {
 		c.m = make(map[int64]V)

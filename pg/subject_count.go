@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
-	"sync/atomic"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -52,56 +50,31 @@ type subjectCount struct {
 }
 
 // subjectCounts holds each stream's last count. A count being extended is taken out and put
-// back, so that a set is only ever changed by the one that holds it.
-type subjectCounts struct {
-	mu      sync.Mutex
-	m       map[int64]*subjectCount
-	bytes   int
-	dropped atomic.Int64
+// back, so that a set is only ever changed by the one that holds it. A count whose set would
+// take the counts past SubjectCountBytes is kept without its set (countShrink).
+type subjectCounts struct{ streamCache[*subjectCount] }
+
+func newSubjectCounts() subjectCounts {
+	return subjectCounts{streamCache[*subjectCount]{bound: SubjectCountBytes, shrink: countShrink}}
 }
 
-// at returns the stream's count if it was made at pin.
-func (s *subjectCounts) at(id int64, pin statePin) (subjectCount, bool) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	c, ok := s.m[id]
-	if !ok || c.pin != pin {
-		return subjectCount{}, false
-	}
-	return *c, true
-}
+func (c *subjectCount) cacheCost() int { return c.cost }
 
-func (s *subjectCounts) take(id int64) *subjectCount {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	c, ok := s.m[id]
-	if !ok {
-		return nil
-	}
-	delete(s.m, id)
-	s.bytes -= c.cost
+// countShrink is what of a count subjectCounts keeps when its set does not fit: the count.
+func countShrink(c *subjectCount) *subjectCount {
+	c.set, c.cost = nil, 0
 	return c
 }
 
-// put keeps c as the stream's count, without its set if that would go past SubjectCountBytes.
-func (s *subjectCounts) put(id int64, c *subjectCount) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.m == nil {
-		s.m = make(map[int64]*subjectCount)
-	}
-	if old, ok := s.m[id]; ok {
-		s.bytes -= old.cost
-	}
-	if c.set != nil && s.bytes+c.cost > SubjectCountBytes {
-		c.set, c.cost = nil, 0
-		s.dropped.Add(1)
-	}
-	s.m[id] = c
-	s.bytes += c.cost
+// at returns the stream's count if it was made at pin.
+func (s *subjectCounts) at(id int64, pin statePin) (out subjectCount, ok bool) {
+	s.peek(id, func(c *subjectCount) {
+		if c.pin == pin {
+			out, ok = *c, true
+		}
+	})
+	return out, ok
 }
-
-func (s *subjectCounts) forget(id int64) { _ = s.take(id) }
 
 // indexed returns the number of subjects of the stream's subject index, if it has one at pin.
 func (s *subjectIndexes) indexed(id int64, pin statePin) (n int, ok bool) {

@@ -27,7 +27,7 @@ func TestAppendedTo(t *testing.T) {
 // A set that would take the remembered sets past SubjectCountBytes is not kept, and that
 // is counted; the count itself is.
 func TestSubjectCountBound(t *testing.T) {
-	var s subjectCounts
+	s := newSubjectCounts()
 	small := &subjectCount{n: 1, set: map[string]struct{}{"a": {}}, cost: 1 + subjectCost}
 	s.put(1, small)
 	big := &subjectCount{n: 2, set: map[string]struct{}{"b": {}, "c": {}}, cost: SubjectCountBytes}
@@ -41,7 +41,7 @@ func TestSubjectCountBound(t *testing.T) {
 	if c := s.take(1); c == nil || c.set == nil {
 		t.Fatalf("stream 1 kept %+v, want its set", c)
 	}
-	if s.bytes != 0 {
-		t.Fatalf("%d bytes counted with nothing kept", s.bytes)
+	if s.cost != 0 {
+		t.Fatalf("%d bytes counted with nothing kept", s.cost)
 	}
 }

@@ -285,7 +285,8 @@ func (cs *Engine) Start(ctx, parent context.Context) error {
 	}
 	cs.g.Go(cs.interestLoop)
 	cs.g.Go(func() { cs.ticker.Run(cs.ctx) })
-	cs.g.Go(func() { cs.keeper.Run(cs.ctx) })
+	run := cs.keeper.Run()
+	cs.g.Go(func() { run(cs.ctx) })
 	return nil
 }
 

@@ -231,11 +231,22 @@ func (k *Keeper) ReleaseLater(id int64) {
 // on the ownership session, bounded by a tenth of the lease, whose failure fences, and the
 // consumers it takes over are served off the loop: so it looks again well within the
 // fencing deadline, however slow the database is, and no other loop is needed.
-func (k *Keeper) Run(ctx context.Context) {
+//
+// Run returns the loop rather than running it: its period, and the first look for deleted
+// consumers a period away, count from the call, not from whenever the goroutine that runs
+// it gets going. The consumers served at that moment were just claimed from PostgreSQL.
+func (k *Keeper) Run() func(context.Context) {
 	clock, lease := k.cfg.Clock, k.cfg.Lease
 	t := clock.NewTicker(lease / ClaimsPerLease)
-	defer t.Stop()
-	var checked time.Time
+	checked := clock.Now()
+	return func(ctx context.Context) {
+		defer t.Stop()
+		k.run(ctx, t, checked)
+	}
+}
+
+func (k *Keeper) run(ctx context.Context, t clock.Ticker, checked time.Time) {
+	clock, lease := k.cfg.Clock, k.cfg.Lease
 	for {
 		check := false
 		select {

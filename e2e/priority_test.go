@@ -309,11 +309,22 @@ func TestPinnedConsumerAcrossReplicas(t *testing.T) {
 		}
 		t.Cleanup(cc.Stop)
 	}
+	// A publish that a route hands to the replica just killed is lost unanswered, so each
+	// waits 5 s and is sent again, as an application does, with a message id that keeps
+	// the retry from storing it twice.
 	publish := func(from, to int) {
 		t.Helper()
 		for i := from; i < to; i++ {
-			if _, err := jss[other].Publish(ctx, "pjobs.x", fmt.Appendf(nil, "job %d", i)); err != nil {
-				t.Fatal(err)
+			for {
+				pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+				_, err := jss[other].Publish(pctx, "pjobs.x", fmt.Appendf(nil, "job %d", i), jetstream.WithMsgID(fmt.Sprintf("job-%d", i)))
+				cancel()
+				if err == nil {
+					break
+				}
+				if ctx.Err() != nil {
+					t.Fatalf("publishing job %d: %v", i, err)
+				}
 			}
 		}
 	}

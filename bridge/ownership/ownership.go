@@ -130,6 +130,8 @@ type Keeper struct {
 	warnSession, warnUnserved, warnClock warnlog.Throttle
 
 	fencings prometheus.Counter
+	// overdueClaims counts consumers taken by looks that may go past this replica's share.
+	overdueClaims prometheus.Counter
 	// offset is the clock offset the loop last saw measured, in ns, for the gauge.
 	offset atomic.Int64
 	// leftSince is when ClaimFree first left free consumers it did not take, zero while
@@ -153,13 +155,15 @@ func New(cfg Config) (*Keeper, error) {
 		kick: make(chan struct{}, 1),
 		fencings: prometheus.NewCounter(prometheus.CounterOpts{Name: "jetgres_consumer_fencings_total",
 			Help: "Times this replica could not confirm its ownership session and stopped serving every consumer."}),
+		overdueClaims: prometheus.NewCounter(prometheus.CounterOpts{Name: "jetgres_consumer_overdue_claims_total",
+			Help: "Consumers this replica took after free ones had waited a fencing deadline, when it may take one beyond its share: another replica is slow to take its own."}),
 	}
 	offset := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "jetgres_clock_offset_seconds",
 		Help: "How far PostgreSQL's clock is ahead of this replica's (negative: behind), as the ownership session last measured it. " +
 			"Forwarded requests and message times are taken on PostgreSQL's clock; beyond 5 s the replica warns in its log."},
 		func() float64 { return time.Duration(k.offset.Load()).Seconds() })
 	if cfg.Registerer != nil {
-		cfg.Registerer.MustRegister(k.fencings, offset)
+		cfg.Registerer.MustRegister(k.fencings, k.overdueClaims, offset)
 	}
 	return k, nil
 }
@@ -343,6 +347,9 @@ func (k *Keeper) ClaimFree(ctx context.Context) func(context.Context) {
 	}
 	if len(keys) == 0 {
 		return nil
+	}
+	if overdue {
+		k.overdueClaims.Add(float64(len(keys)))
 	}
 	return func(ctx context.Context) {
 		for _, key := range keys {

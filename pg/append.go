@@ -380,6 +380,8 @@ func (db *DB) appendTx(ctx context.Context, q querier, batches []AppendBatch, ts
 			}
 			if m.NoInterest {
 				h.skip(st.lastSeq)
+				// nats-server purges for a message it does not store too.
+				h.purge(m.Purge)
 				continue
 			}
 			msg := Message{Seq: st.lastSeq, TS: st.lastTS, Subject: m.Subject, Header: hdr, Data: data, cumBefore: st.cumBytes}

@@ -2,6 +2,7 @@ package pg_test
 
 import (
 	"errors"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -77,7 +78,8 @@ func TestAppendPurgeIsOneStep(t *testing.T) {
 }
 
 // PurgeCheck decides from the purged subject's last live message, as committed or as the
-// batch left it, and its error refuses the message, which then purges nothing.
+// batch left it, and its error refuses the message, which then purges nothing; a message
+// taken without interest purges too.
 func TestAppendPurgeCheck(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
@@ -124,17 +126,22 @@ func TestAppendPurgeCheck(t *testing.T) {
 			t.Fatalf("message %d: %v", i, oc.Err)
 		}
 	}
-	if want := []string{"plain", "schedule", "none"}; len(saw) != 3 || saw[0] != want[0] || saw[1] != want[1] || saw[2] != want[2] {
-		t.Fatalf("the check saw %v, want %v", saw, want)
+	// A message no consumer wants is not stored, and purges all the same, as nats-server's.
+	batch(pg.AppendMsg{Subject: "c.s", Data: []byte("schedule")})
+	if o := batch(pg.AppendMsg{Subject: "c.purge", Purge: "c.s", PurgeCheck: check, NoInterest: true}); o[0].Err != nil || o[0].Seq != 6 {
+		t.Fatalf("a purge without interest: %+v", o)
 	}
 	if _, err := db.LastBySubject(ctx, st.ID, "c.s"); !errors.Is(err, pg.ErrNotFound) {
-		t.Fatalf("c.s after the purge: %v", err)
+		t.Fatalf("c.s after a purge without interest: %v", err)
+	}
+	if want := []string{"plain", "schedule", "none", "schedule"}; !slices.Equal(saw, want) {
+		t.Fatalf("the check saw %v, want %v", saw, want)
 	}
 	state, err := db.State(ctx, st.ID)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if state.Msgs != 2 || state.LastSeq != 4 {
-		t.Fatalf("state %+v, want the two purges alone, through sequence 4", state)
+	if state.Msgs != 2 || state.LastSeq != 6 {
+		t.Fatalf("state %+v, want the two stored purges alone, through sequence 6", state)
 	}
 }

@@ -122,7 +122,7 @@ func oneShot(t *testing.T, db *pg.DB, s *testStream, subject, target string, at 
 }
 
 // start runs a scheduler on store and host until the test ends.
-func start(t *testing.T, store schedule.Store, host *testHost, clk *clocktest.Fake, lane *flow.Lane) {
+func start(t *testing.T, store schedule.Store, host *testHost, clk *clocktest.Fake, lane *flow.Lane) *schedule.Scheduler[*testStream] {
 	t.Helper()
 	if lane == nil {
 		lane = flow.NewFixed("append", 4)
@@ -135,6 +135,7 @@ func start(t *testing.T, store schedule.Store, host *testHost, clk *clocktest.Fa
 		t.Fatal(err)
 	}
 	t.Cleanup(sc.Stop)
+	return sc
 }
 
 // ticking waits for cond, moving the clock a scheduler period on before each look.
@@ -235,6 +236,54 @@ func TestOneShotFiresOnceAndPurgesInItsAppend(t *testing.T) {
 	}
 	if n := seam.Load(); n != 0 {
 		t.Fatalf("%d appends returned with the schedule still stored", n)
+	}
+}
+
+// The replica that fires a one-shot dies the moment its transaction commits, before it
+// hears the answer: the schedule is gone with the commit, and the replica that takes over
+// fires nothing more.
+func TestOneShotFiredByAReplicaThatDies(t *testing.T) {
+	t.Parallel()
+	url := pgtest.NewDB(t)
+	db := pgtest.OpenAt(t, url)
+	proxy := pgtest.NewProxy(t, url)
+	viaProxy := pgtest.OpenAt(t, proxy.URL())
+	clk := clocktest.At(time.Now().Truncate(time.Second))
+	s := newStream(t, db, "DIES")
+	oneShot(t, db, s, "s.sched", "s.out", clk.Now().Add(time.Second), []byte("once"))
+	// The fire's commit is the pipeline that writes the schedule's tombstone.
+	cut := proxy.Arm(pgtest.CutAnswer, func(sql string) bool { return strings.Contains(sql, "INSERT INTO jetgres.deleted") })
+	dying := &testHost{db: viaProxy}
+	dying.setStreams(s)
+	sc := start(t, viaProxy, dying, clk, nil)
+	ticking(t, clk, func() error {
+		select {
+		case <-cut:
+			return nil
+		default:
+			return errors.New("the fire has not committed")
+		}
+	})
+	sc.Stop()
+	if out, sched := count(t, db, s, "s.out"), count(t, db, s, "s.sched"); out != 1 || sched != 0 {
+		t.Fatalf("once the dying replica's fire committed: %d produced, %d schedules stored; want 1 and 0", out, sched)
+	}
+
+	var passes atomic.Int32
+	next := &testHost{db: db, hold: func(context.Context, int64) (bool, error) { passes.Add(1); return true, nil }}
+	next.setStreams(s)
+	start(t, db, next, clk, nil)
+	ticking(t, clk, func() error {
+		if n := passes.Load(); n < 8 {
+			return fmt.Errorf("%d passes of the replica that took over", n)
+		}
+		return nil
+	})
+	if n := next.stored.Load(); n != 0 {
+		t.Fatalf("the replica that took over fired %d more", n)
+	}
+	if n := count(t, db, s, "s.out"); n != 1 {
+		t.Fatalf("%d produced, want 1", n)
 	}
 }
 

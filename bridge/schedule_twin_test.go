@@ -184,3 +184,28 @@ func TestScheduleReplacedTwin(t *testing.T) {
 		}
 	}
 }
+
+// A client's Nats-Schedule-Next: purge is checked against its Nats-Scheduler subject's last
+// message as nats-server 2.15 checks it: refused (10212) when that is no schedule, stored
+// when the subject holds none or a schedule, which it then purges; the same PubAck bytes on
+// both sides.
+func TestSchedulePurgeCheckedTwin(t *testing.T) {
+	t.Parallel()
+	tw := newTwin(t)
+	tw.createStream(jetstream.StreamConfig{Name: "SQ", Subjects: []string{"sq.>"}, AllowMsgSchedules: true})
+	in := time.Now().Add(time.Hour).UTC().Format(time.RFC3339)
+	purge := func(scheduler string) *nats.Msg {
+		return &nats.Msg{Subject: "sq.p", Header: nats.Header{"Nats-Schedule-Next": {"purge"}, "Nats-Scheduler": {scheduler}}}
+	}
+	tw.pubRaw("plain", &nats.Msg{Subject: "sq.plain", Data: []byte("plain")})
+	tw.pubRaw("schedule", &nats.Msg{Subject: "sq.s", Header: nats.Header{"Nats-Schedule": {"@at " + in}, "Nats-Schedule-Target": {"sq.t"}}})
+	if got := tw.pubRaw("purge of a plain message", purge("sq.plain")); !bytes.Contains(got, []byte("10212")) {
+		t.Fatalf("purge of a plain message answered %s, want error 10212", got)
+	}
+	tw.pubRaw("purge of a subject without messages", purge("sq.none"))
+	tw.pubRaw("purge of a schedule", purge("sq.s"))
+	tw.pubRaw("purge of a purged schedule", purge("sq.s"))
+	tw.compareAll("purges published")
+	// sq.plain and the three purges are left: the schedule went with the first of its.
+	tw.settle("SQ", func(st jetstream.StreamState) bool { return st.Msgs == 4 })
+}

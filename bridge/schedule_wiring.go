@@ -2,6 +2,7 @@ package bridge
 
 import (
 	"context"
+	"time"
 
 	"github.com/jetgres/jetgres/bridge/schedule"
 	"github.com/jetgres/jetgres/bridge/stream"
@@ -9,16 +10,17 @@ import (
 )
 
 // scheduleHost is what the scheduler (bridge/schedule) asks of the bridge: the streams,
-// the scheduler locks of the consumers' ownership session, and appends and purges that
-// the streams' readers hear of.
+// the scheduler locks of the consumers' ownership session, and appends that the streams'
+// readers hear of.
 type scheduleHost struct{ b *Bridge }
 
 var _ schedule.Host[*stream.Stream] = scheduleHost{}
 
-// newScheduler builds the bridge's scheduler.
+// newScheduler builds the bridge's scheduler, whose appends take permits of the publishes'
+// lane.
 func newScheduler(b *Bridge) (*schedule.Scheduler[*stream.Stream], error) {
 	return schedule.New(schedule.Config[*stream.Stream]{
-		Store: b.db, Host: scheduleHost{b}, Clock: b.clock, Logger: b.log, Registerer: b.cfg.Registerer,
+		Store: b.db, Host: scheduleHost{b}, Append: b.cfg.Append, Clock: b.clock, Logger: b.log, Registerer: b.cfg.Registerer,
 	})
 }
 
@@ -28,34 +30,22 @@ func (h scheduleHost) Hold(ctx context.Context, streamID int64) (bool, error) {
 	return h.b.cons.HoldScheduler(ctx, streamID)
 }
 
-// Append stores a produced message as the retention's delete markers are stored: through
-// the stream's append, in a transaction of its own, announced once committed.
-func (h scheduleHost) Append(ctx context.Context, s *stream.Stream, subject string, hdr, data []byte) (uint64, error) {
-	cfg := s.ConfigView()
-	bt := pg.AppendBatch{StreamID: s.ID(), ChunkRows: s.ChunkRows(), Limits: stream.Limits(cfg),
-		Msgs: []pg.AppendMsg{stream.Produced(cfg, subject, hdr, data)}}
-	res, _, err := h.b.db.Append(ctx, []pg.AppendBatch{bt}, h.b.clock.Now().UnixNano())
-	var seq uint64
-	for _, r := range res {
-		if r.Gone {
-			return 0, pg.ErrNotFound
-		}
-		s.Commit(ctx, r)
-		for _, o := range r.Outcomes {
-			if o.Err != nil && err == nil {
-				err = o.Err
-			}
-			seq = o.Seq
-		}
-	}
-	return seq, err
+func (h scheduleHost) Release(ctx context.Context, streamID int64) error {
+	return h.b.cons.ReleaseScheduler(ctx, streamID)
 }
 
-func (h scheduleHost) Purge(ctx context.Context, s *stream.Stream, subject string, upTo uint64) (bool, error) {
-	n, err := h.b.db.Purge(ctx, s.ID(), pg.PurgeParams{Filter: subject, UpTo: upTo})
-	if err != nil || n == 0 {
-		return false, err
+// Append stores a produced message as the retention's delete markers are stored: through
+// the stream's append, in a transaction of its own, announced once committed.
+func (h scheduleHost) Append(ctx context.Context, s *stream.Stream, m pg.AppendMsg) (pg.Outcome, time.Duration, error) {
+	cfg := s.ConfigView()
+	bt := pg.AppendBatch{StreamID: s.ID(), ChunkRows: s.ChunkRows(), Limits: stream.Limits(cfg), Msgs: []pg.AppendMsg{m}}
+	res, rtt, err := h.b.db.Append(ctx, []pg.AppendBatch{bt}, h.b.clock.Now().UnixNano())
+	if len(res) == 0 {
+		return pg.Outcome{}, rtt, err
 	}
-	s.Purge(ctx, stream.Purged{Request: true, Subject: subject})
-	return true, nil
+	if res[0].Gone {
+		return pg.Outcome{Err: pg.ErrNotFound}, rtt, err
+	}
+	s.Commit(ctx, res[0])
+	return res[0].Outcomes[0], rtt, err
 }

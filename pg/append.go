@@ -47,6 +47,10 @@ type AppendMsg struct {
 	// Derive, when set, makes the header and data stored in place of Header and Data, under
 	// the stream's row lock, from the last live message of the subject (append_derive.go).
 	Derive DeriveFunc
+	// Purge, when set, removes every message of that other subject as the message is stored,
+	// in its transaction; PurgeCheck may first refuse it (append_purge.go).
+	Purge      string
+	PurgeCheck PurgeCheckFunc
 }
 
 // chunkRows is the batch's chunk size with the default applied.
@@ -335,6 +339,12 @@ func (db *DB) appendTx(ctx context.Context, q querier, batches []AppendBatch, ts
 				r.Outcomes[j] = Outcome{Err: e}
 				continue
 			}
+			if refused, err := db.checkPurge(ctx, q, bt.StreamID, st, r.Stored, h, m); err != nil {
+				return nil, err
+			} else if refused != nil {
+				r.Outcomes[j] = Outcome{Err: refused}
+				continue
+			}
 			hdr, data, refused, err := derive(ctx, q, m, reads[i].last, h)
 			if err != nil {
 				return nil, err
@@ -370,6 +380,8 @@ func (db *DB) appendTx(ctx context.Context, q querier, batches []AppendBatch, ts
 			}
 			if m.NoInterest {
 				h.skip(st.lastSeq)
+				// nats-server purges for a message it does not store too.
+				h.purge(m.Purge)
 				continue
 			}
 			msg := Message{Seq: st.lastSeq, TS: st.lastTS, Subject: m.Subject, Header: hdr, Data: data, cumBefore: st.cumBytes}
@@ -381,6 +393,7 @@ func (db *DB) appendTx(ctx context.Context, q querier, batches []AppendBatch, ts
 			r.Stored = append(r.Stored, msg)
 			h.store(msg.Seq, m.Subject, size)
 			h.rollup(m.Rollup, msg.Seq, m.Subject)
+			h.purge(m.Purge)
 			ttls.add(msg, m.TTL)
 		}
 		if bt.Atomic {
@@ -611,18 +624,19 @@ func readBatchReads(br pgx.BatchResults, skip int, batches []AppendBatch, reads 
 	return states, nil
 }
 
-// rollsUpSubject reports whether a message of the batch rolls up its subject, which needs
-// the live rows of the batch's subjects.
+// rollsUpSubject reports whether a message of the batch rolls up its subject or purges
+// another, which needs all the live rows of the batch's subjects.
 func rollsUpSubject(b AppendBatch) bool {
 	for i := range b.Msgs {
-		if b.Msgs[i].Rollup == RollupSubject {
+		if b.Msgs[i].Rollup == RollupSubject || b.Msgs[i].Purge != "" {
 			return true
 		}
 	}
 	return false
 }
 
-// batchSubjects lists the distinct subjects of the messages a batch may store.
+// batchSubjects lists the distinct subjects of the messages a batch may store, and of those
+// they purge.
 func batchSubjects(b AppendBatch) []string {
 	seen := make(map[string]bool)
 	var out []string
@@ -630,6 +644,10 @@ func batchSubjects(b AppendBatch) []string {
 		if !m.NoInterest && !seen[m.Subject] {
 			seen[m.Subject] = true
 			out = append(out, m.Subject)
+		}
+		if m.Purge != "" && !seen[m.Purge] {
+			seen[m.Purge] = true
+			out = append(out, m.Purge)
 		}
 	}
 	return out

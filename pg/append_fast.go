@@ -111,7 +111,7 @@ func fastShape(bt AppendBatch, st tailState, derived bool) bool {
 	}
 	for i := range bt.Msgs {
 		m := &bt.Msgs[i]
-		if m.MsgID != "" || m.NoInterest || (m.Derive != nil && !derived) || m.ExpectLastSeq != nil || m.ExpectLastSubjSeq != nil || m.ExpectLastMsgID != "" || m.Rollup != RollupNone || m.TTL != 0 {
+		if m.MsgID != "" || m.NoInterest || (m.Derive != nil && !derived) || m.ExpectLastSeq != nil || m.ExpectLastSubjSeq != nil || m.ExpectLastMsgID != "" || m.Rollup != RollupNone || m.TTL != 0 || m.Purge != "" {
 			return false
 		}
 	}

@@ -35,3 +35,15 @@ func (o *Ownership) HoldScheduler(ctx context.Context, streamID int64) (bool, er
 	}
 	return ok, err
 }
+
+// ReleaseScheduler gives up the scheduler lock of the stream streamID if this session holds
+// it, for a stream deleted while its replica fired its schedules: a session-level lock
+// outlives the stream, and would stay taken until the session ends.
+func (o *Ownership) ReleaseScheduler(ctx context.Context, streamID int64) error {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.exec(ctx, func(ctx context.Context, c *pgx.Conn) error {
+		_, err := c.Exec(ctx, `SELECT pg_advisory_unlock($1::bigint)`, schedulerLockBase|streamID)
+		return err
+	})
+}

@@ -405,3 +405,8 @@ func (cs *Engine) HighWater(ctx context.Context, s *stream.Stream) (uint64, erro
 func (cs *Engine) HoldScheduler(ctx context.Context, streamID int64) (bool, error) {
 	return cs.keeper.HoldScheduler(ctx, streamID)
 }
+
+// ReleaseScheduler gives up the role HoldScheduler took for a stream that was deleted.
+func (cs *Engine) ReleaseScheduler(ctx context.Context, streamID int64) error {
+	return cs.keeper.ReleaseScheduler(ctx, streamID)
+}

@@ -378,3 +378,12 @@ func (k *Keeper) HoldScheduler(ctx context.Context, streamID int64) (bool, error
 	}
 	return k.own.HoldScheduler(ctx, streamID)
 }
+
+// ReleaseScheduler gives up the role HoldScheduler took for a stream that was deleted
+// (pg.Ownership's ReleaseScheduler).
+func (k *Keeper) ReleaseScheduler(ctx context.Context, streamID int64) error {
+	if k.own == nil {
+		return nil
+	}
+	return k.own.ReleaseScheduler(ctx, streamID)
+}

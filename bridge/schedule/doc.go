@@ -9,8 +9,9 @@
 // subject), Nats-Schedule-Next (the next time it fires, or "purge" for one that does not
 // repeat), Nats-TTL from Nats-Schedule-TTL and Nats-Rollup from Nats-Schedule-Rollup are
 // added. A message that says "Nats-Schedule-Next: purge" purges its Nats-Scheduler's
-// subject below it: the one-shot schedule goes once it fired, and a client may remove a
-// schedule so too.
+// subject as it is stored, in its own transaction (stream.Produced, and a client's purge,
+// which nats-server refuses unless that subject's last message is a schedule): the
+// one-shot schedule goes as it fires, and a client may remove a schedule so too.
 //
 // # Which replica, and what it remembers
 //
@@ -24,12 +25,18 @@
 // fired (a restart) fires once, at once, as in nats-server.
 //
 // A produced message is appended as the stream's other messages are (one transaction,
-// announced to its consumers once committed), and the replica takes it in at once, as it
-// takes what it reads: a repeating schedule moves on to its next time, a one-shot goes.
-// Between the append of a one-shot's message and the purge of its schedule, a replica that
-// dies leaves the schedule to its successor, which purges it when it reads that message.
-// A replica whose session broke while it appended may see that append commit after another
-// replica took the stream over: only then may one time fire twice.
+// under a permit of the publishes' append lane, announced to its consumers once
+// committed), and the replica takes it in at once, as it takes what it reads: a repeating
+// schedule moves on to its next time, a one-shot goes. The append expects the schedule to
+// be the last message of its subject still, and a one-shot's purges it in the same
+// transaction: no crash leaves a one-shot fired with its schedule stored, and of two
+// replicas that fire it (one whose session broke as it appended, and the one that took
+// the stream over), the second to commit stores nothing. A repeating schedule stays the
+// last message of its subject, so one of its times may still fire twice so.
+//
+// The scan reads subjects and headers only (pg.DB.ReadHeaders); a schedule's data, or its
+// source's, is read when it fires. A replica gives up the scheduler lock of a stream that
+// is deleted.
 //
 // # Goroutine and locks
 //

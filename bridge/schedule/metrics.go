@@ -21,7 +21,7 @@ func newMetrics(reg prometheus.Registerer) metrics {
 		}),
 		failures: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "jetgres_schedule_failures_total",
-			Help: "Scheduler passes over a stream that failed to read it, fire or purge (tried again the next pass).",
+			Help: "Scheduler passes over a stream that failed to read it or fire (tried again the next pass).",
 		}),
 	}
 	if reg != nil {

@@ -15,8 +15,10 @@ import (
 
 	"github.com/jetgres/jetgres/bridge/schedule/pattern"
 	"github.com/jetgres/jetgres/bridge/stream"
+	"github.com/jetgres/jetgres/flow"
 	"github.com/jetgres/jetgres/internal/clock"
 	"github.com/jetgres/jetgres/internal/jswire"
+	"github.com/jetgres/jetgres/internal/permit"
 	"github.com/jetgres/jetgres/internal/startstop"
 	"github.com/jetgres/jetgres/internal/warnlog"
 	"github.com/jetgres/jetgres/pg"
@@ -26,7 +28,7 @@ import (
 // scheduler never fires sooner than 250 ms after its last run either.
 const PeriodDefault = 250 * time.Millisecond
 
-// scanBatch bounds the messages one read of a stream brings.
+// scanBatch bounds the sequences one read of a stream looks through.
 const scanBatch = 1000
 
 // Stream is what the scheduler needs of a stream.
@@ -39,7 +41,10 @@ type Stream interface {
 // Store is what the scheduler reads; *pg.DB satisfies it.
 type Store interface {
 	HighWater(ctx context.Context, ids []int64) (map[int64]uint64, error)
-	ReadFiltered(ctx context.Context, p pg.ReadParams, filters []string) ([]pg.Message, uint64, time.Duration, error)
+	// ReadHeaders reads messages without their data: the scan decides from subjects and
+	// headers alone, and only a schedule that fires needs its data.
+	ReadHeaders(ctx context.Context, p pg.ReadParams) ([]pg.Message, uint64, error)
+	GetMessage(ctx context.Context, streamID int64, seq uint64) (*pg.Message, error)
 	LastBySubject(ctx context.Context, streamID int64, filter string) (*pg.Message, error)
 	// ClockOffset is how far PostgreSQL's clock, which stamps messages, is ahead of the
 	// replica's.
@@ -53,19 +58,23 @@ type Host[S Stream] interface {
 	// Hold reports whether this replica fires the schedules of the stream streamID,
 	// taking that role if no replica has it.
 	Hold(ctx context.Context, streamID int64) (bool, error)
-	// Append stores a produced message in s as the stream stores a publish, with its
-	// Nats-TTL and Nats-Rollup, announces it, and returns its sequence.
-	Append(ctx context.Context, s S, subject string, hdr, data []byte) (uint64, error)
-	// Purge removes the messages of subject in s below sequence upTo, announces it when it
-	// removed any, and reports whether it did.
-	Purge(ctx context.Context, s S, subject string, upTo uint64) (bool, error)
+	// Release gives the role up for a stream this process no longer serves: deleted, its
+	// lock would stay taken until the session ends.
+	Release(ctx context.Context, streamID int64) error
+	// Append stores m, a produced message (stream.Produced), in s in one transaction of its
+	// own as the stream stores a publish, and announces it: the outcome is m's, and err and
+	// rtt the transaction's, for the append lane's limiter.
+	Append(ctx context.Context, s S, m pg.AppendMsg) (o pg.Outcome, rtt time.Duration, err error)
 }
 
-// Config configures a Scheduler. Store, Host and Clock are required.
+// Config configures a Scheduler. Store, Host, Append and Clock are required.
 type Config[S Stream] struct {
 	Store Store
 	Host  Host[S]
-	Clock clock.Clock
+	// Append is the lane whose permits the appends of produced messages take, as the
+	// flushes of publishes do: they load the same database.
+	Append *flow.Lane
+	Clock  clock.Clock
 	// Logger receives the scheduler's records. Defaults to discarding them.
 	Logger *slog.Logger
 	// Period is how often it looks for schedules due. Defaults to PeriodDefault.
@@ -89,7 +98,6 @@ type Scheduler[S Stream] struct {
 type streamState struct {
 	scanned uint64            // the sequence through which its messages were read
 	sched   map[string]*entry // by the schedule's subject
-	purges  []purge
 }
 
 // entry is one schedule: the message that holds it and when it fires next.
@@ -98,16 +106,10 @@ type entry struct {
 	due time.Time
 }
 
-// purge is a message's "Nats-Schedule-Next: purge": the messages of subject below upTo go.
-type purge struct {
-	subject string
-	upTo    uint64
-}
-
 // New builds a Scheduler; Start runs it.
 func New[S Stream](cfg Config[S]) (*Scheduler[S], error) {
-	if cfg.Store == nil || cfg.Host == nil || cfg.Clock == nil {
-		return nil, errors.New("schedule: Config.Store, Host and Clock are required")
+	if cfg.Store == nil || cfg.Host == nil || cfg.Append == nil || cfg.Clock == nil {
+		return nil, errors.New("schedule: Config.Store, Host, Append and Clock are required")
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
@@ -146,7 +148,8 @@ func (sc *Scheduler[S]) run(ctx context.Context) {
 
 // pass looks at every stream that allows schedules: it takes or confirms the stream's
 // lock, reads what was committed since the last pass (the high-water marks of all of them
-// in one statement), fires what is due, and purges what asks to be.
+// in one statement), and fires what is due. It gives up the locks of the streams that are
+// gone.
 func (sc *Scheduler[S]) pass(ctx context.Context) {
 	var held []S
 	var ids []int64
@@ -169,9 +172,14 @@ func (sc *Scheduler[S]) pass(ctx context.Context) {
 		held, ids = append(held, s), append(ids, id)
 	}
 	for id := range sc.streams {
-		if !seen[id] {
-			delete(sc.streams, id)
+		if seen[id] {
+			continue
 		}
+		if err := sc.cfg.Host.Release(ctx, id); err != nil && ctx.Err() == nil {
+			// Its session is broken, and the lock went with it.
+			sc.warn.Warn(sc.cfg.Logger, sc.cfg.Clock.Now(), "giving up the scheduler lock of a deleted stream failed", "stream", id, "err", err)
+		}
+		delete(sc.streams, id)
 	}
 	if len(held) == 0 {
 		return
@@ -197,14 +205,13 @@ func (sc *Scheduler[S]) pass(ctx context.Context) {
 			continue
 		}
 		sc.fire(ctx, s, st)
-		sc.purge(ctx, s, st)
 	}
 }
 
 // scan reads what s committed since the last pass, through its high-water mark hw.
 func (sc *Scheduler[S]) scan(ctx context.Context, s S, st *streamState, hw uint64) error {
 	for st.scanned < hw {
-		msgs, through, _, err := sc.cfg.Store.ReadFiltered(ctx, pg.ReadParams{StreamID: s.ID(), From: st.scanned + 1, UpTo: hw, MaxMsgs: scanBatch}, nil)
+		msgs, through, err := sc.cfg.Store.ReadHeaders(ctx, pg.ReadParams{StreamID: s.ID(), From: st.scanned + 1, UpTo: hw, MaxMsgs: scanBatch})
 		if err != nil {
 			return err
 		}
@@ -240,9 +247,10 @@ func (sc *Scheduler[S]) apply(st *streamState, m *pg.Message, off time.Duration)
 	next := jswire.HeaderValue(m.Header, server.JSScheduleNext)
 	e := st.sched[scheduler]
 	if next == server.JSScheduleNextPurge {
-		st.purges = append(st.purges, purge{subject: scheduler, upTo: m.Seq})
+		// The message's append purged the schedule (stream.Produced, and a client's purge).
 		if e != nil && e.seq < m.Seq {
 			delete(st.sched, scheduler)
+			sc.m.purged.Inc()
 		}
 		return
 	}
@@ -262,25 +270,6 @@ func (sc *Scheduler[S]) next(p string, hdr []byte, ts int64) (time.Time, bool) {
 	return due, ok
 }
 
-// purge carries out the purges read.
-func (sc *Scheduler[S]) purge(ctx context.Context, s S, st *streamState) {
-	for len(st.purges) > 0 {
-		p := st.purges[0]
-		removed, err := sc.cfg.Host.Purge(ctx, s, p.subject, p.upTo)
-		if err != nil {
-			sc.m.failures.Inc()
-			if ctx.Err() == nil {
-				sc.warn.Warn(sc.cfg.Logger, sc.cfg.Clock.Now(), "purging a message schedule failed", "stream", s.Name(), "subject", p.subject, "err", err)
-			}
-			return
-		}
-		st.purges = st.purges[1:]
-		if removed {
-			sc.m.purged.Inc()
-		}
-	}
-}
-
 // fire produces the message of every schedule due, in the order of the schedules'
 // sequences, as nats-server does.
 func (sc *Scheduler[S]) fire(ctx context.Context, s S, st *streamState) {
@@ -291,17 +280,17 @@ func (sc *Scheduler[S]) fire(ctx context.Context, s S, st *streamState) {
 		if now.Before(e.due) {
 			continue
 		}
-		msgs, _, _, err := sc.cfg.Store.ReadFiltered(ctx, pg.ReadParams{StreamID: s.ID(), From: e.seq, UpTo: e.seq, MaxMsgs: 1}, nil)
-		if err != nil {
-			sc.failed(ctx, s, subj, err)
-			return
-		}
-		if len(msgs) == 0 || msgs[0].Seq != e.seq {
+		m, err := sc.cfg.Store.GetMessage(ctx, s.ID(), e.seq)
+		if errors.Is(err, pg.ErrNotFound) {
 			// Deleted or purged since it was read.
 			delete(st.sched, subj)
 			continue
 		}
-		target, hdr, data, ok, err := sc.produce(ctx, s, &msgs[0], e.due, now)
+		if err != nil {
+			sc.failed(ctx, s, subj, err)
+			return
+		}
+		target, hdr, data, ok, err := sc.produce(ctx, s, m, e.due, now)
 		if err != nil {
 			sc.failed(ctx, s, subj, err)
 			return
@@ -310,16 +299,38 @@ func (sc *Scheduler[S]) fire(ctx context.Context, s S, st *streamState) {
 			delete(st.sched, subj)
 			continue
 		}
-		seq, err := sc.cfg.Host.Append(ctx, s, target, hdr, data)
+		o, err := sc.append(ctx, s, stream.Produced(s.ConfigView(), subj, e.seq, target, hdr, data))
 		if err != nil {
 			sc.failed(ctx, s, subj, err)
+			return
+		}
+		var gone *pg.ExpectError
+		if errors.As(o.Err, &gone) {
+			// Its schedule is no longer the last message of its subject: replaced, ended or
+			// purged since it was read, or fired by a replica that held the stream before.
+			delete(st.sched, subj)
+			continue
+		}
+		if o.Err != nil {
+			sc.failed(ctx, s, subj, o.Err)
 			return
 		}
 		sc.m.fired.Inc()
 		// Taken in at once, as the scan will take it again: a produced message that limits
 		// remove before the scan reads it must not leave its schedule due.
-		sc.apply(st, &pg.Message{Seq: seq, Subject: target, Header: hdr}, 0)
+		sc.apply(st, &pg.Message{Seq: o.Seq, Subject: target, Header: hdr}, 0)
 	}
+}
+
+// append stores a produced message under a permit of the append lane.
+func (sc *Scheduler[S]) append(ctx context.Context, s S, m pg.AppendMsg) (pg.Outcome, error) {
+	p, err := sc.cfg.Append.Acquire(ctx)
+	if err != nil {
+		return pg.Outcome{}, err
+	}
+	o, rtt, err := sc.cfg.Host.Append(ctx, s, m)
+	permit.Return(p, rtt, err)
+	return o, err
 }
 
 func (sc *Scheduler[S]) failed(ctx context.Context, s S, subject string, err error) {

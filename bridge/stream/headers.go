@@ -36,7 +36,8 @@ func checkHeaders(cfg *server.StreamConfig, subject string, hdr []byte, dataLen 
 		return e
 	}
 	if next := jswire.HeaderValue(hdr, server.JSScheduleNext); next != "" {
-		// A client's Nats-Schedule-Next may only purge a schedule (bridge/schedule does).
+		// A client's Nats-Schedule-Next may only purge a schedule, which its append does
+		// (schedulePurge).
 		scheduler := jswire.HeaderValue(hdr, server.JSScheduler)
 		if next != server.JSScheduleNextPurge || scheduler == "" || scheduler == subject || !server.IsValidPublishSubject(scheduler) {
 			return server.NewJSMessageSchedulesSchedulerInvalidError()

@@ -178,6 +178,7 @@ func parseMsg(cfg *server.StreamConfig, hdr []byte, m *pg.AppendMsg) *server.Api
 	if e := checkHeaders(cfg, m.Subject, hdr, len(m.Data)); e != nil {
 		return e
 	}
+	schedulePurge(hdr, m)
 	if cfg.AllowMsgSchedules && jswire.HeaderValue(hdr, server.JSSchedulePattern) != "" && jswire.HeaderValue(hdr, server.JSMsgRollup) == "" {
 		// A schedule replaces the subject's one before, as nats-server stores it.
 		hdr = jswire.AppendHeaders(hdr, server.JSMsgRollup, server.JSMsgRollupSubject)

@@ -75,16 +75,43 @@ func ValidTTL(v string) bool {
 	return ok
 }
 
-// Produced is the append of a message a schedule produced (bridge/schedule): stored as
-// nats-server stores it, as a message whose schedule headers its schedule vouched for, with
-// its Nats-TTL and Nats-Rollup applied.
-func Produced(cfg *server.StreamConfig, subject string, hdr, data []byte) pg.AppendMsg {
-	m := pg.AppendMsg{Subject: subject, Header: hdr, Data: data}
+// Produced is the append of a message that the schedule stored at seq on the subject
+// schedule produced (bridge/schedule): stored as nats-server stores it, as a message whose
+// schedule headers its schedule vouched for, with its Nats-TTL and Nats-Rollup applied.
+// It is stored only while the schedule is still the last message of its subject, so that a
+// time fires once whichever replica fires it, even one whose session broke as it appended;
+// and a one-shot's (Nats-Schedule-Next: purge) purges the schedule in its own transaction.
+func Produced(cfg *server.StreamConfig, schedule string, seq uint64, subject string, hdr, data []byte) pg.AppendMsg {
+	m := pg.AppendMsg{Subject: subject, Header: hdr, Data: data, ExpectLastSubjSeq: &seq, ExpectLastSubjFilter: schedule}
 	if ttl, ok := parseTTL(jswire.HeaderValue(hdr, server.JSMessageTTL)); ok {
 		setTTL(cfg, &m, ttl)
 	}
 	if jswire.HeaderValue(hdr, server.JSMsgRollup) == server.JSMsgRollupSubject {
 		m.Rollup = pg.RollupSubject
 	}
+	if jswire.HeaderValue(hdr, server.JSScheduleNext) == server.JSScheduleNextPurge {
+		m.Purge = schedule
+	}
 	return m
+}
+
+// schedulePurge makes a client's "Nats-Schedule-Next: purge", which checkHeaders let
+// through, purge its Nats-Scheduler's subject as it is stored, as nats-server does; the
+// append refuses it when that subject's last message is not a schedule (purgesSchedule).
+func schedulePurge(hdr []byte, m *pg.AppendMsg) {
+	if jswire.HeaderValue(hdr, server.JSScheduleNext) != server.JSScheduleNextPurge {
+		return
+	}
+	m.Purge = jswire.HeaderValue(hdr, server.JSScheduler)
+	m.PurgeCheck = purgesSchedule
+}
+
+// purgesSchedule refuses a client's purge of a subject whose last message is not a
+// schedule, as nats-server 2.15 does under its stream's lock; a subject without any is
+// purged all the same, which nats-server keeps for clients that purged before it checked.
+func purgesSchedule(last *pg.Message) error {
+	if last != nil && jswire.HeaderValue(last.Header, server.JSSchedulePattern) == "" {
+		return server.NewJSMessageSchedulesSchedulerInvalidError()
+	}
+	return nil
 }

@@ -42,6 +42,7 @@ func (o *Ownership) HoldScheduler(ctx context.Context, streamID int64) (bool, er
 func (o *Ownership) ReleaseScheduler(ctx context.Context, streamID int64) error {
 	o.mu.Lock()
 	defer o.mu.Unlock()
+	delete(o.schedulers, streamID)
 	return o.exec(ctx, func(ctx context.Context, c *pgx.Conn) error {
 		_, err := c.Exec(ctx, `SELECT pg_advisory_unlock($1::bigint)`, schedulerLockBase|streamID)
 		return err

@@ -28,10 +28,22 @@ func newCopies(b *Bridge) (*mirror.Engine, error) {
 
 func (h copyHost) Streams() []*stream.Stream { return h.b.streams.List() }
 
-// Restored announces what a mirror stored behind the tail, and applies the stream's limits
-// to it: a restore's path stores without them.
+// Copied announces a mirror's batch as a commit: the consumers keep what they read ahead
+// and are woken as for a publish, the tail and the get index take the messages. Then it
+// applies the stream's limits to it: a restore's path stores without them.
+func (h copyHost) Copied(ctx context.Context, s *stream.Stream, r pg.RestoreResult, msgs []pg.Message) {
+	h.b.streams.Copied(s, r.Prev, r.First, r.Last, msgs)
+	h.applyLimits(ctx, s)
+}
+
+// Restored announces what a mirror stored that the stream's readers could not follow, as a
+// restore from a backup, and applies the stream's limits to it.
 func (h copyHost) Restored(ctx context.Context, s *stream.Stream, first, last uint64) {
 	h.b.streams.Restored(ctx, s, first, last)
+	h.applyLimits(ctx, s)
+}
+
+func (h copyHost) applyLimits(ctx context.Context, s *stream.Stream) {
 	if cfg := s.ConfigView(); cfg.MaxMsgs > 0 || cfg.MaxBytes > 0 || cfg.MaxMsgsPer > 0 {
 		if err := h.b.retention.ApplyLimits(ctx, s, stream.Limits(cfg), 0); err != nil && ctx.Err() == nil {
 			h.b.log.Warn("applying the limits of a mirror failed", "stream", s.Name(), "err", err)

@@ -2,6 +2,9 @@ package bridge
 
 import (
 	"fmt"
+	"os"
+	"strconv"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -119,4 +122,63 @@ func testMirrorBatchesAsCommits(t *testing.T, filter string) {
 		}
 		return nil
 	})
+}
+
+// TestMirrorConsumerBench measures a pull consumer reading a mirror while the mirror catches
+// up with its origin: half of JETGRES_MIRROR_MSGS messages (100,000 unless set) are in the
+// origin when the mirror and the consumer are created, the other half is published
+// meanwhile. It reports the time until the consumer has them all, and its reads of
+// PostgreSQL and recounts. It runs only with JETGRES_MIRROR_BENCH=1:
+//
+//	JETGRES_MIRROR_BENCH=1 go test -run TestMirrorConsumerBench -v ./bridge/
+func TestMirrorConsumerBench(t *testing.T) {
+	if os.Getenv("JETGRES_MIRROR_BENCH") != "1" {
+		t.Skip("set JETGRES_MIRROR_BENCH=1 to run")
+	}
+	n := 100_000
+	if v := os.Getenv("JETGRES_MIRROR_MSGS"); v != "" {
+		var err error
+		if n, err = strconv.Atoi(v); err != nil || n <= 1 {
+			t.Fatalf("JETGRES_MIRROR_MSGS=%q: a number of messages above 1, please", v)
+		}
+	}
+	ctx := testContext(t)
+	tb := setup(t)
+	if _, err := tb.js.CreateStream(ctx, jetstream.StreamConfig{Name: "ORDERS", Subjects: []string{"orders.>"}}); err != nil {
+		t.Fatal(err)
+	}
+	data := make([]byte, 128)
+	publishBacklog(t, tb, "orders.x", data, n/2)
+	reads, counts := counterValue(t, tb.reg, "jetgres_consumer_db_reads_total"), counterValue(t, tb.reg, "jetgres_consumer_pending_recounts_total")
+
+	start := time.Now()
+	m, err := tb.js.CreateStream(ctx, jetstream.StreamConfig{Name: "M", Mirror: &jetstream.StreamSource{Name: "ORDERS"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := m.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{Durable: "C", AckPolicy: jetstream.AckNonePolicy})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got atomic.Int64
+	done := make(chan struct{})
+	cc, err := c.Consume(func(jetstream.Msg) {
+		if got.Add(1) == int64(n) {
+			close(done)
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Stop()
+	publishBacklog(t, tb, "orders.x", data, n-n/2)
+	select {
+	case <-done:
+	case <-ctx.Done():
+		t.Fatalf("the consumer read %d of %d messages", got.Load(), n)
+	}
+	d := time.Since(start)
+	t.Logf("a consumer read %d messages of a mirror catching up in %v, %.0f msg/s; %v reads of PostgreSQL, %v recounts",
+		n, d.Round(time.Millisecond), float64(n)/d.Seconds(),
+		counterValue(t, tb.reg, "jetgres_consumer_db_reads_total")-reads, counterValue(t, tb.reg, "jetgres_consumer_pending_recounts_total")-counts)
 }

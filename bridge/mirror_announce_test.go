@@ -124,6 +124,92 @@ func testMirrorBatchesAsCommits(t *testing.T, filter string) {
 	})
 }
 
+// TestLimitedMirrorBatchesReachConsumersAsCommits is the same with a mirror at its
+// max_msgs: each batch takes the oldest messages out, long gone from the tail, and the
+// consumer hears of that as of a publish's limits, not as of a purge.
+func TestLimitedMirrorBatchesReachConsumersAsCommits(t *testing.T) {
+	ctx := testContext(t)
+	// A tail of a few rounds: what the limits take is not in it.
+	tb := setup(t, setupOpts{config: func(c *Config) { c.TailTotalBytes = 32 << 10 }})
+	if _, err := tb.js.CreateStream(ctx, jetstream.StreamConfig{Name: "ORDERS", Subjects: []string{"orders.>"}}); err != nil {
+		t.Fatal(err)
+	}
+	const rounds, perRound, maxMsgs = 12, 25, 100
+	m, err := tb.js.CreateStream(ctx, jetstream.StreamConfig{Name: "M", MaxMsgs: maxMsgs, Mirror: &jetstream.StreamSource{Name: "ORDERS"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := m.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{Durable: "C", AckPolicy: jetstream.AckNonePolicy})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan uint64, 1024)
+	cc, err := c.Consume(func(msg jetstream.Msg) {
+		md, err := msg.Metadata()
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		got <- md.Sequence.Stream
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Stop()
+	data := make([]byte, 512)
+	next := uint64(1)
+	round := func(r int) {
+		for range perRound {
+			if _, err := tb.js.Publish(ctx, "orders.x", data); err != nil {
+				t.Fatal(err)
+			}
+		}
+		deadline := time.After(30 * time.Second)
+		for next <= uint64((r+1)*perRound) {
+			select {
+			case seq := <-got:
+				if seq != next {
+					t.Fatalf("delivered sequence %d, want %d", seq, next)
+				}
+				next++
+			case <-deadline:
+				t.Fatalf("round %d: delivered up to %d of %d", r, next-1, (r+1)*perRound)
+			}
+		}
+	}
+	// The rounds that fill the mirror up to its limit, and one more.
+	first := maxMsgs/perRound + 1
+	for r := range first {
+		round(r)
+	}
+	reads, counts := counterValue(t, tb.reg, "jetgres_consumer_db_reads_total"), counterValue(t, tb.reg, "jetgres_consumer_pending_recounts_total")
+	for r := first; r < rounds; r++ {
+		round(r)
+	}
+	dc, dr := counterValue(t, tb.reg, "jetgres_consumer_pending_recounts_total")-counts, counterValue(t, tb.reg, "jetgres_consumer_db_reads_total")-reads
+	t.Logf("%d rounds at the limit: %v recounts, %v reads of PostgreSQL", rounds-first, dc, dr)
+	if at := float64(rounds - first); dc >= at || dr >= at {
+		t.Errorf("the consumer recounted its pending messages %v times and read PostgreSQL %v times in %d rounds at the limit", dc, dr, rounds-first)
+	}
+	testwait.For(t, 10*time.Second, func() error {
+		info, err := m.Info(ctx)
+		if err != nil {
+			return err
+		}
+		if st := info.State; st.Msgs != maxMsgs || st.FirstSeq != rounds*perRound-maxMsgs+1 {
+			return fmt.Errorf("mirror holds %d messages from %d, want %d from %d", st.Msgs, st.FirstSeq, maxMsgs, rounds*perRound-maxMsgs+1)
+		}
+		ci, err := c.Info(ctx)
+		if err != nil {
+			return err
+		}
+		if ci.NumPending != 0 || ci.Delivered.Stream != rounds*perRound {
+			return fmt.Errorf("consumer pending %d, delivered through %d, want 0 and %d", ci.NumPending, ci.Delivered.Stream, rounds*perRound)
+		}
+		return nil
+	})
+}
+
 // TestMirrorConsumerBench measures a pull consumer reading a mirror while the mirror catches
 // up with its origin: half of JETGRES_MIRROR_MSGS messages (100,000 unless set) are in the
 // origin when the mirror and the consumer are created, the other half is published

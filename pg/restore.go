@@ -32,6 +32,15 @@ type restoreState struct {
 	memory                             bool
 }
 
+// RestoreResult is where a batch of a restore left its stream.
+type RestoreResult struct {
+	// Prev is the stream's last sequence before the batch: every message of the batch, and
+	// every sequence it skipped, comes after it.
+	Prev uint64
+	// First and Last are the stream's first and last sequences after the batch.
+	First, Last uint64
+}
+
 // RestoreMessages stores one batch of a restore in one transaction under the stream's row
 // lock: the messages with the sequences and times they had, COPY into the stream's chunks
 // (opening new ones as they fill), a size-zero tombstone for every sequence skipped after
@@ -44,6 +53,14 @@ type restoreState struct {
 // Nothing but a restore may append to the stream meanwhile: the caller keeps the stream
 // sealed until the last batch.
 func (db *DB) RestoreMessages(ctx context.Context, p RestoreParams) error {
+	_, err := db.RestoreBatch(ctx, p)
+	return err
+}
+
+// RestoreBatch is RestoreMessages, and tells where the batch left the stream: a mirror
+// announces what it stored after the stream's last sequence as a commit.
+func (db *DB) RestoreBatch(ctx context.Context, p RestoreParams) (RestoreResult, error) {
+	var res RestoreResult
 	chunkRows := p.ChunkRows
 	if chunkRows <= 0 {
 		chunkRows = ChunkRowsDefault
@@ -59,6 +76,7 @@ func (db *DB) RestoreMessages(ctx context.Context, p RestoreParams) error {
 		if err != nil {
 			return fmt.Errorf("lock state of stream %d: %w", p.StreamID, err)
 		}
+		res.Prev = st.last
 		var gapLo, gapHi []int64
 		skipTo := func(seq uint64) {
 			if seq <= st.last+1 {
@@ -120,6 +138,7 @@ func (db *DB) RestoreMessages(ctx context.Context, p RestoreParams) error {
 		_, err = q.Exec(ctx, `UPDATE jetgres.stream_state SET first_seq = $2, last_seq = $3, last_ts = $4, cum_bytes = $5,
 			msgs = $6, bytes = $7, chunk = $8, chunk_rows = $9, last_msg_id = '' WHERE stream_id = $1`,
 			p.StreamID, int64(st.first), int64(st.last), st.lastTS, int64(st.cumBytes), int64(st.msgs), int64(st.bytes), st.chunk, st.chunkRows)
+		res.First, res.Last = st.first, st.last
 		return err
 	})
 	// What this process remembers of the stream (its tail state, chunks, subject index and
@@ -127,7 +146,10 @@ func (db *DB) RestoreMessages(ctx context.Context, p RestoreParams) error {
 	db.forgetState(p.StreamID)
 	db.counts.forget(p.StreamID)
 	if err != nil && !errors.Is(err, ErrNotFound) && !errors.Is(err, ErrRestoreOrder) {
-		return fmt.Errorf("pg: restore messages: %w", err)
+		return RestoreResult{}, fmt.Errorf("pg: restore messages: %w", err)
 	}
-	return err
+	if err != nil {
+		return RestoreResult{}, err
+	}
+	return res, nil
 }

@@ -11,8 +11,8 @@ import (
 )
 
 // A restore keeps sequences and times across chunks, leaves the skipped sequences deleted
-// and counted as such, raises the last sequence over deleted ones at the end, and the
-// stream's next publish follows on from there.
+// and counted as such, raises the last sequence over deleted ones at the end, tells where
+// each batch left the stream, and the stream's next publish follows on from there.
 func TestRestoreMessages(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -44,8 +44,12 @@ func TestRestoreMessages(t *testing.T) {
 	if err := db.RestoreMessages(ctx, pg.RestoreParams{StreamID: st.ID, Msgs: append([]pg.Message{}, want[:half]...), ChunkRows: 7}); err != nil {
 		t.Fatal(err)
 	}
-	if err := db.RestoreMessages(ctx, pg.RestoreParams{StreamID: st.ID, Msgs: append([]pg.Message{}, want[half:]...), Through: 44, ChunkRows: 7}); err != nil {
+	left, err := db.RestoreBatch(ctx, pg.RestoreParams{StreamID: st.ID, Msgs: append([]pg.Message{}, want[half:]...), Through: 44, ChunkRows: 7})
+	if err != nil {
 		t.Fatal(err)
+	}
+	if w := (pg.RestoreResult{Prev: want[half-1].Seq, First: 5, Last: 44}); left != w {
+		t.Fatalf("the second batch left the stream at %+v, want %+v", left, w)
 	}
 	err = db.RestoreMessages(ctx, pg.RestoreParams{StreamID: st.ID, Msgs: []pg.Message{{Seq: 44, Subject: "r.x"}}})
 	if !errors.Is(err, pg.ErrRestoreOrder) {

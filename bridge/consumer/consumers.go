@@ -346,7 +346,7 @@ func (cs *Engine) OnCommitted(s *stream.Stream, ev stream.Committed) {
 		return
 	}
 	for _, c := range sc.list() {
-		c.committed(ev.Stored, ev.Stored[0].Seq)
+		c.committed(ev.Stored, ev.From)
 	}
 }
 

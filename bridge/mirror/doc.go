@@ -19,6 +19,13 @@
 // health interval, or a failure to store, makes it create the consumer again, from what is
 // stored, after nats-server's back-off.
 //
+// A mirror's batch lands after the stream's last sequence, and is announced to the
+// stream's readers as a commit (stream.Registry.Copied): its consumers keep what they read
+// ahead and are woken as for a publish, the sequences it skipped are known not to be
+// missed. Only what the copy cannot vouch for (sequences skipped with no message, a batch
+// another replica stored) is announced as a restore, which sends the readers back to
+// PostgreSQL.
+//
 // One replica copies into a stream: the one whose lock session (pg.DB.OpenCopyLocks) holds
 // the stream's copy lock. The engine confirms the session and stops every copy at once
 // when it cannot, within a fifth of the lease, as the consumers' ownership fences. Two

@@ -46,7 +46,7 @@ const (
 type Store interface {
 	OpenCopyLocks(ctx context.Context, clk clock.Clock, keepalive, timeout time.Duration) (*pg.Ownership, error)
 	State(ctx context.Context, id int64) (pg.StreamState, error)
-	RestoreMessages(ctx context.Context, p pg.RestoreParams) error
+	RestoreBatch(ctx context.Context, p pg.RestoreParams) (pg.RestoreResult, error)
 	Append(ctx context.Context, batches []pg.AppendBatch, ts int64) ([]pg.AppendResult, time.Duration, error)
 	ReadFiltered(ctx context.Context, p pg.ReadParams, filters []string) ([]pg.Message, uint64, time.Duration, error)
 }
@@ -65,8 +65,13 @@ type Link interface {
 // of what the engine stored.
 type Host interface {
 	Streams() []*stream.Stream
-	// Restored tells s that messages were stored behind its tail (a mirror's), and that
-	// first and last are its sequences now.
+	// Copied announces what a mirror's store added after the stream's last sequence (r.Prev),
+	// msgs in sequence order, as a commit is announced, and applies the stream's limits to
+	// it. msgs are the host's to keep.
+	Copied(ctx context.Context, s *stream.Stream, r pg.RestoreResult, msgs []pg.Message)
+	// Restored tells s that messages were stored that its readers could not have been told
+	// of (a mirror's, by another replica, or sequences skipped), and that first and last
+	// are its sequences now.
 	Restored(ctx context.Context, s *stream.Stream, first, last uint64)
 	// Batch is the append batch of s, with its limits and duplicate window; Commit
 	// announces what an append of it stored.

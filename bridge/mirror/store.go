@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -41,7 +42,7 @@ func (o *origin) store(ctx context.Context, b *batch) error {
 	}
 	e, s := o.c.e, o.c.s
 	if o.mirror {
-		err := e.cfg.Store.RestoreMessages(ctx, pg.RestoreParams{StreamID: s.ID(), Msgs: b.msgs, ChunkRows: s.ChunkRows()})
+		r, err := e.cfg.Store.RestoreBatch(ctx, pg.RestoreParams{StreamID: s.ID(), Msgs: b.msgs, ChunkRows: s.ChunkRows()})
 		if errors.Is(err, pg.ErrRestoreOrder) {
 			// Stored already, by a copy on another replica that had the lock before: go on
 			// from what the stream holds.
@@ -51,7 +52,10 @@ func (o *origin) store(ctx context.Context, b *batch) error {
 		if err != nil {
 			return err
 		}
-		return o.announce(ctx)
+		// The batch reuses its messages for the next one, and the stream's readers keep
+		// these.
+		e.cfg.Host.Copied(ctx, s, r, slices.Clone(b.msgs))
+		return nil
 	}
 	bt := e.cfg.Host.Batch(s)
 	bt.Msgs = make([]pg.AppendMsg, len(b.msgs))
@@ -82,16 +86,6 @@ func (o *origin) store(ctx context.Context, b *batch) error {
 	return err
 }
 
-// announce tells the stream what a mirror's store put behind its tail.
-func (o *origin) announce(ctx context.Context) error {
-	st, err := o.c.e.cfg.Store.State(ctx, o.c.s.ID())
-	if err != nil {
-		return err
-	}
-	o.c.e.cfg.Host.Restored(ctx, o.c.s, st.FirstSeq, st.LastSeq)
-	return nil
-}
-
 // resetToStored makes the mirror go on after the last sequence the stream holds.
 func (o *origin) resetToStored(ctx context.Context) {
 	if st, err := o.c.e.cfg.Store.State(ctx, o.c.s.ID()); err == nil {
@@ -112,10 +106,15 @@ func (o *origin) skipTo(ctx context.Context, seq uint64) error {
 	if seq <= st.LastSeq {
 		return nil
 	}
-	if err := o.c.e.cfg.Store.RestoreMessages(ctx, pg.RestoreParams{StreamID: o.c.s.ID(), Through: seq, ChunkRows: o.c.s.ChunkRows()}); err != nil {
+	r, err := o.c.e.cfg.Store.RestoreBatch(ctx, pg.RestoreParams{StreamID: o.c.s.ID(), Through: seq, ChunkRows: o.c.s.ChunkRows()})
+	if err != nil {
 		return err
 	}
-	return o.announce(ctx)
+	// Only sequences skipped, and no message to announce: the stream's readers start again
+	// from its first and last sequences, as after a restore. It happens once per consumer
+	// the origin creates at most.
+	o.c.e.cfg.Host.Restored(ctx, o.c.s, r.First, r.Last)
+	return nil
 }
 
 // start is where the origin's consumer starts.

@@ -37,8 +37,12 @@ import (
 // retention pass's), and no lock of this package's but adminMu. Only a purge request's Purged makes one
 // read PostgreSQL (the consumers look up where to move), and it is sent with no lock held.
 
-// Committed is one append's commit to a stream.
+// Committed is one append's commit to a stream, or a mirror's batch (Copied).
 type Committed struct {
+	// From is the first sequence the commit covers: its first stored message's, or one
+	// before it when the sequences between were skipped as the commit stored them (a
+	// mirror's batch), which no reader missed.
+	From uint64
 	// First and Last are the stream's first and last sequences after the commit.
 	First, Last uint64
 	// Stored is what the commit stored, in sequence order, each message now the last of
@@ -102,6 +106,9 @@ func (s *Stream) Commit(ctx context.Context, r pg.AppendResult) {
 		s.Remove(Removed{First: r.FirstSeq, Unread: removedUpTo(r)})
 	}
 	ev := Committed{First: r.FirstSeq, Last: r.LastSeq, Stored: r.Stored}
+	if len(r.Stored) > 0 {
+		ev.From = r.Stored[0].Seq
+	}
 	for _, sub := range s.subscribers {
 		sub.OnCommitted(s, ev)
 	}
@@ -178,7 +185,7 @@ type tailSubscriber struct{}
 
 func (tailSubscriber) OnCommitted(s *Stream, ev Committed) {
 	if n := len(ev.Stored); n > 0 {
-		s.tail.Add(ev.Stored, ev.Stored[0].Seq, ev.Stored[n-1].Seq)
+		s.tail.Add(ev.Stored, ev.From, ev.Stored[n-1].Seq)
 	}
 }
 

@@ -55,3 +55,17 @@ func (r *Registry) Restored(ctx context.Context, s *Stream, first, last uint64) 
 	s.gets.Rewound(first, last)
 	s.Purge(ctx, Purged{})
 }
+
+// Copied announces a mirror's batch, stored after prev, the stream's last sequence before
+// it, as Commit announces an append: the messages join the tail and the get index, and the
+// consumers are woken for them and keep what they read ahead. The sequences between prev
+// and the first message were skipped, not missed.
+func (r *Registry) Copied(s *Stream, prev, first, last uint64, msgs []pg.Message) {
+	if len(msgs) == 0 {
+		return
+	}
+	ev := Committed{From: prev + 1, First: first, Last: last, Stored: msgs}
+	for _, sub := range s.subscribers {
+		sub.OnCommitted(s, ev)
+	}
+}

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/jetgres/jetgres/internal/testwait"
@@ -170,4 +171,21 @@ func TestSourceOriginRecreatedTwin(t *testing.T) {
 		return nil
 	})
 	tw.sameSourced("S", 5)
+}
+
+// A one-shot's purge does not reach a stream that sources the stream it fired in: a
+// sourcing stream cannot allow schedules, and keeps the copy of the schedule, on both
+// sides.
+func TestSourcedSchedulePurgeTwin(t *testing.T) {
+	t.Parallel()
+	tw := newTwin(t)
+	tw.createStream(jetstream.StreamConfig{Name: "SO", Subjects: []string{"so.>"}, AllowMsgSchedules: true})
+	at := time.Now().Add(time.Hour).UTC().Format(time.RFC3339)
+	tw.pubRaw("so.sched", &nats.Msg{Subject: "so.sched", Header: nats.Header{"Nats-Schedule": {"@at " + at}, "Nats-Schedule-Target": {"so.out"}}, Data: []byte("later")})
+	tw.pub("so.other", []byte("kept"))
+	tw.createStream(jetstream.StreamConfig{Name: "SC", Sources: []*jetstream.StreamSource{{Name: "SO"}}})
+	tw.sameSourced("SC", 2)
+	tw.pubRaw("so.out", &nats.Msg{Subject: "so.out", Header: nats.Header{"Nats-Schedule-Next": {"purge"}, "Nats-Scheduler": {"so.sched"}}, Data: []byte("fired")})
+	tw.settle("SO", func(st jetstream.StreamState) bool { return st.Msgs == 2 })
+	tw.sameSourced("SC", 3)
 }

@@ -98,21 +98,27 @@ func (g *Gen) Record(size int) []byte {
 	rec.Currency = "EUR"
 	rec.Paid = g.r.IntN(2) == 0
 	rec.Items = []item{}
+	// Items are added by their own length, the total's digits given room for: marshalling the
+	// whole record for each would make a large record cost the square of its size.
+	length := len(marshal(&rec)) + 24
 	for {
 		it := item{SKU: fmt.Sprintf("SKU-%06d", g.r.IntN(1_000_000)), Name: g.pick(products), Qty: 1 + g.r.IntN(20), Price: g.price()}
 		if g.r.IntN(3) == 0 {
 			it.Discount = float64(g.r.IntN(5000)) / 100
 		}
-		rec.Items = append(rec.Items, it)
-		rec.Total += float64(it.Qty) * it.Price
-		if len(g.marshal(&rec)) > size {
-			rec.Items = rec.Items[:len(rec.Items)-1]
-			rec.Total -= float64(it.Qty) * it.Price
+		add := len(marshal(&it))
+		if len(rec.Items) > 0 {
+			add++ // the comma
+		}
+		if length+add > size {
 			break
 		}
+		length += add
+		rec.Items = append(rec.Items, it)
+		rec.Total += float64(it.Qty) * it.Price
 	}
 	rec.Total = float64(int64(rec.Total*100)) / 100
-	out := g.marshal(&rec)
+	out := marshal(&rec)
 	var note strings.Builder
 	for left := size - len(out); note.Len() < left; {
 		if note.Len() > 0 {
@@ -121,13 +127,13 @@ func (g *Gen) Record(size int) []byte {
 		note.WriteString(g.pick(words))
 	}
 	rec.Note = note.String()[:max(size-len(out), 0)]
-	return g.marshal(&rec)
+	return marshal(&rec)
 }
 
-func (g *Gen) marshal(rec *record) []byte {
-	b, err := json.Marshal(rec)
+func marshal(v any) []byte {
+	b, err := json.Marshal(v)
 	if err != nil {
-		panic(err) // a record has only strings, numbers and booleans
+		panic(err) // records and items have only strings, numbers and booleans
 	}
 	return b
 }

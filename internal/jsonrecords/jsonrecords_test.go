@@ -9,7 +9,7 @@ import (
 func TestRecordSizes(t *testing.T) {
 	g := New(1)
 	seen := map[string]bool{}
-	for _, size := range []int{400, 1024, 1024, 4096, 16384} {
+	for _, size := range []int{400, 1024, 1024, 4096, 16384, 1 << 20} {
 		b := g.Record(size)
 		if len(b) != size {
 			t.Errorf("record of %d bytes, want %d: %s", len(b), size, b)

@@ -152,13 +152,13 @@ func createChunk(ctx context.Context, q querier, streamID, chunk int64, firstSeq
 //
 // PostgreSQL compresses a value only when its row is over TOAST_TUPLE_THRESHOLD (about
 // 2 KB, fixed when PostgreSQL is built; a lower toast_tuple_target does not lower it), one
-// value at a time, for every stream alike: a chunk table's settings cannot make it compress a
-// message smaller than that. Above it, pglz stores JSON payloads about a fifth smaller than
-// lz4, the other method (BENCHMARKS.md, "Compression"), and the default storage, which moves
-// what is still over 2 KB compressed into the TOAST table, packs pages better than keeping
-// it in the row (STORAGE MAIN) or moving more of it (a lower toast_tuple_target). A stream
-// with compression "none" keeps the server's default method. Before PostgreSQL 14 there is
-// only pglz, and no COMPRESSION clause to ask for it.
+// value at a time, for every stream alike: a chunk table's settings cannot make it compress
+// a message smaller than that. Above it, pglz stores JSON payloads a tenth to a fifth
+// smaller than lz4, the other method, and the default storage, which moves what is still
+// over 2 KB once compressed into the TOAST table, packs pages better than keeping it in the
+// row (STORAGE MAIN) or moving more of it (a lower toast_tuple_target): BENCHMARKS.md,
+// "Compression". A stream with compression "none" keeps the server's default method.
+// Before PostgreSQL 14 there is only pglz, and no COMPRESSION clause to ask for it.
 const sqlChunkCompressed = `SELECT coalesce(config->>'compression' = 's2', false)
 	AND current_setting('server_version_num')::int >= 140000
 	FROM jetgres.streams WHERE id = $1`

@@ -232,15 +232,15 @@ func compressRows(size, n int, cases []compressCase, results [][]compressResult)
 		}
 		ratio := ""
 		if c.compression == jetstream.S2Compression {
-			ratio = fmt.Sprintf("%.2f", median(ratios))
+			ratio = fmt.Sprintf("%.2f", compressMedian(ratios))
 		}
 		rows = append(rows, fmt.Sprintf("| %d B JSON | %s | %s | %.0f | %.2f | %.0f | %.0f | %s |",
-			size, sideName[c.side], c.compression, perMsg, perMsg/jsS2, float64(r.state)/float64(n), median(rates), ratio))
+			size, sideName[c.side], c.compression, perMsg, perMsg/jsS2, float64(r.state)/float64(n), compressMedian(rates), ratio))
 	}
 	return rows
 }
 
-func median(v []float64) float64 {
+func compressMedian(v []float64) float64 {
 	s := slices.Clone(v)
 	slices.Sort(s)
 	if len(s)%2 == 1 {

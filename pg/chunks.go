@@ -118,14 +118,26 @@ func chunkTable(streamID, chunk int64) string {
 // partition (CREATE TABLE … PARTITION OF) would lock jetgres.msgs against every reader and
 // writer of every stream until the transaction ends; attaching a table created apart takes
 // only a lock that readers and writers do not conflict with, and checks an empty table.
+//
+// The table's storage follows the stream's stored configuration as it is when the chunk
+// opens (sqlChunkCompressed), so that a stream update changes the chunks opened after it and
+// never rewrites one.
 func createChunk(ctx context.Context, q querier, streamID, chunk int64, firstSeq uint64) error {
 	t := chunkTable(streamID, chunk)
-	for _, ddl := range []string{
+	var compressed bool
+	if err := q.QueryRow(ctx, sqlChunkCompressed, streamID).Scan(&compressed); err != nil {
+		return fmt.Errorf("create chunk %d: %w", chunk, err)
+	}
+	ddls := []string{
 		`CREATE TABLE ` + t + ` (stream_id bigint NOT NULL, chunk bigint NOT NULL, ` + messageColumns + `)`,
 		`CREATE INDEX ON ` + t + ` (subject, seq)`,
-		fmt.Sprintf(`ALTER TABLE jetgres.msgs ATTACH PARTITION %s FOR VALUES FROM (%d, %d) TO (%d, %d)`,
-			t, streamID, chunk, streamID, chunk+1),
-	} {
+	}
+	if compressed {
+		ddls = append(ddls, `ALTER TABLE `+t+` ALTER COLUMN data SET COMPRESSION pglz`)
+	}
+	ddls = append(ddls, fmt.Sprintf(`ALTER TABLE jetgres.msgs ATTACH PARTITION %s FOR VALUES FROM (%d, %d) TO (%d, %d)`,
+		t, streamID, chunk, streamID, chunk+1))
+	for _, ddl := range ddls {
 		if _, err := q.Exec(ctx, ddl); err != nil {
 			return fmt.Errorf("create chunk %d: %w", chunk, err)
 		}
@@ -133,6 +145,23 @@ func createChunk(ctx context.Context, q querier, streamID, chunk int64, firstSeq
 	_, err := q.Exec(ctx, `INSERT INTO jetgres.chunks (stream_id, chunk, first_seq) VALUES ($1, $2, $3)`, streamID, chunk, int64(firstSeq))
 	return err
 }
+
+// sqlChunkCompressed tells whether a stream's new chunk stores its payloads with the
+// compression that serves `compression: s2` (JetStream's StreamConfig.Compression, stored as
+// "s2" or "none"): pglz, pinned on the data column whatever default_toast_compression says.
+//
+// PostgreSQL compresses a value only when its row is over TOAST_TUPLE_THRESHOLD (about
+// 2 KB, fixed when PostgreSQL is built; a lower toast_tuple_target does not lower it), one
+// value at a time, for every stream alike: a chunk table's settings cannot make it compress
+// a message smaller than that. Above it, pglz stores JSON payloads a tenth to a fifth
+// smaller than lz4, the other method, and the default storage, which moves what is still
+// over 2 KB once compressed into the TOAST table, packs pages better than keeping it in the
+// row (STORAGE MAIN) or moving more of it (a lower toast_tuple_target): BENCHMARKS.md,
+// "Compression". A stream with compression "none" keeps the server's default method.
+// Before PostgreSQL 14 there is only pglz, and no COMPRESSION clause to ask for it.
+const sqlChunkCompressed = `SELECT coalesce(config->>'compression' = 's2', false)
+	AND current_setting('server_version_num')::int >= 140000
+	FROM jetgres.streams WHERE id = $1`
 
 // messageColumns are a message row's own columns, as a chunk table holds them after its
 // partition key (stream_id, chunk).

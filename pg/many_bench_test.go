@@ -84,3 +84,44 @@ func BenchmarkAppendManyStreams(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkAppendFused times one fused append of 256 messages, as a flush under load hands
+// it over: one message in each of 256 streams, against all 256 in one stream, alternated in
+// the same run. What the first costs above the second is what a stream costs a fused
+// transaction: its state row's lock and update, and PostgreSQL's routing of a row into one
+// more partition (opening it and its indexes, and their locks), which is most of it.
+func BenchmarkAppendFused(b *testing.B) {
+	ctx := context.Background()
+	db := pgtest.Open(b)
+	ids := make([]int64, 256)
+	for i := range ids {
+		st, err := db.CreateStream(ctx, fmt.Sprintf("F%d", i), []byte(`{}`))
+		if err != nil {
+			b.Fatal(err)
+		}
+		ids[i] = st.ID
+	}
+	msg := pg.AppendMsg{Subject: "m.x", Data: make([]byte, 128)}
+	spread := make([]pg.AppendBatch, len(ids))
+	for i, id := range ids {
+		spread[i] = pg.AppendBatch{StreamID: id, Msgs: []pg.AppendMsg{msg}}
+	}
+	one := make([]pg.AppendMsg, len(ids))
+	for i := range one {
+		one[i] = msg
+	}
+	alone := []pg.AppendBatch{{StreamID: ids[0], Msgs: one}}
+	var took [2]time.Duration
+	b.ResetTimer()
+	for i := range b.N {
+		start := time.Now()
+		if _, _, err := db.Append(ctx, [][]pg.AppendBatch{spread, alone}[i%2], time.Now().UnixNano()); err != nil {
+			b.Fatal(err)
+		}
+		took[i%2] += time.Since(start)
+	}
+	streams, stream := float64(took[0].Microseconds())/float64((b.N+1)/2), float64(took[1].Microseconds())/max(float64(b.N/2), 1)
+	b.ReportMetric(streams/1e3, "ms/256streams")
+	b.ReportMetric(stream/1e3, "ms/1stream")
+	b.ReportMetric((streams-stream)/255, "us/extra_stream")
+}

@@ -328,10 +328,12 @@ func TestParkedPullsHoldNoConnection(t *testing.T) {
 	for q := range busyWith {
 		t.Logf("busy backend seen: %.200s", q)
 	}
-	if busyMax > 1 || busySamples > samples/10 {
-		t.Errorf("parked pulls keep jetgres's backends busy: at most %d busy, busy in %d of %d samples", busyMax, busySamples, samples)
+	// The maintainer's pass, once a second, may be seen in any number of samples when the
+	// machine is loaded; a parked pull that held a connection would be a thousand of them.
+	if busyMax > 1 || acquiredMax > 1 {
+		t.Errorf("parked pulls keep jetgres's backends busy: at most %d busy (in %d of %d samples), at most %.0f pool connections in use", busyMax, busySamples, samples, acquiredMax)
 	}
-	if acquiredSamples > samples/10 || popPermitSamples > samples/10 || waitingMin != conns*perConn {
+	if popPermitSamples > samples/10 || waitingMin != conns*perConn {
 		t.Errorf("jetgres's metrics: connections in use in %d of %d samples (at most %.0f), pop permits held in %d (at most %.0f), %.0f requests waiting",
 			acquiredSamples, samples, acquiredMax, popPermitSamples, popPermitsMax, waitingMin)
 	}

@@ -68,24 +68,15 @@ func (h copyHost) applyLimits(ctx context.Context, s *stream.Stream) {
 	if err == nil {
 		st, err = h.b.db.State(ctx, s.ID())
 	}
-	switch {
-	case err != nil:
+	if err != nil {
 		if ctx.Err() == nil {
 			h.b.log.Warn("applying the limits of a mirror failed", "stream", s.Name(), "err", err)
 		}
 		// Messages may have gone that nobody was told of.
 		s.Purge(ctx, stream.Purged{})
-	case st.FirstSeq > 0 && tailHolds(s, st.FirstSeq-1):
-		s.Purge(ctx, stream.Purged{First: st.FirstSeq})
-	default:
-		s.Remove(stream.Removed{First: st.FirstSeq, Unread: st.FirstSeq - 1})
+		return
 	}
-}
-
-// tailHolds reports whether the tail of s covers seq.
-func tailHolds(s *stream.Stream, seq uint64) bool {
-	_, _, covered := s.Tail().Get(seq)
-	return covered
+	s.Trimmed(ctx, st.FirstSeq)
 }
 
 func (copyHost) Batch(s *stream.Stream) pg.AppendBatch {

@@ -109,9 +109,23 @@ func (s *Stream) Commit(ctx context.Context, r pg.AppendResult) {
 	if len(r.Stored) > 0 {
 		ev.From = r.Stored[0].Seq
 	}
+	s.committed(ev)
+}
+
+func (s *Stream) committed(ev Committed) {
 	for _, sub := range s.subscribers {
 		sub.OnCommitted(s, ev)
 	}
+}
+
+// Trimmed announces that limits took the oldest messages of s, those before first, as a
+// commit announces what its limits removed: a purge only when the tail holds some of them.
+func (s *Stream) Trimmed(ctx context.Context, first uint64) {
+	if first > 0 && s.tailHoldsAny(first-1, nil) {
+		s.Purge(ctx, Purged{First: first})
+		return
+	}
+	s.Remove(Removed{First: first, Unread: first - 1})
 }
 
 // Purge announces that messages of s went that readers may hold. ctx bounds the reads a

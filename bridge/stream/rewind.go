@@ -64,8 +64,5 @@ func (r *Registry) Copied(s *Stream, prev, first, last uint64, msgs []pg.Message
 	if len(msgs) == 0 {
 		return
 	}
-	ev := Committed{From: prev + 1, First: first, Last: last, Stored: msgs}
-	for _, sub := range s.subscribers {
-		sub.OnCommitted(s, ev)
-	}
+	s.committed(Committed{From: prev + 1, First: first, Last: last, Stored: msgs})
 }
